@@ -1,0 +1,775 @@
+"""gpu-cockpit host agent: the only code that runs on the GPU host.
+
+It is sent over the connection to the host's own interpreter and executed from memory, never
+installed. Standard library only, plus pynvml and psutil when the host has them. It samples on its
+own clock and writes newline-delimited JSON frames to stdout; it reads commands (one JSON object
+per line, each with an id) from stdin and answers each exactly once.
+
+The local side imports this module for the protocol constants, so the frame schema has one home.
+"""
+
+import fnmatch
+import json
+import os
+import platform
+import re
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+PROTOCOL = 1
+AGENT_VERSION = "0.1.0"
+
+# Frame types written by the agent.
+HELLO, SAMPLE, LOG, RESULT, ERROR, FATAL = "hello", "sample", "log", "result", "error", "fatal"
+
+DEFAULT_PATTERNS = [
+    "sglang::*",
+    "VLLM::*",
+    "*sglang.launch_server*",
+    "*vllm serve*",
+    "*vllm.entrypoints*",
+    "*cockpit.sim.server*",
+]
+SCAN_EVERY_S = 5.0  # full process-table scans are the costly part: not every tick
+SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
+LOG_INITIAL_BYTES = 32 * 1024
+LOG_MAX_BYTES_PER_FRAME = 64 * 1024
+SMI_FIELDS = (
+    "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+    "power.draw,power.limit,clocks.sm,clocks_event_reasons.active"
+)
+
+_out_lock = threading.Lock()
+
+
+def emit(frame):
+    frame["v"] = PROTOCOL
+    data = json.dumps(frame, separators=(",", ":"), default=str) + "\n"
+    with _out_lock:
+        try:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            os._exit(0)
+
+
+# ----------------------------------------------------------------------------- GPUs
+
+
+class NoGpus:
+    """No NVML and no nvidia-smi: the host is watched without GPU data."""
+
+    source = None
+    driver = None
+
+    def static(self):
+        return []
+
+    def sample(self, slow):
+        return []
+
+    def close(self):
+        pass
+
+
+class NvmlGpus:
+    """GPU sampler over pynvml (or the simulated module with the same interface).
+
+    Calls that a device does not support are remembered and never repeated; slow calls
+    (PCIe throughput, process utilization, energy) are not made at all.
+    """
+
+    def __init__(self, nvml):
+        self.nvml = nvml
+        nvml.nvmlInit()
+        sim = getattr(nvml, "SIMULATED", False)
+        version = getattr(nvml, "__version__", None)
+        if not version:
+            try:
+                from importlib import metadata
+
+                version = metadata.version("nvidia-ml-py")
+            except Exception:
+                version = "?"
+        self.source = "sim" if sim else "pynvml " + str(version)
+        self.driver = self._text(self._call(None, "driver", nvml.nvmlSystemGetDriverVersion))
+        count = nvml.nvmlDeviceGetCount()
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.unsupported = [set() for _ in self.handles]
+        self.ecc = [None] * count
+        self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        self._static = []
+        for i, h in enumerate(self.handles):
+            mem = self._call(i, "mem", nvml.nvmlDeviceGetMemoryInfo, h)
+            limit = self._call(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+            self._static.append(
+                {
+                    "index": i,
+                    "uuid": self._text(self._call(i, "uuid", nvml.nvmlDeviceGetUUID, h)),
+                    "name": self._text(self._call(i, "name", nvml.nvmlDeviceGetName, h)),
+                    "mem_total_mib": None if mem is None else mem.total // 1048576,
+                    "power_limit_w": None if limit is None else round(limit / 1000.0, 1),
+                }
+            )
+
+    @staticmethod
+    def _text(value):
+        return value.decode() if isinstance(value, bytes) else value
+
+    def _call(self, i, field, fn, *args):
+        if i is not None and field in self.unsupported[i]:
+            return None
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
+            if i is not None and not_supported is not None and isinstance(exc, not_supported):
+                self.unsupported[i].add(field)
+            return None
+
+    def static(self):
+        return self._static
+
+    def sample(self, slow):
+        nvml = self.nvml
+        out = []
+        for i, h in enumerate(self.handles):
+            util = self._call(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
+            mem = self._call(i, "mem", nvml.nvmlDeviceGetMemoryInfo, h)
+            power = self._call(i, "power", nvml.nvmlDeviceGetPowerUsage, h)
+            reasons = self._call(i, "reasons", self._reasons, h) if self._reasons else None
+            if slow:
+                self.ecc[i] = self._call(
+                    i,
+                    "ecc",
+                    nvml.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    nvml.NVML_VOLATILE_ECC,
+                )
+            procs = self._call(i, "procs", nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+            out.append(
+                {
+                    "index": i,
+                    "util_pct": None if util is None else util.gpu,
+                    "mem_used_mib": None if mem is None else mem.used // 1048576,
+                    "mem_total_mib": None if mem is None else mem.total // 1048576,
+                    "temp_c": self._call(
+                        i, "temp", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU
+                    ),
+                    "power_w": None if power is None else round(power / 1000.0, 1),
+                    "power_limit_w": self._static[i]["power_limit_w"],
+                    "sm_clock_mhz": self._call(
+                        i, "clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM
+                    ),
+                    "throttle": reasons,
+                    "ecc_uncorrected": self.ecc[i],
+                    "processes": [
+                        [p.pid, None if p.usedGpuMemory is None else p.usedGpuMemory // 1048576]
+                        for p in procs
+                    ],
+                }
+            )
+        return out
+
+    def close(self):
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+class SmiGpus:
+    """Fallback without pynvml: one long-lived `nvidia-smi -lms` process per query, never one per
+    sample. Its rows are read by threads and the latest row per GPU is kept."""
+
+    source = "nvidia-smi"
+
+    def __init__(self, interval):
+        ms = str(max(100, int(interval * 1000)))
+        self.latest = {}
+        self.apps = {}
+        self._apps_pending = {}
+        self.driver = None
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,index,uuid,name,memory.total,power.limit",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20,
+        )
+        if out.returncode != 0:
+            raise OSError(out.stderr.strip() or "nvidia-smi failed")
+        self._static = []
+        for row in self._rows(out.stdout):
+            self.driver = row[0]
+            self._static.append(
+                {
+                    "index": int(row[1]),
+                    "uuid": row[2],
+                    "name": row[3],
+                    "mem_total_mib": _num(row[4], int),
+                    "power_limit_w": _num(row[5], float),
+                }
+            )
+        self.procs = [
+            subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=" + SMI_FIELDS, "--format=csv,noheader,nounits", "-lms", ms],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            ),
+            subprocess.Popen(
+                ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
+                 "--format=csv,noheader,nounits", "-lms", ms],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            ),
+        ]
+        for target, proc in ((self._read_gpus, self.procs[0]), (self._read_apps, self.procs[1])):
+            threading.Thread(target=target, args=(proc,), daemon=True).start()
+
+    @staticmethod
+    def _rows(text):
+        return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
+
+    def _read_gpus(self, proc):
+        for line in proc.stdout:
+            row = [c.strip() for c in line.split(",")]
+            if len(row) == 11 and row[0].isdigit():
+                self.latest[int(row[0])] = row
+
+    def _read_apps(self, proc):
+        for line in proc.stdout:
+            row = [c.strip() for c in line.split(",")]
+            if len(row) == 3 and row[1].isdigit():
+                self.apps.setdefault(row[0], {})[int(row[1])] = _num(row[2], int)
+
+    def static(self):
+        return self._static
+
+    def sample(self, slow):
+        out = []
+        for st in self._static:
+            row = self.latest.get(st["index"])
+            if row is None:
+                continue
+            reasons = row[10]
+            apps = self.apps.get(st["uuid"], {})
+            out.append(
+                {
+                    "index": st["index"],
+                    "util_pct": _num(row[3], int),
+                    "mem_used_mib": _num(row[4], int),
+                    "mem_total_mib": _num(row[5], int),
+                    "temp_c": _num(row[6], int),
+                    "power_w": _num(row[7], float),
+                    "power_limit_w": _num(row[8], float),
+                    "sm_clock_mhz": _num(row[9], int),
+                    "throttle": int(reasons, 16) if reasons.startswith("0x") else None,
+                    "ecc_uncorrected": None,
+                    "processes": [[pid, mib] for pid, mib in sorted(apps.items())],
+                }
+            )
+        self.apps = {}
+        return out
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+
+
+def _num(text, kind):
+    try:
+        return kind(float(text)) if kind is int else kind(text)
+    except (TypeError, ValueError):
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def open_gpus(interval, warnings):
+    try:
+        import pynvml  # noqa: the simulated module is installed under this name too
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            return NvmlGpus(pynvml)
+        except Exception as exc:
+            msg = str(exc) or type(exc).__name__
+            if "Driver Not Loaded" in msg or "LibraryNotFound" in type(exc).__name__ or "not found" in msg.lower():
+                warnings.append("no NVIDIA driver on this host (" + msg + "): no GPU data")
+                return NoGpus()
+            warnings.append("pynvml failed (" + msg + "): trying nvidia-smi")
+    else:
+        warnings.append("pynvml is not installed for " + sys.executable
+                        + ": using nvidia-smi (pip install nvidia-ml-py for lower overhead)")
+    try:
+        return SmiGpus(interval)
+    except (OSError, subprocess.SubprocessError) as exc:
+        warnings.append("no GPUs: neither pynvml nor nvidia-smi works here (" + str(exc).strip()[:120] + ")")
+        return NoGpus()
+
+
+# ----------------------------------------------------------------------------- processes
+
+_STATUS = {
+    "running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
+    "zombie": "Z", "dead": "X", "idle": "I", "wake-kill": "K", "waking": "W", "parked": "P",
+}
+
+
+class Procs:
+    """Watches process trees: roots found by title patterns, process groups or pids, plus every
+    descendant. The whole process table is scanned every SCAN_EVERY_S; each tick only samples the
+    processes already watched."""
+
+    def __init__(self, psutil):
+        self.ps = psutil
+        self.patterns = list(DEFAULT_PATTERNS)
+        self.pgids = set()
+        self.pids = set()
+        self.watched = {}  # pid -> psutil.Process
+        self.cmdlines = {}
+        self.sent_cmdline = set()
+        self.last_scan = 0.0
+
+    def configure(self, patterns=None, pgids=None, pids=None):
+        if patterns is not None:
+            self.patterns = list(patterns)
+        if pgids is not None:
+            self.pgids = set(int(p) for p in pgids)
+        if pids is not None:
+            self.pids = set(int(p) for p in pids)
+        self.last_scan = 0.0
+
+    def _matches(self, name, cmd):
+        for pat in self.patterns:
+            if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(cmd, pat):
+                return True
+        return False
+
+    def scan(self):
+        ps = self.ps
+        children = {}
+        roots = set(self.pids)
+        info = {}
+        me = os.getpid()
+        for p in ps.process_iter(["pid", "ppid", "name", "cmdline"]):
+            pid = p.info["pid"]
+            if pid == me:
+                continue
+            children.setdefault(p.info["ppid"], []).append(pid)
+            info[pid] = p
+            argv = p.info["cmdline"] or []
+            while argv and not argv[-1]:
+                argv.pop()  # setproctitle pads the old argv area with NULs
+            cmd = " ".join(argv)
+            if self._matches(p.info["name"] or "", cmd):
+                roots.add(pid)
+            elif self.pgids:
+                try:
+                    if os.getpgid(pid) in self.pgids:
+                        roots.add(pid)
+                except OSError:
+                    pass
+        watched = {}
+        stack = [pid for pid in roots if pid in info]
+        while stack:
+            pid = stack.pop()
+            if pid in watched:
+                continue
+            proc = self.watched.get(pid)
+            if proc is None or proc.create_time() != info[pid].create_time():
+                proc = info[pid]
+            watched[pid] = proc
+            self.cmdlines[pid] = info[pid].info["cmdline"] or []
+            stack.extend(children.get(pid, ()))
+        self.watched = watched
+        self.last_scan = time.monotonic()
+
+    def sample(self, now, force_scan=False):
+        if force_scan or now - self.last_scan >= SCAN_EVERY_S:
+            self.scan()
+        ps = self.ps
+        out = []
+        gone = []
+        for pid, proc in self.watched.items():
+            try:
+                with proc.oneshot():
+                    row = {
+                        "pid": pid,
+                        "ppid": proc.ppid(),
+                        "name": proc.name(),
+                        "status": _STATUS.get(proc.status(), "?"),
+                        "cpu_pct": round(proc.cpu_percent(None), 1),
+                        "rss_mib": round(proc.memory_info().rss / 1048576.0, 1),
+                        "threads": proc.num_threads(),
+                        "started": round(proc.create_time(), 2),
+                    }
+                    try:
+                        row["pgid"] = os.getpgid(pid)
+                        row["sid"] = os.getsid(pid)
+                    except OSError:
+                        pass
+            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+                gone.append(pid)
+                continue
+            if pid not in self.sent_cmdline:
+                row["cmdline"] = self.cmdlines.get(pid, [])
+                self.sent_cmdline.add(pid)
+            out.append(row)
+        for pid in gone:
+            self.watched.pop(pid, None)
+            self.cmdlines.pop(pid, None)
+            self.sent_cmdline.discard(pid)
+        return out
+
+    def resend_cmdlines(self):
+        self.sent_cmdline.clear()
+
+
+# ----------------------------------------------------------------------------- ports
+
+
+def listening_ports():
+    """{port: inode} of listening TCP sockets, from /proc/net/tcp{,6}: cheap, needs no root."""
+    ports = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh:
+                next(fh, None)
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == "0A":
+                        port = int(parts[1].rsplit(":", 1)[1], 16)
+                        ports.setdefault(port, int(parts[9]))
+        except OSError:
+            continue
+    return ports
+
+
+def socket_inodes(pid):
+    inodes = set()
+    try:
+        fd_dir = "/proc/%d/fd" % pid
+        for fd in os.listdir(fd_dir):
+            try:
+                link = os.readlink(fd_dir + "/" + fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    except OSError:
+        pass
+    return inodes
+
+
+class Ports:
+    """Configured ports (open or not) and every port a watched process listens on."""
+
+    def __init__(self):
+        self.configured = []
+        self._owner_cache = {}  # inode -> pid
+
+    def sample(self, watched_pids):
+        listening = listening_ports()
+        inode_to_port = {inode: port for port, inode in listening.items()}
+        owners = {}
+        for pid in watched_pids:
+            for inode in socket_inodes(pid):
+                port = inode_to_port.get(inode)
+                if port is not None:
+                    owners[port] = pid
+        out = []
+        for port in sorted(set(self.configured) | set(owners)):
+            out.append({"port": port, "listening": port in listening, "pid": owners.get(port)})
+        return out
+
+
+# ----------------------------------------------------------------------------- logs
+
+
+class LogTail:
+    """Follows one file through rotation (new inode) and truncation (size below our offset);
+    waits for a file that does not exist yet. Reads at most LOG_MAX_BYTES_PER_FRAME per poll."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fh = None
+        self.inode = None
+        self.pos = 0
+        self.partial = b""
+        self.state = None
+
+    def _open(self, initial):
+        fh = open(self.path, "rb")
+        st = os.fstat(fh.fileno())
+        self.fh, self.inode = fh, st.st_ino
+        self.pos = max(0, st.st_size - LOG_INITIAL_BYTES) if initial else 0
+        fh.seek(self.pos)
+        self.partial = b""
+        if self.pos:
+            fh.readline()  # skip the cut line
+            self.pos = fh.tell()
+
+    def poll(self):
+        """Returns (event or None, [lines])."""
+        event = None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            if self.state != "missing":
+                self.state = "missing"
+                return "missing", self._drain()
+            return None, []
+        lines = []
+        if self.fh is None:
+            self._open(initial=self.state is None)
+            event = "opened" if self.state is None else "created"
+        elif st.st_ino != self.inode:
+            lines = self._drain()
+            self.fh.close()
+            self._open(initial=False)
+            event = "rotated"
+        elif st.st_size < self.pos:
+            self.fh.seek(0)
+            self.pos = 0
+            self.partial = b""
+            event = "truncated"
+        self.state = "open"
+        data = self.fh.read(LOG_MAX_BYTES_PER_FRAME)
+        self.pos += len(data)
+        if data:
+            chunk = self.partial + data
+            parts = chunk.split(b"\n")
+            self.partial = parts.pop()
+            lines.extend(p.decode("utf-8", "replace").rstrip("\r") for p in parts)
+        return event, lines
+
+    def _drain(self):
+        if self.fh is None:
+            return []
+        data = self.fh.read(LOG_MAX_BYTES_PER_FRAME)
+        chunk = self.partial + data
+        self.partial = b""
+        if self.state == "missing":
+            self.fh.close()
+            self.fh = None
+        return [p.decode("utf-8", "replace") for p in chunk.split(b"\n") if p]
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def http_get(port, path, timeout=2.0, host="127.0.0.1"):
+    """One HTTP GET on the host's loopback: the probe the operator ran with curl."""
+    start = time.monotonic()
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as exc:
+        return {"port": port, "path": path, "status": None, "error": exc.strerror or str(exc)}
+    try:
+        sock.settimeout(timeout)
+        req = "GET %s HTTP/1.0\r\nHost: %s:%d\r\nUser-Agent: gpu-cockpit\r\n\r\n" % (path, host, int(port))
+        sock.sendall(req.encode())
+        data = b""
+        while len(data) < 65536:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        return {"port": port, "path": path, "status": None, "error": str(exc) or "timeout"}
+    finally:
+        sock.close()
+    ms = round((time.monotonic() - start) * 1000.0, 1)
+    head, _, body = data.partition(b"\r\n\r\n")
+    m = re.match(rb"HTTP/\d\.\d (\d{3})", head)
+    return {
+        "port": port,
+        "path": path,
+        "status": int(m.group(1)) if m else None,
+        "ms": ms,
+        "body": body[:4096].decode("utf-8", "replace"),
+    }
+
+
+class Agent:
+    def __init__(self, interval):
+        self.interval = interval
+        self.warnings = []
+        self.gpus = open_gpus(interval, self.warnings)
+        self.procs = None
+        self.ports = Ports()
+        self.logs = {}
+        self.seq = 0
+        self.force_scan = False
+        self.last_slow = 0.0
+
+    def hello(self, psutil):
+        return {
+            "t": HELLO,
+            "agent": AGENT_VERSION,
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "arch": platform.machine(),
+            "pid": os.getpid(),
+            "time": time.time(),
+            "nvml": self.gpus.source,
+            "driver": self.gpus.driver,
+            "gpus": self.gpus.static(),
+            "psutil": getattr(psutil, "__version__", None),
+            "interval": self.interval,
+            "caps": ["gpus", "procs", "ports", "logs", "http"],
+            "warnings": self.warnings,
+        }
+
+    def tick(self):
+        now = time.monotonic()
+        slow = now - self.last_slow >= SLOW_EVERY_S
+        if slow:
+            self.last_slow = now
+        gpus = self.gpus.sample(slow)
+        procs = self.procs.sample(now, self.force_scan)
+        self.force_scan = False
+        ports = self.ports.sample([p["pid"] for p in procs])
+        self.seq += 1
+        emit({"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3), "gpus": gpus,
+              "procs": procs, "ports": ports})
+        for path, tail in self.logs.items():
+            try:
+                event, lines = tail.poll()
+            except OSError as exc:
+                event, lines = "error: " + str(exc), []
+            if event or lines:
+                frame = {"t": LOG, "path": path, "lines": lines}
+                if event:
+                    frame["event"] = event
+                emit(frame)
+
+    def handle(self, line):
+        try:
+            cmd = json.loads(line)
+            cid = cmd["id"]
+            name = cmd["cmd"]
+            args = cmd.get("args") or {}
+        except (ValueError, KeyError, TypeError):
+            emit({"t": ERROR, "msg": "malformed command: " + line[:200]})
+            return
+        fn = getattr(self, "cmd_" + str(name), None)
+        if fn is None:
+            emit({"t": RESULT, "id": cid, "ok": False, "error": "unknown command " + repr(name)})
+            return
+        try:
+            data = fn(**args)
+        except Exception as exc:  # every command is answered, whatever happens
+            emit({"t": RESULT, "id": cid, "ok": False, "error": "%s: %s" % (type(exc).__name__, exc)})
+            return
+        emit({"t": RESULT, "id": cid, "ok": True, "data": data})
+
+    # Each cmd_* answers one command; their keyword arguments are the command's args.
+
+    def cmd_ping(self):
+        return {"time": time.time()}
+
+    def cmd_config(self, patterns=None, pgids=None, pids=None, logs=None, ports=None, interval=None):
+        self.procs.configure(patterns, pgids, pids)
+        if logs is not None:
+            for path in list(self.logs):
+                if path not in logs:
+                    del self.logs[path]
+            for path in logs:
+                self.logs.setdefault(path, LogTail(path))
+        if ports is not None:
+            self.ports.configured = [int(p) for p in ports]
+        if interval is not None:
+            self.interval = max(0.1, float(interval))
+        self.procs.resend_cmdlines()
+        self.force_scan = True
+        return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
+
+    def cmd_http(self, port, path="/health", timeout=2.0):
+        return http_get(port, path, timeout)
+
+    def run(self):
+        buf = b""
+        next_tick = time.monotonic()
+        while True:
+            wait = max(0.0, next_tick - time.monotonic())
+            ready, _, _ = select.select([0], [], [], wait)
+            if ready:
+                data = os.read(0, 65536)
+                if not data:
+                    return  # the cockpit went away: so do we
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        self.handle(line.decode("utf-8", "replace"))
+                if self.force_scan:
+                    next_tick = time.monotonic()
+            now = time.monotonic()
+            if now >= next_tick:
+                self.tick()
+                next_tick += self.interval
+                if next_tick < now:
+                    next_tick = now + self.interval
+
+
+def install_sim_nvml(nbytes):
+    """Reads the simulated NVML module's source from stdin and installs it as `pynvml`, so the
+    simulated host runs exactly the code path of a real one."""
+    import types
+
+    src = b""
+    while len(src) < nbytes:
+        chunk = os.read(0, nbytes - len(src))
+        if not chunk:
+            raise SystemExit(3)
+        src += chunk
+    mod = types.ModuleType("pynvml")
+    mod.__file__ = "<gpu-cockpit sim nvml>"
+    exec(compile(src, "cockpit-sim-nvml", "exec"), mod.__dict__)
+    sys.modules["pynvml"] = mod
+
+
+def main(argv):
+    interval = 1.0
+    args = list(argv)
+    while args:
+        flag = args.pop(0)
+        if flag == "--interval":
+            interval = max(0.1, float(args.pop(0)))
+        elif flag == "--sim-nvml":
+            install_sim_nvml(int(args.pop(0)))
+        elif flag == "--sim-state":
+            os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
+    if sys.version_info < (3, 8):
+        emit({"t": FATAL, "code": "python-too-old",
+              "msg": "Python %s on the host is too old: gpu-cockpit's agent needs Python >= 3.8 "
+                     "(name another interpreter with --python)" % platform.python_version()})
+        return 2
+    try:
+        import psutil
+    except ImportError:
+        emit({"t": FATAL, "code": "no-psutil",
+              "msg": "psutil is not installed for %s on the host: run `%s -m pip install psutil` "
+                     "there, or name another interpreter with --python" % (sys.executable, sys.executable)})
+        return 2
+    agent = Agent(interval)
+    agent.procs = Procs(psutil)
+    emit(agent.hello(psutil))
+    try:
+        agent.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        agent.gpus.close()
+    return 0
+
+
+if __name__ in ("__main__", "__cockpit_agent__"):
+    sys.exit(main(sys.argv[2:] if __name__ == "__cockpit_agent__" else sys.argv[1:]))

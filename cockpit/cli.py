@@ -1,0 +1,122 @@
+"""The `cockpit` command.
+
+    cockpit [TARGET]                 open the cockpit on a host (local, demo, alias, user@host[:port])
+    cockpit demo                     the simulated 8-GPU host, started on first use
+    cockpit snapshot TARGET --json   one document of the host's state, for scripts
+
+Every user-facing failure is one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from cockpit import __version__
+from cockpit.errors import CockpitError
+
+SUBCOMMANDS = ("open", "demo", "snapshot", "sim")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", metavar="FILE", help="a layout (launch profile): a .yaml path or a shipped name")
+    p.add_argument("--python", metavar="PATH", help="the interpreter on the host that runs the agent (default python3)")
+    p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval in seconds (default 1)")
+    p.add_argument("--ssh-config", metavar="FILE", help="an ssh config file to read instead of ~/.ssh/config")
+    p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
+    p.add_argument("--accept-new", action="store_true", help="trust an unknown host key and record it (never a changed one)")
+    p.add_argument("--sim", metavar="DIR", help="use the simulated NVML on the host, with its state in DIR there")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cockpit", description="A terminal cockpit for multi-GPU inference hosts.")
+    parser.add_argument("--version", action="version", version=f"gpu-cockpit {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("open", help="open the cockpit on a host (the default command)")
+    p.add_argument("target", nargs="?", default="local")
+    _common(p)
+
+    p = sub.add_parser("demo", help="open the cockpit on the simulated 8-GPU host")
+    p.add_argument("--no-server", action="store_true", help="do not start the simulated server")
+    _common(p)
+
+    p = sub.add_parser("snapshot", help="print the host's state once and exit")
+    p.add_argument("target")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print the JSON document (docs/snapshot-schema.md)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to watch before taking it")
+    return parser
+
+
+def _session_parts(args: argparse.Namespace):
+    """Target, options, watch list and layout from the command line."""
+    from cockpit.layouts import resolve_layout
+    from cockpit.link.target import parse_target
+    from cockpit.session import SessionOptions, Watch, default_sim_state
+
+    target = parse_target(getattr(args, "target", "demo") if args.command != "demo" else "demo")
+    layout_name = args.layout or ("demo" if target.kind == "demo" else None)
+    layout = resolve_layout(layout_name) if layout_name else None
+    opts = SessionOptions(
+        python=args.python or (layout.python if layout else "python3"),
+        interval=args.interval or 1.0,
+        ssh_config=args.ssh_config,
+        known_hosts=args.known_hosts,
+        accept_new=args.accept_new,
+        sim_state=args.sim or (default_sim_state() if target.kind == "demo" else None),
+    )
+    if target.kind in ("local", "demo") and not (args.python or (layout and layout.python != "python3")):
+        opts.python = sys.executable  # this machine: the cockpit's own interpreter has psutil
+    watch = Watch()
+    if layout is not None:
+        watch.patterns = layout.watch
+        watch.logs = [layout.log] if layout.log else []
+        watch.ports = list(layout.ports)
+    return target, opts, watch, layout
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from cockpit.session import HostSession
+    from cockpit.snapshot import take_snapshot
+
+    if not args.json:
+        raise CockpitError("say what to print: --json")
+    target, opts, watch, _ = _session_parts(args)
+    doc = asyncio.run(take_snapshot(HostSession(target, opts, watch), wait=args.wait))
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in SUBCOMMANDS and not argv[0].startswith("-")):
+        argv = ["open"] + argv
+    elif argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["open"] + argv
+    args = build_parser().parse_args(argv)
+    handlers = {"snapshot": cmd_snapshot}
+    try:
+        handler = handlers.get(args.command)
+        if handler is None:
+            raise CockpitError(f"{args.command}: not available yet")
+        return handler(args)
+    except CockpitError as exc:
+        print(f"cockpit: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug: still one line, with the way to the details
+        if os.environ.get("COCKPIT_DEBUG"):
+            raise
+        print(f"cockpit: internal error: {type(exc).__name__}: {exc} (rerun with COCKPIT_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

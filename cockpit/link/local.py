@@ -1,0 +1,85 @@
+"""The agent as a subprocess of the cockpit: the `local` and `demo` targets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from cockpit.errors import CockpitError
+from cockpit.link.base import AgentStream, Link, RunResult
+
+STREAM_LIMIT = 16 * 1024 * 1024  # one frame of a 200-process tree is far over asyncio's 64 KiB
+
+
+class LocalStream(AgentStream):
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+
+    async def readline(self) -> bytes:
+        return await self.proc.stdout.readline()
+
+    def write(self, data: bytes) -> None:
+        if self.proc.stdin and not self.proc.stdin.is_closing():
+            self.proc.stdin.write(data)
+
+    async def wait(self) -> int | None:
+        return await self.proc.wait()
+
+    async def stderr_tail(self) -> str:
+        try:
+            data = await asyncio.wait_for(self.proc.stderr.read(65536), 2)
+        except (asyncio.TimeoutError, ValueError):
+            return ""
+        return data.decode("utf-8", "replace").strip()
+
+    async def aclose(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+        await self.proc.wait()
+
+
+class LocalLink(Link):
+    name = "local"
+
+    async def connect(self) -> None:
+        return None
+
+    async def start_agent(self, argv, env=None) -> AgentStream:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=full_env,
+                limit=STREAM_LIMIT,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise CockpitError(
+                f"{argv[0]} not found on this machine: install Python >= 3.8 or name the interpreter with --python"
+            ) from None
+        return LocalStream(proc)
+
+    async def run(self, argv, input=None, timeout=30.0) -> RunResult:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return RunResult(None, b"", b"timed out")
+        return RunResult(proc.returncode, out, err)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,279 @@
+"""Host state: the agent's frames turned into typed objects, with bounded history.
+
+HostState is what the UI renders and the snapshot prints; it knows nothing of links or Textual.
+History is kept in ring buffers (minutes at 1 Hz in fixed memory) and the log in a bounded deque,
+so a cockpit left open for days stays the same size.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from cockpit.agent.agent import HELLO, LOG, SAMPLE
+
+HISTORY_LEN = 600  # ten minutes at 1 Hz
+LOG_LINES = 5000
+DEAD_KEPT = 64
+
+THROTTLE_REASONS = {
+    0x1: "idle",
+    0x2: "app-clocks",
+    0x4: "sw-power-cap",
+    0x8: "hw-slowdown",
+    0x10: "sync-boost",
+    0x20: "sw-thermal",
+    0x40: "hw-thermal",
+    0x80: "hw-power-brake",
+    0x100: "display-clocks",
+}
+
+_TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
+_DP = re.compile(r"(?:^|_)DP(\d+)(?:_|$)")
+
+
+def role_of(name: str, cmdline: list[str] | None = None) -> tuple[str | None, int | None]:
+    """Role and TP rank from a process title: `sglang::scheduler_TP3` is scheduler rank 3,
+    `VLLM::Worker_TP0` worker rank 0, the launcher is the server."""
+    title = name or ""
+    if cmdline and len(cmdline) == 1 and cmdline[0].startswith(title[:15]):
+        title = cmdline[0]  # setproctitle rewrites argv: the full title survives the 15-char comm
+    joined = " ".join(cmdline or [])
+    for prefix in ("sglang::", "VLLM::"):
+        if title.startswith(prefix):
+            rest = title[len(prefix):]
+            base, _, dims = rest.partition("_")
+            m = _TITLE_RANK.search(dims)
+            role = base.lower()
+            if role.startswith("enginecore"):
+                role = "engine"
+            return role, int(m.group(1)) if m else None
+    if "sglang.launch_server" in joined or "cockpit.sim.server" in joined or " serve " in f" {joined} " \
+            or "vllm.entrypoints" in joined:
+        return "server", None
+    if title.startswith("VllmWorker-"):
+        return "worker", int(title.rsplit("-", 1)[1]) if title.rsplit("-", 1)[1].isdigit() else None
+    return None, None
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    util_pct: int | None = None
+    mem_used_mib: int | None = None
+    mem_total_mib: int | None = None
+    temp_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    throttle: int | None = None
+    ecc_uncorrected: int | None = None
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+
+    @property
+    def throttle_reasons(self) -> list[str]:
+        if not self.throttle:
+            return []
+        return [name for bit, name in THROTTLE_REASONS.items() if self.throttle & bit]
+
+
+@dataclass
+class Proc:
+    pid: int
+    ppid: int = 0
+    name: str = ""
+    cmdline: list[str] = field(default_factory=list)
+    status: str = "?"
+    cpu_pct: float = 0.0
+    rss_mib: float = 0.0
+    threads: int = 0
+    pgid: int | None = None
+    sid: int | None = None
+    started: float | None = None
+    role: str | None = None
+    rank: int | None = None
+    gpus: list[int] = field(default_factory=list)
+    gpu_mem_mib: int | None = None
+    alive: bool = True
+    exit_code: int | None = None
+    gone_at: float | None = None
+
+    @property
+    def title(self) -> str:
+        if self.cmdline and len(self.cmdline) == 1:
+            return self.cmdline[0]
+        return self.name
+
+
+@dataclass
+class PortState:
+    port: int
+    listening: bool
+    pid: int | None = None
+
+
+@dataclass
+class LogState:
+    path: str
+    lines: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    total: int = 0
+    event: str | None = None  # last of opened / created / rotated / truncated / missing
+
+
+@dataclass
+class AgentInfo:
+    version: str = "?"
+    python: str = "?"
+    executable: str = "?"
+    hostname: str = "?"
+    arch: str = "?"
+    nvml: str | None = None
+    driver: str | None = None
+    psutil: str | None = None
+    pid: int | None = None
+    interval: float = 1.0
+    warnings: list[str] = field(default_factory=list)
+
+
+class HostState:
+    """Everything known about one host, updated frame by frame."""
+
+    def __init__(self, target: str = "?", history: int = HISTORY_LEN):
+        self.target = target
+        self.agent = AgentInfo()
+        self.gpus: dict[int, Gpu] = {}
+        self.procs: dict[int, Proc] = {}
+        self.ports: list[PortState] = []
+        self.logs: dict[str, LogState] = {}
+        self.seq = 0
+        self.sample_ts: float | None = None  # agent clock
+        self.received_at: float | None = None  # local monotonic clock
+        self.history_len = history
+        self.gpu_history: dict[int, dict[str, deque]] = {}
+        self.proc_cpu_history: dict[int, deque] = {}
+        self.link_state = "connecting"
+        self.rtt_ms: float | None = None
+
+    # ------------------------------------------------------------------ frames
+
+    def apply(self, frame: dict) -> str:
+        kind = frame.get("t")
+        if kind == HELLO:
+            self._hello(frame)
+        elif kind == SAMPLE:
+            self._sample(frame)
+        elif kind == LOG:
+            self._log(frame)
+        return kind
+
+    def _hello(self, f: dict) -> None:
+        self.agent = AgentInfo(
+            version=f.get("agent", "?"), python=f.get("python", "?"), executable=f.get("executable", "?"),
+            hostname=f.get("hostname", "?"), arch=f.get("arch", "?"), nvml=f.get("nvml"),
+            driver=f.get("driver"), psutil=f.get("psutil"), pid=f.get("pid"),
+            interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
+        )
+        for g in f.get("gpus") or []:
+            gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
+            gpu.uuid, gpu.name = g.get("uuid"), g.get("name")
+            gpu.mem_total_mib, gpu.power_limit_w = g.get("mem_total_mib"), g.get("power_limit_w")
+
+    def _sample(self, f: dict) -> None:
+        now = time.monotonic()
+        self.seq = f.get("seq", self.seq + 1)
+        self.sample_ts = f.get("ts")
+        self.received_at = now
+        pid_gpus: dict[int, list[tuple[int, int | None]]] = {}
+        for g in f.get("gpus") or []:
+            gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
+            for key in ("util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "power_limit_w",
+                        "sm_clock_mhz", "throttle", "ecc_uncorrected"):
+                if key in g:
+                    setattr(gpu, key, g[key])
+            gpu.processes = [(int(p[0]), p[1]) for p in g.get("processes") or []]
+            for pid, mib in gpu.processes:
+                pid_gpus.setdefault(pid, []).append((gpu.index, mib))
+            hist = self.gpu_history.setdefault(
+                gpu.index, {k: deque(maxlen=self.history_len) for k in ("util_pct", "mem_used_mib", "power_w")}
+            )
+            for key, buf in hist.items():
+                buf.append(getattr(gpu, key))
+        seen = set()
+        for p in f.get("procs") or []:
+            pid = p["pid"]
+            seen.add(pid)
+            proc = self.procs.get(pid)
+            if proc is None or not proc.alive or (p.get("started") and proc.started and p["started"] != proc.started):
+                proc = self.procs[pid] = Proc(pid=pid)
+            for key in ("ppid", "name", "status", "cpu_pct", "rss_mib", "threads", "pgid", "sid", "started"):
+                if key in p:
+                    setattr(proc, key, p[key])
+            if "cmdline" in p:
+                proc.cmdline = list(p["cmdline"] or [])
+                proc.role, proc.rank = role_of(proc.name, proc.cmdline)
+            elif proc.role is None:
+                proc.role, proc.rank = role_of(proc.name, proc.cmdline)
+            on = pid_gpus.get(pid, [])
+            proc.gpus = [i for i, _ in on]
+            proc.gpu_mem_mib = sum(m or 0 for _, m in on) if on else None
+            self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(proc.cpu_pct)
+        for pid, proc in self.procs.items():
+            if proc.alive and pid not in seen:
+                proc.alive, proc.status, proc.gone_at = False, "X", now
+                proc.cpu_pct, proc.gpus, proc.gpu_mem_mib = 0.0, [], None
+        self._forget_old_dead()
+        self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f.get("ports") or []]
+
+    def _forget_old_dead(self) -> None:
+        dead = sorted((p for p in self.procs.values() if not p.alive), key=lambda p: p.gone_at or 0)
+        for proc in dead[: max(0, len(dead) - DEAD_KEPT)]:
+            del self.procs[proc.pid]
+            self.proc_cpu_history.pop(proc.pid, None)
+
+    def _log(self, f: dict) -> None:
+        log = self.logs.setdefault(f["path"], LogState(f["path"]))
+        if f.get("event"):
+            log.event = f["event"]
+        lines = f.get("lines") or []
+        log.lines.extend(lines)
+        log.total += len(lines)
+
+    # ------------------------------------------------------------------ views
+
+    def age_s(self) -> float | None:
+        return None if self.received_at is None else time.monotonic() - self.received_at
+
+    def live_procs(self) -> list[Proc]:
+        return [p for p in self.procs.values() if p.alive]
+
+    def ranks(self) -> list[Proc]:
+        """Rank-holding processes, by rank: the TP workers."""
+        return sorted((p for p in self.procs.values() if p.rank is not None), key=lambda p: (p.rank, p.pid))
+
+    def tree(self) -> list[tuple[int, Proc]]:
+        """Watched processes as (depth, proc) in tree order; roots are those whose parent isn't watched."""
+        by_parent: dict[int, list[Proc]] = {}
+        for p in self.procs.values():
+            by_parent.setdefault(p.ppid, []).append(p)
+        roots = [p for p in self.procs.values() if p.ppid not in self.procs]
+        out: list[tuple[int, Proc]] = []
+
+        def key(p: Proc):
+            return (p.rank if p.rank is not None else -1, p.title, p.pid)
+
+        def walk(p: Proc, depth: int, seen: set[int]) -> None:
+            if p.pid in seen:
+                return
+            seen.add(p.pid)
+            out.append((depth, p))
+            for c in sorted(by_parent.get(p.pid, []), key=key):
+                walk(c, depth + 1, seen)
+
+        seen: set[int] = set()
+        for r in sorted(roots, key=key):
+            walk(r, 0, seen)
+        return out

@@ -1,0 +1,220 @@
+"""A session with one host: starts the agent over a link, feeds its frames into HostState and
+matches command results to requests. Used by the snapshot command, the UI and the tests alike."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cockpit.agent import EXIT_TOO_OLD, agent_argv
+from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
+from cockpit.errors import CockpitError, CommandError, LinkLost
+from cockpit.link.base import AgentStream, Link
+from cockpit.link.local import LocalLink
+from cockpit.link.target import Target
+from cockpit.model import HostState
+
+HELLO_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Watch:
+    """What the agent watches: from the layout, or the defaults for SGLang and vLLM."""
+
+    patterns: list[str] | None = None
+    pgids: list[int] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+
+    def args(self) -> dict:
+        out = {"pgids": self.pgids, "pids": self.pids, "logs": self.logs, "ports": self.ports}
+        if self.patterns is not None:
+            out["patterns"] = self.patterns
+        return out
+
+
+@dataclass
+class SessionOptions:
+    python: str = "python3"
+    interval: float = 1.0
+    sim_state: str | None = None  # the simulated NVML's state folder on the host
+    ssh_config: str | None = None
+    known_hosts: str | None = None
+    accept_new: bool = False
+
+
+def decode_frame(line: bytes) -> dict | None:
+    """One frame, or None for a line that is not a frame of this protocol (never raises)."""
+    try:
+        frame = json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(frame, dict) or frame.get("v") != PROTOCOL or not isinstance(frame.get("t"), str):
+        return None
+    return frame
+
+
+def make_link(target: Target, opts: SessionOptions) -> Link:
+    if target.kind in ("local", "demo"):
+        return LocalLink()
+    from cockpit.link.ssh import SshLink  # asyncssh is only loaded when a host needs it
+
+    return SshLink(target, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts, accept_new=opts.accept_new)
+
+
+class HostSession:
+    def __init__(self, target: Target, opts: SessionOptions | None = None, watch: Watch | None = None,
+                 on_frame: Callable[[dict], None] | None = None):
+        self.target = target
+        self.opts = opts or SessionOptions()
+        self.watch = watch or Watch()
+        self.state = HostState(target.label)
+        self.on_frame = on_frame
+        self.link: Link | None = None
+        self.stream: AgentStream | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+        self.errors: list[str] = []
+        self.first_sample = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def connect(self) -> None:
+        self.link = make_link(self.target, self.opts)
+        await self.link.connect()
+        argv, payload = agent_argv(self.opts.python, self.opts.interval, self.opts.sim_state)
+        self.stream = await self.link.start_agent(argv)
+        self.stream.write(payload)
+        hello = await self._read_hello()
+        self.state.apply(hello)
+        self.state.link_state = "up"
+        self._reader = asyncio.create_task(self._read_loop())
+        await self.request("config", **self.watch.args())
+
+    async def _read_hello(self) -> dict:
+        where = self.target.label
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CockpitError(f"the agent on {where} sent nothing in {HELLO_TIMEOUT_S:.0f} s: is the host overloaded?")
+            try:
+                line = await asyncio.wait_for(self.stream.readline(), left)
+            except asyncio.TimeoutError:
+                continue
+            if not line:
+                raise await self._agent_failed()
+            frame = decode_frame(line)
+            if frame is None:
+                continue
+            if frame["t"] == FATAL:
+                raise CockpitError(f"{where}: {frame.get('msg')}")
+            if frame["t"] == HELLO:
+                return frame
+
+    async def _agent_failed(self) -> CockpitError:
+        """The agent's process ended before its hello: say why in one line."""
+        rc = await asyncio.wait_for(self.stream.wait(), 5)
+        err = await self.stream.stderr_tail()
+        last = err.splitlines()[-1] if err else ""
+        py = self.opts.python
+        if rc == 127 or "No such file" in err or "not found" in err:
+            return CockpitError(
+                f"{py} not found on {self.target.label}: install Python >= 3.8 there or name the "
+                f"interpreter with --python (or python: in the layout)"
+            )
+        if rc == EXIT_TOO_OLD:
+            return CockpitError(f"{self.target.label}: {last.removeprefix('gpu-cockpit: ')}; name a newer one with --python")
+        return CockpitError(f"the agent on {self.target.label} exited with status {rc}: {last or 'no message'}")
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                line = await self.stream.readline()
+                if not line:
+                    break
+                frame = decode_frame(line)
+                if frame is None:
+                    continue
+                kind = frame["t"]
+                if kind == RESULT:
+                    fut = self._pending.pop(frame.get("id"), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(frame)
+                elif kind in (ERROR, FATAL):
+                    self.errors.append(str(frame.get("msg")))
+                else:
+                    self.state.apply(frame)
+                    if kind == "sample":
+                        self.first_sample.set()
+                if self.on_frame is not None:
+                    self.on_frame(frame)
+        finally:
+            self.state.link_state = "lost"
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(LinkLost("the link dropped: the command's outcome is unknown"))
+            self._pending.clear()
+            self.closed.set()
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.link is not None:
+            await self.link.close()
+
+    # ------------------------------------------------------------------ commands
+
+    async def request(self, cmd: str, timeout: float = 30.0, **args) -> dict:
+        """Send one command and wait for its one answer."""
+        if self.stream is None or self.closed.is_set():
+            raise LinkLost("not connected")
+        cid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[cid] = fut
+        self.stream.write((json.dumps({"id": cid, "cmd": cmd, "args": args}) + "\n").encode())
+        try:
+            frame = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._pending.pop(cid, None)
+            raise CommandError(f"{cmd}: no answer from the agent in {timeout:.0f} s") from None
+        if not frame.get("ok"):
+            raise CommandError(f"{cmd}: {frame.get('error')}")
+        return frame.get("data") or {}
+
+    async def ping(self) -> float:
+        start = time.monotonic()
+        await self.request("ping", timeout=10)
+        self.state.rtt_ms = (time.monotonic() - start) * 1000.0
+        return self.state.rtt_ms
+
+    async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
+        """Wait until n samples have arrived since now."""
+        start = self.state.seq
+        deadline = time.monotonic() + timeout
+        while self.state.seq < start + n:
+            if self.closed.is_set():
+                raise LinkLost(f"the link to {self.target.label} dropped")
+            if time.monotonic() > deadline:
+                raise CockpitError(f"no sample from {self.target.label} in {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+
+
+def default_sim_state() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(Path.home(), ".cache")
+    return os.path.join(base, "gpu-cockpit", "demo")

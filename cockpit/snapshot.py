@@ -1,0 +1,93 @@
+"""The JSON snapshot: one document of a host's state, for scripts and tests.
+
+Versioned by SCHEMA; docs/snapshot-schema.md describes every field. Fields a GPU does not
+support are null, never 0."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from cockpit.model import HostState
+from cockpit.session import HostSession
+
+SCHEMA = "gpu-cockpit.snapshot/1"
+LOG_LINES = 50
+
+
+def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None) -> dict:
+    taken = dt.datetime.fromtimestamp(taken_at if taken_at is not None else (state.sample_ts or 0), dt.timezone.utc)
+    a = state.agent
+    log_path = next(iter(state.logs), None)
+    log = state.logs.get(log_path) if log_path else None
+    return {
+        "schema": SCHEMA,
+        "target": state.target,
+        "taken_at": taken.isoformat(timespec="seconds"),
+        "agent": {
+            "version": a.version,
+            "hostname": a.hostname,
+            "python": a.python,
+            "executable": a.executable,
+            "nvml": a.nvml,
+            "driver": a.driver,
+            "psutil": a.psutil,
+            "warnings": a.warnings,
+        },
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "util_pct": g.util_pct,
+                "mem_used_mib": g.mem_used_mib,
+                "mem_total_mib": g.mem_total_mib,
+                "temp_c": g.temp_c,
+                "power_w": g.power_w,
+                "power_limit_w": g.power_limit_w,
+                "sm_clock_mhz": g.sm_clock_mhz,
+                "throttle_reasons": g.throttle_reasons,
+                "ecc_uncorrected": g.ecc_uncorrected,
+                "processes": [{"pid": pid, "used_mib": mib} for pid, mib in g.processes],
+            }
+            for g in sorted(state.gpus.values(), key=lambda g: g.index)
+        ],
+        "processes": [
+            {
+                "pid": p.pid,
+                "ppid": p.ppid,
+                "name": p.name,
+                "cmdline": p.cmdline,
+                "status": p.status,
+                "alive": p.alive,
+                "cpu_pct": p.cpu_pct,
+                "rss_mib": p.rss_mib,
+                "threads": p.threads,
+                "pgid": p.pgid,
+                "role": p.role,
+                "rank": p.rank,
+                "gpus": p.gpus,
+                "gpu_mem_mib": p.gpu_mem_mib,
+            }
+            for _, p in state.tree()
+        ],
+        "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid} for p in state.ports],
+        "log": {
+            "path": log_path,
+            "event": log.event if log else None,
+            "lines": list(log.lines)[-log_lines:] if log else [],
+        },
+    }
+
+
+async def take_snapshot(session: HostSession, wait: float = 0.0) -> dict:
+    """Connect, let the agent sample for `wait` seconds (two samples at least, so CPU % is
+    measured over an interval), and return the document."""
+    await session.connect()
+    try:
+        await session.wait_samples(2, timeout=max(30.0, wait + 30.0))
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return snapshot_doc(session.state)
+    finally:
+        await session.close()

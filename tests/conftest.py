@@ -1,0 +1,161 @@
+"""Shared fixtures: a real OpenSSH sshd on loopback with keys made here, a simulated GPU host
+state folder, and titled rank processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cockpit.sim import fakenvml
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+class Sshd:
+    """A real sshd on 127.0.0.1 that accepts only a key generated for the test session."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = free_port()
+        self.user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        for name in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
+        (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
+        host_pub = (root / "host_key.pub").read_text().split()
+        self.host_key_line = f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n"
+        self.known_hosts = root / "known_hosts"
+        self.known_hosts.write_text(self.host_key_line)
+        self.config = root / "sshd_config"
+        self.config.write_text(textwrap.dedent(f"""\
+            Port {self.port}
+            ListenAddress 127.0.0.1
+            HostKey {root}/host_key
+            AuthorizedKeysFile {root}/authorized_keys
+            PasswordAuthentication no
+            KbdInteractiveAuthentication no
+            UsePAM no
+            PermitRootLogin prohibit-password
+            StrictModes no
+            PidFile {root}/sshd.pid
+            LogLevel ERROR
+            MaxSessions 50
+            MaxStartups 100:30:200
+            """))
+        self.client_config = root / "ssh_config"
+        self.client_config.write_text(textwrap.dedent(f"""\
+            Host cockpit-test
+                HostName 127.0.0.1
+                Port {self.port}
+                User {self.user}
+                IdentityFile {root}/client_key
+                IdentitiesOnly yes
+                UserKnownHostsFile {self.known_hosts}
+            """))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stderr=open(self.root / "sshd.log", "ab"))
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def cli_args(self) -> list[str]:
+        return ["--ssh-config", str(self.client_config), "--known-hosts", str(self.known_hosts)]
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    if not os.path.exists(SSHD):
+        if os.environ.get("CI"):
+            pytest.fail("sshd is missing: .ci/run installs openssh-server")
+        pytest.skip("sshd is not installed (apt-get install openssh-server)")
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sim_state(tmp_path):
+    """A simulated 8-GPU host's NVML state folder."""
+    folder = tmp_path / "sim"
+    fakenvml.write_host(str(folder), gpus=8, model="rtx-pro-6000", seed=11)
+    return folder
+
+
+RANK_SCRIPT = textwrap.dedent("""\
+    import os, sys, time, setproctitle
+    from cockpit.sim import fakenvml
+    title, gpu, mib, state = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    setproctitle.setproctitle(title)
+    if gpu >= 0:
+        fakenvml.register(state, os.getpid(), gpu, mib, "busy")
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+class Ranks:
+    """Real processes titled like SGLang's schedulers, each registered on its simulated GPU."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, title: str, gpu: int = -1, mib: int = 0) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, title, str(gpu), str(mib), str(self.state)],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert p.stdout.readline().strip() == "ready"
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@pytest.fixture
+def ranks(sim_state):
+    r = Ranks(sim_state)
+    yield r
+    r.stop()
+
+
+def run_cli(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real `cockpit` command in a subprocess, as a user runs it."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)

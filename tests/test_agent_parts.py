@@ -1,0 +1,128 @@
+"""The agent's samplers, each against real files, sockets and processes."""
+
+import http.server
+import os
+import socket
+import threading
+
+import pytest
+
+from cockpit.agent import agent
+from cockpit.sim import fakenvml
+
+
+def test_log_tail_follows_growth_rotation_truncation_and_waits_for_missing(tmp_path):
+    path = tmp_path / "server.log"
+    tail = agent.LogTail(str(path))
+    assert tail.poll() == ("missing", [])
+    assert tail.poll() == (None, [])
+    path.write_text("one\ntwo\npart")
+    assert tail.poll() == ("created", ["one", "two"])
+    with open(path, "a") as fh:
+        fh.write("ial\nthree\n")
+    assert tail.poll() == (None, ["partial", "three"])
+    os.rename(path, tmp_path / "server.log.1")
+    path.write_text("fresh\n")
+    assert tail.poll() == ("rotated", ["fresh"])
+    path.write_text("")
+    event, lines = tail.poll()
+    assert event == "truncated" and lines == []
+    with open(path, "a") as fh:
+        fh.write("after\n")
+    assert tail.poll() == (None, ["after"])
+
+
+def test_log_tail_starts_near_the_end_and_reads_bounded_bytes(tmp_path):
+    path = tmp_path / "big.log"
+    line = "x" * 99 + "\n"
+    path.write_text(line * 10_000)  # 1 MB
+    tail = agent.LogTail(str(path))
+    event, lines = tail.poll()
+    assert event == "opened"
+    assert 0 < len(lines) <= agent.LOG_INITIAL_BYTES // 100 + 1
+    assert all(l == "x" * 99 for l in lines)
+    with open(path, "a") as fh:
+        fh.write(line * 2000)  # 200 KB at once: read in bounded slices
+    _, first = tail.poll()
+    assert len(first) * 100 <= agent.LOG_MAX_BYTES_PER_FRAME
+    total = len(first)
+    while True:
+        _, more = tail.poll()
+        if not more:
+            break
+        total += len(more)
+    assert total == 2000
+
+
+def test_listening_ports_finds_a_real_listener_and_its_owner():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    try:
+        listening = agent.listening_ports()
+        assert port in listening
+        ports = agent.Ports()
+        ports.configured = [port, 1]
+        rows = {r["port"]: r for r in ports.sample([os.getpid()])}
+        assert rows[port] == {"port": port, "listening": True, "pid": os.getpid()}
+        assert rows[1]["listening"] is False
+    finally:
+        srv.close()
+
+
+def test_http_get_reports_status_and_latency_of_a_real_server():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(503 if self.path == "/health" else 200)
+            self.end_headers()
+            self.wfile.write(b'{"ok": 1}')
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        health = agent.http_get(port, "/health")
+        assert health["status"] == 503 and health["ms"] >= 0
+        models = agent.http_get(port, "/v1/models")
+        assert models["status"] == 200 and models["body"] == '{"ok": 1}'
+    finally:
+        srv.shutdown()
+    closed = agent.http_get(port, "/health", timeout=0.5)
+    assert closed["status"] is None and closed["error"]
+
+
+def test_nvml_sampler_reports_not_supported_fields_as_absent_and_stops_asking(sim_state, monkeypatch):
+    monkeypatch.setenv("COCKPIT_SIM_STATE", str(sim_state))
+    calls = []
+
+    def no_power(handle):
+        calls.append(handle)
+        raise fakenvml.NVMLError_NotSupported("Not Supported")
+
+    monkeypatch.setattr(fakenvml, "nvmlDeviceGetPowerUsage", no_power)
+    gpus = agent.NvmlGpus(fakenvml)
+    assert gpus.source == "sim" and len(gpus.static()) == 8
+    first = gpus.sample(slow=True)
+    second = gpus.sample(slow=False)
+    assert all(g["power_w"] is None for g in first + second)
+    assert all(g["mem_total_mib"] == 97887 and g["util_pct"] == 0 for g in second)
+    assert len(calls) == 8  # asked once per GPU, then remembered as unsupported
+
+
+def test_process_sampler_watches_titled_trees_and_their_children(ranks, sim_state):
+    psutil = pytest.importorskip("psutil")
+    p = ranks.spawn("sglang::scheduler_TP5", gpu=5, mib=1000)
+    procs = agent.Procs(psutil)
+    procs.configure(patterns=["sglang::*"])
+    import time
+    rows = procs.sample(time.monotonic())
+    row = next(r for r in rows if r["pid"] == p.pid)
+    assert row["name"].startswith("sglang::") and row["cmdline"] == ["sglang::scheduler_TP5"]
+    assert row["status"] in "RS" and row["threads"] >= 1 and row["rss_mib"] > 1
+    again = procs.sample(time.monotonic())
+    assert "cmdline" not in next(r for r in again if r["pid"] == p.pid)  # sent once per connection
+    assert os.getpid() not in {r["pid"] for r in rows}

@@ -1,0 +1,175 @@
+"""`cockpit snapshot --json` end to end: the real agent over the local link and over a real sshd,
+against real titled processes that hold simulated GPU memory."""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from cockpit.link.target import parse_target
+from cockpit.session import HostSession, SessionOptions, Watch
+
+from conftest import run_cli
+
+
+@pytest.fixture
+def tp8(ranks):
+    """A TP-8 tree: eight schedulers on GPUs 0-7 and a detokenizer."""
+    procs = [ranks.spawn(f"sglang::scheduler_TP{i}", gpu=i, mib=1000 * (i + 1)) for i in range(8)]
+    procs.append(ranks.spawn("sglang::detokenizer"))
+    return procs
+
+
+def snapshot(*args):
+    res = run_cli("snapshot", *args, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def check_tp8(doc, tp8):
+    assert doc["schema"] == "gpu-cockpit.snapshot/1"
+    assert doc["agent"]["nvml"] == "sim"
+    assert [g["index"] for g in doc["gpus"]] == list(range(8))
+    by_pid = {p["pid"]: p for p in doc["processes"]}
+    for i, proc in enumerate(tp8[:8]):
+        gpu = doc["gpus"][i]
+        assert gpu["processes"] == [{"pid": proc.pid, "used_mib": 1000 * (i + 1)}]
+        assert gpu["mem_used_mib"] == 512 + 1000 * (i + 1)
+        assert gpu["mem_total_mib"] == 97887 and gpu["power_limit_w"] == 600.0
+        row = by_pid[proc.pid]
+        assert (row["role"], row["rank"], row["gpus"], row["gpu_mem_mib"]) == ("scheduler", i, [i], 1000 * (i + 1))
+        assert row["status"] in ("S", "R") and row["alive"]
+    assert by_pid[tp8[8].pid]["role"] == "detokenizer"
+    assert by_pid[tp8[8].pid]["rank"] is None
+
+
+def test_local_snapshot_shows_every_rank_on_its_gpu(tp8, sim_state):
+    doc = snapshot("local", "--sim", str(sim_state))
+    check_tp8(doc, tp8)
+    assert doc["target"] == "local"
+
+
+def test_ssh_snapshot_agrees_with_local(tp8, sim_state, sshd):
+    local = snapshot("local", "--sim", str(sim_state))
+    remote = snapshot("cockpit-test", "--sim", str(sim_state), "--python", sys.executable, *sshd.cli_args())
+    check_tp8(remote, tp8)
+    assert remote["target"] == "cockpit-test"
+    for key in ("uuid", "name", "mem_total_mib", "mem_used_mib", "processes", "power_limit_w"):
+        assert [g[key] for g in remote["gpus"]] == [g[key] for g in local["gpus"]], key
+    pick = lambda doc: sorted((p["pid"], p["role"], p["rank"], p["gpus"]) for p in doc["processes"])
+    assert pick(remote) == pick(local)
+    assert remote["agent"]["hostname"] == local["agent"]["hostname"]
+
+
+async def test_a_dead_rank_releases_its_memory_within_two_samples(tp8, sim_state):
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.3,
+                                                                 sim_state=str(sim_state)))
+    await session.connect()
+    try:
+        await session.wait_samples(2)
+        assert session.state.gpus[3].mem_used_mib == 4512
+        os.killpg(tp8[3].pid, signal.SIGKILL)
+        tp8[3].wait()
+        await session.wait_samples(2)
+        assert session.state.gpus[3].mem_used_mib == 512
+        assert session.state.gpus[3].processes == []
+        dead = session.state.procs[tp8[3].pid]
+        assert not dead.alive and dead.status == "X" and dead.rank == 3  # stays visible, marked
+        rtt = await session.ping()
+        assert rtt > 0
+    finally:
+        await session.close()
+
+
+def test_no_gpus_is_said_not_crashed(ranks):
+    doc = snapshot("local")
+    assert doc["gpus"] == []
+    assert doc["agent"]["nvml"] is None
+    assert any("no GPU" in w or "no NVIDIA driver" in w for w in doc["agent"]["warnings"])
+
+
+def test_missing_log_file_is_waited_for(tmp_path, sim_state):
+    layout = tmp_path / "l.yaml"
+    log = tmp_path / "later.log"
+    layout.write_text(f"command: [-m, sglang.launch_server]\nlog: {log}\nports: [1]\n")
+    doc = snapshot("local", "--sim", str(sim_state), "--layout", str(layout))
+    assert doc["log"] == {"path": str(log), "event": "missing", "lines": []}
+    assert doc["ports"] == [{"port": 1, "listening": False, "pid": None}]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def fails(*args, expect: str):
+    res = run_cli(*args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and expect in lines[0], res.stderr
+    return lines[0]
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint_then_accepted_on_request(sshd, tmp_path, sim_state):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    args = ["snapshot", "cockpit-test", "--json", "--python", sys.executable, "--sim", str(sim_state),
+            "--ssh-config", str(sshd.client_config), "--known-hosts", str(empty)]
+    line = fails(*args, expect="unknown host key")
+    assert "SHA256:" in line and "--accept-new" in line
+    assert empty.read_text() == ""
+    ok = run_cli(*args, "--accept-new")
+    assert ok.returncode == 0, ok.stderr
+    assert empty.read_text().split()[1:] == sshd.host_key_line.split()[1:]
+    again = run_cli(*args)  # now known: no flag needed
+    assert again.returncode == 0, again.stderr
+
+
+def test_changed_host_key_is_refused_loudly_even_with_accept_new(sshd, tmp_path, sim_state):
+    other = tmp_path / "other"
+    import subprocess
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known = tmp_path / "known_hosts"
+    alg, blob = (tmp_path / "other.pub").read_text().split()[:2]
+    known.write_text(f"[127.0.0.1]:{sshd.port} {alg} {blob}\n")
+    line = fails("snapshot", "cockpit-test", "--json", "--python", sys.executable, "--accept-new",
+                 "--ssh-config", str(sshd.client_config), "--known-hosts", str(known), expect="HOST KEY CHANGED")
+    assert "ssh-keygen -R" in line
+
+
+def test_refused_auth_says_what_to_do(sshd, tmp_path):
+    import subprocess
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(sshd.client_config.read_text().replace(f"{sshd.root}/client_key", str(tmp_path / "stranger")))
+    fails("snapshot", "cockpit-test", "--json", "--ssh-config", str(cfg), "--known-hosts", str(sshd.known_hosts),
+          expect="authentication refused")
+
+
+def test_missing_python_on_the_host(sshd):
+    line = fails("snapshot", "cockpit-test", "--json", "--python", "/opt/no/python3", *sshd.cli_args(),
+                 expect="not found on cockpit-test")
+    assert "--python" in line
+
+
+@pytest.mark.skipif(os.system("/usr/bin/python3 -c 'import psutil' 2>/dev/null") == 0,
+                    reason="the system python has psutil here")
+def test_host_python_without_psutil(sshd):
+    fails("snapshot", "cockpit-test", "--json", "--python", "/usr/bin/python3", *sshd.cli_args(),
+          expect="psutil is not installed")
+
+
+@pytest.mark.parametrize("target, expect", [
+    ("user@", "malformed target"),
+    ("host:99999", "not in 1-65535"),
+    ("no-such-host.invalid", "cannot resolve"),
+])
+def test_bad_targets(target, expect):
+    fails("snapshot", target, "--json", expect=expect)
+
+
+def test_unreachable_port():
+    from conftest import free_port
+    fails("snapshot", f"root@127.0.0.1:{free_port()}", "--json", expect="connection refused")
