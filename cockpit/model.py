@@ -225,6 +225,9 @@ class HostState:
             if proc.alive and pid not in seen:
                 proc.alive, proc.status, proc.gone_at = False, "X", now
                 proc.cpu_pct, proc.gpus, proc.gpu_mem_mib = 0.0, [], None
+        for pid, code in f.get("exits") or []:
+            if pid in self.procs:
+                self.procs[pid].exit_code = code
         self._forget_old_dead()
         self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f.get("ports") or []]
 

@@ -197,6 +197,14 @@ class HostSession:
             raise CommandError(f"{cmd}: {frame.get('error')}")
         return frame.get("data") or {}
 
+    async def follow_run(self, pgid: int, log: str | None) -> None:
+        """Watch a run's process group and follow its log from now on."""
+        if pgid not in self.watch.pgids:
+            self.watch.pgids = [pgid]
+        if log:
+            self.watch.logs = [log]
+        await self.request("config", **self.watch.args())
+
     async def ping(self) -> float:
         start = time.monotonic()
         await self.request("ping", timeout=10)

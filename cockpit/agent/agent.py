@@ -388,9 +388,37 @@ class Procs:
         self.watched = watched
         self.last_scan = time.monotonic()
 
+    def adopt_children(self):
+        """New children of watched processes, found each tick from /proc/PID/task/PID/children
+        (one small read per watched process) rather than waiting for the next full scan."""
+        ps = self.ps
+        stack = list(self.watched)
+        while stack:
+            pid = stack.pop()
+            try:
+                with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid in self.watched:
+                    continue
+                try:
+                    proc = ps.Process(kid)
+                    argv = proc.cmdline()
+                except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
+                    continue
+                while argv and not argv[-1]:
+                    argv.pop()
+                self.watched[kid] = proc
+                self.cmdlines[kid] = argv
+                stack.append(kid)
+
     def sample(self, now, force_scan=False):
         if force_scan or now - self.last_scan >= SCAN_EVERY_S:
             self.scan()
+        else:
+            self.adopt_children()
         ps = self.ps
         out = []
         gone = []
@@ -606,6 +634,7 @@ class Agent:
         self.seq = 0
         self.force_scan = False
         self.last_slow = 0.0
+        self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
 
     def hello(self, psutil):
         return {
@@ -636,9 +665,18 @@ class Agent:
         procs = self.procs.sample(now, self.force_scan)
         self.force_scan = False
         ports = self.ports.sample([p["pid"] for p in procs])
+        exits = []
+        for pid, popen in list(self.launched.items()):
+            code = popen.poll()
+            if code is not None:
+                exits.append([pid, code])
+                del self.launched[pid]
         self.seq += 1
-        emit({"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3), "gpus": gpus,
-              "procs": procs, "ports": ports})
+        frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3), "gpus": gpus, "procs": procs,
+                 "ports": ports}
+        if exits:
+            frame["exits"] = exits
+        emit(frame)
         for path, tail in self.logs.items():
             try:
                 event, lines = tail.poll()
@@ -690,6 +728,24 @@ class Agent:
         self.procs.resend_cmdlines()
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
+
+    def cmd_launch(self, argv, env=None, cwd=None, log=None):
+        """Start a run detached in its own session (it outlives the agent and the link), its
+        output appended to `log`; the run's process group is watched from now on."""
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv must be a non-empty list of strings")
+        log = os.path.expanduser(log or "~/.cache/gpu-cockpit/runs/run.log")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(log, "ab") as fh:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                     cwd=os.path.expanduser(cwd) if cwd else None, env=full_env,
+                                     start_new_session=True)
+        self.launched[popen.pid] = popen
+        self.procs.configure(pgids=self.procs.pgids | {popen.pid})
+        self.force_scan = True
+        return {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time()}
 
     def cmd_http(self, port, path="/health", timeout=2.0):
         return http_get(port, path, timeout)

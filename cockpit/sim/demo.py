@@ -1,0 +1,84 @@
+"""The demo host: the simulated NVML's state folder and the simulated server, started through the
+agent exactly as a real run is launched, recorded so a second `cockpit demo` finds it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from cockpit.config import Layout
+from cockpit.runs import build_argv, default_spec, new_run_id, run_log_path
+from cockpit.session import HostSession
+from cockpit.sim import fakenvml
+
+
+def prepare_host(layout: Layout, state: str) -> None:
+    sim = layout.sim
+    fakenvml.write_host(state, gpus=sim.gpus if sim else 8, model=sim.model if sim else "rtx-pro-6000",
+                        seed=sim.seed if sim else 1)
+
+
+def _record(state: str) -> Path:
+    return Path(state) / "demo.json"
+
+
+def running_demo(state: str) -> dict | None:
+    """The recorded demo run, if its launcher is still alive."""
+    try:
+        rec = json.loads(_record(state).read_text())
+        pid = int(rec["pid"])
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return rec if b"cockpit.sim.server" in cmd else None
+
+
+def sim_argv(layout: Layout, python: str | None = None) -> list[str]:
+    argv = build_argv(layout, default_spec(layout), python=python or sys.executable)
+    if layout.sim:
+        argv += ["--sim-speed", str(layout.sim.speed), "--sim-seed", str(layout.sim.seed)]
+    return argv
+
+
+async def start_demo(session: HostSession, layout: Layout, state: str) -> dict:
+    run_id = new_run_id(layout)
+    log = os.path.expanduser(run_log_path(layout, run_id))
+    env = dict(layout.env)
+    env["COCKPIT_SIM_STATE"] = state
+    run = await session.request("launch", argv=sim_argv(layout), env=env, log=log)
+    run["run_id"] = run_id
+    tmp = _record(state).with_suffix(".tmp")
+    tmp.write_text(json.dumps(run))
+    os.replace(tmp, _record(state))
+    await session.follow_run(run["pgid"], run["log"])
+    return run
+
+
+async def attach_demo(session: HostSession, run: dict) -> None:
+    await session.follow_run(int(run["pgid"]), run.get("log"))
+
+
+def stop_demo(state: str, wait_s: float = 5.0) -> bool:
+    """End the recorded demo run: its whole process group, SIGTERM then SIGKILL."""
+    rec = running_demo(state)
+    if rec is None:
+        return False
+    pgid = int(rec["pgid"])
+    for sig, pause in ((signal.SIGTERM, wait_s), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + pause
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+    _record(state).unlink(missing_ok=True)
+    return True

@@ -1,0 +1,66 @@
+"""Test helpers: a simulated server launched through the real agent, watched by a real session."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from cockpit.link.target import parse_target
+from cockpit.session import HostSession, SessionOptions
+
+
+async def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class SimRun:
+    """One simulated server run on the local host, its processes in their own group."""
+
+    def __init__(self, state: Path, tmp: Path, port: int, args: list[str]):
+        self.state, self.tmp, self.port, self.args = state, tmp, port, args
+        self.session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                         sim_state=str(state)))
+        self.run: dict = {}
+
+    async def __aenter__(self):
+        await self.session.connect()
+        argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "8", "--port", str(self.port),
+                "--sim-speed", "4", "--sim-shm-dir", str(self.tmp), *self.args]
+        self.run = await self.session.request("launch", argv=argv, env={"COCKPIT_SIM_STATE": str(self.state)},
+                                              log=str(self.tmp / "run.log"))
+        await self.session.follow_run(self.run["pgid"], self.run["log"])
+        return self
+
+    async def __aexit__(self, *exc):
+        try:
+            os.killpg(self.run["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, KeyError):
+            pass
+        await self.session.close()
+
+    @property
+    def state_(self):
+        return self.session.state
+
+    def log_text(self) -> str:
+        return "\n".join(self.session.state.logs.get(self.run["log"], _Empty()).lines)
+
+    def ranks(self):
+        return [p for p in self.session.state.ranks() if p.alive]
+
+    async def http(self, path: str) -> dict:
+        return await self.session.request("http", port=self.port, path=path)
+
+
+class _Empty:
+    lines: list = []
