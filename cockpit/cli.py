@@ -44,11 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-server", action="store_true", help="do not start the simulated server")
     _common(p)
 
-    p = sub.add_parser("snapshot", help="print the host's state once and exit")
-    p.add_argument("target")
+    p = sub.add_parser("snapshot", help="render the host's state once, without a terminal, and exit")
+    p.add_argument("target", nargs="?", help="the host; omit it with --replay")
     _common(p)
     p.add_argument("--json", action="store_true", help="print the JSON document (docs/snapshot-schema.md)")
+    p.add_argument("--svg", metavar="FILE", help="save the cockpit screen as SVG")
+    p.add_argument("--text", metavar="FILE", nargs="?", const="-", help="the screen as text (to FILE, or stdout)")
+    p.add_argument("--size", default="160x50", metavar="COLSxROWS", help="screen size for --svg/--text (default 160x50)")
     p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to watch before taking it")
+    p.add_argument("--replay", metavar="FILE.json", help="render a saved --json document instead of a live host")
     return parser
 
 
@@ -79,16 +83,113 @@ def _session_parts(args: argparse.Namespace):
     return target, opts, watch, layout
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        cols, rows = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise CockpitError(f"--size {text!r}: expected COLSxROWS, e.g. 160x50") from None
+    if not (40 <= cols <= 1000 and 10 <= rows <= 500):
+        raise CockpitError(f"--size {text!r}: between 40x10 and 1000x500")
+    return cols, rows
+
+
+def _replay_doc(path: str) -> dict:
+    try:
+        doc = json.loads(open(path).read())
+    except OSError as exc:
+        raise CockpitError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CockpitError(f"{path}:{getattr(exc, 'lineno', 1)}: not a JSON snapshot ({exc.msg}): make one with snapshot --json") from None
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("gpu-cockpit.snapshot/"):
+        raise CockpitError(f"{path}:1: not a gpu-cockpit snapshot (no schema field): make one with snapshot --json")
+    return doc
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from cockpit.session import HostSession
-    from cockpit.snapshot import take_snapshot
+    from cockpit.snapshot import snapshot_doc, state_from_doc, take_snapshot
 
-    if not args.json:
-        raise CockpitError("say what to print: --json")
-    target, opts, watch, _ = _session_parts(args)
-    doc = asyncio.run(take_snapshot(HostSession(target, opts, watch), wait=args.wait))
+    if not (args.json or args.svg or args.text):
+        raise CockpitError("say what to make: --json, --svg FILE or --text")
+    if args.replay is None and not args.target:
+        raise CockpitError("name a target (local, demo, an ssh alias, user@host[:port]) or --replay FILE.json")
+    if args.svg or args.text:
+        from cockpit.layouts import resolve_layout
+        from cockpit.ui.app import CockpitApp
+        from cockpit.ui.headless import render
+
+        size = _size(args.size)
+        if args.replay:
+            doc = _replay_doc(args.replay)
+            layout = resolve_layout(args.layout) if args.layout else None
+            app = CockpitApp(state=state_from_doc(doc), layout=layout)
+        else:
+            target, opts, watch, layout = _session_parts(args)
+            app = CockpitApp(session=HostSession(target, opts, watch), layout=layout)
+        text = asyncio.run(render(app, size, args.wait, args.svg, args.text))
+        if app.error:
+            raise CockpitError(app.error)
+        if args.text == "-":
+            sys.stdout.write(text)
+        if args.json:
+            json.dump(snapshot_doc(app.state), sys.stdout, indent=2)
+        return 0
+    if args.replay:
+        doc = _replay_doc(args.replay)
+    else:
+        target, opts, watch, _ = _session_parts(args)
+        doc = asyncio.run(take_snapshot(HostSession(target, opts, watch), wait=args.wait))
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    return 0
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    from cockpit.session import HostSession
+    from cockpit.ui.app import CockpitApp
+
+    target, opts, watch, layout = _session_parts(args)
+    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout)
+    app.run()
+    if app.error:
+        raise CockpitError(app.error)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from cockpit.session import HostSession
+    from cockpit.sim import demo
+    from cockpit.ui.app import CockpitApp
+
+    target, opts, watch, layout = _session_parts(args)
+    demo.prepare_host(layout, opts.sim_state)
+    running = demo.running_demo(opts.sim_state)
+    replace = False
+    if running and not args.no_server:
+        if sys.stdin.isatty():
+            answer = input(f"a demo run is already going (pid {running['pid']}, log {running.get('log')}). "
+                           f"Replace it? [y/N] ")
+            replace = answer.strip().lower() in ("y", "yes")
+        if replace:
+            demo.stop_demo(opts.sim_state)
+    started: list[dict] = []
+
+    async def on_connect(session: HostSession) -> None:
+        if args.no_server:
+            return
+        if running and not replace:
+            await demo.attach_demo(session, running)
+        else:
+            started.append(await demo.start_demo(session, layout, opts.sim_state))
+
+    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout, on_connect=on_connect)
+    try:
+        app.run()
+    finally:
+        if started:
+            demo.stop_demo(opts.sim_state)
+    if app.error:
+        raise CockpitError(app.error)
     return 0
 
 
@@ -99,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["open"] + argv
     args = build_parser().parse_args(argv)
-    handlers = {"snapshot": cmd_snapshot}
+    handlers = {"snapshot": cmd_snapshot, "open": cmd_open, "demo": cmd_demo}
     try:
         handler = handlers.get(args.command)
         if handler is None:

@@ -104,8 +104,11 @@ class Proc:
 
     @property
     def title(self) -> str:
+        """What the operator recognises: the setproctitle title, or the command line."""
         if self.cmdline and len(self.cmdline) == 1:
             return self.cmdline[0]
+        if self.cmdline:
+            return " ".join([self.cmdline[0].rsplit("/", 1)[-1], *self.cmdline[1:]])
         return self.name
 
 
@@ -266,7 +269,7 @@ class HostState:
         out: list[tuple[int, Proc]] = []
 
         def key(p: Proc):
-            return (p.rank if p.rank is not None else -1, p.title, p.pid)
+            return (p.rank is None, p.rank or 0, p.title, p.pid)
 
         def walk(p: Proc, depth: int, seen: set[int]) -> None:
             if p.pid in seen:

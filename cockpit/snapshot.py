@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
-from cockpit.model import HostState
+from collections import deque
+
+from cockpit.model import THROTTLE_REASONS, HostState, Proc
 from cockpit.session import HostSession
 
 SCHEMA = "gpu-cockpit.snapshot/1"
 LOG_LINES = 50
+HISTORY = 60
 
 
 def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None) -> dict:
@@ -68,6 +71,7 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "rank": p.rank,
                 "gpus": p.gpus,
                 "gpu_mem_mib": p.gpu_mem_mib,
+                "exit_code": p.exit_code,
             }
             for _, p in state.tree()
         ],
@@ -77,7 +81,54 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             "event": log.event if log else None,
             "lines": list(log.lines)[-log_lines:] if log else [],
         },
+        "history": {
+            str(i): {key: list(buf)[-HISTORY:] for key, buf in hist.items()}
+            for i, hist in sorted(state.gpu_history.items())
+        },
     }
+
+
+def state_from_doc(doc: dict) -> HostState:
+    """A HostState rebuilt from a snapshot document: renders a recorded moment, the same way
+    every time (the screenshots and the SVG snapshot tests use this)."""
+    state = HostState(doc.get("target", "?"))
+    a = doc.get("agent") or {}
+    state.apply({"t": "hello", "agent": a.get("version"), "python": a.get("python"), "executable": a.get("executable"),
+                 "hostname": a.get("hostname"), "nvml": a.get("nvml"), "driver": a.get("driver"),
+                 "psutil": a.get("psutil"), "warnings": a.get("warnings") or [], "gpus": doc.get("gpus") or []})
+    procs = []
+    for p in doc.get("processes") or []:
+        if p.get("alive", True):
+            row = {k: p.get(k) for k in ("pid", "ppid", "name", "status", "cpu_pct", "rss_mib", "threads", "pgid")}
+            row["cmdline"] = p.get("cmdline") or []
+            procs.append(row)
+    gpus = [dict(g, processes=[[q["pid"], q["used_mib"]] for q in g.get("processes") or []],
+                 throttle=sum(b for b, n in THROTTLE_REASONS.items() if n in (g.get("throttle_reasons") or [])))
+            for g in doc.get("gpus") or []]
+    state.apply({"t": "sample", "seq": 1, "ts": _parse_time(doc.get("taken_at")), "gpus": gpus, "procs": procs,
+                 "ports": doc.get("ports") or []})
+    for i, hist in (doc.get("history") or {}).items():
+        state.gpu_history[int(i)] = {k: deque(v, maxlen=state.history_len) for k, v in hist.items()}
+    for p in doc.get("processes") or []:
+        if not p.get("alive", True):
+            state.procs[p["pid"]] = Proc(pid=p["pid"], ppid=p.get("ppid", 0), name=p.get("name", ""),
+                                         cmdline=p.get("cmdline") or [], status="X", role=p.get("role"),
+                                         rank=p.get("rank"), alive=False, exit_code=p.get("exit_code"))
+    log = doc.get("log") or {}
+    if log.get("path"):
+        state.apply({"t": "log", "path": log["path"], "lines": log.get("lines") or [], "event": log.get("event")})
+    state.received_at = None
+    state.link_state = "replay"
+    return state
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 async def take_snapshot(session: HostSession, wait: float = 0.0) -> dict:

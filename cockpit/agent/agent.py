@@ -331,6 +331,7 @@ class Procs:
         self.pids = set()
         self.watched = {}  # pid -> psutil.Process
         self.cmdlines = {}
+        self.names = {}
         self.sent_cmdline = set()
         self.last_scan = 0.0
 
@@ -425,10 +426,18 @@ class Procs:
         for pid, proc in self.watched.items():
             try:
                 with proc.oneshot():
+                    name = proc.name()
+                    if self.names.get(pid) != name:  # a new title (setproctitle): its argv changed too
+                        self.names[pid] = name
+                        argv = proc.cmdline()
+                        while argv and not argv[-1]:
+                            argv.pop()
+                        self.cmdlines[pid] = argv
+                        self.sent_cmdline.discard(pid)
                     row = {
                         "pid": pid,
                         "ppid": proc.ppid(),
-                        "name": proc.name(),
+                        "name": name,
                         "status": _STATUS.get(proc.status(), "?"),
                         "cpu_pct": round(proc.cpu_percent(None), 1),
                         "rss_mib": round(proc.memory_info().rss / 1048576.0, 1),
@@ -449,6 +458,7 @@ class Procs:
             out.append(row)
         for pid in gone:
             self.watched.pop(pid, None)
+            self.names.pop(pid, None)
             self.cmdlines.pop(pid, None)
             self.sent_cmdline.discard(pid)
         return out
@@ -566,6 +576,14 @@ class LogTail:
             self.partial = b""
             event = "truncated"
         self.state = "open"
+        behind = st.st_size - self.pos
+        if behind > 4 * LOG_MAX_BYTES_PER_FRAME:
+            # A flood: a tail shows the newest lines; say how much was skipped rather than lag.
+            self.fh.seek(st.st_size - LOG_MAX_BYTES_PER_FRAME)
+            self.fh.readline()
+            self.pos = self.fh.tell()
+            self.partial = b""
+            event = "skipped %d bytes" % (self.pos - (st.st_size - behind))
         data = self.fh.read(LOG_MAX_BYTES_PER_FRAME)
         self.pos += len(data)
         if data:

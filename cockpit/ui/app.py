@@ -1,0 +1,306 @@
+"""The cockpit screen: status line, a pane per GPU, the rank tree, ports and the log.
+
+Data arrives from a HostSession whose reader runs as a task on the app's loop; frames only mark
+the screen dirty or append log lines, and a timer redraws at most a few times a second. Probes of
+the endpoints run in one worker whose next round starts when the last has finished, so polls
+never overlap and nothing on the screen waits on the network."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, Static
+
+from cockpit.config import Layout
+from cockpit.diagnose import compile_phases, phase_of
+from cockpit.errors import CockpitError
+from cockpit.model import HostState
+from cockpit.session import HostSession
+from cockpit.ui.gpus import GpuPane
+from cockpit.ui.logview import LogView
+from cockpit.ui.ports import PortsTable
+from cockpit.ui.ranks import RankTable
+
+REDRAW_S = 0.25
+PROBE_EVERY_S = 2.0
+
+HELP = """\
+[b]gpu-cockpit[/b] — keys
+
+  [b]tab[/b] / [b]shift+tab[/b]   move between panes
+  [b]↑ ↓[/b]            move in a table or scroll the log
+  [b]enter[/b]          collapse or expand a process subtree (rank tree)
+  [b]/[/b]              search the log (empty search clears it)
+  [b]t[/b]              show one rank's log lines (cycles TP0…TPn, then all)
+  [b]f[/b]              follow the log on / off
+  [b]:[/b] or [b]ctrl+p[/b]     command palette
+  [b]?[/b]              this help
+  [b]q[/b]              quit (a run keeps running on the host)
+
+GPU panes: utilization with its history, memory, power against the limit (100 % utilization at
+idle power is a collective that never completes), temperature, SM clock, the ranks on the GPU.
+Fields a GPU does not report show as n/a, never 0.
+"""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+
+class SearchScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, current: str | None):
+        super().__init__()
+        self.current = current or ""
+
+    def compose(self) -> ComposeResult:
+        yield Input(value=self.current, placeholder="search the log (enter to apply, empty to clear)", id="search")
+
+    @on(Input.Submitted)
+    def submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(self.current or None)
+
+
+class CockpitApp(App):
+    CSS_PATH = "cockpit.tcss"
+    TITLE = "gpu-cockpit"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("colon", "command_palette", "Commands", show=False),
+        Binding("slash", "search", "Search"),
+        Binding("t", "rank_filter", "Rank filter"),
+        Binding("f", "follow", "Follow"),
+        Binding("tab", "focus_next", "Next pane", show=False),
+        Binding("shift+tab", "focus_previous", "Prev pane", show=False),
+    ]
+
+    def __init__(self, state: HostState | None = None, session: HostSession | None = None,
+                 layout: Layout | None = None,
+                 on_connect: Callable[[HostSession], Awaitable[None]] | None = None,
+                 clock: Callable[[], float] = time.time):
+        super().__init__()
+        self.session = session
+        self.state = session.state if session else (state or HostState())
+        self.layout = layout
+        self.on_connect = on_connect
+        self.clock = clock
+        self.phases = compile_phases(layout.engine if layout else "sglang", layout.phases if layout else None)
+        self.dirty = True
+        self.ready = asyncio.Event()
+        self.error: str | None = None
+        self._log_path: str | None = None
+        self._gpu_count = -1
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="status")
+        yield Grid(id="gpus")
+        with Horizontal(id="middle"):
+            yield RankTable(id="ranks")
+            yield PortsTable(id="ports")
+        yield LogView(id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(LogView).phases = self.phases
+        self.set_interval(REDRAW_S, self._tick)
+        if self.session is not None:
+            self.session.on_frame = self._on_frame
+            self.connect()
+        else:
+            self._sync_log(full=True)
+            self.refresh_panes()
+            self.ready.set()
+        self.query_one(RankTable).focus()
+
+    def on_resize(self, event) -> None:
+        compact = self.size.height < 40
+        for pane in self.query(GpuPane):
+            pane.set_class(compact, "compact")
+
+    # ------------------------------------------------------------------ data
+
+    @work(exclusive=True, group="connect")
+    async def connect(self) -> None:
+        try:
+            await self.session.connect()
+            if self.on_connect is not None:
+                await self.on_connect(self.session)
+        except CockpitError as exc:
+            self.error = str(exc)
+            self.state.link_state = "failed"
+            self.notify(str(exc), title="cannot connect", severity="error", timeout=30)
+            self.dirty = True
+            self.ready.set()
+            return
+        self.probe()
+
+    @work(exclusive=True, group="probe")
+    async def probe(self) -> None:
+        """Endpoint probes and the round-trip time, one round after another."""
+        ports = self.layout.ports if self.layout else []
+        endpoints = self.layout.endpoints if self.layout else []
+        table = self.query_one(PortsTable)
+        while self.session is not None and not self.session.closed.is_set():
+            try:
+                await self.session.ping()
+                for port in ports:
+                    for path in endpoints:
+                        table.probes[(port, path)] = await self.session.request("http", port=port, path=path, timeout=5)
+            except CockpitError:
+                pass
+            self.dirty = True
+            await asyncio.sleep(PROBE_EVERY_S)
+
+    def _on_frame(self, frame: dict) -> None:
+        kind = frame.get("t")
+        if kind == "sample":
+            self.dirty = True
+        elif kind == "log":
+            if frame.get("path") == self._log_path:
+                self.query_one(LogView).add_lines(frame.get("lines") or [])
+            else:
+                self.dirty = True
+
+    def _tick(self) -> None:
+        if self.session is not None and self.session.closed.is_set() and self.state.link_state != "failed":
+            self.state.link_state = "lost"
+            self.dirty = True
+        self._status()
+        if self.dirty:
+            self.dirty = False
+            self.refresh_panes()
+            if self.state.seq and not self.ready.is_set():
+                self.ready.set()
+
+    def _sync_log(self, full: bool = False) -> None:
+        path = next(iter(self.state.logs), None)
+        view = self.query_one(LogView)
+        if path != self._log_path or full:
+            self._log_path = path
+            view.path = path
+            view.redraw(self.state.logs[path].lines if path else [])
+
+    def refresh_panes(self) -> None:
+        state = self.state
+        self._ensure_gpu_panes()
+        for pane in self.query(GpuPane):
+            pane.show(state)
+        self.query_one(RankTable).show(state)
+        self.query_one(PortsTable).show(state)
+        self._sync_log()
+        self._status()
+
+    def _ensure_gpu_panes(self) -> None:
+        n = len(self.state.gpus)
+        if n == self._gpu_count:
+            return
+        self._gpu_count = n
+        grid = self.query_one("#gpus", Grid)
+        grid.remove_children()
+        cols = 4 if n > 4 or n == 4 else max(1, n)
+        grid.styles.grid_size_columns = cols
+        rows = (n + cols - 1) // cols
+        compact = self.size.height < 40
+        grid.styles.height = rows * (6 if compact else 9) if n else 3
+        if not n:
+            grid.mount(Static("no GPUs on this host" if self.state.seq else "connecting…", classes="nogpu"))
+            return
+        panes = [GpuPane(i) for i in sorted(self.state.gpus)]
+        for pane in panes:
+            pane.set_class(compact, "compact")
+        grid.mount(*panes)
+
+    def _status(self) -> None:
+        s = self.state
+        a = s.agent
+        parts = [f"[b]{s.target}[/b]" + (f" ({a.hostname})" if a.hostname not in ("?", s.target) else "")]
+        parts.append(f"phase [b cyan]{phase_of(s, self.phases, self._log_path)}[/]")
+        link = s.link_state
+        style = {"up": "green", "lost": "bold red", "failed": "bold red"}.get(link, "yellow")
+        rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
+        parts.append(f"link [{style}]{link}[/{style}]{rtt}")
+        age = s.age_s()
+        if age is not None:
+            stale = age > 2.5 * max(1.0, a.interval)
+            parts.append(f"age [{'bold red' if stale else 'default'}]{age:.1f}s[/]")
+        elif s.sample_ts:
+            parts.append("taken " + time.strftime("%H:%M:%S", time.gmtime(s.sample_ts)) + " UTC")
+        parts.append(f"gpu data: {a.nvml or 'none'}")
+        if a.driver:
+            parts.append(f"driver {a.driver}")
+        if self.error:
+            parts.append(f"[bold red]{self.error}[/]")
+        elif a.warnings:
+            parts.append(f"[yellow]{a.warnings[0]}[/]")
+        self.query_one("#status", Static).update("  │  ".join(parts))
+
+    # ------------------------------------------------------------------ actions
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_search(self) -> None:
+        view = self.query_one(LogView)
+
+        def done(term: str | None) -> None:
+            view.search = term
+            self._sync_log(full=True)
+
+        self.push_screen(SearchScreen(view.search), done)
+
+    def action_rank_filter(self) -> None:
+        view = self.query_one(LogView)
+        ranks = sorted({p.rank for p in self.state.procs.values() if p.rank is not None})
+        if not ranks:
+            view.rank = None
+        elif view.rank is None:
+            view.rank = ranks[0]
+        else:
+            later = [r for r in ranks if r > view.rank]
+            view.rank = later[0] if later else None
+        self._sync_log(full=True)
+
+    def action_follow(self) -> None:
+        view = self.query_one(LogView)
+        view.auto_scroll = not view.auto_scroll
+        if view.auto_scroll:
+            view.scroll_end(animate=False)
+        view._subtitle()
+
+    async def on_unmount(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+def save_text(app: App, path: str | None) -> str:
+    """The screen as plain text (what `--text` prints)."""
+    import io
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), record=True, color_system=None,
+                      legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    text = console.export_text()
+    if path:
+        Path(path).write_text(text)
+    return text

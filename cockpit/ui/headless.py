@@ -1,0 +1,24 @@
+"""Headless rendering: the same CockpitApp, run without a terminal, saved as SVG or text."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from cockpit.ui.app import CockpitApp, save_text
+
+
+async def render(app: CockpitApp, size: tuple[int, int], wait: float, svg: str | None, text: str | None,
+                 timeout: float = 60.0) -> str:
+    """Run the app at `size`, wait for its first sample plus `wait` seconds, save what it shows."""
+    async with app.run_test(size=size) as pilot:
+        await asyncio.wait_for(app.ready.wait(), timeout)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        app.dirty = True
+        app._tick()
+        await pilot.pause()
+        if svg:
+            Path(svg).write_text(app.export_screenshot(title="gpu-cockpit"))
+        out = save_text(app, text if text and text != "-" else None)
+    return out

@@ -1,0 +1,52 @@
+"""Ports: configured and discovered listeners, their owner, and the layout's HTTP endpoints as
+probed from the host itself through the link (no curl needed there). One row per endpoint."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from cockpit.model import HostState
+
+COLUMNS = [("port", 5), ("state", 6), ("pid", 7), ("endpoint", 16), ("http", 4), ("ms", 5)]
+
+
+class PortsTable(DataTable):
+    def __init__(self, **kw):
+        super().__init__(cursor_type="row", **kw)
+        self.border_title = "ports"
+        self.probes: dict[tuple[int, str], dict] = {}
+        self._keys: list[str] = []
+
+    def on_mount(self) -> None:
+        for name, width in COLUMNS:
+            self.add_column(name, width=width, key=name)
+
+    def _rows(self, state: HostState) -> list[tuple[str, list]]:
+        rows = []
+        for p in state.ports:
+            stat = Text("listen", style="bold green") if p.listening else Text("closed", style="grey50")
+            probes = sorted((path, res) for (port, path), res in self.probes.items() if port == p.port)
+            if not probes:
+                rows.append((f"{p.port}", [str(p.port), stat, str(p.pid or ""), "", "", ""]))
+            for n, (path, res) in enumerate(probes):
+                status = res.get("status")
+                style = "green" if status and status < 400 else "red" if status else "grey50"
+                http = Text(str(status) if status else "—", style=style)
+                ms = f"{res['ms']:.0f}" if status and res.get("ms") is not None else ""
+                head = [str(p.port), stat, str(p.pid or "")] if n == 0 else ["", "", ""]
+                rows.append((f"{p.port}{path}", head + [path, http, ms]))
+        return rows
+
+    def show(self, state: HostState) -> None:
+        rows = self._rows(state)
+        keys = [k for k, _ in rows]
+        if keys != self._keys:
+            self.clear()
+            for key, cells in rows:
+                self.add_row(*cells, key=key)
+            self._keys = keys
+            return
+        for key, cells in rows:
+            for (col, _), cell in zip(COLUMNS, cells):
+                self.update_cell(key, col, cell)

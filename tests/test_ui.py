@@ -1,0 +1,200 @@
+"""The cockpit screen: Pilot tests against a live simulated host, and SVG snapshots of the demo's
+recorded states (loading weights, the EAGLE-3 deadlock, serving)."""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from cockpit.config import parse_layout
+from cockpit.link.target import parse_target
+from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.snapshot import state_from_doc
+from cockpit.layouts import resolve_layout
+from cockpit.sim import demo
+from cockpit.ui.app import CockpitApp, HelpScreen, save_text
+from cockpit.ui.gpus import GpuPane
+from cockpit.ui.logview import LogView
+from cockpit.ui.ports import PortsTable
+from cockpit.ui.ranks import RankTable
+
+from conftest import free_port, run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def layout_for(port: int, log_dir: Path):
+    return parse_layout(f"""
+name: uitest
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "8", --port, "{port}", --sim-speed, "4", --sim-traffic, "2"]
+log_dir: {log_dir}
+ports: [{port}]
+endpoints: [/health, /v1/models]
+""", "uitest.yaml")
+
+
+@pytest.fixture
+async def live_app(sim_state, tmp_path):
+    port = free_port()
+    layout = layout_for(port, tmp_path)
+    runs = []
+
+    async def on_connect(session):
+        runs.append(await demo.start_demo(session, layout, str(sim_state)))
+
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                 sim_state=str(sim_state)), Watch(ports=[port]))
+    app = CockpitApp(session=session, layout=layout, on_connect=on_connect)
+    yield app, port
+    for run in runs:
+        try:
+            os.killpg(run["pgid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+async def until(pilot, predicate, timeout=40.0):
+    for _ in range(int(timeout / 0.1)):
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("timed out")
+
+
+async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app):
+    app, port = live_app
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: "ready to roll" in "\n".join(next(iter(app.state.logs.values()), _E).lines))
+        await until(pilot, lambda: any(k[1] == "/health" and v.get("status") == 200
+                                       for k, v in app.query_one(PortsTable).probes.items()))
+        await pilot.pause(0.6)
+        panes = list(app.query(GpuPane))
+        assert [p.index for p in panes] == list(range(8))
+        text = save_text(app, None)
+        assert "GPU7 RTX PRO 6000" in text and "TP3" in text and "n/a" not in text
+        table = app.query_one(RankTable)
+        assert table.row_count == 11  # launcher, 8 schedulers, resource tracker, detokenizer
+        assert sum("sglang::scheduler_TP" in line for line in text.splitlines()) == 8
+        ports = app.query_one(PortsTable)
+        assert str(port) in text and "listen" in text
+        assert "phase serving" in text or "phase ready" in text
+        log = app.query_one(LogView)
+        assert len(log.lines) > 10
+
+        # tab moves between panes
+        assert app.focused is table
+        await pilot.press("tab")
+        assert app.focused is ports
+        await pilot.press("tab")
+        assert app.focused is log
+        await pilot.press("shift+tab", "shift+tab")
+        assert app.focused is table
+
+        # enter collapses the launcher's subtree
+        await pilot.press("home", "enter")
+        await pilot.pause(0.3)
+        assert table.row_count == 1
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert table.row_count == 11
+
+        # / searches the log; an empty search clears it
+        await pilot.press("slash")
+        await pilot.press(*"Load weight end")
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert log.search == "Load weight end"
+        assert 1 <= len(log.lines) <= 8  # one line per rank at most
+        await pilot.press("slash", "ctrl+u", "enter")
+        await pilot.pause(0.2)
+        assert log.search is None and len(log.lines) > 10
+
+        # t filters one rank's lines, cycling through the ranks back to all
+        await pilot.press("t")
+        assert log.rank == 0
+        lines = [str(l.text) for l in log.lines]
+        assert lines and all(" TP0]" in l for l in lines)
+        for _ in range(8):
+            await pilot.press("t")
+        assert log.rank is None
+
+        # f toggles follow
+        await pilot.press("f")
+        assert log.auto_scroll is False and "paused" in log.border_subtitle
+        await pilot.press("f")
+        assert log.auto_scroll is True
+
+        # ? shows help, escape closes it
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+        footer = save_text(app, None).splitlines()[-1]
+        for key in ("Quit", "Help", "Search", "Rank filter", "Follow"):
+            assert key in footer
+        await pilot.press("q")
+    assert app.return_code == 0 or app.return_code is None
+
+
+class _E:
+    lines: list = []
+
+
+def replay(name: str) -> CockpitApp:
+    doc = json.loads((FIXTURES / f"demo-{name}.json").read_text())
+    return CockpitApp(state=state_from_doc(doc), layout=resolve_layout("demo"))
+
+
+@pytest.mark.parametrize("name", ["loading", "eagle3-deadlock", "serving"])
+def test_demo_states_snapshot(snap_compare, name):
+    assert snap_compare(replay(name), terminal_size=(160, 50))
+
+
+def test_serving_at_100x30_snapshot(snap_compare):
+    assert snap_compare(replay("serving"), terminal_size=(100, 30))
+
+
+async def test_panes_show_what_each_state_means():
+    app = replay("eagle3-deadlock")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        text = save_text(app, None)
+    assert "phase capturing draft cuda graphs" in text
+    assert text.count("  0%") >= 8  # every GPU idle...
+    assert text.count("82G/96G") == 8  # ...with the model resident
+
+
+async def test_not_supported_fields_read_na_never_zero():
+    doc = json.loads((FIXTURES / "demo-serving.json").read_text())
+    for g in doc["gpus"]:
+        g["power_w"] = g["temp_c"] = g["sm_clock_mhz"] = None
+    app = CockpitApp(state=state_from_doc(doc))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        text = save_text(app, None)
+    assert text.count("n/a/600W") == 8
+    assert text.count("n/a  SM n/a") == 8
+
+
+def test_snapshot_svg_is_identical_run_after_run(tmp_path):
+    outs = []
+    for n in (1, 2):
+        out = tmp_path / f"{n}.svg"
+        res = run_cli("snapshot", "--replay", str(FIXTURES / "demo-serving.json"), "--layout", "demo",
+                      "--svg", str(out), "--size", "160x50")
+        assert res.returncode == 0, res.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] and b"GPU7" in outs[0]
+
+
+def test_live_snapshot_text_of_a_host_without_gpus():
+    res = run_cli("snapshot", "local", "--text", "--size", "100x30")
+    assert res.returncode == 0, res.stderr
+    assert "no GPUs on this host" in res.stdout and "gpu data: none" in res.stdout
