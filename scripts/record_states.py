@@ -59,6 +59,7 @@ async def record(name: str, enabled: list[str], until, settle: float) -> None:
         print("recorded", name)
     finally:
         os.killpg(run["pgid"], signal.SIGKILL)
+        await asyncio.sleep(1.0)  # let the next recording start on a quiet host
         await session.close()
         shutil.rmtree(state_dir, ignore_errors=True)
 

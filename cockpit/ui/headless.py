@@ -17,7 +17,15 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float, svg: str |
             await asyncio.sleep(wait)
         app.dirty = True
         app._tick()
-        await pilot.pause()
+        # Deferred renders (a log view learns its size after layout) land over a few refreshes:
+        # take the screen once two looks in a row agree.
+        previous = None
+        for _ in range(50):
+            await pilot.pause(0.02)
+            current = save_text(app, None)
+            if current == previous:
+                break
+            previous = current
         if svg:
             Path(svg).write_text(app.export_screenshot(title="gpu-cockpit"))
         out = save_text(app, text if text and text != "-" else None)

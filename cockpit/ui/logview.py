@@ -37,7 +37,8 @@ class LogView(RichLog):
             text = Text(line, style="yellow")
         else:
             phase = classify_line(line, self.phases) if self.phases else None
-            if phase is not None and phase != self.last_phase:  # mark where a phase begins
+            if phase is not None and phase != self.last_phase and line_rank(line) in (None, 0):
+                # mark where a phase begins, once (rank 0 or the launcher speaks for all ranks)
                 self.last_phase = phase
                 text = Text("▶ ", style="bold cyan") + Text(line, style="cyan")
             else:
