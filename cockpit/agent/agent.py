@@ -319,6 +319,54 @@ _STATUS = {
 }
 
 
+_HAVE_PROC = os.path.isdir("/proc/self/task")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_BOOT = None
+
+
+def _boot_time():
+    global _BOOT
+    if _BOOT is None:
+        try:
+            with open("/proc/stat") as fh:
+                _BOOT = next(float(l.split()[1]) for l in fh if l.startswith("btime"))
+        except (OSError, StopIteration):
+            _BOOT = 0.0
+    return _BOOT
+
+
+def _proc_stat(pid):
+    """Everything a tick needs from one read of /proc/PID/stat (psutil would read three files
+    and make two more system calls per process): None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    lpar, rpar = data.find(b"("), data.rfind(b")")
+    f = data[rpar + 2:].split()
+    if len(f) < 22:
+        return None
+    state = f[0].decode()
+    if state in ("X", "x"):
+        return None
+    start = int(f[19])
+    return {
+        "pid": pid,
+        "ppid": int(f[1]),
+        "name": data[lpar + 1:rpar].decode("utf-8", "replace"),
+        "status": state,
+        "rss_mib": round(int(f[21]) * _PAGE / 1048576.0, 1),
+        "threads": int(f[17]),
+        "started": round(_boot_time() + start / _CLK_TCK, 2),
+        "pgid": int(f[2]),
+        "sid": int(f[3]),
+        "_start": start,
+        "_ticks": int(f[11]) + int(f[12]),
+    }
+
+
 class Procs:
     """Watches process trees: roots found by title patterns, process groups or pids, plus every
     descendant. The whole process table is scanned every SCAN_EVERY_S; each tick only samples the
@@ -332,6 +380,7 @@ class Procs:
         self.watched = {}  # pid -> psutil.Process
         self.cmdlines = {}
         self.names = {}
+        self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
         self.sent_cmdline = set()
         self.last_scan = 0.0
 
@@ -420,48 +469,71 @@ class Procs:
             self.scan()
         else:
             self.adopt_children()
-        ps = self.ps
+        wall = time.monotonic()
         out = []
         gone = []
         for pid, proc in self.watched.items():
-            try:
-                with proc.oneshot():
-                    name = proc.name()
-                    if self.names.get(pid) != name:  # a new title (setproctitle): its argv changed too
-                        self.names[pid] = name
-                        argv = proc.cmdline()
-                        while argv and not argv[-1]:
-                            argv.pop()
-                        self.cmdlines[pid] = argv
-                        self.sent_cmdline.discard(pid)
-                    row = {
-                        "pid": pid,
-                        "ppid": proc.ppid(),
-                        "name": name,
-                        "status": _STATUS.get(proc.status(), "?"),
-                        "cpu_pct": round(proc.cpu_percent(None), 1),
-                        "rss_mib": round(proc.memory_info().rss / 1048576.0, 1),
-                        "threads": proc.num_threads(),
-                        "started": round(proc.create_time(), 2),
-                    }
-                    try:
-                        row["pgid"] = os.getpgid(pid)
-                        row["sid"] = os.getsid(pid)
-                    except OSError:
-                        pass
-            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
-                gone.append(pid)
-                continue
+            row = _proc_stat(pid) if _HAVE_PROC else None
+            if row is None:
+                row = self._psutil_row(pid, proc) if not _HAVE_PROC else None
+                if row is None:
+                    gone.append(pid)
+                    continue
+            start = row.pop("_start", None)
+            ticks = row.pop("_ticks", None)
+            if ticks is not None:
+                prev = self.cpu.get(pid)
+                if prev is not None and prev[0] != start:
+                    gone.append(pid)  # the pid was reused: not our process any more
+                    continue
+                row["cpu_pct"] = 0.0 if prev is None else round(
+                    100.0 * (ticks - prev[1]) / _CLK_TCK / max(1e-3, wall - prev[2]), 1)
+                self.cpu[pid] = (start, ticks, wall)
+            comm = row["name"]
+            if self.names.get(pid) != comm:  # a new title (setproctitle): its argv changed too
+                self.names[pid] = comm
+                try:
+                    argv = proc.cmdline()
+                except (self.ps.NoSuchProcess, self.ps.AccessDenied, self.ps.ZombieProcess):
+                    argv = self.cmdlines.get(pid, [])
+                while argv and not argv[-1]:
+                    argv.pop()
+                self.cmdlines[pid] = argv
+                self.sent_cmdline.discard(pid)
+            argv = self.cmdlines.get(pid) or []
+            if len(argv) == 1 and argv[0].startswith(comm):
+                row["name"] = argv[0]  # the full title, past the kernel's 15 characters
             if pid not in self.sent_cmdline:
-                row["cmdline"] = self.cmdlines.get(pid, [])
+                row["cmdline"] = argv
                 self.sent_cmdline.add(pid)
             out.append(row)
         for pid in gone:
             self.watched.pop(pid, None)
             self.names.pop(pid, None)
             self.cmdlines.pop(pid, None)
+            self.cpu.pop(pid, None)
             self.sent_cmdline.discard(pid)
         return out
+
+    def _psutil_row(self, pid, proc):
+        """Where there is no /proc (not Linux): psutil's portable way."""
+        ps = self.ps
+        try:
+            with proc.oneshot():
+                return {
+                    "pid": pid,
+                    "ppid": proc.ppid(),
+                    "name": proc.name(),
+                    "status": _STATUS.get(proc.status(), "?"),
+                    "cpu_pct": round(proc.cpu_percent(None), 1),
+                    "rss_mib": round(proc.memory_info().rss / 1048576.0, 1),
+                    "threads": proc.num_threads(),
+                    "started": round(proc.create_time(), 2),
+                    "pgid": os.getpgid(pid),
+                    "sid": os.getsid(pid),
+                }
+        except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+            return None
 
     def resend_cmdlines(self):
         self.sent_cmdline.clear()
@@ -470,8 +542,49 @@ class Procs:
 # ----------------------------------------------------------------------------- ports
 
 
+def _diag_listeners():
+    """{port: inode} of listening TCP sockets through netlink sock_diag, asking the kernel for
+    LISTEN sockets only: /proc/net/tcp makes it walk every socket on a busy host."""
+    import struct
+
+    ports = {}
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4)  # NETLINK_SOCK_DIAG
+    try:
+        sock.settimeout(1.0)
+        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+            req = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, 1 << 10)
+            sock.send(struct.pack("=IHHII", 16 + len(req), 20, 0x301, seq, 0) + req)
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                off = 0
+                while off + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, off)
+                    if kind == 3:  # NLMSG_DONE
+                        done = True
+                        break
+                    if kind == 2 or length < 16:  # NLMSG_ERROR
+                        raise OSError("sock_diag refused")
+                    body = off + 16
+                    port = struct.unpack_from(">H", data, body + 4)[0]
+                    inode = struct.unpack_from("=I", data, body + 68)[0]
+                    ports.setdefault(port, inode)
+                    off += (length + 3) & ~3
+    finally:
+        sock.close()
+    return ports
+
+
+_DIAG_OK = [hasattr(socket, "AF_NETLINK")]
+
+
 def listening_ports():
-    """{port: inode} of listening TCP sockets, from /proc/net/tcp{,6}: cheap, needs no root."""
+    """{port: inode} of listening TCP sockets: sock_diag where it works, else /proc/net/tcp{,6}."""
+    if _DIAG_OK[0]:
+        try:
+            return _diag_listeners()
+        except OSError:
+            _DIAG_OK[0] = False
     ports = {}
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -504,21 +617,30 @@ def socket_inodes(pid):
 
 
 class Ports:
-    """Configured ports (open or not) and every port a watched process listens on."""
+    """Configured ports (open or not) and every port a watched process listens on.
+
+    Owners are found by reading the watched processes' fds, which is the costly part, so it is
+    done only when a listening socket appears that was not seen before or the watched set changes."""
 
     def __init__(self):
         self.configured = []
-        self._owner_cache = {}  # inode -> pid
+        self.owner = {}  # inode -> pid
+        self.foreign = set()  # listening inodes no watched process held when last looked
+        self._watched = frozenset()
 
     def sample(self, watched_pids):
         listening = listening_ports()
-        inode_to_port = {inode: port for port, inode in listening.items()}
-        owners = {}
-        for pid in watched_pids:
-            for inode in socket_inodes(pid):
-                port = inode_to_port.get(inode)
-                if port is not None:
-                    owners[port] = pid
+        watched = frozenset(watched_pids)
+        inodes = set(listening.values())
+        fresh = inodes - set(self.owner) - self.foreign
+        if fresh or watched != self._watched:
+            self._watched = watched
+            self.owner = {}
+            for pid in watched:
+                for inode in socket_inodes(pid) & inodes:
+                    self.owner[inode] = pid
+            self.foreign = inodes - set(self.owner)
+        owners = {port: self.owner[inode] for port, inode in listening.items() if inode in self.owner}
         out = []
         for port in sorted(set(self.configured) | set(owners)):
             out.append({"port": port, "listening": port in listening, "pid": owners.get(port)})

@@ -1,0 +1,185 @@
+"""What the agent costs on the host.
+
+1. One sample (GPUs, a watched process tree, ports) in CPU ms, against the sum of the NVML calls
+   it makes per GPU (NVML's own floor).
+2. The agent as it really runs (a subprocess sending frames at a 1 s refresh) in % of one core
+   over a wall-clock window, with bytes on the wire per second.
+
+    python tests/bench/agent_cost.py [--sim] [--tree 50] [--seconds 60] [--json OUT]
+
+With --sim it runs the simulated 8-GPU host; without, whatever GPUs the machine has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from cockpit.agent import agent  # noqa: E402
+
+
+def spawn_tree(n: int) -> list[subprocess.Popen]:
+    """n real processes titled like TP ranks under one parent: the watched tree."""
+    script = ("import setproctitle,sys,time,subprocess\n"
+              "setproctitle.setproctitle('sglang::scheduler_TP0')\n"
+              "kids=[subprocess.Popen([sys.executable,'-c','import time,setproctitle;"
+              "setproctitle.setproctitle(\"sglang::worker\");time.sleep(3600)']) for _ in range(int(sys.argv[1]))]\n"
+              "time.sleep(3600)\n")
+    try:
+        import setproctitle  # noqa: F401
+        return [subprocess.Popen([sys.executable, "-c", script, str(n - 1)], start_new_session=True)]
+    except ImportError:
+        return [subprocess.Popen(["sleep", "3600"], start_new_session=True) for _ in range(n)]
+
+
+def kill_tree(kids: list[subprocess.Popen]) -> None:
+    for k in kids:
+        try:
+            os.killpg(k.pid, 9)
+        except ProcessLookupError:
+            pass
+        k.wait()
+
+
+def nvml_floor(nvml, handles, reps: int) -> float:
+    """Seconds per GPU for exactly the calls one sample makes, each timed alone."""
+    reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    calls = [
+        lambda h: nvml.nvmlDeviceGetUtilizationRates(h),
+        lambda h: nvml.nvmlDeviceGetMemoryInfo(h),
+        lambda h: nvml.nvmlDeviceGetPowerUsage(h),
+        lambda h: reasons(h),
+        lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
+        lambda h: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
+        lambda h: nvml.nvmlDeviceGetComputeRunningProcesses(h),
+    ]
+    total = 0.0
+    for call in calls:
+        times = []
+        for _ in range(reps):
+            for h in handles:
+                t = time.perf_counter()
+                try:
+                    call(h)
+                except nvml.NVMLError:
+                    pass
+                times.append(time.perf_counter() - t)
+        total += statistics.median(times)
+    return total
+
+
+def sample_cost(tree: int, reps: int) -> dict:
+    import psutil
+
+    warnings: list[str] = []
+    gpus = agent.open_gpus(1.0, warnings)
+    procs = agent.Procs(psutil)
+    ports = agent.Ports()
+    kids = spawn_tree(tree)
+    time.sleep(1.5)
+    try:
+        procs.configure(patterns=["sglang::*"])
+        procs.sample(time.monotonic(), force_scan=True)
+        watched = len(procs.watched)
+        per_tick, gpu_only = [], []
+        for i in range(reps):
+            t0 = time.process_time()
+            g = gpus.sample(slow=False)
+            t1 = time.process_time()
+            rows = procs.sample(time.monotonic())
+            ports.sample([r["pid"] for r in rows])
+            t2 = time.process_time()
+            gpu_only.append(t1 - t0)
+            per_tick.append(t2 - t0)
+        scan_t = time.process_time()
+        procs.scan()
+        scan_cost = time.process_time() - scan_t
+        n_gpus = len(g)
+        floor = nvml_floor(gpus.nvml, gpus.handles, 200) if isinstance(gpus, agent.NvmlGpus) else None
+    finally:
+        kill_tree(kids)
+        gpus.close()
+    med_gpu = statistics.median(gpu_only)
+    return {
+        "gpus": n_gpus,
+        "nvml": gpus.source,
+        "watched_processes": watched,
+        "sample_cpu_ms_median": round(statistics.median(per_tick) * 1000, 3),
+        "sample_cpu_ms_p95": round(sorted(per_tick)[int(0.95 * len(per_tick))] * 1000, 3),
+        "full_scan_cpu_ms": round(scan_cost * 1000, 2),
+        "gpu_part_us_per_gpu": round(med_gpu / max(1, n_gpus) * 1e6, 1),
+        "nvml_floor_us_per_gpu": None if floor is None else round(floor * 1e6, 1),
+        "ratio_to_floor": None if not floor else round(med_gpu / max(1, n_gpus) / floor, 2),
+    }
+
+
+async def live_cost(seconds: float, sim_state: str | None, tree: int) -> dict:
+    import psutil
+
+    from cockpit.link.target import parse_target
+    from cockpit.session import HostSession, SessionOptions
+
+    kids = spawn_tree(tree)
+    nbytes = 0
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, sim_state=sim_state))
+    await session.connect()
+    proc = psutil.Process(session.state.agent.pid)
+    counted = {"n": 0}
+
+    def count(frame):
+        counted["n"] += len(json.dumps(frame, separators=(",", ":"))) + 1
+
+    session.on_frame = count
+    await session.wait_samples(6)  # past the warm-up scans
+    c0 = proc.cpu_times()
+    n0 = counted["n"]
+    t0 = time.monotonic()
+    await asyncio.sleep(seconds)
+    c1 = proc.cpu_times()
+    wall = time.monotonic() - t0
+    nbytes = counted["n"] - n0
+    await session.close()
+    kill_tree(kids)
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    return {"seconds": round(wall, 1), "agent_cpu_pct_of_core": round(100 * cpu / wall, 3),
+            "wire_bytes_per_s": round(nbytes / wall)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sim", action="store_true", help="the simulated 8-GPU host")
+    ap.add_argument("--tree", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    sim_state = None
+    if args.sim:
+        from cockpit.sim import fakenvml
+
+        sim_state = tempfile.mkdtemp(prefix="cockpit-bench-")
+        fakenvml.write_host(sim_state, gpus=8)
+        os.environ["COCKPIT_SIM_STATE"] = sim_state
+        sys.modules["pynvml"] = fakenvml
+    out = {"host": os.uname().nodename, "python": sys.version.split()[0], "tree": args.tree}
+    out["sample"] = sample_cost(args.tree, args.reps)
+    out["live"] = asyncio.run(live_cost(args.seconds, sim_state, args.tree))
+    print(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
