@@ -197,7 +197,8 @@ class HostState:
                         "sm_clock_mhz", "throttle", "ecc_uncorrected"):
                 if key in g:
                     setattr(gpu, key, g[key])
-            gpu.processes = [(int(p[0]), p[1]) for p in g.get("processes") or []]
+            if "processes" in g:
+                gpu.processes = [(int(p[0]), p[1]) for p in g["processes"] or []]
             for pid, mib in gpu.processes:
                 pid_gpus.setdefault(pid, []).append((gpu.index, mib))
             hist = self.gpu_history.setdefault(
@@ -232,7 +233,8 @@ class HostState:
             if pid in self.procs:
                 self.procs[pid].exit_code = code
         self._forget_old_dead()
-        self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f.get("ports") or []]
+        if "ports" in f:
+            self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f["ports"] or []]
 
     def _forget_old_dead(self) -> None:
         dead = sorted((p for p in self.procs.values() if not p.alive), key=lambda p: p.gone_at or 0)

@@ -104,9 +104,10 @@ class NvmlGpus:
         self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )
+        self._mem = self._memory_info()
         self._static = []
         for i, h in enumerate(self.handles):
-            mem = self._call(i, "mem", nvml.nvmlDeviceGetMemoryInfo, h)
+            mem = self._call(i, "mem", self._mem, h)
             limit = self._call(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
             self._static.append(
                 {
@@ -117,6 +118,19 @@ class NvmlGpus:
                     "power_limit_w": None if limit is None else round(limit / 1000.0, 1),
                 }
             )
+
+    def _memory_info(self):
+        """Memory as nvidia-smi reports it: v2 leaves the driver's reserved memory out of `used`
+        (v1 counts it: about 600 MiB more on an H200)."""
+        nvml = self.nvml
+        v2 = getattr(nvml, "nvmlMemory_v2", None)
+        if v2 is not None and self.handles:
+            try:
+                nvml.nvmlDeviceGetMemoryInfo(self.handles[0], version=v2)
+                return lambda h: nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
+            except (TypeError, nvml.NVMLError):
+                pass
+        return nvml.nvmlDeviceGetMemoryInfo
 
     @staticmethod
     def _text(value):
@@ -141,7 +155,7 @@ class NvmlGpus:
         out = []
         for i, h in enumerate(self.handles):
             util = self._call(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
-            mem = self._call(i, "mem", nvml.nvmlDeviceGetMemoryInfo, h)
+            mem = self._call(i, "mem", self._mem, h)
             power = self._call(i, "power", nvml.nvmlDeviceGetPowerUsage, h)
             reasons = self._call(i, "reasons", self._reasons, h) if self._reasons else None
             if slow:
@@ -367,6 +381,22 @@ def _proc_stat(pid):
     }
 
 
+def _trim(argv):
+    argv = list(argv or [])
+    while argv and not argv[-1]:
+        argv.pop()  # setproctitle pads the old argv area with NULs
+    return argv
+
+
+def _read_cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return []
+    return _trim(data.decode("utf-8", "replace").split("\0"))
+
+
 class Procs:
     """Watches process trees: roots found by title patterns, process groups or pids, plus every
     descendant. The whole process table is scanned every SCAN_EVERY_S; each tick only samples the
@@ -381,6 +411,7 @@ class Procs:
         self.cmdlines = {}
         self.names = {}
         self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
+        self._argv = {}  # pid -> ((start, comm), argv) from the last full scan
         self.sent_cmdline = set()
         self.last_scan = 0.0
 
@@ -399,49 +430,70 @@ class Procs:
                 return True
         return False
 
-    def scan(self):
-        ps = self.ps
-        children = {}
-        roots = set(self.pids)
-        info = {}
+    def _table(self):
+        """(pid, ppid, pgid, comm, argv) of every process. On Linux: one stat read each, and the
+        command line only for a process not seen before or retitled since (the costly part)."""
         me = os.getpid()
-        for p in ps.process_iter(["pid", "ppid", "name", "cmdline"]):
-            pid = p.info["pid"]
-            if pid == me:
+        if not _HAVE_PROC:
+            for p in self.ps.process_iter(["pid", "ppid", "name", "cmdline"]):
+                if p.info["pid"] != me:
+                    try:
+                        pgid = os.getpgid(p.info["pid"])
+                    except OSError:
+                        pgid = None
+                    yield p.info["pid"], p.info["ppid"], pgid, p.info["name"] or "", _trim(p.info["cmdline"])
+            return
+        seen = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
                 continue
-            children.setdefault(p.info["ppid"], []).append(pid)
-            info[pid] = p
-            argv = p.info["cmdline"] or []
-            while argv and not argv[-1]:
-                argv.pop()  # setproctitle pads the old argv area with NULs
-            cmd = " ".join(argv)
-            if self._matches(p.info["name"] or "", cmd):
+            pid = int(name)
+            row = _proc_stat(pid)
+            if row is None or pid == me:
+                continue
+            key = (row["_start"], row["name"])
+            cached = self._argv.get(pid)
+            argv = cached[1] if cached and cached[0] == key else _read_cmdline(pid)
+            seen[pid] = (key, argv)
+            yield pid, row["ppid"], row["pgid"], row["name"], argv
+        self._argv = seen
+
+    def scan(self):
+        children = {}
+        roots = set()
+        alive = set()
+        for pid, ppid, pgid, comm, argv in self._table():
+            alive.add(pid)
+            children.setdefault(ppid, []).append(pid)
+            self.cmdlines[pid] = argv
+            if pid in self.pids or pgid in self.pgids or self._matches(comm, " ".join(argv)):
                 roots.add(pid)
-            elif self.pgids:
-                try:
-                    if os.getpgid(pid) in self.pgids:
-                        roots.add(pid)
-                except OSError:
-                    pass
         watched = {}
-        stack = [pid for pid in roots if pid in info]
+        stack = list(roots)
         while stack:
             pid = stack.pop()
-            if pid in watched:
+            if pid in watched or pid not in alive:
                 continue
-            proc = self.watched.get(pid)
-            if proc is None or proc.create_time() != info[pid].create_time():
-                proc = info[pid]
-            watched[pid] = proc
-            self.cmdlines[pid] = info[pid].info["cmdline"] or []
+            watched[pid] = self.watched.get(pid) or self._handle(pid)
             stack.extend(children.get(pid, ()))
+        for pid in list(self.cmdlines):
+            if pid not in watched:
+                del self.cmdlines[pid]
         self.watched = watched
         self.last_scan = time.monotonic()
+
+    def _handle(self, pid):
+        """A psutil handle where there is no /proc to read directly."""
+        if _HAVE_PROC:
+            return pid
+        try:
+            return self.ps.Process(pid)
+        except self.ps.Error:
+            return None
 
     def adopt_children(self):
         """New children of watched processes, found each tick from /proc/PID/task/PID/children
         (one small read per watched process) rather than waiting for the next full scan."""
-        ps = self.ps
         stack = list(self.watched)
         while stack:
             pid = stack.pop()
@@ -453,15 +505,8 @@ class Procs:
             for kid in kids:
                 if kid in self.watched:
                     continue
-                try:
-                    proc = ps.Process(kid)
-                    argv = proc.cmdline()
-                except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
-                    continue
-                while argv and not argv[-1]:
-                    argv.pop()
-                self.watched[kid] = proc
-                self.cmdlines[kid] = argv
+                self.watched[kid] = self._handle(kid)
+                self.cmdlines[kid] = _read_cmdline(kid)
                 stack.append(kid)
 
     def sample(self, now, force_scan=False):
@@ -492,13 +537,7 @@ class Procs:
             comm = row["name"]
             if self.names.get(pid) != comm:  # a new title (setproctitle): its argv changed too
                 self.names[pid] = comm
-                try:
-                    argv = proc.cmdline()
-                except (self.ps.NoSuchProcess, self.ps.AccessDenied, self.ps.ZombieProcess):
-                    argv = self.cmdlines.get(pid, [])
-                while argv and not argv[-1]:
-                    argv.pop()
-                self.cmdlines[pid] = argv
+                self.cmdlines[pid] = _read_cmdline(pid) if _HAVE_PROC else _trim(self._psutil_argv(proc))
                 self.sent_cmdline.discard(pid)
             argv = self.cmdlines.get(pid) or []
             if len(argv) == 1 and argv[0].startswith(comm):
@@ -514,6 +553,12 @@ class Procs:
             self.cpu.pop(pid, None)
             self.sent_cmdline.discard(pid)
         return out
+
+    def _psutil_argv(self, proc):
+        try:
+            return proc.cmdline()
+        except (self.ps.Error, AttributeError):
+            return []
 
     def _psutil_row(self, pid, proc):
         """Where there is no /proc (not Linux): psutil's portable way."""
@@ -774,6 +819,7 @@ class Agent:
         self.seq = 0
         self.force_scan = False
         self.last_slow = 0.0
+        self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
 
     def hello(self, psutil):
@@ -812,8 +858,11 @@ class Agent:
                 exits.append([pid, code])
                 del self.launched[pid]
         self.seq += 1
-        frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3), "gpus": gpus, "procs": procs,
-                 "ports": ports}
+        frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3),
+                 "gpus": self._delta(self.sent_gpus, gpus, "index"),
+                 "procs": self._delta(self.sent_procs, procs, "pid")}
+        if ports != self.sent_ports:
+            frame["ports"] = self.sent_ports = ports
         if exits:
             frame["exits"] = exits
         emit(frame)
@@ -827,6 +876,27 @@ class Agent:
                 if event:
                     frame["event"] = event
                 emit(frame)
+
+    @staticmethod
+    def _delta(sent, rows, key):
+        """Rows with only the fields that changed since they were last sent (the key always):
+        the stream is ordered and a new connection starts a new agent, so the other end holds
+        the rest. A row missing from `rows` is a process that is gone."""
+        out = []
+        live = set()
+        for row in rows:
+            k = row[key]
+            live.add(k)
+            last = sent.get(k)
+            if last is None:
+                out.append(row)
+            else:
+                out.append({f: v for f, v in row.items() if f == key or last.get(f) != v})
+            sent[k] = row
+        for k in list(sent):
+            if k not in live:
+                del sent[k]
+        return out
 
     def handle(self, line):
         try:
@@ -866,6 +936,7 @@ class Agent:
         if interval is not None:
             self.interval = max(0.1, float(interval))
         self.procs.resend_cmdlines()
+        self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None  # next sample in full
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
 

@@ -187,7 +187,10 @@ def nvmlDeviceGetUUID(handle):
     return "GPU-%s-%s-%s-%s-%s" % (digest[:8], digest[8:12], digest[12:16], digest[16:20], digest[20:32])
 
 
-def nvmlDeviceGetMemoryInfo(handle):
+nvmlMemory_v2 = 0x02000028
+
+
+def nvmlDeviceGetMemoryInfo(handle, version=None):
     total = _model()["mem_total_mib"] * 1048576
     used = (512 + sum(int(p.get("used_mib", 0)) for p in _users(handle))) * 1048576
     used = min(used, total)
