@@ -85,7 +85,7 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         assert str(port) in text and "listen" in text
         assert "phase serving" in text or "phase ready" in text
         log = app.query_one(LogView)
-        assert len(log.lines) > 10
+        assert len(log.visible_lines()) > 10
 
         # tab moves between panes
         assert app.focused is table
@@ -110,15 +110,15 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert log.search == "Load weight end"
-        assert 1 <= len(log.lines) <= 8  # one line per rank at most
+        assert 1 <= len(log.visible_lines()) <= 8  # one line per rank at most
         await pilot.press("slash", "ctrl+u", "enter")
         await pilot.pause(0.2)
-        assert log.search is None and len(log.lines) > 10
+        assert log.search is None and len(log.visible_lines()) > 10
 
         # t filters one rank's lines, cycling through the ranks back to all
         await pilot.press("t")
         assert log.rank == 0
-        lines = [str(l.text) for l in log.lines]
+        lines = log.visible_lines()
         assert lines and all(" TP0]" in l for l in lines)
         for _ in range(8):
             await pilot.press("t")

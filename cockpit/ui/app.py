@@ -106,6 +106,7 @@ class CockpitApp(App):
         self.error: str | None = None
         self._log_path: str | None = None
         self._gpu_count = -1
+        self._status_text = ""
 
     # ------------------------------------------------------------------ layout
 
@@ -121,6 +122,7 @@ class CockpitApp(App):
     def on_mount(self) -> None:
         self.query_one(LogView).phases = self.phases
         self.set_interval(REDRAW_S, self._tick)
+        self.set_interval(1.0, self._status)
         if self.session is not None:
             self.session.on_frame = self._on_frame
             self.connect()
@@ -183,7 +185,6 @@ class CockpitApp(App):
         if self.session is not None and self.session.closed.is_set() and self.state.link_state != "failed":
             self.state.link_state = "lost"
             self.dirty = True
-        self._status()
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
@@ -250,7 +251,10 @@ class CockpitApp(App):
             parts.append(f"[bold red]{self.error}[/]")
         elif a.warnings:
             parts.append(f"[yellow]{a.warnings[0]}[/]")
-        self.query_one("#status", Static).update("  │  ".join(parts))
+        text = "  │  ".join(parts)
+        if text != self._status_text:
+            self._status_text = text
+            self.query_one("#status", Static).update(text)
 
     # ------------------------------------------------------------------ actions
 

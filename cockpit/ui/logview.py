@@ -1,63 +1,103 @@
-"""The run's log, live: errors, warnings and phase lines marked; a search and a rank filter that
-redraw from HostState's bounded buffer; follow on or off. Memory is bounded by max_lines."""
+"""The run's log, live. Lines are classified once as they arrive (error, warning, the start of a
+phase) and kept as plain strings in a bounded buffer; only the lines on screen are styled and
+rendered (Textual's line API, as toolong does), so a flood of 20,000 lines a second costs what the
+visible window costs. `/` search and the rank filter select from the same buffer."""
 
 from __future__ import annotations
 
 import re
+from collections import deque
 
 from rich.text import Text
-from textual.widgets import RichLog
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from cockpit.diagnose import classify_line, line_rank
 from cockpit.model import LOG_LINES
 
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
+MAX_WIDTH = 400
+STYLES = {"error": "bold red", "warning": "yellow", "phase": "cyan", None: ""}
 
 
-class LogView(RichLog):
+class LogView(ScrollView, can_focus=True):
     def __init__(self, **kw):
-        super().__init__(max_lines=LOG_LINES, wrap=False, highlight=False, markup=False, auto_scroll=True, **kw)
+        super().__init__(**kw)
         self.border_title = "log"
         self.search: str | None = None
         self.rank: int | None = None
         self.phases: list = []
         self.path: str | None = None
+        self.auto_scroll = True
         self.last_phase: str | None = None
+        self.shown: deque[tuple[str, str | None]] = deque(maxlen=LOG_LINES)
+        self._width = 0
 
-    def styled(self, line: str) -> Text | None:
-        """A line as shown, or None when the current filter hides it."""
-        if self.rank is not None and line_rank(line) != self.rank:
-            return None
-        if self.search and self.search.lower() not in line.lower():
-            return None
+    # ------------------------------------------------------------------ content
+
+    def classify(self, line: str) -> str | None:
         if ERROR.search(line):
-            text = Text(line, style="bold red")
-        elif WARNING.search(line):
-            text = Text(line, style="yellow")
-        else:
-            phase = classify_line(line, self.phases) if self.phases else None
-            if phase is not None and phase != self.last_phase and line_rank(line) in (None, 0):
-                # mark where a phase begins, once (rank 0 or the launcher speaks for all ranks)
-                self.last_phase = phase
-                text = Text("▶ ", style="bold cyan") + Text(line, style="cyan")
-            else:
-                text = Text(line)
-        if self.search:
-            text.highlight_words([self.search], style="reverse", case_sensitive=False)
-        return text
+            return "error"
+        if WARNING.search(line):
+            return "warning"
+        phase = classify_line(line, self.phases) if self.phases else None
+        if phase is not None and phase != self.last_phase and line_rank(line) in (None, 0):
+            self.last_phase = phase  # the start of a phase, marked once: rank 0 speaks for all
+            return "phase"
+        return None
+
+    def passes(self, line: str) -> bool:
+        if self.rank is not None and line_rank(line) != self.rank:
+            return False
+        return not self.search or self.search.lower() in line.lower()
 
     def add_lines(self, lines: list[str]) -> None:
+        added = False
         for line in lines:
-            text = self.styled(line)
-            if text is not None:
-                self.write(text)
+            kind = self.classify(line)
+            if self.passes(line):
+                self.shown.append((line, kind))
+                self._width = max(self._width, min(MAX_WIDTH, len(line) + 2))
+                added = True
+        if added:
+            self._resize()
 
     def redraw(self, lines) -> None:
-        self.clear()
+        self.shown.clear()
         self.last_phase = None
+        self._width = 0
         self.add_lines(list(lines))
+        self._resize()
         self._subtitle()
+
+    def _resize(self) -> None:
+        self.virtual_size = Size(self._width, len(self.shown))
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=False, x_axis=False)
+        self.refresh()
+
+    def visible_lines(self) -> list[str]:
+        return [line for line, _ in self.shown]
+
+    # ------------------------------------------------------------------ rendering
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.scrollable_content_region.width
+        if index >= len(self.shown):
+            return Strip.blank(width, self.rich_style)
+        line, kind = self.shown[index]
+        text = Text(line, style=STYLES[kind], no_wrap=True, end="")
+        if kind == "phase":
+            text = Text("▶ ", style="bold cyan") + text
+        if self.search:
+            text.highlight_words([self.search], style="reverse", case_sensitive=False)
+        segments = list(text.render(self.app.console))
+        strip = Strip(segments).simplify().crop(scroll_x, scroll_x + width)
+        return strip.extend_cell_length(width).apply_style(self.rich_style)
 
     def _subtitle(self) -> None:
         parts = []
@@ -69,3 +109,4 @@ class LogView(RichLog):
             parts.append(f"/{self.search}")
         parts.append("follow" if self.auto_scroll else "paused")
         self.border_subtitle = "  ".join(parts)
+

@@ -4,23 +4,20 @@ probed from the host itself through the link (no curl needed there). One row per
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from cockpit.model import HostState
+from cockpit.ui.table import LiveTable
 
 COLUMNS = [("port", 5), ("state", 6), ("pid", 7), ("endpoint", 16), ("http", 4), ("ms", 5)]
 
 
-class PortsTable(DataTable):
+class PortsTable(LiveTable):
+    COLUMNS = COLUMNS
+
     def __init__(self, **kw):
-        super().__init__(cursor_type="row", **kw)
+        super().__init__(**kw)
         self.border_title = "ports"
         self.probes: dict[tuple[int, str], dict] = {}
-        self._keys: list[str] = []
-
-    def on_mount(self) -> None:
-        for name, width in COLUMNS:
-            self.add_column(name, width=width, key=name)
 
     def _rows(self, state: HostState) -> list[tuple[str, list]]:
         rows = []
@@ -39,14 +36,4 @@ class PortsTable(DataTable):
         return rows
 
     def show(self, state: HostState) -> None:
-        rows = self._rows(state)
-        keys = [k for k, _ in rows]
-        if keys != self._keys:
-            self.clear()
-            for key, cells in rows:
-                self.add_row(*cells, key=key)
-            self._keys = keys
-            return
-        for key, cells in rows:
-            for (col, _), cell in zip(COLUMNS, cells):
-                self.update_cell(key, col, cell)
+        self.sync(self._rows(state))

@@ -6,54 +6,31 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.widgets import DataTable
 
 from cockpit.model import HostState, Proc
 from cockpit.ui.fmt import NA, gib, mib
+from cockpit.ui.table import LiveTable
 
 COLUMNS = [("process", 30), ("pid", 7), ("role", 11), ("rank", 4), ("st", 2), ("cpu%", 5), ("rss", 6),
            ("thr", 4), ("gpu", 3), ("gpu mem", 7)]
 STATUS_STYLE = {"R": "green", "S": "default", "D": "yellow", "Z": "bold red", "T": "yellow", "X": "bold red"}
 
 
-class RankTable(DataTable):
+class RankTable(LiveTable):
+    COLUMNS = COLUMNS
     BINDINGS = [Binding("enter", "toggle_collapse", "Collapse", show=True)]
 
     def __init__(self, **kw):
-        super().__init__(cursor_type="row", zebra_stripes=False, **kw)
+        super().__init__(**kw)
         self.collapsed: set[int] = set()
-        self._keys: list[str] = []
         self.border_title = "ranks"
 
-    def on_mount(self) -> None:
-        for name, width in COLUMNS:
-            self.add_column(name, width=width, key=name)
-
     def show(self, state: HostState) -> None:
-        rows = self._rows(state)
-        keys = [k for k, _ in rows]
-        if keys != self._keys:
-            selected = self._selected_key()
-            self.clear()
-            for key, cells in rows:
-                self.add_row(*cells, key=key)
-            self._keys = keys
-            if selected in keys:
-                self.move_cursor(row=keys.index(selected), animate=False)
-        else:
-            for key, cells in rows:
-                for (name, _), cell in zip(COLUMNS, cells):
-                    if str(self.get_cell(key, name)) != str(cell) or getattr(cell, "style", None):
-                        self.update_cell(key, name, cell)
-        self.border_subtitle = f"{sum(1 for _, p in state.tree() if p.alive)} live"
-
-    def _selected_key(self) -> str | None:
-        if not self._keys or self.cursor_row is None or self.cursor_row >= len(self._keys):
-            return None
-        return self._keys[self.cursor_row]
+        self.sync(self._rows(state))
+        self.border_subtitle = f"{sum(1 for p in state.procs.values() if p.alive)} live"
 
     def selected_pid(self) -> int | None:
-        key = self._selected_key()
+        key = self.selected_key()
         return int(key) if key else None
 
     def _rows(self, state: HostState) -> list[tuple[str, list]]:
