@@ -18,7 +18,7 @@ import sys
 from cockpit import __version__
 from cockpit.errors import CockpitError
 
-SUBCOMMANDS = ("open", "demo", "snapshot", "sim")
+SUBCOMMANDS = ("open", "demo", "snapshot", "kill", "shm", "dump")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -29,6 +29,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
     p.add_argument("--accept-new", action="store_true", help="trust an unknown host key and record it (never a changed one)")
     p.add_argument("--sim", metavar="DIR", help="use the simulated NVML on the host, with its state in DIR there")
+    p.add_argument("--read-only", action="store_true", help="watch only: every action (kill, shm clean, dump) is off")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +54,162 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="160x50", metavar="COLSxROWS", help="screen size for --svg/--text (default 160x50)")
     p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to watch before taking it")
     p.add_argument("--replay", metavar="FILE.json", help="render a saved --json document instead of a live host")
+    p = sub.add_parser("kill", help="kill the run (or one process), then verify it is gone")
+    p.add_argument("target")
+    _common(p)
+    p.add_argument("--pid", type=int, help="kill this process (and what it started) instead of the whole run")
+    p.add_argument("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--yes", action="store_true", help="do not ask: the plan is printed and carried out")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("shm", help="audit the host's /dev/shm; --clean removes what is safe to remove")
+    p.add_argument("target")
+    _common(p)
+    p.add_argument("--dir", default="/dev/shm", help="the shm folder (default /dev/shm)")
+    p.add_argument("--clean", action="store_true", help="remove entries no live process holds and whose creator is dead")
+    p.add_argument("--yes", action="store_true")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("dump", help="py-spy stack dumps of every rank, grouped")
+    p.add_argument("target")
+    _common(p)
+    p.add_argument("--upload-pyspy", action="store_true", help="send this install's py-spy when the host has none")
+    p.add_argument("--json", action="store_true")
     return parser
+
+
+def _confirm(lines: list[str], question: str, yes: bool) -> bool:
+    print("\n".join(lines))
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CockpitError(f"{question}: no terminal to ask on; pass --yes to confirm")
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+async def _attached(args: argparse.Namespace):
+    """A connected session that watches the run (the demo's recorded run on the demo host)."""
+    from cockpit.session import HostSession
+    from cockpit.sim import demo
+
+    target, opts, watch, layout = _session_parts(args)
+    session = HostSession(target, opts, watch)
+    await session.connect()
+    if target.kind == "demo":
+        running = demo.running_demo(opts.sim_state)
+        if running:
+            await demo.attach_demo(session, running)
+    await session.wait_samples(2)
+    return session, layout
+
+
+def _writable(args: argparse.Namespace) -> None:
+    if getattr(args, "read_only", False):
+        raise CockpitError(f"{args.command}: refused, --read-only disables every action")
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    from cockpit import actions
+
+    _writable(args)
+    async def go() -> dict | None:
+        session, layout = await _attached(args)
+        try:
+            scope = actions.process_scope(args.pid) if args.pid else actions.run_scope(session)
+            plan = await actions.plan_kill(session, scope)
+            if not plan.entries:
+                raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
+                                   if not args.pid else f"no process {args.pid} on {session.target.label}")
+            if not _confirm(plan.describe(), f"kill these {len(plan.entries)} processes?", args.yes):
+                return None
+            wait = args.wait if args.wait is not None else (layout.kill_wait_s if layout else actions.DEFAULT_KILL_WAIT_S)
+            report = await actions.kill(session, plan, wait, layout.ports if layout else [])
+            if target_is_demo(session):
+                from cockpit.sim import demo
+                demo.forget_demo(session.opts.sim_state)
+            return report
+        finally:
+            await session.close()
+
+    report = asyncio.run(go())
+    if report is None:
+        print("nothing was signalled")
+        return 1
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print("\n".join(actions.describe_kill(report)))
+    return 0 if report["verified"] else 3
+
+
+def target_is_demo(session) -> bool:
+    return session.target.kind == "demo"
+
+
+def cmd_shm(args: argparse.Namespace) -> int:
+    from cockpit import actions
+
+    if args.clean:
+        _writable(args)
+    async def go():
+        session, _ = await _attached(args)
+        try:
+            audit = await actions.shm_audit(session, args.dir)
+            if not args.clean:
+                return audit, None
+            names = [e["name"] for e in audit["entries"] if e["removable"]]
+            if not args.json:
+                print("\n".join(actions.describe_shm(audit)))
+            if not names:
+                return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
+            if not _confirm([f"  {n}" for n in names], f"remove these {len(names)} entries of {args.dir}?", args.yes):
+                return audit, None
+            return audit, await actions.shm_clean(session, names, args.dir)
+        finally:
+            await session.close()
+
+    audit, cleaned = asyncio.run(go())
+    if args.json:
+        json.dump({"audit": audit, "clean": cleaned}, sys.stdout, indent=2)
+        print()
+    elif cleaned is None:
+        if not args.clean:
+            print("\n".join(actions.describe_shm(audit)))
+    else:
+        print(f"removed {len(cleaned['removed'])} entries, freed {actions.human_bytes(cleaned['freed_bytes'])}")
+        for s in cleaned["skipped"]:
+            print(f"kept {s['name']}: {s['why']}")
+    return 0
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    from cockpit import actions, stacks
+
+    _writable(args)
+    async def go():
+        session, layout = await _attached(args)
+        try:
+            ranks = actions.rank_pids(session.state)
+            if not ranks:
+                raise CockpitError(f"no rank to dump on {session.target.label}: no watched process is alive")
+            run = layout.name if layout else session.target.label
+            return await stacks.dump_ranks(session, ranks, run, upload=args.upload_pyspy)
+        finally:
+            await session.close()
+
+    result = asyncio.run(go())
+    if args.json:
+        json.dump({"folder": str(result.folder), "failed": result.failed,
+                   "groups": [{"ranks": g.ranks, "odd": g.odd, "frames": list(g.frames), "diff": g.diff}
+                              for g in result.groups]}, sys.stdout, indent=2)
+        print()
+    else:
+        print("\n".join(stacks.describe_groups(result.groups)))
+        for rank, errors in result.failed.items():
+            print(f"rank {rank}: no dump ({'; '.join(errors)})")
+        print(f"raw dumps: {result.folder}")
+    return 0
 
 
 def _session_parts(args: argparse.Namespace):
@@ -149,7 +305,7 @@ def cmd_open(args: argparse.Namespace) -> int:
     from cockpit.ui.app import CockpitApp
 
     target, opts, watch, layout = _session_parts(args)
-    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout)
+    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout, read_only=args.read_only)
     app.run()
     if app.error:
         raise CockpitError(app.error)
@@ -182,7 +338,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else:
             started.append(await demo.start_demo(session, layout, opts.sim_state))
 
-    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout, on_connect=on_connect)
+    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout, on_connect=on_connect,
+                     read_only=args.read_only)
     try:
         app.run()
     finally:
@@ -200,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["open"] + argv
     args = build_parser().parse_args(argv)
-    handlers = {"snapshot": cmd_snapshot, "open": cmd_open, "demo": cmd_demo}
+    handlers = {"snapshot": cmd_snapshot, "open": cmd_open, "demo": cmd_demo, "kill": cmd_kill, "shm": cmd_shm,
+                "dump": cmd_dump}
     try:
         handler = handlers.get(args.command)
         if handler is None:

@@ -133,6 +133,7 @@ class AgentInfo:
     python: str = "?"
     executable: str = "?"
     hostname: str = "?"
+    home: str | None = None
     arch: str = "?"
     nvml: str | None = None
     driver: str | None = None
@@ -176,7 +177,7 @@ class HostState:
     def _hello(self, f: dict) -> None:
         self.agent = AgentInfo(
             version=f.get("agent", "?"), python=f.get("python", "?"), executable=f.get("executable", "?"),
-            hostname=f.get("hostname", "?"), arch=f.get("arch", "?"), nvml=f.get("nvml"),
+            hostname=f.get("hostname", "?"), home=f.get("home"), arch=f.get("arch", "?"), nvml=f.get("nvml"),
             driver=f.get("driver"), psutil=f.get("psutil"), pid=f.get("pid"),
             interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
         )
@@ -256,7 +257,8 @@ class HostState:
         return None if self.received_at is None else time.monotonic() - self.received_at
 
     def live_procs(self) -> list[Proc]:
-        return [p for p in self.procs.values() if p.alive]
+        """Processes still running: a zombie has exited, whatever the table says."""
+        return [p for p in self.procs.values() if p.alive and p.status != "Z"]
 
     def ranks(self) -> list[Proc]:
         """Rank-holding processes, by rank: the TP workers."""

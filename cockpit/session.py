@@ -94,11 +94,12 @@ class HostSession:
         argv, payload = agent_argv(self.opts.python, self.opts.interval, self.opts.sim_state)
         self.stream = await self.link.start_agent(argv)
         self.stream.write(payload)
+        configured = self._send("config", self.watch.args())  # queued behind the source: the first sample uses it
         hello = await self._read_hello()
         self.state.apply(hello)
         self.state.link_state = "up"
         self._reader = asyncio.create_task(self._read_loop())
-        await self.request("config", **self.watch.args())
+        await self._answer("config", configured, 30.0)
 
     async def _read_hello(self) -> dict:
         where = self.target.label
@@ -184,10 +185,17 @@ class HostSession:
         """Send one command and wait for its one answer."""
         if self.stream is None or self.closed.is_set():
             raise LinkLost("not connected")
+        return await self._answer(cmd, self._send(cmd, args), timeout)
+
+    def _send(self, cmd: str, args: dict) -> tuple[int, asyncio.Future]:
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[cid] = fut
         self.stream.write((json.dumps({"id": cid, "cmd": cmd, "args": args}) + "\n").encode())
+        return cid, fut
+
+    async def _answer(self, cmd: str, sent: tuple[int, asyncio.Future], timeout: float) -> dict:
+        cid, fut = sent
         try:
             frame = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:

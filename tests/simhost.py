@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions
+from cockpit.session import HostSession, SessionOptions, Watch
 
 
 async def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
@@ -29,7 +29,8 @@ class SimRun:
     def __init__(self, state: Path, tmp: Path, port: int, args: list[str]):
         self.state, self.tmp, self.port, self.args = state, tmp, port, args
         self.session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                         sim_state=str(state)))
+                                                                         sim_state=str(state)),
+                                   Watch(patterns=[]))  # this run only, not whatever else runs here
         self.run: dict = {}
 
     async def __aenter__(self):

@@ -49,7 +49,7 @@ async def live_app(sim_state, tmp_path):
         runs.append(await demo.start_demo(session, layout, str(sim_state)))
 
     session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                 sim_state=str(sim_state)), Watch(ports=[port]))
+                                                                 sim_state=str(sim_state)), Watch(patterns=[], ports=[port]))
     app = CockpitApp(session=session, layout=layout, on_connect=on_connect)
     yield app, port
     for run in runs:
@@ -79,7 +79,9 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         text = save_text(app, None)
         assert "GPU7 RTX PRO 6000" in text and "TP3" in text and "n/a" not in text
         table = app.query_one(RankTable)
-        assert table.row_count == 11  # launcher, 8 schedulers, resource tracker, detokenizer
+        rows = [(p.pid, p.title, p.alive) for _, p in app.state.tree()]
+        print(rows)
+        assert table.row_count == 11, rows
         assert sum("sglang::scheduler_TP" in line for line in text.splitlines()) == 8
         ports = app.query_one(PortsTable)
         assert str(port) in text and "listen" in text

@@ -808,7 +808,273 @@ def http_get(port, path, timeout=2.0, host="127.0.0.1"):
     }
 
 
+
+# ----------------------------------------------------------------------------- actions
+
+_SIGNALS = {"TERM": 15, "KILL": 9}
+SHM_CREATOR = [re.compile(r"^sgl_shm_[A-Za-z]+_(\d+)_"), re.compile(r"^multi_tokenizer_args_(\d+)")]
+
+
+def _start_ticks(pid):
+    row = _proc_stat(pid)
+    return None if row is None else row["_start"]
+
+
+def _protected():
+    """The agent itself and its ancestors (the ssh session, the shell): never signalled."""
+    out = set()
+    pid = os.getpid()
+    while pid > 1:
+        out.add(pid)
+        row = _proc_stat(pid)
+        if row is None:
+            break
+        pid = row["ppid"]
+    out.add(1)
+    return out
+
+
+def run_members(pgids=(), sids=(), pids=()):
+    """Processes of a run: those in its process groups or sessions, the pids recorded for it, and
+    every descendant of those (workers reparented after their parent died keep their group)."""
+    pgids, sids, pids = set(pgids), set(sids), set(pids)
+    table = {}
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            row = _proc_stat(int(name))
+            if row is not None:
+                table[row["pid"]] = row
+                children.setdefault(row["ppid"], []).append(row["pid"])
+    roots = [pid for pid, r in table.items() if pid in pids or r["pgid"] in pgids or r["sid"] in sids]
+    found = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found or pid not in table:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, ()))
+    protected = _protected()
+    return [table[p] for p in sorted(found) if p not in protected]
+
+
+def kill_plan(pgids=(), sids=(), pids=()):
+    rows = run_members(pgids, sids, pids)
+    return [{"pid": r["pid"], "start": r["_start"], "ppid": r["ppid"], "pgid": r["pgid"], "sid": r["sid"],
+             "status": r["status"], "title": " ".join(_read_cmdline(r["pid"]))[:200] or r["name"]} for r in rows]
+
+
+def kill_run(plan, wait_s=10.0, pgids=(), sids=(), pids=()):
+    """SIGTERM each planned process (checked against its start time: a reused pid is left
+    alone), wait, then SIGKILL what remains of the plan and of the run's groups, which may have
+    grown since. Never signals the agent, its ancestors or init."""
+    protected = _protected()
+    term, killed, vanished = [], [], []
+
+    def same(entry):
+        return entry["pid"] not in protected and _start_ticks(entry["pid"]) == entry["start"]
+
+    for entry in plan:
+        if same(entry):
+            try:
+                os.kill(entry["pid"], _SIGNALS["TERM"])
+                term.append(entry["pid"])
+            except OSError:
+                vanished.append(entry["pid"])
+        else:
+            vanished.append(entry["pid"])
+    deadline = time.monotonic() + max(0.0, float(wait_s))
+    pending = [e for e in plan if e["pid"] in term]
+    while time.monotonic() < deadline:
+        pending = [e for e in pending if same(e) and _proc_stat(e["pid"])["status"] != "Z"]
+        if not pending:
+            break
+        time.sleep(0.1)
+    late = {e["pid"]: e for e in pending}
+    for r in run_members(pgids, sids, [e["pid"] for e in plan]):
+        if r["pid"] not in late and r["status"] != "Z":
+            late[r["pid"]] = {"pid": r["pid"], "start": r["_start"]}
+    for entry in late.values():
+        if same(entry):
+            try:
+                os.kill(entry["pid"], _SIGNALS["KILL"])
+                killed.append(entry["pid"])
+            except OSError:
+                pass
+    time.sleep(0.3)
+    remaining = []
+    for e in list(plan) + list(late.values()):
+        row = _proc_stat(e["pid"])
+        if row is not None and row["_start"] == e["start"] and row["status"] != "Z" and e["pid"] not in remaining:
+            remaining.append(e["pid"])
+    return {"term": term, "killed": killed, "vanished": vanished, "remaining": remaining}
+
+
+def _holders(folder):
+    """{path: [pids]} of the shm folder's files that a live process holds open or maps."""
+    held = {}
+    prefix = folder.rstrip("/") + "/"
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open("/proc/%d/maps" % pid) as fh:
+                for line in fh:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        path = line[i:].rstrip("\n").replace(" (deleted)", "")
+                        held.setdefault(path, set()).add(pid)
+        except OSError:
+            pass
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir + "/" + fd)
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                held.setdefault(target, set()).add(pid)
+    return {k: sorted(v) for k, v in held.items()}
+
+
+def shm_audit(folder="/dev/shm"):
+    import pwd
+
+    now = time.time()
+    holders = _holders(folder)
+    entries = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        creator = None
+        for rx in SHM_CREATOR:
+            m = rx.match(name)
+            if m:
+                creator = int(m.group(1))
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = str(st.st_uid)
+        kind = "symlink" if os.path.islink(path) else "dir" if os.path.isdir(path) else "file"
+        held = holders.get(path, [])
+        alive = None if creator is None else _proc_stat(creator) is not None
+        entries.append({
+            "name": name, "kind": kind, "bytes": st.st_blocks * 512 if kind == "file" else 0,
+            "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": owner,
+            "held_by": held, "creator": creator, "creator_alive": alive,
+            "removable": kind == "file" and not held and not alive,
+        })
+    vfs = os.statvfs(folder)
+    return {"folder": folder, "entries": entries, "free_bytes": vfs.f_bavail * vfs.f_frsize,
+            "total_bytes": vfs.f_blocks * vfs.f_frsize}
+
+
+def shm_clean(folder, names):
+    """Removes only the named entries that are, now, plain files directly in `folder`, held by no
+    live process and whose creator (when the name carries one) is dead. Unlinks relative to the
+    folder's descriptor: no path is followed, no symlink, nothing outside the folder."""
+    audit = {e["name"]: e for e in shm_audit(folder)["entries"]}
+    removed, skipped, freed = [], [], 0
+    dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        for name in names:
+            entry = audit.get(name)
+            if "/" in name or name in (".", "..") or entry is None:
+                skipped.append({"name": name, "why": "not an entry of " + folder})
+            elif entry["kind"] != "file":
+                skipped.append({"name": name, "why": "a " + entry["kind"] + ", not a file"})
+            elif entry["held_by"]:
+                skipped.append({"name": name, "why": "held by pid " + ",".join(map(str, entry["held_by"]))})
+            elif entry["creator_alive"]:
+                skipped.append({"name": name, "why": "its creator pid %d is alive" % entry["creator"]})
+            else:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                    removed.append(name)
+                    freed += entry["bytes"]
+                except OSError as exc:
+                    skipped.append({"name": name, "why": exc.strerror or str(exc)})
+    finally:
+        os.close(dfd)
+    return {"removed": removed, "skipped": skipped, "freed_bytes": freed}
+
+
+def pyspy_check(pyspy=None):
+    """What a stack dump needs, said before it is needed: py-spy, and ptrace rights."""
+    import shutil
+
+    path = pyspy if pyspy and os.access(pyspy, os.X_OK) else shutil.which("py-spy")
+    cap = False
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    cap = bool(int(line.split()[1], 16) & (1 << 19))  # CAP_SYS_PTRACE
+    except OSError:
+        pass
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as fh:
+            scope = int(fh.read().strip())
+    except (OSError, ValueError):
+        scope = None
+    root = os.geteuid() == 0
+    problems = []
+    if not path:
+        problems.append("py-spy is not installed on the host")
+    if root and not cap:
+        problems.append("root without CAP_SYS_PTRACE (in a container: run it with --cap-add SYS_PTRACE)")
+    elif not root and scope:
+        problems.append("kernel.yama.ptrace_scope=%d: only root may attach (sysctl kernel.yama.ptrace_scope=0)" % scope)
+    return {"pyspy": path, "root": root, "cap_sys_ptrace": cap, "ptrace_scope": scope,
+            "arch": platform.machine(), "problems": problems}
+
+
+def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
+    """py-spy dumps of every pid at once: --native first, then a plain dump when native
+    unwinding fails or runs past the deadline (py-spy 336, 398)."""
+    check = pyspy_check(pyspy)
+    exe = check["pyspy"]
+    if not exe:
+        raise RuntimeError("py-spy is not installed on the host: install it there, or let the cockpit upload its own")
+    results = {}
+
+    def one(pid):
+        tries = [[exe, "dump", "--pid", str(pid), "--native"], [exe, "dump", "--pid", str(pid)]]
+        if not native:
+            tries = tries[1:]
+        errors = []
+        for argv in tries:
+            try:
+                out = subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s / len(tries))
+            except subprocess.TimeoutExpired:
+                errors.append("%s timed out" % " ".join(argv[1:]))
+                continue
+            if out.returncode == 0 and out.stdout.strip():
+                results[pid] = {"ok": True, "native": "--native" in argv, "text": out.stdout, "errors": errors}
+                return
+            errors.append((out.stderr or out.stdout).strip().splitlines()[0] if (out.stderr or out.stdout).strip() else "exit %d" % out.returncode)
+        results[pid] = {"ok": False, "native": False, "text": "", "errors": errors}
+
+    threads = [threading.Thread(target=one, args=(int(p),), daemon=True) for p in pids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(deadline_s + 5)
+    return {"dumps": {str(k): v for k, v in results.items()}, "check": check}
+
+
 class Agent:
+    THREADED = ("kill", "dump", "shm_audit", "shm_clean")  # slow: answered from a thread
+
     def __init__(self, interval):
         self.interval = interval
         self.warnings = []
@@ -829,6 +1095,7 @@ class Agent:
             "python": platform.python_version(),
             "executable": sys.executable,
             "hostname": socket.gethostname(),
+            "home": os.path.expanduser("~"),
             "platform": platform.platform(),
             "arch": platform.machine(),
             "pid": os.getpid(),
@@ -838,7 +1105,7 @@ class Agent:
             "gpus": self.gpus.static(),
             "psutil": getattr(psutil, "__version__", None),
             "interval": self.interval,
-            "caps": ["gpus", "procs", "ports", "logs", "http"],
+            "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump"],
             "warnings": self.warnings,
         }
 
@@ -911,6 +1178,12 @@ class Agent:
         if fn is None:
             emit({"t": RESULT, "id": cid, "ok": False, "error": "unknown command " + repr(name)})
             return
+        if name in self.THREADED:
+            threading.Thread(target=self._answer, args=(cid, fn, args), daemon=True).start()
+        else:
+            self._answer(cid, fn, args)
+
+    def _answer(self, cid, fn, args):
         try:
             data = fn(**args)
         except Exception as exc:  # every command is answered, whatever happens
@@ -961,9 +1234,42 @@ class Agent:
     def cmd_http(self, port, path="/health", timeout=2.0):
         return http_get(port, path, timeout)
 
+    def cmd_kill_plan(self, pgids=(), sids=(), pids=()):
+        return {"plan": kill_plan(pgids, sids, pids)}
+
+    def cmd_kill(self, plan, wait_s=10.0, pgids=(), sids=(), pids=(), ports=()):
+        """Kill, then verify: what is left of the run, its GPU memory, its ports."""
+        report = kill_run(plan, wait_s, pgids, sids, pids)
+        time.sleep(self.interval + 0.5)  # let the sampler see the GPUs after the exits
+        planned = set(e["pid"] for e in plan)
+        gpus = [dict(g) for g in list(self.sent_gpus.values())]
+        gpu_left = []
+        for g in gpus:
+            for pid, mib in g.get("processes") or []:
+                if pid in planned:
+                    gpu_left.append({"gpu": g["index"], "pid": pid, "mib": mib})
+        listening = listening_ports()
+        report["gpu_memory_left"] = gpu_left
+        report["gpus_after"] = [{"index": g["index"], "mem_used_mib": g.get("mem_used_mib")} for g in gpus]
+        report["ports_open"] = [p for p in ports if int(p) in listening]
+        self.force_scan = True
+        return report
+
+    def cmd_shm_audit(self, folder="/dev/shm"):
+        return shm_audit(folder)
+
+    def cmd_shm_clean(self, names, folder="/dev/shm"):
+        return shm_clean(folder, names)
+
+    def cmd_dump_check(self, pyspy=None):
+        return pyspy_check(pyspy)
+
+    def cmd_dump(self, pids, pyspy=None, deadline_s=20.0, native=True):
+        return pyspy_dump(pids, pyspy, deadline_s, native)
+
     def run(self):
         buf = b""
-        next_tick = time.monotonic()
+        next_tick = time.monotonic() + 2.0  # the first sample waits for the first config, briefly
         while True:
             wait = max(0.0, next_tick - time.monotonic())
             ready, _, _ = select.select([0], [], [], wait)

@@ -62,6 +62,12 @@ async def attach_demo(session: HostSession, run: dict) -> None:
     await session.follow_run(int(run["pgid"]), run.get("log"))
 
 
+def forget_demo(state: str) -> None:
+    """The demo run was ended some other way (a kill from the cockpit)."""
+    if running_demo(state) is None:
+        _record(state).unlink(missing_ok=True)
+
+
 def stop_demo(state: str, wait_s: float = 5.0) -> bool:
     """End the recorded demo run: its whole process group, SIGTERM then SIGKILL."""
     rec = running_demo(state)

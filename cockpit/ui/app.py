@@ -19,15 +19,19 @@ from textual.containers import Grid, Horizontal
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Static
 
+from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
+                             process_scope, rank_pids, run_scope, shm_audit, shm_clean)
 from cockpit.config import Layout
 from cockpit.diagnose import compile_phases, phase_of
 from cockpit.errors import CockpitError
 from cockpit.model import HostState
 from cockpit.session import HostSession
+from cockpit.stacks import describe_groups, dump_ranks
 from cockpit.ui.gpus import GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
+from cockpit.ui.screens import ConfirmScreen, ReportScreen
 
 REDRAW_S = 0.25
 PROBE_EVERY_S = 2.0
@@ -41,6 +45,10 @@ HELP = """\
   [b]/[/b]              search the log (empty search clears it)
   [b]t[/b]              show one rank's log lines (cycles TP0…TPn, then all)
   [b]f[/b]              follow the log on / off
+  [b]k[/b]              kill the selected process (asks first, names every pid)
+  [b]K[/b]              kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports
+  [b]s[/b]              /dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe
+  [b]d[/b]              py-spy dump of every rank, identical stacks grouped, the odd one out shown
   [b]:[/b] or [b]ctrl+p[/b]     command palette
   [b]?[/b]              this help
   [b]q[/b]              quit (a run keeps running on the host)
@@ -86,6 +94,10 @@ class CockpitApp(App):
         Binding("slash", "search", "Search"),
         Binding("t", "rank_filter", "Rank filter"),
         Binding("f", "follow", "Follow"),
+        Binding("k", "kill_one", "Kill proc"),
+        Binding("K", "kill_run", "Kill run"),
+        Binding("s", "shm", "Shm"),
+        Binding("d", "dump", "Dump stacks"),
         Binding("tab", "focus_next", "Next pane", show=False),
         Binding("shift+tab", "focus_previous", "Prev pane", show=False),
     ]
@@ -93,13 +105,15 @@ class CockpitApp(App):
     def __init__(self, state: HostState | None = None, session: HostSession | None = None,
                  layout: Layout | None = None,
                  on_connect: Callable[[HostSession], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, read_only: bool = False):
         super().__init__()
         self.session = session
         self.state = session.state if session else (state or HostState())
         self.layout = layout
         self.on_connect = on_connect
         self.clock = clock
+        self.read_only = read_only
+        self.busy: str | None = None  # the action in flight: one at a time
         self.phases = compile_phases(layout.engine if layout else "sglang", layout.phases if layout else None)
         self.dirty = True
         self.ready = asyncio.Event()
@@ -152,6 +166,7 @@ class CockpitApp(App):
             self.dirty = True
             self.ready.set()
             return
+        self.refresh_bindings()
         self.probe()
 
     @work(exclusive=True, group="probe")
@@ -257,6 +272,101 @@ class CockpitApp(App):
             self.query_one("#status", Static).update(text)
 
     # ------------------------------------------------------------------ actions
+
+    ACTIONS = ("kill_one", "kill_run", "shm", "dump")
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        """Only bindings that can do something are shown: no actions without a live link, none
+        at all in --read-only."""
+        if action in self.ACTIONS:
+            return not self.read_only and self.session is not None and self.state.link_state == "up"
+        return True
+
+    def _start(self, name: str) -> bool:
+        if self.busy:
+            self.notify(f"{self.busy} is still running", severity="warning")
+            return False
+        self.busy = name
+        return True
+
+    def action_kill_one(self) -> None:
+        pid = self.query_one(RankTable).selected_pid()
+        if pid is None or not self.state.procs.get(pid) or not self.state.procs[pid].alive:
+            self.notify("select a live process in the rank tree first", severity="warning")
+            return
+        self._kill(process_scope(pid), f"kill pid {pid}")
+
+    def action_kill_run(self) -> None:
+        self._kill(run_scope(self.session), "kill the run")
+
+    @work(group="action")
+    async def _kill(self, scope, what: str) -> None:
+        if not self._start(what):
+            return
+        try:
+            plan = await plan_kill(self.session, scope)
+            if not plan.entries:
+                self.notify("nothing to kill: no process of it is alive", severity="warning")
+                return
+            ok = await self.push_screen_wait(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
+            if not ok:
+                return
+            self.notify(f"{what}: SIGTERM sent, waiting…")
+            wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
+            report = await kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            title = f"{what}: {'verified' if report['verified'] else 'NOT everything is gone'}"
+            await self.push_screen_wait(ReportScreen(title, describe_kill(report)))
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
+
+    @work(group="action")
+    async def action_shm(self) -> None:
+        if not self._start("shm audit"):
+            return
+        try:
+            audit = await shm_audit(self.session)
+            removable = [e["name"] for e in audit["entries"] if e["removable"]]
+            keys = {"c": f"clean {len(removable)} removable"} if removable else {}
+            choice = await self.push_screen_wait(ReportScreen(f"{audit['folder']} on {self.state.agent.hostname}",
+                                                              describe_shm(audit), keys))
+            if choice != "c":
+                return
+            ok = await self.push_screen_wait(ConfirmScreen(
+                "clean shm", [f"rm {audit['folder']}/{n}" for n in removable],
+                f"Remove these {len(removable)} entries (held ones and those of live creators are kept)?"))
+            if not ok:
+                return
+            done = await shm_clean(self.session, removable, audit["folder"])
+            lines = [f"removed {len(done['removed'])}, freed {human_bytes(done['freed_bytes'])}"]
+            lines += [f"kept {s['name']}: {s['why']}" for s in done["skipped"]]
+            await self.push_screen_wait(ReportScreen("shm cleaned", lines))
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
+
+    @work(group="action")
+    async def action_dump(self) -> None:
+        if not self._start("stack dump"):
+            return
+        try:
+            ranks = rank_pids(self.state)
+            if not ranks:
+                self.notify("no live rank to dump", severity="warning")
+                return
+            self.notify(f"dumping {len(ranks)} processes with py-spy…")
+            run = self.layout.name if self.layout else self.state.target
+            result = await dump_ranks(self.session, ranks, run)
+            lines = describe_groups(result.groups)
+            lines += [f"rank {r}: no dump ({'; '.join(e)})" for r, e in result.failed.items()]
+            lines.append(f"raw dumps: {result.folder}")
+            await self.push_screen_wait(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
