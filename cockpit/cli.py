@@ -18,7 +18,7 @@ import sys
 from cockpit import __version__
 from cockpit.errors import CockpitError
 
-SUBCOMMANDS = ("open", "demo", "snapshot", "kill", "shm", "dump")
+SUBCOMMANDS = ("open", "demo", "snapshot", "kill", "shm", "dump", "launch", "ablate", "runs")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -70,6 +70,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("launch", help="(re)launch the layout's server with flag sets toggled, and watch it")
+    p.add_argument("target")
+    _common(p)
+    p.add_argument("--on", action="append", default=[], metavar="SET", help="turn a flag set on (repeatable)")
+    p.add_argument("--off", action="append", default=[], metavar="SET", help="turn a flag set off (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a parameter's value")
+    p.add_argument("--no-clean-shm", action="store_true", help="leave /dev/shm alone between runs")
+    p.add_argument("--timeout", type=float, default=900, metavar="S", help="give up watching after S seconds")
+    p.add_argument("--settle", type=float, default=0, metavar="S", help="keep watching S seconds after ready")
+    p.add_argument("--yes", action="store_true")
+
+    p = sub.add_parser("ablate", help="each on/off combination of flag sets in turn, then a table of outcomes")
+    p.add_argument("target")
+    _common(p)
+    p.add_argument("--vary", required=True, metavar="SET,SET", help="flag sets to switch on and off")
+    p.add_argument("--timeout", type=float, default=900, metavar="S", help="per combination")
+    p.add_argument("--yes", action="store_true")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("runs", help="the ledger: every launch of a layout and what became of it")
+    p.add_argument("--layout", required=True, metavar="FILE")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("dump", help="py-spy stack dumps of every rank, grouped")
     p.add_argument("target")
     _common(p)
@@ -94,6 +117,8 @@ async def _attached(args: argparse.Namespace):
 
     target, opts, watch, layout = _session_parts(args)
     session = HostSession(target, opts, watch)
+    if target.kind == "demo":
+        demo.prepare_host(layout, opts.sim_state)
     await session.connect()
     if target.kind == "demo":
         running = demo.running_demo(opts.sim_state)
@@ -209,6 +234,97 @@ def cmd_dump(args: argparse.Namespace) -> int:
         for rank, errors in result.failed.items():
             print(f"rank {rank}: no dump ({'; '.join(errors)})")
         print(f"raw dumps: {result.folder}")
+    return 0
+
+
+def _spec(args: argparse.Namespace, layout):
+    from cockpit.runs import default_spec
+
+    spec = default_spec(layout)
+    for name in args.on + args.off:
+        if name not in layout.flag_sets:
+            raise CockpitError(f"{layout.path}: no flag set {name!r} (flag sets: {', '.join(layout.flag_sets) or 'none'})")
+    spec.enabled = [n for n in layout.flag_sets if (n in spec.enabled or n in args.on) and n not in args.off]
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or name not in layout.params:
+            raise CockpitError(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(layout.params) or 'no parameters'}")
+        spec.params[name] = value
+    return spec
+
+
+def _progress(phase, verdict) -> None:
+    print(f"  {phase or ''}  {verdict}", file=sys.stderr, flush=True)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from cockpit import runs
+
+    _writable(args)
+    if not args.layout and args.target != "demo":
+        raise CockpitError("launch needs --layout: the launch profile to run")
+
+    async def go():
+        session, layout = await _attached(args)
+        try:
+            spec = _spec(args, layout)
+            argv = runs.build_argv(layout, spec, runs.launch_python(layout, session)) + runs.sim_flags(layout, session)
+            if not _confirm(["the current run (if any) is killed and verified gone, /dev/shm cleaned, then:",
+                             "  " + " ".join(argv)], "launch?", args.yes):
+                return None
+            return await runs.run_variant(session, layout, spec, args.timeout, clean_shm=not args.no_clean_shm,
+                                          progress=_progress, settle=args.settle)
+        finally:
+            await session.close()
+
+    row = asyncio.run(go())
+    if row is None:
+        return 1
+    print(f"{row['run_id']}: {row['outcome']}")
+    for line in row["evidence"]:
+        print(f"  {line}")
+    print(f"log: {row['log']}")
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from cockpit import runs
+
+    _writable(args)
+    vary = [v for v in args.vary.split(",") if v]
+
+    async def go():
+        session, layout = await _attached(args)
+        try:
+            specs = runs.combinations(layout, vary)
+            if not _confirm([f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
+                            f"run these {len(specs)} launches one after another (each kills the one before)?", args.yes):
+                return None
+            return await runs.ablate(session, layout, vary, args.timeout, progress=_progress)
+        finally:
+            await session.close()
+
+    rows = asyncio.run(go())
+    if rows is None:
+        return 1
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    else:
+        print("\n".join(runs.describe_ablation(rows, vary)))
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from cockpit import runs
+    from cockpit.layouts import resolve_layout
+
+    rows = runs.read_ledger(resolve_layout(args.layout))
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    else:
+        print("\n".join(runs.describe_ledger(rows)))
     return 0
 
 
@@ -358,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["open"] + argv
     args = build_parser().parse_args(argv)
     handlers = {"snapshot": cmd_snapshot, "open": cmd_open, "demo": cmd_demo, "kill": cmd_kill, "shm": cmd_shm,
-                "dump": cmd_dump}
+                "dump": cmd_dump, "launch": cmd_launch, "ablate": cmd_ablate, "runs": cmd_runs}
     try:
         handler = handlers.get(args.command)
         if handler is None:

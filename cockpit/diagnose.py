@@ -94,3 +94,134 @@ def phase_of(state: HostState, phases: list[tuple[re.Pattern, str]], log_path: s
         current = Phase("crashed" if current.name != "ready" and current.name != "serving" else "exited",
                         line=current.line)
     return current
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+IDLE_CPU_PCT = 5.0
+IDLE_GPU_PCT = 5.0
+SPIN_GPU_PCT = 90.0
+SPIN_POWER_SHARE = 0.3  # of the power limit: a kernel polling a flag draws little
+RESIDENT_SHARE = 0.10  # of GPU memory: the model is loaded
+CRASH_LINE = re.compile(r"Rank (\d+) scheduler died during initialization \(exit code: (-?\d+)\)")
+
+
+@dataclass
+class Verdict:
+    name: str  # ok | stalled-idle | stalled-spinning | crashed | slow | watching | no run
+    evidence: list[str]
+    odd_rank: int | None = None
+
+    def __str__(self) -> str:
+        return self.name if self.odd_rank is None else f"{self.name} (rank {self.odd_rank})"
+
+
+class Watchdog:
+    """Turns a stream of HostStates into a verdict with its evidence. It remembers since when each
+    condition has held, and when each phase was first seen (time to each phase)."""
+
+    def __init__(self, phases: list[tuple[re.Pattern, str]], idle_s: float = 120.0, spin_s: float = 60.0,
+                 slow_factor: float = 3.0, earlier: dict[str, float] | None = None, ports: list[int] | None = None):
+        self.phases, self.idle_s, self.spin_s, self.slow_factor = phases, idle_s, spin_s, slow_factor
+        self.earlier = earlier or {}  # phase -> typical seconds to reach it in earlier runs
+        self.ports = list(ports or [])
+        self.started: float | None = None
+        self.phase_at: dict[str, float] = {}
+        self._since: dict[str, float] = {}
+
+    def _held(self, name: str, cond: bool, now: float) -> float:
+        if not cond:
+            self._since.pop(name, None)
+            return 0.0
+        return now - self._since.setdefault(name, now)
+
+    def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
+        phase = phase_of(state, self.phases, log_path)
+        ranks = [p for p in state.procs.values() if p.rank is not None]
+        if self.started is None and (ranks or phase.name != "no run"):
+            self.started = now
+        if phase.name not in self.phase_at and self.started is not None:
+            self.phase_at[phase.name] = now
+            if phase.name == "serving":
+                self.phase_at.setdefault("ready", now)  # serving implies it was ready
+        log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
+        quiet_s = now - (log.last_line_at or self.started or now) if log else now - (self.started or now)
+        crashed = self._crashed(state, ranks, log, phase)
+        if crashed:
+            return phase, crashed
+        if not ranks:
+            return phase, Verdict("no run" if phase.name == "no run" else "watching", [])
+        alive = [p for p in ranks if p.alive and p.status != "Z"]
+        gpus = [state.gpus[i] for p in alive for i in p.gpus if i in state.gpus]
+        port_open = any(pt.listening for pt in state.ports if not self.ports or pt.port in self.ports)
+        resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
+        idle = (alive and gpus and all(p.cpu_pct < IDLE_CPU_PCT for p in alive)
+                and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus) and resident and not port_open)
+        held = self._held("idle", bool(idle), now)
+        if idle and held >= self.idle_s and quiet_s >= self.idle_s:
+            return phase, Verdict("stalled-idle", [
+                f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % (max {max(p.cpu_pct for p in alive):.1f} %)",
+                f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
+                f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident",
+                f"log silent for {quiet_s:.0f} s, port {'closed' if not port_open else 'open'}",
+                f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)",
+            ])
+        spin = gpus and all((g.util_pct or 0) >= SPIN_GPU_PCT and g.power_w is not None and g.power_limit_w
+                            and g.power_w < SPIN_POWER_SHARE * g.power_limit_w for g in gpus)
+        held = self._held("spin", bool(spin), now)
+        if spin and held >= self.spin_s and quiet_s >= self.spin_s:
+            odd = self._odd_rank(alive)
+            ev = [f"GPU utilization >= {SPIN_GPU_PCT:.0f} % at under {SPIN_POWER_SHARE:.0%} of the power limit "
+                  f"on all {len(gpus)} GPUs for {held:.0f} s (a collective that never completes)",
+                  f"log silent for {quiet_s:.0f} s"]
+            if odd is not None:
+                p = next(p for p in alive if p.rank == odd)
+                ev.append(f"rank {odd} is the odd one out: CPU {p.cpu_pct:.0f} % while the others wait")
+            if port_open:
+                ev.append("the port still answers: health alone does not prove progress")
+            return phase, Verdict("stalled-spinning", ev, odd)
+        slow = self._slow(phase, now)
+        if slow:
+            return phase, slow
+        return phase, Verdict("ok", [])
+
+    @staticmethod
+    def _odd_rank(alive) -> int | None:
+        if len(alive) < 3:
+            return None
+        cpus = sorted(p.cpu_pct for p in alive)
+        median = cpus[len(cpus) // 2]
+        outliers = [p for p in alive if abs(p.cpu_pct - median) > 40]
+        return outliers[0].rank if len(outliers) == 1 else None
+
+    def _crashed(self, state, ranks, log, phase) -> Verdict | None:
+        dead = [p for p in ranks if not p.alive or p.status == "Z"]
+        lines = list(log.lines) if log else []
+        m = next((CRASH_LINE.search(l) for l in reversed(lines) if CRASH_LINE.search(l)), None)
+        if not dead and not m and phase.name != "crashed":
+            return None
+        errors = [l for l in lines if re.search(r"ERROR|Error|died|Traceback|sigquit|failed", l)][-3:]
+        rank = int(m.group(1)) if m else (dead[0].rank if dead else None)
+        code = int(m.group(2)) if m else next((p.exit_code for p in dead if p.exit_code is not None), None)
+        ev = [f"rank {rank} died" + (f" (exit code {code})" if code is not None else "")] if rank is not None else []
+        if dead:
+            ev.append(f"{len(dead)} of {len(ranks)} ranks gone: {', '.join(str(p.rank) for p in dead)}")
+        ev += [f"log: {l.strip()[:160]}" for l in errors]
+        return Verdict("crashed", ev, rank)
+
+    def _slow(self, phase: Phase, now: float) -> Verdict | None:
+        typical = self.earlier.get(phase.name)
+        since = self.phase_at.get(phase.name)
+        if not typical or since is None or phase.name in ("ready", "serving", "no run"):
+            return None
+        took = now - since
+        if took > self.slow_factor * typical:
+            return Verdict("slow", [f"'{phase.name}' has taken {took:.0f} s; earlier runs of this layout took "
+                                    f"{typical:.0f} s ({self.slow_factor:g}x threshold)"])
+        return None
+
+    def phase_times(self) -> dict[str, float]:
+        """Seconds from the start of the run to the first sight of each phase."""
+        if self.started is None:
+            return {}
+        return {name: round(at - self.started, 1) for name, at in self.phase_at.items()}

@@ -125,6 +125,7 @@ class LogState:
     lines: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     total: int = 0
     event: str | None = None  # last of opened / created / rotated / truncated / missing
+    last_line_at: float | None = None  # local monotonic time the last line arrived
 
 
 @dataclass
@@ -237,6 +238,12 @@ class HostState:
         if "ports" in f:
             self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f["ports"] or []]
 
+    def forget_dead(self) -> None:
+        """A new run starts: the last run's dead processes are history, not part of it."""
+        for pid in [p.pid for p in self.procs.values() if not p.alive]:
+            del self.procs[pid]
+            self.proc_cpu_history.pop(pid, None)
+
     def _forget_old_dead(self) -> None:
         dead = sorted((p for p in self.procs.values() if not p.alive), key=lambda p: p.gone_at or 0)
         for proc in dead[: max(0, len(dead) - DEAD_KEPT)]:
@@ -250,6 +257,8 @@ class HostState:
         lines = f.get("lines") or []
         log.lines.extend(lines)
         log.total += len(lines)
+        if lines:
+            log.last_line_at = time.monotonic()
 
     # ------------------------------------------------------------------ views
 

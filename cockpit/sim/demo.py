@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 from cockpit.config import Layout
-from cockpit.runs import build_argv, default_spec, new_run_id, run_log_path
+from cockpit.runs import default_spec, launch
 from cockpit.session import HostSession
 from cockpit.sim import fakenvml
 
@@ -37,24 +36,12 @@ def running_demo(state: str) -> dict | None:
     return rec if b"cockpit.sim.server" in cmd else None
 
 
-def sim_argv(layout: Layout, python: str | None = None) -> list[str]:
-    argv = build_argv(layout, default_spec(layout), python=python or sys.executable)
-    if layout.sim:
-        argv += ["--sim-speed", str(layout.sim.speed), "--sim-seed", str(layout.sim.seed)]
-    return argv
-
-
 async def start_demo(session: HostSession, layout: Layout, state: str) -> dict:
-    run_id = new_run_id(layout)
-    log = os.path.expanduser(run_log_path(layout, run_id))
-    env = dict(layout.env)
-    env["COCKPIT_SIM_STATE"] = state
-    run = await session.request("launch", argv=sim_argv(layout), env=env, log=log)
-    run["run_id"] = run_id
+    """Launch the demo's run the way every run is launched (recorded in the ledger first)."""
+    run = await launch(session, layout, default_spec(layout))
     tmp = _record(state).with_suffix(".tmp")
     tmp.write_text(json.dumps(run))
     os.replace(tmp, _record(state))
-    await session.follow_run(run["pgid"], run["log"])
     return run
 
 
