@@ -162,6 +162,7 @@ class HostState:
         self.proc_cpu_history: dict[int, deque] = {}
         self.link_state = "connecting"
         self.rtt_ms: float | None = None
+        self.verdict: dict | None = None  # a recorded verdict, for a replayed snapshot
 
     # ------------------------------------------------------------------ frames
 

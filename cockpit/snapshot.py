@@ -18,7 +18,8 @@ LOG_LINES = 50
 HISTORY = 60
 
 
-def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None) -> dict:
+def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None,
+                 verdict=None) -> dict:
     taken = dt.datetime.fromtimestamp(taken_at if taken_at is not None else (state.sample_ts or 0), dt.timezone.utc)
     a = state.agent
     log_path = next(iter(state.logs), None)
@@ -81,6 +82,8 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             "event": log.event if log else None,
             "lines": list(log.lines)[-log_lines:] if log else [],
         },
+        "verdict": None if verdict is None else
+        {"name": verdict.name, "evidence": verdict.evidence, "odd_rank": verdict.odd_rank},
         "history": {
             str(i): {key: list(buf)[-HISTORY:] for key, buf in hist.items()}
             for i, hist in sorted(state.gpu_history.items())
@@ -119,6 +122,7 @@ def state_from_doc(doc: dict) -> HostState:
         state.apply({"t": "log", "path": log["path"], "lines": log.get("lines") or [], "event": log.get("event")})
     state.received_at = None
     state.link_state = "replay"
+    state.verdict = doc.get("verdict")
     return state
 
 

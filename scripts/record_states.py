@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cockpit.diagnose import Watchdog, compile_phases
 from cockpit.layouts import resolve_layout
 from cockpit.link.target import parse_target
 from cockpit.runs import RunSpec
@@ -44,13 +45,19 @@ async def record(name: str, enabled: list[str], until, settle: float) -> None:
     await session.connect()
     run = await demo.start_demo(session, layout, state_dir)
     try:
-        deadline = time.monotonic() + 60
+        dog = Watchdog(compile_phases(layout.engine), layout.stall.idle_s, layout.stall.spin_s, ports=layout.ports)
+        deadline = time.monotonic() + 90
+        verdict = None
         while not until(session.state, run["log"]):
             if time.monotonic() > deadline:
                 raise SystemExit(f"{name}: the state never came")
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(settle)
-        doc = snapshot_doc(session.state, log_lines=200)
+            await session.wait_samples(1)
+            _, verdict = dog.update(session.state, time.monotonic(), run["log"])
+        end = time.monotonic() + settle
+        while time.monotonic() < end:
+            await session.wait_samples(1)
+            _, verdict = dog.update(session.state, time.monotonic(), run["log"])
+        doc = snapshot_doc(session.state, log_lines=200, verdict=verdict)
         doc["target"] = "demo"
         doc["agent"]["hostname"] = "kimi-box"
         doc["agent"]["executable"] = "/root/ml-env/bin/python3"
@@ -68,7 +75,7 @@ async def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     shards = lambda n: lambda st, log: any(f"| {n}/64" in l for l in st.logs.get(log, demo_empty()).lines)
     await record("loading", ["eagle3"], shards(30), 0.0)
-    await record("eagle3-deadlock", ["eagle3"], lambda st, log: ready(st, log, "Capture draft cuda graph begin"), 8.0)
+    await record("eagle3-deadlock", ["eagle3"], lambda st, log: ready(st, log, "Capture draft cuda graph begin"), 18.0)
     await record("serving", [], lambda st, log: ready(st, log, "ready to roll"), 10.0)
 
 

@@ -121,9 +121,11 @@ async def test_workers_outlive_a_sigkilled_parent_only_as_orphans(sim_state, tmp
         await wait_for(lambda: ready(run), 40, "ready")
         rank_pids = [p.pid for p in run.ranks()]
         os.kill(run.run["pid"], signal.SIGKILL)
+        st = run.session.state
+        if not orphans:  # SGLang's ranks notice their parent is gone and exit
+            await wait_for(lambda: not [pid for pid in rank_pids if st.procs[pid].alive], 15, "the ranks to exit")
         await asyncio.sleep(1.5)
         await run.session.wait_samples(2)
-        st = run.session.state
         alive = [pid for pid in rank_pids if st.procs[pid].alive]
         if orphans:
             assert alive == rank_pids

@@ -22,16 +22,18 @@ from textual.widgets import Footer, Input, Static
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
                              process_scope, rank_pids, run_scope, shm_audit, shm_clean)
 from cockpit.config import Layout
-from cockpit.diagnose import compile_phases, phase_of
+from cockpit.diagnose import Phase, Verdict, Watchdog, compile_phases, phase_of
 from cockpit.errors import CockpitError
 from cockpit.model import HostState
 from cockpit.session import HostSession
+from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation,
+                          describe_ledger, launch_python, read_ledger, run_variant, sim_flags, typical_phase_seconds)
 from cockpit.stacks import describe_groups, dump_ranks
 from cockpit.ui.gpus import GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.screens import ConfirmScreen, ReportScreen
+from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
 
 REDRAW_S = 0.25
 PROBE_EVERY_S = 2.0
@@ -49,6 +51,9 @@ HELP = """\
   [b]K[/b]              kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports
   [b]s[/b]              /dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe
   [b]d[/b]              py-spy dump of every rank, identical stacks grouped, the odd one out shown
+  [b]r[/b]              relaunch: flag sets as toggles, parameters as fields, the command line shown
+  [b]A[/b]              ablation: each on/off combination of the chosen flag sets, then a table
+  [b]L[/b]              the ledger of this layout's runs
   [b]:[/b] or [b]ctrl+p[/b]     command palette
   [b]?[/b]              this help
   [b]q[/b]              quit (a run keeps running on the host)
@@ -98,6 +103,9 @@ class CockpitApp(App):
         Binding("K", "kill_run", "Kill run"),
         Binding("s", "shm", "Shm"),
         Binding("d", "dump", "Dump stacks"),
+        Binding("r", "relaunch", "Relaunch"),
+        Binding("A", "ablate", "Ablate"),
+        Binding("L", "ledger", "Runs"),
         Binding("tab", "focus_next", "Next pane", show=False),
         Binding("shift+tab", "focus_previous", "Prev pane", show=False),
     ]
@@ -114,7 +122,15 @@ class CockpitApp(App):
         self.clock = clock
         self.read_only = read_only
         self.busy: str | None = None  # the action in flight: one at a time
+        self.spec: RunSpec | None = None
+        self.run_progress = ""
         self.phases = compile_phases(layout.engine if layout else "sglang", layout.phases if layout else None)
+        stall = layout.stall if layout else None
+        self.watchdog = Watchdog(self.phases, stall.idle_s if stall else 120.0, stall.spin_s if stall else 60.0,
+                                 stall.slow_factor if stall else 3.0,
+                                 typical_phase_seconds(layout) if layout else {}, layout.ports if layout else [])
+        self.phase = Phase("no run")
+        self.verdict = Verdict("watching", [])
         self.dirty = True
         self.ready = asyncio.Event()
         self.error: str | None = None
@@ -214,8 +230,24 @@ class CockpitApp(App):
             view.path = path
             view.redraw(self.state.logs[path].lines if path else [])
 
+    def _diagnose(self) -> None:
+        """Phase and verdict; a new stall or crash raises a notification (and, if the layout says
+        so, dumps every rank's stack)."""
+        if self.state.link_state == "replay":
+            self.phase = phase_of(self.state, self.phases, self._log_path)
+            if self.state.verdict:
+                self.verdict = Verdict(**self.state.verdict)
+            return
+        before = self.verdict.name
+        self.phase, self.verdict = self.watchdog.update(self.state, time.monotonic(), self._log_path)
+        if self.verdict.name != before and self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow"):
+            self.notify("\n".join(self.verdict.evidence[:4]), title=str(self.verdict), severity="error", timeout=20)
+            if self.layout and self.layout.auto_dump and self.verdict.name.startswith("stalled") and not self.read_only:
+                self.action_dump()
+
     def refresh_panes(self) -> None:
         state = self.state
+        self._diagnose()
         self._ensure_gpu_panes()
         for pane in self.query(GpuPane):
             pane.show(state)
@@ -248,7 +280,10 @@ class CockpitApp(App):
         s = self.state
         a = s.agent
         parts = [f"[b]{s.target}[/b]" + (f" ({a.hostname})" if a.hostname not in ("?", s.target) else "")]
-        parts.append(f"phase [b cyan]{phase_of(s, self.phases, self._log_path)}[/]")
+        parts.append(f"phase [b cyan]{self.phase}[/]")
+        style = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
+                 "slow": "yellow"}.get(self.verdict.name, "default")
+        parts.append(f"verdict [{style}]{self.verdict}[/]")
         link = s.link_state
         style = {"up": "green", "lost": "bold red", "failed": "bold red"}.get(link, "yellow")
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
@@ -262,24 +297,32 @@ class CockpitApp(App):
         parts.append(f"gpu data: {a.nvml or 'none'}")
         if a.driver:
             parts.append(f"driver {a.driver}")
+        if self.busy:
+            parts.append(f"[yellow]{self.busy}: {self.run_progress}[/]")
         if self.error:
             parts.append(f"[bold red]{self.error}[/]")
         elif a.warnings:
             parts.append(f"[yellow]{a.warnings[0]}[/]")
         text = "  │  ".join(parts)
+        if self.verdict.evidence and self.verdict.name != "ok":
+            text += "\n[red]" + "  ·  ".join(self.verdict.evidence).replace("[", "\\[") + "[/]"
         if text != self._status_text:
             self._status_text = text
             self.query_one("#status", Static).update(text)
 
     # ------------------------------------------------------------------ actions
 
-    ACTIONS = ("kill_one", "kill_run", "shm", "dump")
+    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate")
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Only bindings that can do something are shown: no actions without a live link, none
         at all in --read-only."""
         if action in self.ACTIONS:
+            if action in ("relaunch", "ablate") and (self.layout is None or not self.layout.command):
+                return False
             return not self.read_only and self.session is not None and self.state.link_state == "up"
+        if action == "ledger":
+            return self.layout is not None
         return True
 
     def _start(self, name: str) -> bool:
@@ -398,6 +441,72 @@ class CockpitApp(App):
         if view.auto_scroll:
             view.scroll_end(animate=False)
         view._subtitle()
+
+    def _current_spec(self) -> RunSpec:
+        if self.spec is None:
+            self.spec = default_spec(self.layout)
+        return self.spec
+
+    def _progress(self, phase, verdict) -> None:
+        self.run_progress = f"{phase or ''} {verdict}".strip()
+
+    def _new_watchdog(self) -> None:
+        s = self.layout.stall
+        self.watchdog = Watchdog(self.phases, s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(self.layout),
+                                 self.layout.ports)
+        self.verdict = Verdict("watching", [])
+
+    @work(group="action")
+    async def action_relaunch(self) -> None:
+        if not self._start("relaunch"):
+            return
+        try:
+            extra = sim_flags(self.layout, self.session)
+            spec = await self.push_screen_wait(RelaunchScreen(self.layout, self._current_spec(),
+                                                              launch_python(self.layout, self.session), extra))
+            if spec is None:
+                return
+            self.spec = spec
+            self._new_watchdog()
+            self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
+            row = await run_variant(self.session, self.layout, spec, timeout=24 * 3600.0, progress=self._progress)
+            self._new_watchdog()
+            self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
+                        severity="information" if row["outcome"] == "ready" else "error", timeout=20)
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
+
+    @work(group="action")
+    async def action_ablate(self) -> None:
+        if not self._start("ablation"):
+            return
+        try:
+            choice = await self.push_screen_wait(RelaunchScreen(self.layout, self._current_spec(),
+                                                                launch_python(self.layout, self.session),
+                                                                sim_flags(self.layout, self.session),
+                                                                title="ablate: the chosen flag sets are switched on and off"))
+            if choice is None or not choice.enabled:
+                return
+            vary = choice.enabled
+            specs = combinations(self.layout, vary)
+            ok = await self.push_screen_wait(ConfirmScreen(
+                "ablation", [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
+                f"Run these {len(specs)} launches in turn (each kills the one before)?"))
+            if not ok:
+                return
+            rows = await ablate(self.session, self.layout, vary, timeout=self.layout.stall.idle_s * 10 + 600,
+                                progress=self._progress)
+            self._new_watchdog()
+            await self.push_screen_wait(ReportScreen("ablation", describe_ablation(rows, vary)))
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
+
+    def action_ledger(self) -> None:
+        self.push_screen(ReportScreen(f"runs of {self.layout.name}", describe_ledger(read_ledger(self.layout))))
 
     async def on_unmount(self) -> None:
         if self.session is not None:

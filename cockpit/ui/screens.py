@@ -55,3 +55,65 @@ class ReportScreen(ModalScreen[str | None]):
 
     def action_choose(self, key: str) -> None:
         self.dismiss(key)
+
+
+class RelaunchScreen(ModalScreen["RunSpec | None"]):
+    """Flag sets as toggles, parameters as fields, and the exact command line that will run,
+    with what differs from the current run marked."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+r", "launch", "Launch")]
+
+    def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch"):
+        super().__init__()
+        self.layout, self.current, self.python, self.extra, self.title_text = layout, current, python, extra, title
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import Input, SelectionList
+
+        with Vertical(classes="dialog"):
+            yield Static(Text(f"{self.title_text}: {self.layout.name}", style="bold"))
+            yield SelectionList(*[(name, name, name in self.current.enabled) for name in self.layout.flag_sets],
+                                id="sets")
+            for name, value in self.layout.params.items():
+                yield Input(value=str(self.current.params.get(name, value)), placeholder=name, id=f"param-{name}")
+            yield Static(id="cmd")
+            yield Static(Text("space toggles a flag set · ctrl+r launches (the current run is killed and verified "
+                              "gone, /dev/shm cleaned first) · esc cancels", style="bold yellow"))
+
+    def on_mount(self) -> None:
+        self._show()
+
+    def spec(self):
+        from textual.widgets import Input, SelectionList
+
+        from cockpit.runs import RunSpec
+
+        chosen = self.query_one("#sets", SelectionList).selected
+        params = {name: self.query_one(f"#param-{name}", Input).value for name in self.layout.params}
+        return RunSpec(enabled=[n for n in self.layout.flag_sets if n in chosen], params=params)
+
+    def _show(self) -> None:
+        from cockpit.runs import build_argv
+
+        new = build_argv(self.layout, self.spec(), self.python) + self.extra
+        old = build_argv(self.layout, self.current, self.python) + self.extra
+        text = Text("command: ", style="bold")
+        for arg in new:
+            text.append(arg + " ", style="bold green" if arg not in old else "")
+        gone = [a for a in old if a not in new]
+        if gone:
+            text.append("\nremoved from the current run: ", style="bold")
+            text.append(" ".join(gone), style="strike red")
+        self.query_one("#cmd", Static).update(text)
+
+    def on_selection_list_selected_changed(self, event) -> None:
+        self._show()
+
+    def on_input_changed(self, event) -> None:
+        self._show()
+
+    def action_launch(self) -> None:
+        self.dismiss(self.spec())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
