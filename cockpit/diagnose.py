@@ -145,7 +145,8 @@ class Watchdog:
             if phase.name == "serving":
                 self.phase_at.setdefault("ready", now)  # serving implies it was ready
         log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
-        quiet_s = now - (log.last_line_at or self.started or now) if log else now - (self.started or now)
+        last = log.last_line_at if log is not None and log.last_line_at is not None else self.started
+        quiet_s = now - (last if last is not None else now)
         crashed = self._crashed(state, ranks, log, phase)
         if crashed:
             return phase, crashed
@@ -166,17 +167,10 @@ class Watchdog:
                 f"log silent for {quiet_s:.0f} s, port {'closed' if not port_open else 'open'}",
                 f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)",
             ])
-        spin = gpus and all((g.util_pct or 0) >= SPIN_GPU_PCT and g.power_w is not None and g.power_limit_w
-                            and g.power_w < SPIN_POWER_SHARE * g.power_limit_w for g in gpus)
-        held = self._held("spin", bool(spin), now)
+        spin, odd, ev = self._spin(alive, state)
+        held = self._held("spin", spin, now)
         if spin and held >= self.spin_s and quiet_s >= self.spin_s:
-            odd = self._odd_rank(alive)
-            ev = [f"GPU utilization >= {SPIN_GPU_PCT:.0f} % at under {SPIN_POWER_SHARE:.0%} of the power limit "
-                  f"on all {len(gpus)} GPUs for {held:.0f} s (a collective that never completes)",
-                  f"log silent for {quiet_s:.0f} s"]
-            if odd is not None:
-                p = next(p for p in alive if p.rank == odd)
-                ev.append(f"rank {odd} is the odd one out: CPU {p.cpu_pct:.0f} % while the others wait")
+            ev = ev + [f"held for {held:.0f} s, log silent for {quiet_s:.0f} s"]
             if port_open:
                 ev.append("the port still answers: health alone does not prove progress")
             return phase, Verdict("stalled-spinning", ev, odd)
@@ -186,13 +180,44 @@ class Watchdog:
         return phase, Verdict("ok", [])
 
     @staticmethod
-    def _odd_rank(alive) -> int | None:
-        if len(alive) < 3:
-            return None
-        cpus = sorted(p.cpu_pct for p in alive)
-        median = cpus[len(cpus) // 2]
-        outliers = [p for p in alive if abs(p.cpu_pct - median) > 40]
-        return outliers[0].rank if len(outliers) == 1 else None
+    def _spin(alive, state: HostState) -> tuple[bool, int | None, list[str]]:
+        """A collective that never completes, as seen on H200s (docs/VALIDATION.md): the GPUs of
+        the ranks waiting in it sit at 100 % utilization drawing near-idle power (a kernel polling
+        a flag), while the GPU of a rank that is elsewhere is idle. No GPU does real work."""
+        per_rank = {}
+        for p in alive:
+            gs = [state.gpus[i] for i in p.gpus if i in state.gpus]
+            if gs:
+                per_rank[p.rank] = gs[0]
+        if not per_rank:
+            return False, None, []
+
+        def spinning(g):
+            return (g.util_pct or 0) >= SPIN_GPU_PCT and g.power_w is not None and bool(g.power_limit_w) \
+                and g.power_w < SPIN_POWER_SHARE * g.power_limit_w
+
+        spin = [r for r, g in per_rank.items() if spinning(g)]
+        idle = [r for r, g in per_rank.items() if (g.util_pct or 0) < IDLE_GPU_PCT]
+        if not spin or len(spin) + len(idle) != len(per_rank):
+            return False, None, []
+        g = per_rank[spin[0]]
+        ev = [f"GPU of rank{'s' if len(spin) > 1 else ''} {','.join(map(str, sorted(spin)))} at "
+              f"{g.util_pct} % utilization drawing {g.power_w:.0f} W of {g.power_limit_w:.0f} W: "
+              f"a kernel polling, not computing (a collective that never completes)"]
+        odd = None
+        if idle and len(idle) <= len(spin):
+            odd = sorted(idle)[0] if len(idle) == 1 else None
+            ev.append(f"GPU of rank {','.join(map(str, sorted(idle)))} idle: not in the collective"
+                      + (f": rank {odd} is the odd one out" if odd is not None else ""))
+        elif not idle and len(alive) >= 3:
+            cpus = sorted(p.cpu_pct for p in alive)
+            median = cpus[len(cpus) // 2]
+            outliers = [p for p in alive if abs(p.cpu_pct - median) > 40]
+            if len(outliers) == 1:
+                odd = outliers[0].rank
+                ev.append(f"rank {odd} is the odd one out: CPU {outliers[0].cpu_pct:.0f} % against "
+                          f"{median:.0f} % for the others")
+        return True, odd, ev
 
     def _crashed(self, state, ranks, log, phase) -> Verdict | None:
         dead = [p for p in ranks if not p.alive or p.status == "Z"]

@@ -78,7 +78,8 @@ async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state
             return len(r) == 8 and r[3].cpu_pct > 50 and all(r[i].cpu_pct < 30 for i in r if i != 3)
 
         await wait_for(spinning, 30, "rank 3 to spin alone")
-        await wait_for(lambda: all(g.util_pct == 100 for g in st.gpus.values()), 10, "GPUs pinned")
+        await wait_for(lambda: all(g.util_pct == (0 if i == 3 else 100) for i, g in st.gpus.items()), 10,
+                       "the waiting ranks' GPUs pinned, the odd rank's idle")
         for g in st.gpus.values():
             assert g.power_w < 0.2 * g.power_limit_w  # pinned utilization at idle power
         tokens = lambda body: int(re.search(r"generation_tokens_total (\d+)", body).group(1))

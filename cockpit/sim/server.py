@@ -7,7 +7,8 @@ and reproduces failures from the field, chosen by flags:
   --speculative-algorithm EAGLE3   every rank blocks in a collective while capturing the draft
                                    CUDA graph: 0 % CPU, 0 % GPU, memory resident, port never opens
   --sim-hang-rank K                rank K spins in the sampler after serving starts; the others
-                                   wait in an all-reduce: 100 % GPU at idle power, tokens frozen
+                                   wait in an all-reduce: their GPUs at 100 % and idle power,
+                                   rank K's GPU idle, tokens frozen (as measured on H200s)
   --sim-crash-rank K               rank K dies (SIGKILL, exit -9) while loading weights
   --sim-leak-shm                   leaves nccl-, psm_ and sgl_shm_ entries in the shm folder
   --sim-orphans                    workers outlive a SIGKILLed parent and keep their GPU memory
@@ -251,8 +252,9 @@ class Rank:
             self.clock.sleep(0.02)
 
     def sample_tokens(self) -> None:
-        """The odd rank out: spins in the sampler and never joins the next all-reduce."""
-        self.publish(activity="spin")
+        """The odd rank out: spins in the sampler on the CPU and never joins the next all-reduce;
+        its GPU has nothing to run (idle), while the others' GPUs poll in the collective."""
+        self.publish(activity="idle")
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.shared["spinning"].value = 1
         while True:
@@ -284,7 +286,7 @@ def watch_spin(rank: Rank) -> None:
     def loop():
         while True:
             time.sleep(0.1)
-            if rank.shared["spinning"].value and rank.activity != "spin":
+            if rank.shared["spinning"].value and rank.activity != "spin" and rank.rank != rank.args.sim_hang_rank:
                 rank.publish(activity="spin")
 
     threading.Thread(target=loop, daemon=True, name="nccl-watchdog").start()
