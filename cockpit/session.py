@@ -211,6 +211,8 @@ class HostSession:
             self.watch.pgids = [pgid]
         if log:
             self.watch.logs = [log]
+            for path in [p for p in self.state.logs if p != log]:
+                del self.state.logs[path]  # the screen follows the new run's log from its first line
         await self.request("config", **self.watch.args())
 
     async def ping(self) -> float:

@@ -200,3 +200,67 @@ def test_live_snapshot_text_of_a_host_without_gpus():
     res = run_cli("snapshot", "local", "--text", "--size", "100x30")
     assert res.returncode == 0, res.stderr
     assert "no GPUs on this host" in res.stdout and "gpu data: none" in res.stdout
+
+
+@pytest.fixture
+async def eagle_app(sim_state, tmp_path, monkeypatch):
+    """The demo's story on a fast clock: EAGLE-3 on, then relaunched from the screen without it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    port = free_port()
+    layout = parse_layout(f"""
+name: ui{port}
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "8", --port, "{port}", --sim-traffic, "2"]
+flag_sets:
+  eagle3: [--speculative-algorithm, EAGLE3, --speculative-draft-model-path, /d]
+enabled: [eagle3]
+log_dir: {tmp_path}
+ports: [{port}]
+stall: {{idle_s: 3, spin_s: 3}}
+kill_wait_s: 2
+sim: {{speed: 4, seed: 1}}
+""", "ui.yaml")
+    runs = []
+
+    async def on_connect(session):
+        runs.append(await demo.start_demo(session, layout, str(sim_state)))
+
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                 sim_state=str(sim_state)), Watch(patterns=[], ports=[port]))
+    app = CockpitApp(session=session, layout=layout, on_connect=on_connect)
+    yield app
+    subprocess_kill = __import__("subprocess").run
+    subprocess_kill(["pkill", "-9", "-f", f"sim.server.*port {port}"])
+
+
+async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
+    from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
+
+    app = eagle_app
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.verdict.name == "stalled-idle", 60)
+        assert "log silent" in " ".join(app.verdict.evidence)
+        assert "stalled-idle" in save_text(app, None)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
+        assert "--speculative-algorithm" in save_text(app, None)
+        await pilot.press("space")  # eagle3 is the first (and selected) flag set: off
+        await pilot.pause(0.2)
+        assert app.screen.spec().enabled == []
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: not isinstance(app.screen, RelaunchScreen), 10)
+        await until(pilot, lambda: app.busy is None and app.phase.name in ("ready", "serving"), 90)
+        rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.layout)
+        assert [r["outcome"] for r in rows] == ["unknown", "ready"] and rows[1]["flag_sets"] == []
+        assert "--speculative-algorithm" not in " ".join(rows[1]["argv"])
+        # K: the confirmation names every pid, then the report says it is verified
+        await pilot.press("K")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
+        body = save_text(app, None)
+        assert body.count("sglang::scheduler_TP") >= 8 and "SIGTERM" in body
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, ReportScreen), 30)
+        assert "verified" in save_text(app, None)
+        await pilot.press("escape")
+        await until(pilot, lambda: not [p for p in app.state.live_procs() if p.rank is not None], 10)

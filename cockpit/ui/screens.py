@@ -65,16 +65,16 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
     def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch"):
         super().__init__()
-        self.layout, self.current, self.python, self.extra, self.title_text = layout, current, python, extra, title
+        self.profile, self.current, self.python, self.extra, self.title_text = layout, current, python, extra, title
 
     def compose(self) -> ComposeResult:
         from textual.widgets import Input, SelectionList
 
         with Vertical(classes="dialog"):
-            yield Static(Text(f"{self.title_text}: {self.layout.name}", style="bold"))
-            yield SelectionList(*[(name, name, name in self.current.enabled) for name in self.layout.flag_sets],
+            yield Static(Text(f"{self.title_text}: {self.profile.name}", style="bold"))
+            yield SelectionList(*[(name, name, name in self.current.enabled) for name in self.profile.flag_sets],
                                 id="sets")
-            for name, value in self.layout.params.items():
+            for name, value in self.profile.params.items():
                 yield Input(value=str(self.current.params.get(name, value)), placeholder=name, id=f"param-{name}")
             yield Static(id="cmd")
             yield Static(Text("space toggles a flag set · ctrl+r launches (the current run is killed and verified "
@@ -89,14 +89,14 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         from cockpit.runs import RunSpec
 
         chosen = self.query_one("#sets", SelectionList).selected
-        params = {name: self.query_one(f"#param-{name}", Input).value for name in self.layout.params}
-        return RunSpec(enabled=[n for n in self.layout.flag_sets if n in chosen], params=params)
+        params = {name: self.query_one(f"#param-{name}", Input).value for name in self.profile.params}
+        return RunSpec(enabled=[n for n in self.profile.flag_sets if n in chosen], params=params)
 
     def _show(self) -> None:
         from cockpit.runs import build_argv
 
-        new = build_argv(self.layout, self.spec(), self.python) + self.extra
-        old = build_argv(self.layout, self.current, self.python) + self.extra
+        new = build_argv(self.profile, self.spec(), self.python) + self.extra
+        old = build_argv(self.profile, self.current, self.python) + self.extra
         text = Text("command: ", style="bold")
         for arg in new:
             text.append(arg + " ", style="bold green" if arg not in old else "")
