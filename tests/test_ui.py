@@ -39,6 +39,12 @@ endpoints: [/health, /v1/models]
 """, "uitest.yaml")
 
 
+def sim_session(sim_state, port) -> HostSession:
+    """A fast-ticking session on the simulated host that watches only the run it launches."""
+    return HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                             sim_state=str(sim_state)), Watch(patterns=[], ports=[port]))
+
+
 @pytest.fixture
 async def live_app(sim_state, tmp_path):
     port = free_port()
@@ -48,9 +54,7 @@ async def live_app(sim_state, tmp_path):
     async def on_connect(session):
         runs.append(await demo.start_demo(session, layout, str(sim_state)))
 
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                 sim_state=str(sim_state)), Watch(patterns=[], ports=[port]))
-    app = CockpitApp(session=session, layout=layout, on_connect=on_connect)
+    app = CockpitApp(session=sim_session(sim_state, port), layout=layout, on_connect=on_connect)
     yield app, port
     for run in runs:
         try:
@@ -226,9 +230,7 @@ sim: {{speed: 4, seed: 1}}
     async def on_connect(session):
         runs.append(await demo.start_demo(session, layout, str(sim_state)))
 
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                 sim_state=str(sim_state)), Watch(patterns=[], ports=[port]))
-    app = CockpitApp(session=session, layout=layout, on_connect=on_connect)
+    app = CockpitApp(session=sim_session(sim_state, port), layout=layout, on_connect=on_connect)
     yield app
     subprocess_kill = __import__("subprocess").run
     subprocess_kill(["pkill", "-9", "-f", f"sim.server.*port {port}"])

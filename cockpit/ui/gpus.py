@@ -46,19 +46,19 @@ class GpuPane(Static):
         label = f"{num(gpu.util_pct, '%'):>5}"
         return Text("util ") + bar(frac, width - 11, level_style(frac)) + Text(f" {label}")
 
+    @staticmethod
+    def _meter(label: str, used, total, text: str, style: str, width: int) -> Text:
+        """A bar of used against total, n/a when either is not reported."""
+        frac = used / total if used is not None and total else None
+        return Text(f"{label:<5}") + bar(frac, width - 6 - len(text), style) + Text(" " + text)
+
     def _mem(self, gpu: Gpu, width: int) -> Text:
-        frac = None
-        if gpu.mem_used_mib is not None and gpu.mem_total_mib:
-            frac = gpu.mem_used_mib / gpu.mem_total_mib
         text = f"{gib(gpu.mem_used_mib, 0)}/{gib(gpu.mem_total_mib, 0)}"
-        return Text("mem  ") + bar(frac, width - 6 - len(text), "magenta") + Text(" " + text)
+        return self._meter("mem", gpu.mem_used_mib, gpu.mem_total_mib, text, "magenta", width)
 
     def _power(self, gpu: Gpu, width: int) -> Text:
-        frac = None
-        if gpu.power_w is not None and gpu.power_limit_w:
-            frac = gpu.power_w / gpu.power_limit_w
         text = f"{num(gpu.power_w)}/{num(gpu.power_limit_w, 'W')}"
-        return Text("pwr  ") + bar(frac, width - 6 - len(text), "cyan") + Text(" " + text)
+        return self._meter("pwr", gpu.power_w, gpu.power_limit_w, text, "cyan", width)
 
     def _misc(self, gpu: Gpu) -> Text:
         temp = num(gpu.temp_c, "°C")
