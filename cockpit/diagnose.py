@@ -154,7 +154,7 @@ class Watchdog:
             return phase, Verdict("no run" if phase.name == "no run" else "watching", [])
         alive = [p for p in ranks if p.alive and p.status != "Z"]
         gpus = [state.gpus[i] for p in alive for i in p.gpus if i in state.gpus]
-        port_open = any(pt.listening for pt in state.ports if not self.ports or pt.port in self.ports)
+        port_open = any(pt.listening for pt in state.ports if pt.port in self.ports)  # the server's own ports
         resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
         idle = (alive and gpus and all(p.cpu_pct < IDLE_CPU_PCT for p in alive)
                 and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus) and resident and not port_open)

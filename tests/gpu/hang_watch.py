@@ -42,6 +42,7 @@ async def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--no-kill", action="store_true", help="leave the kill to `cockpit kill`")
     args = ap.parse_args()
     out = Path(args.out)
     layout = parse_layout(f"command: [tests/gpu/tp_job.py]\nengine: sglang\nlog: {args.log}\n"
@@ -73,6 +74,9 @@ async def main():
     for r, e in result.failed.items():
         print(f"rank {r}: no dump: {e}")
     (out / "dumps.txt").write_text("".join(f"===== {f.name}\n{f.read_text()}\n" for f in sorted(result.folder.iterdir())))
+    if args.no_kill:
+        await session.close()
+        return
     before = {i: g.mem_used_mib for i, g in session.state.gpus.items()}
     plan = await actions.plan_kill(session, actions.run_scope(session))
     print("KILL PLAN:")
