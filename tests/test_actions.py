@@ -196,3 +196,37 @@ def test_cli_kill_over_ssh_finds_the_run_by_its_titles(sim_state, tmp_path, sshd
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path, sshd):
+    """The ssh session's PATH has no py-spy (it lives in this venv): --upload-pyspy sends ours."""
+    port = free_port()
+    log = tmp_path / "run.log"
+    proc = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(port),
+                             "--sim-speed", "4"], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
+    home = Path(os.path.expanduser("~"))
+    uploaded = home / ".cache" / "gpu-cockpit" / "py-spy"
+    existed = uploaded.exists()
+    try:
+        deadline = time.monotonic() + 40
+        while "ready to roll" not in log.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        layout = tmp_path / "l.yaml"
+        layout.write_text(f"command: [-m, cockpit.sim.server]\nwatch: ['*--port {port}*']\n")
+        common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),
+                  *sshd.cli_args()]
+        env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+        if not existed:
+            missing = run_cli("dump", *common, env=env)
+            assert missing.returncode == 2 and "--upload-pyspy" in missing.stderr
+        res = run_cli("dump", *common, "--upload-pyspy", "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert uploaded.exists() and doc["failed"] == {}
+        assert sorted(r for g in doc["groups"] for r in g["ranks"]) == [0, 1]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        if not existed:
+            uploaded.unlink(missing_ok=True)

@@ -126,3 +126,48 @@ def test_process_sampler_watches_titled_trees_and_their_children(ranks, sim_stat
     again = procs.sample(time.monotonic())
     assert "cmdline" not in next(r for r in again if r["pid"] == p.pid)  # sent once per connection
     assert os.getpid() not in {r["pid"] for r in rows}
+
+
+FAKE_SMI = r'''#!/usr/bin/env python3
+"""A stand-in nvidia-smi (its CSV only, from a simulated 2-GPU state) for hosts without GPUs."""
+import sys, time
+args = " ".join(sys.argv[1:])
+open(sys.argv[0] + ".calls", "a").write(args + "\n")
+rows = lambda: (["0, GPU-aaaa, NVIDIA H200, 87, 9866, 143771, 54, 614.20, 700.00, 1950, 0x0000000000000004",
+                 "1, GPU-bbbb, NVIDIA H200, [N/A], 9866, 143771, 59, [Not Supported], 700.00, 1950, 0x0000000000000000"]
+                if "query-gpu=index,uuid" in args else ["GPU-aaaa, 654, 9858", "GPU-bbbb, 655, 9858"])
+if "driver_version" in args:
+    print("580.159.04, 0, GPU-aaaa, NVIDIA H200, 143771, 700.00")
+    print("580.159.04, 1, GPU-bbbb, NVIDIA H200, 143771, 700.00")
+    sys.exit(0)
+while True:
+    for r in rows():
+        print(r, flush=True)
+    if "-lms" not in args:
+        break
+    time.sleep(int(args.split("-lms")[1].split()[0]) / 1000)
+'''
+
+
+def test_without_pynvml_one_long_lived_nvidia_smi_per_query(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml fails
+    warnings = []
+    gpus = agent.open_gpus(0.1, warnings)
+    try:
+        assert gpus.source == "nvidia-smi" and gpus.driver == "580.159.04"
+        assert any("pynvml is not installed" in w for w in warnings)
+        import time
+        time.sleep(0.6)
+        time.sleep(0.3)
+        g0, g1 = gpus.sample(False)
+        assert (g0["util_pct"], g0["mem_used_mib"], g0["power_w"], g0["throttle"]) == (87, 9866, 614.2, 4)
+        assert g1["util_pct"] is None and g1["power_w"] is None  # [N/A] and [Not Supported] are absent, not 0
+        assert g0["processes"] == [[654, 9858]]
+        calls = (tmp_path / "nvidia-smi.calls").read_text().splitlines()
+        assert len(calls) == 3 and sum("-lms" in c for c in calls) == 2  # static query once, two streams
+    finally:
+        gpus.close()

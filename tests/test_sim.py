@@ -134,3 +134,19 @@ async def test_workers_outlive_a_sigkilled_parent_only_as_orphans(sim_state, tmp
             assert all(g.mem_used_mib > 0.5 * MIB_TOTAL for g in st.gpus.values())  # GPUs still held
         else:
             assert alive == []
+
+
+async def test_vllm_shape_engine_core_owns_its_workers(sim_state, tmp_path):
+    port = free_port()
+    async with SimRun(sim_state, tmp_path, port, ["--engine", "vllm"]) as run:
+        await wait_for(lambda: "Application startup complete" in run.log_text(), 40, "vLLM's startup line")
+        await run.session.wait_samples(2)
+        st = run.session.state
+        engine = next(p for p in st.live_procs() if p.role == "engine")
+        workers = run.ranks()
+        assert engine.title == "VLLM::EngineCore" and engine.ppid == run.run["pid"]
+        assert [(w.title, w.rank, w.ppid) for w in workers] == [(f"VLLM::Worker_TP{i}", i, engine.pid) for i in range(8)]
+        log = run.log_text()
+        assert "(Worker_TP0 pid=" in log and "Model loading took" in log and "Starting vLLM API server" in log
+        metrics = await run.http("/metrics")
+        assert "vllm:generation_tokens_total" in metrics["body"]
