@@ -124,6 +124,10 @@ async def _attached(args: argparse.Namespace):
         running = demo.running_demo(opts.sim_state)
         if running:
             await demo.attach_demo(session, running)
+    else:
+        from cockpit.runs import resume
+
+        await resume(session, layout)
     await session.wait_samples(2)
     return session, layout
 
@@ -420,8 +424,17 @@ def cmd_open(args: argparse.Namespace) -> int:
     from cockpit.session import HostSession
     from cockpit.ui.app import CockpitApp
 
+    from cockpit.runs import resume
+
     target, opts, watch, layout = _session_parts(args)
-    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout, read_only=args.read_only)
+
+    async def on_connect(session: HostSession) -> None:
+        run = await resume(session, layout)
+        if run is not None:
+            session.state.agent.warnings.insert(0, f"following {run['run_id']} (launched earlier, still running)")
+
+    app = CockpitApp(session=HostSession(target, opts, watch), layout=layout, read_only=args.read_only,
+                     on_connect=on_connect)
     app.run()
     if app.error:
         raise CockpitError(app.error)

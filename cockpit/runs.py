@@ -102,6 +102,27 @@ def read_ledger(layout: Layout) -> list[dict]:
     return list(runs.values())
 
 
+async def find_live_run(session, layout: Layout) -> dict | None:
+    """The latest run of this layout on this host that has no outcome yet and still has processes
+    in its group: what a cockpit started again (after a crash, a quit or a dropped link) follows."""
+    for run in reversed(read_ledger(layout)):
+        if run.get("host") != session.target.label or run.get("outcome") not in (None, "unknown"):
+            continue
+        if not run.get("pgid"):
+            continue
+        members = await session.request("kill_plan", pgids=[run["pgid"]], sids=[run["pgid"]])
+        if members["plan"]:
+            return run
+    return None
+
+
+async def resume(session, layout: Layout | None) -> dict | None:
+    run = await find_live_run(session, layout) if layout is not None else None
+    if run is not None:
+        await session.follow_run(int(run["pgid"]), run.get("log"))
+    return run
+
+
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
     """Median seconds each phase lasted in earlier runs that reached ready: what `slow` compares."""
     spans: dict[str, list[float]] = {}
@@ -154,6 +175,8 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
                            "params": dict(spec.params), "env": masked(env), "log": log})
     run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log)
     run["run_id"] = run_id
+    append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
+                           "log": run["log"]})
     session.state.forget_dead()
     await session.follow_run(run["pgid"], run["log"])
     return run

@@ -113,5 +113,10 @@ def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout):
         assert rows[0]["run_id"] in res.stdout
         alive = subprocess.run(["pgrep", "-f", f"sim.server.*port {layout.ports[0]}"], capture_output=True, text=True)
         assert alive.stdout.strip()  # the run outlives the cockpit that launched it
+        # the next start finds it again (the layout watches no titles: only the ledger knows it)
+        res = run_cli("kill", *target, "--yes", "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        report = json.loads(res.stdout[res.stdout.index("{"):])
+        assert report["verified"] and len(report["term"]) >= 10
     finally:
         del os.environ["XDG_STATE_HOME"]
