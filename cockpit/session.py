@@ -167,6 +167,15 @@ class HostSession:
             self._pending.clear()
             self.closed.set()
 
+    async def reconnect(self) -> None:
+        """After a lost link: a new connection and a new agent, the same watch and the same
+        HostState (its history goes on; processes gone meanwhile show as gone)."""
+        await self.close()
+        self.stream, self._reader, self.link = None, None, None
+        self._pending = {}
+        self.closed = asyncio.Event()
+        await self.connect()
+
     async def close(self) -> None:
         if self.stream is not None:
             await self.stream.aclose()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -134,6 +135,7 @@ class CockpitApp(App):
         self.dirty = True
         self.ready = asyncio.Event()
         self.error: str | None = None
+        self.link_error: str | None = None
         self._log_path: str | None = None
         self._gpu_count = -1
         self._status_text = ""
@@ -184,6 +186,31 @@ class CockpitApp(App):
             return
         self.refresh_bindings()
         self.probe()
+        await self._keep_link()
+
+    async def _keep_link(self) -> None:
+        """When the link drops: say so, keep the data on screen with its age, reconnect with
+        backoff (re-sending the agent), and pick the run up again. Never re-runs a command."""
+        while True:
+            await self.session.closed.wait()
+            attempt = 0
+            while True:
+                attempt += 1
+                self.state.link_state = f"lost, retrying ({attempt})"
+                self.dirty = True
+                self.refresh_bindings()
+                await asyncio.sleep(min(30.0, 2.0 ** (attempt - 1)))
+                try:
+                    await self.session.reconnect()
+                    break
+                except CockpitError as exc:
+                    self.link_error = str(exc)
+            self.link_error = None
+            self.state.link_state = "up"
+            self.dirty = True
+            self.notify(f"link to {self.state.target} is back (attempt {attempt})", timeout=5)
+            self.refresh_bindings()
+            self.probe()
 
     @work(exclusive=True, group="probe")
     async def probe(self) -> None:
@@ -213,9 +240,10 @@ class CockpitApp(App):
                 self.dirty = True
 
     def _tick(self) -> None:
-        if self.session is not None and self.session.closed.is_set() and self.state.link_state != "failed":
+        if self.session is not None and self.session.closed.is_set() and self.state.link_state == "up":
             self.state.link_state = "lost"
             self.dirty = True
+        self.screen.set_class(self.state.link_state.startswith(("lost", "failed")), "stale")
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
@@ -285,9 +313,13 @@ class CockpitApp(App):
                  "slow": "yellow"}.get(self.verdict.name, "default")
         parts.append(f"verdict [{style}]{self.verdict}[/]")
         link = s.link_state
-        style = {"up": "green", "lost": "bold red", "failed": "bold red"}.get(link, "yellow")
+        style = "green" if link == "up" else "bold red" if link.startswith(("lost", "failed")) else "yellow"
+        if link.startswith("lost"):
+            link = "link " + link
+            if self.link_error:
+                link += f": {escape(self.link_error)}"
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
-        parts.append(f"link [{style}]{link}[/{style}]{rtt}")
+        parts.append(f"{'' if link.startswith('link ') else 'link '}[{style}]{link}[/{style}]{rtt}")
         age = s.age_s()
         if age is not None:
             stale = age > 2.5 * max(1.0, a.interval)
@@ -300,9 +332,9 @@ class CockpitApp(App):
         if self.busy:
             parts.append(f"[yellow]{self.busy}: {self.run_progress}[/]")
         if self.error:
-            parts.append(f"[bold red]{self.error}[/]")
+            parts.append(f"[bold red]{escape(self.error)}[/]")
         elif a.warnings:
-            parts.append(f"[yellow]{a.warnings[0]}[/]")
+            parts.append(f"[yellow]{escape(a.warnings[0])}[/]")
         text = "  │  ".join(parts)
         if self.verdict.evidence and self.verdict.name != "ok":
             text += "\n[red]" + "  ·  ".join(self.verdict.evidence).replace("[", "\\[") + "[/]"
