@@ -3,7 +3,9 @@ HostState; nothing here touches the network."""
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections import deque
 from dataclasses import dataclass
 
 from cockpit.model import HostState
@@ -89,11 +91,15 @@ def phase_of(state: HostState, phases: list[tuple[re.Pattern, str]], log_path: s
                             current.detail = f"{m.group(1)}/{m.group(2)} shards"
                             break
             break
+    return _corrected(state, current)
+
+
+def _corrected(state: HostState, phase: Phase) -> Phase:
+    """What the processes say over the log: every rank gone is the end of the run."""
     ranks = [p for p in state.procs.values() if p.rank is not None]
-    if ranks and all(not p.alive for p in ranks) and current.name not in ("no run",):
-        current = Phase("crashed" if current.name != "ready" and current.name != "serving" else "exited",
-                        line=current.line)
-    return current
+    if ranks and all(not p.alive for p in ranks) and phase.name != "no run":
+        return Phase("exited" if phase.name in ("ready", "serving") else "crashed", line=phase.line)
+    return phase
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -104,6 +110,7 @@ SPIN_GPU_PCT = 90.0
 SPIN_POWER_SHARE = 0.3  # of the power limit: a kernel polling a flag draws little
 RESIDENT_SHARE = 0.10  # of GPU memory: the model is loaded
 CRASH_LINE = re.compile(r"Rank (\d+) scheduler died during initialization \(exit code: (-?\d+)\)")
+ERROR_LINE = re.compile(r"ERROR|Error|died|Traceback|sigquit|failed")
 
 
 @dataclass
@@ -128,6 +135,11 @@ class Watchdog:
         self.started: float | None = None
         self.phase_at: dict[str, float] = {}
         self._since: dict[str, float] = {}
+        self._log_seen: tuple[str | None, int] = (None, 0)
+        self._crash = None
+        self._errors: deque = deque(maxlen=3)
+        self._phase_line: tuple[str, str] | None = None
+        self._shards: tuple[str, str] | None = None
 
     def _held(self, name: str, cond: bool, now: float) -> float:
         if not cond:
@@ -135,8 +147,19 @@ class Watchdog:
             return 0.0
         return now - self._since.setdefault(name, now)
 
+    def _phase(self, state: HostState) -> Phase:
+        if self._phase_line is None:
+            return _corrected(state, Phase("starting" if state.live_procs() else "no run"))
+        name, line = self._phase_line
+        phase = Phase(name, line=line)
+        if name == "loading weights" and self._shards:
+            phase.detail = f"{self._shards[0]}/{self._shards[1]} shards"
+        return _corrected(state, phase)
+
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
-        phase = phase_of(state, self.phases, log_path)
+        log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
+        self._scan_new_lines(log)
+        phase = self._phase(state)
         ranks = [p for p in state.procs.values() if p.rank is not None]
         if self.started is None and (ranks or phase.name != "no run"):
             self.started = now
@@ -144,7 +167,6 @@ class Watchdog:
             self.phase_at[phase.name] = now
             if phase.name == "serving":
                 self.phase_at.setdefault("ready", now)  # serving implies it was ready
-        log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
         last = log.last_line_at if log is not None and log.last_line_at is not None else self.started
         quiet_s = now - (last if last is not None else now)
         crashed = self._crashed(state, ranks, log, phase)
@@ -219,19 +241,43 @@ class Watchdog:
                           f"{median:.0f} % for the others")
         return True, odd, ev
 
+    def _scan_new_lines(self, log) -> None:
+        """Reads only the lines that arrived since the last update: the verdict runs every frame
+        and the buffer holds thousands of lines."""
+        if log is None:
+            return
+        if log.path != self._log_seen[0]:
+            self._log_seen = (log.path, 0)
+            self._crash, self._errors = None, deque(maxlen=3)
+            self._phase_line, self._shards = None, None
+        new = min(len(log.lines), log.total - self._log_seen[1])
+        self._log_seen = (log.path, log.total)
+        if new <= 0:
+            return
+        for line in itertools.islice(log.lines, len(log.lines) - new, None):
+            m = CRASH_LINE.search(line)
+            if m:
+                self._crash = m
+            if ERROR_LINE.search(line):
+                self._errors.append(line)
+            name = classify_line(line, self.phases)
+            if name is not None:
+                self._phase_line = (name, line)
+                shards = SHARDS.search(line)
+                if shards:
+                    self._shards = (shards.group(1), shards.group(2))
+
     def _crashed(self, state, ranks, log, phase) -> Verdict | None:
         dead = [p for p in ranks if not p.alive or p.status == "Z"]
-        lines = list(log.lines) if log else []
-        m = next((CRASH_LINE.search(l) for l in reversed(lines) if CRASH_LINE.search(l)), None)
+        m = self._crash
         if not dead and not m and phase.name != "crashed":
             return None
-        errors = [l for l in lines if re.search(r"ERROR|Error|died|Traceback|sigquit|failed", l)][-3:]
         rank = int(m.group(1)) if m else (dead[0].rank if dead else None)
         code = int(m.group(2)) if m else next((p.exit_code for p in dead if p.exit_code is not None), None)
         ev = [f"rank {rank} died" + (f" (exit code {code})" if code is not None else "")] if rank is not None else []
         if dead:
             ev.append(f"{len(dead)} of {len(ranks)} ranks gone: {', '.join(str(p.rank) for p in dead)}")
-        ev += [f"log: {l.strip()[:160]}" for l in errors]
+        ev += [f"log: {line.strip()[:160]}" for line in self._errors]
         return Verdict("crashed", ev, rank)
 
     def _slow(self, phase: Phase, now: float) -> Verdict | None:

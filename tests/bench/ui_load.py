@@ -102,8 +102,13 @@ async def run(rate: int, seconds: float) -> dict:
         t0 = time.monotonic()
         frame_ms.clear()
         next_key = t0 + 2
+        next_rss = t0 + 30
+        rss_trace = []
         while time.monotonic() - t0 < seconds:
             await pilot.pause(0.2)
+            if time.monotonic() > next_rss:
+                next_rss += 30
+                rss_trace.append(round(rss_mib(), 1))
             if time.monotonic() > next_key:
                 next_key += 2
                 # key press to screen: from the key event to the screen showing its effect
@@ -135,7 +140,7 @@ async def run(rate: int, seconds: float) -> dict:
         "key_to_screen_ms_median": pct(keys, 0.5), "key_to_screen_ms_max": pct(keys, 1.0),
         "cockpit_cpu_pct_of_core": round(100 * cpu / wall, 1),
         "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(rss_end, 1),
-        "log_lines_held": lines_seen, "keys_missed": missed,
+        "log_lines_held": lines_seen, "keys_missed": missed, "rss_mib_every_30s": rss_trace,
     }
 
 

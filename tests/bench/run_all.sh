@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every benchmark that runs without a GPU, one after another, results as JSON under $OUT
+# (default bench-results/). The GPU-host side: tests/gpu/run_device.sh and run_device2.sh.
+#   usage: tests/bench/run_all.sh [SECONDS]     (default 60 per timed run)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+S=${1:-60}
+OUT=${OUT:-bench-results}; mkdir -p "$OUT"
+PY=.venv/bin/python
+echo "== agent: sample cost and live cost (simulated 8 GPUs, 50- and 40-process trees)"
+$PY tests/bench/agent_cost.py --sim --tree 50 --seconds "$S" --json "$OUT/agent_cost_tree50.json" | grep -E "ms|pct|bytes|floor"
+$PY tests/bench/agent_cost.py --sim --tree 40 --seconds "$S" --json "$OUT/agent_cost_tree40.json" | grep -E "pct|bytes"
+echo "== time to first frame over a real sshd"
+$PY tests/bench/first_frame.py --runs 10 --json "$OUT/first_frame.json" | head -7
+for rate in 0 2000 20000; do
+  echo "== screen under load: $rate log lines/s"
+  $PY tests/bench/ui_load.py --rate "$rate" --seconds "$S" --json "$OUT/ui_load_$rate.json" | grep -vE "^[{}]"
+done
