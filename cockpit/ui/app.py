@@ -152,7 +152,14 @@ class CockpitApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(LogView).phases = self.phases
+        # Kept, not queried: a modal screen on top must not hide the cockpit's widgets from updates.
+        self.view = self.query_one(LogView)
+        self.ranks = self.query_one(RankTable)
+        self.ports = self.query_one(PortsTable)
+        self.status = self.query_one("#status", Static)
+        self.grid = self.query_one("#gpus", Grid)
+        self.panes: list[GpuPane] = []
+        self.view.phases = self.phases
         self.set_interval(REDRAW_S, self._tick)
         self.set_interval(1.0, self._status)
         if self.session is not None:
@@ -162,11 +169,11 @@ class CockpitApp(App):
             self._sync_log(full=True)
             self.refresh_panes()
             self.ready.set()
-        self.query_one(RankTable).focus()
+        self.ranks.focus()
 
     def on_resize(self, event) -> None:
         compact = self.size.height < 40
-        for pane in self.query(GpuPane):
+        for pane in getattr(self, "panes", []):
             pane.set_class(compact, "compact")
 
     # ------------------------------------------------------------------ data
@@ -217,7 +224,7 @@ class CockpitApp(App):
         """Endpoint probes and the round-trip time, one round after another."""
         ports = self.layout.ports if self.layout else []
         endpoints = self.layout.endpoints if self.layout else []
-        table = self.query_one(PortsTable)
+        table = self.ports
         while self.session is not None and not self.session.closed.is_set():
             try:
                 await self.session.ping()
@@ -235,11 +242,13 @@ class CockpitApp(App):
             self.dirty = True
         elif kind == "log":
             if frame.get("path") == self._log_path:
-                self.query_one(LogView).add_lines(frame.get("lines") or [])
+                self.view.add_lines(frame.get("lines") or [])
             else:
                 self.dirty = True
 
     def _tick(self) -> None:
+        if not self.view.is_attached:
+            return  # quitting: the widgets are gone
         if self.session is not None and self.session.closed.is_set() and self.state.link_state == "up":
             self.state.link_state = "lost"
             self.dirty = True
@@ -252,7 +261,7 @@ class CockpitApp(App):
 
     def _sync_log(self, full: bool = False) -> None:
         path = next(iter(self.state.logs), None)
-        view = self.query_one(LogView)
+        view = self.view
         if path != self._log_path or full:
             self._log_path = path
             view.path = path
@@ -277,10 +286,10 @@ class CockpitApp(App):
         state = self.state
         self._diagnose()
         self._ensure_gpu_panes()
-        for pane in self.query(GpuPane):
+        for pane in self.panes:
             pane.show(state)
-        self.query_one(RankTable).show(state)
-        self.query_one(PortsTable).show(state)
+        self.ranks.show(state)
+        self.ports.show(state)
         self._sync_log()
         self._status()
 
@@ -289,7 +298,7 @@ class CockpitApp(App):
         if n == self._gpu_count:
             return
         self._gpu_count = n
-        grid = self.query_one("#gpus", Grid)
+        grid = self.grid
         grid.remove_children()
         cols = 4 if n > 4 or n == 4 else max(1, n)
         grid.styles.grid_size_columns = cols
@@ -299,10 +308,10 @@ class CockpitApp(App):
         if not n:
             grid.mount(Static("no GPUs on this host" if self.state.seq else "connecting…", classes="nogpu"))
             return
-        panes = [GpuPane(i) for i in sorted(self.state.gpus)]
-        for pane in panes:
+        self.panes = [GpuPane(i) for i in sorted(self.state.gpus)]
+        for pane in self.panes:
             pane.set_class(compact, "compact")
-        grid.mount(*panes)
+        grid.mount(*self.panes)
 
     def _status(self) -> None:
         s = self.state
@@ -340,7 +349,7 @@ class CockpitApp(App):
             text += "\n[red]" + "  ·  ".join(self.verdict.evidence).replace("[", "\\[") + "[/]"
         if text != self._status_text:
             self._status_text = text
-            self.query_one("#status", Static).update(text)
+            self.status.update(text)
 
     # ------------------------------------------------------------------ actions
 
@@ -365,7 +374,7 @@ class CockpitApp(App):
         return True
 
     def action_kill_one(self) -> None:
-        pid = self.query_one(RankTable).selected_pid()
+        pid = self.ranks.selected_pid()
         if pid is None or not self.state.procs.get(pid) or not self.state.procs[pid].alive:
             self.notify("select a live process in the rank tree first", severity="warning")
             return
@@ -447,7 +456,7 @@ class CockpitApp(App):
         self.push_screen(HelpScreen())
 
     def action_search(self) -> None:
-        view = self.query_one(LogView)
+        view = self.view
 
         def done(term: str | None) -> None:
             view.search = term
@@ -456,7 +465,7 @@ class CockpitApp(App):
         self.push_screen(SearchScreen(view.search), done)
 
     def action_rank_filter(self) -> None:
-        view = self.query_one(LogView)
+        view = self.view
         ranks = sorted({p.rank for p in self.state.procs.values() if p.rank is not None})
         if not ranks:
             view.rank = None
@@ -468,7 +477,7 @@ class CockpitApp(App):
         self._sync_log(full=True)
 
     def action_follow(self) -> None:
-        view = self.query_one(LogView)
+        view = self.view
         view.auto_scroll = not view.auto_scroll
         if view.auto_scroll:
             view.scroll_end(animate=False)
