@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from rich.text import Text
+from rich.segment import Segment
+from rich.style import Style
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -19,7 +20,10 @@ from cockpit.model import LOG_LINES
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
 MAX_WIDTH = 400
-STYLES = {"error": "bold red", "warning": "yellow", "phase": "cyan", None: ""}
+STYLE_OBJ = {"error": Style(bold=True, color="red"), "warning": Style(color="yellow"), "phase": Style(color="cyan"),
+             None: Style()}
+MARK = Style(bold=True, color="cyan")
+REVERSE = Style(reverse=True)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -84,19 +88,27 @@ class LogView(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ rendering
 
     def render_line(self, y: int) -> Strip:
+        """One visible line, built as segments directly (no console render per line)."""
         scroll_x, scroll_y = self.scroll_offset
         index = scroll_y + y
         width = self.scrollable_content_region.width
         if index >= len(self.shown):
             return Strip.blank(width, self.rich_style)
         line, kind = self.shown[index]
-        text = Text(line, style=STYLES[kind], no_wrap=True, end="")
-        if kind == "phase":
-            text = Text("▶ ", style="bold cyan") + text
+        style = STYLE_OBJ[kind]
+        segments = [Segment("▶ ", MARK)] if kind == "phase" else []
         if self.search:
-            text.highlight_words([self.search], style="reverse", case_sensitive=False)
-        segments = list(text.render(self.app.console))
-        strip = Strip(segments).simplify().crop(scroll_x, scroll_x + width)
+            lower, term, start = line.lower(), self.search.lower(), 0
+            while True:
+                hit = lower.find(term, start)
+                if hit < 0:
+                    break
+                segments += [Segment(line[start:hit], style), Segment(line[hit:hit + len(term)], style + REVERSE)]
+                start = hit + len(term)
+            segments.append(Segment(line[start:], style))
+        else:
+            segments.append(Segment(line, style))
+        strip = Strip(segments).crop(scroll_x, scroll_x + width)
         return strip.extend_cell_length(width).apply_style(self.rich_style)
 
     def _subtitle(self) -> None:
