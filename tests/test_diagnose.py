@@ -62,3 +62,14 @@ def test_phases_and_line_ranks():
     assert str(phase_of(st, compile_phases("sglang"), "/l")) == "loading weights 29/64 shards"
     assert line_rank("[2026-11-30 10:00:00 TP3] x") == 3
     assert line_rank("(Worker_TP2 pid=130) INFO x") == 2 and line_rank("[2026-11-30 10:00:00] x") is None
+
+
+def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
+    lines = ["[2026 TP0] Load weight begin. avail mem=94 GB"]
+    st = host([(r, 30.0) for r in range(8)], [(3, 90.0, 30000)] * 8, lines)
+    st.logs["/l"].last_line_at = 0.0
+    dog = Watchdog(compile_phases("sglang"), slow_factor=3.0, earlier={"loading weights": 30.0})
+    dog.update(st, 0.0, "/l")
+    assert dog.update(st, 80.0, "/l")[1].name == "ok"  # 80 s < 3 x 30 s
+    phase, verdict = dog.update(st, 95.0, "/l")
+    assert verdict.name == "slow" and "took 30 s" in verdict.evidence[0] and phase.name == "loading weights"
