@@ -168,17 +168,23 @@ def test_kill_asks_and_read_only_refuses(sim_state):
     assert res.returncode == 2 and "read-only" in res.stderr
 
 
-def test_cli_kill_over_ssh_finds_the_run_by_its_titles(sim_state, tmp_path, sshd):
+def start_server_by_hand(sim_state, tmp_path, tp: int) -> tuple[subprocess.Popen, int]:
+    """A simulated server started outside the cockpit, as an operator would, and ready."""
     port = free_port()
     log = tmp_path / "run.log"
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", str(tp), "--port", str(port),
                              "--sim-speed", "4"], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
+    deadline = time.monotonic() + 40
+    while "ready to roll" not in log.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    return proc, port
+
+
+def test_cli_kill_over_ssh_finds_the_run_by_its_titles(sim_state, tmp_path, sshd):
+    proc, port = start_server_by_hand(sim_state, tmp_path, 4)
     try:
-        deadline = time.monotonic() + 40
-        while "ready to roll" not in log.read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         layout = tmp_path / "l.yaml"
         layout.write_text(f"command: [-m, cockpit.sim.server]\nwatch: ['*--port {port}*']\nports: [{port}]\n"
                           f"kill_wait_s: 3\n")
@@ -200,19 +206,10 @@ def test_cli_kill_over_ssh_finds_the_run_by_its_titles(sim_state, tmp_path, sshd
 
 def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path, sshd):
     """The ssh session's PATH has no py-spy (it lives in this venv): --upload-pyspy sends ours."""
-    port = free_port()
-    log = tmp_path / "run.log"
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(port),
-                             "--sim-speed", "4"], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
-    home = Path(os.path.expanduser("~"))
-    uploaded = home / ".cache" / "gpu-cockpit" / "py-spy"
+    uploaded = Path(os.path.expanduser("~")) / ".cache" / "gpu-cockpit" / "py-spy"
     existed = uploaded.exists()
+    proc, port = start_server_by_hand(sim_state, tmp_path, 2)
     try:
-        deadline = time.monotonic() + 40
-        while "ready to roll" not in log.read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         layout = tmp_path / "l.yaml"
         layout.write_text(f"command: [-m, cockpit.sim.server]\nwatch: ['*--port {port}*']\n")
         common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),

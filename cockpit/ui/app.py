@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from rich.markup import escape
@@ -366,12 +367,20 @@ class CockpitApp(App):
             return self.layout is not None
         return True
 
-    def _start(self, name: str) -> bool:
+    @asynccontextmanager
+    async def _exclusive(self, name: str):
+        """One action at a time; its failure is a notification, never a crash of the screen."""
         if self.busy:
             self.notify(f"{self.busy} is still running", severity="warning")
-            return False
+            yield False
+            return
         self.busy = name
-        return True
+        try:
+            yield True
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
 
     def action_kill_one(self) -> None:
         pid = self.ranks.selected_pid()
@@ -385,9 +394,9 @@ class CockpitApp(App):
 
     @work(group="action")
     async def _kill(self, scope, what: str) -> None:
-        if not self._start(what):
-            return
-        try:
+        async with self._exclusive(what) as go:
+            if not go:
+                return
             plan = await plan_kill(self.session, scope)
             if not plan.entries:
                 self.notify("nothing to kill: no process of it is alive", severity="warning")
@@ -400,16 +409,12 @@ class CockpitApp(App):
             report = await kill(self.session, plan, wait, self.layout.ports if self.layout else [])
             title = f"{what}: {'verified' if report['verified'] else 'NOT everything is gone'}"
             await self.push_screen_wait(ReportScreen(title, describe_kill(report)))
-        except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
-        finally:
-            self.busy = None
 
     @work(group="action")
     async def action_shm(self) -> None:
-        if not self._start("shm audit"):
-            return
-        try:
+        async with self._exclusive("shm audit") as go:
+            if not go:
+                return
             audit = await shm_audit(self.session)
             removable = [e["name"] for e in audit["entries"] if e["removable"]]
             keys = {"c": f"clean {len(removable)} removable"} if removable else {}
@@ -426,16 +431,12 @@ class CockpitApp(App):
             lines = [f"removed {len(done['removed'])}, freed {human_bytes(done['freed_bytes'])}"]
             lines += [f"kept {s['name']}: {s['why']}" for s in done["skipped"]]
             await self.push_screen_wait(ReportScreen("shm cleaned", lines))
-        except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
-        finally:
-            self.busy = None
 
     @work(group="action")
     async def action_dump(self) -> None:
-        if not self._start("stack dump"):
-            return
-        try:
+        async with self._exclusive("stack dump") as go:
+            if not go:
+                return
             ranks = rank_pids(self.state)
             if not ranks:
                 self.notify("no live rank to dump", severity="warning")
@@ -447,10 +448,6 @@ class CockpitApp(App):
             lines += [f"rank {r}: no dump ({'; '.join(e)})" for r, e in result.failed.items()]
             lines.append(f"raw dumps: {result.folder}")
             await self.push_screen_wait(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
-        except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
-        finally:
-            self.busy = None
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -499,9 +496,9 @@ class CockpitApp(App):
 
     @work(group="action")
     async def action_relaunch(self) -> None:
-        if not self._start("relaunch"):
-            return
-        try:
+        async with self._exclusive("relaunch") as go:
+            if not go:
+                return
             extra = sim_flags(self.layout, self.session)
             spec = await self.push_screen_wait(RelaunchScreen(self.layout, self._current_spec(),
                                                               launch_python(self.layout, self.session), extra))
@@ -514,16 +511,12 @@ class CockpitApp(App):
             self._new_watchdog()
             self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
                         severity="information" if row["outcome"] == "ready" else "error", timeout=20)
-        except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
-        finally:
-            self.busy = None
 
     @work(group="action")
     async def action_ablate(self) -> None:
-        if not self._start("ablation"):
-            return
-        try:
+        async with self._exclusive("ablation") as go:
+            if not go:
+                return
             choice = await self.push_screen_wait(RelaunchScreen(self.layout, self._current_spec(),
                                                                 launch_python(self.layout, self.session),
                                                                 sim_flags(self.layout, self.session),
@@ -541,10 +534,6 @@ class CockpitApp(App):
                                 progress=self._progress)
             self._new_watchdog()
             await self.push_screen_wait(ReportScreen("ablation", describe_ablation(rows, vary)))
-        except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
-        finally:
-            self.busy = None
 
     def action_ledger(self) -> None:
         self.push_screen(ReportScreen(f"runs of {self.layout.name}", describe_ledger(read_ledger(self.layout))))
