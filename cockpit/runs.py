@@ -103,10 +103,11 @@ def read_ledger(layout: Layout) -> list[dict]:
 
 
 async def find_live_run(session, layout: Layout) -> dict | None:
-    """The latest run of this layout on this host that has no outcome yet and still has processes
-    in its group: what a cockpit started again (after a crash, a quit or a dropped link) follows."""
-    for run in reversed(read_ledger(layout)):
-        if run.get("host") != session.target.label or run.get("outcome") not in (None, "unknown"):
+    """The latest run of this layout on this host that still has processes in its group (ready,
+    stalled, or never watched to an outcome): what a cockpit started again after a crash, a quit or
+    a dropped link follows."""
+    for run in list(reversed(read_ledger(layout)))[:20]:
+        if run.get("host") != session.target.label:
             continue
         if not run.get("pgid"):
             continue

@@ -105,7 +105,9 @@ kill_wait_s: 2
         assert victim.read_text() == "still here"
         logs = list(tmp_path.glob(f"inj{port}-*.log"))
         assert logs and f"model_path='x; rm -rf {victim}'" in logs[0].read_text()
+        killed = run_cli("kill", *common, "--yes", env=env)  # found again through the ledger, though ready
+        assert killed.returncode == 0 and "verified" in killed.stdout, killed.stdout + killed.stderr
     finally:
-        run_cli("kill", *common, "--yes", env=env)
+        __import__("subprocess").run(["pkill", "-9", "-f", f"sim.server.*port {port}"])
     python = run_cli("snapshot", "cockpit-test", "--json", "--python", f"python3; rm -rf {victim}", *sshd.cli_args())
     assert python.returncode == 2 and "not found" in python.stderr and victim.exists()
