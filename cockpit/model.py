@@ -31,7 +31,6 @@ THROTTLE_REASONS = {
 }
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
-_DP = re.compile(r"(?:^|_)DP(\d+)(?:_|$)")
 
 
 def role_of(name: str, cmdline: list[str] | None = None) -> tuple[str | None, int | None]:

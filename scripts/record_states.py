@@ -17,7 +17,6 @@ from pathlib import Path
 from cockpit.diagnose import Watchdog, compile_phases
 from cockpit.layouts import resolve_layout
 from cockpit.link.target import parse_target
-from cockpit.runs import RunSpec
 from cockpit.session import HostSession, SessionOptions, Watch
 from cockpit.sim import demo
 from cockpit.snapshot import snapshot_doc

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from cockpit import actions, stacks
 from conftest import free_port, run_cli

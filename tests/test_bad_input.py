@@ -2,7 +2,6 @@
 decoder and layout loader never crash or hang; values never become shell syntax."""
 
 import json
-import os
 import sys
 import time
 

@@ -2,7 +2,6 @@
 the cockpit says so, keeps the data with its age, reconnects on its own and re-sends the agent."""
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -42,7 +41,6 @@ async def test_link_loss_is_said_then_the_cockpit_reconnects_on_its_own(tmp_path
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: app.state.seq > 1 and rank.pid in app.state.procs, 20)
             first_agent = app.state.agent.pid
-            seq = app.state.seq
             kill_sshd_and_its_connections(server)
             await until(pilot, lambda: app.state.link_state.startswith("lost"), 1.0)  # two refresh intervals
             await pilot.pause(0.3)

@@ -1,7 +1,6 @@
 """`cockpit snapshot --json` end to end: the real agent over the local link and over a real sshd,
 against real titled processes that hold simulated GPU memory."""
 
-import asyncio
 import json
 import os
 import signal
@@ -10,7 +9,7 @@ import sys
 import pytest
 
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.session import HostSession, SessionOptions
 
 from conftest import run_cli
 

@@ -1,7 +1,6 @@
 """The cockpit screen: Pilot tests against a live simulated host, and SVG snapshots of the demo's
 recorded states (loading weights, the EAGLE-3 deadlock, serving)."""
 
-import asyncio
 import json
 import os
 import signal

@@ -216,7 +216,6 @@ def nvmlDeviceGetEnforcedPowerLimit(handle):
 
 
 def nvmlDeviceGetTemperature(handle, sensor):
-    m = _model()
     _, share, _ = ACTIVITY[_activity(handle)]
     return int(31 + 45 * share + _noise(handle, "t", 1.5))
 

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import threading
