@@ -93,7 +93,7 @@ def test_no_gpus_is_said_not_crashed(ranks):
 def test_missing_log_file_is_waited_for(tmp_path, sim_state):
     layout = tmp_path / "l.yaml"
     log = tmp_path / "later.log"
-    layout.write_text(f"command: [-m, sglang.launch_server]\nlog: {log}\nports: [1]\n")
+    layout.write_text(f"command: [-m, sglang.launch_server]\nlog: {log}\nports: [1]\nwatch: []\n")
     doc = snapshot("local", "--sim", str(sim_state), "--layout", str(layout))
     assert doc["log"] == {"path": str(log), "event": "missing", "lines": []}
     assert doc["ports"] == [{"port": 1, "listening": False, "pid": None}]
