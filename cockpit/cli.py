@@ -153,7 +153,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                 return None
             wait = args.wait if args.wait is not None else (layout.kill_wait_s if layout else actions.DEFAULT_KILL_WAIT_S)
             report = await actions.kill(session, plan, wait, layout.ports if layout else [])
-            if target_is_demo(session):
+            if session.target.kind == "demo":
                 from cockpit.sim import demo
                 demo.forget_demo(session.opts.sim_state)
             return report
@@ -170,10 +170,6 @@ def cmd_kill(args: argparse.Namespace) -> int:
     else:
         print("\n".join(actions.describe_kill(report)))
     return 0 if report["verified"] else 3
-
-
-def target_is_demo(session) -> bool:
-    return session.target.kind == "demo"
 
 
 def cmd_shm(args: argparse.Namespace) -> int:

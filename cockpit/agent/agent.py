@@ -303,7 +303,7 @@ def _num(text, kind):
 
 def open_gpus(interval, warnings):
     try:
-        import pynvml  # noqa: the simulated module is installed under this name too
+        import pynvml  # the simulated module is installed under this name too
     except ImportError:
         pynvml = None
     if pynvml is not None:

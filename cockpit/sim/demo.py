@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
 from pathlib import Path
 
+from cockpit.agent import agent
 from cockpit.config import Layout
 from cockpit.runs import default_spec, launch
 from cockpit.session import HostSession
@@ -56,22 +55,12 @@ def forget_demo(state: str) -> None:
 
 
 def stop_demo(state: str, wait_s: float = 5.0) -> bool:
-    """End the recorded demo run: its whole process group, SIGTERM then SIGKILL."""
+    """End the recorded demo run (always on this machine) with the agent's own kill: its process
+    group and session, each pid checked against its start time, SIGTERM then SIGKILL."""
     rec = running_demo(state)
     if rec is None:
         return False
     pgid = int(rec["pgid"])
-    for sig, pause in ((signal.SIGTERM, wait_s), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + pause
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+    agent.kill_run(agent.kill_plan(pgids=[pgid], sids=[pgid]), wait_s, pgids=[pgid], sids=[pgid])
     _record(state).unlink(missing_ok=True)
     return True
