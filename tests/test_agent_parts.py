@@ -171,3 +171,31 @@ def test_without_pynvml_one_long_lived_nvidia_smi_per_query(tmp_path, monkeypatc
         assert len(calls) == 3 and sum("-lms" in c for c in calls) == 2  # static query once, two streams
     finally:
         gpus.close()
+
+
+def test_kill_run_survives_a_rank_that_exits_between_two_reads(monkeypatch):
+    """A rank reaped between the start-time check and the status read once crashed `kill`
+    with a TypeError; the process ends here exactly in that gap."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    plan = agent.kill_plan(pids=[child.pid])
+    assert [e["pid"] for e in plan] == [child.pid]
+    real = agent._proc_stat
+    reads = []
+
+    def stat_then_die(pid):
+        row = real(pid)
+        if pid == child.pid:
+            reads.append(row)
+            if len(reads) == 3:  # after SIGTERM: the lingering check's read
+                child.wait(5)
+                row = real(pid)
+        return row
+
+    monkeypatch.setattr(agent, "_proc_stat", stat_then_die)
+    report = agent.kill_run(plan, wait_s=2.0, pids=[child.pid])
+    assert report["term"] == [child.pid]
+    assert report["remaining"] == []
+    assert child.returncode == -15

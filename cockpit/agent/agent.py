@@ -875,6 +875,12 @@ def kill_run(plan, wait_s=10.0, pgids=(), sids=(), pids=()):
     def same(entry):
         return entry["pid"] not in protected and _start_ticks(entry["pid"]) == entry["start"]
 
+    def lingering(entry):
+        """Still this process and not yet a zombie; read once, since it may exit at any moment."""
+        row = _proc_stat(entry["pid"])
+        return (entry["pid"] not in protected and row is not None and row["_start"] == entry["start"]
+                and row["status"] != "Z")
+
     for entry in plan:
         if same(entry):
             try:
@@ -887,7 +893,7 @@ def kill_run(plan, wait_s=10.0, pgids=(), sids=(), pids=()):
     deadline = time.monotonic() + max(0.0, float(wait_s))
     pending = [e for e in plan if e["pid"] in term]
     while time.monotonic() < deadline:
-        pending = [e for e in pending if same(e) and _proc_stat(e["pid"])["status"] != "Z"]
+        pending = [e for e in pending if lingering(e)]
         if not pending:
             break
         time.sleep(0.1)
