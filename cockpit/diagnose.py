@@ -140,6 +140,14 @@ class Watchdog:
         self._errors: deque = deque(maxlen=3)
         self._phase_line: tuple[str, str] | None = None
         self._shards: tuple[str, str] | None = None
+        self._generation = 0
+
+    def _new_run(self) -> None:
+        """The host state saw a new run replace the last one: its phases and crash are history."""
+        self.started = None
+        self.phase_at, self._since = {}, {}
+        self._crash, self._phase_line, self._shards = None, None, None
+        self._errors.clear()
 
     def _held(self, name: str, cond: bool, now: float) -> float:
         if not cond:
@@ -158,6 +166,9 @@ class Watchdog:
 
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
+        if state.generation != self._generation:
+            self._generation = state.generation
+            self._new_run()
         self._scan_new_lines(log)
         phase = self._phase(state)
         ranks = [p for p in state.procs.values() if p.rank is not None]

@@ -100,6 +100,7 @@ class Proc:
     alive: bool = True
     exit_code: int | None = None
     gone_at: float | None = None
+    first_seen: float = field(default_factory=time.monotonic)
 
     @property
     def title(self) -> str:
@@ -162,6 +163,8 @@ class HostState:
         self.link_state = "connecting"
         self.rtt_ms: float | None = None
         self.verdict: dict | None = None  # a recorded verdict, for a replayed snapshot
+        self.generation = 0  # bumped when a new run replaces the last one (see _new_run)
+        self.notes: deque = deque(maxlen=20)  # what the operator should be told once
 
     # ------------------------------------------------------------------ frames
 
@@ -234,9 +237,28 @@ class HostState:
         for pid, code in f.get("exits") or []:
             if pid in self.procs:
                 self.procs[pid].exit_code = code
+        self._new_run()
         self._forget_old_dead()
         if "ports" in f:
             self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f["ports"] or []]
+
+    def _new_run(self) -> None:
+        """A server restarted outside the cockpit (by hand, by systemd, an elastic agent) shows
+        up as ranks first seen after every rank of the last run died. Those dead ranks are then
+        the last run's history, not a crash of this one: dropped, with a note of how they ended.
+        A rank that died while others of its run live on stays: that is a crash."""
+        ranks = [p for p in self.procs.values() if p.rank is not None]
+        live = [p for p in ranks if p.alive]
+        dead = [p for p in ranks if not p.alive]
+        if not dead or not live or min(p.first_seen for p in live) < max(p.gone_at or 0.0 for p in dead):
+            return
+        codes = sorted({p.exit_code for p in dead if p.exit_code is not None})
+        ended = f" (exit codes {', '.join(map(str, codes))})" if codes else ""
+        groups = ", ".join(str(g) for g in sorted({p.pgid for p in live if p.pgid is not None}))
+        self.notes.append(f"a new run appeared (process group {groups}): the previous run's {len(dead)} ranks "
+                          f"are gone{ended}")
+        self.generation += 1
+        self.forget_dead()
 
     def forget_dead(self) -> None:
         """A new run starts: the last run's dead processes are history, not part of it."""

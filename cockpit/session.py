@@ -21,6 +21,7 @@ from cockpit.link.target import Target
 from cockpit.model import HostState
 
 HELLO_TIMEOUT_S = 20.0
+SILENCE_FLOOR_S = 1.0  # at sub-second refresh, a busy host's scheduler jitter is not a dead link
 
 
 @dataclass
@@ -82,6 +83,9 @@ class HostSession:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
+        self._silence: asyncio.Task | None = None
+        self.last_frame_at = time.monotonic()
+        self.lost_reason: str | None = None
         self.errors: list[str] = []
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
@@ -98,8 +102,11 @@ class HostSession:
         hello = await self._read_hello()
         self.state.apply(hello)
         self.state.link_state = "up"
+        self.last_frame_at = time.monotonic()
+        self.lost_reason = None
         self._reader = asyncio.create_task(self._read_loop())
         await self._answer("config", configured, 30.0)
+        self._silence = asyncio.create_task(self._watch_silence())
 
     async def _read_hello(self) -> dict:
         where = self.target.label
@@ -143,6 +150,7 @@ class HostSession:
                 line = await self.stream.readline()
                 if not line:
                     break
+                self.last_frame_at = time.monotonic()
                 frame = decode_frame(line)
                 if frame is None:
                     continue
@@ -167,16 +175,37 @@ class HostSession:
             self._pending.clear()
             self.closed.set()
 
+    async def _watch_silence(self) -> None:
+        """A link that goes quiet without closing (a host that hung or rebooted, a pulled cable)
+        would otherwise look alive until ssh keepalives give up, 30 s later. The agent sends a
+        sample every interval, so two intervals without a byte end the link here. Time this
+        event loop itself was stalled is not counted against the host."""
+        last_check = time.monotonic()
+        while not self.closed.is_set():
+            step = self.opts.interval / 4
+            await asyncio.sleep(step)
+            now = time.monotonic()
+            if now - last_check > max(step * 3, 0.5):
+                self.last_frame_at = max(self.last_frame_at, now - step)
+            last_check = now
+            silent = now - self.last_frame_at
+            if silent > max(2.0 * self.opts.interval, SILENCE_FLOOR_S) and self._reader is not None:
+                self.lost_reason = f"no data for {silent:.1f} s"
+                self._reader.cancel()
+                return
+
     async def reconnect(self) -> None:
         """After a lost link: a new connection and a new agent, the same watch and the same
         HostState (its history goes on; processes gone meanwhile show as gone)."""
         await self.close()
-        self.stream, self._reader, self.link = None, None, None
+        self.stream, self._reader, self._silence, self.link = None, None, None, None
         self._pending = {}
         self.closed = asyncio.Event()
         await self.connect()
 
     async def close(self) -> None:
+        if self._silence is not None:
+            self._silence.cancel()
         if self.stream is not None:
             await self.stream.aclose()
         if self._reader is not None:

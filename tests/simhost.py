@@ -65,3 +65,12 @@ class SimRun:
 
 class _Empty:
     lines: list = []
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True

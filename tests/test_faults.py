@@ -11,6 +11,7 @@ from cockpit.link.target import parse_target
 from cockpit.session import HostSession, SessionOptions, Watch
 from cockpit.ui.app import CockpitApp, save_text
 from conftest import SSHD, Sshd
+from simhost import gone
 
 
 async def until(pilot, predicate, timeout):
@@ -59,3 +60,155 @@ async def test_link_loss_is_said_then_the_cockpit_reconnects_on_its_own(tmp_path
             await pilot.press("q")
     finally:
         server.stop()
+
+
+def freeze(server: Sshd, sig: str) -> list[int]:
+    """Signal every process of the sshd's live connections (not the listener): a host that hung."""
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    pids = []
+    while out:
+        pid = out.pop()
+        pids.append(int(pid))
+        out += subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        os.kill(pid, getattr(__import__("signal"), sig))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
+async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim_state, ranks):
+    """The connection stays open but nothing comes (the host's side frozen with SIGSTOP): ssh
+    keepalives would take 30 s; the cockpit says so within two refresh intervals and reconnects."""
+    rank = ranks.spawn("sglang::scheduler_TP0", gpu=0, mib=5000)
+    server = Sshd(tmp_path)
+    server.start()
+    frozen: list[int] = []
+    try:
+        session = HostSession(parse_target("cockpit-test"),
+                              SessionOptions(python=sys.executable, interval=0.5, sim_state=str(sim_state),
+                                             ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
+                              Watch(patterns=["sglang::*"]))
+        app = CockpitApp(session=session)
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: app.state.seq > 1 and rank.pid in app.state.procs, 20)
+            first_agent = app.state.agent.pid
+            frozen = freeze(server, "SIGSTOP")
+            assert first_agent in frozen
+            await until(pilot, lambda: app.state.link_state.startswith("lost"), 1.0 + 0.5)
+            await until(pilot, lambda: "link lost, retrying (1)" in save_text(app, None), 0.8)
+            assert "why: no data for 1." in save_text(app, None)
+            await until(pilot, lambda: app.state.link_state == "up", 30)
+            await until(pilot, lambda: app.state.agent.pid != first_agent and rank.pid in app.state.procs, 10)
+            freeze(server, "SIGCONT")
+            for _ in range(100):  # the old agent finds its connection gone and exits
+                if gone(first_agent):
+                    break
+                await pilot.pause(0.1)
+            else:
+                raise AssertionError("the frozen agent outlived its connection")
+            await pilot.press("q")
+    finally:
+        if frozen:
+            for pid in frozen:
+                try:
+                    os.kill(pid, 18)
+                except ProcessLookupError:
+                    pass
+        server.stop()
+
+
+@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
+async def test_host_python_and_psutil_vanishing_between_connects_are_said_and_survived(tmp_path, sim_state, ranks):
+    """The agent is killed; before the cockpit reconnects, the host's interpreter loses psutil,
+    then disappears, then comes back: each retry says why in one line, and the cockpit recovers."""
+    rank = ranks.spawn("sglang::scheduler_TP0", gpu=0, mib=3000)
+    python = tmp_path / "host-python"
+
+    def host_python(flags: str | None) -> None:
+        python.unlink(missing_ok=True)
+        if flags is not None:
+            python.write_text(f"#!/bin/sh\nexec {sys.executable} {flags} \"$@\"\n")
+            python.chmod(0o755)
+
+    host_python("")
+    server = Sshd(tmp_path)
+    server.start()
+    try:
+        session = HostSession(parse_target("cockpit-test"),
+                              SessionOptions(python=str(python), interval=0.5, sim_state=str(sim_state),
+                                             ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
+                              Watch(patterns=["sglang::*"]))
+        app = CockpitApp(session=session)
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: rank.pid in app.state.procs, 20)
+            host_python("-S")  # no site-packages: psutil is gone
+            os.kill(app.state.agent.pid, 9)
+            await until(pilot, lambda: "psutil is not installed" in (app.link_error or ""), 10)
+            await until(pilot, lambda: "why: cockpit-test: psutil is not installed for" in save_text(app, None), 1)
+            assert "link lost, retrying (" in save_text(app, None)
+            host_python(None)
+            await until(pilot, lambda: "not found on cockpit-test" in (app.link_error or ""), 10)
+            assert app.state.link_state.startswith("lost, retrying (")
+            assert rank.pid in app.state.procs and app.state.gpus[0].mem_used_mib == 3512  # kept, greyed
+            host_python("")
+            await until(pilot, lambda: app.state.link_state == "up", 20)
+            await until(pilot, lambda: app.state.procs[rank.pid].alive and app.state.age_s() < 2, 10)
+            await pilot.press("q")
+    finally:
+        server.stop()
+
+
+async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(sim_state, tmp_path):
+    """The operator (or systemd) kills the server and starts it again by hand, same command, same
+    log file. The cockpit finds the new ranks on its next full scan, says a new run appeared,
+    drops the old ranks instead of calling the run crashed, and follows the new run's phases."""
+    import asyncio
+    import signal
+
+    from cockpit.diagnose import Watchdog, compile_phases
+    from conftest import free_port
+    from simhost import wait_for
+
+    log = tmp_path / "server.log"
+    port = free_port()
+    argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port), "--sim-speed", "4",
+            "--sim-shm-dir", str(tmp_path)]
+    env = {**os.environ, "COCKPIT_SIM_STATE": str(sim_state)}
+
+    def start_by_hand():
+        return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    first = start_by_hand()
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+                          Watch(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)], ports=[port]))
+    dog = Watchdog(compile_phases("sglang"), idle_s=600, spin_s=600, ports=[port])
+    second = None
+    try:
+        await session.connect()
+
+        def verdict():
+            return dog.update(session.state, asyncio.get_running_loop().time(), str(log))
+
+        await wait_for(lambda: len([p for p in session.state.ranks() if p.alive]) == 4, 30, "four ranks")
+        old = {p.pid for p in session.state.ranks()}
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        await wait_for(lambda: verdict()[1].name == "crashed", 10, "the kill seen as ranks gone")
+        second = start_by_hand()
+        await wait_for(lambda: session.state.generation == 1, 15, "the new run found by the full scan")
+        live = {p.pid for p in session.state.ranks()}
+        assert len(live) == 4 and not live & old  # the old ranks are dropped, not shown as dead ranks of this run
+        assert all(p.pgid == second.pid for p in session.state.ranks())
+        assert "a new run appeared (process group %d): the previous run's 4 ranks are gone" % second.pid in \
+            session.state.notes[-1]
+        phase, v = verdict()
+        assert v.name != "crashed"
+        await wait_for(lambda: verdict()[0].name in ("ready", "serving"), 40, "the new run's phases followed")
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        await session.close()

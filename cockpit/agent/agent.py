@@ -1079,7 +1079,7 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
 
 
 class Agent:
-    THREADED = ("kill", "dump", "shm_audit", "shm_clean")  # slow: answered from a thread
+    THREADED = ("kill", "dump", "dump_check", "shm_audit", "shm_clean", "http")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval):
         self.interval = interval

@@ -201,6 +201,7 @@ class CockpitApp(App):
         backoff (re-sending the agent), and pick the run up again. Never re-runs a command."""
         while True:
             await self.session.closed.wait()
+            self.link_error = self.session.lost_reason
             attempt = 0
             while True:
                 attempt += 1
@@ -213,6 +214,7 @@ class CockpitApp(App):
                     break
                 except CockpitError as exc:
                     self.link_error = str(exc)
+                    self.dirty = True
             self.link_error = None
             self.state.link_state = "up"
             self.dirty = True
@@ -254,6 +256,8 @@ class CockpitApp(App):
             self.state.link_state = "lost"
             self.dirty = True
         self.screen.set_class(self.state.link_state.startswith(("lost", "failed")), "stale")
+        while self.state.notes:
+            self.notify(self.state.notes.popleft(), timeout=10)
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
@@ -326,8 +330,6 @@ class CockpitApp(App):
         style = "green" if link == "up" else "bold red" if link.startswith(("lost", "failed")) else "yellow"
         if link.startswith("lost"):
             link = "link " + link
-            if self.link_error:
-                link += f": {escape(self.link_error)}"
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
         parts.append(f"{'' if link.startswith('link ') else 'link '}[{style}]{link}[/{style}]{rtt}")
         age = s.age_s()
@@ -346,6 +348,8 @@ class CockpitApp(App):
         elif a.warnings:
             parts.append(f"[yellow]{escape(a.warnings[0])}[/]")
         text = "  │  ".join(parts)
+        if self.link_error and s.link_state.startswith("lost"):
+            text += f"\n[bold red]why: {escape(self.link_error)}[/]"  # its own line: the fix must be readable
         if self.verdict.evidence and self.verdict.name != "ok":
             text += "\n[red]" + "  ·  ".join(self.verdict.evidence).replace("[", "\\[") + "[/]"
         if text != self._status_text:
