@@ -86,6 +86,8 @@ class HostSession:
         self._silence: asyncio.Task | None = None
         self.last_frame_at = time.monotonic()
         self.lost_reason: str | None = None
+        self.link_error: str | None = None  # why the last reconnect failed, while it is down
+        self.reconnects = 0
         self.errors: list[str] = []
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
@@ -193,6 +195,30 @@ class HostSession:
                 self.lost_reason = f"no data for {silent:.1f} s"
                 self._reader.cancel()
                 return
+
+    async def keep(self, retry_first: bool = False) -> None:
+        """Keep the link up until cancelled: after a loss, reconnect with backoff (1, 2, 4 … 30 s),
+        re-sending the agent and the same watch. A command in flight is never re-sent (its caller
+        got LinkLost). With retry_first, a first connection that failed is retried the same way
+        (a fleet's host that is down now may be up later). state.link_state says where it stands."""
+        if retry_first and self._reader is None:
+            self.closed.set()
+            self.lost_reason = self.link_error
+        while True:
+            await self.closed.wait()
+            self.link_error = self.lost_reason
+            attempt = 0
+            while True:
+                attempt += 1
+                self.state.link_state = f"lost, retrying ({attempt})"
+                await asyncio.sleep(min(30.0, 2.0 ** (attempt - 1)))
+                try:
+                    await self.reconnect()
+                    break
+                except CockpitError as exc:
+                    self.link_error = str(exc)
+            self.link_error = None
+            self.reconnects += 1
 
     async def reconnect(self) -> None:
         """After a lost link: a new connection and a new agent, the same watch and the same

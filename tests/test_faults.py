@@ -49,7 +49,7 @@ async def test_link_loss_is_said_then_the_cockpit_reconnects_on_its_own(tmp_path
             assert "link lost, retrying (1)" in text
             assert "GPU0" in text and app.state.gpus[0].mem_used_mib == 5512  # the data stays, with its age
             assert app.screen.has_class("stale")
-            assert not app.check_action("kill_run", ())  # no action over a dead link
+            assert not app.cockpit.check_action("kill_run", ())  # no action over a dead link
             await pilot.pause(2.5)
             assert app.state.link_state.startswith("lost, retrying (")  # still trying: sshd is down
             server.start()
@@ -143,11 +143,11 @@ async def test_host_python_and_psutil_vanishing_between_connects_are_said_and_su
             await until(pilot, lambda: rank.pid in app.state.procs, 20)
             host_python("-S")  # no site-packages: psutil is gone
             os.kill(app.state.agent.pid, 9)
-            await until(pilot, lambda: "psutil is not installed" in (app.link_error or ""), 10)
+            await until(pilot, lambda: "psutil is not installed" in (app.cockpit.link_error or ""), 10)
             await until(pilot, lambda: "why: cockpit-test: psutil is not installed for" in save_text(app, None), 1)
             assert "link lost, retrying (" in save_text(app, None)
             host_python(None)
-            await until(pilot, lambda: "not found on cockpit-test" in (app.link_error or ""), 10)
+            await until(pilot, lambda: "not found on cockpit-test" in (app.cockpit.link_error or ""), 10)
             assert app.state.link_state.startswith("lost, retrying (")
             assert rank.pid in app.state.procs and app.state.gpus[0].mem_used_mib == 3512  # kept, greyed
             host_python("")

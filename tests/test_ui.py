@@ -240,8 +240,8 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
 
     app = eagle_app
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.verdict.name == "stalled-idle", 60)
-        assert "log silent" in " ".join(app.verdict.evidence)
+        await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 60)
+        assert "log silent" in " ".join(app.cockpit.verdict.evidence)
         assert "stalled-idle" in save_text(app, None)
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
@@ -251,8 +251,8 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         assert app.screen.spec().enabled == []
         await pilot.press("ctrl+r")
         await until(pilot, lambda: not isinstance(app.screen, RelaunchScreen), 10)
-        await until(pilot, lambda: app.busy is None and app.phase.name in ("ready", "serving"), 90)
-        rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.layout)
+        await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)
+        rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
         assert [r["outcome"] for r in rows] == ["unknown", "ready"] and rows[1]["flag_sets"] == []
         assert "--speculative-algorithm" not in " ".join(rows[1]["argv"])
         # K: the confirmation names every pid, then the report says it is verified

@@ -18,7 +18,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
@@ -91,13 +91,15 @@ class SearchScreen(ModalScreen[str | None]):
         self.dismiss(self.current or None)
 
 
-class CockpitApp(App):
-    CSS_PATH = "cockpit.tcss"
-    TITLE = "gpu-cockpit"
+class CockpitScreen(Screen):
+    """One host's cockpit. Standalone it owns its session; opened from the fleet it borrows the
+    fleet's live session (no second connection) and Escape goes back."""
+
     BINDINGS = [
-        Binding("q", "quit", "Quit"),
+        Binding("q", "app.quit", "Quit"),
+        Binding("escape", "back", "Fleet"),
         Binding("question_mark", "help", "Help"),
-        Binding("colon", "command_palette", "Commands", show=False),
+        Binding("colon", "app.command_palette", "Commands", show=False),
         Binding("slash", "search", "Search"),
         Binding("t", "rank_filter", "Rank filter"),
         Binding("f", "follow", "Follow"),
@@ -108,18 +110,19 @@ class CockpitApp(App):
         Binding("r", "relaunch", "Relaunch"),
         Binding("A", "ablate", "Ablate"),
         Binding("L", "ledger", "Runs"),
-        Binding("tab", "focus_next", "Next pane", show=False),
-        Binding("shift+tab", "focus_previous", "Prev pane", show=False),
+        Binding("tab", "app.focus_next", "Next pane", show=False),
+        Binding("shift+tab", "app.focus_previous", "Prev pane", show=False),
     ]
 
     def __init__(self, state: HostState | None = None, session: HostSession | None = None,
                  layout: Layout | None = None,
                  on_connect: Callable[[HostSession], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.time, read_only: bool = False):
+                 clock: Callable[[], float] = time.time, read_only: bool = False, owns_session: bool = True):
         super().__init__()
         self.session = session
+        self.owns_session = owns_session
         self.state = session.state if session else (state or HostState())
-        self.layout = layout
+        self.profile = layout
         self.on_connect = on_connect
         self.clock = clock
         self.read_only = read_only
@@ -140,6 +143,7 @@ class CockpitApp(App):
         self._log_path: str | None = None
         self._gpu_count = -1
         self._status_text = ""
+        self._link_seen: tuple | None = None
 
     # ------------------------------------------------------------------ layout
 
@@ -181,52 +185,45 @@ class CockpitApp(App):
 
     @work(exclusive=True, group="connect")
     async def connect(self) -> None:
-        try:
-            await self.session.connect()
-            if self.on_connect is not None:
-                await self.on_connect(self.session)
-        except CockpitError as exc:
-            self.error = str(exc)
-            self.state.link_state = "failed"
-            self.notify(str(exc), title="cannot connect", severity="error", timeout=30)
-            self.dirty = True
-            self.ready.set()
-            return
+        """Connect, then keep the link up (the session reconnects with backoff and re-sends the
+        agent; the screen only shows where it stands). A fleet's session is already kept."""
+        if self.owns_session:
+            try:
+                await self.session.connect()
+                if self.on_connect is not None:
+                    await self.on_connect(self.session)
+            except CockpitError as exc:
+                self.error = str(exc)
+                self.state.link_state = "failed"
+                self.notify(str(exc), title="cannot connect", severity="error", timeout=30)
+                self.dirty = True
+                self.ready.set()
+                return
         self.refresh_bindings()
         self.probe()
-        await self._keep_link()
+        if self.owns_session:
+            await self.session.keep()
 
-    async def _keep_link(self) -> None:
-        """When the link drops: say so, keep the data on screen with its age, reconnect with
-        backoff (re-sending the agent), and pick the run up again. Never re-runs a command."""
-        while True:
-            await self.session.closed.wait()
-            self.link_error = self.session.lost_reason
-            attempt = 0
-            while True:
-                attempt += 1
-                self.state.link_state = f"lost, retrying ({attempt})"
-                self.dirty = True
-                self.refresh_bindings()
-                await asyncio.sleep(min(30.0, 2.0 ** (attempt - 1)))
-                try:
-                    await self.session.reconnect()
-                    break
-                except CockpitError as exc:
-                    self.link_error = str(exc)
-                    self.dirty = True
-            self.link_error = None
-            self.state.link_state = "up"
-            self.dirty = True
-            self.notify(f"link to {self.state.target} is back (attempt {attempt})", timeout=5)
-            self.refresh_bindings()
+    def _watch_link(self) -> None:
+        """Link changes seen by the session become a redraw, the right bindings and, when it comes
+        back, a notification and a new round of probes."""
+        seen = (self.state.link_state, self.session.link_error, self.session.reconnects)
+        if seen == self._link_seen:
+            return
+        back = self._link_seen is not None and seen[2] > self._link_seen[2]
+        self._link_seen = seen
+        self.link_error = self.session.link_error
+        self.dirty = True
+        self.refresh_bindings()
+        if back:
+            self.notify(f"link to {self.state.target} is back (reconnect {seen[2]})", timeout=5)
             self.probe()
 
     @work(exclusive=True, group="probe")
     async def probe(self) -> None:
         """Endpoint probes and the round-trip time, one round after another."""
-        ports = self.layout.ports if self.layout else []
-        endpoints = self.layout.endpoints if self.layout else []
+        ports = self.profile.ports if self.profile else []
+        endpoints = self.profile.endpoints if self.profile else []
         table = self.ports
         while self.session is not None and not self.session.closed.is_set():
             try:
@@ -252,10 +249,11 @@ class CockpitApp(App):
     def _tick(self) -> None:
         if not self.view.is_attached:
             return  # quitting: the widgets are gone
-        if self.session is not None and self.session.closed.is_set() and self.state.link_state == "up":
-            self.state.link_state = "lost"
-            self.dirty = True
-        self.screen.set_class(self.state.link_state.startswith(("lost", "failed")), "stale")
+        if self.session is not None:
+            if self.session.closed.is_set() and self.state.link_state == "up":
+                self.state.link_state = "lost"
+            self._watch_link()
+        self.set_class(self.state.link_state.startswith(("lost", "failed")), "stale")
         while self.state.notes:
             self.notify(self.state.notes.popleft(), timeout=10)
         if self.dirty:
@@ -284,7 +282,7 @@ class CockpitApp(App):
         self.phase, self.verdict = self.watchdog.update(self.state, time.monotonic(), self._log_path)
         if self.verdict.name != before and self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow"):
             self.notify("\n".join(self.verdict.evidence[:4]), title=str(self.verdict), severity="error", timeout=20)
-            if self.layout and self.layout.auto_dump and self.verdict.name.startswith("stalled") and not self.read_only:
+            if self.profile and self.profile.auto_dump and self.verdict.name.startswith("stalled") and not self.read_only:
                 self.action_dump()
 
     def refresh_panes(self) -> None:
@@ -364,11 +362,13 @@ class CockpitApp(App):
         """Only bindings that can do something are shown: no actions without a live link, none
         at all in --read-only."""
         if action in self.ACTIONS:
-            if action in ("relaunch", "ablate") and (self.layout is None or not self.layout.command):
+            if action in ("relaunch", "ablate") and (self.profile is None or not self.profile.command):
                 return False
             return not self.read_only and self.session is not None and self.state.link_state == "up"
         if action == "ledger":
-            return self.layout is not None
+            return self.profile is not None
+        if action == "back":
+            return not self.owns_session
         return True
 
     @asynccontextmanager
@@ -405,14 +405,14 @@ class CockpitApp(App):
             if not plan.entries:
                 self.notify("nothing to kill: no process of it is alive", severity="warning")
                 return
-            ok = await self.push_screen_wait(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
+            ok = await self.app.push_screen_wait(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
             if not ok:
                 return
             self.notify(f"{what}: SIGTERM sent, waiting…")
-            wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
-            report = await kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            wait = self.profile.kill_wait_s if self.profile else DEFAULT_KILL_WAIT_S
+            report = await kill(self.session, plan, wait, self.profile.ports if self.profile else [])
             title = f"{what}: {'verified' if report['verified'] else 'NOT everything is gone'}"
-            await self.push_screen_wait(ReportScreen(title, describe_kill(report)))
+            await self.app.push_screen_wait(ReportScreen(title, describe_kill(report)))
 
     @work(group="action")
     async def action_shm(self) -> None:
@@ -422,11 +422,11 @@ class CockpitApp(App):
             audit = await shm_audit(self.session)
             removable = [e["name"] for e in audit["entries"] if e["removable"]]
             keys = {"c": f"clean {len(removable)} removable"} if removable else {}
-            choice = await self.push_screen_wait(ReportScreen(f"{audit['folder']} on {self.state.agent.hostname}",
+            choice = await self.app.push_screen_wait(ReportScreen(f"{audit['folder']} on {self.state.agent.hostname}",
                                                               describe_shm(audit), keys))
             if choice != "c":
                 return
-            ok = await self.push_screen_wait(ConfirmScreen(
+            ok = await self.app.push_screen_wait(ConfirmScreen(
                 "clean shm", [f"rm {audit['folder']}/{n}" for n in removable],
                 f"Remove these {len(removable)} entries (held ones and those of live creators are kept)?"))
             if not ok:
@@ -434,7 +434,7 @@ class CockpitApp(App):
             done = await shm_clean(self.session, removable, audit["folder"])
             lines = [f"removed {len(done['removed'])}, freed {human_bytes(done['freed_bytes'])}"]
             lines += [f"kept {s['name']}: {s['why']}" for s in done["skipped"]]
-            await self.push_screen_wait(ReportScreen("shm cleaned", lines))
+            await self.app.push_screen_wait(ReportScreen("shm cleaned", lines))
 
     @work(group="action")
     async def action_dump(self) -> None:
@@ -446,15 +446,15 @@ class CockpitApp(App):
                 self.notify("no live rank to dump", severity="warning")
                 return
             self.notify(f"dumping {len(ranks)} processes with py-spy…")
-            run = self.layout.name if self.layout else self.state.target
+            run = self.profile.name if self.profile else self.state.target
             result = await dump_ranks(self.session, ranks, run)
             lines = describe_groups(result.groups)
             lines += [f"rank {r}: no dump ({'; '.join(e)})" for r, e in result.failed.items()]
             lines.append(f"raw dumps: {result.folder}")
-            await self.push_screen_wait(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
+            await self.app.push_screen_wait(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.app.push_screen(HelpScreen())
 
     def action_search(self) -> None:
         view = self.view
@@ -463,7 +463,7 @@ class CockpitApp(App):
             view.search = term
             self._sync_log(full=True)
 
-        self.push_screen(SearchScreen(view.search), done)
+        self.app.push_screen(SearchScreen(view.search), done)
 
     def action_rank_filter(self) -> None:
         view = self.view
@@ -486,16 +486,16 @@ class CockpitApp(App):
 
     def _current_spec(self) -> RunSpec:
         if self.spec is None:
-            self.spec = default_spec(self.layout)
+            self.spec = default_spec(self.profile)
         return self.spec
 
     def _progress(self, phase, verdict) -> None:
         self.run_progress = f"{phase or ''} {verdict}".strip()
 
     def _new_watchdog(self) -> None:
-        s = self.layout.stall
-        self.watchdog = Watchdog(self.phases, s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(self.layout),
-                                 self.layout.ports)
+        s = self.profile.stall
+        self.watchdog = Watchdog(self.phases, s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(self.profile),
+                                 self.profile.ports)
         self.verdict = Verdict("watching", [])
 
     @work(group="action")
@@ -503,15 +503,15 @@ class CockpitApp(App):
         async with self._exclusive("relaunch") as go:
             if not go:
                 return
-            extra = sim_flags(self.layout, self.session)
-            spec = await self.push_screen_wait(RelaunchScreen(self.layout, self._current_spec(),
-                                                              launch_python(self.layout, self.session), extra))
+            extra = sim_flags(self.profile, self.session)
+            spec = await self.app.push_screen_wait(RelaunchScreen(self.profile, self._current_spec(),
+                                                              launch_python(self.profile, self.session), extra))
             if spec is None:
                 return
             self.spec = spec
             self._new_watchdog()
             self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
-            row = await run_variant(self.session, self.layout, spec, timeout=24 * 3600.0, progress=self._progress)
+            row = await run_variant(self.session, self.profile, spec, timeout=24 * 3600.0, progress=self._progress)
             self._new_watchdog()
             self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
                         severity="information" if row["outcome"] == "ready" else "error", timeout=20)
@@ -521,30 +521,62 @@ class CockpitApp(App):
         async with self._exclusive("ablation") as go:
             if not go:
                 return
-            choice = await self.push_screen_wait(RelaunchScreen(self.layout, self._current_spec(),
-                                                                launch_python(self.layout, self.session),
-                                                                sim_flags(self.layout, self.session),
+            choice = await self.app.push_screen_wait(RelaunchScreen(self.profile, self._current_spec(),
+                                                                launch_python(self.profile, self.session),
+                                                                sim_flags(self.profile, self.session),
                                                                 title="ablate: the chosen flag sets are switched on and off"))
             if choice is None or not choice.enabled:
                 return
             vary = choice.enabled
-            specs = combinations(self.layout, vary)
-            ok = await self.push_screen_wait(ConfirmScreen(
+            specs = combinations(self.profile, vary)
+            ok = await self.app.push_screen_wait(ConfirmScreen(
                 "ablation", [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
                 f"Run these {len(specs)} launches in turn (each kills the one before)?"))
             if not ok:
                 return
-            rows = await ablate(self.session, self.layout, vary, timeout=self.layout.stall.idle_s * 10 + 600,
+            rows = await ablate(self.session, self.profile, vary, timeout=self.profile.stall.idle_s * 10 + 600,
                                 progress=self._progress)
             self._new_watchdog()
-            await self.push_screen_wait(ReportScreen("ablation", describe_ablation(rows, vary)))
+            await self.app.push_screen_wait(ReportScreen("ablation", describe_ablation(rows, vary)))
 
     def action_ledger(self) -> None:
-        self.push_screen(ReportScreen(f"runs of {self.layout.name}", describe_ledger(read_ledger(self.layout))))
+        self.app.push_screen(ReportScreen(f"runs of {self.profile.name}", describe_ledger(read_ledger(self.profile))))
+
+    def action_back(self) -> None:
+        self.dismiss()
 
     async def on_unmount(self) -> None:
         if self.session is not None:
-            await self.session.close()
+            if self.owns_session:
+                await self.session.close()
+            elif self.session.on_frame == self._on_frame:
+                self.session.on_frame = None
+
+
+class CockpitApp(App):
+    """The cockpit on one host: a thin app around CockpitScreen (which the fleet reuses)."""
+
+    CSS_PATH = "cockpit.tcss"
+    TITLE = "gpu-cockpit"
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.cockpit = CockpitScreen(**kwargs)
+
+    def get_default_screen(self) -> CockpitScreen:
+        return self.cockpit
+
+    @property
+    def state(self) -> HostState:
+        return self.cockpit.state
+
+    @property
+    def error(self) -> str | None:
+        return self.cockpit.error
+
+    @property
+    def ready(self) -> asyncio.Event:
+        return self.cockpit.ready
 
 
 def save_text(app: App, path: str | None) -> str:

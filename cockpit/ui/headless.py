@@ -19,8 +19,8 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float, svg: str |
             await asyncio.sleep(0.05)
         if wait > 0:
             await asyncio.sleep(wait)
-        app.dirty = True
-        app._tick()
+        app.cockpit.dirty = True
+        app.cockpit._tick()
         # Deferred renders (a log view learns its size after layout) land over a few refreshes:
         # take the screen once two looks in a row agree.
         previous = None

@@ -70,4 +70,4 @@ class RankTable(LiveTable):
         if pid is None:
             return
         self.collapsed.symmetric_difference_update({pid})
-        self.app.refresh_panes()
+        self.screen.refresh_panes()

@@ -69,14 +69,14 @@ async def run(rate: int, seconds: float) -> dict:
                           Watch(patterns=["sglang::*"], logs=[str(log)]))
     app = CockpitApp(session=session, layout=layout)
     frame_ms: list[float] = []
-    original = app.refresh_panes
+    original = app.cockpit.refresh_panes
 
     def timed_refresh() -> None:
         t = time.perf_counter()
         original()
         frame_ms.append((time.perf_counter() - t) * 1000)
 
-    app.refresh_panes = timed_refresh
+    app.cockpit.refresh_panes = timed_refresh
     view_ms: list[float] = []
     stop = threading.Event()
     keys: list[float] = []
