@@ -18,7 +18,7 @@ import sys
 from cockpit import __version__
 from cockpit.errors import CockpitError
 
-SUBCOMMANDS = ("open", "demo", "snapshot", "kill", "shm", "dump", "launch", "ablate", "runs")
+SUBCOMMANDS = ("open", "demo", "snapshot", "fleet", "serve", "kill", "shm", "dump", "launch", "ablate", "runs")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -54,6 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="160x50", metavar="COLSxROWS", help="screen size for --svg/--text (default 160x50)")
     p.add_argument("--wait", type=float, default=0.0, metavar="S", help="seconds to watch before taking it")
     p.add_argument("--replay", metavar="FILE.json", help="render a saved --json document instead of a live host")
+    p.add_argument("--fleet", metavar="FLEET.yaml", help="every host of a fleet file, as one JSON document")
+    p.add_argument("--hosts", metavar="A,B,C", help="a fleet of these hosts, as one JSON document")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="with --fleet/--hosts: give up on hosts not answering after S seconds (default 30)")
+
+    p = sub.add_parser("serve", help="serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default")
+    p.add_argument("target", nargs="?", default="demo", help="the host to open (default: the demo host)")
+    p.add_argument("--fleet", metavar="FLEET.yaml", help="serve the fleet view of these hosts instead")
+    p.add_argument("--hosts", metavar="A,B,C", help="serve the fleet view of these hosts instead")
+    p.add_argument("--port", type=int, default=8080, help="the port to serve on (default 8080)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="the address to serve on (default 127.0.0.1)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow an address other than loopback: there is no authentication, reach it with ssh -L instead")
+    _common(p)
+
+    p = sub.add_parser("fleet", help="one row per host of a fleet; enter opens a host's cockpit")
+    p.add_argument("fleet_file", nargs="?", metavar="FLEET.yaml", help="the fleet file (docs/fleet.md)")
+    p.add_argument("--hosts", metavar="A,B,C", help="these hosts instead of a fleet file")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N", help="connections opened at once (default 16)")
+    _common(p)
     p = sub.add_parser("kill", help="kill the run (or one process), then verify it is gone")
     p.add_argument("target")
     _common(p)
@@ -347,12 +367,7 @@ def _session_parts(args: argparse.Namespace):
     )
     if target.kind in ("local", "demo") and not (args.python or (layout and layout.python != "python3")):
         opts.python = sys.executable  # this machine: the cockpit's own interpreter has psutil
-    watch = Watch()
-    if layout is not None:
-        watch.patterns = layout.watch
-        watch.logs = [layout.log] if layout.log else []
-        watch.ports = list(layout.ports)
-    return target, opts, watch, layout
+    return target, opts, Watch.for_layout(layout), layout
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -383,6 +398,14 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     if not (args.json or args.svg or args.text):
         raise CockpitError("say what to make: --json, --svg FILE or --text")
+    if args.fleet or args.hosts:
+        from cockpit.fleet import take_fleet_snapshot
+
+        if not args.json or args.svg or args.text or args.target:
+            raise CockpitError("a fleet snapshot is --json only, with no target: snapshot --fleet FLEET.yaml --json")
+        json.dump(asyncio.run(take_fleet_snapshot(_fleet_watch(args), args.timeout)), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     if args.replay is None and not args.target:
         raise CockpitError("name a target (local, demo, an ssh alias, user@host[:port]) or --replay FILE.json")
     if args.svg or args.text:
@@ -413,6 +436,80 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         doc = asyncio.run(take_snapshot(HostSession(target, opts, watch), wait=args.wait))
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    return 0
+
+
+def _fleet_watch(args: argparse.Namespace):
+    """The fleet named by a file or --hosts, with the command line's options for every host."""
+    from cockpit.fleet import FleetWatch, fleet_from_hosts, load_fleet
+    from cockpit.session import SessionOptions
+
+    path = getattr(args, "fleet_file", None) or getattr(args, "fleet", None)
+    if bool(path) == bool(args.hosts):
+        raise CockpitError("name the hosts: a fleet file (FLEET.yaml) or --hosts a,b,c, not both")
+    fleet = load_fleet(path) if path else fleet_from_hosts(args.hosts, args.layout, args.python)
+    if path and (args.layout or args.python):
+        for host in fleet.hosts:
+            host.layout = host.layout or args.layout
+            host.python = host.python or args.python
+    if getattr(args, "concurrency", None):
+        if args.concurrency < 1:
+            raise CockpitError("--concurrency: at least 1")
+        fleet.concurrency = args.concurrency
+    if args.interval:
+        fleet.interval = args.interval
+    base = SessionOptions(python=args.python or "python3", ssh_config=args.ssh_config, known_hosts=args.known_hosts,
+                          accept_new=args.accept_new, sim_state=args.sim)
+    return FleetWatch(fleet, base)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from cockpit.ui.fleet import FleetApp
+
+    FleetApp(_fleet_watch(args), read_only=args.read_only).run()
+    return 0
+
+
+LOOPBACK = ("localhost", "::1")
+
+
+def served_command(args: argparse.Namespace) -> list[str]:
+    """The cockpit command line that each browser session runs, from `serve`'s own arguments."""
+    argv = [sys.executable, "-m", "cockpit"]
+    if args.fleet or args.hosts:
+        argv += ["fleet", args.fleet] if args.fleet else ["fleet", "--hosts", args.hosts]
+    elif args.target == "demo":
+        argv += ["demo"]
+    else:
+        argv += ["open", args.target]
+    for flag in ("layout", "python", "interval", "ssh_config", "known_hosts", "sim"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += ["--" + flag.replace("_", "-"), str(value)]
+    for flag in ("accept_new", "read_only"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    return argv
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import shlex
+
+    if not 1 <= args.port <= 65535:
+        raise CockpitError(f"--port {args.port}: between 1 and 65535")
+    loopback = args.bind in LOOPBACK or args.bind.startswith("127.")
+    if not loopback and not args.allow_remote:
+        raise CockpitError(f"--bind {args.bind}: the served cockpit has no authentication and its keys kill runs; "
+                           f"keep 127.0.0.1 and reach it with `ssh -L {args.port}:127.0.0.1:{args.port} HOST`, "
+                           f"or add --allow-remote")
+    try:
+        from textual_serve.server import Server
+    except ImportError:
+        raise CockpitError("serve needs textual-serve: pip install 'gpu-cockpit[serve]'") from None
+    if not loopback:
+        print(f"cockpit: WARNING: serving on {args.bind}:{args.port} with NO authentication: anyone who reaches "
+              f"it can kill and relaunch runs", file=sys.stderr)
+    Server(shlex.join(served_command(args)), host=args.bind, port=args.port, title="gpu-cockpit").serve()
     return 0
 
 
@@ -483,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["open"] + argv
     args = build_parser().parse_args(argv)
     handlers = {"snapshot": cmd_snapshot, "open": cmd_open, "demo": cmd_demo, "kill": cmd_kill, "shm": cmd_shm,
-                "dump": cmd_dump, "launch": cmd_launch, "ablate": cmd_ablate, "runs": cmd_runs}
+                "dump": cmd_dump, "launch": cmd_launch, "ablate": cmd_ablate, "runs": cmd_runs,
+                "fleet": cmd_fleet, "serve": cmd_serve}
     try:
         handler = handlers.get(args.command)
         if handler is None:

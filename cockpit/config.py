@@ -83,7 +83,9 @@ _STALL = {"idle_s": "nonneg", "spin_s": "nonneg", "slow_factor": "nonneg"}
 _SIM = {"gpus": "gpus", "model": "simmodel", "seed": "int", "speed": "nonneg"}
 
 
-class _Loader:
+class YamlLoader:
+    """Reads composed YAML nodes into values; every failure is one line naming file:line."""
+
     def __init__(self, path: str):
         self.path = path
 
@@ -264,7 +266,7 @@ def load_layout(path: str | Path) -> Layout:
 
 
 def parse_layout(text: str, path: str = "<layout>") -> Layout:
-    loader = _Loader(path)
+    loader = YamlLoader(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:

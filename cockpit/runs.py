@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cockpit.config import Layout, param_flag
+from cockpit.diagnose import Watchdog, compile_phases
 from cockpit.errors import CockpitError
 
 
@@ -124,6 +125,15 @@ async def resume(session, layout: Layout | None) -> dict | None:
     return run
 
 
+def watchdog_for(layout: Layout | None) -> Watchdog:
+    """The layout's phases and stall thresholds, and its earlier runs' phase times (for `slow`)."""
+    if layout is None:
+        return Watchdog(compile_phases("sglang"))
+    s = layout.stall
+    return Watchdog(compile_phases(layout.engine, layout.phases), s.idle_s, s.spin_s, s.slow_factor,
+                    typical_phase_seconds(layout), layout.ports)
+
+
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
     """Median seconds each phase lasted in earlier runs that reached ready: what `slow` compares."""
     spans: dict[str, list[float]] = {}
@@ -209,7 +219,6 @@ async def run_variant(session, layout: Layout, spec: RunSpec, timeout: float, cl
                       dump_on_stall: bool = True, progress=None, settle: float = 0.0) -> dict:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record."""
     from cockpit import actions, stacks
-    from cockpit.diagnose import Watchdog, compile_phases
 
     plan = await actions.plan_kill(session, actions.run_scope(session))
     if plan.entries:
@@ -222,8 +231,7 @@ async def run_variant(session, layout: Layout, spec: RunSpec, timeout: float, cl
         if names:
             await actions.shm_clean(session, names)
     run = await launch(session, layout, spec)
-    dog = Watchdog(compile_phases(layout.engine, layout.phases), layout.stall.idle_s, layout.stall.spin_s,
-                   layout.stall.slow_factor, typical_phase_seconds(layout), layout.ports)
+    dog = watchdog_for(layout)
     outcome, evidence = await watch_run(session, layout, dog, timeout, run["log"], progress, settle)
     dumps = None
     if outcome.startswith("stalled") and dump_on_stall:

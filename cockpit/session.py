@@ -34,6 +34,13 @@ class Watch:
     logs: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
 
+    @classmethod
+    def for_layout(cls, layout) -> "Watch":
+        """The layout's process patterns, log and ports; the SGLang/vLLM defaults without one."""
+        if layout is None:
+            return cls()
+        return cls(patterns=layout.watch, logs=[layout.log] if layout.log else [], ports=list(layout.ports))
+
     def args(self) -> dict:
         out = {"pgids": self.pgids, "pids": self.pids, "logs": self.logs, "ports": self.ports}
         if self.patterns is not None:
@@ -88,6 +95,7 @@ class HostSession:
         self.lost_reason: str | None = None
         self.link_error: str | None = None  # why the last reconnect failed, while it is down
         self.reconnects = 0
+        self.ever_up = False
         self.errors: list[str] = []
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
@@ -104,6 +112,7 @@ class HostSession:
         hello = await self._read_hello()
         self.state.apply(hello)
         self.state.link_state = "up"
+        self.ever_up = True
         self.last_frame_at = time.monotonic()
         self.lost_reason = None
         self._reader = asyncio.create_task(self._read_loop())
@@ -210,7 +219,7 @@ class HostSession:
             attempt = 0
             while True:
                 attempt += 1
-                self.state.link_state = f"lost, retrying ({attempt})"
+                self.state.link_state = f"{'lost' if self.ever_up else 'down'}, retrying ({attempt})"
                 await asyncio.sleep(min(30.0, 2.0 ** (attempt - 1)))
                 try:
                     await self.reconnect()

@@ -24,12 +24,12 @@ from textual.widgets import Footer, Input, Static
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
                              process_scope, rank_pids, run_scope, shm_audit, shm_clean)
 from cockpit.config import Layout
-from cockpit.diagnose import Phase, Verdict, Watchdog, compile_phases, phase_of
+from cockpit.diagnose import Phase, Verdict, compile_phases, phase_of
 from cockpit.errors import CockpitError
 from cockpit.model import HostState
 from cockpit.session import HostSession
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation,
-                          describe_ledger, launch_python, read_ledger, run_variant, sim_flags, typical_phase_seconds)
+                          describe_ledger, launch_python, read_ledger, run_variant, sim_flags, watchdog_for)
 from cockpit.stacks import describe_groups, dump_ranks
 from cockpit.ui.gpus import GpuPane
 from cockpit.ui.logview import LogView
@@ -76,12 +76,13 @@ class HelpScreen(ModalScreen):
 class SearchScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: str | None):
+    def __init__(self, current: str | None, placeholder: str = "search the log"):
         super().__init__()
         self.current = current or ""
+        self.placeholder = placeholder
 
     def compose(self) -> ComposeResult:
-        yield Input(value=self.current, placeholder="search the log (enter to apply, empty to clear)", id="search")
+        yield Input(value=self.current, placeholder=f"{self.placeholder} (enter to apply, empty to clear)", id="search")
 
     @on(Input.Submitted)
     def submitted(self, event: Input.Submitted) -> None:
@@ -130,10 +131,7 @@ class CockpitScreen(Screen):
         self.spec: RunSpec | None = None
         self.run_progress = ""
         self.phases = compile_phases(layout.engine if layout else "sglang", layout.phases if layout else None)
-        stall = layout.stall if layout else None
-        self.watchdog = Watchdog(self.phases, stall.idle_s if stall else 120.0, stall.spin_s if stall else 60.0,
-                                 stall.slow_factor if stall else 3.0,
-                                 typical_phase_seconds(layout) if layout else {}, layout.ports if layout else [])
+        self.watchdog = watchdog_for(layout)
         self.phase = Phase("no run")
         self.verdict = Verdict("watching", [])
         self.dirty = True
@@ -253,7 +251,7 @@ class CockpitScreen(Screen):
             if self.session.closed.is_set() and self.state.link_state == "up":
                 self.state.link_state = "lost"
             self._watch_link()
-        self.set_class(self.state.link_state.startswith(("lost", "failed")), "stale")
+        self.set_class(self.state.link_state.startswith(("lost", "down", "failed")), "stale")
         while self.state.notes:
             self.notify(self.state.notes.popleft(), timeout=10)
         if self.dirty:
@@ -325,8 +323,8 @@ class CockpitScreen(Screen):
                  "slow": "yellow"}.get(self.verdict.name, "default")
         parts.append(f"verdict [{style}]{self.verdict}[/]")
         link = s.link_state
-        style = "green" if link == "up" else "bold red" if link.startswith(("lost", "failed")) else "yellow"
-        if link.startswith("lost"):
+        style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
+        if link.startswith(("lost", "down")):
             link = "link " + link
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
         parts.append(f"{'' if link.startswith('link ') else 'link '}[{style}]{link}[/{style}]{rtt}")
@@ -346,7 +344,7 @@ class CockpitScreen(Screen):
         elif a.warnings:
             parts.append(f"[yellow]{escape(a.warnings[0])}[/]")
         text = "  │  ".join(parts)
-        if self.link_error and s.link_state.startswith("lost"):
+        if self.link_error and s.link_state.startswith(("lost", "down")):
             text += f"\n[bold red]why: {escape(self.link_error)}[/]"  # its own line: the fix must be readable
         if self.verdict.evidence and self.verdict.name != "ok":
             text += "\n[red]" + "  ·  ".join(self.verdict.evidence).replace("[", "\\[") + "[/]"
@@ -493,9 +491,7 @@ class CockpitScreen(Screen):
         self.run_progress = f"{phase or ''} {verdict}".strip()
 
     def _new_watchdog(self) -> None:
-        s = self.profile.stall
-        self.watchdog = Watchdog(self.phases, s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(self.profile),
-                                 self.profile.ports)
+        self.watchdog = watchdog_for(self.profile)
         self.verdict = Verdict("watching", [])
 
     @work(group="action")

@@ -1,0 +1,299 @@
+"""Many hosts at once: the fleet file, one kept session per host, and a row per host.
+
+Every host runs on its own: connections open concurrently behind a limit, each is kept up (or
+retried) by its own HostSession, so a host that is down or slow never delays another. Rows are
+computed from the hosts' HostStates on demand; nothing here knows about Textual."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from cockpit.config import Layout, LayoutError, YamlLoader
+from cockpit.diagnose import Phase, Verdict
+from cockpit.errors import CockpitError
+from cockpit.layouts import resolve_layout
+from cockpit.link.target import parse_target
+from cockpit.model import HostState
+from cockpit.runs import watchdog_for
+from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.snapshot import snapshot_doc
+
+SCHEMA = "gpu-cockpit.fleet/1"
+DEFAULT_CONCURRENCY = 16
+PING_EVERY_S = 5.0
+HOT_C = 85  # a GPU this hot is worth a look whatever the run is doing
+
+_HOST_KEYS = {"target": "str", "name": "str", "layout": "str", "python": "str", "sim": "str"}
+_TOP_KEYS = {"hosts": None, "defaults": None, "concurrency": None, "interval": None}
+
+
+@dataclass
+class FleetHost:
+    target: str
+    name: str
+    layout: str | None = None
+    python: str | None = None
+    sim: str | None = None  # the simulated NVML's state folder on that host (demos, tests)
+
+
+@dataclass
+class Fleet:
+    hosts: list[FleetHost]
+    concurrency: int = DEFAULT_CONCURRENCY
+    interval: float = 1.0
+    path: str = "<fleet>"
+
+
+def load_fleet(path: str) -> Fleet:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise CockpitError(f"{path}: no such fleet file (see docs/fleet.md for its format)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CockpitError(f"{path}: cannot read the fleet file: {exc}") from None
+    return parse_fleet(text, path)
+
+
+def parse_fleet(text: str, path: str = "<fleet>") -> Fleet:
+    """`hosts:` a list of targets or of {target, name, layout, python, sim}; `defaults:` the same
+    keys for every host; `concurrency:` connections opened at once; `interval:` seconds."""
+    ld = YamlLoader(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise LayoutError(f"{path}:{mark.line + 1 if mark else 1}: invalid YAML: {exc.problem or exc.context}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise LayoutError(f"{path}:1: invalid YAML: {exc}") from None
+    if root is None:
+        raise LayoutError(f"{path}:1: the fleet file is empty: it needs hosts: [host-a, user@host-b]")
+    top = {key: v for key, _, v in ld.mapping(root, "the fleet file", _TOP_KEYS)}
+    if "hosts" not in top:
+        raise ld.fail(root, "missing hosts: add e.g. `hosts: [gpu-a, root@gpu-b:2222]`")
+    defaults = _host_fields(ld, top["defaults"], "defaults") if "defaults" in top else {}
+    defaults.pop("target", None)
+    fleet = Fleet(hosts=[], path=path)
+    if "concurrency" in top:
+        fleet.concurrency = ld.integer(top["concurrency"], "concurrency", 1, 1024)
+    if "interval" in top:
+        fleet.interval = max(0.1, ld.number(top["interval"], "interval"))
+    seen: dict[str, int] = {}
+    for node in ld.seq(top["hosts"], "hosts"):
+        if isinstance(node, yaml.ScalarNode):
+            fields = {"target": ld.string(node, "a host")}
+        else:
+            fields = _host_fields(ld, node, "a host")
+            if "target" not in fields:
+                raise ld.fail(node, "each host needs target: (an ssh alias, user@host[:port], local or demo)")
+        try:
+            parse_target(fields["target"])
+        except CockpitError as exc:
+            raise ld.fail(node, str(exc)) from None
+        host = FleetHost(**{**defaults, **fields, "name": fields.get("name") or fields["target"]})
+        if host.name in seen:
+            raise ld.fail(node, f"host {host.name!r} is listed twice (first at line {seen[host.name]}): give it a name:")
+        seen[host.name] = node.start_mark.line + 1
+        fleet.hosts.append(host)
+    if not fleet.hosts:
+        raise ld.fail(top["hosts"], "hosts is empty: name at least one host")
+    return fleet
+
+
+def _host_fields(ld: YamlLoader, node, what: str) -> dict:
+    return {key: ld.string(v, f"{what}: {key}") for key, _, v in ld.mapping(node, what, _HOST_KEYS)}
+
+
+def fleet_from_hosts(text: str, layout: str | None = None, python: str | None = None) -> Fleet:
+    """`--hosts a,b,c`: the same fleet as a file listing them."""
+    names = [h.strip() for h in text.split(",") if h.strip()]
+    if not names:
+        raise CockpitError("--hosts: name at least one host, e.g. --hosts gpu-a,gpu-b")
+    if len(set(names)) != len(names):
+        raise CockpitError("--hosts: a host is listed twice")
+    for n in names:
+        parse_target(n)
+    return Fleet(hosts=[FleetHost(target=n, name=n, layout=layout, python=python) for n in names])
+
+
+# ----------------------------------------------------------------------------- live hosts
+
+@dataclass
+class Row:
+    """What the fleet table shows of one host."""
+
+    name: str
+    link: str
+    error: str | None
+    rtt_ms: float | None
+    age_s: float | None
+    gpus: list[tuple[int | None, int | None, int | None]]  # (util %, used MiB, total MiB) per GPU
+    phase: str
+    verdict: str
+    alerts: list[str] = field(default_factory=list)
+
+    @property
+    def reachable(self) -> bool:
+        return self.link == "up"
+
+    @property
+    def util(self) -> float:
+        vals = [u for u, _, _ in self.gpus if u is not None]
+        return sum(vals) / len(vals) if vals else -1.0
+
+    @property
+    def mem_share(self) -> float:
+        used = sum(m or 0 for _, m, _ in self.gpus)
+        total = sum(t or 0 for _, _, t in self.gpus)
+        return used / total if total else -1.0
+
+
+class Member:
+    """One host of the fleet: its session (kept up or retried on its own), layout and watchdog."""
+
+    def __init__(self, host: FleetHost, opts: SessionOptions):
+        self.host = host
+        self.layout: Layout | None = resolve_layout(host.layout) if host.layout else None
+        self.session = HostSession(parse_target(host.target), opts, Watch.for_layout(self.layout))
+        self.session.state.target = host.name
+        self.watchdog = watchdog_for(self.layout)
+        self.phase = Phase("no run")
+        self.verdict = Verdict("watching", [])
+        self.task: asyncio.Task | None = None
+        self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
+
+    @property
+    def state(self) -> HostState:
+        return self.session.state
+
+    async def run(self, gate: asyncio.Semaphore) -> None:
+        self.state.link_state = "waiting"
+        async with gate:
+            self.state.link_state = "connecting"
+            try:
+                await self.session.connect()
+            except CockpitError as exc:
+                self.session.link_error = str(exc)
+                self.state.link_state = "down"
+            except Exception as exc:  # whatever one host does, the others go on
+                self.session.link_error = f"{type(exc).__name__}: {exc}"
+                self.state.link_state = "down"
+            finally:
+                self.tried.set()
+        await asyncio.gather(self.session.keep(retry_first=True), self._ping())
+
+    async def _ping(self) -> None:
+        """The round-trip time, now and then: a slow link is worth knowing before it drops."""
+        while True:
+            if self.state.link_state == "up":
+                try:
+                    await self.session.ping()
+                except CockpitError:
+                    pass
+            await asyncio.sleep(PING_EVERY_S)
+
+    def update(self, now: float) -> None:
+        if self.state.seq:
+            log = self.layout.log if self.layout else None
+            self.phase, self.verdict = self.watchdog.update(self.state, now, log)
+
+    def row(self) -> Row:
+        s = self.state
+        alerts: list[str] = []
+        if self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow"):
+            alerts.append(str(self.verdict))
+        for g in sorted(s.gpus.values(), key=lambda g: g.index):
+            if g.temp_c is not None and g.temp_c >= HOT_C:
+                alerts.append(f"GPU{g.index} {g.temp_c}°C")
+            if g.ecc_uncorrected:
+                alerts.append(f"GPU{g.index} ECC {g.ecc_uncorrected}")
+            slow = [r for r in g.throttle_reasons if r in ("hw-slowdown", "hw-thermal", "hw-power-brake", "sw-thermal")]
+            if slow:
+                alerts.append(f"GPU{g.index} {'/'.join(slow)}")
+        if s.seq and not s.gpus:
+            alerts.append("no GPUs")
+        alerts += s.agent.warnings[:1]
+        link = s.link_state
+        return Row(name=self.host.name, link=link, error=self.session.link_error, rtt_ms=s.rtt_ms,
+                   age_s=s.age_s() if s.seq else None,
+                   gpus=[(g.util_pct, g.mem_used_mib, g.mem_total_mib) for g in sorted(s.gpus.values(), key=lambda g: g.index)],
+                   phase=str(self.phase) if s.seq else "-", verdict=str(self.verdict) if s.seq else "-", alerts=alerts)
+
+
+class FleetWatch:
+    """Starts a session per host (at most `concurrency` connecting at once) and keeps them."""
+
+    def __init__(self, fleet: Fleet, base: SessionOptions | None = None):
+        self.fleet = fleet
+        base = base or SessionOptions()
+        self.members: list[Member] = []
+        for host in fleet.hosts:
+            opts = SessionOptions(python=host.python or base.python, interval=fleet.interval or base.interval,
+                                  sim_state=host.sim or base.sim_state, ssh_config=base.ssh_config,
+                                  known_hosts=base.known_hosts, accept_new=base.accept_new)
+            self.members.append(Member(host, opts))
+        self._gate: asyncio.Semaphore | None = None
+
+    def start(self) -> None:
+        self._gate = asyncio.Semaphore(self.fleet.concurrency)
+        for m in self.members:
+            m.task = asyncio.create_task(m.run(self._gate))
+
+    async def close(self) -> None:
+        for m in self.members:
+            if m.task is not None:
+                m.task.cancel()
+        await asyncio.gather(*(m.session.close() for m in self.members), return_exceptions=True)
+
+    def rows(self) -> list[Row]:
+        now = time.monotonic()
+        out = []
+        for m in self.members:
+            m.update(now)
+            out.append(m.row())
+        return out
+
+    async def settle(self, timeout: float, samples: int = 2) -> None:
+        """Until every host has sent `samples` samples or failed its first connection, or timeout."""
+        deadline = time.monotonic() + timeout
+
+        def settled(m: Member) -> bool:
+            return m.tried.is_set() and (m.state.link_state != "up" or m.state.seq >= samples)
+
+        while not all(settled(m) for m in self.members) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    def doc(self) -> dict:
+        """The fleet as one JSON document (docs/snapshot-schema.md, fleet part)."""
+        hosts = []
+        for m, row in zip(self.members, self.rows()):
+            up = m.state.seq > 0
+            hosts.append({
+                "name": row.name,
+                "target": m.host.target,
+                "reachable": row.reachable,
+                "link": row.link,
+                "error": row.error,
+                "rtt_ms": row.rtt_ms,
+                "phase": row.phase if up else None,
+                "verdict": None if not up else
+                {"name": m.verdict.name, "evidence": m.verdict.evidence, "odd_rank": m.verdict.odd_rank},
+                "alerts": row.alerts,
+                "snapshot": snapshot_doc(m.state, log_lines=10, verdict=m.verdict) if up else None,
+            })
+        return {"schema": SCHEMA, "taken_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "hosts": hosts}
+
+
+async def take_fleet_snapshot(watch: FleetWatch, timeout: float = 30.0) -> dict:
+    watch.start()
+    try:
+        await watch.settle(timeout)
+        return watch.doc()
+    finally:
+        await watch.close()

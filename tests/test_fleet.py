@@ -1,0 +1,165 @@
+"""The fleet: many hosts through the real sshd, one down and one that never answers; the file's
+errors; the table, its sort and filter, and a host's cockpit opened from it and left again."""
+
+import json
+import socket
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from cockpit.config import LayoutError
+from cockpit.fleet import FleetWatch, parse_fleet
+from cockpit.session import SessionOptions
+from cockpit.ui.app import CockpitScreen, save_text
+from cockpit.ui.fleet import FleetApp, FleetScreen
+from conftest import free_port, run_cli
+
+
+class Blackhole:
+    """A TCP port that accepts connections and never says a word: a host that hangs in sshd."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+@pytest.fixture
+def fleet_hosts(sshd, tmp_path, sim_state, ranks):
+    """Aliases `cockpit-test` (the real sshd, a simulated 8-GPU host with a rank on GPU 2),
+    `fleet-down` (a closed port) and `fleet-slow` (a port that never answers)."""
+    ranks.spawn("sglang::scheduler_TP0", gpu=2, mib=7000)
+    hole = Blackhole()
+    config = tmp_path / "ssh_config"
+    config.write_text(sshd.client_config.read_text() + textwrap.dedent(f"""\
+        Host fleet-down
+            HostName 127.0.0.1
+            Port {free_port()}
+            User {sshd.user}
+        Host fleet-slow
+            HostName 127.0.0.1
+            Port {hole.port}
+            User {sshd.user}
+        """))
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(textwrap.dedent(f"""\
+        defaults:
+          python: {sys.executable}
+          sim: {sim_state}
+        hosts:
+          - fleet-slow
+          - fleet-down
+          - target: cockpit-test
+            name: gpu-a
+        """))
+    yield fleet, config, sshd
+    hole.close()
+
+
+def test_a_fleet_snapshot_is_not_delayed_by_a_down_or_hung_host(fleet_hosts):
+    fleet, config, sshd = fleet_hosts
+    start = time.monotonic()
+    out = run_cli("snapshot", "--fleet", str(fleet), "--json", "--timeout", "6", "--ssh-config", str(config),
+                  "--known-hosts", str(sshd.known_hosts))
+    took = time.monotonic() - start
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "gpu-cockpit.fleet/1"
+    hosts = {h["name"]: h for h in doc["hosts"]}
+    assert list(hosts) == ["fleet-slow", "fleet-down", "gpu-a"]
+    a = hosts["gpu-a"]
+    assert a["reachable"] and a["link"] == "up" and a["error"] is None
+    gpus = a["snapshot"]["gpus"]
+    assert len(gpus) == 8 and gpus[2]["mem_used_mib"] == 7512
+    assert a["verdict"]["name"] in ("ok", "watching")
+    down = hosts["fleet-down"]
+    assert not down["reachable"] and down["snapshot"] is None and "refused" in down["error"].lower()
+    slow = hosts["fleet-slow"]
+    assert not slow["reachable"] and slow["link"] == "connecting"  # still in the handshake when time was up
+    assert took < 6 + 5  # the timeout, plus starting Python and closing
+
+
+def test_fleet_file_errors_name_file_line_and_fix(tmp_path):
+    cases = {
+        "hosts:\n  - a\n  - tagret: b\n": ":3: unknown key 'tagret' in a host: did you mean 'target'?",
+        "defaults:\n  python: /x\n": ":1: missing hosts",
+        "hosts: []\n": ":1: hosts is empty",
+        "hosts:\n  - a\n  - a\n": ":3: host 'a' is listed twice (first at line 2)",
+        "hosts:\n  - 'user@'\n": ":2: ",
+        "hosts: [a]\nconcurrency: lots\n": ":2: concurrency must be a whole number",
+        "hosts:\n  - name: x\n": ":2: each host needs target:",
+        "hosts: [a\n": "invalid YAML",
+    }
+    for text, expected in cases.items():
+        with pytest.raises(LayoutError) as err:
+            parse_fleet(text, "f.yaml")
+        assert str(err.value).startswith("f.yaml:") and expected in str(err.value), (text, str(err.value))
+        assert "\n" not in str(err.value)
+    path = tmp_path / "bad.yaml"
+    path.write_text("hosts:\n  - a\n  - tagret: b\n")
+    out = run_cli("fleet", str(path))
+    assert out.returncode == 2 and out.stderr.startswith(f"cockpit: {path}:3: unknown key 'tagret'")
+    assert "Traceback" not in out.stderr
+
+
+async def until(pilot, predicate, timeout):
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return True
+        await pilot.pause(0.05)
+    raise AssertionError("timed out")
+
+
+async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts):
+    fleet, config, sshd = fleet_hosts
+    watch = FleetWatch(parse_fleet(fleet.read_text(), str(fleet)),
+                       SessionOptions(ssh_config=str(config), known_hosts=str(sshd.known_hosts)))
+    app = FleetApp(watch)
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        a = watch.members[2]
+        await until(pilot, lambda: a.state.seq > 1 and "gpu-a" in save_text(app, None), 20)
+        down = watch.members[1]
+        await until(pilot, lambda: "connection refused" in (down.session.link_error or "").lower(), 10)
+        await until(pilot, lambda: "down, retrying" in save_text(app, None), 5)
+        text = save_text(app, None)
+        assert "3 hosts" in text and "1 up" in text and "2 not up" in text and "8 GPUs" in text
+        assert "fleet-slow" in text and "connecting" in text  # the hung host holds up no one
+        names = [r.name for r in screen.shown]
+        assert names[-1] == "gpu-a"  # sorted by problems: the hosts that are not up come first
+        await pilot.press("o")
+        assert screen.sort == "util" and [r.name for r in screen.shown][0] == "gpu-a"
+        await pilot.press("slash")
+        await pilot.press(*"gpu", "enter")
+        await until(pilot, lambda: [r.name for r in screen.shown] == ["gpu-a"], 3)
+        assert "filter: gpu (1 shown)" in save_text(app, None)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, CockpitScreen), 3)
+        cockpit = app.screen
+        assert cockpit.session is a.session  # the fleet's own connection, not a second one
+        await until(pilot, lambda: "GPU2" in save_text(app, None) and "sglang::scheduler_TP0" in save_text(app, None), 10)
+        assert "esc Fleet" in save_text(app, None)
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, 3)
+        assert a.session.on_frame is None and a.state.link_state == "up"  # the host is still watched
+        await pilot.press("q")
