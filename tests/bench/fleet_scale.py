@@ -1,0 +1,163 @@
+"""The fleet at scale: N hosts (default 64), each a real sshd on loopback in front of an agent on a
+simulated 8-GPU host, watched by one fleet screen at a 1 s refresh. Measures the time until every
+host is up, the cockpit process's CPU and RSS over the window, the fleet redraw time, and key
+press to screen (the sort key, until the screen shows the new order).
+
+    python tests/bench/fleet_scale.py [--hosts 64] [--seconds 60] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from cockpit.fleet import Fleet, FleetHost, FleetWatch  # noqa: E402
+from cockpit.session import SessionOptions  # noqa: E402
+from cockpit.sim import fakenvml  # noqa: E402
+from cockpit.ui.app import save_text  # noqa: E402
+from cockpit.ui.fleet import SORTS, FleetApp  # noqa: E402
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_hosts(tmp: Path, n: int) -> tuple[list[subprocess.Popen], Path, Path]:
+    """n sshd processes sharing one host key and one authorized client key; an ssh config with
+    aliases host01..hostNN and a known_hosts naming each port."""
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / name)], check=True)
+    (tmp / "authorized_keys").write_text((tmp / "client_key.pub").read_text())
+    host_pub = " ".join((tmp / "host_key.pub").read_text().split()[:2])
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    os.makedirs("/run/sshd", exist_ok=True)
+    procs, config, known = [], [], []
+    for i in range(1, n + 1):
+        port = free_port()
+        cfg = tmp / f"sshd{i}.conf"
+        cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp}/host_key\n"
+                       f"AuthorizedKeysFile {tmp}/authorized_keys\nPasswordAuthentication no\n"
+                       f"KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\n"
+                       f"StrictModes no\nPidFile {tmp}/sshd{i}.pid\nLogLevel ERROR\n")
+        procs.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stderr=open(tmp / f"sshd{i}.log", "wb")))
+        config.append(f"Host host{i:02d}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n"
+                      f"  IdentityFile {tmp}/client_key\n  IdentitiesOnly yes\n")
+        known.append(f"[127.0.0.1]:{port} {host_pub}\n")
+        fakenvml.write_host(str(tmp / f"sim{i}"), gpus=8, model="h200", seed=i)
+    (tmp / "ssh_config").write_text("".join(config))
+    (tmp / "known_hosts").write_text("".join(known))
+    return procs, tmp / "ssh_config", tmp / "known_hosts"
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(xs, q):
+    return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 2) if xs else None
+
+
+async def run(n: int, seconds: float) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="cockpit-fleet-"))
+    procs, ssh_config, known_hosts = start_hosts(tmp, n)
+    fleet = Fleet(hosts=[FleetHost(target=f"host{i:02d}", name=f"host{i:02d}", python=sys.executable,
+                                   sim=str(tmp / f"sim{i}")) for i in range(1, n + 1)], interval=1.0)
+    watch = FleetWatch(fleet, SessionOptions(ssh_config=str(ssh_config), known_hosts=str(known_hosts)))
+    app = FleetApp(watch)
+    redraw_ms: list[float] = []
+    keys: list[float] = []
+    missed = 0
+    try:
+        async with app.run_test(size=(160, n + 6)) as pilot:
+            screen = app.screen
+            original = screen.redraw
+
+            def timed_redraw():
+                t = time.perf_counter()
+                original()
+                redraw_ms.append((time.perf_counter() - t) * 1000)
+
+            screen.redraw = timed_redraw
+            t_start = time.monotonic()
+            while not all(m.state.seq > 0 for m in watch.members):
+                if time.monotonic() - t_start > 120:
+                    break
+                await pilot.pause(0.2)
+            all_up_s = time.monotonic() - t_start
+            up = sum(m.state.seq > 0 for m in watch.members)
+            await pilot.pause(3)
+            redraw_ms.clear()
+            rss_start = rss_mib()
+            cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = time.monotonic()
+            next_key = t0 + 2
+            while time.monotonic() - t0 < seconds:
+                await pilot.pause(0.2)
+                if time.monotonic() > next_key:
+                    next_key += 2
+                    order = list(SORTS)
+                    want = f"sort: {order[(order.index(screen.sort) + 1) % len(order)]}"
+                    t = time.perf_counter()
+                    app.simulate_key("o")
+                    while want not in save_text(app, None):
+                        if time.perf_counter() - t > 5:
+                            missed += 1
+                            break
+                        await asyncio.sleep(0.002)
+                    keys.append((time.perf_counter() - t) * 1000)
+            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+            wall = time.monotonic() - t0
+            samples = sum(m.state.seq for m in watch.members)
+            await pilot.press("q")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return {
+        "hosts": n, "gpus": 8 * n, "hosts_up": up, "seconds_until_all_up": round(all_up_s, 1),
+        "window_s": round(wall, 1), "samples_received_total": samples,
+        "cockpit_cpu_pct_of_core": round(100 * cpu / wall, 1),
+        "redraw_ms_median": pct(redraw_ms, 0.5), "redraw_ms_p99": pct(redraw_ms, 0.99),
+        "key_to_screen_ms_median": pct(keys, 0.5), "key_to_screen_ms_max": pct(keys, 1.0), "keys_missed": missed,
+        "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(rss_mib(), 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    res = asyncio.run(run(args.hosts, args.seconds))
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
