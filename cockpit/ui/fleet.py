@@ -6,19 +6,25 @@ key ever waits on a host."""
 from __future__ import annotations
 
 from rich.markup import escape
-from rich.text import Text
+from rich.segment import Segment
+from rich.style import Style
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Footer, Static
 
 from cockpit.fleet import FleetWatch, Row
 from cockpit.ui.app import CockpitScreen, SearchScreen
 from cockpit.ui.fmt import SPARKS, level_style
-from cockpit.ui.table import LiveTable
+from cockpit.ui.fmt import settle_heap
 
 REDRAW_S = 0.5
+HEAP_SETTLE_S = 15.0
 PROBLEMS = ("crashed", "stalled-idle", "stalled-spinning", "slow")
 SORTS = {
     "name": lambda r: r.name,
@@ -29,35 +35,132 @@ SORTS = {
 }
 
 
-def mini_bars(values: list[float | None]) -> Text:
+def mini_bars(values: list[float | None]) -> list[Segment]:
     """One character per GPU, its height the value (0..1), its colour the level."""
-    out = Text()
+    out = []
     for v in values:
         if v is None:
-            out.append("·", style="grey35")
+            out.append(Segment("·", NA_STYLE))
         else:
             v = min(1.0, max(0.0, v))
-            out.append(SPARKS[int(v * (len(SPARKS) - 1) + 0.5)], style=level_style(v))
+            out.append(Segment(SPARKS[int(v * (len(SPARKS) - 1) + 0.5)], LEVEL[level_style(v)]))
     return out
 
 
-class FleetTable(LiveTable):
-    COLUMNS = [("host", 18), ("link", 18), ("ms", 4), ("util/GPU", 9), ("mem/GPU", 9), ("phase", 18),
-               ("verdict", 22), ("alerts", 44)]
+NA_STYLE = Style(color="grey35")
+LEVEL = {name: Style(color=name) for name in ("green", "yellow", "red", "grey50")}
+RED, BOLD_RED, GREEN, YELLOW, DIM = (Style(color="red"), Style(color="red", bold=True), Style(color="green"),
+                                     Style(color="yellow"), Style(color="grey50"))
+HEADER = Style(bold=True)
+CURSOR = Style(reverse=True)
+COLUMNS = [("host", 18), ("link", 20), ("ms", 5), ("util/GPU", 10), ("mem/GPU", 10), ("phase", 18),
+           ("verdict", 22), ("alerts", 0)]  # 0: the rest of the width
+
+
+def _cell(segments: list[Segment], width: int) -> list[Segment]:
+    """Exactly `width` cells: cut or padded, one space between columns."""
+    strip = Strip(segments).crop(0, max(0, width - 1)).extend_cell_length(width)
+    return list(strip)
+
+
+class FleetTable(ScrollView, can_focus=True):
+    """A row per host, drawn with the line API: only the rows on screen are built, and a row whose
+    content did not change reuses its strip. At 64 hosts a DataTable re-rendered every row on each
+    cell update (~90 ms), which is what a key then waited for."""
+
+    BINDINGS = [
+        Binding("up", "move(-1)", show=False), Binding("down", "move(1)", show=False),
+        Binding("pageup", "move(-10)", show=False), Binding("pagedown", "move(10)", show=False),
+        Binding("home", "move(-100000)", show=False), Binding("end", "move(100000)", show=False),
+    ]
+
+    class Selected(Message):
+        def __init__(self, name: str):
+            super().__init__()
+            self.name = name
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.rows: list[Row] = []
+        self.cursor = 0
+        self._strips: dict[str, tuple[tuple, int, Strip]] = {}
 
     def show(self, rows: list[Row]) -> None:
-        out = []
-        for r in rows:
-            link_style = "green" if r.reachable else "bold red" if r.link.startswith(("lost", "down")) else "yellow"
-            util = mini_bars([None if u is None else u / 100 for u, _, _ in r.gpus])
-            mem = mini_bars([None if m is None or not t else m / t for _, m, t in r.gpus])
-            bad = r.verdict.startswith(PROBLEMS)
-            alerts = "; ".join(r.alerts) or (r.error or "" if not r.reachable else "")
-            out.append((r.name, [r.name, Text(r.link, style=link_style),
-                                 f"{r.rtt_ms:.0f}" if r.rtt_ms is not None and r.reachable else "",
-                                 util, mem, r.phase, Text(r.verdict, style="bold red" if bad else ""),
-                                 Text(alerts, style="red" if r.alerts else "grey50")]))
-        self.sync(out)
+        selected = self.selected_key()
+        self.rows = rows
+        names = [r.name for r in rows]
+        self.cursor = names.index(selected) if selected in names else min(self.cursor, max(0, len(rows) - 1))
+        self.virtual_size = Size(self.size.width, len(rows) + 1)
+        self.refresh()
+
+    def selected_key(self) -> str | None:
+        return self.rows[self.cursor].name if 0 <= self.cursor < len(self.rows) else None
+
+    def action_move(self, delta: int) -> None:
+        if self.rows:
+            self.cursor = min(len(self.rows) - 1, max(0, self.cursor + delta))
+            self.scroll_to_region(Region(0, self.cursor + 1, 1, 1), animate=False, immediate=True)
+            self.refresh()
+
+    def on_click(self, event) -> None:
+        index = event.y + self.scroll_offset.y - 1
+        if 0 <= index < len(self.rows):
+            self.cursor = index
+            self.refresh()
+            if event.chain == 2:
+                self.post_message(self.Selected(self.rows[index].name))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        if y == 0:
+            return self._line([[Segment(name, HEADER)] for name, _ in COLUMNS], width)
+        index = self.scroll_offset.y + y - 1
+        if index >= len(self.rows):
+            return Strip.blank(width, self.rich_style)
+        row = self.rows[index]
+        sig = (row.link, row.error, None if row.rtt_ms is None else round(row.rtt_ms), tuple(row.gpus), row.phase,
+               row.verdict, tuple(row.alerts), index == self.cursor)
+        cached = self._strips.get(row.name)
+        if cached is not None and cached[0] == sig and cached[1] == width:
+            return cached[2]
+        strip = self._line(self._cells(row), width)
+        if index == self.cursor:
+            strip = strip.apply_style(CURSOR if self.has_focus else Style(bgcolor="grey23"))
+        self._strips[row.name] = (sig, width, strip)
+        return strip
+
+    def _line(self, cells: list[list[Segment]], width: int) -> Strip:
+        out: list[Segment] = []
+        used = 0
+        for (_, w), cell in zip(COLUMNS, cells):
+            w = w or max(1, width - used)
+            out += _cell(cell, w)
+            used += w
+        return Strip(out).crop(0, width).extend_cell_length(width).apply_style(self.rich_style)
+
+    @staticmethod
+    def _cells(r: Row) -> list[list[Segment]]:
+        link_style = GREEN if r.reachable else BOLD_RED if r.link.startswith(("lost", "down")) else YELLOW
+        bad = r.verdict.startswith(PROBLEMS)
+        alerts = "; ".join(r.alerts) or ((r.error or "") if not r.reachable else "")
+        return [
+            [Segment(r.name)],
+            [Segment(r.link, link_style)],
+            [Segment(f"{r.rtt_ms:.0f}" if r.rtt_ms is not None and r.reachable else "")],
+            mini_bars([None if u is None else u / 100 for u, _, _ in r.gpus]),
+            mini_bars([None if m is None or not t else m / t for _, m, t in r.gpus]),
+            [Segment(r.phase)],
+            [Segment(r.verdict, BOLD_RED if bad else None)],
+            [Segment(alerts, RED if r.alerts else DIM)],
+        ]
+
+    def on_focus(self) -> None:
+        self._strips.clear()
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self._strips.clear()
+        self.refresh()
 
 
 class FleetScreen(Screen):
@@ -119,8 +222,8 @@ class FleetScreen(Screen):
 
         self.app.push_screen(SearchScreen(self.filter, "filter hosts by name, link, phase, verdict or alert"), done)
 
-    @on(DataTable.RowSelected)
-    def _selected(self, event: DataTable.RowSelected) -> None:
+    @on(FleetTable.Selected)
+    def _selected(self, event: FleetTable.Selected) -> None:
         self.action_open()
 
     def action_open(self) -> None:
@@ -146,6 +249,7 @@ class FleetApp(App):
 
     def on_mount(self) -> None:
         self.watch.start()
+        self.set_timer(HEAP_SETTLE_S, settle_heap)
 
     async def on_unmount(self) -> None:
         await self.watch.close()
