@@ -205,8 +205,8 @@ class Member:
     def row(self) -> Row:
         s = self.state
         alerts: list[str] = []
-        if self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow"):
-            alerts.append(str(self.verdict))
+        if self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow") and self.verdict.evidence:
+            alerts.append(self.verdict.evidence[0])  # the verdict has its own column: here, why
         for g in sorted(s.gpus.values(), key=lambda g: g.index):
             if g.temp_c is not None and g.temp_c >= HOT_C:
                 alerts.append(f"GPU{g.index} {g.temp_c}°C")

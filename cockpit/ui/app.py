@@ -58,6 +58,7 @@ HELP = """\
   [b]L[/b]              the ledger of this layout's runs
   [b]:[/b] or [b]ctrl+p[/b]     command palette
   [b]?[/b]              this help
+  [b]escape[/b]         back to the fleet (a host's cockpit opened from it)
   [b]q[/b]              quit (a run keeps running on the host)
 
 GPU panes: utilization with its history, memory, power against the limit (100 % utilization at
@@ -69,8 +70,12 @@ Fields a GPU does not report show as n/a, never 0.
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
 
+    def __init__(self, text: str = HELP):
+        super().__init__()
+        self.text = text
+
     def compose(self) -> ComposeResult:
-        yield Static(HELP, id="help")
+        yield Static(self.text, id="help")
 
 
 class SearchScreen(ModalScreen[str | None]):

@@ -19,10 +19,26 @@ from textual.strip import Strip
 from textual.widgets import Footer, Static
 
 from cockpit.fleet import FleetWatch, Row
-from cockpit.ui.app import CockpitScreen, SearchScreen
+from cockpit.ui.app import CockpitScreen, HelpScreen, SearchScreen
 from cockpit.ui.fmt import SPARKS, level_style
 from cockpit.ui.fmt import settle_heap
 
+FLEET_HELP = """\
+[b]gpu-cockpit fleet[/b] — keys
+
+  [b]↑ ↓[/b] pgup pgdn   move between hosts
+  [b]enter[/b]          open the host's cockpit (on the fleet's own connection); [b]escape[/b] there comes back
+  [b]o[/b]              sort: problems first, name, utilization, memory, link
+  [b]/[/b]              filter by any text of a row (empty clears it)
+  [b]:[/b] or [b]ctrl+p[/b]     command palette
+  [b]q[/b]              quit
+
+Each row: the link and round-trip time, one bar per GPU for utilization and one for memory (its
+height the value, red from 90 %), the run's phase and verdict with the host's layout, and alerts:
+a stall or crash, a GPU at 85 °C or more, ECC errors, hardware or thermal throttling, no GPUs,
+the agent's warning, or why the host cannot be reached. A host that is down is retried with
+backoff; none waits on another.
+"""
 REDRAW_S = 0.5
 HEAP_SETTLE_S = 15.0
 PROBLEMS = ("crashed", "stalled-idle", "stalled-spinning", "slow")
@@ -169,6 +185,7 @@ class FleetScreen(Screen):
         Binding("enter", "open", "Open host"),
         Binding("o", "sort", "Sort"),
         Binding("slash", "filter", "Filter"),
+        Binding("question_mark", "help", "Help"),
         Binding("colon", "app.command_palette", "Commands", show=False),
     ]
 
@@ -209,6 +226,9 @@ class FleetScreen(Screen):
         if self.filter:
             parts.append(f"filter: {escape(self.filter)} ({len(rows)} shown)")
         self.status.update("  │  ".join(parts))
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(FLEET_HELP))
 
     def action_sort(self) -> None:
         names = list(SORTS)
