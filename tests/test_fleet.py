@@ -147,6 +147,10 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
         assert "fleet-slow" in text and "connecting" in text  # the hung host holds up no one
         names = [r.name for r in screen.shown]
         assert names[-1] == "gpu-a"  # sorted by problems: the hosts that are not up come first
+        await pilot.press("question_mark")
+        await until(pilot, lambda: "sort: problems first, name" in save_text(app, None), 3)
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, 3)
         await pilot.press("o")
         assert screen.sort == "util" and [r.name for r in screen.shown][0] == "gpu-a"
         await pilot.press("slash")

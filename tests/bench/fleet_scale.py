@@ -177,9 +177,7 @@ async def run(n: int, seconds: float) -> dict:
             hosts1 = tree_cpu_s([p.pid for p in procs])
             wall = time.monotonic() - t0
             samples = sum(m.state.seq for m in watch.members)
-            live = gc.get_objects()
-            live_objects = len(live)
-            import collections; print(collections.Counter(type(o).__name__ for o in live).most_common(12), file=sys.stderr); del live
+            live_objects = len(gc.get_objects())
             await pilot.press("q")
     finally:
         for p in procs:

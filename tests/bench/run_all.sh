@@ -16,3 +16,5 @@ for rate in 0 2000 20000; do
   echo "== screen under load: $rate log lines/s"
   $PY tests/bench/ui_load.py --rate "$rate" --seconds "$S" --json "$OUT/ui_load_$rate.json" | grep -vE "^[{}]"
 done
+echo "== fleet: 64 hosts x 8 simulated GPUs behind 64 real sshd"
+$PY tests/bench/fleet_scale.py --hosts 64 --seconds "$S" --json "$OUT/fleet_scale_64.json" | grep -E "cpu|key|redraw|up|rss"
