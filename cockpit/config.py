@@ -254,21 +254,20 @@ class YamlLoader:
         return Layout(path=self.path, **fields)
 
 
-def load_layout(path: str | Path) -> Layout:
-    path = str(path)
+def read_config(path: str | Path, what: str, hint: str) -> str:
+    """A YAML file's text, or one line saying why it cannot be had."""
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except FileNotFoundError:
-        raise LayoutError(f"{path}: no such layout file (see layouts/ for examples)") from None
+        raise LayoutError(f"{path}: no such {what} file ({hint})") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise LayoutError(f"{path}: cannot read the layout: {exc}") from None
-    return parse_layout(text, path)
+        raise LayoutError(f"{path}: cannot read the {what}: {exc}") from None
 
 
-def parse_layout(text: str, path: str = "<layout>") -> Layout:
-    loader = YamlLoader(path)
+def compose_yaml(text: str, path: str):
+    """The YAML's node tree (positions kept for file:line errors), or one line naming the line."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
@@ -277,8 +276,16 @@ def parse_layout(text: str, path: str = "<layout>") -> Layout:
         raise LayoutError(f"{path}:1: invalid YAML: {exc}") from None
     except RecursionError:
         raise LayoutError(f"{path}:1: invalid YAML: nested too deeply") from None
+
+
+def load_layout(path: str | Path) -> Layout:
+    return parse_layout(read_config(path, "layout", "see layouts/ for examples"), str(path))
+
+
+def parse_layout(text: str, path: str = "<layout>") -> Layout:
+    root = compose_yaml(text, path)
     try:
-        return loader.layout(root)
+        return YamlLoader(path).layout(root)
     except RecursionError:
         raise LayoutError(f"{path}:1: the layout is nested too deeply") from None
 

@@ -10,11 +10,10 @@ import asyncio
 import datetime as dt
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
-from cockpit.config import Layout, LayoutError, YamlLoader
+from cockpit.config import Layout, LayoutError, YamlLoader, compose_yaml, read_config
 from cockpit.diagnose import Phase, Verdict
 from cockpit.errors import CockpitError
 from cockpit.layouts import resolve_layout
@@ -51,26 +50,14 @@ class Fleet:
 
 
 def load_fleet(path: str) -> Fleet:
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise CockpitError(f"{path}: no such fleet file (see docs/fleet.md for its format)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CockpitError(f"{path}: cannot read the fleet file: {exc}") from None
-    return parse_fleet(text, path)
+    return parse_fleet(read_config(path, "fleet", "see docs/fleet.md for its format"), path)
 
 
 def parse_fleet(text: str, path: str = "<fleet>") -> Fleet:
     """`hosts:` a list of targets or of {target, name, layout, python, sim}; `defaults:` the same
     keys for every host; `concurrency:` connections opened at once; `interval:` seconds."""
     ld = YamlLoader(path)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise LayoutError(f"{path}:{mark.line + 1 if mark else 1}: invalid YAML: {exc.problem or exc.context}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise LayoutError(f"{path}:1: invalid YAML: {exc}") from None
+    root = compose_yaml(text, path)
     if root is None:
         raise LayoutError(f"{path}:1: the fleet file is empty: it needs hosts: [host-a, user@host-b]")
     top = {key: v for key, _, v in ld.mapping(root, "the fleet file", _TOP_KEYS)}

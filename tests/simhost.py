@@ -74,3 +74,12 @@ def gone(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (FileNotFoundError, ProcessLookupError):
         return True
+
+
+async def until(pilot, predicate, timeout: float = 40.0, step: float = 0.05):
+    """Let the app run until the predicate holds (the screen shows something), or fail."""
+    for _ in range(int(timeout / step)):
+        if predicate():
+            return True
+        await pilot.pause(step)
+    raise AssertionError("timed out")

@@ -11,15 +11,18 @@ from cockpit.link.target import parse_target
 from cockpit.session import HostSession, SessionOptions, Watch
 from cockpit.ui.app import CockpitApp, save_text
 from conftest import SSHD, Sshd
-from simhost import gone
+from simhost import gone, until
 
 
-async def until(pilot, predicate, timeout):
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return True
-        await pilot.pause(0.05)
-    raise AssertionError("timed out")
+
+
+def cockpit_over(server: Sshd, sim_state, python: str = sys.executable) -> CockpitApp:
+    """The cockpit on the simulated host behind this sshd, at a 0.5 s refresh."""
+    session = HostSession(parse_target("cockpit-test"),
+                          SessionOptions(python=python, interval=0.5, sim_state=str(sim_state),
+                                         ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
+                          Watch(patterns=["sglang::*"]))
+    return CockpitApp(session=session)
 
 
 def kill_sshd_and_its_connections(server: Sshd) -> None:
@@ -34,11 +37,7 @@ async def test_link_loss_is_said_then_the_cockpit_reconnects_on_its_own(tmp_path
     server = Sshd(tmp_path)
     server.start()
     try:
-        session = HostSession(parse_target("cockpit-test"),
-                              SessionOptions(python=sys.executable, interval=0.5, sim_state=str(sim_state),
-                                             ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
-                              Watch(patterns=["sglang::*"]))
-        app = CockpitApp(session=session)
+        app = cockpit_over(server, sim_state)
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: app.state.seq > 1 and rank.pid in app.state.procs, 20)
             first_agent = app.state.agent.pid
@@ -84,11 +83,7 @@ async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim
     server.start()
     frozen: list[int] = []
     try:
-        session = HostSession(parse_target("cockpit-test"),
-                              SessionOptions(python=sys.executable, interval=0.5, sim_state=str(sim_state),
-                                             ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
-                              Watch(patterns=["sglang::*"]))
-        app = CockpitApp(session=session)
+        app = cockpit_over(server, sim_state)
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: app.state.seq > 1 and rank.pid in app.state.procs, 20)
             first_agent = app.state.agent.pid
@@ -134,11 +129,7 @@ async def test_host_python_and_psutil_vanishing_between_connects_are_said_and_su
     server = Sshd(tmp_path)
     server.start()
     try:
-        session = HostSession(parse_target("cockpit-test"),
-                              SessionOptions(python=str(python), interval=0.5, sim_state=str(sim_state),
-                                             ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
-                              Watch(patterns=["sglang::*"]))
-        app = CockpitApp(session=session)
+        app = cockpit_over(server, sim_state, str(python))
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: rank.pid in app.state.procs, 20)
             host_python("-S")  # no site-packages: psutil is gone

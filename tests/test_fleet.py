@@ -16,6 +16,7 @@ from cockpit.session import SessionOptions
 from cockpit.ui.app import CockpitScreen, save_text
 from cockpit.ui.fleet import FleetApp, FleetScreen
 from conftest import free_port, run_cli
+from simhost import until
 
 
 class Blackhole:
@@ -121,12 +122,6 @@ def test_fleet_file_errors_name_file_line_and_fix(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-async def until(pilot, predicate, timeout):
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return True
-        await pilot.pause(0.05)
-    raise AssertionError("timed out")
 
 
 async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts):
@@ -162,7 +157,7 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
         cockpit = app.screen
         assert cockpit.session is a.session  # the fleet's own connection, not a second one
         await until(pilot, lambda: "GPU2" in save_text(app, None) and "sglang::scheduler_TP0" in save_text(app, None), 10)
-        assert "esc Fleet" in save_text(app, None)
+        await until(pilot, lambda: "esc Fleet" in save_text(app, None), 3)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen, 3)
         assert a.session.on_frame is None and a.state.link_state == "up"  # the host is still watched

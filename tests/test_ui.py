@@ -22,6 +22,7 @@ from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
 
 from conftest import free_port, run_cli
+from simhost import until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -62,12 +63,6 @@ async def live_app(sim_state, tmp_path):
             pass
 
 
-async def until(pilot, predicate, timeout=40.0):
-    for _ in range(int(timeout / 0.1)):
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("timed out")
 
 
 async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app):

@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
+
+from benchlib import pct, report, rss_mib  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 from cockpit.fleet import Fleet, FleetHost, FleetWatch  # noqa: E402
 from cockpit.session import SessionOptions  # noqa: E402
@@ -34,10 +35,6 @@ from cockpit.ui.fleet import HEAP_SETTLE_S, SORTS, FleetApp  # noqa: E402
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_hosts(tmp: Path, n: int) -> tuple[list[subprocess.Popen], Path, Path]:
@@ -93,16 +90,8 @@ def tree_cpu_s(roots: list[int]) -> float:
     return total / tick
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
-def pct(xs, q):
-    return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 2) if xs else None
 
 
 class GcPauses:
@@ -208,10 +197,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     res = asyncio.run(run(args.hosts, args.seconds))
-    print(json.dumps(res, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    os._exit(0)
+    report(res, args.json)
 
 
 if __name__ == "__main__":

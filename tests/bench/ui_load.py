@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import resource
 import sys
 import tempfile
@@ -25,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
 from agent_cost import kill_tree, spawn_tree  # noqa: E402
+from benchlib import pct, report, rss_mib  # noqa: E402
 
 from cockpit.config import parse_layout  # noqa: E402
 from cockpit.link.target import parse_target  # noqa: E402
@@ -48,12 +47,6 @@ def flood(path: Path, rate: int, stop: threading.Event) -> None:
             time.sleep(0.01)
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def run(rate: int, seconds: float) -> dict:
@@ -129,8 +122,6 @@ async def run(rate: int, seconds: float) -> dict:
     kill_tree(kids)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
 
-    def pct(xs, q):
-        return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 2) if xs else None
 
     return {
         "rate_lines_s": rate, "seconds": round(wall, 1), "frames": len(frame_ms),
@@ -150,10 +141,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     res = asyncio.run(run(args.rate, args.seconds))
-    print(json.dumps(res, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    os._exit(0)
+    report(res, args.json)
 
 
 if __name__ == "__main__":
