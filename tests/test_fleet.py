@@ -162,3 +162,30 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
         await until(pilot, lambda: app.screen is screen, 3)
         assert a.session.on_frame is None and a.state.link_state == "up"  # the host is still watched
         await pilot.press("q")
+
+
+async def test_connections_open_concurrently_behind_the_limit(tmp_path):
+    """Four hosts that never answer, a limit of two: two are connecting, two wait their turn, and
+    none of the waiting ones is blocked by anything but the limit."""
+    import asyncio
+
+    holes = [Blackhole() for _ in range(4)]
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(f"Host hole{i}\n  HostName 127.0.0.1\n  Port {h.port}\n" for i, h in enumerate(holes)))
+    fleet = parse_fleet("concurrency: 2\nhosts: [hole0, hole1, hole2, hole3]\n", "f.yaml")
+    (tmp_path / "known_hosts").write_text("")
+    watch = FleetWatch(fleet, SessionOptions(ssh_config=str(config), known_hosts=str(tmp_path / "known_hosts")))
+    watch.start()
+    try:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if sum(len(h.held) for h in holes) >= 2:
+                break
+        await asyncio.sleep(0.5)
+        states = sorted(m.state.link_state for m in watch.members)
+        assert states == ["connecting", "connecting", "waiting", "waiting"]
+        assert sum(len(h.held) for h in holes) == 2  # two TCP connections made, not four
+    finally:
+        await watch.close()
+        for h in holes:
+            h.close()

@@ -108,6 +108,10 @@ class SshLink(Link):
         return Path(self.known_hosts or os.path.expanduser("~/.ssh/known_hosts"))
 
     async def connect(self) -> None:
+        for flag, path in (("--ssh-config", self.ssh_config), ("--known-hosts", self.known_hosts)):
+            if path and not os.path.isfile(path):
+                raise CockpitError(f"{flag} {path}: no such file (give an existing file, or leave the flag out "
+                                   f"to use ~/.ssh)")
         try:
             self.conn = await asyncssh.connect(self.target.host, **self._options())
         except asyncssh.HostKeyNotVerifiable:
@@ -128,7 +132,8 @@ class SshLink(Link):
         except ConnectionRefusedError:
             raise CockpitError(f"cannot reach {self.where}: connection refused (is sshd running on that port?)") from None
         except OSError as exc:
-            raise CockpitError(f"cannot reach {self.where}: {exc.strerror or exc}") from None
+            what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+            raise CockpitError(f"cannot reach {self.where}: {what}") from None
         except asyncssh.Error as exc:
             raise CockpitError(f"ssh to {self.where} failed: {exc.reason}") from None
 
