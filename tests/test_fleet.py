@@ -99,6 +99,20 @@ def test_a_fleet_snapshot_is_not_delayed_by_a_down_or_hung_host(fleet_hosts):
     assert took < 6 + 5  # the timeout, plus starting Python and closing
 
 
+def test_hosts_on_the_command_line_make_the_same_fleet(fleet_hosts, sim_state):
+    _, config, sshd = fleet_hosts
+    out = run_cli("snapshot", "--hosts", "cockpit-test,fleet-down", "--json", "--timeout", "10",
+                  "--python", sys.executable, "--sim", str(sim_state), "--ssh-config", str(config),
+                  "--known-hosts", str(sshd.known_hosts))
+    assert out.returncode == 0, out.stderr
+    hosts = json.loads(out.stdout)["hosts"]
+    assert [h["name"] for h in hosts] == ["cockpit-test", "fleet-down"]
+    assert hosts[0]["reachable"] and hosts[0]["snapshot"]["gpus"][2]["mem_used_mib"] == 7512
+    assert not hosts[1]["reachable"]
+    twice = run_cli("snapshot", "--hosts", "a,a", "--json")
+    assert twice.returncode == 2 and twice.stderr.strip() == "cockpit: --hosts: a host is listed twice"
+
+
 def test_fleet_file_errors_name_file_line_and_fix(tmp_path):
     cases = {
         "hosts:\n  - a\n  - tagret: b\n": ":3: unknown key 'tagret' in a host: did you mean 'target'?",
