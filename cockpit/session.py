@@ -96,6 +96,7 @@ class HostSession:
         self.link_error: str | None = None  # why the last reconnect failed, while it is down
         self.reconnects = 0
         self.ever_up = False
+        self.keeping = False  # set by keep(): only a kept link is ended for silence (it will be retried)
         self.errors: list[str] = []
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
@@ -117,7 +118,8 @@ class HostSession:
         self.lost_reason = None
         self._reader = asyncio.create_task(self._read_loop())
         await self._answer("config", configured, 30.0)
-        self._silence = asyncio.create_task(self._watch_silence())
+        if self.keeping:
+            self._silence = asyncio.create_task(self._watch_silence())
 
     async def _read_hello(self) -> dict:
         where = self.target.label
@@ -190,7 +192,9 @@ class HostSession:
         """A link that goes quiet without closing (a host that hung or rebooted, a pulled cable)
         would otherwise look alive until ssh keepalives give up, 30 s later. The agent sends a
         sample every interval, so two intervals without a byte end the link here. Time this
-        event loop itself was stalled is not counted against the host."""
+        event loop itself was stalled is not counted against the host. Only a kept link is
+        watched: a one-shot command on a host too busy to answer for a while should wait, not
+        fail with its outcome unknown."""
         last_check = time.monotonic()
         while not self.closed.is_set():
             step = self.opts.interval / 4
@@ -210,6 +214,9 @@ class HostSession:
         re-sending the agent and the same watch. A command in flight is never re-sent (its caller
         got LinkLost). With retry_first, a first connection that failed is retried the same way
         (a fleet's host that is down now may be up later). state.link_state says where it stands."""
+        self.keeping = True
+        if self._reader is not None and self._silence is None and not self.closed.is_set():
+            self._silence = asyncio.create_task(self._watch_silence())
         if retry_first and self._reader is None:
             self.closed.set()
             self.lost_reason = self.link_error

@@ -203,3 +203,23 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
                 except ProcessLookupError:
                     pass
         await session.close()
+
+
+async def test_a_one_shot_session_waits_out_a_busy_host(sim_state):
+    """Only a kept link (screen, fleet) is ended for silence: a CLI command on a host too busy to
+    answer for a while (here its agent stopped for 1.5 s, six intervals) waits and carries on."""
+    import asyncio
+    import signal
+
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)), Watch(patterns=[]))
+    await session.connect()
+    try:
+        await session.wait_samples(2)
+        os.kill(session.state.agent.pid, signal.SIGSTOP)
+        await asyncio.sleep(1.5)
+        os.kill(session.state.agent.pid, signal.SIGCONT)
+        await session.wait_samples(2)
+        assert not session.closed.is_set() and (await session.request("ping"))["time"] > 0
+    finally:
+        await session.close()
