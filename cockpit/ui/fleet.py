@@ -68,7 +68,8 @@ LEVEL = {name: Style(color=name) for name in ("green", "yellow", "red", "grey50"
 RED, BOLD_RED, GREEN, YELLOW, DIM = (Style(color="red"), Style(color="red", bold=True), Style(color="green"),
                                      Style(color="yellow"), Style(color="grey50"))
 HEADER = Style(bold=True)
-CURSOR = Style(reverse=True)
+CURSOR_BLURRED = Style(bgcolor="grey23")
+CURSOR = Style(bgcolor="#264f78")  # a background, not reverse: the bars keep their colours
 COLUMNS = [("host", 18), ("link", 20), ("ms", 5), ("util/GPU", 10), ("mem/GPU", 10), ("phase", 18),
            ("verdict", 22), ("alerts", 0)]  # 0: the rest of the width
 
@@ -141,7 +142,9 @@ class FleetTable(ScrollView, can_focus=True):
             return cached[2]
         strip = self._line(self._cells(row), width)
         if index == self.cursor:
-            strip = strip.apply_style(CURSOR if self.has_focus else Style(bgcolor="grey23"))
+            over = CURSOR if self.has_focus else CURSOR_BLURRED  # laid over each cell's own style
+            strip = Strip([Segment(seg.text, (seg.style or Style()) + over, seg.control) for seg in strip],
+                          strip.cell_length)
         self._strips[row.name] = (sig, width, strip)
         return strip
 
@@ -220,7 +223,8 @@ class FleetScreen(Screen):
         rows.sort(key=SORTS[self.sort])
         self.shown = rows
         self.table.show(rows)
-        parts = [f"[b]fleet[/b] {len(self.watch.members)} hosts", f"[green]{up} up[/]",
+        n = len(self.watch.members)
+        parts = [f"[b]fleet[/b] {n} host{'s' if n != 1 else ''}", f"[green]{up} up[/]",
                  f"[{'bold red' if up < len(self.watch.members) else 'default'}]{len(self.watch.members) - up} not up[/]",
                  f"{gpus} GPUs", f"[{'bold red' if bad else 'default'}]{bad} in trouble[/]", f"sort: {self.sort}"]
         if self.filter:
