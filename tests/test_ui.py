@@ -217,6 +217,7 @@ log_dir: {tmp_path}
 ports: [{port}]
 stall: {{idle_s: 3, spin_s: 3}}
 kill_wait_s: 2
+auto_dump: true
 sim: {{speed: 4, seed: 1}}
 """, "ui.yaml")
     runs = []
@@ -237,6 +238,12 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
     async with app.run_test(size=(160, 50)) as pilot:
         await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 60)
         assert "log silent" in " ".join(app.cockpit.verdict.evidence)
+        # auto_dump: the stall itself dumps every rank's stack (py-spy), nobody pressed d
+        await until(pilot, lambda: isinstance(app.screen, ReportScreen), 60)
+        report = save_text(app, None)
+        assert "stacks of 8 ranks" in report and "ranks 0-7" in report and "raw dumps:" in report
+        await pilot.press("escape")
+        await until(pilot, lambda: app.cockpit.busy is None, 10)
         assert "stalled-idle" in save_text(app, None)
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
