@@ -136,9 +136,8 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 
-        footer = save_text(app, None).splitlines()[-1]
-        for key in ("Quit", "Help", "Search", "Rank filter", "Follow"):
-            assert key in footer
+        keys = ("Quit", "Help", "Search", "Rank filter", "Follow")
+        await until(pilot, lambda: all(k in save_text(app, None).splitlines()[-1] for k in keys), 5)
         await pilot.press("q")
     assert app.return_code == 0 or app.return_code is None
 
@@ -240,6 +239,7 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         assert "log silent" in " ".join(app.cockpit.verdict.evidence)
         # auto_dump: the stall itself dumps every rank's stack (py-spy), nobody pressed d
         await until(pilot, lambda: isinstance(app.screen, ReportScreen), 60)
+        await until(pilot, lambda: "raw dumps:" in save_text(app, None), 10)
         report = save_text(app, None)
         assert "stacks of 8 ranks" in report and "ranks 0-7" in report and "raw dumps:" in report
         await pilot.press("escape")
@@ -247,7 +247,7 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         assert "stalled-idle" in save_text(app, None)
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
-        assert "--speculative-algorithm" in save_text(app, None)
+        await until(pilot, lambda: "--speculative-algorithm" in save_text(app, None), 10)
         await pilot.press("space")  # eagle3 is the first (and selected) flag set: off
         await pilot.pause(0.2)
         assert app.screen.spec().enabled == []
@@ -260,10 +260,11 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         # K: the confirmation names every pid, then the report says it is verified
         await pilot.press("K")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
+        await until(pilot, lambda: "SIGTERM" in save_text(app, None), 10)
         body = save_text(app, None)
         assert body.count("sglang::scheduler_TP") >= 8 and "SIGTERM" in body
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, ReportScreen), 30)
-        assert "verified" in save_text(app, None)
+        await until(pilot, lambda: "verified" in save_text(app, None), 10)
         await pilot.press("escape")
         await until(pilot, lambda: not [p for p in app.state.live_procs() if p.rank is not None], 10)
