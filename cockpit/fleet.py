@@ -26,6 +26,7 @@ from cockpit.snapshot import snapshot_doc
 SCHEMA = "gpu-cockpit.fleet/1"
 DEFAULT_CONCURRENCY = 16
 PING_EVERY_S = 5.0
+FLEET_HISTORY = 120  # samples kept per GPU and host: two minutes at 1 Hz, enough for a host's sparklines
 HOT_C = 85  # a GPU this hot is worth a look whatever the run is doing
 
 _HOST_KEYS = {"target": "str", "name": "str", "layout": "str", "python": "str", "sim": "str"}
@@ -146,8 +147,8 @@ class Member:
     def __init__(self, host: FleetHost, opts: SessionOptions):
         self.host = host
         self.layout: Layout | None = resolve_layout(host.layout) if host.layout else None
-        self.session = HostSession(parse_target(host.target), opts, Watch.for_layout(self.layout))
-        self.session.state.target = host.name
+        self.session = HostSession(parse_target(host.target), opts, Watch.for_layout(self.layout),
+                                   state=HostState(host.name, history=FLEET_HISTORY))
         self.watchdog = watchdog_for(self.layout)
         self.phase = Phase("no run")
         self.verdict = Verdict("watching", [])

@@ -79,11 +79,11 @@ def make_link(target: Target, opts: SessionOptions) -> Link:
 
 class HostSession:
     def __init__(self, target: Target, opts: SessionOptions | None = None, watch: Watch | None = None,
-                 on_frame: Callable[[dict], None] | None = None):
+                 on_frame: Callable[[dict], None] | None = None, state: HostState | None = None):
         self.target = target
         self.opts = opts or SessionOptions()
         self.watch = watch or Watch()
-        self.state = HostState(target.label)
+        self.state = state or HostState(target.label)
         self.on_frame = on_frame
         self.link: Link | None = None
         self.stream: AgentStream | None = None
