@@ -186,7 +186,8 @@ class Member:
             await asyncio.sleep(PING_EVERY_S)
 
     def update(self, now: float) -> None:
-        if self.state.seq:
+        """The verdict moves only on live data: a host whose link is down is not 'silent'."""
+        if self.state.seq and self.state.link_state == "up":
             log = self.layout.log if self.layout else None
             self.phase, self.verdict = self.watchdog.update(self.state, now, log)
 

@@ -268,3 +268,14 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         await until(pilot, lambda: "verified" in save_text(app, None), 10)
         await pilot.press("escape")
         await until(pilot, lambda: not [p for p in app.state.live_procs() if p.rank is not None], 10)
+
+
+def test_the_layouts_ports_come_before_the_listeners_the_tree_opened():
+    from cockpit.model import HostState, PortState
+    from cockpit.ui.ports import PortsTable
+
+    state = HostState("h")
+    state.ports = [PortState(29500, True, 11), PortState(30000, True, 10), PortState(45678, True, 12)]
+    table = PortsTable()
+    table.configured = [30000]
+    assert [key for key, _ in table._rows(state)] == ["30000", "29500", "45678"]

@@ -164,6 +164,7 @@ class CockpitScreen(Screen):
         self.view = self.query_one(LogView)
         self.ranks = self.query_one(RankTable)
         self.ports = self.query_one(PortsTable)
+        self.ports.configured = list(self.profile.ports) if self.profile else []
         self.status = self.query_one("#status", Static)
         self.grid = self.query_one("#gpus", Grid)
         self.panes: list[GpuPane] = []
@@ -281,6 +282,8 @@ class CockpitScreen(Screen):
             if self.state.verdict:
                 self.verdict = Verdict(**self.state.verdict)
             return
+        if self.state.link_state != "up":
+            return  # data that stopped coming is not a silent run: the verdict waits for the link
         before = self.verdict.name
         self.phase, self.verdict = self.watchdog.update(self.state, time.monotonic(), self._log_path)
         if self.verdict.name != before and self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow"):

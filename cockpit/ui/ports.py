@@ -1,5 +1,7 @@
 """Ports: configured and discovered listeners, their owner, and the layout's HTTP endpoints as
-probed from the host itself through the link (no curl needed there). One row per endpoint."""
+probed from the host itself through the link (no curl needed there). One row per endpoint; the
+layout's own ports come first, before the listeners the tree opened itself (torch.distributed's
+store, NCCL bootstrap)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ class PortsTable(LiveTable):
         super().__init__(**kw)
         self.border_title = "ports"
         self.probes: dict[tuple[int, str], dict] = {}
+        self.configured: list[int] = []  # the layout's ports: listed first, whatever else the tree opens
 
     def _rows(self, state: HostState) -> list[tuple[str, list]]:
         rows = []
-        for p in state.ports:
+        for p in sorted(state.ports, key=lambda p: (p.port not in self.configured, p.port)):
             stat = Text("listen", style="bold green") if p.listening else Text("closed", style="grey50")
             probes = sorted((path, res) for (port, path), res in self.probes.items() if port == p.port)
             if not probes:
