@@ -96,7 +96,6 @@ class HostSession:
         self.link_error: str | None = None  # why the last reconnect failed, while it is down
         self.reconnects = 0
         self.ever_up = False
-        self.keeping = False  # set by keep(): only a kept link is ended for silence (it will be retried)
         self.errors: list[str] = []
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
@@ -118,8 +117,6 @@ class HostSession:
         self.lost_reason = None
         self._reader = asyncio.create_task(self._read_loop())
         await self._answer("config", configured, 30.0)
-        if self.keeping:
-            self._silence = asyncio.create_task(self._watch_silence())
 
     async def _read_hello(self) -> dict:
         where = self.target.label
@@ -214,13 +211,12 @@ class HostSession:
         re-sending the agent and the same watch. A command in flight is never re-sent (its caller
         got LinkLost). With retry_first, a first connection that failed is retried the same way
         (a fleet's host that is down now may be up later). state.link_state says where it stands."""
-        self.keeping = True
-        if self._reader is not None and self._silence is None and not self.closed.is_set():
-            self._silence = asyncio.create_task(self._watch_silence())
         if retry_first and self._reader is None:
             self.closed.set()
             self.lost_reason = self.link_error
         while True:
+            if not self.closed.is_set():  # connected: only a kept link is ended for silence (it is retried)
+                self._silence = asyncio.create_task(self._watch_silence())
             await self.closed.wait()
             self.link_error = self.lost_reason
             attempt = 0

@@ -142,7 +142,6 @@ class CockpitScreen(Screen):
         self.dirty = True
         self.ready = asyncio.Event()
         self.error: str | None = None
-        self.link_error: str | None = None
         self._log_path: str | None = None
         self._gpu_count = -1
         self._status_text = ""
@@ -208,6 +207,11 @@ class CockpitScreen(Screen):
         if self.owns_session:
             await self.session.keep()
 
+    @property
+    def link_error(self) -> str | None:
+        """Why the link is down, as the session last saw it."""
+        return self.session.link_error if self.session is not None else None
+
     def _watch_link(self) -> None:
         """Link changes seen by the session become a redraw, the right bindings and, when it comes
         back, a notification and a new round of probes."""
@@ -216,7 +220,6 @@ class CockpitScreen(Screen):
             return
         back = self._link_seen is not None and seen[2] > self._link_seen[2]
         self._link_seen = seen
-        self.link_error = self.session.link_error
         self.dirty = True
         self.refresh_bindings()
         if back:
@@ -254,8 +257,6 @@ class CockpitScreen(Screen):
         if not self.view.is_attached:
             return  # quitting: the widgets are gone
         if self.session is not None:
-            if self.session.closed.is_set() and self.state.link_state == "up":
-                self.state.link_state = "lost"
             self._watch_link()
         self.set_class(self.state.link_state.startswith(("lost", "down", "failed")), "stale")
         while self.state.notes:

@@ -53,12 +53,3 @@ def level_style(frac: float | None) -> str:
         return "yellow"
     return "green"
 
-
-def settle_heap() -> None:
-    """Once the screen is built and the hosts are connected, what exists is what lives: collect,
-    then move it out of the collector's sight (gc.freeze). A full pass over 150,000 objects (the
-    fleet at 64 hosts) took 180-230 ms, long enough to hold a key past 100 ms."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
