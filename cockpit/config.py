@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from cockpit.errors import CockpitError
+from cockpit.logrules import PhaseRule
 
 ENGINES = ("sglang", "vllm", "none")
 SIM_MODELS = ("rtx-pro-6000", "h200")
@@ -21,12 +22,6 @@ SIM_MODELS = ("rtx-pro-6000", "h200")
 
 class LayoutError(CockpitError):
     pass
-
-
-@dataclass
-class Phase:
-    pattern: re.Pattern
-    phase: str
 
 
 @dataclass
@@ -62,7 +57,7 @@ class Layout:
     ports: list[int] = field(default_factory=list)
     endpoints: list[str] = field(default_factory=list)
     watch: list[str] | None = None
-    phases: list[Phase] = field(default_factory=list)
+    phases: list[PhaseRule] = field(default_factory=list)
     stall: Stall = field(default_factory=Stall)
     kill_wait_s: float = 10.0
     auto_dump: bool = False
@@ -226,7 +221,7 @@ class YamlLoader:
                     rx = re.compile(text)
                 except re.error as exc:
                     raise self.fail(fields["pattern"], f"bad regex {text!r}: {exc}") from None
-                out.append(Phase(rx, self.string(fields["phase"], "phase")))
+                out.append(PhaseRule(rx, self.string(fields["phase"], "phase")))
             return out
         if kind == "stall":
             return Stall(**{k: self.value(_STALL[k], v, f"stall.{k}") for k, _, v in self.mapping(node, "stall", _STALL)})

@@ -4,41 +4,12 @@ HostState; nothing here touches the network."""
 from __future__ import annotations
 
 import itertools
-import re
 from collections import deque
 from dataclasses import dataclass
+from enum import Enum
 
+from cockpit.logrules import LogLine
 from cockpit.model import HostState
-
-# (regex, phase) in the order a launch goes through them; the last line that matches wins.
-SGLANG_PHASES = [
-    (r"Init torch distributed begin", "starting"),
-    (r"Load weight begin", "loading weights"),
-    (r"Loading safetensors checkpoint shards", "loading weights"),
-    (r"Load weight end", "weights loaded"),
-    (r"KV Cache is allocated", "kv cache"),
-    (r"Capture cuda graph begin", "capturing cuda graphs"),
-    (r"Capture draft cuda graph begin", "capturing draft cuda graphs"),
-    (r"Capture (draft )?cuda graph end", "cuda graphs captured"),
-    (r"Uvicorn running on", "port open"),
-    (r"The server is fired up and ready to roll", "ready"),
-    (r"Decode batch\.", "serving"),
-    (r"scheduler died during initialization|Received sigquit from a child process", "crashed"),
-]
-VLLM_PHASES = [
-    (r"Loading safetensors checkpoint shards|Starting to load model", "loading weights"),
-    (r"Model loading took", "weights loaded"),
-    (r"GPU KV cache size|KV cache", "kv cache"),
-    (r"Capturing CUDA graphs", "capturing cuda graphs"),
-    (r"Graph capturing finished", "cuda graphs captured"),
-    (r"Starting vLLM API server|Uvicorn running on", "port open"),
-    (r"Application startup complete", "ready"),
-    (r"Avg generation throughput", "serving"),
-    (r"Engine core initialization failed|EngineCore failed|Worker.*died", "crashed"),
-]
-SHARDS = re.compile(r"checkpoint shards:.*?\|\s*(\d+)/(\d+)")
-RANK_PREFIX = re.compile(r"^\[[^\]]*\bTP(\d+)\]|^\((?:Worker_)?\w*TP(\d+) pid=\d+\)")
-
 
 @dataclass
 class Phase:
@@ -50,48 +21,23 @@ class Phase:
         return f"{self.name} {self.detail}".strip()
 
 
-def compile_phases(engine: str, extra: list[tuple[re.Pattern, str]] | None = None) -> list[tuple[re.Pattern, str]]:
-    table = VLLM_PHASES if engine == "vllm" else SGLANG_PHASES if engine == "sglang" else []
-    return [(re.compile(rx), name) for rx, name in table] + list(extra or [])
-
-
-def classify_line(line: str, phases: list[tuple[re.Pattern, str]]) -> str | None:
-    for rx, name in reversed(phases):
-        if rx.search(line):
-            return name
-    return None
-
-
-def line_rank(line: str) -> int | None:
-    """The TP rank that wrote a log line: `[... TP3]` (SGLang) or `(Worker_TP3 pid=..)` (vLLM)."""
-    m = RANK_PREFIX.search(line)
-    if not m:
-        return None
-    return int(m.group(1) or m.group(2))
-
-
-def phase_of(state: HostState, phases: list[tuple[re.Pattern, str]], log_path: str | None = None) -> Phase:
-    """The run's phase from its log, corrected by what the processes and port say."""
+def phase_of(state: HostState, log_path: str | None = None) -> Phase:
+    """The run's phase from its log (lines carry their phase, classified on arrival), corrected by
+    what the processes say."""
     log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
-    current = Phase("starting" if state.live_procs() else "no run")
-    if log is not None:
-        for line in reversed(log.lines):
-            name = classify_line(line, phases)
-            if name is None:
-                continue
-            current = Phase(name, line=line)
-            if name == "loading weights":
-                m = SHARDS.search(line)
-                if m:
-                    current.detail = f"{m.group(1)}/{m.group(2)} shards"
-                else:  # the bar may not have been drawn yet: look back for the last one
-                    for earlier in reversed(log.lines):
-                        m = SHARDS.search(earlier)
-                        if m:
-                            current.detail = f"{m.group(1)}/{m.group(2)} shards"
-                            break
-            break
-    return _corrected(state, current)
+    marks = [line for line in log.lines if line.phase] if log is not None else []
+    if not marks:
+        return _corrected(state, Phase("starting" if state.live_procs() else "no run"))
+    last = marks[-1]
+    shards = last.shards or next((m.shards for m in reversed(marks) if m.shards), None)
+    return _corrected(state, _phase(last, shards))
+
+
+def _phase(line: LogLine, shards: tuple[int, int] | None) -> Phase:
+    phase = Phase(line.phase, line=line.text)
+    if line.phase == "loading weights" and shards:
+        phase.detail = f"{shards[0]}/{shards[1]} shards"
+    return phase
 
 
 def _corrected(state: HostState, phase: Phase) -> Phase:
@@ -109,37 +55,65 @@ IDLE_GPU_PCT = 5.0
 SPIN_GPU_PCT = 90.0
 SPIN_POWER_SHARE = 0.3  # of the power limit: a kernel polling a flag draws little
 RESIDENT_SHARE = 0.10  # of GPU memory: the model is loaded
-CRASH_LINE = re.compile(r"Rank (\d+) scheduler died during initialization \(exit code: (-?\d+)\)")
-ERROR_LINE = re.compile(r"ERROR|Error|died|Traceback|sigquit|failed")
+
+
+class VerdictName(str, Enum):
+    """Every verdict the cockpit gives, the one spelling used by the screen, fleet, ledger and JSON."""
+
+    OK = "ok"
+    WATCHING = "watching"  # processes are there, not enough seen yet to judge
+    NO_RUN = "no run"
+    STALLED_IDLE = "stalled-idle"
+    STALLED_SPINNING = "stalled-spinning"
+    CRASHED = "crashed"
+    SLOW = "slow"
+    STOPPING = "stopping"  # the operator's own kill or relaunch is under way: not a crash
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+ALERTING = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED, VerdictName.SLOW)
+V = VerdictName
 
 
 @dataclass
 class Verdict:
-    name: str  # ok | stalled-idle | stalled-spinning | crashed | slow | watching | no run
+    name: VerdictName
     evidence: list[str]
     odd_rank: int | None = None
 
+    def __post_init__(self) -> None:
+        self.name = VerdictName(self.name)
+
     def __str__(self) -> str:
         return self.name if self.odd_rank is None else f"{self.name} (rank {self.odd_rank})"
+
+    @property
+    def alerting(self) -> bool:
+        return self.name in ALERTING
+
+    def doc(self) -> dict:
+        return {"name": self.name.value, "evidence": list(self.evidence), "odd_rank": self.odd_rank}
 
 
 class Watchdog:
     """Turns a stream of HostStates into a verdict with its evidence. It remembers since when each
     condition has held, and when each phase was first seen (time to each phase)."""
 
-    def __init__(self, phases: list[tuple[re.Pattern, str]], idle_s: float = 120.0, spin_s: float = 60.0,
-                 slow_factor: float = 3.0, earlier: dict[str, float] | None = None, ports: list[int] | None = None):
-        self.phases, self.idle_s, self.spin_s, self.slow_factor = phases, idle_s, spin_s, slow_factor
+    def __init__(self, idle_s: float = 120.0, spin_s: float = 60.0, slow_factor: float = 3.0,
+                 earlier: dict[str, float] | None = None, ports: list[int] | None = None):
+        self.idle_s, self.spin_s, self.slow_factor = idle_s, spin_s, slow_factor
         self.earlier = earlier or {}  # phase -> typical seconds to reach it in earlier runs
         self.ports = list(ports or [])
         self.started: float | None = None
         self.phase_at: dict[str, float] = {}
         self._since: dict[str, float] = {}
         self._log_seen: tuple[str | None, int] = (None, 0)
-        self._crash = None
+        self._crash: LogLine | None = None
         self._errors: deque = deque(maxlen=3)
-        self._phase_line: tuple[str, str] | None = None
-        self._shards: tuple[str, str] | None = None
+        self._phase_line: LogLine | None = None
+        self._shards: tuple[int, int] | None = None
         self._generation = 0
 
     def _new_run(self) -> None:
@@ -158,11 +132,7 @@ class Watchdog:
     def _phase(self, state: HostState) -> Phase:
         if self._phase_line is None:
             return _corrected(state, Phase("starting" if state.live_procs() else "no run"))
-        name, line = self._phase_line
-        phase = Phase(name, line=line)
-        if name == "loading weights" and self._shards:
-            phase.detail = f"{self._shards[0]}/{self._shards[1]} shards"
-        return _corrected(state, phase)
+        return _corrected(state, _phase(self._phase_line, self._shards))
 
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
@@ -266,25 +236,24 @@ class Watchdog:
         if new <= 0:
             return
         for line in itertools.islice(log.lines, len(log.lines) - new, None):
-            m = CRASH_LINE.search(line)
-            if m:
-                self._crash = m
-            if ERROR_LINE.search(line):
-                self._errors.append(line)
-            name = classify_line(line, self.phases)
-            if name is not None:
-                self._phase_line = (name, line)
-                shards = SHARDS.search(line)
-                if shards:
-                    self._shards = (shards.group(1), shards.group(2))
+            if line.kind == "failure" and self._crash is None:
+                self._crash = line  # the first failure is the cause; later ones follow from it
+            if line.kind in ("failure", "error"):
+                self._errors.append(line.text)
+            if line.phase is not None:
+                self._phase_line = line
+                if line.shards:
+                    self._shards = line.shards
 
     def _crashed(self, state, ranks, log, phase) -> Verdict | None:
         dead = [p for p in ranks if not p.alive or p.status == "Z"]
         m = self._crash
         if not dead and not m and phase.name != "crashed":
             return None
-        rank = int(m.group(1)) if m else (dead[0].rank if dead else None)
-        code = int(m.group(2)) if m else next((p.exit_code for p in dead if p.exit_code is not None), None)
+        named = m.failed_rank if m and m.failed_rank is not None else (m.rank if m else None)
+        rank = named if named is not None else (dead[0].rank if dead else None)
+        code = m.exit_code if m and m.exit_code is not None else \
+            next((p.exit_code for p in dead if p.exit_code is not None), None)
         ev = [f"rank {rank} died" + (f" (exit code {code})" if code is not None else "")] if rank is not None else []
         if dead:
             ev.append(f"{len(dead)} of {len(ranks)} ranks gone: {', '.join(str(p.rank) for p in dead)}")

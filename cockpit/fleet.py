@@ -1,8 +1,9 @@
 """Many hosts at once: the fleet file, one kept session per host, and a row per host.
 
 Every host runs on its own: connections open concurrently behind a limit, each is kept up (or
-retried) by its own HostSession, so a host that is down or slow never delays another. Rows are
-computed from the hosts' HostStates on demand; nothing here knows about Textual."""
+retried) by its own HostMonitor, so a host that is down or slow never delays another. A row shows
+its monitor's verdict, the same one the host's cockpit opened from the fleet shows. Nothing here
+knows about Textual."""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ from dataclasses import dataclass, field
 import yaml
 
 from cockpit.config import Layout, LayoutError, YamlLoader, compose_yaml, read_config
-from cockpit.diagnose import Phase, Verdict
 from cockpit.errors import CockpitError
 from cockpit.layouts import resolve_layout
 from cockpit.link.target import parse_target
 from cockpit.model import HostState
-from cockpit.runs import watchdog_for
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.monitor import HostMonitor
+from cockpit.session import HostSession, SessionOptions
 from cockpit.snapshot import snapshot_doc
 
 SCHEMA = "gpu-cockpit.fleet/1"
@@ -142,29 +142,39 @@ class Row:
 
 
 class Member:
-    """One host of the fleet: its session (kept up or retried on its own), layout and watchdog."""
+    """One host of the fleet: its monitor (kept up or retried on its own) and its layout."""
 
     def __init__(self, host: FleetHost, opts: SessionOptions):
         self.host = host
         self.layout: Layout | None = resolve_layout(host.layout) if host.layout else None
-        self.session = HostSession(parse_target(host.target), opts, Watch.for_layout(self.layout),
-                                   state=HostState(host.name, history=FLEET_HISTORY))
-        self.watchdog = watchdog_for(self.layout)
-        self.phase = Phase("no run")
-        self.verdict = Verdict("watching", [])
+        self.monitor = HostMonitor(parse_target(host.target), opts, self.layout, history=FLEET_HISTORY,
+                                   probe_every_s=PING_EVERY_S)
+        self.monitor.state.target = host.name
         self.task: asyncio.Task | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
 
     @property
+    def session(self) -> HostSession:
+        return self.monitor.session
+
+    @property
     def state(self) -> HostState:
-        return self.session.state
+        return self.monitor.state
+
+    @property
+    def phase(self):
+        return self.monitor.phase
+
+    @property
+    def verdict(self):
+        return self.monitor.verdict
 
     async def run(self, gate: asyncio.Semaphore) -> None:
         self.state.link_state = "waiting"
         async with gate:
             self.state.link_state = "connecting"
             try:
-                await self.session.connect()
+                await self.monitor.open()
             except CockpitError as exc:
                 self.session.link_error = str(exc)
                 self.state.link_state = "down"
@@ -173,28 +183,12 @@ class Member:
                 self.state.link_state = "down"
             finally:
                 self.tried.set()
-        await asyncio.gather(self.session.keep(retry_first=True), self._ping())
-
-    async def _ping(self) -> None:
-        """The round-trip time, now and then: a slow link is worth knowing before it drops."""
-        while True:
-            if self.state.link_state == "up":
-                try:
-                    await self.session.ping()
-                except CockpitError:
-                    pass
-            await asyncio.sleep(PING_EVERY_S)
-
-    def update(self, now: float) -> None:
-        """The verdict moves only on live data: a host whose link is down is not 'silent'."""
-        if self.state.seq and self.state.link_state == "up":
-            log = self.layout.log if self.layout else None
-            self.phase, self.verdict = self.watchdog.update(self.state, now, log)
+        await self.monitor.keep(retry_first=True)
 
     def row(self) -> Row:
         s = self.state
         alerts: list[str] = []
-        if self.verdict.name in ("stalled-idle", "stalled-spinning", "crashed", "slow") and self.verdict.evidence:
+        if self.verdict.alerting and self.verdict.evidence:
             alerts.append(self.verdict.evidence[0])  # the verdict has its own column: here, why
         for g in sorted(s.gpus.values(), key=lambda g: g.index):
             if g.temp_c is not None and g.temp_c >= HOT_C:
@@ -214,8 +208,8 @@ class Member:
                    phase=str(self.phase) if s.seq else "-", verdict=str(self.verdict) if s.seq else "-", alerts=alerts)
 
 
-class FleetWatch:
-    """Starts a session per host (at most `concurrency` connecting at once) and keeps them."""
+class FleetMonitor:
+    """Starts a HostMonitor per host (at most `concurrency` connecting at once) and keeps them."""
 
     def __init__(self, fleet: Fleet, base: SessionOptions | None = None):
         self.fleet = fleet
@@ -237,15 +231,10 @@ class FleetWatch:
         for m in self.members:
             if m.task is not None:
                 m.task.cancel()
-        await asyncio.gather(*(m.session.close() for m in self.members), return_exceptions=True)
+        await asyncio.gather(*(m.monitor.close() for m in self.members), return_exceptions=True)
 
     def rows(self) -> list[Row]:
-        now = time.monotonic()
-        out = []
-        for m in self.members:
-            m.update(now)
-            out.append(m.row())
-        return out
+        return [m.row() for m in self.members]
 
     async def settle(self, timeout: float, samples: int = 2) -> None:
         """Until every host has sent `samples` samples or failed its first connection, or timeout."""
@@ -270,16 +259,15 @@ class FleetWatch:
                 "error": row.error,
                 "rtt_ms": row.rtt_ms,
                 "phase": row.phase if up else None,
-                "verdict": None if not up else
-                {"name": m.verdict.name, "evidence": m.verdict.evidence, "odd_rank": m.verdict.odd_rank},
+                "verdict": m.verdict.doc() if up else None,
                 "alerts": row.alerts,
-                "snapshot": snapshot_doc(m.state, log_lines=10, verdict=m.verdict) if up else None,
+                "snapshot": snapshot_doc(m.state, log_lines=10, verdict=m.verdict, phase=m.phase) if up else None,
             })
         return {"schema": SCHEMA, "taken_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "hosts": hosts}
 
 
-async def take_fleet_snapshot(watch: FleetWatch, timeout: float = 30.0) -> dict:
+async def take_fleet_snapshot(watch: FleetMonitor, timeout: float = 30.0) -> dict:
     watch.start()
     try:
         await watch.settle(timeout)

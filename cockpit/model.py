@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
+from cockpit.logrules import LogLine, LogRules
 
 HISTORY_LEN = 600  # ten minutes at 1 Hz
 LOG_LINES = 5000
@@ -122,10 +123,13 @@ class PortState:
 @dataclass
 class LogState:
     path: str
-    lines: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=LOG_LINES))  # classified on arrival
     total: int = 0
     event: str | None = None  # last of opened / created / rotated / truncated / missing
     last_line_at: float | None = None  # local monotonic time the last line arrived
+
+    def text(self) -> str:
+        return "\n".join(line.text for line in self.lines)
 
 
 @dataclass
@@ -147,8 +151,9 @@ class AgentInfo:
 class HostState:
     """Everything known about one host, updated frame by frame."""
 
-    def __init__(self, target: str = "?", history: int = HISTORY_LEN):
+    def __init__(self, target: str = "?", history: int = HISTORY_LEN, rules: LogRules | None = None):
         self.target = target
+        self.rules = rules or LogRules()  # how log lines are read: each is classified once, here
         self.agent = AgentInfo()
         self.gpus: dict[int, Gpu] = {}
         self.procs: dict[int, Proc] = {}
@@ -276,7 +281,7 @@ class HostState:
         log = self.logs.setdefault(f["path"], LogState(f["path"]))
         if f.get("event"):
             log.event = f["event"]
-        lines = f.get("lines") or []
+        lines = [self.rules.classify(text) for text in f.get("lines") or []]
         log.lines.extend(lines)
         log.total += len(lines)
         if lines:

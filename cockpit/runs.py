@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cockpit.config import Layout, param_flag
-from cockpit.diagnose import Watchdog, compile_phases
+from cockpit.diagnose import ALERTING, VerdictName
 from cockpit.errors import CockpitError
 
 
@@ -125,15 +125,6 @@ async def resume(session, layout: Layout | None) -> dict | None:
     return run
 
 
-def watchdog_for(layout: Layout | None) -> Watchdog:
-    """The layout's phases and stall thresholds, and its earlier runs' phase times (for `slow`)."""
-    if layout is None:
-        return Watchdog(compile_phases("sglang"))
-    s = layout.stall
-    return Watchdog(compile_phases(layout.engine, layout.phases), s.idle_s, s.spin_s, s.slow_factor,
-                    typical_phase_seconds(layout), layout.ports)
-
-
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
     """Median seconds each phase lasted in earlier runs that reached ready: what `slow` compares."""
     spans: dict[str, list[float]] = {}
@@ -157,7 +148,7 @@ def describe_ledger(runs: list[dict]) -> list[str]:
 
 # ----------------------------------------------------------------------------- launching
 
-TERMINAL = ("stalled-idle", "stalled-spinning", "crashed")
+TERMINAL = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED)
 
 
 def launch_python(layout: Layout, session) -> str:
@@ -193,20 +184,20 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     return run
 
 
-async def watch_run(session, layout: Layout, watchdog, timeout: float, log: str,
-                    progress=None, settle: float = 0.0) -> tuple[str, list[str]]:
-    """Follow a run until it is ready (and stays so for `settle` seconds: some hangs come with
-    the first requests), stalls, crashes or times out; returns (outcome, evidence)."""
+async def follow_to_outcome(monitor, timeout: float, progress=None, settle: float = 0.0) -> tuple[str, list[str]]:
+    """Follow the monitor's run until it is ready (and stays so for `settle` seconds: some hangs
+    come with the first requests), stalls, crashes or times out; returns (outcome, evidence). The
+    verdict is the monitor's own: the screen shows the same."""
     deadline = time.monotonic() + timeout
     ready_at = None
     while True:
-        await session.wait_samples(1, timeout=30)
+        await monitor.session.wait_samples(1, timeout=30)
         now = time.monotonic()
-        phase, verdict = watchdog.update(session.state, now, log)
+        phase, verdict = monitor.phase, monitor.verdict
         if progress:
             progress(phase, verdict)
         if verdict.name in TERMINAL:
-            return verdict.name, verdict.evidence
+            return verdict.name.value, verdict.evidence
         if phase.name in ("ready", "serving"):
             ready_at = ready_at or now
             if now - ready_at >= settle:
@@ -215,24 +206,53 @@ async def watch_run(session, layout: Layout, watchdog, timeout: float, log: str,
             return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
 
 
-async def run_variant(session, layout: Layout, spec: RunSpec, timeout: float, clean_shm: bool = True,
+async def stop_run(monitor, why: str) -> None:
+    """End the run on screen before a launch, verified; the ledger keeps what the cockpit saw of
+    it (a stalled run stays recorded as stalled, not as killed)."""
+    from cockpit import actions
+
+    session, layout = monitor.session, monitor.layout
+    plan = await actions.plan_kill(session, actions.run_scope(session))
+    if not plan.entries:
+        return
+    _record_seen(monitor)
+    with monitor.stopping_for(why):
+        report = await actions.kill(session, plan, layout.kill_wait_s, layout.ports)
+    if not report["verified"]:
+        raise CockpitError("the previous run is not fully gone: " + "; ".join(actions.describe_kill(report)[1:]))
+
+
+def _record_seen(monitor) -> None:
+    """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
+    stopped."""
+    run, layout = monitor.following, monitor.layout
+    if not run or not layout or run.get("outcome_written"):
+        return
+    verdict = monitor.verdict
+    outcome = verdict.name.value if verdict.name in ALERTING else (
+        "ready" if monitor.phase.name in ("ready", "serving") else "stopped")
+    append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
+                           "phase_times": monitor.watchdog.phase_times(), "evidence": verdict.evidence,
+                           "dumps": None, "time": time.time()})
+    run["outcome_written"] = True
+
+
+async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
                       dump_on_stall: bool = True, progress=None, settle: float = 0.0) -> dict:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record."""
     from cockpit import actions, stacks
 
-    plan = await actions.plan_kill(session, actions.run_scope(session))
-    if plan.entries:
-        report = await actions.kill(session, plan, layout.kill_wait_s, layout.ports)
-        if not report["verified"]:
-            raise CockpitError("the previous run is not fully gone: " + "; ".join(actions.describe_kill(report)[1:]))
+    session, layout = monitor.session, monitor.layout
+    await stop_run(monitor, "stopped for relaunch")
     if clean_shm:
         audit = await actions.shm_audit(session)
         names = [e["name"] for e in audit["entries"] if e["removable"]]
         if names:
             await actions.shm_clean(session, names)
+    monitor.new_run()
     run = await launch(session, layout, spec)
-    dog = watchdog_for(layout)
-    outcome, evidence = await watch_run(session, layout, dog, timeout, run["log"], progress, settle)
+    monitor.following = run
+    outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle)
     dumps = None
     if outcome.startswith("stalled") and dump_on_stall:
         try:
@@ -242,9 +262,10 @@ async def run_variant(session, layout: Layout, spec: RunSpec, timeout: float, cl
                                    if not line.startswith("    ")]
         except CockpitError as exc:
             evidence = evidence + [f"no stack dump: {exc}"]
-    row = {"event": "outcome", "run_id": run["run_id"], "outcome": outcome, "phase_times": dog.phase_times(),
-           "evidence": evidence, "dumps": dumps, "time": time.time()}
+    row = {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
+           "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": dumps, "time": time.time()}
     append_ledger(layout, row)
+    run["outcome_written"] = True
     return {**run, **row, "flag_sets": list(spec.enabled)}
 
 
@@ -262,17 +283,13 @@ def combinations(layout: Layout, vary: list[str]) -> list[RunSpec]:
     return out
 
 
-async def ablate(session, layout: Layout, vary: list[str], timeout: float, progress=None) -> list[dict]:
+async def ablate(monitor, vary: list[str], timeout: float, progress=None) -> list[dict]:
     rows = []
-    for spec in combinations(layout, vary):
+    for spec in combinations(monitor.layout, vary):
         if progress:
             progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
-        rows.append(await run_variant(session, layout, spec, timeout, progress=progress))
-    from cockpit import actions
-
-    plan = await actions.plan_kill(session, actions.run_scope(session))
-    if plan.entries:
-        await actions.kill(session, plan, layout.kill_wait_s, layout.ports)
+        rows.append(await run_variant(monitor, spec, timeout, progress=progress))
+    await stop_run(monitor, "stopped: the ablation is over")
     return rows
 
 

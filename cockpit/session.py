@@ -25,7 +25,7 @@ SILENCE_FLOOR_S = 1.0  # at sub-second refresh, a busy host's scheduler jitter i
 
 
 @dataclass
-class Watch:
+class WatchList:
     """What the agent watches: from the layout, or the defaults for SGLang and vLLM."""
 
     patterns: list[str] | None = None
@@ -35,7 +35,7 @@ class Watch:
     ports: list[int] = field(default_factory=list)
 
     @classmethod
-    def for_layout(cls, layout) -> "Watch":
+    def for_layout(cls, layout) -> "WatchList":
         """The layout's process patterns, log and ports; the SGLang/vLLM defaults without one."""
         if layout is None:
             return cls()
@@ -78,11 +78,11 @@ def make_link(target: Target, opts: SessionOptions) -> Link:
 
 
 class HostSession:
-    def __init__(self, target: Target, opts: SessionOptions | None = None, watch: Watch | None = None,
+    def __init__(self, target: Target, opts: SessionOptions | None = None, watch: WatchList | None = None,
                  on_frame: Callable[[dict], None] | None = None, state: HostState | None = None):
         self.target = target
         self.opts = opts or SessionOptions()
-        self.watch = watch or Watch()
+        self.watch = watch or WatchList()
         self.state = state or HostState(target.label)
         self.on_frame = on_frame
         self.link: Link | None = None

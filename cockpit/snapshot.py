@@ -5,13 +5,11 @@ support are null, never 0."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 
 from collections import deque
 
 from cockpit.model import THROTTLE_REASONS, HostState, Proc
-from cockpit.session import HostSession
 
 SCHEMA = "gpu-cockpit.snapshot/1"
 LOG_LINES = 50
@@ -19,7 +17,7 @@ HISTORY = 60
 
 
 def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None,
-                 verdict=None) -> dict:
+                 verdict=None, phase=None) -> dict:
     taken = dt.datetime.fromtimestamp(taken_at if taken_at is not None else (state.sample_ts or 0), dt.timezone.utc)
     a = state.agent
     log_path = next(iter(state.logs), None)
@@ -80,10 +78,10 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
         "log": {
             "path": log_path,
             "event": log.event if log else None,
-            "lines": list(log.lines)[-log_lines:] if log else [],
+            "lines": [line.text for line in list(log.lines)[-log_lines:]] if log else [],
         },
-        "verdict": None if verdict is None else
-        {"name": verdict.name, "evidence": verdict.evidence, "odd_rank": verdict.odd_rank},
+        "phase": None if phase is None else {"name": phase.name, "detail": phase.detail},
+        "verdict": None if verdict is None else verdict.doc(),
         "history": {
             str(i): {key: list(buf)[-HISTORY:] for key, buf in hist.items()}
             for i, hist in sorted(state.gpu_history.items())
@@ -135,14 +133,15 @@ def _parse_time(text: str | None) -> float | None:
         return None
 
 
-async def take_snapshot(session: HostSession, wait: float = 0.0) -> dict:
-    """Connect, let the agent sample for `wait` seconds (two samples at least, so CPU % is
-    measured over an interval), and return the document."""
-    await session.connect()
-    try:
-        await session.wait_samples(2, timeout=max(30.0, wait + 30.0))
+def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
+    """The document of a live host, with its monitor's phase and verdict."""
+    return snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+
+
+async def take_snapshot(monitor, wait: float = 0.0) -> dict:
+    """Connect, let the agent sample (two samples at least, so CPU % is measured over an interval)
+    and the monitor judge for `wait` seconds, and return the document."""
+    async with monitor.attached():
         if wait > 0:
-            await asyncio.sleep(wait)
-        return snapshot_doc(session.state)
-    finally:
-        await session.close()
+            await monitor.watch_for(wait)
+        return monitor_doc(monitor)

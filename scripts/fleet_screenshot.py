@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
 from conftest import RANK_SCRIPT, free_port  # noqa: E402
 from fleet_scale import start_hosts  # noqa: E402
 
-from cockpit.fleet import Fleet, FleetHost, FleetWatch  # noqa: E402
+from cockpit.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
 from cockpit.session import SessionOptions  # noqa: E402
 from cockpit.ui.fleet import FleetApp  # noqa: E402
 
@@ -57,7 +57,7 @@ async def main(out: Path) -> None:
     hosts = [FleetHost(target=f"host{i:02d}", name=f"gpu-{i:02d}", python=sys.executable, sim=str(tmp / f"sim{i}"),
                        layout=str(tmp / f"h{i}.yaml")) for i in range(1, HOSTS + 1)]
     hosts.append(FleetHost(target="gpu-13", name="gpu-13"))
-    watch = FleetWatch(Fleet(hosts=hosts), SessionOptions(ssh_config=str(ssh_config), known_hosts=str(known_hosts)))
+    watch = FleetMonitor(Fleet(hosts=hosts), SessionOptions(ssh_config=str(ssh_config), known_hosts=str(known_hosts)))
     app = FleetApp(watch)
     try:
         async with app.run_test(size=(160, 22)) as pilot:

@@ -14,23 +14,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from cockpit.diagnose import Watchdog, compile_phases
+from cockpit import demo
 from cockpit.layouts import resolve_layout
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
-from cockpit.sim import demo
-from cockpit.snapshot import snapshot_doc
+from cockpit.monitor import HostMonitor
+from cockpit.session import SessionOptions, WatchList
+from cockpit.snapshot import monitor_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures"
 
 
 def ready(state, log, text):
-    return any(text in line for line in state.logs.get(log, demo_empty()).lines)
-
-
-class demo_empty:
-    lines: list = []
+    return log in state.logs and text in state.logs[log].text()
 
 
 async def record(name: str, enabled: list[str], until, settle: float) -> None:
@@ -39,24 +35,19 @@ async def record(name: str, enabled: list[str], until, settle: float) -> None:
     state_dir = tempfile.mkdtemp(prefix="cockpit-rec-")
     layout.log_dir = state_dir
     demo.prepare_host(layout, state_dir)
-    session = HostSession(parse_target("demo"), SessionOptions(python=sys.executable, sim_state=state_dir),
-                          Watch(ports=list(layout.ports)))
+    monitor = HostMonitor(parse_target("demo"), SessionOptions(python=sys.executable, sim_state=state_dir), layout,
+                          watch=WatchList(ports=list(layout.ports)))
+    session = monitor.session
     await session.connect()
     run = await demo.start_demo(session, layout, state_dir)
     try:
-        dog = Watchdog(compile_phases(layout.engine), layout.stall.idle_s, layout.stall.spin_s, ports=layout.ports)
         deadline = time.monotonic() + 90
-        verdict = None
         while not until(session.state, run["log"]):
             if time.monotonic() > deadline:
                 raise SystemExit(f"{name}: the state never came")
             await session.wait_samples(1)
-            _, verdict = dog.update(session.state, time.monotonic(), run["log"])
-        end = time.monotonic() + settle
-        while time.monotonic() < end:
-            await session.wait_samples(1)
-            _, verdict = dog.update(session.state, time.monotonic(), run["log"])
-        doc = snapshot_doc(session.state, log_lines=200, verdict=verdict)
+        await monitor.watch_for(settle)
+        doc = monitor_doc(monitor, log_lines=200)
         doc["target"] = "demo"
         doc["agent"]["hostname"] = "kimi-box"
         doc["agent"]["executable"] = "/root/ml-env/bin/python3"
@@ -72,7 +63,7 @@ async def record(name: str, enabled: list[str], until, settle: float) -> None:
 
 async def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    shards = lambda n: lambda st, log: any(f"| {n}/64" in l for l in st.logs.get(log, demo_empty()).lines)
+    shards = lambda n: lambda st, log: ready(st, log, f"| {n}/64")
     await record("loading", ["eagle3"], shards(30), 0.0)
     await record("eagle3-deadlock", ["eagle3"], lambda st, log: ready(st, log, "Capture draft cuda graph begin"), 18.0)
     await record("serving", [], lambda st, log: ready(st, log, "ready to roll"), 10.0)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.session import HostSession, SessionOptions, WatchList
 
 
 async def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
@@ -30,7 +30,7 @@ class SimRun:
         self.state, self.tmp, self.port, self.args = state, tmp, port, args
         self.session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
                                                                          sim_state=str(state)),
-                                   Watch(patterns=[]))  # this run only, not whatever else runs here
+                                   WatchList(patterns=[]))  # this run only, not whatever else runs here
         self.run: dict = {}
 
     async def __aenter__(self):
@@ -54,17 +54,14 @@ class SimRun:
         return self.session.state
 
     def log_text(self) -> str:
-        return "\n".join(self.session.state.logs.get(self.run["log"], _Empty()).lines)
+        log = self.session.state.logs.get(self.run["log"])
+        return log.text() if log else ""
 
     def ranks(self):
         return [p for p in self.session.state.ranks() if p.alive]
 
     async def http(self, path: str) -> dict:
         return await self.session.request("http", port=self.port, path=path)
-
-
-class _Empty:
-    lines: list = []
 
 
 def gone(pid: int) -> bool:

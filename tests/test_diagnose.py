@@ -1,6 +1,7 @@
 """Verdicts from figures seen on real hosts, fed to the watchdog as frames."""
 
-from cockpit.diagnose import Watchdog, compile_phases, line_rank, phase_of
+from cockpit.diagnose import Watchdog, phase_of
+from cockpit.logrules import line_rank
 from cockpit.model import HostState
 
 
@@ -28,22 +29,22 @@ def settle(dog, st, seconds):
 def test_h200_hung_all_reduce_is_stalled_spinning_with_the_odd_rank_named():
     # Measured on 2 x H200 (docs/VALIDATION.md, run 2): rank 0 waits in the all-reduce, rank 1 left it.
     st = host([(0, 100.0), (1, 0.0)], [(100, 124.0, 9866), (0, 119.5, 9866)], ["[x TP0] Decode batch. step 5000"])
-    phase, verdict = settle(Watchdog(compile_phases("sglang"), spin_s=15), st, 16)
+    phase, verdict = settle(Watchdog(spin_s=15), st, 16)
     assert verdict.name == "stalled-spinning" and verdict.odd_rank == 1
     assert "124 W of 700 W" in verdict.evidence[0]
-    _, early = settle(Watchdog(compile_phases("sglang"), spin_s=15), st, 5)
+    _, early = settle(Watchdog(spin_s=15), st, 5)
     assert early.name == "ok"  # not before the threshold
 
 
 def test_busy_gpus_are_not_a_stall():
     st = host([(0, 100.0), (1, 100.0)], [(86, 626.0, 9866), (76, 605.0, 9866)])
-    assert settle(Watchdog(compile_phases("sglang"), spin_s=1, idle_s=1), st, 100)[1].name == "ok"
+    assert settle(Watchdog(spin_s=1, idle_s=1), st, 100)[1].name == "ok"
 
 
 def test_the_operator_story_is_stalled_idle():
     lines = ["[2026 TP0] Load weight end. mem usage=76.0 GB.", "[2026 TP0] Capture draft cuda graph begin."]
     st = host([(r, 0.0) for r in range(8)], [(0, 45.0, 78000)] * 8, lines)
-    phase, verdict = settle(Watchdog(compile_phases("sglang"), idle_s=120), st, 121)
+    phase, verdict = settle(Watchdog(idle_s=120), st, 121)
     assert phase.name == "capturing draft cuda graphs"
     assert verdict.name == "stalled-idle" and any("port closed" in e for e in verdict.evidence)
 
@@ -51,7 +52,7 @@ def test_the_operator_story_is_stalled_idle():
 def test_a_dead_rank_is_crashed_with_its_exit_code():
     lines = ["[2026] Rank 5 scheduler died during initialization (exit code: -9). If your system ..."]
     st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, lines)
-    _, verdict = settle(Watchdog(compile_phases("sglang")), st, 1)
+    _, verdict = settle(Watchdog(), st, 1)
     assert verdict.name == "crashed" and verdict.odd_rank == 5 and "exit code -9" in verdict.evidence[0]
 
 
@@ -59,7 +60,7 @@ def test_phases_and_line_ranks():
     st = host([(0, 1.0)], [(0, 45.0, 30000)],
               ["[2026-11-30 10:00:00 TP0] Load weight begin. avail mem=94 GB",
                "Loading safetensors checkpoint shards:  45% Completed | 29/64 [00:15<00:19, 1.80it/s]"])
-    assert str(phase_of(st, compile_phases("sglang"), "/l")) == "loading weights 29/64 shards"
+    assert str(phase_of(st, "/l")) == "loading weights 29/64 shards"
     assert line_rank("[2026-11-30 10:00:00 TP3] x") == 3
     assert line_rank("(Worker_TP2 pid=130) INFO x") == 2 and line_rank("[2026-11-30 10:00:00] x") is None
 
@@ -68,7 +69,7 @@ def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
     lines = ["[2026 TP0] Load weight begin. avail mem=94 GB"]
     st = host([(r, 30.0) for r in range(8)], [(3, 90.0, 30000)] * 8, lines)
     st.logs["/l"].last_line_at = 0.0
-    dog = Watchdog(compile_phases("sglang"), slow_factor=3.0, earlier={"loading weights": 30.0})
+    dog = Watchdog(slow_factor=3.0, earlier={"loading weights": 30.0})
     dog.update(st, 0.0, "/l")
     assert dog.update(st, 80.0, "/l")[1].name == "ok"  # 80 s < 3 x 30 s
     phase, verdict = dog.update(st, 95.0, "/l")

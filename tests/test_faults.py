@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.monitor import HostMonitor
+from cockpit.session import HostSession, SessionOptions, WatchList
 from cockpit.ui.app import CockpitApp, save_text
 from conftest import SSHD, Sshd
 from simhost import gone, until
@@ -18,11 +19,11 @@ from simhost import gone, until
 
 def cockpit_over(server: Sshd, sim_state, python: str = sys.executable) -> CockpitApp:
     """The cockpit on the simulated host behind this sshd, at a 0.5 s refresh."""
-    session = HostSession(parse_target("cockpit-test"),
+    monitor = HostMonitor(parse_target("cockpit-test"),
                           SessionOptions(python=python, interval=0.5, sim_state=str(sim_state),
                                          ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
-                          Watch(patterns=["sglang::*"]))
-    return CockpitApp(session=session)
+                          watch=WatchList(patterns=["sglang::*"]))
+    return CockpitApp(monitor=monitor)
 
 
 def kill_sshd_and_its_connections(server: Sshd) -> None:
@@ -160,7 +161,7 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
     import asyncio
     import signal
 
-    from cockpit.diagnose import Watchdog, compile_phases
+    from cockpit.diagnose import Watchdog
     from conftest import free_port
     from simhost import wait_for
 
@@ -175,8 +176,8 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
 
     first = start_by_hand()
     session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
-                          Watch(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)], ports=[port]))
-    dog = Watchdog(compile_phases("sglang"), idle_s=600, spin_s=600, ports=[port])
+                          WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)], ports=[port]))
+    dog = Watchdog(idle_s=600, spin_s=600, ports=[port])
     second = None
     try:
         await session.connect()
@@ -216,7 +217,7 @@ async def test_a_one_shot_session_waits_out_a_busy_host(sim_state):
     import signal
 
     session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), Watch(patterns=[]))
+                                                                sim_state=str(sim_state)), WatchList(patterns=[]))
     await session.connect()
     try:
         await session.wait_samples(2)

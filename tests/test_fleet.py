@@ -11,9 +11,10 @@ import time
 import pytest
 
 from cockpit.config import LayoutError
-from cockpit.fleet import FleetWatch, parse_fleet
+from cockpit.fleet import FleetMonitor, parse_fleet
 from cockpit.session import SessionOptions
-from cockpit.ui.app import CockpitScreen, save_text
+from cockpit.ui.app import save_text
+from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.fleet import FleetApp, FleetScreen
 from conftest import free_port, run_cli
 from simhost import until
@@ -140,7 +141,7 @@ def test_fleet_file_errors_name_file_line_and_fix(tmp_path):
 
 async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts):
     fleet, config, sshd = fleet_hosts
-    watch = FleetWatch(parse_fleet(fleet.read_text(), str(fleet)),
+    watch = FleetMonitor(parse_fleet(fleet.read_text(), str(fleet)),
                        SessionOptions(ssh_config=str(config), known_hosts=str(sshd.known_hosts)))
     app = FleetApp(watch)
     async with app.run_test(size=(160, 40)) as pilot:
@@ -169,12 +170,13 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, CockpitScreen), 3)
         cockpit = app.screen
-        assert cockpit.session is a.session  # the fleet's own connection, not a second one
+        assert cockpit.monitor is a.monitor  # the fleet's own monitor and connection, not a second one
+        assert cockpit.verdict is a.verdict
         await until(pilot, lambda: "GPU2" in save_text(app, None) and "sglang::scheduler_TP0" in save_text(app, None), 10)
         await until(pilot, lambda: "esc Fleet" in save_text(app, None), 3)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen, 3)
-        assert a.session.on_frame is None and a.state.link_state == "up"  # the host is still watched
+        assert a.monitor._listeners == [] and a.state.link_state == "up"  # the host is still watched
         await pilot.press("q")
 
 
@@ -188,7 +190,7 @@ async def test_connections_open_concurrently_behind_the_limit(tmp_path):
     config.write_text("".join(f"Host hole{i}\n  HostName 127.0.0.1\n  Port {h.port}\n" for i, h in enumerate(holes)))
     fleet = parse_fleet("concurrency: 2\nhosts: [hole0, hole1, hole2, hole3]\n", "f.yaml")
     (tmp_path / "known_hosts").write_text("")
-    watch = FleetWatch(fleet, SessionOptions(ssh_config=str(config), known_hosts=str(tmp_path / "known_hosts")))
+    watch = FleetMonitor(fleet, SessionOptions(ssh_config=str(config), known_hosts=str(tmp_path / "known_hosts")))
     watch.start()
     try:
         for _ in range(100):

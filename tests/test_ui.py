@@ -11,11 +11,13 @@ import pytest
 
 from cockpit.config import parse_layout
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.monitor import HostMonitor
+from cockpit.session import SessionOptions, WatchList
 from cockpit.snapshot import state_from_doc
 from cockpit.layouts import resolve_layout
-from cockpit.sim import demo
-from cockpit.ui.app import CockpitApp, HelpScreen, save_text
+from cockpit import demo
+from cockpit.ui.app import CockpitApp, save_text
+from cockpit.ui.screens import HelpScreen
 from cockpit.ui.gpus import GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
@@ -39,10 +41,11 @@ endpoints: [/health, /v1/models]
 """, "uitest.yaml")
 
 
-def sim_session(sim_state, port) -> HostSession:
-    """A fast-ticking session on the simulated host that watches only the run it launches."""
-    return HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                             sim_state=str(sim_state)), Watch(patterns=[], ports=[port]))
+def sim_monitor(sim_state, port, layout, on_connect) -> HostMonitor:
+    """A fast-ticking monitor of the simulated host that watches only the run it launches."""
+    return HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                             sim_state=str(sim_state)), layout,
+                       on_connect=on_connect, watch=WatchList(patterns=[], ports=[port]))
 
 
 @pytest.fixture
@@ -51,10 +54,10 @@ async def live_app(sim_state, tmp_path):
     layout = layout_for(port, tmp_path)
     runs = []
 
-    async def on_connect(session):
-        runs.append(await demo.start_demo(session, layout, str(sim_state)))
+    async def on_connect(monitor):
+        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
 
-    app = CockpitApp(session=sim_session(sim_state, port), layout=layout, on_connect=on_connect)
+    app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app, port
     for run in runs:
         try:
@@ -68,7 +71,7 @@ async def live_app(sim_state, tmp_path):
 async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app):
     app, port = live_app
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: "ready to roll" in "\n".join(next(iter(app.state.logs.values()), _E).lines))
+        await until(pilot, lambda: any("ready to roll" in log.text() for log in app.state.logs.values()))
         await until(pilot, lambda: any(k[1] == "/health" and v.get("status") == 200
                                        for k, v in app.query_one(PortsTable).probes.items()))
         await pilot.pause(0.6)
@@ -140,10 +143,6 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         await until(pilot, lambda: all(k in save_text(app, None).splitlines()[-1] for k in keys), 5)
         await pilot.press("q")
     assert app.return_code == 0 or app.return_code is None
-
-
-class _E:
-    lines: list = []
 
 
 def replay(name: str) -> CockpitApp:
@@ -221,10 +220,10 @@ sim: {{speed: 4, seed: 1}}
 """, "ui.yaml")
     runs = []
 
-    async def on_connect(session):
-        runs.append(await demo.start_demo(session, layout, str(sim_state)))
+    async def on_connect(monitor):
+        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
 
-    app = CockpitApp(session=sim_session(sim_state, port), layout=layout, on_connect=on_connect)
+    app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app
     subprocess_kill = __import__("subprocess").run
     subprocess_kill(["pkill", "-9", "-f", f"sim.server.*port {port}"])

@@ -1130,16 +1130,7 @@ class Agent:
             if code is not None:
                 exits.append([pid, code])
                 del self.launched[pid]
-        self.seq += 1
-        frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3),
-                 "gpus": self._delta(self.sent_gpus, gpus, "index"),
-                 "procs": self._delta(self.sent_procs, procs, "pid")}
-        if ports != self.sent_ports:
-            frame["ports"] = self.sent_ports = ports
-        if exits:
-            frame["exits"] = exits
-        emit(frame)
-        for path, tail in self.logs.items():
+        for path, tail in self.logs.items():  # logs first: the sample ends the tick, so it is judged whole
             try:
                 event, lines = tail.poll()
             except OSError as exc:
@@ -1149,6 +1140,15 @@ class Agent:
                 if event:
                     frame["event"] = event
                 emit(frame)
+        self.seq += 1
+        frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3),
+                 "gpus": self._delta(self.sent_gpus, gpus, "index"),
+                 "procs": self._delta(self.sent_procs, procs, "pid")}
+        if ports != self.sent_ports:
+            frame["ports"] = self.sent_ports = ports
+        if exits:
+            frame["exits"] = exits
+        emit(frame)
 
     @staticmethod
     def _delta(sent, rows, key):

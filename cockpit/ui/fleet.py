@@ -1,7 +1,7 @@
 """The fleet screen: one row per host (link, a mini bar per GPU for utilization and memory, phase,
-verdict, alerts), sortable and filterable; Enter opens that host's cockpit on the session the
-fleet already holds, Escape comes back. Rows are redrawn from the hosts' states on a timer; no
-key ever waits on a host."""
+verdict, alerts), sortable and filterable; Enter opens that host's cockpit on the monitor the
+fleet already holds (one connection, one verdict), Escape comes back. Rows are redrawn from the
+hosts' states on a timer; no key ever waits on a host."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Footer, Static
 
-from cockpit.fleet import FleetWatch, Row
-from cockpit.ui.app import CockpitScreen, HelpScreen, SearchScreen
+from cockpit.diagnose import ALERTING
+from cockpit.fleet import FleetMonitor, Row
+from cockpit.ui.cockpit import CockpitScreen
+from cockpit.ui.screens import HelpScreen, SearchScreen
 from cockpit.ui.fmt import SPARKS, level_style
 
 FLEET_HELP = """\
@@ -42,7 +44,7 @@ backoff; none waits on another.
 """
 REDRAW_S = 0.5
 HEAP_SETTLE_S = 15.0
-PROBLEMS = ("crashed", "stalled-idle", "stalled-spinning", "slow")
+PROBLEMS = tuple(v.value for v in ALERTING)
 SORTS = {
     "name": lambda r: r.name,
     "problems": lambda r: (not (r.verdict.startswith(PROBLEMS) or r.alerts or not r.reachable), r.name),
@@ -72,7 +74,7 @@ HEADER = Style(bold=True)
 CURSOR_BLURRED = Style(bgcolor="grey23")
 CURSOR = Style(bgcolor="#264f78")  # a background, not reverse: the bars keep their colours
 COLUMNS = [("host", 18), ("link", 20), ("ms", 5), ("util/GPU", 10), ("mem/GPU", 10), ("phase", 18),
-           ("verdict", 22), ("alerts", 0)]  # 0: the rest of the width
+           ("verdict", 26), ("alerts", 0)]  # 0: the rest of the width
 
 
 def _cell(segments: list[Segment], width: int) -> list[Segment]:
@@ -193,7 +195,7 @@ class FleetScreen(Screen):
         Binding("colon", "app.command_palette", "Commands", show=False),
     ]
 
-    def __init__(self, watch: FleetWatch, read_only: bool = False):
+    def __init__(self, watch: FleetMonitor, read_only: bool = False):
         super().__init__()
         self.watch = watch
         self.read_only = read_only
@@ -256,8 +258,7 @@ class FleetScreen(Screen):
         member = next((m for m in self.watch.members if m.host.name == name), None)
         if member is None:
             return
-        self.app.push_screen(CockpitScreen(session=member.session, layout=member.layout, owns_session=False,
-                                           read_only=self.read_only))
+        self.app.push_screen(CockpitScreen(monitor=member.monitor, owns_monitor=False, read_only=self.read_only))
 
 
 def settle_heap() -> None:
@@ -272,7 +273,7 @@ class FleetApp(App):
     CSS_PATH = "cockpit.tcss"
     TITLE = "gpu-cockpit fleet"
 
-    def __init__(self, watch: FleetWatch, read_only: bool = False):
+    def __init__(self, watch: FleetMonitor, read_only: bool = False):
         super().__init__()
         self.watch = watch
         self.fleet_screen = FleetScreen(watch, read_only)

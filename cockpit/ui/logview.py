@@ -1,11 +1,10 @@
-"""The run's log, live. Lines are classified once as they arrive (error, warning, the start of a
-phase) and kept as plain strings in a bounded buffer; only the lines on screen are styled and
-rendered (Textual's line API, as toolong does), so a flood of 20,000 lines a second costs what the
+"""The run's log, live. Lines arrive classified (cockpit.logrules, once, where they are received:
+a failure, an error, a warning, a phase) in a bounded buffer; only the lines on screen are styled
+and rendered (Textual's line API, as toolong does), so a flood of 20,000 lines a second costs what the
 visible window costs. `/` search and the rank filter select from the same buffer."""
 
 from __future__ import annotations
 
-import re
 from collections import deque
 
 from rich.segment import Segment
@@ -14,13 +13,12 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from cockpit.diagnose import classify_line, line_rank
+from cockpit.logrules import LogLine
 from cockpit.model import LOG_LINES
 
-ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed)\b")
-WARNING = re.compile(r"\bWARN(ING)?\b")
 MAX_WIDTH = 400
-STYLE_OBJ = {"error": Style(bold=True, color="red"), "warning": Style(color="yellow"), "phase": Style(color="cyan"),
+STYLE_OBJ = {"failure": Style(bold=True, color="bright_red"), "error": Style(bold=True, color="red"),
+             "warning": Style(color="yellow"), "stall": Style(bold=True, color="yellow"), "phase": Style(color="cyan"),
              None: Style()}
 MARK = Style(bold=True, color="cyan")
 REVERSE = Style(reverse=True)
@@ -32,7 +30,6 @@ class LogView(ScrollView, can_focus=True):
         self.border_title = "log"
         self.search: str | None = None
         self.rank: int | None = None
-        self.phases: list = []
         self.path: str | None = None
         self.auto_scroll = True
         self.last_phase: str | None = None
@@ -41,29 +38,28 @@ class LogView(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ content
 
-    def classify(self, line: str) -> str | None:
-        if ERROR.search(line):
-            return "error"
-        if WARNING.search(line):
-            return "warning"
-        phase = classify_line(line, self.phases) if self.phases else None
-        if phase is not None and phase != self.last_phase and line_rank(line) in (None, 0):
-            self.last_phase = phase  # the start of a phase, marked once: rank 0 speaks for all
+    def mark(self, line: LogLine) -> str | None:
+        """The style of a line: its kind, except that a phase is marked once, where it starts, and
+        rank 0 speaks for all ranks."""
+        if line.kind != "phase":
+            return line.kind
+        if line.phase != self.last_phase and line.rank in (None, 0):
+            self.last_phase = line.phase
             return "phase"
         return None
 
-    def passes(self, line: str) -> bool:
-        if self.rank is not None and line_rank(line) != self.rank:
+    def passes(self, line: LogLine) -> bool:
+        if self.rank is not None and line.rank != self.rank:
             return False
-        return not self.search or self.search.lower() in line.lower()
+        return not self.search or self.search.lower() in line.text.lower()
 
-    def add_lines(self, lines: list[str]) -> None:
+    def add_lines(self, lines: list[LogLine]) -> None:
         added = False
         for line in lines:
-            kind = self.classify(line)
+            kind = self.mark(line)
             if self.passes(line):
-                self.shown.append((line, kind))
-                self._width = max(self._width, min(MAX_WIDTH, len(line) + 2))
+                self.shown.append((line.text, kind))
+                self._width = max(self._width, min(MAX_WIDTH, len(line.text) + 2))
                 added = True
         if added:
             self._resize()
@@ -95,7 +91,7 @@ class LogView(ScrollView, can_focus=True):
         if index >= len(self.shown):
             return Strip.blank(width, self.rich_style)
         line, kind = self.shown[index]
-        style = STYLE_OBJ[kind]
+        style = STYLE_OBJ.get(kind, STYLE_OBJ[None])
         segments = [Segment("▶ ", MARK)] if kind == "phase" else []
         if self.search:
             lower, term, start = line.lower(), self.search.lower(), 0
@@ -110,6 +106,12 @@ class LogView(ScrollView, can_focus=True):
             segments.append(Segment(line, style))
         strip = Strip(segments).crop(scroll_x, scroll_x + width)
         return strip.extend_cell_length(width).apply_style(self.rich_style)
+
+    def toggle_follow(self) -> None:
+        self.auto_scroll = not self.auto_scroll
+        if self.auto_scroll:
+            self.scroll_end(animate=False)
+        self._subtitle()
 
     def _subtitle(self) -> None:
         parts = []

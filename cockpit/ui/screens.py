@@ -1,14 +1,15 @@
-"""Modal screens for the actions: a confirmation that names exactly what will be touched, and a
-scrollable report of what happened."""
+"""Modal screens: a confirmation that names exactly what an action will touch, a scrollable report of
+what happened, the relaunch dialog, help and search."""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -117,3 +118,60 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+HELP = """\
+[b]gpu-cockpit[/b] — keys
+
+  [b]tab[/b] / [b]shift+tab[/b]   move between panes
+  [b]↑ ↓[/b]            move in a table or scroll the log
+  [b]enter[/b]          collapse or expand a process subtree (rank tree)
+  [b]/[/b]              search the log (empty search clears it)
+  [b]t[/b]              show one rank's log lines (cycles TP0…TPn, then all)
+  [b]f[/b]              follow the log on / off
+  [b]k[/b]              kill the selected process (asks first, names every pid)
+  [b]K[/b]              kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports
+  [b]s[/b]              /dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe
+  [b]d[/b]              py-spy dump of every rank, identical stacks grouped, the odd one out shown
+  [b]r[/b]              relaunch: flag sets as toggles, parameters as fields, the command line shown
+  [b]A[/b]              ablation: each on/off combination of the chosen flag sets, then a table
+  [b]L[/b]              the ledger of this layout's runs
+  [b]:[/b] or [b]ctrl+p[/b]     command palette
+  [b]?[/b]              this help
+  [b]escape[/b]         back to the fleet (a host's cockpit opened from it)
+  [b]q[/b]              quit (a run keeps running on the host)
+
+GPU panes: utilization with its history, memory, power against the limit (100 % utilization at
+idle power is a collective that never completes), temperature, SM clock, the ranks on the GPU.
+Fields a GPU does not report show as n/a, never 0.
+"""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def __init__(self, text: str = HELP):
+        super().__init__()
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.text, id="help")
+
+
+class SearchScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, current: str | None, placeholder: str = "search the log"):
+        super().__init__()
+        self.current = current or ""
+        self.placeholder = placeholder
+
+    def compose(self) -> ComposeResult:
+        yield Input(value=self.current, placeholder=f"{self.placeholder} (enter to apply, empty to clear)", id="search")
+
+    @on(Input.Submitted)
+    def submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(self.current or None)

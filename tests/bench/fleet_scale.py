@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
 from benchlib import pct, report, rss_mib  # noqa: E402
 from conftest import free_port  # noqa: E402
 
-from cockpit.fleet import Fleet, FleetHost, FleetWatch  # noqa: E402
+from cockpit.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
 from cockpit.session import SessionOptions  # noqa: E402
 from cockpit.sim import fakenvml  # noqa: E402
 from cockpit.ui.app import save_text  # noqa: E402
@@ -116,7 +116,7 @@ async def run(n: int, seconds: float) -> dict:
     procs, ssh_config, known_hosts = start_hosts(tmp, n)
     fleet = Fleet(hosts=[FleetHost(target=f"host{i:02d}", name=f"host{i:02d}", python=sys.executable,
                                    sim=str(tmp / f"sim{i}")) for i in range(1, n + 1)], interval=1.0)
-    watch = FleetWatch(fleet, SessionOptions(ssh_config=str(ssh_config), known_hosts=str(known_hosts)))
+    watch = FleetMonitor(fleet, SessionOptions(ssh_config=str(ssh_config), known_hosts=str(known_hosts)))
     app = FleetApp(watch)
     redraw_ms: list[float] = []
     keys: list[float] = []

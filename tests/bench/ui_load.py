@@ -27,7 +27,8 @@ from benchlib import pct, report, rss_mib  # noqa: E402
 
 from cockpit.config import parse_layout  # noqa: E402
 from cockpit.link.target import parse_target  # noqa: E402
-from cockpit.session import HostSession, SessionOptions, Watch  # noqa: E402
+from cockpit.monitor import HostMonitor
+from cockpit.session import SessionOptions, WatchList  # noqa: E402
 from cockpit.sim import fakenvml  # noqa: E402
 from cockpit.ui.app import CockpitApp, save_text  # noqa: E402
 from cockpit.ui.logview import LogView  # noqa: E402
@@ -58,9 +59,9 @@ async def run(rate: int, seconds: float) -> dict:
     kids = spawn_tree(40)
     for i, kid in enumerate(kids):
         fakenvml.register(str(tmp), kid.pid, i % 8, 70000, "busy")
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, sim_state=str(tmp)),
-                          Watch(patterns=["sglang::*"], logs=[str(log)]))
-    app = CockpitApp(session=session, layout=layout)
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, sim_state=str(tmp)), layout,
+                          watch=WatchList(patterns=["sglang::*"], logs=[str(log)]))
+    app = CockpitApp(monitor=monitor)
     frame_ms: list[float] = []
     original = app.cockpit.refresh_panes
 

@@ -8,12 +8,12 @@ import asyncio
 import sys
 import time
 
-from cockpit.fleet import FleetWatch, load_fleet
+from cockpit.fleet import FleetMonitor, load_fleet
 from cockpit.ui.fleet import FleetApp
 
 
 async def main(fleet: str, out: str) -> None:
-    watch = FleetWatch(load_fleet(fleet))
+    watch = FleetMonitor(load_fleet(fleet))
     app = FleetApp(watch)
     async with app.run_test(size=(160, 12)) as pilot:
         deadline = time.monotonic() + 60

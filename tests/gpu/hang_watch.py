@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cockpit import actions, stacks  # noqa: E402
 from cockpit.config import parse_layout  # noqa: E402
-from cockpit.diagnose import Watchdog, compile_phases  # noqa: E402
+from cockpit.diagnose import Watchdog  # noqa: E402
 from cockpit.link.target import parse_target  # noqa: E402
-from cockpit.session import HostSession, SessionOptions, Watch  # noqa: E402
+from cockpit.session import HostSession, SessionOptions, WatchList  # noqa: E402
 from cockpit.snapshot import snapshot_doc, state_from_doc  # noqa: E402
 from cockpit.ui.app import CockpitApp  # noqa: E402
 from cockpit.ui.headless import render  # noqa: E402
@@ -48,9 +48,9 @@ async def main():
     layout = parse_layout(f"command: [tests/gpu/tp_job.py]\nengine: sglang\nlog: {args.log}\n"
                           f"stall: {{idle_s: 15, spin_s: 15}}\nkill_wait_s: 10\n", "tp.yaml")
     session = HostSession(parse_target("local"), SessionOptions(python=sys.executable),
-                          Watch(patterns=["sglang::*", "*tp_job.py*"], logs=[args.log]))
+                          WatchList(patterns=["sglang::*", "*tp_job.py*"], logs=[args.log]))
     await session.connect()
-    dog = Watchdog(compile_phases("sglang"), layout.stall.idle_s, layout.stall.spin_s)
+    dog = Watchdog(layout.stall.idle_s, layout.stall.spin_s)
     start = time.monotonic()
     verdict = None
     shot_healthy = False

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cockpit.link.target import parse_target  # noqa: E402
-from cockpit.session import HostSession, SessionOptions, Watch  # noqa: E402
+from cockpit.session import HostSession, SessionOptions, WatchList  # noqa: E402
 from cockpit.snapshot import snapshot_doc  # noqa: E402
 
 
@@ -29,7 +29,7 @@ async def main() -> None:
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args()
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable), Watch())
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable), WatchList())
     await session.connect()
     await session.wait_samples(3)
     rows = []

@@ -1,5 +1,6 @@
 """The demo host: the simulated NVML's state folder and the simulated server, started through the
-agent exactly as a real run is launched, recorded so a second `cockpit demo` finds it again."""
+agent exactly as a real run is launched, recorded so a second `cockpit demo` finds it again, and
+stopped through a session like any other host's run."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from cockpit.agent import agent
 from cockpit.config import Layout
-from cockpit.runs import default_spec, launch
+from cockpit.runs import default_spec, launch, read_ledger
 from cockpit.session import HostSession
 from cockpit.sim import fakenvml
 
@@ -54,13 +54,25 @@ def forget_demo(state: str) -> None:
         _record(state).unlink(missing_ok=True)
 
 
-def stop_demo(state: str, wait_s: float = 5.0) -> bool:
-    """End the recorded demo run (always on this machine) with the agent's own kill: its process
-    group and session, each pid checked against its start time, SIGTERM then SIGKILL."""
-    rec = running_demo(state)
-    if rec is None:
-        return False
-    pgid = int(rec["pgid"])
-    agent.kill_run(agent.kill_plan(pgids=[pgid], sids=[pgid]), wait_s, pgids=[pgid], sids=[pgid])
-    _record(state).unlink(missing_ok=True)
-    return True
+async def stop_demo(session: HostSession, layout: Layout, state: str, since: float = 0.0,
+                    recorded: bool = True, wait_s: float = 5.0) -> list[str]:
+    """End every run this demo launched since `since` (the first one and each relaunch, all in
+    the ledger) and, with `recorded`, the recorded demo run, through the session's agent: each
+    run's process group, every pid checked against its start time, SIGTERM then SIGKILL, then
+    verified. Returns what was not verified gone."""
+    from cockpit import actions
+
+    left = []
+    rec = running_demo(state) if recorded else None
+    runs = [r for r in read_ledger(layout) if r.get("host") == session.target.label and r.get("pgid")
+            and (r.get("time", 0) >= since or (rec and r.get("run_id") == rec.get("run_id")))]
+    for run in runs:
+        pgid = int(run["pgid"])
+        plan = await actions.plan_kill(session, actions.Scope(pgids=[pgid], sids=[pgid]))
+        if plan.entries:
+            report = await actions.kill(session, plan, wait_s)
+            if not report["verified"]:
+                left.append(f"{run['run_id']}: " + "; ".join(actions.describe_kill(report)[1:]))
+    if recorded:
+        _record(state).unlink(missing_ok=True)
+    return left

@@ -1,0 +1,191 @@
+"""One host, watched: the session, the layout, the one watchdog with its phase and verdict, the
+endpoint probes and the reconnection. The screen, the fleet (its row and the cockpit opened from
+it), `launch`/`ablate` and every headless command read the same HostMonitor, so they cannot
+disagree. The verdict moves on each sample that arrives, and only on live data: a host whose link
+is down is not a silent run. Nothing here knows Textual."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+
+from cockpit.config import Layout
+from cockpit.diagnose import Phase, Verdict, VerdictName, Watchdog, phase_of
+from cockpit.errors import CockpitError
+from cockpit.link.target import Target
+from cockpit.logrules import LogLine, LogRules
+from cockpit.model import HISTORY_LEN, HostState
+from cockpit.session import HostSession, SessionOptions, WatchList
+
+PROBE_EVERY_S = 2.0
+
+
+@dataclass
+class MonitorEvent:
+    """What a listener is told: `sample` (new data), `log` (classified lines of `path`), `verdict`
+    (it changed; `before` is the last one), `link` (the link went down or came back)."""
+
+    kind: str
+    path: str | None = None
+    lines: list[LogLine] | None = None
+    before: Verdict | None = None
+
+
+def watchdog_for(layout: Layout | None) -> Watchdog:
+    """The layout's stall thresholds and its earlier runs' phase times (for `slow`)."""
+    if layout is None:
+        return Watchdog()
+    from cockpit.runs import typical_phase_seconds
+
+    s = layout.stall
+    return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports)
+
+
+def rules_for(layout: Layout | None) -> LogRules:
+    return LogRules(layout.engine if layout else "sglang", layout.phases if layout else None)
+
+
+class HostMonitor:
+    def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
+                 history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
+                 on_connect: Callable[[HostMonitor], object] | None = None, watch: WatchList | None = None):
+        self.layout = layout
+        self.rules = rules_for(layout)
+        state = HostState(target.label, history=history, rules=self.rules)
+        self.session = HostSession(target, opts, watch or WatchList.for_layout(layout), state=state,
+                                   on_frame=self._on_frame)
+        self.watchdog = watchdog_for(layout)
+        self.phase = Phase("no run")
+        self.verdict = Verdict(VerdictName.WATCHING, [])
+        self.probes: dict[tuple[int, str], dict] = {}
+        self.following: dict | None = None  # the ledger's record of the run followed, if any
+        self.stopping: str | None = None  # the operator's own kill is under way, and why
+        self.on_connect = on_connect
+        self.probe_every_s = probe_every_s
+        self._listeners: list[Callable[[MonitorEvent], None]] = []
+        self._link_seen: tuple | None = None
+
+    @property
+    def state(self) -> HostState:
+        return self.session.state
+
+    @property
+    def target(self) -> Target:
+        return self.session.target
+
+    # ------------------------------------------------------------------ listeners
+
+    def subscribe(self, fn: Callable[[MonitorEvent], None]) -> Callable[[], None]:
+        """Call fn with each MonitorEvent; returns the function that stops it."""
+        self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
+
+    def _emit(self, event: MonitorEvent) -> None:
+        for fn in list(self._listeners):
+            fn(event)
+
+    def _on_frame(self, frame: dict) -> None:
+        kind = frame.get("t")
+        if kind == "sample":
+            self.update()
+            self._emit(MonitorEvent("sample"))
+        elif kind == "log":
+            log = self.state.logs.get(frame.get("path"))
+            n = len(frame.get("lines") or [])
+            if log is not None and n:
+                lines = list(log.lines)[-min(n, len(log.lines)):]
+                self._emit(MonitorEvent("log", path=log.path, lines=lines))
+
+    # ------------------------------------------------------------------ judging
+
+    def update(self, now: float | None = None) -> None:
+        """Phase and verdict from the latest sample. While the operator's own kill runs, the ranks
+        dying are that kill, not a crash."""
+        state = self.state
+        if not state.seq or state.link_state != "up":
+            return
+        before = self.verdict
+        self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
+        if self.stopping:
+            self.verdict = Verdict(VerdictName.STOPPING, [self.stopping])
+        if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
+            self._emit(MonitorEvent("verdict", before=before))
+
+    def new_run(self) -> None:
+        """A launch starts: the last run's phases, crash and stall clocks are history."""
+        self.watchdog = watchdog_for(self.layout)
+        self.verdict = Verdict(VerdictName.WATCHING, [])
+
+    @contextmanager
+    def stopping_for(self, why: str):
+        """The operator's own kill: its ranks going down read as `stopping`, never `crashed`."""
+        self.stopping = why
+        try:
+            yield
+        finally:
+            self.stopping = None
+
+    def replayed(self) -> tuple[Phase, Verdict]:
+        """Phase and verdict of a HostState that is not live (a replayed snapshot)."""
+        v = self.state.verdict
+        return phase_of(self.state), Verdict(**v) if v else Verdict(VerdictName.WATCHING, [])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        """Connect, then find the run to follow: the caller's hook (the demo's own run), else this
+        layout's latest launched run that still lives."""
+        await self.session.connect()
+        if self.on_connect is not None:
+            await self.on_connect(self)
+        elif self.layout is not None:
+            from cockpit.runs import resume
+
+            self.following = await resume(self.session, self.layout)
+            if self.following is not None:
+                self.state.agent.warnings.insert(
+                    0, f"following {self.following['run_id']} (launched earlier, still running)")
+
+    async def keep(self, retry_first: bool = False) -> None:
+        """Keep the link up (reconnecting with backoff) and the probes going, until cancelled."""
+        await asyncio.gather(self.session.keep(retry_first=retry_first), self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        """The round-trip time and the layout's endpoints, one round after another: polls never
+        overlap, and a hung endpoint is answered from a thread on the host."""
+        ports = self.layout.ports if self.layout else []
+        endpoints = self.layout.endpoints if self.layout else []
+        while True:
+            if self.state.link_state == "up":
+                try:
+                    await self.session.ping()
+                    for port in ports:
+                        for path in endpoints:
+                            self.probes[(port, path)] = await self.session.request("http", port=port, path=path,
+                                                                                   timeout=5)
+                except CockpitError:
+                    pass
+            await asyncio.sleep(self.probe_every_s)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    @asynccontextmanager
+    async def attached(self, samples: int = 2):
+        """Open, wait for `samples` samples (CPU % needs two), yield, close: every one-shot
+        command's lifecycle."""
+        await self.open()
+        try:
+            await self.session.wait_samples(samples)
+            yield self
+        finally:
+            await self.close()
+
+    async def watch_for(self, seconds: float) -> None:
+        """Judge for `seconds` more: the verdict moves on each sample as it would on screen."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))

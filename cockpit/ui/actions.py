@@ -1,0 +1,168 @@
+"""The cockpit's action workflows: plan, confirm in a dialog that names what will be touched,
+carry out through the agent, report. Each runs as a worker of the screen, one at a time; a
+failure is a notification, never a crash of the screen."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
+
+from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
+                             rank_pids, shm_audit, shm_clean)
+from cockpit.errors import CockpitError
+from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
+                          launch_python, read_ledger, run_variant, sim_flags)
+from cockpit.stacks import describe_groups, dump_ranks
+from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
+
+if TYPE_CHECKING:
+    from cockpit.ui.cockpit import CockpitScreen
+
+
+class ActionRunner:
+    """The screen's actions on its host's run; `busy` names the one in flight."""
+
+    def __init__(self, screen: CockpitScreen):
+        self.screen = screen
+        self.busy: str | None = None
+        self.progress = ""
+        self.spec: RunSpec | None = None
+
+    @property
+    def monitor(self):
+        return self.screen.monitor
+
+    @property
+    def layout(self):
+        return self.screen.profile
+
+    def notify(self, message: str, **kw) -> None:
+        self.screen.notify(escape(message), **kw)
+
+    async def ask(self, screen):
+        return await self.screen.app.push_screen_wait(screen)
+
+    @asynccontextmanager
+    async def exclusive(self, name: str):
+        """One action at a time; its failure is a notification, never a crash of the screen."""
+        if self.busy:
+            self.notify(f"{self.busy} is still running", severity="warning")
+            yield False
+            return
+        self.busy = name
+        try:
+            yield True
+        except CockpitError as exc:
+            self.notify(str(exc), severity="error", timeout=15)
+        finally:
+            self.busy = None
+
+    def _progress(self, phase, verdict) -> None:
+        self.progress = f"{phase or ''} {verdict}".strip()
+
+    # ------------------------------------------------------------------ workflows
+
+    async def kill(self, scope, what: str) -> None:
+        async with self.exclusive(what) as go:
+            if not go:
+                return
+            session = self.monitor.session
+            plan = await plan_kill(session, scope)
+            if not plan.entries:
+                self.notify("nothing to kill: no process of it is alive", severity="warning")
+                return
+            ok = await self.ask(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
+            if not ok:
+                return
+            self.notify(f"{what}: SIGTERM sent, waiting…")
+            wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
+            with self.monitor.stopping_for(f"{what}: asked by the operator"):
+                report = await kill(session, plan, wait, self.layout.ports if self.layout else [])
+            title = f"{what}: {'verified' if report['verified'] else 'NOT everything is gone'}"
+            await self.ask(ReportScreen(title, describe_kill(report)))
+
+    async def shm(self) -> None:
+        async with self.exclusive("shm audit") as go:
+            if not go:
+                return
+            session = self.monitor.session
+            audit = await shm_audit(session)
+            removable = [e["name"] for e in audit["entries"] if e["removable"]]
+            keys = {"c": f"clean {len(removable)} removable"} if removable else {}
+            choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
+                                                 describe_shm(audit), keys))
+            if choice != "c":
+                return
+            ok = await self.ask(ConfirmScreen(
+                "clean shm", [f"rm {audit['folder']}/{n}" for n in removable],
+                f"Remove these {len(removable)} entries (held ones and those of live creators are kept)?"))
+            if not ok:
+                return
+            done = await shm_clean(session, removable, audit["folder"])
+            lines = [f"removed {len(done['removed'])}, freed {human_bytes(done['freed_bytes'])}"]
+            lines += [f"kept {s['name']}: {s['why']}" for s in done["skipped"]]
+            await self.ask(ReportScreen("shm cleaned", lines))
+
+    async def dump(self) -> None:
+        async with self.exclusive("stack dump") as go:
+            if not go:
+                return
+            state = self.screen.state
+            ranks = rank_pids(state)
+            if not ranks:
+                self.notify("no live rank to dump", severity="warning")
+                return
+            self.notify(f"dumping {len(ranks)} processes with py-spy…")
+            run = self.layout.name if self.layout else state.target
+            result = await dump_ranks(self.monitor.session, ranks, run)
+            lines = describe_groups(result.groups)
+            lines += [f"rank {r}: no dump ({'; '.join(e)})" for r, e in result.failed.items()]
+            lines.append(f"raw dumps: {result.folder}")
+            await self.ask(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
+
+    def _current_spec(self) -> RunSpec:
+        if self.spec is None:
+            self.spec = default_spec(self.layout)
+        return self.spec
+
+    async def relaunch(self) -> None:
+        async with self.exclusive("relaunch") as go:
+            if not go:
+                return
+            session = self.monitor.session
+            spec = await self.ask(RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
+                                                 sim_flags(self.layout, session)))
+            if spec is None:
+                return
+            self.spec = spec
+            self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
+            row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress)
+            self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
+                        severity="information" if row["outcome"] == "ready" else "error", timeout=20)
+
+    async def ablate(self) -> None:
+        async with self.exclusive("ablation") as go:
+            if not go:
+                return
+            session = self.monitor.session
+            choice = await self.ask(RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
+                                                   sim_flags(self.layout, session),
+                                                   title="ablate: the chosen flag sets are switched on and off"))
+            if choice is None or not choice.enabled:
+                return
+            vary = choice.enabled
+            specs = combinations(self.layout, vary)
+            ok = await self.ask(ConfirmScreen(
+                "ablation", [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
+                f"Run these {len(specs)} launches in turn (each kills the one before)?"))
+            if not ok:
+                return
+            rows = await ablate(self.monitor, vary, timeout=self.layout.stall.idle_s * 10 + 600,
+                                progress=self._progress)
+            await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
+
+    def ledger(self) -> None:
+        self.screen.app.push_screen(ReportScreen(f"runs of {self.layout.name}",
+                                                 describe_ledger(read_ledger(self.layout))))
