@@ -97,8 +97,8 @@ OUTER = [
     re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
 ]
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")
-# SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] "
-SGLANG_PREFIX = re.compile(r"\[((?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
+# SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
+SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
 SGLANG_TAG = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
 # vLLM: "(VllmWorker rank=3 pid=406) ", "(Worker_PP1_TP2 pid=130) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) "
 VLLM_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
@@ -203,7 +203,8 @@ CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|(?:HIP|NPU|XPU) out of memory"
             r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
-            r"|No available memory for the cache blocks|larger than the available KV cache memory"),
+            r"|No available memory for the cache blocks|larger than the available KV cache memory"
+            r"|Free memory on device .* is less than desired GPU memory utilization"),
     ("nccl-timeout", r"Watchdog caught collective operation timeout"),
     ("nccl-error", r"NCCL error|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
@@ -253,7 +254,8 @@ FAILURES = [
     _f(r"Scheduler watchdog timeout", "watchdog-timeout"),
     # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
     _f(r"WorkerProc hit an exception|WorkerProc failed to start", header=True),
-    _f(r"EngineCore failed to start|EngineCore encountered a fatal error", header=True),
+    _f(r"EngineCore failed to start", header=True),
+    _f(r"EngineCore encountered a fatal error", consequence=True, header=True),
     _f(r"Exception in worker \S+ while processing method", header=True),
     _f(r"Worker proc (?:VllmWorker|Worker)[-_](?:TP)?(?P<rank>\d+) died unexpectedly"
        r"(?: \(exit code: (?P<code>-?\d+)\))?", "died", consequence=True),
@@ -440,10 +442,14 @@ class Failure:
     consequence: bool
     time: str | None = None
     evidence: list[tuple[int, str]] = field(default_factory=list)  # (line, text): the line and what names its cause
+    named: bool = False  # the line itself names the failed rank ("Worker proc VllmWorker-3 died", "Rank 3 ...")
 
     @property
     def tier(self) -> int:
-        return 3 if self.consequence else CAUSE_TIER.get(self.cause, 1)
+        """0 names a root cause (oom, cuda-error, killed, ...); a consequence that names no cause of its own is 3."""
+        if self.consequence and self.cause in ("exception", "died", "terminated"):
+            return 3
+        return CAUSE_TIER.get(self.cause, 1)
 
 
 @dataclass
@@ -526,9 +532,10 @@ class LogTracker:
             if block.rank is None:
                 block.rank = rank
             return
-        f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)])
+        f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)],
+                    named=ll.failed_rank is not None)
         self.failures.append(f)
-        if not ll.consequence:
+        if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
             self._block, self._block_who = f, ll.who
             self._in_trace = False
 
@@ -557,8 +564,9 @@ class LogTracker:
         if not self.failures:
             return None
         best = min(self.failures, key=lambda f: (f.tier, f.line))
-        if best.rank is None:  # the root-cause line names no rank: the first failure that does
-            ranked = [f for f in self.failures if f.rank is not None]
+        if best.rank is None:  # the root-cause line names no rank: the first death notice that names one
+            ranked = [f for f in self.failures if f.rank is not None and f.named and f.tier >= 3 or
+                      f.rank is not None and f.cause in ("killed", "died", "terminated")]
             if ranked:
                 other = min(ranked, key=lambda f: (f.tier, f.line))
                 best = Failure(best.line, best.text, other.rank, best.cause, best.consequence, best.time,
