@@ -145,7 +145,7 @@ def _ranks(ranks: list[int]) -> str:
 
 def describe(result: dict) -> list[str]:
     """The post-mortem as text, for people."""
-    engine = result["engine"] or "unknown engine"
+    engine = result["engine"] or "unknown"
     how = " (detected)" if result["detected"] else ""
     out = [f"engine {engine}{how}, {result['lines']} lines, ranks {_ranks(result['ranks'])}",
            f"phase: {result['phase'] or 'no phase mark seen'}"]

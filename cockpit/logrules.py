@@ -206,12 +206,12 @@ CAUSES = [
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
             r"|Free memory on device .* is less than desired GPU memory utilization"),
     ("nccl-timeout", r"Watchdog caught collective operation timeout"),
-    ("nccl-error", r"NCCL error|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
+    ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
     ("cuda-error", r"CUDA error[: ]|illegal memory access|cudaErrorIllegalAddress|device-side assert triggered"
                    r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
                    r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"),
-    ("watchdog-timeout", r"Scheduler watchdog timeout"),
+    ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV"),
     ("aborted", r"SIGABRT|Aborted \(core dumped\)|Fatal Python error: Aborted"),
     ("killed", r"SIGKILL|Killed process \d+|^Killed$|oom-kill"),
@@ -251,7 +251,8 @@ FAILURES = [
     _f(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti)", header=True),
     _f(r"Capture cuda graph failed", header=True),
     _f(r"Received sigquit from a child proces", consequence=True),
-    _f(r"Scheduler watchdog timeout", "watchdog-timeout"),
+    # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
+    _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
     # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
     _f(r"WorkerProc hit an exception|WorkerProc failed to start", header=True),
     _f(r"EngineCore failed to start", header=True),
@@ -294,7 +295,7 @@ SIGNATURES = {
     "sglang": [
         (re.compile(r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
                     r"|Capture cuda graph|(?:Prefill|Decode) batch\b|Memory pool end|KV Cache is allocated"
-                    r"|Received sigquit from a child"), 1),
+                    r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout="), 1),
     ],
     "vllm": [
         (re.compile(r"vllm|vLLM|VllmWorker|EngineCore|Avg prompt throughput|Graph capturing finished"
@@ -527,7 +528,8 @@ class LogTracker:
         if continues and self._block is not None and not ll.consequence:
             block = self._block
             block.evidence.append((self.n, ll.text))
-            if CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1):
+            if ll.cause != "exception" and (block.cause == "exception"
+                                            or CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1)):
                 block.cause = ll.cause  # the traceback's exception line names what the header did not
             if block.rank is None:
                 block.rank = rank
