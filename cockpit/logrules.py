@@ -361,6 +361,9 @@ class LogRules:
         else:  # not known yet: both engines' marks (vLLM's first, so SGLang's win a tie)
             table = self._tables["vllm"] + self._tables["sglang"]
         self.phases = table + self.extra
+        self._table = table
+        # one search rules out the many lines that mark none of the engine's phases
+        self._any_phase = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in table))
 
     def _learn(self, text: str, parsed: Parsed) -> None:
         if self.engine in ENGINE_PHASES:
@@ -377,7 +380,12 @@ class LogRules:
         return self._phase(parse(text).message)
 
     def _phase(self, message: str) -> str | None:
-        for rx, name in reversed(self.phases):
+        for rx, name in reversed(self.extra):  # a layout's own phases first, with their own flags
+            if rx.search(message):
+                return name
+        if not self._any_phase.search(message):
+            return None
+        for rx, name in reversed(self._table):
             if rx.search(message):
                 return name
         return None
