@@ -526,6 +526,8 @@ class LogTracker:
         who = self._block_who if self._block is not None else self._trace_who
         if ll.who is None and ll.time is None:
             return True  # no prefix at all: a continuation line of a multi-line message
+        if ll.who is None:  # the unnamed main process: its traceback lines are errors, its other lines end it
+            return who is None and ll.kind in ("error", "failure")
         return ll.who == who
 
     def _failure(self, ll: LogLine, continues: bool) -> None:

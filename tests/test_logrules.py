@@ -386,3 +386,16 @@ def test_stalled_only_when_nothing_moves_after_the_tell():
     assert not track([shm, serving], "vllm").stalled()  # a slow compile, then it went on
     died = "ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, shutting down executor."
     assert not track([shm, died, shm], "vllm").stalled()  # a crash is no stall
+
+
+def test_the_main_processs_next_line_ends_its_traceback():
+    """SGLang with one rank names no writer: its traceback is the unprefixed lines, not the log's rest."""
+    t = track([
+        "[2025-06-19 15:12:27] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/x/sglang/srt/managers/scheduler.py", line 2546, in run_scheduler_process',
+        "ValueError: boom",
+        "[2025-06-19 15:12:28] INFO:     127.0.0.1:40052 - \"POST /generate HTTP/1.1\" 200 OK",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ])
+    assert [(f.line, f.cause) for f in t.failures] == [(1, "exception"), (5, "cuda-error")]
+    assert [n for n, _ in t.failures[0].evidence] == [1, 3]  # the ValueError is the first one's last word
