@@ -1,26 +1,39 @@
 """What a line of an inference server's log says: the one rule set for log lines.
 
 Each line is classified once, where it arrives (`LogRules.classify`), into a `LogLine`: its kind
-(a failure, an error, a warning, the mark of a launch phase), the rank that wrote it, the phase it
-marks, and for a failure its cause and the rank it names. The watchdog, the log view and `cockpit
-explain` all read these; nothing else matches log text. Pure: no I/O, no Textual."""
+(a failure, a stall tell, an error, a warning, the mark of a launch phase), the rank that wrote it,
+the phase it marks, and for a failure its cause and the rank it names. The watchdog, the log view
+and `cockpit explain` all read these; nothing else matches log text. `LogTracker` reads a run's
+lines in order and keeps what a post-mortem needs (the phases reached, the failures with their
+traceback's cause, the first failing rank, the last stall tell). Pure: no I/O, no Textual.
+
+The rules name what SGLang, vLLM and torch really print (docs/diagnosis.md lists them with their
+sources): SGLang `[2025-04-21 04:13:43 DP0 TP3] msg` (newer `[04-21 04:13:43 TP3]`), vLLM
+`(VllmWorker rank=3 pid=406) ERROR 03-25 21:13:53 [multiproc_executor.py:374] msg` and its other
+process names (`Worker_PP1_TP2`, `EngineCore_DP0`, `APIServer`, `VllmWorkerProcess`), torch
+`[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] msg`. Colour codes and a container's
+own prefix (`svc-1  | `, an ISO timestamp, a `│ ` box) are stripped first."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
 class LogLine(NamedTuple):
     text: str
-    kind: str | None = None  # failure | error | warning | phase | None
+    kind: str | None = None  # failure | stall | error | warning | phase | None
     rank: int | None = None  # the rank that wrote the line, from its prefix
     phase: str | None = None  # the launch phase this line marks
-    cause: str | None = None  # of a failure: oom, nccl-timeout, nccl-error, cuda-error, exception, killed, ...
+    cause: str | None = None  # of a failure (or stall): see CAUSES
     failed_rank: int | None = None  # the rank a failure line names
     exit_code: int | None = None  # the exit code a failure line names
     shards: tuple[int, int] | None = None  # (done, total) of a checkpoint-loading bar
+    time: str | None = None  # the line's own timestamp as written: "2025-04-21 04:13:43" or "04-21 04:13:43"
+    who: str | None = None  # the writer its prefix names: "TP3", "DP0 TP3", "VllmWorker rank=3", "EngineCore_DP0"
+    message: str | None = None  # the text after the prefixes
+    consequence: bool = False  # a failure that reports another's (a parent's sigquit, a dead-worker notice)
 
 
 @dataclass(frozen=True)
@@ -31,83 +44,547 @@ class PhaseRule:
     phase: str
 
 
-# (regex, phase) in the order a launch goes through them; the last rule that matches a line wins.
+ENGINES = ("sglang", "vllm")
+
+# The phases a launch goes through, in order. A post-mortem timeline only moves forward along it
+# (ranks print the same marks at different times); a new launch starts it again.
+PHASE_ORDER = [
+    "starting", "loading weights", "weights loaded", "compiling", "kv cache", "capturing cuda graphs",
+    "cuda graphs captured", "capturing draft cuda graphs", "draft cuda graphs captured", "engine initialized",
+    "port open", "warmup", "ready", "serving",
+]
+
+# (regex over the message, phase) in launch order; the last rule that matches a line wins.
 SGLANG_PHASES = [
     (r"Init torch distributed begin", "starting"),
-    (r"Load weight begin", "loading weights"),
-    (r"Loading safetensors checkpoint shards", "loading weights"),
+    (r"Load weight begin|Loading (?:safetensors|pt) checkpoint shards", "loading weights"),
     (r"Load weight end", "weights loaded"),
-    (r"KV Cache is allocated", "kv cache"),
-    (r"Capture cuda graph begin", "capturing cuda graphs"),
-    (r"Capture draft cuda graph begin", "capturing draft cuda graphs"),
-    (r"Capture (draft )?cuda graph end", "cuda graphs captured"),
-    (r"Uvicorn running on", "port open"),
+    (r"KV Cache is allocated|Memory pool end", "kv cache"),
+    (r"Capture cuda graph begin|Capture cuda graph bs|^Capturing batches \(", "capturing cuda graphs"),
+    (r"Capture cuda graph end", "cuda graphs captured"),
+    (r"Capture draft (?:extend )?cuda graph begin", "capturing draft cuda graphs"),
+    (r"Capture draft (?:extend )?cuda graph end", "draft cuda graphs captured"),
+    (r"Uvicorn running on|Application startup complete", "port open"),
     (r"The server is fired up and ready to roll", "ready"),
-    (r"Decode batch\.", "serving"),
+    (r"\b(?:Prefill|Decode) batch\b|\"POST /(?:generate|v1/\S+) HTTP/[\d.]+\" 200", "serving"),
 ]
 VLLM_PHASES = [
-    (r"Loading safetensors checkpoint shards|Starting to load model", "loading weights"),
-    (r"Model loading took", "weights loaded"),
-    (r"GPU KV cache size|KV cache", "kv cache"),
-    (r"Capturing CUDA graphs", "capturing cuda graphs"),
+    (r"Initializing an? (?:V1 )?LLM engine", "starting"),
+    (r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards", "loading weights"),
+    (r"Loading weights took|Model loading took|Loading model weights took", "weights loaded"),
+    (r"torch\.compile take|torch\.compile took|Compiling a graph for|Dynamo bytecode transform time", "compiling"),
+    (r"Available KV cache memory|GPU KV cache size|# (?:GPU|cuda) blocks|Maximum concurrency for", "kv cache"),
+    (r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs", "capturing cuda graphs"),
     (r"Graph capturing finished", "cuda graphs captured"),
+    (r"init engine \(profile, create kv cache, warmup model\) took", "engine initialized"),
     (r"Starting vLLM API server|Uvicorn running on", "port open"),
     (r"Application startup complete", "ready"),
-    (r"Avg generation throughput", "serving"),
+    (r"Avg prompt throughput|\"POST /v1/\S+ HTTP/[\d.]+\" 200", "serving"),
 ]
 ENGINE_PHASES = {"sglang": SGLANG_PHASES, "vllm": VLLM_PHASES}
 
-# Failures: lines that say the run (or one of its ranks) is going down.
-FAILURES = [
-    (re.compile(r"Rank (\d+) scheduler died during initialization \(exit code: (-?\d+)\)"), "exception"),
-    (re.compile(r"Received sigquit from a child process"), "exception"),
-    (re.compile(r"Engine core initialization failed|EngineCore failed|Worker.*died"), "exception"),
+# A new launch of the server (its arguments printed): a post-mortem starts over from here.
+LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-default args:")
+
+# ----------------------------------------------------------------------------- prefixes
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+# What a container, a log shipper or a pager puts in front of the server's own line.
+OUTER = [
+    re.compile(r"^\s*[│|]\s"),  # a k9s / table border
+    re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,\d]*Z?\s"),  # docker logs --timestamps
+    re.compile(r"^[\w.-]+\s+\| ?"),  # docker compose: "sglang-1  | "
+    re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
 ]
-ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
-WARNING = re.compile(r"\bWARN(ING)?\b")
-SHARDS = re.compile(r"checkpoint shards:.*?\|\s*(\d+)/(\d+)")
-RANK_PREFIX = re.compile(r"^\[[^\]]*\bTP(\d+)\]|^\((?:Worker_)?\w*TP(\d+) pid=\d+\)")
+ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")
+# SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
+SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
+SGLANG_TAG = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
+# vLLM: "(VllmWorker rank=3 pid=406) ", "(Worker_PP1_TP2 pid=130) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) "
+VLLM_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
+VLLM_LEVEL = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
+# torch c10: "[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] ", "[rank0]:[E ProcessGroupNCCL.cpp:563] "
+TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWI])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
+TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
+PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
+
+
+class Parsed(NamedTuple):
+    message: str
+    time: str | None
+    who: str | None
+    rank: int | None
+    level: str | None  # ERROR, WARNING, INFO, ... where the line says (torch's E/W/I mapped)
+    engine: str | None  # the engine whose prefix the line carries
+
+
+def _rank_of_tags(tags: str) -> int | None:
+    """SGLang's tags, e.g. " DP0 PP1 TP3 EP3": the TP rank, else the PP rank, else the DP rank."""
+    found = {name: int(num) for name, num in SGLANG_TAG.findall(tags)}
+    for name in ("TP", "PP", "DP"):
+        if name in found:
+            return found[name]
+    return None
+
+
+def _rank_of_who(who: str) -> int | None:
+    """vLLM's process name: "VllmWorker TP1", "VllmWorker rank=3", "Worker_PP1_TP2", "Worker_TP0_EP0"."""
+    m = re.search(r"(?:^|[_ ])TP(\d+)(?!\d)", who) or re.search(r"rank=(\d+)", who)
+    if m:
+        return int(next(g for g in m.groups() if g is not None))
+    if who.startswith(("Worker", "VllmWorker")):
+        m = re.search(r"_PP(\d+)", who)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def parse(text: str) -> Parsed:
+    """Split a raw log line into its prefixes (time, writer, rank, level) and its message."""
+    s = ANSI.sub("", text)
+    time = None
+    for rx in OUTER:
+        m = rx.match(s)
+        if m:
+            iso = ISO_TIME.match(s)
+            if iso:
+                time = f"{iso.group(1)} {iso.group(2)}"
+            s = s[m.end():]
+    who = rank = level = engine = None
+    pos = 0
+    m = SGLANG_PREFIX.search(s, 0, PREFIX_WINDOW)
+    if m and m.start() < 60:
+        time, engine, pos = m.group(1), "sglang", m.end()
+        tags = m.group(2).strip()
+        if tags:
+            who, rank = tags, _rank_of_tags(tags)
+    m = VLLM_PREFIX.search(s, pos, pos + PREFIX_WINDOW)
+    if m and m.start() - pos < 60:
+        who, engine, pos = m.group(1), "vllm", m.end()
+        rank = _rank_of_who(who)
+    m = VLLM_LEVEL.match(s, pos) or (VLLM_LEVEL.search(s, pos, pos + 60) if engine != "sglang" else None)
+    if m:
+        level, time, engine, pos = m.group(1), m.group(2), engine or "vllm", m.end()
+    m = TORCH_PREFIX.search(s, pos, pos + 80)
+    if m and m.start() - pos < 30:
+        if m.group(1) is not None:
+            rank = int(m.group(1))
+        level = {"E": "ERROR", "W": "WARNING", "I": "INFO"}[m.group(2)]
+        if m.group(3):
+            time = time or f"{int(m.group(3)):02d}-{m.group(4)} {m.group(5)}"
+        pos = m.end()
+        who = who or (f"rank{rank}" if rank is not None else None)
+    elif rank is None:
+        m = TORCH_RANK.search(s, pos, pos + 40)
+        if m:
+            rank = int(m.group(1))
+            who = who or f"rank{rank}"
+    return Parsed(s[pos:], time, who, rank, level, engine)
 
 
 def line_rank(text: str) -> int | None:
-    """The TP rank that wrote a log line: `[... TP3]` (SGLang) or `(Worker_TP3 pid=..)` (vLLM)."""
-    m = RANK_PREFIX.search(text)
-    if not m:
+    """The rank that wrote a log line, from its prefix: SGLang `[... TP3]`, vLLM `(VllmWorker TP3 pid=..)`,
+    `(VllmWorker rank=3 pid=..)`, `(Worker_PP1_TP3 pid=..)`, torch `[rank3]:`."""
+    return parse(text).rank
+
+
+# ----------------------------------------------------------------------------- failures
+
+# The causes a failure can name, and how much of a root cause each is: a post-mortem names the
+# first failure of the lowest tier (an OOM on rank 3 before the NCCL errors it caused on the others).
+CAUSE_TIER = {
+    "oom": 0, "cuda-error": 0, "killed": 0, "segfault": 0, "aborted": 0,
+    "nccl-error": 1, "watchdog-timeout": 1, "exception": 1,
+    "nccl-timeout": 2,
+    "terminated": 3, "died": 3,
+}
+# (cause, regex over the message): the first that matches names the cause of a line.
+CAUSES = [
+    ("oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|(?:HIP|NPU|XPU) out of memory"
+            r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
+            r"|Not enough memory\. Please try to increase --mem-fraction-static"
+            r"|No available memory for the cache blocks|larger than the available KV cache memory"
+            r"|Free memory on device .* is less than desired GPU memory utilization"),
+    ("nccl-timeout", r"Watchdog caught collective operation timeout"),
+    ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
+                   r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
+    ("cuda-error", r"CUDA error[: ]|illegal memory access|cudaErrorIllegalAddress|device-side assert triggered"
+                   r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
+                   r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"),
+    ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
+    ("segfault", r"Segmentation fault|SIGSEGV"),
+    ("aborted", r"SIGABRT|Aborted \(core dumped\)|Fatal Python error: Aborted"),
+    ("killed", r"SIGKILL|Killed process \d+|^Killed$|oom-kill"),
+]
+CAUSE_RX = [(cause, re.compile(rx)) for cause, rx in CAUSES]
+# An exit code's cause: a negative code is the signal that ended the process (-9 SIGKILL, often the
+# kernel's OOM killer); 128+N is the same from a shell. SIGTERM, SIGQUIT, SIGINT, SIGHUP come from
+# another process ending this one (the parent, after another rank failed): a consequence.
+EXIT_CAUSE = {-9: "killed", 137: "killed", -11: "segfault", 139: "segfault", -6: "aborted", 134: "aborted",
+              -15: "terminated", 143: "terminated", -3: "terminated", 131: "terminated", -2: "terminated",
+              130: "terminated", -1: "terminated", 129: "terminated"}
+
+
+@dataclass(frozen=True)
+class FailureRule:
+    """An engine's own message that a rank or the run is going down."""
+
+    pattern: re.Pattern
+    cause: str  # when neither the exit code nor the line names one
+    consequence: bool = False  # it reports another's failure
+    header: bool = False  # a traceback follows whose last exception line tells the cause
+
+
+def _f(rx: str, cause: str = "exception", consequence: bool = False, header: bool = False) -> FailureRule:
+    return FailureRule(re.compile(rx), cause, consequence, header)
+
+
+# Groups a pattern may have: `rank` (the rank it names), `code` (the exit code it names).
+FAILURES = [
+    # SGLang (python/sglang/srt/managers/scheduler.py, entrypoints/engine.py, launch_server)
+    _f(r"Rank (?P<rank>\d+) scheduler died during initialization \(exit code: (?P<code>-?\d+)\)"),
+    _f(r"Rank (?P<rank>\d+) scheduler is dead"),
+    _f(r"^Exit code: (?P<code>-?\d+)\s*$"),
+    _f(r"Scheduler hit an exception", header=True),
+    _f(r"(?:TpModelWorkerClient|DataParallelController|DetokenizerManager|TokenizerManager) hit an exception",
+       header=True),
+    _f(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti)", header=True),
+    _f(r"Capture cuda graph failed", header=True),
+    _f(r"Received sigquit from a child proces", consequence=True),
+    # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
+    _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
+    # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
+    _f(r"WorkerProc hit an exception|WorkerProc failed to start", header=True),
+    _f(r"EngineCore failed to start", header=True),
+    _f(r"EngineCore encountered a fatal error", consequence=True, header=True),
+    _f(r"Exception in worker \S+ while processing method", header=True),
+    _f(r"Worker proc (?:VllmWorker|Worker)[-_](?:TP)?(?P<rank>\d+) died unexpectedly"
+       r"(?: \(exit code: (?P<code>-?\d+)\))?", "died", consequence=True),
+    _f(r"Worker \w+ pid \d+ died, exit code: (?P<code>-?\d+)", "died", consequence=True),
+    _f(r"Engine core initialization failed|Engine process failed to start"
+       r"|WorkerProc initialization failed due to an exception", consequence=True),
+    _f(r"(?:Async|MQ)?EngineDeadError|Engine loop has died", consequence=True),
+    _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
+    # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
+    _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
+    _f(r"Process group watchdog thread terminated with exception"),
+    _f(r"terminate called after throwing an instance of", "aborted", consequence=True),
+    _f(r"Fatal Python error: (?:Segmentation fault|Aborted)", "segfault"),
+]
+_NAMED_GROUP = re.compile(r"\?P<\w+>")
+FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
+CAUSE_ANY = re.compile("|".join(f"(?:{rx})" for _, rx in CAUSES))
+
+# Stall tells: lines that say the run is waiting on something that may never come.
+STALLS = [
+    # vllm/distributed/device_communicators/shm_broadcast.py: a rank has not read the last broadcast
+    (re.compile(r"No available shared memory broadcast block found in \d+ seconds?"), "shm-broadcast"),
+    # sglang/srt/entrypoints/http_server.py: the scheduler answers no health check
+    (re.compile(r"Health check failed\. Server couldn't get a response from detokenizer"), "health-check"),
+]
+
+NAMED_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bTP rank (\d+)\b|\[rank(\d+)\]")
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception)(?::\s|:?$)")
+TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
+WARNING = re.compile(r"\bWARN(ING)?\b")
+SHARDS = re.compile(r"checkpoint shards:.*?\|\s*(\d+)/(\d+)")
+
+# What tells the engines apart, for engine "auto": (regex over the raw line, weight).
+SIGNATURES = {
+    "sglang": [
+        (re.compile(r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
+                    r"|Capture cuda graph|(?:Prefill|Decode) batch\b|Memory pool end|KV Cache is allocated"
+                    r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout="), 1),
+    ],
+    "vllm": [
+        (re.compile(r"vllm|vLLM|VllmWorker|EngineCore|Avg prompt throughput|Graph capturing finished"
+                    r"|Model loading took|GPU KV cache size|shm_broadcast|WorkerProc"), 1),
+    ],
+}
+
+
+def exit_cause(code: int | None) -> str | None:
+    return EXIT_CAUSE.get(code) if code is not None else None
+
+
+def cause_of(message: str) -> str | None:
+    """The cause a message names, if any: oom, nccl-timeout, nccl-error, cuda-error, ... (CAUSES)."""
+    if not CAUSE_ANY.search(message):
         return None
-    return int(m.group(1) or m.group(2))
+    for cause, rx in CAUSE_RX:
+        if rx.search(message):
+            return cause
+    return None
+
+
+def line_engine(text: str, parsed: Parsed | None = None) -> dict[str, int]:
+    """How strongly a line says SGLang or vLLM wrote it: a prefix counts 3, a telling string 1."""
+    p = parsed or parse(text)
+    score = {"sglang": 0, "vllm": 0}
+    if p.engine:
+        score[p.engine] += 3
+    for engine, sigs in SIGNATURES.items():
+        for rx, weight in sigs:
+            if rx.search(text):
+                score[engine] += weight
+    return score
+
+
+def detect_engine(lines) -> str | None:
+    """The engine that wrote these lines (sglang or vllm), or None when they do not say."""
+    total = {"sglang": 0, "vllm": 0}
+    for text in lines:
+        for engine, n in line_engine(text).items():
+            total[engine] += n
+    best = max(total, key=total.get)
+    if total[best] == 0 or total["sglang"] == total["vllm"]:
+        return None
+    return best
 
 
 class LogRules:
-    """An engine's rules (plus a layout's own phases) for classifying its log lines."""
+    """An engine's rules (plus a layout's own phases) for classifying its log lines. Engine "auto"
+    (or any unknown name) decides from the lines themselves as they come (`detected`)."""
 
     def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None):
         self.engine = engine
-        table = ENGINE_PHASES.get(engine, [])
-        self.phases = [(re.compile(rx), name) for rx, name in table] + [(r.pattern, r.phase) for r in extra or []]
+        self.extra = [(r.pattern, r.phase) for r in extra or []]
+        self._scores = {"sglang": 0, "vllm": 0}
+        self.detected: str | None = engine if engine in ENGINE_PHASES else None
+        self._tables = {name: [(re.compile(rx), phase) for rx, phase in table] for name, table in ENGINE_PHASES.items()}
+        self._set_phases()
+
+    def _set_phases(self) -> None:
+        if self.detected:
+            table = self._tables[self.detected]
+        else:  # not known yet: both engines' marks (vLLM's first, so SGLang's win a tie)
+            table = self._tables["vllm"] + self._tables["sglang"]
+        self.phases = table + self.extra
+        self._table = table
+        # one search rules out the many lines that mark none of the engine's phases
+        self._any_phase = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in table))
+
+    def _learn(self, text: str, parsed: Parsed) -> None:
+        if self.engine in ENGINE_PHASES:
+            return
+        for engine, n in line_engine(text, parsed).items():
+            self._scores[engine] += n
+        lead = max(self._scores, key=self._scores.get)
+        other = "vllm" if lead == "sglang" else "sglang"
+        if self._scores[lead] > self._scores[other] and lead != self.detected:
+            self.detected = lead
+            self._set_phases()
 
     def phase_of(self, text: str) -> str | None:
-        for rx, name in reversed(self.phases):
-            if rx.search(text):
+        return self._phase(parse(text).message)
+
+    def _phase(self, message: str) -> str | None:
+        for rx, name in reversed(self.extra):  # a layout's own phases first, with their own flags
+            if rx.search(message):
+                return name
+        if not self._any_phase.search(message):
+            return None
+        for rx, name in reversed(self._table):
+            if rx.search(message):
                 return name
         return None
 
     def classify(self, text: str) -> LogLine:
-        rank = line_rank(text)
-        for rx, cause in FAILURES:
-            m = rx.search(text)
-            if m:
-                groups = m.groups()
-                failed = int(groups[0]) if groups and groups[0] is not None else None
-                code = int(groups[1]) if len(groups) > 1 and groups[1] is not None else None
-                return LogLine(text, "failure", rank, None, cause, failed, code)
-        phase = self.phase_of(text)
+        p = parse(text)
+        self._learn(text, p)
+        msg = p.message
+        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg)
+        for rx, cause in STALLS:
+            if rx.search(msg):
+                return LogLine(kind="stall", cause=cause, **base)
+        frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
+        if not frame and FAILURE_ANY.search(msg):
+            for rule in FAILURES:
+                m = rule.pattern.search(msg)
+                if not m:
+                    continue
+                groups = m.groupdict()
+                code = int(groups["code"]) if groups.get("code") else None
+                failed = int(groups["rank"]) if groups.get("rank") else _named_rank(msg)
+                # a line with an exit code is told by it (SGLang's adds "If exit code is -9 (SIGKILL), ...")
+                cause = (exit_cause(code) or rule.cause) if code is not None else (cause_of(msg) or rule.cause)
+                consequence = cause == "terminated" or (rule.consequence and cause == rule.cause)
+                return LogLine(kind="failure", cause=cause, failed_rank=failed, exit_code=code,
+                               consequence=consequence, **base)
+        if not frame and p.level not in ("WARNING", "INFO", "DEBUG"):
+            cause = cause_of(msg)
+            if cause and (EXCEPTION_LINE.match(msg) or p.level in ("ERROR", "CRITICAL")
+                          or msg.lstrip().startswith("what():") or cause in ("killed", "segfault", "aborted")):
+                return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(msg), **base)
+        phase = self._phase(msg)
         shards = None
         if phase == "loading weights":
-            m = SHARDS.search(text)
+            m = SHARDS.search(msg)
             if m:
                 shards = (int(m.group(1)), int(m.group(2)))
-        if ERROR.search(text):
-            return LogLine(text, "error", rank, phase, shards=shards)
-        if WARNING.search(text):
-            return LogLine(text, "warning", rank, phase, shards=shards)
-        return LogLine(text, "phase" if phase else None, rank, phase, shards=shards)
+        if p.level in ("ERROR", "CRITICAL") or (p.level is None and (ERROR.search(msg) or EXCEPTION_LINE.match(msg))):
+            return LogLine(kind="error", phase=phase, shards=shards, **base)
+        if p.level == "WARNING" or (p.level is None and WARNING.search(msg)):
+            return LogLine(kind="warning", phase=phase, shards=shards, **base)
+        return LogLine(kind="phase" if phase else None, phase=phase, shards=shards, **base)
+
+
+def _named_rank(message: str) -> int | None:
+    m = NAMED_RANK.search(message)
+    if not m:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+# ----------------------------------------------------------------------------- a run, read in order
+
+
+@dataclass
+class Failure:
+    """One failure the log tells, with the traceback lines that name its cause."""
+
+    line: int  # 1-based line number of the failure line
+    text: str
+    rank: int | None  # the failing rank: the one the line names, else its writer, else its traceback's
+    cause: str
+    consequence: bool
+    time: str | None = None
+    evidence: list[tuple[int, str]] = field(default_factory=list)  # (line, text): the line and what names its cause
+    named: bool = False  # the line itself names the failed rank ("Worker proc VllmWorker-3 died", "Rank 3 ...")
+
+    @property
+    def tier(self) -> int:
+        """0 names a root cause (oom, cuda-error, killed, ...); a consequence that names no cause of its own is 3."""
+        if self.consequence and self.cause in ("exception", "died", "terminated"):
+            return 3
+        return CAUSE_TIER.get(self.cause, 1)
+
+
+@dataclass
+class PhaseMark:
+    phase: str
+    line: int
+    time: str | None
+
+
+class LogTracker:
+    """Reads a run's log lines in order (`feed`) and keeps its post-mortem: the phases reached (a
+    timeline that only moves forward), the failures (each traceback's last exception line naming
+    the cause of the failure that opened it), the ranks seen, the last stall tell. A new launch
+    (the server printing its arguments) starts the failures and the timeline over."""
+
+    def __init__(self, rules: LogRules):
+        self.rules = rules
+        self.n = 0
+        self.timeline: list[PhaseMark] = []
+        self.failures: list[Failure] = []
+        self.stalls: list[tuple[int, LogLine]] = []
+        self.ranks: set[int] = set()
+        self.last_progress = 0  # the last line that marked a phase or served a request
+        self.last_time: str | None = None
+        self._block: Failure | None = None  # the failure whose traceback is being read
+        self._block_who: str | None = None
+        self._trace_who: str | None = None  # a traceback without a failure header, being read
+        self._trace_rank: int | None = None
+        self._in_trace = False
+
+    @property
+    def phase(self) -> str | None:
+        return self.timeline[-1].phase if self.timeline else None
+
+    def feed(self, text: str) -> LogLine:
+        self.n += 1
+        ll = self.rules.classify(text)
+        if ll.time:
+            self.last_time = ll.time
+        if ll.rank is not None:
+            self.ranks.add(ll.rank)
+        if LAUNCH.search(ll.message or "") and (self.failures or self.timeline and self.phase != "starting"):
+            self._restart()
+        continues = self._continues(ll)
+        if not continues:
+            self._block = None
+            self._in_trace = False
+        if ll.message is not None and TRACEBACK.search(ll.message) and ll.kind != "failure":
+            if not continues or self._block is None:
+                self._in_trace, self._trace_who, self._trace_rank = True, ll.who, ll.rank
+        if ll.kind == "failure":
+            self._failure(ll, continues)
+        elif ll.kind == "stall":
+            self.stalls.append((self.n, ll))
+        elif self._block is not None and continues and EXCEPTION_LINE.match(ll.message or ""):
+            self._block.evidence.append((self.n, ll.text))  # the traceback's own last word
+        if ll.phase and ll.kind != "failure":
+            self._mark(ll)
+        return ll
+
+    def _continues(self, ll: LogLine) -> bool:
+        """Whether this line belongs to the traceback being read: same writer, or no prefix at all."""
+        if self._block is None and not self._in_trace:
+            return False
+        who = self._block_who if self._block is not None else self._trace_who
+        if ll.who is None and ll.time is None:
+            return True  # no prefix at all: a continuation line of a multi-line message
+        if ll.who is None:  # the unnamed main process: its traceback lines are errors, its other lines end it
+            return who is None and ll.kind in ("error", "failure")
+        return ll.who == who
+
+    def _failure(self, ll: LogLine, continues: bool) -> None:
+        inherited = self._block.rank if (continues and self._block) else (self._trace_rank if continues else None)
+        rank = ll.failed_rank if ll.failed_rank is not None else ll.rank if ll.rank is not None else inherited
+        if rank is not None:
+            self.ranks.add(rank)
+        if continues and self._block is not None and not ll.consequence:
+            block = self._block
+            block.evidence.append((self.n, ll.text))
+            if ll.cause != "exception" and (block.cause == "exception"
+                                            or CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1)):
+                block.cause = ll.cause  # the traceback's exception line names what the header did not
+            if block.rank is None:
+                block.rank = rank
+            return
+        f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)],
+                    named=ll.failed_rank is not None)
+        self.failures.append(f)
+        if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
+            self._block, self._block_who = f, ll.who
+            self._in_trace = False
+
+    def _mark(self, ll: LogLine) -> None:
+        phase = ll.phase
+        current = self.phase
+        if phase == "serving" and current == "port open":
+            phase = "warmup"  # SGLang's own warm-up request, before "fired up and ready"
+        self.last_progress = self.n
+        if phase == current:
+            return
+        order = {name: i for i, name in enumerate(PHASE_ORDER)}
+        if current is not None and order.get(phase, -1) < order.get(current, -1):
+            return  # a slower rank printing a mark the run has passed
+        self.timeline.append(PhaseMark(phase, self.n, ll.time))
+
+    def _restart(self) -> None:
+        self.timeline.clear()
+        self.failures.clear()
+        self.stalls.clear()
+        self._block = None
+        self._in_trace = False
+
+    def first_failure(self) -> Failure | None:
+        """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
+        if not self.failures:
+            return None
+        best = min(self.failures, key=lambda f: (f.tier, f.line))
+        if best.rank is None:  # the root-cause line names no rank: the first death notice that names one
+            ranked = [f for f in self.failures if f.rank is not None and f.named and f.tier >= 3 or
+                      f.rank is not None and f.cause in ("killed", "died", "terminated")]
+            if ranked:
+                other = min(ranked, key=lambda f: (f.tier, f.line))
+                best = Failure(best.line, best.text, other.rank, best.cause, best.consequence, best.time,
+                               best.evidence + [(other.line, other.text)])
+        return best
+
+    def stalled(self) -> bool:
+        """The log ends on a stall tell: no failure, and nothing moved since the last tell."""
+        return not self.failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress

@@ -1,0 +1,191 @@
+"""`cockpit explain LOG`: a post-mortem of an inference server's log, without a host.
+
+Reads a saved SGLang or vLLM log (a file, a `.gz`, or `-` for stdin) through the same rules the live
+cockpit uses (cockpit.logrules) and says how far the launch got (the timeline of phases with line
+numbers and timestamps), and what became of it: `crashed` (with the rank that failed first and the
+cause, from the root-cause line rather than its consequences), `stalled` (the log ends on a hang
+tell such as vLLM's shared-memory broadcast warning, with nothing moving after it) or `ok`.
+
+    cockpit explain LOG [--engine sglang|vllm|auto] [--json]
+
+The CLI wiring (cockpit/cli.py) is `add_parser(sub)` and the handler `cmd_explain(args)`; the exit
+status is 0 whenever the log was read and explained (the verdict is in the output), 2 for a log
+that cannot be read (a one-line CockpitError)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import zlib
+from collections.abc import Iterable, Iterator
+
+from cockpit.errors import CockpitError
+from cockpit.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
+
+EVIDENCE_CHARS = 200
+DETECT_LINES = 5000  # engine "auto" decides from this many lines before reading on
+
+
+def short(text: str, limit: int = EVIDENCE_CHARS) -> str:
+    """A log line as evidence: colour codes gone, at most `limit` characters."""
+    text = ANSI.sub("", text).rstrip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_log(path: str) -> Iterator[str]:
+    """The lines of a log file (`-` is stdin; a `.gz` is decompressed; bytes that are not UTF-8 read
+    as U+FFFD). A missing or unreadable file is one CockpitError naming it and the fix."""
+    if path == "-":
+        return _lines(sys.stdin.buffer, "stdin")
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise CockpitError(f"{path}: no such file: give the path of the server's log (or - to read stdin)") from None
+    except IsADirectoryError:
+        raise CockpitError(f"{path}: is a directory: give the server's log file inside it") from None
+    except PermissionError:
+        raise CockpitError(f"{path}: permission denied: copy the log somewhere readable or run as its owner") from None
+    except OSError as exc:
+        raise CockpitError(f"{path}: cannot read: {exc.strerror}") from None
+    if path.endswith(".gz"):
+        return _lines(gzip.GzipFile(fileobj=raw, mode="rb"), path, raw)
+    return _lines(raw, path)
+
+
+def _lines(stream, name: str, *others) -> Iterator[str]:
+    try:
+        for raw in stream:
+            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise CockpitError(f"{name}: not a readable gzip file ({exc}): gunzip it to check, or pass the plain log")
+    except OSError as exc:
+        raise CockpitError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+        for other in others:
+            other.close()
+
+
+def explain(lines: Iterable[str], engine: str = "auto") -> dict:
+    """A log's post-mortem as a JSON-able dict:
+
+    engine      the engine whose rules read it ("sglang", "vllm"; None when auto found neither)
+    detected    true when the engine was detected from the lines (engine "auto")
+    lines       how many lines were read
+    phase       the last launch phase reached (never "crashed"); None when no phase mark was seen
+    verdict     {name: crashed | stalled | ok, rank, cause, line, time, evidence: [line texts],
+                 evidence_lines: [their line numbers]}
+    ranks       every rank the lines name, sorted
+    timeline    [{phase, line, time}] in the order the run reached them
+    failures    [{line, rank, cause, consequence, text}]: every failure line, in order (at most 50)
+    last_time   the last timestamp the log carries
+    """
+    if engine not in ("auto", *ENGINES):
+        raise CockpitError(f"--engine {engine!r}: one of sglang, vllm, auto")
+    it = iter(lines)
+    head: list[str] = []
+    detected = False
+    if engine == "auto":
+        for text in it:
+            head.append(text)
+            if len(head) >= DETECT_LINES:
+                break
+        found = detect_engine(head)
+        engine, detected = (found or "auto"), found is not None
+    tracker = LogTracker(LogRules(engine))
+    for text in head:
+        tracker.feed(text)
+    for text in it:
+        tracker.feed(text)
+    engine_name = engine if engine in ENGINES else tracker.rules.detected
+    return {
+        "engine": engine_name,
+        "detected": detected or (engine_name is not None and engine not in ENGINES),
+        "lines": tracker.n,
+        "phase": tracker.phase,
+        "verdict": _verdict(tracker),
+        "ranks": sorted(tracker.ranks),
+        "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in tracker.timeline],
+        "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
+                      "text": short(f.text)} for f in tracker.failures[:50]],
+        "last_time": tracker.last_time,
+    }
+
+
+def _verdict(tracker: LogTracker) -> dict:
+    first = tracker.first_failure()
+    if first is not None:
+        seen: dict[int, str] = {}
+        for n, text in first.evidence:
+            seen.setdefault(n, text)
+        evidence = sorted(seen.items())[:6]
+        return {"name": "crashed", "rank": first.rank, "cause": first.cause, "line": first.line, "time": first.time,
+                "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence]}
+    if tracker.stalled():
+        n, last = tracker.stalls[-1]
+        tells = tracker.stalls[-3:]
+        return {"name": "stalled", "rank": last.rank, "cause": last.cause, "line": tracker.stalls[0][0],
+                "time": last.time, "evidence": [short(ll.text) for _, ll in tells],
+                "evidence_lines": [k for k, _ in tells]}
+    mark = tracker.timeline[-1] if tracker.timeline else None
+    return {"name": "ok", "rank": None, "cause": None, "line": mark.line if mark else None,
+            "time": mark.time if mark else None, "evidence": [], "evidence_lines": []}
+
+
+def _ranks(ranks: list[int]) -> str:
+    if not ranks:
+        return "none named"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def describe(result: dict) -> list[str]:
+    """The post-mortem as text, for people."""
+    engine = result["engine"] or "unknown"
+    how = " (detected)" if result["detected"] else ""
+    out = [f"engine {engine}{how}, {result['lines']} lines, ranks {_ranks(result['ranks'])}",
+           f"phase: {result['phase'] or 'no phase mark seen'}"]
+    v = result["verdict"]
+    if v["name"] == "crashed":
+        who = f"rank {v['rank']}" if v["rank"] is not None else "no rank named"
+        when = f", {v['time']}" if v["time"] else ""
+        out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
+    elif v["name"] == "stalled":
+        out.append(f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
+                   f"(first tell line {v['line']})")
+    else:
+        out.append("verdict: ok: no failure in the log")
+    for n, text in zip(v["evidence_lines"], v["evidence"]):
+        out.append(f"  {n:>7}  {text}")
+    if result["timeline"]:
+        out.append("timeline:")
+        for mark in result["timeline"]:
+            out.append(f"  {mark['line']:>7}  {mark['time'] or '':<19}  {mark['phase']}")
+    others = [f for f in result["failures"] if f["line"] != v.get("line")]
+    if v["name"] == "crashed" and others:
+        out.append(f"other failures: {len(others)} (first at line {others[0]['line']}: rank "
+                   f"{others[0]['rank'] if others[0]['rank'] is not None else '?'}, {others[0]['cause']})")
+    return out
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """`cockpit explain`: for cli.py's subparsers."""
+    p = sub.add_parser("explain", help="post-mortem of a saved server log: phase reached, crash rank and cause")
+    p.add_argument("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)")
+    p.add_argument("--engine", choices=["sglang", "vllm", "auto"], default="auto",
+                   help="whose log it is (default: detected from the lines)")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    return p
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    result = explain(read_log(args.log), getattr(args, "engine", None) or "auto")
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2))
+    else:
+        print("\n".join(describe(result)))
+    return 0
