@@ -601,6 +601,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("explain", "post-mortem of a saved server log: the phases reached, the rank that failed and why",
+         arg("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)"),
+         arg("--engine", choices=["sglang", "vllm", "auto"], default="auto",
+             help="whose log it is (default: detected from the lines)"),
+         JSON, common=False)
+def cmd_explain(args: argparse.Namespace) -> int:
+    from cockpit import explain
+
+    return explain.cmd_explain(args)
+
+
 # ----------------------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> int:

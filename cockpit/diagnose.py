@@ -4,11 +4,12 @@ HostState; nothing here touches the network."""
 from __future__ import annotations
 
 import itertools
+import re
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
-from cockpit.logrules import LogLine
+from cockpit.logrules import LogLine, LogRules, LogTracker
 from cockpit.model import HostState
 
 @dataclass
@@ -110,7 +111,7 @@ class Watchdog:
         self.phase_at: dict[str, float] = {}
         self._since: dict[str, float] = {}
         self._log_seen: tuple[str | None, int] = (None, 0)
-        self._crash: LogLine | None = None
+        self.tracker = LogTracker(LogRules())  # the post-mortem rules `cockpit explain` uses, fed live
         self._errors: deque = deque(maxlen=3)
         self._phase_line: LogLine | None = None
         self._shards: tuple[int, int] | None = None
@@ -120,7 +121,8 @@ class Watchdog:
         """The host state saw a new run replace the last one: its phases and crash are history."""
         self.started = None
         self.phase_at, self._since = {}, {}
-        self._crash, self._phase_line, self._shards = None, None, None
+        self.tracker = LogTracker(LogRules())
+        self._phase_line, self._shards = None, None
         self._errors.clear()
 
     def _held(self, name: str, cond: bool, now: float) -> float:
@@ -229,15 +231,14 @@ class Watchdog:
             return
         if log.path != self._log_seen[0]:
             self._log_seen = (log.path, 0)
-            self._crash, self._errors = None, deque(maxlen=3)
+            self.tracker, self._errors = LogTracker(LogRules()), deque(maxlen=3)
             self._phase_line, self._shards = None, None
         new = min(len(log.lines), log.total - self._log_seen[1])
         self._log_seen = (log.path, log.total)
         if new <= 0:
             return
         for line in itertools.islice(log.lines, len(log.lines) - new, None):
-            if line.kind == "failure" and self._crash is None:
-                self._crash = line  # the first failure is the cause; later ones follow from it
+            self.tracker.add(line)
             if line.kind in ("failure", "error"):
                 self._errors.append(line.text)
             if line.phase is not None:
@@ -246,19 +247,27 @@ class Watchdog:
                     self._shards = line.shards
 
     def _crashed(self, state, ranks, log, phase) -> Verdict | None:
+        """Ranks dead (a zombie has exited), or the log telling a failure: crashed, naming the rank
+        that failed first (a root cause before its consequences, as `cockpit explain` reads it)."""
         dead = [p for p in ranks if not p.alive or p.status == "Z"]
-        m = self._crash
-        if not dead and not m and phase.name != "crashed":
+        first = self.tracker.first_failure()
+        if not dead and first is None and phase.name != "crashed":
             return None
-        named = m.failed_rank if m and m.failed_rank is not None else (m.rank if m else None)
-        rank = named if named is not None else (dead[0].rank if dead else None)
-        code = m.exit_code if m and m.exit_code is not None else \
-            next((p.exit_code for p in dead if p.exit_code is not None), None)
-        ev = [f"rank {rank} died" + (f" (exit code {code})" if code is not None else "")] if rank is not None else []
+        rank = first.rank if first is not None and first.rank is not None else (dead[0].rank if dead else None)
+        code = next((p.exit_code for p in dead if p.rank == rank and p.exit_code is not None), None)
+        if code is None and first is not None:
+            code = next((int(m) for m in re.findall(r"exit code:? (-?\d+)", first.text)), None)
+        ev = []
+        if rank is not None:
+            ev.append(f"rank {rank} died" + (f" (exit code {code})" if code is not None else "")
+                      + (f": {first.cause}" if first is not None and first.cause not in ("exception", "died") else ""))
         if dead:
             ev.append(f"{len(dead)} of {len(ranks)} ranks gone: {', '.join(str(p.rank) for p in dead)}")
-        ev += [f"log: {line.strip()[:160]}" for line in self._errors]
-        return Verdict("crashed", ev, rank)
+        if first is not None:
+            ev += [f"log: {text.strip()[:160]}" for _, text in first.evidence[:3]]
+        ev += [f"log: {line.strip()[:160]}" for line in self._errors if first is None or
+               all(line != text for _, text in first.evidence)][:3]
+        return Verdict(VerdictName.CRASHED, ev, rank)
 
     def _slow(self, phase: Phase, now: float) -> Verdict | None:
         typical = self.earlier.get(phase.name)

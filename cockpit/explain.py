@@ -8,7 +8,7 @@ tell such as vLLM's shared-memory broadcast warning, with nothing moving after i
 
     cockpit explain LOG [--engine sglang|vllm|auto] [--json]
 
-The CLI wiring (cockpit/cli.py) is `add_parser(sub)` and the handler `cmd_explain(args)`; the exit
+The CLI (`cockpit explain`, registered in cockpit/cli.py) calls `cmd_explain(args)`; the exit
 status is 0 whenever the log was read and explained (the verdict is in the output), 2 for a log
 that cannot be read (a one-line CockpitError)."""
 
@@ -170,16 +170,6 @@ def describe(result: dict) -> list[str]:
         out.append(f"other failures: {len(others)} (first at line {others[0]['line']}: rank "
                    f"{others[0]['rank'] if others[0]['rank'] is not None else '?'}, {others[0]['cause']})")
     return out
-
-
-def add_parser(sub) -> argparse.ArgumentParser:
-    """`cockpit explain`: for cli.py's subparsers."""
-    p = sub.add_parser("explain", help="post-mortem of a saved server log: phase reached, crash rank and cause")
-    p.add_argument("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)")
-    p.add_argument("--engine", choices=["sglang", "vllm", "auto"], default="auto",
-                   help="whose log it is (default: detected from the lines)")
-    p.add_argument("--json", action="store_true", help="one JSON document instead of text")
-    return p
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

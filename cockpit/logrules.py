@@ -494,8 +494,11 @@ class LogTracker:
         return self.timeline[-1].phase if self.timeline else None
 
     def feed(self, text: str) -> LogLine:
+        return self.add(self.rules.classify(text))
+
+    def add(self, ll: LogLine) -> LogLine:
+        """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
-        ll = self.rules.classify(text)
         if ll.time:
             self.last_time = ll.time
         if ll.rank is not None:

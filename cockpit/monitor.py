@@ -45,7 +45,9 @@ def watchdog_for(layout: Layout | None) -> Watchdog:
 
 
 def rules_for(layout: Layout | None) -> LogRules:
-    return LogRules(layout.engine if layout else "sglang", layout.phases if layout else None)
+    """The layout's engine and phases; without one (or with engine none) the engine is learnt
+    from the log's own lines."""
+    return LogRules(layout.engine if layout else "auto", layout.phases if layout else None)
 
 
 class HostMonitor:
