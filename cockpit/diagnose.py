@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
@@ -41,12 +42,54 @@ def _phase(line: LogLine, shards: tuple[int, int] | None) -> Phase:
     return phase
 
 
-def _corrected(state: HostState, phase: Phase) -> Phase:
-    """What the processes say over the log: every rank gone is the end of the run."""
+def _corrected(state: HostState, phase: Phase, failed: bool = False) -> Phase:
+    """What the processes say over the log: every rank gone is the end of the run, a crash unless
+    it was serving and the log tells no failure."""
     ranks = [p for p in state.procs.values() if p.rank is not None]
     if ranks and all(not p.alive for p in ranks) and phase.name != "no run":
-        return Phase("exited" if phase.name in ("ready", "serving") else "crashed", line=phase.line)
+        ended = "exited" if phase.name in ("ready", "serving") and not failed else "crashed"
+        return Phase(ended, line=phase.line)
     return phase
+
+
+TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
+PP_FLAGS = ("--pp-size", "--pp", "--pipeline-parallel-size", "-pp")
+DP_FLAGS = ("--dp-size", "--dp", "--data-parallel-size", "-dp")
+NODE_FLAGS = ("--nnodes",)
+
+
+def _flag(argv: list[str], names: tuple[str, ...]) -> tuple[int, str] | None:
+    """An integer flag's value and its spelling (`--tp-size 8` or `--tp-size=8`)."""
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if name in names:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value.isdigit() and int(value) > 0:
+                return int(value), f"{name} {value}"
+    return None
+
+
+def expected_ranks(state: HostState) -> tuple[int, str, bool] | None:
+    """How many ranks this host should have, from the server's command line: (count, the flags
+    that say so, whether rank numbers are 0..count-1 on this host)."""
+    for p in state.procs.values():
+        if p.role != "server" or not p.alive or not p.cmdline:
+            continue
+        tp = _flag(p.cmdline, TP_FLAGS)
+        if tp is None:
+            continue
+        n, said, plain = tp[0], [tp[1]], True
+        for names in (PP_FLAGS, DP_FLAGS):
+            more = _flag(p.cmdline, names)
+            if more and more[0] > 1:
+                n, plain = n * more[0], False
+                said.append(more[1])
+        nodes = _flag(p.cmdline, NODE_FLAGS)
+        if nodes and nodes[0] > 1:
+            n, plain = max(1, n // nodes[0]), False
+            said.append(nodes[1])
+        return n, " ".join(said), plain
+    return None
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -56,6 +99,16 @@ IDLE_GPU_PCT = 5.0
 SPIN_GPU_PCT = 90.0
 SPIN_POWER_SHARE = 0.3  # of the power limit: a kernel polling a flag draws little
 RESIDENT_SHARE = 0.10  # of GPU memory: the model is loaded
+SPAWN_GRACE_S = 20.0  # ranks all spawn within this of each other: fewer after it means one is gone
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
 
 
 class VerdictName(str, Enum):
@@ -132,9 +185,10 @@ class Watchdog:
         return now - self._since.setdefault(name, now)
 
     def _phase(self, state: HostState) -> Phase:
+        failed = bool(self.tracker.failures)
         if self._phase_line is None:
-            return _corrected(state, Phase("starting" if state.live_procs() else "no run"))
-        return _corrected(state, _phase(self._phase_line, self._shards))
+            return _corrected(state, Phase("starting" if state.live_procs() else "no run"), failed)
+        return _corrected(state, _phase(self._phase_line, self._shards), failed)
 
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
@@ -150,32 +204,31 @@ class Watchdog:
             self.phase_at[phase.name] = now
             if phase.name == "serving":
                 self.phase_at.setdefault("ready", now)  # serving implies it was ready
-        last = log.last_line_at if log is not None and log.last_line_at is not None else self.started
-        quiet_s = now - (last if last is not None else now)
-        crashed = self._crashed(state, ranks, log, phase)
+        quiet_s, silent = self._quiet(state, log, now)
+        crashed = self._crashed(state, ranks, log, phase) or self._missing(state, ranks)
         if crashed:
             return phase, crashed
         if not ranks:
             return phase, Verdict("no run" if phase.name == "no run" else "watching", [])
         alive = [p for p in ranks if p.alive and p.status != "Z"]
         gpus = [state.gpus[i] for p in alive for i in p.gpus if i in state.gpus]
-        port_open = any(pt.listening for pt in state.ports if pt.port in self.ports)  # the server's own ports
+        port_open = self._port_open(state)
         resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
         idle = (alive and gpus and all(p.cpu_pct < IDLE_CPU_PCT for p in alive)
                 and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus) and resident and not port_open)
-        held = self._held("idle", bool(idle), now)
+        held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, quiet_s)
         if idle and held >= self.idle_s and quiet_s >= self.idle_s:
             return phase, Verdict("stalled-idle", [
                 f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % (max {max(p.cpu_pct for p in alive):.1f} %)",
                 f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
                 f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident",
-                f"log silent for {quiet_s:.0f} s, port {'closed' if not port_open else 'open'}",
+                f"{silent}, port {'closed' if not port_open else 'open'}",
                 f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)",
             ])
         spin, odd, ev = self._spin(alive, state)
-        held = self._held("spin", spin, now)
+        held = self._back_dated(self._held("spin", spin, now), spin, alive, state, quiet_s)
         if spin and held >= self.spin_s and quiet_s >= self.spin_s:
-            ev = ev + [f"held for {held:.0f} s, log silent for {quiet_s:.0f} s"]
+            ev = ev + [f"held for {held:.0f} s, {silent}"]
             if port_open:
                 ev.append("the port still answers: health alone does not prove progress")
             return phase, Verdict("stalled-spinning", ev, odd)
@@ -183,6 +236,59 @@ class Watchdog:
         if slow:
             return phase, slow
         return phase, Verdict("ok", [])
+
+    def _quiet(self, state: HostState, log, now: float) -> tuple[float, str]:
+        """How long the log has been silent, and that said for the evidence. From the file's own
+        modification time on the host where the agent reports it, so a cockpit opened twenty
+        minutes into a hang knows at once; else since the last line arrived here."""
+        if log is not None and log.written_at is not None and state.sample_ts is not None:
+            quiet = max(0.0, state.sample_ts - log.written_at)
+            since = time.strftime("%H:%M:%S", time.localtime(log.written_at))
+            return quiet, f"log silent since {since} ({_duration(quiet)})"
+        last = log.last_line_at if log is not None and log.last_line_at is not None else self.started
+        quiet = now - (last if last is not None else now)
+        return quiet, f"log silent for {quiet:.0f} s"
+
+    @staticmethod
+    def _back_dated(held: float, cond: bool, alive, state: HostState, quiet_s: float) -> float:
+        """A condition seen now, on ranks whose CPU stayed idle over two samples, in a log silent
+        for longer: it has held since the log went silent (no earlier than the ranks started).
+        A first look at an old hang names it at once."""
+        if not cond or not alive:
+            return held
+        flat = all(len(h) >= 2 and max(list(h)[-2:]) < IDLE_CPU_PCT or p.cpu_pct >= IDLE_CPU_PCT
+                   for p in alive for h in [state.proc_cpu_history.get(p.pid, ())])
+        started = [p.started for p in alive if p.started]
+        if not flat or not started or state.sample_ts is None:
+            return held
+        return max(held, min(quiet_s, state.sample_ts - min(started)))
+
+    def _port_open(self, state: HostState) -> bool:
+        """The server's own port: the layout's, else any port the server process listens on."""
+        if self.ports:
+            return any(pt.listening for pt in state.ports if pt.port in self.ports)
+        servers = {p.pid for p in state.procs.values() if p.role == "server" and p.alive}
+        return any(pt.listening and pt.pid in servers for pt in state.ports)
+
+    def _missing(self, state: HostState, ranks) -> Verdict | None:
+        """Fewer ranks than the command line asks for, long after they were spawned: a rank died
+        (and was reaped) before the cockpit looked."""
+        want = expected_ranks(state)
+        if want is None or not ranks or state.sample_ts is None or len(ranks) >= want[0]:
+            return None
+        started = [p.started for p in ranks if p.started]
+        if not started or state.sample_ts - max(started) < SPAWN_GRACE_S:
+            return None
+        n, said, plain = want
+        ev = [f"expected {n} ranks ({said}), {len(ranks)} seen"]
+        odd = None
+        if plain:
+            gone = sorted(set(range(n)) - {p.rank for p in ranks})
+            odd = gone[0] if len(gone) == 1 else None
+            ev[0] += f": rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} missing"
+        ev.append("a rank that exited and was reaped before the cockpit looked leaves no process behind")
+        ev += [f"log: {line.strip()[:160]}" for line in self._errors]
+        return Verdict(VerdictName.CRASHED, ev, odd)
 
     @staticmethod
     def _spin(alive, state: HostState) -> tuple[bool, int | None, list[str]]:

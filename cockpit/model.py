@@ -32,6 +32,8 @@ THROTTLE_REASONS = {
 }
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
+_ENGINE_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")
+_LOG_PID = re.compile(r"\bpid=(\d+)\)")
 
 
 def role_of(name: str, cmdline: list[str] | None = None) -> tuple[str | None, int | None]:
@@ -127,6 +129,7 @@ class LogState:
     total: int = 0
     event: str | None = None  # last of opened / created / rotated / truncated / missing
     last_line_at: float | None = None  # local monotonic time the last line arrived
+    written_at: float | None = None  # host clock: when the file was last written (its mtime)
 
     def text(self) -> str:
         return "\n".join(line.text for line in self.lines)
@@ -170,6 +173,7 @@ class HostState:
         self.verdict: dict | None = None  # a recorded verdict, for a replayed snapshot
         self.generation = 0  # bumped when a new run replaces the last one (see _new_run)
         self.notes: deque = deque(maxlen=20)  # what the operator should be told once
+        self.log_ranks: dict[int, int] = {}  # pid -> rank, from log prefixes such as `(VllmWorker TP1 pid=406)`
 
     # ------------------------------------------------------------------ frames
 
@@ -242,6 +246,7 @@ class HostState:
         for pid, code in f.get("exits") or []:
             if pid in self.procs:
                 self.procs[pid].exit_code = code
+        self._infer_ranks()
         self._new_run()
         self._forget_old_dead()
         if "ports" in f:
@@ -265,6 +270,31 @@ class HostState:
         self.generation += 1
         self.forget_dead()
 
+    def _infer_ranks(self) -> None:
+        """A rank whose title is gone (a zombie keeps only its 15-character name, no command line)
+        is named from the log's pid prefix, else from its place among its siblings: the engine
+        spawns its ranks in order, so the ranks missing among them go to the nameless in start
+        order."""
+        nameless = [p for p in self.procs.values()
+                    if p.rank is None and p.role not in (None, "server") and _ENGINE_TITLE.match(p.name or "")]
+        if not nameless:
+            return
+        by_parent: dict[int, list[Proc]] = {}
+        for p in nameless:
+            if p.pid in self.log_ranks:
+                p.rank = self.log_ranks[p.pid]
+            else:
+                by_parent.setdefault(p.ppid, []).append(p)
+        for ppid, kids in by_parent.items():
+            siblings = [q for q in self.procs.values() if q.ppid == ppid and q.rank is not None]
+            if not siblings:
+                continue
+            missing = sorted(set(range(len(siblings) + len(kids))) - {q.rank for q in siblings})
+            if len(missing) != len(kids):
+                continue
+            for kid, rank in zip(sorted(kids, key=lambda q: (q.started or 0.0, q.pid)), missing):
+                kid.rank, kid.role = rank, siblings[0].role
+
     def forget_dead(self) -> None:
         """A new run starts: the last run's dead processes are history, not part of it."""
         for pid in [p.pid for p in self.procs.values() if not p.alive]:
@@ -282,6 +312,13 @@ class HostState:
         if f.get("event"):
             log.event = f["event"]
         lines = [self.rules.classify(text) for text in f.get("lines") or []]
+        if f.get("mtime") is not None:
+            log.written_at = f["mtime"]
+        for line in lines:
+            if line.rank is not None:
+                m = _LOG_PID.search(line.text, 0, 120)
+                if m and len(self.log_ranks) < 4096:
+                    self.log_ranks[int(m.group(1))] = line.rank
         log.lines.extend(lines)
         log.total += len(lines)
         if lines:

@@ -706,6 +706,7 @@ class LogTail:
         self.pos = 0
         self.partial = b""
         self.state = None
+        self.mtime = None  # when the file was last written (host clock): how long the run has been silent
 
     def _open(self, initial):
         fh = open(self.path, "rb")
@@ -728,6 +729,7 @@ class LogTail:
                 self.state = "missing"
                 return "missing", self._drain()
             return None, []
+        self.mtime = st.st_mtime
         lines = []
         if self.fh is None:
             self._open(initial=self.state is None)
@@ -1136,7 +1138,7 @@ class Agent:
             except OSError as exc:
                 event, lines = "error: " + str(exc), []
             if event or lines:
-                frame = {"t": LOG, "path": path, "lines": lines}
+                frame = {"t": LOG, "path": path, "lines": lines, "mtime": tail.mtime}
                 if event:
                     frame["event"] = event
                 emit(frame)
@@ -1236,6 +1238,19 @@ class Agent:
         self.procs.configure(pgids=self.procs.pgids | {popen.pid})
         self.force_scan = True
         return {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time()}
+
+    def cmd_stdout_of(self, pids=()):
+        """Where each process's standard output goes, when it is a regular file: the log of a run
+        started elsewhere (`nohup ... > run.log 2>&1 &`)."""
+        out = {}
+        for pid in pids:
+            try:
+                path = os.readlink("/proc/%d/fd/1" % int(pid))
+                if os.path.isfile(path):
+                    out[str(pid)] = path
+            except (OSError, ValueError):
+                pass
+        return out
 
     def cmd_http(self, port, path="/health", timeout=2.0):
         return http_get(port, path, timeout)
