@@ -100,6 +100,11 @@ class HostSession:
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
 
+    @property
+    def trust_warnings(self) -> list[str]:
+        """What the link could not check (host keys off by the ssh config): the screen shows it."""
+        return list(getattr(self.link, "warnings", None) or [])
+
     # ------------------------------------------------------------------ lifecycle
 
     async def connect(self) -> None:
@@ -111,6 +116,7 @@ class HostSession:
         configured = self._send("config", self.watch.args())  # queued behind the source: the first sample uses it
         hello = await self._read_hello()
         self.state.apply(hello)
+        self.state.agent.warnings[:0] = self.trust_warnings  # e.g. host keys not checked: said first
         self.state.link_state = "up"
         self.ever_up = True
         self.last_frame_at = time.monotonic()
