@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="the port to serve on (default 8080)")
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="the address to serve on (default 127.0.0.1)")
     p.add_argument("--allow-remote", action="store_true",
-                   help="allow an address other than loopback: there is no authentication, reach it with ssh -L instead")
+                   help="allow an address other than loopback: plain HTTP, reach it with ssh -L instead")
+    p.add_argument("--allow-actions", action="store_true",
+                   help="let the browser kill, clean shm and relaunch (served read-only otherwise)")
     _common(p)
 
     p = sub.add_parser("fleet", help="one row per host of a fleet; enter opens a host's cockpit")
@@ -470,47 +472,10 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("localhost", "::1")
-
-
-def served_command(args: argparse.Namespace) -> list[str]:
-    """The cockpit command line that each browser session runs, from `serve`'s own arguments."""
-    argv = [sys.executable, "-m", "cockpit"]
-    if args.fleet or args.hosts:
-        argv += ["fleet", args.fleet] if args.fleet else ["fleet", "--hosts", args.hosts]
-    elif args.target == "demo":
-        argv += ["demo"]
-    else:
-        argv += ["open", args.target]
-    for flag in ("layout", "python", "interval", "ssh_config", "known_hosts", "sim"):
-        value = getattr(args, flag)
-        if value is not None:
-            argv += ["--" + flag.replace("_", "-"), str(value)]
-    for flag in ("accept_new", "read_only"):
-        if getattr(args, flag):
-            argv.append("--" + flag.replace("_", "-"))
-    return argv
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    import shlex
+    from cockpit.serve import serve
 
-    if not 1 <= args.port <= 65535:
-        raise CockpitError(f"--port {args.port}: between 1 and 65535")
-    loopback = args.bind in LOOPBACK or args.bind.startswith("127.")
-    if not loopback and not args.allow_remote:
-        raise CockpitError(f"--bind {args.bind}: the served cockpit has no authentication and its keys kill runs; "
-                           f"keep 127.0.0.1 and reach it with `ssh -L {args.port}:127.0.0.1:{args.port} HOST`, "
-                           f"or add --allow-remote")
-    try:
-        from textual_serve.server import Server
-    except ImportError:
-        raise CockpitError("serve needs textual-serve: pip install 'gpu-cockpit[serve]'") from None
-    if not loopback:
-        print(f"cockpit: WARNING: serving on {args.bind}:{args.port} with NO authentication: anyone who reaches "
-              f"it can kill and relaunch runs", file=sys.stderr)
-    Server(shlex.join(served_command(args)), host=args.bind, port=args.port, title="gpu-cockpit").serve()
-    return 0
+    return serve(args)
 
 
 def cmd_open(args: argparse.Namespace) -> int:
