@@ -15,7 +15,7 @@ from pathlib import Path
 from cockpit.agent import EXIT_TOO_OLD, agent_argv
 from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.errors import CockpitError, CommandError, LinkLost
-from cockpit.link.base import AgentStream, Link
+from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.local import LocalLink
 from cockpit.link.target import Target
 from cockpit.model import HostState
@@ -135,6 +135,9 @@ class HostSession:
                 line = await asyncio.wait_for(self.stream.readline(), left)
             except asyncio.TimeoutError:
                 continue
+            except FrameTooLong as exc:
+                self.errors.append(str(exc))
+                continue
             if not line:
                 raise await self._agent_failed()
             frame = decode_frame(line)
@@ -163,7 +166,13 @@ class HostSession:
     async def _read_loop(self) -> None:
         try:
             while True:
-                line = await self.stream.readline()
+                try:
+                    line = await self.stream.readline()
+                except FrameTooLong as exc:  # skipped whole and said, never cut into silent pieces
+                    self.last_frame_at = time.monotonic()
+                    self.errors.append(str(exc))
+                    self.state.notes.append(str(exc))
+                    continue
                 if not line:
                     break
                 self.last_frame_at = time.monotonic()

@@ -13,7 +13,7 @@ import asyncssh
 
 from cockpit.errors import CockpitError
 from cockpit.link import hostkeys
-from cockpit.link.base import AgentStream, Link, RunResult
+from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 from cockpit.link.target import Target
 
 KEEPALIVE_S = 10
@@ -47,12 +47,16 @@ def remote_command(argv: list[str], env: dict[str, str] | None = None) -> str:
 class SshStream(AgentStream):
     def __init__(self, proc: asyncssh.SSHClientProcess):
         self.proc = proc
+        self.lines = LineReader(self._read)
 
-    async def readline(self) -> bytes:
+    async def _read(self, n: int) -> bytes:
         try:
-            return await self.proc.stdout.readline()
+            return await self.proc.stdout.read(n)
         except (asyncssh.Error, ConnectionError, OSError):
             return b""
+
+    async def readline(self) -> bytes:
+        return await self.lines.readline()
 
     def write(self, data: bytes) -> None:
         try:
