@@ -126,6 +126,9 @@ class Entry:
     known: asyncssh.SSHKnownHosts  # this one line, matched by asyncssh
 
 
+_parsed: dict[str, tuple[str, list[Entry]]] = {}  # path -> (its text, entries): a fleet parses each file once
+
+
 def read_entries(paths: list[str]) -> list[Entry]:
     """Every usable line of the files that exist; a line asyncssh cannot parse is skipped (OpenSSH
     skips it too), a missing file is no entries."""
@@ -137,6 +140,11 @@ def read_entries(paths: list[str]) -> list[Entry]:
             continue
         except OSError as exc:
             raise CockpitError(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from None
+        cached = _parsed.get(path)
+        if cached and cached[0] == text:  # the same text: its keys were parsed already
+            out += cached[1]
+            continue
+        entries = []
         for n, line in enumerate(text.splitlines(), 1):
             stripped = line.strip()
             if not stripped or stripped.startswith("#"):
@@ -145,7 +153,9 @@ def read_entries(paths: list[str]) -> list[Entry]:
                 known = asyncssh.import_known_hosts(stripped)
             except (ValueError, asyncssh.Error):
                 continue
-            out.append(Entry(path, n, stripped, known))
+            entries.append(Entry(path, n, stripped, known))
+        _parsed[path] = (text, entries)
+        out += entries
     return out
 
 
