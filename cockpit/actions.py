@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cockpit.hosttext import visible
 from cockpit.model import HostState
 from cockpit.session import HostSession
 
@@ -48,7 +49,7 @@ class KillPlan:
     def describe(self) -> list[str]:
         lines = [f"{'pid':>7} {'pgid':>7} {'sid':>7} st  command"]
         for e in self.entries:
-            lines.append(f"{e['pid']:>7} {e['pgid']:>7} {e['sid']:>7} {e['status']:<3} {e['title'][:90]}")
+            lines.append(f"{e['pid']:>7} {e['pgid']:>7} {e['sid']:>7} {e['status']:<3} {visible(e['title'])[:90]}")
         groups = sorted({e["pgid"] for e in self.entries})
         lines.append(f"{len(self.entries)} processes in process groups {', '.join(map(str, groups)) or '-'}: "
                      f"SIGTERM, then SIGKILL after the wait")
@@ -110,7 +111,7 @@ def describe_shm(audit: dict) -> list[str]:
         held = ",".join(map(str, e["held_by"])) if e["held_by"] else "-"
         creator = "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
         mark = "removable" if e["removable"] else "keep"
-        lines.append(f"{e['name'][:44]:<44} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s {e['owner'][:8]:<8} "
+        lines.append(f"{visible(e['name'])[:44]:<44} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s {visible(e['owner'])[:8]:<8} "
                      f"{held}{creator}  [{mark}]")
     removable = [e for e in audit["entries"] if e["removable"]]
     lines.append(f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -350,53 +349,20 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("localhost", "::1")
-
-
-def served_command(args: argparse.Namespace) -> list[str]:
-    """The cockpit command line that each browser session runs, from `serve`'s own arguments."""
-    argv = [sys.executable, "-m", "cockpit"]
-    if args.fleet or args.hosts:
-        argv += ["fleet", args.fleet] if args.fleet else ["fleet", "--hosts", args.hosts]
-    elif args.target == "demo":
-        argv += ["demo"]
-    else:
-        argv += ["open", args.target]
-    for flag in ("layout", "python", "interval", "ssh_config", "known_hosts", "sim"):
-        value = getattr(args, flag)
-        if value is not None:
-            argv += ["--" + flag.replace("_", "-"), str(value)]
-    for flag in ("accept_new", "read_only"):
-        if getattr(args, flag):
-            argv.append("--" + flag.replace("_", "-"))
-    return argv
-
-
-@command("serve", "serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default",
+@command("serve", "serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default, behind a token",
          arg("target", nargs="?", default="demo", help="the host to open (default: the demo host)"),
          arg("--fleet", metavar="FLEET.yaml", help="serve the fleet view of these hosts instead"),
          arg("--hosts", metavar="A,B,C", help="serve the fleet view of these hosts instead"),
          arg("--port", type=int, default=8080, help="the port to serve on (default 8080)"),
          arg("--bind", default="127.0.0.1", metavar="ADDR", help="the address to serve on (default 127.0.0.1)"),
          arg("--allow-remote", action="store_true",
-             help="allow an address other than loopback: there is no authentication, reach it with ssh -L instead"))
+             help="allow an address other than loopback: plain HTTP, reach it with ssh -L instead"),
+         arg("--allow-actions", action="store_true",
+             help="let the browser kill, clean shm and relaunch (served read-only otherwise)"))
 def cmd_serve(args: argparse.Namespace) -> int:
-    if not 1 <= args.port <= 65535:
-        raise CockpitError(f"--port {args.port}: between 1 and 65535")
-    loopback = args.bind in LOOPBACK or args.bind.startswith("127.")
-    if not loopback and not args.allow_remote:
-        raise CockpitError(f"--bind {args.bind}: the served cockpit has no authentication and its keys kill runs; "
-                           f"keep 127.0.0.1 and reach it with `ssh -L {args.port}:127.0.0.1:{args.port} HOST`, "
-                           f"or add --allow-remote")
-    try:
-        from textual_serve.server import Server
-    except ImportError:
-        raise CockpitError("serve needs textual-serve: pip install 'gpu-cockpit[serve]'") from None
-    if not loopback:
-        print(f"cockpit: WARNING: serving on {args.bind}:{args.port} with NO authentication: anyone who reaches "
-              f"it can kill and relaunch runs", file=sys.stderr)
-    Server(shlex.join(served_command(args)), host=args.bind, port=args.port, title="gpu-cockpit").serve()
-    return 0
+    from cockpit.serve import serve
+
+    return serve(args)
 
 
 # ----------------------------------------------------------------------------- actions

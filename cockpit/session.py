@@ -15,7 +15,7 @@ from pathlib import Path
 from cockpit.agent import EXIT_TOO_OLD, agent_argv
 from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.errors import CockpitError, CommandError, LinkLost
-from cockpit.link.base import AgentStream, Link
+from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.local import LocalLink
 from cockpit.link.target import Target
 from cockpit.model import HostState
@@ -100,6 +100,11 @@ class HostSession:
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
 
+    @property
+    def trust_warnings(self) -> list[str]:
+        """What the link could not check (host keys off by the ssh config): the screen shows it."""
+        return list(getattr(self.link, "warnings", None) or [])
+
     # ------------------------------------------------------------------ lifecycle
 
     async def connect(self) -> None:
@@ -111,6 +116,7 @@ class HostSession:
         configured = self._send("config", self.watch.args())  # queued behind the source: the first sample uses it
         hello = await self._read_hello()
         self.state.apply(hello)
+        self.state.agent.warnings[:0] = self.trust_warnings  # e.g. host keys not checked: said first
         self.state.link_state = "up"
         self.ever_up = True
         self.last_frame_at = time.monotonic()
@@ -128,6 +134,9 @@ class HostSession:
             try:
                 line = await asyncio.wait_for(self.stream.readline(), left)
             except asyncio.TimeoutError:
+                continue
+            except FrameTooLong as exc:
+                self.errors.append(str(exc))
                 continue
             if not line:
                 raise await self._agent_failed()
@@ -157,7 +166,13 @@ class HostSession:
     async def _read_loop(self) -> None:
         try:
             while True:
-                line = await self.stream.readline()
+                try:
+                    line = await self.stream.readline()
+                except FrameTooLong as exc:  # skipped whole and said, never cut into silent pieces
+                    self.last_frame_at = time.monotonic()
+                    self.errors.append(str(exc))
+                    self.state.notes.append(str(exc))
+                    continue
                 if not line:
                     break
                 self.last_frame_at = time.monotonic()

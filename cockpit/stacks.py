@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cockpit.errors import CockpitError
+from cockpit.hosttext import visible
 from cockpit.session import HostSession
 
 THREAD = re.compile(r'^Thread (\S+) \(([^)]*)\)(?:: "(.*)")?')
@@ -101,12 +102,12 @@ def describe_groups(groups: list[Group]) -> list[str]:
     for g in groups:
         head = f"ranks {rank_ranges(g.ranks)}" if len(g.ranks) > 1 else f"rank {g.ranks[0]}"
         lines.append(f"{'ODD ONE OUT: ' if g.odd else ''}{head} ({len(g.ranks)}), main thread, innermost first:")
-        lines.extend(f"    {fr}" for fr in g.frames[:12])
+        lines.extend(f"    {visible(fr)}" for fr in g.frames[:12])
         if len(g.frames) > 12:
             lines.append(f"    ... {len(g.frames) - 12} more frames")
         if g.diff:
             lines.append("  difference from the majority (outermost first):")
-            lines.extend(f"    {d}" for d in g.diff[2:])
+            lines.extend(f"    {visible(d)}" for d in g.diff[2:])
     return lines
 
 

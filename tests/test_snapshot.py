@@ -136,7 +136,7 @@ def test_changed_host_key_is_refused_loudly_even_with_accept_new(sshd, tmp_path,
     known.write_text(f"[127.0.0.1]:{sshd.port} {alg} {blob}\n")
     line = fails("snapshot", "cockpit-test", "--json", "--python", sys.executable, "--accept-new",
                  "--ssh-config", str(sshd.client_config), "--known-hosts", str(known), expect="HOST KEY CHANGED")
-    assert "ssh-keygen -R" in line
+    assert f"{known}:1" in line and f"ssh-keygen -f {known} -R" in line
 
 
 def test_refused_auth_says_what_to_do(sshd, tmp_path):

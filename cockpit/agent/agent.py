@@ -38,6 +38,7 @@ SCAN_EVERY_S = 5.0  # full process-table scans are the costly part: not every ti
 SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 LOG_INITIAL_BYTES = 32 * 1024
 LOG_MAX_BYTES_PER_FRAME = 64 * 1024
+LOG_LINE_MAX = 64 * 1024  # a longer log line keeps its head and says how much of it was skipped
 SMI_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,"
     "power.draw,power.limit,clocks.sm,clocks_event_reasons.active"
@@ -697,16 +698,43 @@ class Ports:
 
 class LogTail:
     """Follows one file through rotation (new inode) and truncation (size below our offset);
-    waits for a file that does not exist yet. Reads at most LOG_MAX_BYTES_PER_FRAME per poll."""
+    waits for a file that does not exist yet. Reads at most LOG_MAX_BYTES_PER_FRAME per poll.
+    A line keeps at most LOG_LINE_MAX bytes, the rest is counted and said (" … [N bytes
+    skipped]"), so a log that never writes a newline holds at most that much here."""
 
     def __init__(self, path):
         self.path = path
         self.fh = None
         self.inode = None
         self.pos = 0
-        self.partial = b""
+        self.partial = b""  # the line being read, at most LOG_LINE_MAX bytes
+        self.partial_skipped = 0  # bytes of that line beyond LOG_LINE_MAX, dropped
         self.state = None
         self.mtime = None  # when the file was last written (host clock): how long the run has been silent
+
+    def _feed(self, data):
+        """Whole lines out of `data` after what came before; the unfinished one is kept, bounded."""
+        out = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            piece = data[start:] if nl < 0 else data[start:nl]
+            room = max(0, LOG_LINE_MAX - len(self.partial))
+            if len(piece) > room:
+                self.partial_skipped += len(piece) - room
+                piece = piece[:room]
+            self.partial += piece
+            if nl < 0:
+                return out
+            out.append(self._finish())
+            start = nl + 1
+
+    def _finish(self):
+        text = self.partial.decode("utf-8", "replace").rstrip("\r")
+        if self.partial_skipped:
+            text += " \u2026 [%d bytes skipped]" % self.partial_skipped
+        self.partial, self.partial_skipped = b"", 0
+        return text
 
     def _open(self, initial):
         fh = open(self.path, "rb")
@@ -714,7 +742,7 @@ class LogTail:
         self.fh, self.inode = fh, st.st_ino
         self.pos = max(0, st.st_size - LOG_INITIAL_BYTES) if initial else 0
         fh.seek(self.pos)
-        self.partial = b""
+        self.partial, self.partial_skipped = b"", 0
         if self.pos:
             fh.readline()  # skip the cut line
             self.pos = fh.tell()
@@ -742,7 +770,7 @@ class LogTail:
         elif st.st_size < self.pos:
             self.fh.seek(0)
             self.pos = 0
-            self.partial = b""
+            self.partial, self.partial_skipped = b"", 0
             event = "truncated"
         self.state = "open"
         behind = st.st_size - self.pos
@@ -751,27 +779,24 @@ class LogTail:
             self.fh.seek(st.st_size - LOG_MAX_BYTES_PER_FRAME)
             self.fh.readline()
             self.pos = self.fh.tell()
-            self.partial = b""
+            self.partial, self.partial_skipped = b"", 0
             event = "skipped %d bytes" % (self.pos - (st.st_size - behind))
         data = self.fh.read(LOG_MAX_BYTES_PER_FRAME)
         self.pos += len(data)
         if data:
-            chunk = self.partial + data
-            parts = chunk.split(b"\n")
-            self.partial = parts.pop()
-            lines.extend(p.decode("utf-8", "replace").rstrip("\r") for p in parts)
+            lines.extend(self._feed(data))
         return event, lines
 
     def _drain(self):
         if self.fh is None:
             return []
-        data = self.fh.read(LOG_MAX_BYTES_PER_FRAME)
-        chunk = self.partial + data
-        self.partial = b""
+        lines = self._feed(self.fh.read(LOG_MAX_BYTES_PER_FRAME))
+        if self.partial or self.partial_skipped:
+            lines.append(self._finish())
         if self.state == "missing":
             self.fh.close()
             self.fh = None
-        return [p.decode("utf-8", "replace") for p in chunk.split(b"\n") if p]
+        return [line for line in lines if line]
 
 
 # ----------------------------------------------------------------------------- commands

@@ -6,17 +6,18 @@ import asyncio
 import os
 
 from cockpit.errors import CockpitError
-from cockpit.link.base import AgentStream, Link, RunResult
+from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 
-STREAM_LIMIT = 16 * 1024 * 1024  # one frame of a 200-process tree is far over asyncio's 64 KiB
+STREAM_LIMIT = 4 * 1024 * 1024  # how much asyncio buffers before it pauses the pipe; lines: LineReader
 
 
 class LocalStream(AgentStream):
     def __init__(self, proc: asyncio.subprocess.Process):
         self.proc = proc
+        self.lines = LineReader(proc.stdout.read)
 
     async def readline(self) -> bytes:
-        return await self.proc.stdout.readline()
+        return await self.lines.readline()
 
     def write(self, data: bytes) -> None:
         if self.proc.stdin and not self.proc.stdin.is_closing():

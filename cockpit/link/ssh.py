@@ -8,16 +8,34 @@ import asyncio
 import os
 import shlex
 import socket
-from pathlib import Path
 
 import asyncssh
 
 from cockpit.errors import CockpitError
-from cockpit.link.base import AgentStream, Link, RunResult
+from cockpit.link import hostkeys
+from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 from cockpit.link.target import Target
 
 KEEPALIVE_S = 10
 CONNECT_TIMEOUT_S = 10
+MAX_JUMPS = 8
+
+
+def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
+    """A ProxyJump hop, `[user@]host[:port]`, split as asyncssh splits it."""
+    user, _, host = hop.strip().rpartition("@")
+    port = None
+    if host.startswith("[") and "]" in host:  # [v6]:port
+        inner, _, rest = host[1:].partition("]")
+        host, port = inner, (int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None)
+    elif host.count(":") == 1:
+        host, _, p = host.partition(":")
+        port = int(p) if p.isdigit() else None
+    return user or None, host, port
+
+
+def _via(label: str, where: str) -> str:
+    return "" if label == where else f" ({label})"
 
 
 def remote_command(argv: list[str], env: dict[str, str] | None = None) -> str:
@@ -29,12 +47,16 @@ def remote_command(argv: list[str], env: dict[str, str] | None = None) -> str:
 class SshStream(AgentStream):
     def __init__(self, proc: asyncssh.SSHClientProcess):
         self.proc = proc
+        self.lines = LineReader(self._read)
 
-    async def readline(self) -> bytes:
+    async def _read(self, n: int) -> bytes:
         try:
-            return await self.proc.stdout.readline()
+            return await self.proc.stdout.read(n)
         except (asyncssh.Error, ConnectionError, OSError):
             return b""
+
+    async def readline(self) -> bytes:
+        return await self.lines.readline()
 
     def write(self, data: bytes) -> None:
         try:
@@ -74,98 +96,100 @@ class SshLink(Link):
         self.known_hosts = known_hosts
         self.accept_new = accept_new
         self.conn: asyncssh.SSHClientConnection | None = None
+        self._hops: list[asyncssh.SSHClientConnection] = []
+        self.warnings: list[str] = []  # e.g. host keys not checked: the session shows them
 
     @property
     def where(self) -> str:
         t = self.target
         return f"{t.host}:{t.port}" if t.port else t.host
 
-    def _options(self, **extra) -> dict:
-        t = self.target
+    def _options(self, port: int | None, user: str | None, **extra) -> dict:
         opts: dict = dict(
             keepalive_interval=KEEPALIVE_S,
             keepalive_count_max=3,
             connect_timeout=CONNECT_TIMEOUT_S,
         )
-        if t.port:
-            opts["port"] = t.port
-        if t.user:
-            opts["username"] = t.user
+        if port:
+            opts["port"] = port
+        if user:
+            opts["username"] = user
         if self.ssh_config:
             opts["config"] = [self.ssh_config]
-        if self.known_hosts:
-            opts["known_hosts"] = self.known_hosts
         opts.update(extra)
         return opts
-
-    def _resolved(self) -> tuple[str, int]:
-        """Host name and port after ~/.ssh/config: what known_hosts entries are keyed by."""
-        opts = {k: v for k, v in self._options().items() if k in ("port", "config")}
-        resolved = asyncssh.SSHClientConnectionOptions(host=self.target.host, **opts)
-        return resolved.host, resolved.port
-
-    def _known_hosts_path(self) -> Path:
-        return Path(self.known_hosts or os.path.expanduser("~/.ssh/known_hosts"))
 
     async def connect(self) -> None:
         for flag, path in (("--ssh-config", self.ssh_config), ("--known-hosts", self.known_hosts)):
             if path and not os.path.isfile(path):
                 raise CockpitError(f"{flag} {path}: no such file (give an existing file, or leave the flag out "
                                    f"to use ~/.ssh)")
+        self.warnings = []
+        t = self.target
         try:
-            self.conn = await asyncssh.connect(self.target.host, **self._options())
-        except asyncssh.HostKeyNotVerifiable:
-            await self._unknown_host()
+            self.conn = await self._open(t.host, t.port, t.user, None, self.where, depth=0)
+        except BaseException:
+            await self._close_hops()
+            raise
+
+    async def _open(self, host: str, port: int | None, user: str | None, tunnel, label: str,
+                    depth: int) -> asyncssh.SSHClientConnection:
+        """One connection, its host key checked by the config's rules; a ProxyJump in the config is
+        followed here hop by hop (asyncssh would open the hops with checks of its own), each hop's
+        key checked the same way and named in any refusal."""
+        policy = hostkeys.resolve(host, port, user, self.ssh_config, self.known_hosts)
+        if policy.proxy_jump and tunnel is None:
+            if depth >= MAX_JUMPS:
+                raise CockpitError(f"{label}: ProxyJump goes more than {MAX_JUMPS} hops deep (a loop in the ssh config?)")
+            for hop in policy.proxy_jump.split(","):
+                hop_user, hop_host, hop_port = _parse_hop(hop)
+                tunnel = await self._open(hop_host, hop_port, hop_user, tunnel, f"ProxyJump hop {hop} (to {label})",
+                                          depth + 1)
+                self._hops.append(tunnel)
+        if policy.unchecked and policy.strict != "no":
+            raise hostkeys.unchecked_refusal(policy, label)
+        check = hostkeys.HostKeyCheck(policy, label, accept_new=self.accept_new)
+        if policy.unchecked:
+            self.warnings.append(hostkeys.unchecked_warning(label))
+        where = label
+        try:
+            conn = await asyncssh.connect(host, **self._options(port, user, tunnel=tunnel, **check.options()))
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise check.refusal(exc) from None
         except asyncssh.PermissionDenied:
-            user = self.target.user or "your user"
+            who = user or policy.user or "your user"
             raise CockpitError(
-                f"authentication refused by {self.where} for {user}: load your key into ssh-agent "
+                f"authentication refused by {where} for {who}: load your key into ssh-agent "
                 f"(ssh-add) or set IdentityFile for this host in ~/.ssh/config"
             ) from None
         except socket.gaierror:
             raise CockpitError(
-                f"cannot resolve {self.target.host!r}: not an alias in ~/.ssh/config nor a known host "
+                f"cannot resolve {host!r}{_via(label, self.where)}: not an alias in ~/.ssh/config nor a known host "
                 f"name (check the spelling or add a Host entry)"
             ) from None
         except (asyncio.TimeoutError, TimeoutError):
-            raise CockpitError(f"cannot reach {self.where}: connection timed out (is the host up?)") from None
+            raise CockpitError(f"cannot reach {where}: connection timed out (is the host up?)") from None
         except ConnectionRefusedError:
-            raise CockpitError(f"cannot reach {self.where}: connection refused (is sshd running on that port?)") from None
+            raise CockpitError(f"cannot reach {where}: connection refused (is sshd running on that port?)") from None
         except OSError as exc:
             what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
-            raise CockpitError(f"cannot reach {self.where}: {what}") from None
+            raise CockpitError(f"cannot reach {where}: {what}") from None
+        except asyncssh.ChannelOpenError as exc:
+            raise CockpitError(f"cannot reach {where}: the jump host refused to forward ({exc.reason})") from None
         except asyncssh.Error as exc:
-            raise CockpitError(f"ssh to {self.where} failed: {exc.reason}") from None
+            raise CockpitError(f"ssh to {where} failed: {exc.reason}") from None
+        except ValueError as exc:  # asyncssh's own config parser
+            raise CockpitError(f"ssh config: {exc}") from None
+        return conn
 
-    async def _unknown_host(self) -> None:
-        """An unverifiable host key: refuse a changed one loudly, trust a new one only when asked."""
-        try:
-            opts = {k: v for k, v in self._options().items() if k in ("port", "config")}
-            key = await asyncssh.get_server_host_key(self.target.host, **opts)
-        except (OSError, asyncssh.Error) as exc:
-            raise CockpitError(f"cannot verify the host key of {self.where}: {exc}") from None
-        fingerprint = f"{key.get_algorithm()} {key.get_fingerprint()}" if key else "no key"
-        host, port = self._resolved()
-        path = self._known_hosts_path()
-        host_entry = f"[{host}]:{port}" if port != 22 else host
-        if path.exists():
-            known = asyncssh.read_known_hosts(str(path)).match(host, "", port)
-            if known[0]:  # trusted keys exist for this host, and the offered one is not among them
-                raise CockpitError(
-                    f"HOST KEY CHANGED for {self.where} (now {fingerprint}): refusing to connect; if the "
-                    f"host was reinstalled, remove the old key with ssh-keygen -R '{host_entry}'"
-                )
-        if not self.accept_new:
-            raise CockpitError(
-                f"unknown host key for {self.where} ({fingerprint}): check it, then run again with "
-                f"--accept-new to trust it"
-            )
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        alg, blob = key.export_public_key("openssh").decode().split()[:2]
-        with open(path, "a") as fh:
-            fh.write(f"{host_entry} {alg} {blob}\n")
-        os.chmod(path, 0o600)
-        await self.connect()
+    async def _close_hops(self) -> None:
+        while self._hops:
+            hop = self._hops.pop()
+            hop.close()
+            try:
+                await asyncio.wait_for(hop.wait_closed(), 2)
+            except (asyncio.TimeoutError, asyncssh.Error, OSError):
+                pass
 
     async def start_agent(self, argv, env=None) -> AgentStream:
         assert self.conn is not None
@@ -193,3 +217,4 @@ class SshLink(Link):
             except (asyncio.TimeoutError, asyncssh.Error, OSError):
                 pass
             self.conn = None
+        await self._close_hops()

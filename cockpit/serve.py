@@ -1,0 +1,160 @@
+"""`cockpit serve`: the cockpit in a browser, through textual-serve, guarded.
+
+textual-serve alone answers any page that asks: a script on any web site the operator visits could
+open its WebSocket to 127.0.0.1, read the screen and press `K`, `y`. Here:
+
+- a fresh random token per start (`secrets.token_urlsafe`) is required on the page (`/?token=T`)
+  and on the WebSocket (`/ws/T`, the path the page is given); the printed URL carries it;
+- the WebSocket's Origin must be the page's own (`http://HOST:PORT` the browser asked for), and
+  when bound to loopback the Host must be a loopback name (a DNS-rebound name is refused);
+- every refusal is HTTP 403 with one line saying why; the page is not framed by other sites and
+  sends no Referer;
+- the served cockpit is `--read-only` unless `--allow-actions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import shlex
+import socket
+import sys
+
+from cockpit.errors import CockpitError
+
+LOOPBACK = ("localhost", "::1")
+TOKEN_BYTES = 24
+
+
+def is_loopback(host: str | None) -> bool:
+    host = (host or "").strip("[]").lower()
+    return host in LOOPBACK or host.startswith("127.") or host == "localhost."
+
+
+def served_command(args: argparse.Namespace) -> list[str]:
+    """The cockpit command line that each browser session runs, from `serve`'s own arguments:
+    read-only unless --allow-actions."""
+    argv = [sys.executable, "-m", "cockpit"]
+    if args.fleet or args.hosts:
+        argv += ["fleet", args.fleet] if args.fleet else ["fleet", "--hosts", args.hosts]
+    elif args.target == "demo":
+        argv += ["demo"]
+    else:
+        argv += ["open", args.target]
+    for flag in ("layout", "python", "interval", "ssh_config", "known_hosts", "sim"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += ["--" + flag.replace("_", "-"), str(value)]
+    if args.accept_new:
+        argv.append("--accept-new")
+    if args.read_only or not getattr(args, "allow_actions", False):
+        argv.append("--read-only")
+    return argv
+
+
+def make_server(command: str, host: str, port: int, token: str, title: str = "gpu-cockpit"):
+    """A textual-serve Server whose every route but /static needs the token, whose WebSocket
+    needs the page's own Origin, and whose page points at the host and port the browser used
+    (so `ssh -L 9000:127.0.0.1:8080` works too)."""
+    import aiohttp_jinja2
+    import jinja2
+    from aiohttp import web
+    from textual_serve.server import Server, to_int
+
+    def forbidden(why: str) -> web.Response:
+        return web.Response(status=403, text=f"403 forbidden: {why}\n")
+
+    class GuardedServer(Server):
+        def __init__(self):
+            super().__init__(command, host=host, port=port, title=title)
+            self.token = token
+            self.loopback = is_loopback(host)
+
+        @property
+        def url(self) -> str:
+            shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+            shown = f"[{shown}]" if ":" in shown else shown
+            return f"http://{shown}:{port}/?token={self.token}"
+
+        async def _make_app(self) -> web.Application:
+            app = web.Application(middlewares=[self.guard])
+            aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(self.templates_path))
+            app.add_routes([
+                web.get("/", self.handle_index, name="index"),
+                web.get("/ws/{token}", self.handle_websocket, name="websocket"),
+                web.get("/download/{key}", self.handle_download, name="download"),
+                web.static("/static", self.statics_path, name="static"),
+            ])
+            app.on_startup.append(self.on_startup)
+            app.on_shutdown.append(self.on_shutdown)
+            return app
+
+        def refusal(self, request: web.Request) -> str | None:
+            if self.loopback and not is_loopback(request.url.host):
+                return f"Host {request.host!r} is not this machine's loopback name (a DNS-rebound page?)"
+            if request.path.startswith("/static/"):
+                return None  # textual-serve's own scripts and fonts: nothing of the host's
+            given = request.match_info.get("token") or request.query.get("token") or ""
+            if not secrets.compare_digest(given.encode(), self.token.encode()):
+                return "no valid token: open the URL `cockpit serve` printed (it carries ?token=)"
+            if request.path.startswith("/ws/"):
+                origin = request.headers.get("Origin")
+                own = f"{request.scheme}://{request.host}"
+                if origin != own:
+                    return f"WebSocket Origin {origin!r} is not this page's own ({own})"
+            return None
+
+        @web.middleware
+        async def guard(self, request: web.Request, handler):
+            why = self.refusal(request)
+            if why is not None:
+                return forbidden(why)
+            response = await handler(request)
+            response.headers["Referrer-Policy"] = "no-referrer"
+            response.headers["X-Frame-Options"] = "DENY"
+            response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+            response.headers["Cache-Control"] = "no-store"
+            return response
+
+        @aiohttp_jinja2.template("app_index.html")
+        async def handle_index(self, request: web.Request) -> dict:
+            base = f"{request.scheme}://{request.host}"
+            ws = ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws/{self.token}"
+            return {
+                "font_size": to_int(request.query.get("fontsize", "16"), 16),
+                "app_websocket_url": ws,
+                "config": {"static": {"url": f"{base}/static/"}},
+                "application": {"name": self.title},
+            }
+
+        async def on_startup(self, app: web.Application) -> None:
+            print(f"Serving gpu-cockpit on {self.url}", flush=True)
+            print("  open that URL (it carries this start's token); other pages and origins get 403", flush=True)
+            print(f"  each browser session runs: {self.command}", flush=True)
+            print("  Press Ctrl+C to quit", flush=True)
+
+    return GuardedServer()
+
+
+def serve(args: argparse.Namespace) -> int:
+    if not 1 <= args.port <= 65535:
+        raise CockpitError(f"--port {args.port}: between 1 and 65535")
+    loopback = is_loopback(args.bind)
+    if not loopback and not args.allow_remote:
+        raise CockpitError(f"--bind {args.bind}: the page is plain HTTP, so its token and every key cross the "
+                           f"network unencrypted; keep 127.0.0.1 and reach it with "
+                           f"`ssh -L {args.port}:127.0.0.1:{args.port} HOST`, or add --allow-remote")
+    try:
+        import textual_serve.server  # noqa: F401
+    except ImportError:
+        raise CockpitError("serve needs textual-serve: pip install 'gpu-cockpit[serve]'") from None
+    if not loopback:
+        print(f"cockpit: WARNING: serving on {args.bind}:{args.port} over plain HTTP: the token and the screen "
+              f"cross the network unencrypted", file=sys.stderr)
+    command = served_command(args)
+    if "--read-only" not in command:
+        print("cockpit: actions are ON in the browser (--allow-actions): kill, shm clean and relaunch work there",
+              file=sys.stderr)
+    server = make_server(shlex.join(command), args.bind, args.port, secrets.token_urlsafe(TOKEN_BYTES))
+    server.serve()
+    return 0
