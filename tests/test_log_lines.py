@@ -9,7 +9,7 @@ import time
 
 from cockpit.agent import agent
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.session import HostSession, SessionOptions, WatchList
 
 WRITER = r"""
 import sys
@@ -91,7 +91,7 @@ def test_a_real_agent_sends_a_capped_line_and_goes_on(tmp_path, sim_state):
     async def run():
         session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.3,
                                                                     sim_state=str(sim_state)),
-                              Watch(patterns=[], logs=[str(path)]))
+                              WatchList(patterns=[], logs=[str(path)]))
         await session.connect()
         write = Writer(path)
         try:
@@ -103,8 +103,8 @@ def test_a_real_agent_sends_a_capped_line_and_goes_on(tmp_path, sim_state):
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 log = session.state.logs.get(str(path))
-                if log and "last" in log.lines:
-                    return list(log.lines)
+                if log and "last" in [line.text for line in log.lines]:
+                    return [line.text for line in log.lines]
                 await asyncio.sleep(0.1)
             raise AssertionError(session.state.logs)
         finally:
