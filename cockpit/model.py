@@ -276,7 +276,7 @@ class HostState:
         spawns its ranks in order, so the ranks missing among them go to the nameless in start
         order."""
         nameless = [p for p in self.procs.values()
-                    if p.rank is None and p.role not in (None, "server") and _ENGINE_TITLE.match(p.name or "")]
+                    if p.rank is None and not p.cmdline and _ENGINE_TITLE.match(p.name or "")]
         if not nameless:
             return
         by_parent: dict[int, list[Proc]] = {}

@@ -150,6 +150,23 @@ class HostMonitor:
             if self.following is not None:
                 self.state.agent.warnings.insert(
                     0, f"following {self.following['run_id']} (launched earlier, still running)")
+        if self.following is None and not self.session.watch.logs:
+            await self._find_log()
+
+    async def _find_log(self) -> None:
+        """A run started elsewhere (`nohup ... > run.log 2>&1 &`) with no log named: follow the
+        file its server writes its output to, so a first look reads what happened before it."""
+        await self.session.wait_samples(1)
+        procs = self.state.procs
+        servers = [p.pid for p in procs.values() if p.alive and p.role == "server"]
+        roots = [p.pid for p in procs.values() if p.alive and p.ppid not in procs]
+        pids = sorted(servers) + sorted(set(roots) - set(servers))
+        if not pids:
+            return
+        found = await self.session.request("stdout_of", pids=pids[:16])
+        path = next((found[str(pid)] for pid in pids if str(pid) in found), None)
+        if path:
+            await self.session.follow_log(path)
 
     async def keep(self, retry_first: bool = False) -> None:
         """Keep the link up (reconnecting with backoff) and the probes going, until cancelled."""

@@ -306,6 +306,11 @@ class HostSession:
                 del self.state.logs[path]  # the screen follows the new run's log from its first line
         await self.request("config", **self.watch.args())
 
+    async def follow_log(self, path: str) -> None:
+        """Follow this log (from its recent tail) instead of the ones followed now."""
+        self.watch.logs = [path]
+        await self.request("config", **self.watch.args())
+
     async def ping(self) -> float:
         start = time.monotonic()
         await self.request("ping", timeout=10)
