@@ -13,6 +13,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from cockpit.hosttext import visible
 from cockpit.logrules import LogLine
 from cockpit.model import LOG_LINES
 
@@ -91,6 +92,7 @@ class LogView(ScrollView, can_focus=True):
         if index >= len(self.shown):
             return Strip.blank(width, self.rich_style)
         line, kind = self.shown[index]
+        line = visible(line)  # host text: control bytes shown, never sent to the terminal
         style = STYLE_OBJ.get(kind, STYLE_OBJ[None])
         segments = [Segment("▶ ", MARK)] if kind == "phase" else []
         if self.search:
