@@ -127,13 +127,16 @@ class ActionRunner:
             self.spec = default_spec(self.layout)
         return self.spec
 
+    def _launch_dialog(self, **kw) -> RelaunchScreen:
+        session = self.monitor.session
+        return RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
+                              sim_flags(self.layout, session), **kw)
+
     async def relaunch(self) -> None:
         async with self.exclusive("relaunch") as go:
             if not go:
                 return
-            session = self.monitor.session
-            spec = await self.ask(RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
-                                                 sim_flags(self.layout, session)))
+            spec = await self.ask(self._launch_dialog())
             if spec is None:
                 return
             self.spec = spec
@@ -146,10 +149,7 @@ class ActionRunner:
         async with self.exclusive("ablation") as go:
             if not go:
                 return
-            session = self.monitor.session
-            choice = await self.ask(RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
-                                                   sim_flags(self.layout, session),
-                                                   title="ablate: the chosen flag sets are switched on and off"))
+            choice = await self.ask(self._launch_dialog(title="ablate: the chosen flag sets are switched on and off"))
             if choice is None or not choice.enabled:
                 return
             vary = choice.enabled
