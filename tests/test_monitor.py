@@ -25,6 +25,7 @@ PHASED = """\
 name: phased
 engine: vllm
 command: [-m, my.server]
+watch: []
 phases:
   - pattern: 'Compiling the drafter'
     phase: compiling drafter

@@ -154,10 +154,13 @@ def test_missing_python_on_the_host(sshd):
     assert "--python" in line
 
 
-@pytest.mark.skipif(os.system("/usr/bin/python3 -c 'import psutil' 2>/dev/null") == 0,
-                    reason="the system python has psutil here")
-def test_host_python_without_psutil(sshd):
-    fails("snapshot", "cockpit-test", "--json", "--python", "/usr/bin/python3", *sshd.cli_args(),
+def test_host_python_without_psutil(sshd, tmp_path):
+    """A host Python that cannot import psutil, whatever this machine has installed: the system
+    Python without its site packages (-S)."""
+    bare = tmp_path / "python3"
+    bare.write_text('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')
+    bare.chmod(0o755)
+    fails("snapshot", "cockpit-test", "--json", "--python", str(bare), *sshd.cli_args(),
           expect="psutil is not installed")
 
 
