@@ -129,7 +129,8 @@ def short_symbol(name: str, width: int = 60) -> str:
     """A C++ symbol without its template arguments, cut to `width`."""
     prev = None
     while prev != name:
-        prev, name = name, re.sub(r"<[^<>]*>", "<>", name)
+        prev, name = name, re.sub(r"<[^<>]*>", "\x00", name)
+    name = name.replace("\x00", "<>")
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
@@ -258,7 +259,7 @@ def describe_groups(groups: list[Group], full: bool = False) -> list[str]:
                 if rank in seen or rank not in g.stacks:
                     continue
                 seen.add(rank)
-                lines.append(f"  every frame of rank {rank}, innermost first:")
+                lines.append(f"  every frame of rank {rank}, innermost first (> a Python frame):")
                 lines.extend(f"    {'' if f.native else '> '}{f}" for f in g.stacks[rank].frames)
     return lines
 
@@ -289,10 +290,10 @@ class DeadRank:
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
-        how = [exit_text(self.exit_code)] if self.exit_code is not None else []
-        how.append("a zombie: its parent has not reaped it" if self.status == "Z" else
-                   "died during the dump" if self.during else "gone")
-        return f"{who}: dead ({', '.join(how)}), no stack"
+        how = exit_text(self.exit_code) or "exit code unknown"
+        if self.status == "Z":
+            how += "; a zombie its parent has not reaped"
+        return f"{who}: {'died during the dump' if self.during else 'dead'} ({how}), no stack"
 
     def as_json(self) -> dict:
         return {"rank": self.rank, "pid": self.pid, "status": self.status, "exit_code": self.exit_code}
