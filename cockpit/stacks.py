@@ -351,25 +351,26 @@ def pyspy_info(path: str) -> dict:
 async def ensure_pyspy(session: HostSession, upload: bool = False,
                        say: Callable[[str], None] | None = None) -> tuple[str | None, dict]:
     """py-spy for the host. On `local` (and the demo) the cockpit's own py-spy; elsewhere the
-    host's, or ours uploaded into the host's cache folder when asked and the architecture
-    matches (the host needs no network): what is sent, and where, is said before it is sent.
-    Returns the path to use and the agent's check."""
+    host's, else the one an earlier upload left in the host's cache folder, else (when asked,
+    and the architecture matches: the host needs no network) ours uploaded there: what is sent,
+    and where, is said before it is sent. Returns the path to use and the agent's check."""
     ours = local_pyspy()
     if session.target.kind in ("local", "demo") and ours:
         return ours, await session.request("dump_check", pyspy=ours)
     check = await session.request("dump_check")
     if check["pyspy"]:
         return check["pyspy"], check
+    home = session.state.agent.home or "/tmp"
+    dest = f"{home}/.cache/gpu-cockpit/py-spy"
     if not upload:
-        return None, check
+        cached = await session.request("dump_check", pyspy=dest)  # sent by an earlier --upload-pyspy
+        return (dest, cached) if cached["pyspy"] == dest else (None, check)
     if not ours:
         raise CockpitError("py-spy is missing on the host and in this cockpit's environment (it is a dependency of "
                            "gpu-cockpit: reinstall it, or pip install py-spy next to it)")
     if check["arch"] != platform.machine():
         raise CockpitError(f"py-spy is missing on the host, whose architecture ({check['arch']}) differs from "
                            f"this machine's ({platform.machine()}): install py-spy there")
-    home = session.state.agent.home or "/tmp"
-    dest = f"{home}/.cache/gpu-cockpit/py-spy"
     info = pyspy_info(ours)
     if say:
         say(f"uploading py-spy {info['version']} ({info['path']}, {info['size']} bytes, sha256 {info['sha256']}) "

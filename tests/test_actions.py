@@ -226,6 +226,9 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
                f"to cockpit-test:{Path(os.path.expanduser('~'))}/.cache/gpu-cockpit/py-spy"
         assert said in res.stderr.splitlines()  # said before it is sent
         assert doc["pyspy"] == str(uploaded) and doc["pyspy_version"] == ours["version"]
+        again = run_cli("dump", *common, "--full", env=env)  # the uploaded one is found again, every frame shown
+        assert again.returncode == 0, again.stderr
+        assert "uploading" not in again.stderr and "every frame of rank 0, innermost first" in again.stdout
         assert sorted(r for g in doc["groups"] for r in g["ranks"]) == [0, 1]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
