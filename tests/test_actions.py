@@ -277,6 +277,24 @@ def test_dump_parser_folds_the_native_tail_of_recorded_pyspy_output():
     assert stacks.library("libcuda.so.595.71.05") == "libcuda" and stacks.library("libpython3.11.so.1.0") == "libpython3.11"
 
 
+def test_dump_folds_a_real_cuda_wait_recorded_on_h200s():
+    """The project's own H200 run: rank 0 waits in cudaDeviceSynchronize (8 anonymous libcuda
+    frames under it), rank 1 sleeps in Python. Two ranks, no majority: neither is called odd."""
+    r0, r1 = recorded("h200-tp0-cuda-native.txt"), recorded("h200-tp1-cuda-native.txt")
+    main = stacks.main_thread(stacks.parse_dump(r0))
+    assert sum(f.address for f in main.native_tail) == 9 and len(main.native_tail) == 13
+    assert stacks.fold_native(main.native_tail) == "cudaDeviceSynchronize <- libcuda (13 frames)"
+    groups = stacks.group_stacks({0: r0, 1: r1})
+    assert [g.ranks for g in groups] == [[0], [1]] and not any(g.odd for g in groups)
+    lines = stacks.describe_groups(groups)
+    assert lines[:3] == ["rank 0 (1), main thread (active), Python frames innermost first:",
+                         "    synchronize (torch/cuda/__init__.py:1162)", "    decode_loop (tp_job.py:41)"]
+    assert "  native: cudaDeviceSynchronize <- libcuda (13 frames)" in lines
+    assert "  native: clock_nanosleep (libc, 1 frame)" in lines
+    assert not any("libcuda.so.580" in line for line in lines)
+    assert "    cuCtxSynchronize_v2 (libcuda.so.580.159.04)" in stacks.describe_groups(groups, full=True)
+
+
 def test_dump_groups_ranks_by_python_frames_whatever_their_native_addresses():
     """Ranks 0 and 2 are two processes in the same wait: their native frames differ in every
     address, so they group by Python frames; rank 1 spins elsewhere and is the odd one out."""
