@@ -23,10 +23,9 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from cockpit.errors import CockpitError
 from cockpit.model import HostState, Proc

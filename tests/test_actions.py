@@ -375,8 +375,8 @@ def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(t
             str(zombie.pid): (False, True, "Z", -15), str(reaped.pid): (False, True, "gone", None),
             str(dying.pid): (False, True, "Z", -9)}
         assert d[str(zombie.pid)]["errors"] == [] and d[str(reaped.pid)]["errors"] == []
-        assert d[str(dying.pid)]["errors"] == ["Error: Failed to get process executable name. Check that the "
-                                              "process is running."]
+        said = "Error: Failed to get process executable name. Check that the process is running."
+        assert d[str(dying.pid)]["errors"] == [said]
         assert calls.read_text().split("\n")[:-1] == [f"dump --pid {dying.pid} --native"]  # only the live one
     finally:
         for p in (zombie, reaped, dying):
