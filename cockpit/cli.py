@@ -444,31 +444,31 @@ def cmd_shm(args: argparse.Namespace) -> int:
 
 
 @command("dump", "py-spy stack dumps of every rank, grouped", TARGET,
-         arg("--upload-pyspy", action="store_true", help="send this install's py-spy when the host has none"),
+         arg("--upload-pyspy", action="store_true",
+             help="send this install's py-spy when the host has none (what is sent, and where, is said first)"),
+         arg("--full", "--native", dest="full", action="store_true",
+             help="every frame of each group's main thread, the native ones unfolded"),
          JSON)
 def cmd_dump(args: argparse.Namespace) -> int:
-    from cockpit import actions, stacks
+    from cockpit import stacks
 
     _writable(args)
 
     async def go():
         async with attached(args) as monitor:
             session, layout = monitor.session, monitor.layout
-            ranks = actions.rank_pids(session.state)
+            ranks = stacks.dump_targets(session.state)
             if not ranks:
                 raise CockpitError(f"no rank to dump on {session.target.label}: no watched process is alive")
             run = layout.name if layout else session.target.label
-            return await stacks.dump_ranks(session, ranks, run, upload=args.upload_pyspy)
+            return await stacks.dump_ranks(session, ranks, run, upload=args.upload_pyspy,
+                                           say=lambda line: print(line, file=sys.stderr, flush=True))
 
     result = asyncio.run(go())
     if args.json:
-        print_json({"folder": str(result.folder), "failed": result.failed,
-                    "groups": [{"ranks": g.ranks, "odd": g.odd, "frames": list(g.frames), "diff": g.diff}
-                               for g in result.groups]})
+        print_json(result.as_json())
     else:
-        print("\n".join(stacks.describe_groups(result.groups)))
-        for rank, errors in result.failed.items():
-            print(f"rank {rank}: no dump ({'; '.join(errors)})")
+        print("\n".join(result.report(full=args.full)))
         print(f"raw dumps: {result.folder}")
     return 0
 

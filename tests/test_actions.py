@@ -4,6 +4,7 @@ and clean, stack dumps grouped by rank. Locally and through the real sshd."""
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,9 +220,245 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
         res = run_cli("dump", *common, "--upload-pyspy", "--json", env=env)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
-        assert uploaded.exists() and doc["failed"] == {}
+        assert uploaded.exists() and doc["failed"] == {} and doc["dead"] == []
+        ours = stacks.pyspy_info(stacks.local_pyspy())
+        said = f"uploading py-spy {ours['version']} ({ours['path']}, {ours['size']} bytes, sha256 {ours['sha256']}) " \
+               f"to cockpit-test:{Path(os.path.expanduser('~'))}/.cache/gpu-cockpit/py-spy"
+        assert said in res.stderr.splitlines()  # said before it is sent
+        assert doc["pyspy"] == str(uploaded) and doc["pyspy_version"] == ours["version"]
+        again = run_cli("dump", *common, "--full", env=env)  # the uploaded one is found again, every frame shown
+        assert again.returncode == 0, again.stderr
+        assert "uploading" not in again.stderr and "every frame of rank 0, innermost first" in again.stdout
         assert sorted(r for g in doc["groups"] for r in g["ranks"]) == [0, 1]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         if not existed:
             uploaded.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- stack dumps: native, dead ranks
+
+PYSPY_DATA = Path(__file__).parent / "data" / "pyspy"
+
+
+def recorded(name: str) -> str:
+    return (PYSPY_DATA / name).read_text()
+
+
+def test_dump_parser_folds_the_native_tail_of_recorded_pyspy_output():
+    """Real `py-spy dump --native` output: SGLang's scheduler on Ascend (from an SGLang issue) and
+    the simulated ranks (recorded here). Python frames are told from native ones by their file."""
+    threads = stacks.parse_dump(recorded("sglang-30453-tp0-native.txt"))
+    assert [t.name for t in threads] == ["MainThread", "Thread-1 (_read_thread)", "Thread-2",
+                                         "Thread-3 (_watchdog_thread)"]
+    main = stacks.main_thread(threads)
+    assert main.tid == "163685" and main.state == "idle" and len(main.frames) == 42
+    assert len(main.python) == 16 and len(main.native_tail) == 25
+    assert str(main.python[0]) == "decorated (torch_npu/contrib/transfer_to_npu.py:182)"
+    assert str(main.python[-1]) == "<module> (<string>:1)"
+    assert main.native_tail[-1].name == "torch::autograd::THPVariable_to"  # where Python called in
+    assert stacks.fold_native(main.native_tail) == "c10_npu::NPUStream::stream <- libc (25 frames)"
+    templated = next(f.name for f in main.frames if f.name.startswith("c10::impl::wrap_kernel_functor_unboxed_"))
+    assert len(templated) > 900 and stacks.short_symbol(templated) == "c10::impl::wrap_kernel_functor_unboxed_<>::call"
+    watchdog = threads[3]
+    assert stacks.fold_native(watchdog.native_tail) == "time_sleep <- libc (2 frames)"
+    assert [f.name for f in watchdog.python] == ["_watchdog_once", "_watchdog_thread", "run", "_bootstrap_inner",
+                                                 "_bootstrap"]
+
+    sim = stacks.main_thread(stacks.parse_dump(recorded("sim-run-a-tp0.txt")))
+    tail = sim.native_tail
+    assert [str(f) for f in tail[2:]] == ["_multiprocessing_SemLock_acquire_impl (semaphore.c:357)",
+                                          "_multiprocessing_SemLock_acquire (semaphore.c.h:127)"]
+    assert all(f.native for f in tail) and tail[0].address  # C source with debug lines is native too
+    assert stacks.fold_native(tail) == "_multiprocessing_SemLock_acquire_impl <- libc (4 frames)"
+    assert sim.frames[-1].native and sim.frames[-1].name.startswith("0x")  # the libc frame under <module>
+    spinning = stacks.main_thread(stacks.parse_dump(recorded("sim-run-a-tp1.txt")))
+    assert spinning.state == "active+gil" and spinning.native_tail == []  # on the CPU in Python: nothing to fold
+    assert stacks.library("libcuda.so.595.71.05") == "libcuda" and stacks.library("libpython3.11.so.1.0") == "libpython3.11"
+
+
+def test_dump_folds_a_real_cuda_wait_recorded_on_h200s():
+    """The project's own H200 run: rank 0 waits in cudaDeviceSynchronize (8 anonymous libcuda
+    frames under it), rank 1 sleeps in Python. Two ranks, no majority: neither is called odd."""
+    r0, r1 = recorded("h200-tp0-cuda-native.txt"), recorded("h200-tp1-cuda-native.txt")
+    main = stacks.main_thread(stacks.parse_dump(r0))
+    assert sum(f.address for f in main.native_tail) == 9 and len(main.native_tail) == 13
+    assert stacks.fold_native(main.native_tail) == "cudaDeviceSynchronize <- libcuda (13 frames)"
+    groups = stacks.group_stacks({0: r0, 1: r1})
+    assert [g.ranks for g in groups] == [[0], [1]] and not any(g.odd for g in groups)
+    lines = stacks.describe_groups(groups)
+    assert lines[:3] == ["rank 0 (1), main thread (active), Python frames innermost first:",
+                         "    synchronize (torch/cuda/__init__.py:1162)", "    decode_loop (tp_job.py:41)"]
+    assert "  native: cudaDeviceSynchronize <- libcuda (13 frames)" in lines
+    assert "  native: clock_nanosleep (libc, 1 frame)" in lines
+    assert not any("libcuda.so.580" in line for line in lines)
+    assert "    cuCtxSynchronize_v2 (libcuda.so.580.159.04)" in stacks.describe_groups(groups, full=True)
+
+
+def test_dump_groups_ranks_by_python_frames_whatever_their_native_addresses():
+    """Ranks 0 and 2 are two processes in the same wait: their native frames differ in every
+    address, so they group by Python frames; rank 1 spins elsewhere and is the odd one out."""
+    a0, a1, b0 = recorded("sim-run-a-tp0.txt"), recorded("sim-run-a-tp1.txt"), recorded("sim-run-b-tp0.txt")
+    assert "0x7fb70d8a3f16 (libc.so.6)" in a0 and "0x7fb70d8a3f16" not in b0
+    groups = stacks.group_stacks({0: a0, 1: a1, 2: b0})
+    assert [g.ranks for g in groups] == [[0, 2], [1]]
+    assert groups[1].odd and any(d.startswith("+Rank.sample_tokens") for d in groups[1].diff)
+    text = stacks.describe_groups(groups)
+    head = text.index("ranks 0,2 (2), main thread (idle), Python frames innermost first:")
+    assert text[head + 1] == "    Condition.wait (multiprocessing/synchronize.py:268)"  # Python frames first
+    assert "  native: _multiprocessing_SemLock_acquire_impl <- libc (4 frames)" in text
+    assert not any("0x7f" in line for line in text)  # addresses only in the full view
+    assert "ODD ONE OUT: rank 1 (1), main thread (active+gil), Python frames innermost first:" in text
+    full = stacks.describe_groups(groups, full=True)
+    assert "  every frame of rank 0, innermost first (> a Python frame):" in full
+    assert "    0x7fb70d8a3f16 (libc.so.6)" in full and "    > Rank.all_reduce (cockpit/sim/server.py:227)" in full
+
+    # the same Python frames, different native waits: one group, a folded line per wait
+    py = "    wait (threading.py:320)\n    all_reduce (x.py:10)\n"
+    futex = 'Thread 1 (idle): "MainThread"\n    0x7f00000001 (libc.so.6)\n    pthread_cond_wait (libc.so.6)\n' + py
+    futex2 = 'Thread 2 (idle): "MainThread"\n    0x7f00000777 (libc.so.6)\n    pthread_cond_wait (libc.so.6)\n' + py
+    cuda = ('Thread 3 (idle): "MainThread"\n    0x7f00000002 (libcuda.so.580.126.20)\n'
+            '    cuStreamSynchronize (libcuda.so.580.126.20)\n    cudaStreamSynchronize (libcudart.so.12)\n' + py)
+    groups = stacks.group_stacks({0: futex, 1: cuda, 2: futex2})
+    assert [g.ranks for g in groups] == [[0, 1, 2]]
+    assert groups[0].natives() == [("pthread_cond_wait (libc, 2 frames)", [0, 2]),
+                                   ("cudaStreamSynchronize <- libcuda (3 frames)", [1])]
+    lines = stacks.describe_groups(groups)
+    assert "  native: pthread_cond_wait (libc, 2 frames) [ranks 0,2]" in lines
+    assert "  native: cudaStreamSynchronize <- libcuda (3 frames) [rank 1]" in lines
+
+
+def test_dump_targets_keep_dead_ranks_and_describe_them():
+    from cockpit.model import HostState, Proc
+
+    state = HostState()
+    rows = [Proc(pid=10, rank=0), Proc(pid=11, rank=1, status="Z"), Proc(pid=12, rank=2, alive=False, status="X",
+                                                                         exit_code=-6, gone_at=5.0),
+            Proc(pid=13, rank=3, alive=False, status="X", gone_at=1.0), Proc(pid=14, rank=3),
+            Proc(pid=15, rank=None)]
+    state.procs = {p.pid: p for p in rows}
+    assert stacks.dump_targets(state) == [(0, 10), (1, 11), (2, 12), (3, 14)]  # rank 3's live process wins
+    assert stacks.DeadRank(2, 12, "gone", -6).describe() == "rank 2: dead (exit code -6, SIGABRT), no stack"
+    assert stacks.DeadRank(1, 11, "Z", 1).describe() == \
+        "rank 1: dead (exit code 1; a zombie its parent has not reaped), no stack"
+    assert stacks.DeadRank(4, 16, "gone").describe() == "rank 4: dead (exit code unknown), no stack"
+    assert stacks.DeadRank(None, 17, "gone", -9, during=True).describe() == \
+        "pid 17: died during the dump (exit code -9, SIGKILL), no stack"
+
+
+def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(tmp_path):
+    """A child that exited and was not reaped (a real zombie), a pid that is gone, and a process
+    that dies while py-spy reads it: dead, with the kernel's exit code, never a py-spy error."""
+    from cockpit.agent import agent
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "py-spy"  # records each call; kills its target, then fails the way py-spy does on the dead
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'py-spy 9.9.9'; exit 0; fi\n"
+                    f"echo \"$*\" >> {calls}\nkill -9 \"$3\"; sleep 0.2\n"
+                    "echo 'Error: Failed to get process executable name. Check that the process is running.' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    zombie, reaped, dying = (subprocess.Popen(sleeper) for _ in range(3))
+    try:
+        zombie.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # not waited for: it stays a zombie of this process
+        assert agent.pyspy_target(zombie.pid) == {"status": "Z", "exit_code": -15}
+        reaped.kill()
+        reaped.wait()
+        assert agent.pyspy_target(reaped.pid) == {"status": "gone", "exit_code": None}
+        assert agent.pyspy_target(dying.pid) is None
+        out = agent.pyspy_dump([zombie.pid, reaped.pid, dying.pid], str(fake), deadline_s=10)
+        d = out["dumps"]
+        assert out["check"]["pyspy"] == str(fake) and out["check"]["version"] == "9.9.9"
+        assert {k: (v["ok"], v["dead"], v["status"], v["exit_code"]) for k, v in d.items()} == {
+            str(zombie.pid): (False, True, "Z", -15), str(reaped.pid): (False, True, "gone", None),
+            str(dying.pid): (False, True, "Z", -9)}
+        assert d[str(zombie.pid)]["errors"] == [] and d[str(reaped.pid)]["errors"] == []
+        said = "Error: Failed to get process executable name. Check that the process is running."
+        assert d[str(dying.pid)]["errors"] == [said]
+        assert calls.read_text().split("\n")[:-1] == [f"dump --pid {dying.pid} --native"]  # only the live one
+    finally:
+        for p in (zombie, reaped, dying):
+            p.kill()
+            p.wait()
+
+
+RUN_WITH_RANKS = """
+import os, sys, time, setproctitle
+def hold_the_line():
+    while True:
+        time.sleep(0.2)
+for rank in (0, 1):
+    if os.fork() == 0:
+        setproctitle.setproctitle("sglang::scheduler_TP%d" % rank)
+        hold_the_line()
+while True:
+    time.sleep(1)  # never waits for its children: a rank that dies stays a zombie
+"""
+
+LONE_RANK = "import time, setproctitle; setproctitle.setproctitle('sglang::scheduler_TP2'); time.sleep(600)"
+
+
+async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits_own_pyspy(sim_state, tmp_path,
+                                                                                          monkeypatch):
+    """Real ranks: 0 lives (dumped by real py-spy), 1 is killed and left a zombie by its parent,
+    2 is killed and reaped (the agent launched it, so its exit code is known). A py-spy first on
+    PATH is not the one used on local: the cockpit's own is."""
+    from cockpit.link.target import parse_target
+    from cockpit.session import HostSession, SessionOptions, WatchList
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    decoy = tmp_path / "bin" / "py-spy"
+    decoy.parent.mkdir()
+    decoy.write_text(f"#!/bin/sh\ntouch {tmp_path}/decoy-ran\nexit 1\n")
+    decoy.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{decoy.parent}:{os.environ['PATH']}")
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)), WatchList(patterns=[]))
+    await session.connect()
+    runs = []
+    try:
+        for code in (RUN_WITH_RANKS, LONE_RANK):
+            runs.append(await session.request("launch", argv=[sys.executable, "-c", code], log=str(tmp_path / "log")))
+        state = session.state
+
+        def rank(n):
+            return next((p for p in state.ranks() if p.rank == n), None)
+
+        await wait_for(lambda: all(rank(n) and rank(n).status in "RS" for n in range(3)), 30, "three ranks")
+        pids = [rank(n).pid for n in range(3)]
+        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[2], signal.SIGTERM)
+        await wait_for(lambda: state.procs[pids[1]].status == "Z", 15, "rank 1 a zombie")
+        await wait_for(lambda: not state.procs[pids[2]].alive and state.procs[pids[2]].exit_code == -15, 15,
+                       "rank 2 gone, its exit code known")
+        targets = stacks.dump_targets(state)
+        assert targets == [(0, pids[0]), (1, pids[1]), (2, pids[2])]
+        result = await stacks.dump_ranks(session, targets, "dead-ranks")
+
+        assert result.failed == {}
+        assert [g.ranks for g in result.groups] == [[0]]
+        assert any("hold_the_line" in f for f in result.groups[0].frames)
+        assert [fold for fold, _ in result.groups[0].natives()] == ["time_sleep <- libc (2 frames)"]
+        report = result.report()
+        assert report[-2:] == ["rank 1: dead (exit code -9, SIGKILL; a zombie its parent has not reaped), no stack",
+                               "rank 2: dead (exit code -15, SIGTERM), no stack"]
+        assert not any("py-spy" in line or "Error" in line for line in report)
+        doc = result.as_json()
+        assert doc["dead"] == [{"rank": 1, "pid": pids[1], "status": "Z", "exit_code": -9},
+                               {"rank": 2, "pid": pids[2], "status": "gone", "exit_code": -15}]
+        assert doc["failed"] == {} and [g["ranks"] for g in doc["groups"]] == [[0]]
+        assert (result.folder / f"rank1-pid{pids[1]}.txt").read_text().startswith("rank 1: dead (exit code -9")
+        assert "hold_the_line" in (result.folder / f"rank0-pid{pids[0]}.txt").read_text()
+        assert result.pyspy == stacks.local_pyspy() and result.pyspy != str(decoy)
+        assert Path(result.pyspy).parent == Path(sys.executable).parent  # the venv's own
+        assert result.check["pyspy"] == result.pyspy and re.match(r"\d+\.\d+", result.check["version"])
+        assert not (tmp_path / "decoy-ran").exists()
+    finally:
+        for run in runs:
+            try:
+                os.killpg(run["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        await session.close()

@@ -241,6 +241,9 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         await until(pilot, lambda: "raw dumps:" in save_text(app, None), 10)
         report = save_text(app, None)
         assert "stacks of 8 ranks" in report and "ranks 0-7" in report and "raw dumps:" in report
+        assert "[n] native frames" in report and "every frame of rank" not in report
+        await pilot.press("n")  # the native frames, unfolded
+        await until(pilot, lambda: "every frame of rank 0" in save_text(app, None), 10)
         await pilot.press("escape")
         await until(pilot, lambda: app.cockpit.busy is None, 10)
         assert "stalled-idle" in save_text(app, None)

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
-                             rank_pids, shm_audit, shm_clean)
+                             shm_audit, shm_clean)
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
                           launch_python, read_ledger, run_variant, sim_flags)
-from cockpit.stacks import describe_groups, dump_ranks
+from cockpit.stacks import dump_ranks, dump_targets
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
 
 if TYPE_CHECKING:
@@ -110,17 +110,19 @@ class ActionRunner:
             if not go:
                 return
             state = self.screen.state
-            ranks = rank_pids(state)
+            ranks = dump_targets(state)
             if not ranks:
-                self.notify("no live rank to dump", severity="warning")
+                self.notify("no rank to dump", severity="warning")
                 return
             self.notify(f"dumping {len(ranks)} processes with py-spy…")
             run = self.layout.name if self.layout else state.target
-            result = await dump_ranks(self.monitor.session, ranks, run)
-            lines = describe_groups(result.groups)
-            lines += [f"rank {r}: no dump ({'; '.join(e)})" for r, e in result.failed.items()]
-            lines.append(f"raw dumps: {result.folder}")
-            await self.ask(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
+            result = await dump_ranks(self.monitor.session, ranks, run, say=lambda line: self.notify(line))
+            title = f"stacks of {len(ranks)} ranks"
+            keys = {"n": "native frames"} if result.groups else {}
+            tail = [f"raw dumps: {result.folder}"]
+            choice = await self.ask(ReportScreen(title, result.report() + tail, keys))
+            if choice == "n":
+                await self.ask(ReportScreen(f"{title}, every frame", result.report(full=True) + tail))
 
     def _current_spec(self) -> RunSpec:
         if self.spec is None:
