@@ -256,7 +256,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     dumps = None
     if outcome.startswith("stalled") and dump_on_stall:
         try:
-            result = await stacks.dump_ranks(session, actions.rank_pids(session.state), run["run_id"])
+            result = await stacks.dump_ranks(session, stacks.dump_targets(session.state), run["run_id"])
             dumps = str(result.folder)
             evidence = evidence + [f"stacks: {line}" for line in stacks.describe_groups(result.groups)
                                    if not line.startswith("    ")]
