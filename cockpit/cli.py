@@ -13,10 +13,12 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 
 from cockpit import __version__
 from cockpit.errors import CockpitError
+from cockpit.secrets import mask_argv
 
 SUBCOMMANDS = ("open", "demo", "snapshot", "fleet", "serve", "kill", "shm", "dump", "launch", "ablate", "runs")
 
@@ -77,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("kill", help="kill the run (or one process), then verify it is gone")
     p.add_argument("target")
     _common(p)
-    p.add_argument("--pid", type=int, help="kill this process (and what it started) instead of the whole run")
+    p.add_argument("--pid", type=int, help="kill this process (and what it started, as its user) instead of the run "
+                                           "found; how to choose when two runs are found")
     p.add_argument("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--yes", action="store_true", help="do not ask: the plan is printed and carried out")
     p.add_argument("--json", action="store_true")
@@ -85,9 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("shm", help="audit the host's /dev/shm; --clean removes what is safe to remove")
     p.add_argument("target")
     _common(p)
-    p.add_argument("--dir", default="/dev/shm", help="the shm folder (default /dev/shm)")
-    p.add_argument("--clean", action="store_true", help="remove entries no live process holds and whose creator is dead")
+    p.add_argument("--dir", default="/dev/shm",
+                   help="the shm folder (default /dev/shm); cleaning another folder needs --yes-other-dir or a yes asked")
+    p.add_argument("--clean", action="store_true",
+                   help="remove files named like an inference run's (nccl-, torch_, psm_, sgl_shm_, vllm_, MPI…), "
+                        "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why")
     p.add_argument("--yes", action="store_true")
+    p.add_argument("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("launch", help="(re)launch the layout's server with flag sets toggled, and watch it")
@@ -167,7 +174,9 @@ def cmd_kill(args: argparse.Namespace) -> int:
             scope = actions.process_scope(args.pid) if args.pid else actions.run_scope(session)
             plan = await actions.plan_kill(session, scope)
             if not plan.entries:
+                why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
                 raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
+                                   + (f" ({why})" if why else "")
                                    if not args.pid else f"no process {args.pid} on {session.target.label}")
             if not _confirm(plan.describe(), f"kill these {len(plan.entries)} processes?", args.yes):
                 return None
@@ -197,6 +206,9 @@ def cmd_shm(args: argparse.Namespace) -> int:
 
     if args.clean:
         _writable(args)
+    other_dir = os.path.normpath(args.dir) != actions.SHM_DEFAULT
+    if args.clean and other_dir and not args.yes_other_dir and not sys.stdin.isatty():
+        raise CockpitError(f"--dir {args.dir} is not /dev/shm: pass --yes-other-dir to clean it (--yes alone does not)")
     async def go():
         session, _ = await _attached(args)
         try:
@@ -208,9 +220,14 @@ def cmd_shm(args: argparse.Namespace) -> int:
                 print("\n".join(actions.describe_shm(audit)))
             if not names:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
-            if not _confirm([f"  {n}" for n in names], f"remove these {len(names)} entries of {args.dir}?", args.yes):
+            if not _confirm([f"  {actions.printable(n)}" for n in names], f"remove these {len(names)} entries of {args.dir}?",
+                            args.yes):
                 return audit, None
-            return audit, await actions.shm_clean(session, names, args.dir)
+            if other_dir and not args.yes_other_dir and not _confirm(
+                    [], f"{args.dir} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
+                    False):
+                return audit, None
+            return audit, await actions.shm_clean(session, names, args.dir, other_dir=other_dir)
         finally:
             await session.close()
 
@@ -222,9 +239,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
         if not args.clean:
             print("\n".join(actions.describe_shm(audit)))
     else:
-        print(f"removed {len(cleaned['removed'])} entries, freed {actions.human_bytes(cleaned['freed_bytes'])}")
-        for s in cleaned["skipped"]:
-            print(f"kept {s['name']}: {s['why']}")
+        print("\n".join(actions.describe_clean(cleaned)))
     return 0
 
 
@@ -289,11 +304,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
         try:
             spec = _spec(args, layout)
             argv = runs.build_argv(layout, spec, runs.launch_python(layout, session)) + runs.sim_flags(layout, session)
-            if not _confirm(["the current run (if any) is killed and verified gone, /dev/shm cleaned, then:",
-                             "  " + " ".join(argv)], "launch?", args.yes):
+            plan, names, lines = await runs.plan_relaunch(session, layout, clean_shm=not args.no_clean_shm)
+            if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes):
                 return None
             return await runs.run_variant(session, layout, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                          progress=_progress, settle=args.settle)
+                                          progress=_progress, settle=args.settle, plan=plan, shm_names=names)
         finally:
             await session.close()
 
@@ -317,10 +332,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         session, layout = await _attached(args)
         try:
             specs = runs.combinations(layout, vary)
-            if not _confirm([f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
+            plan, names, lines = await runs.plan_relaunch(session, layout)
+            if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
                             f"run these {len(specs)} launches one after another (each kills the one before)?", args.yes):
                 return None
-            return await runs.ablate(session, layout, vary, args.timeout, progress=_progress)
+            return await runs.ablate(session, layout, vary, args.timeout, progress=_progress, first_plan=plan,
+                                     first_shm=names)
         finally:
             await session.close()
 

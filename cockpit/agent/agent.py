@@ -1092,8 +1092,8 @@ def _group(table, found, member, rule_of, protected):
 def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, known=None, table=None):
     """The run, in this order: the one this cockpit launched (process group and its leader's start
     time, both checked); else the tree of the process that owns the layout's ports; else of the
-    processes that run the layout's command and model. Without a layout (no ports, no command):
-    processes whose title matches the patterns. Title patterns never find a run host-wide when a
+    processes that run the layout's command and model. Without any hint (no launched run, no
+    ports, no command: no layout): processes whose title matches the patterns. Title patterns never find a run host-wide when a
     layout says what the run is. Processes of another user than the agent's are never a run:
     they are listed under `foreign`. More than one run found: all are returned, never merged."""
     table = table or _Table()
@@ -1139,7 +1139,8 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
             what = " ".join(command) + (" with " + model if model else "")
             return finish(_group(table, found, member, lambda r, t: "command matches: " + what, protected), "command")
         notes.append("no process runs %s" % " ".join(command))
-        return finish([], "none")
+    if launched or ports or command:
+        return finish([], "none")  # told what the run is: titles never find one host-wide
     found = [p for p, r in table.rows.items() if p not in protected and _matches(pats, r["name"], table.text(p))]
 
     def member(pid):

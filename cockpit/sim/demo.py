@@ -45,7 +45,20 @@ async def start_demo(session: HostSession, layout: Layout, state: str) -> dict:
 
 
 async def attach_demo(session: HostSession, run: dict) -> None:
+    from cockpit.actions import remember_run
+
+    remember_run(session, launched=_launched(run), rule=f"the demo's run (process group {run['pgid']})")
     await session.follow_run(int(run["pgid"]), run.get("log"))
+
+
+def _launched(rec: dict) -> dict:
+    """The record's process group and its leader's start time (a record written before start
+    times were kept: the start of the live launcher that running_demo just recognised)."""
+    pgid = int(rec["pgid"])
+    start = rec.get("start")
+    if start is None:
+        start = agent._start_ticks(pgid)
+    return {"pgid": pgid, "start": start, "boot": rec.get("boot"), "uid": rec.get("uid")}
 
 
 def forget_demo(state: str) -> None:
@@ -56,11 +69,12 @@ def forget_demo(state: str) -> None:
 
 def stop_demo(state: str, wait_s: float = 5.0) -> bool:
     """End the recorded demo run (always on this machine) with the agent's own kill: its process
-    group and session, each pid checked against its start time, SIGTERM then SIGKILL."""
+    group and session, found from its leader's start time, each pid checked against its start time,
+    SIGTERM then SIGKILL."""
     rec = running_demo(state)
     if rec is None:
         return False
-    pgid = int(rec["pgid"])
-    agent.kill_run(agent.kill_plan(pgids=[pgid], sids=[pgid]), wait_s, pgids=[pgid], sids=[pgid])
+    plan = agent.run_plan(launched=[_launched(rec)])
+    agent.kill_run(plan["plan"], wait_s, plan["sessions"])
     _record(state).unlink(missing_ok=True)
     return True

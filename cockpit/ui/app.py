@@ -29,7 +29,8 @@ from cockpit.errors import CockpitError
 from cockpit.model import HostState
 from cockpit.session import HostSession
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation,
-                          describe_ledger, launch_python, read_ledger, run_variant, sim_flags, watchdog_for)
+                          describe_ledger, launch_python, plan_relaunch, read_ledger, run_variant, sim_flags,
+                          watchdog_for)
 from cockpit.stacks import describe_groups, dump_ranks
 from cockpit.ui.gpus import GpuPane
 from cockpit.ui.logview import LogView
@@ -513,10 +514,14 @@ class CockpitScreen(Screen):
                                                               launch_python(self.profile, self.session), extra))
             if spec is None:
                 return
+            plan, names, lines = await plan_relaunch(self.session, self.profile)  # what will be killed and removed
+            if not await self.app.push_screen_wait(ConfirmScreen("relaunch", lines, "Kill this, clean shm and launch?")):
+                return
             self.spec = spec
             self._new_watchdog()
             self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
-            row = await run_variant(self.session, self.profile, spec, timeout=24 * 3600.0, progress=self._progress)
+            row = await run_variant(self.session, self.profile, spec, timeout=24 * 3600.0, progress=self._progress,
+                                    plan=plan, shm_names=names)
             self._new_watchdog()
             self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
                         severity="information" if row["outcome"] == "ready" else "error", timeout=20)
@@ -534,13 +539,14 @@ class CockpitScreen(Screen):
                 return
             vary = choice.enabled
             specs = combinations(self.profile, vary)
+            plan, names, lines = await plan_relaunch(self.session, self.profile)
             ok = await self.app.push_screen_wait(ConfirmScreen(
-                "ablation", [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
+                "ablation", lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
                 f"Run these {len(specs)} launches in turn (each kills the one before)?"))
             if not ok:
                 return
             rows = await ablate(self.session, self.profile, vary, timeout=self.profile.stall.idle_s * 10 + 600,
-                                progress=self._progress)
+                                progress=self._progress, first_plan=plan, first_shm=names)
             self._new_watchdog()
             await self.app.push_screen_wait(ReportScreen("ablation", describe_ablation(rows, vary)))
 
