@@ -941,18 +941,28 @@ class _Table:
                 "ppid": r["ppid"], "pgid": r["pgid"], "sid": r["sid"], "status": r["status"], "name": r["name"],
                 "title": self.text(pid)[:300]}
 
-    def climb(self, pid, member, protected):
+    def climb(self, pid, member, protected, memo=None):
         """From a process of the run up to the highest ancestor that is of the run too (same user,
-        and `member` says so): a wrapper shell and its other children are not swept in."""
+        and `member` says so): a wrapper shell and its other children are not swept in. `memo`
+        (pid -> root) makes climbing from every process of a 1,000-deep chain linear."""
+        memo = {} if memo is None else memo
+        path = []
         seen = set()
         uid = self.rows[pid]["uid"]
-        while pid not in seen:
-            seen.add(pid)
-            parent = self.rows.get(self.rows[pid]["ppid"])
+        root = pid
+        while root not in seen:
+            if root in memo:
+                root = memo[root]
+                break
+            seen.add(root)
+            path.append(root)
+            parent = self.rows.get(self.rows[root]["ppid"])
             if parent is None or parent["pid"] in protected or parent["uid"] != uid or not member(parent["pid"]):
-                return pid
-            pid = parent["pid"]
-        return pid
+                break
+            root = parent["pid"]
+        for p in path:
+            memo[p] = root
+        return root
 
 
 def _listening_inodes(ports):
@@ -1083,9 +1093,14 @@ def _launched_run(table, rec, known, patterns, command, protected, notes):
 def _group(table, found, member, rule_of, protected):
     """Candidate runs from processes found by one rule: each climbs to its run's root; a root
     inside another's tree is part of that run. Distinct roots are distinct runs, never merged."""
-    roots = sorted(set(table.climb(p, member, protected) for p in found if p in table.rows and p not in protected))
+    memo = {}
+    roots = sorted(set(table.climb(p, member, protected, memo) for p in found
+                       if p in table.rows and p not in protected))
     trees = {r: table.tree([r], table.rows[r]["uid"], protected) for r in roots}
-    keep = [r for r in roots if not any(r in trees[o] for o in roots if o != r)]
+    inside = set()
+    for r in roots:
+        inside |= trees[r] - {r}
+    keep = [r for r in roots if r not in inside]
     return [_candidate(table, r, rule_of(r, trees[r]), protected) for r in keep]
 
 
@@ -1234,27 +1249,48 @@ def _still(entry, protected):
     return None
 
 
-def _send(entry, sig, protected):
-    """Signals the planned process only if it is still that process when the signal goes: the
-    check reads the pid's start time after a pidfd was opened on it, and the signal goes through
-    that pidfd, so a pid that dies and is reused in between gets nothing."""
-    fd = _pidfd(entry["pid"])
-    try:
+def _os_send(fd, pid, sig):
+    if fd is not None and hasattr(signal, "pidfd_send_signal"):
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def _signal_all(entries, sig, protected):
+    """Signals each planned process only if it is still that process when the signal goes: a
+    pidfd is opened on the pid first, then its start time and user are checked, then the signal
+    goes through that pidfd, so a pid that dies and is reused in between gets nothing. All are
+    checked first and signalled in one quick pass (a launcher that ends its own workers on
+    SIGTERM does not race the rest of the pass). Returns (signalled pids, [(entry, why not)])."""
+    sent, missed, ready = [], [], []
+    for entry in entries:
+        fd = _pidfd(entry["pid"])
         why = _still(entry, protected)
         if why is not None:
-            return why
-        if fd is not None and hasattr(signal, "pidfd_send_signal"):
-            signal.pidfd_send_signal(fd, sig)
+            if fd is not None:
+                os.close(fd)
+            missed.append((entry, why))
+        elif fd is None:  # no pidfd here (Python < 3.9, Linux < 5.3): checked, then signalled at once
+            try:
+                os.kill(entry["pid"], sig)
+                sent.append(entry["pid"])
+            except ProcessLookupError:
+                missed.append((entry, "gone"))
+            except OSError as exc:
+                missed.append((entry, exc.strerror or str(exc)))
         else:
-            os.kill(entry["pid"], sig)
-        return None
-    except ProcessLookupError:
-        return "gone"
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    finally:
-        if fd is not None:
+            ready.append((entry, fd))
+    for entry, fd in ready:
+        try:
+            _os_send(fd, entry["pid"], sig)
+            sent.append(entry["pid"])
+        except ProcessLookupError:
+            missed.append((entry, "gone"))
+        except OSError as exc:
+            missed.append((entry, exc.strerror or str(exc)))
+        finally:
             os.close(fd)
+    return sent, missed
 
 
 def _newcomers(plan, sessions, protected):
@@ -1295,27 +1331,33 @@ def kill_run(plan, wait_s=10.0, sessions=(), **_old):
     sessions = set(int(s) for s in sessions or ())
     term, killed, vanished, skipped = [], [], [], []
     newcomers = _newcomers(plan, sessions, protected)
-    for entry in plan:
-        why = _send(entry, _SIGNALS["TERM"], protected)
-        if why is None:
-            term.append(entry["pid"])
-        elif why in ("gone", "exited"):
-            vanished.append(entry["pid"])
-        else:
-            skipped.append({"pid": entry["pid"], "why": why, "title": entry.get("title", "")})
+
+    def note(missed, gone_list):
+        for entry, why in missed:
+            if why in ("gone", "exited"):
+                if gone_list is not None:
+                    gone_list.append(entry["pid"])
+            elif all(s["pid"] != entry["pid"] for s in skipped):
+                skipped.append({"pid": entry["pid"], "why": why, "title": entry.get("title", "")})
+
+    term, missed = _signal_all(plan, _SIGNALS["TERM"], protected)
+    note(missed, vanished)
     deadline = time.monotonic() + max(0.0, float(wait_s))
     pending = [e for e in plan if e["pid"] in term]
     while time.monotonic() < deadline:
-        pending = [e for e in pending if _still(e, protected) is None]
+        still = []
+        for e in pending:
+            why = _still(e, protected)
+            if why is None:
+                still.append(e)
+            else:
+                note([(e, why)], None)
+        pending = still
         if not pending:
             break
         time.sleep(0.1)
-    for entry in pending:
-        why = _send(entry, _SIGNALS["KILL"], protected)
-        if why is None:
-            killed.append(entry["pid"])
-        elif why not in ("gone", "exited"):
-            skipped.append({"pid": entry["pid"], "why": why, "title": entry.get("title", "")})
+    killed, missed = _signal_all(pending, _SIGNALS["KILL"], protected)
+    note(missed, None)
     time.sleep(0.3)
     newcomers.update(_newcomers(plan, sessions, protected))
     remaining = [e["pid"] for e in plan if _still(e, protected) is None]
