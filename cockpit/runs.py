@@ -137,7 +137,7 @@ async def resume(session, layout: Layout | None) -> dict | None:
     run = await find_live_run(session, layout) if layout is not None else None
     if run is not None:
         remember_run(session, layout, launched=run, rule=run["rule"])
-        await session.follow_run(int(run["pgid"]), run.get("log"))
+        await watch_only(session, int(run["pgid"]), run.get("log"))
     return run
 
 
@@ -208,9 +208,18 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     from cockpit.actions import remember_run
 
     remember_run(session, layout, launched=run, rule=f"launched by this cockpit (ledger): process group {run['pgid']}")
-    session.state.forget_dead()
-    await session.follow_run(run["pgid"], run["log"])
+    await watch_only(session, run["pgid"], run["log"])
     return run
+
+
+async def watch_only(session, pgid: int, log: str | None) -> None:
+    """Watch this run (its process group) and nothing else: title patterns found every server on
+    the host, and a colleague's rank that ends is not a crash of ours. What was watched before and
+    is not part of the run is dropped once the agent has sent a sample under the new watch."""
+    session.watch.patterns = []
+    await session.follow_run(pgid, log)
+    await session.wait_samples(2)
+    session.state.forget_dead()
 
 
 async def watch_run(session, layout: Layout, watchdog, timeout: float, log: str,
