@@ -197,6 +197,7 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     log = run_log_path(layout, run_id)
     if log.startswith("~/") and session.state.agent.home:
         log = session.state.agent.home + log[1:]
+    await watch_only(session, None, None)  # from now on the session watches the new run alone
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
                            "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log})
@@ -208,16 +209,22 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     from cockpit.actions import remember_run
 
     remember_run(session, layout, launched=run, rule=f"launched by this cockpit (ledger): process group {run['pgid']}")
-    await watch_only(session, run["pgid"], run["log"])
+    session.state.forget_dead()
+    await session.follow_run(run["pgid"], run["log"])
     return run
 
 
-async def watch_only(session, pgid: int, log: str | None) -> None:
-    """Watch this run (its process group) and nothing else: title patterns found every server on
-    the host, and a colleague's rank that ends is not a crash of ours. What was watched before and
-    is not part of the run is dropped once the agent has sent a sample under the new watch."""
+async def watch_only(session, pgid: int | None, log: str | None) -> None:
+    """Watch this run (its process group; None: nothing yet, a launch follows) and nothing else:
+    title patterns found every server on the host, and a colleague's rank that ends is not a crash
+    of ours. What was watched before is dropped once the agent has sent samples under the new
+    watch (a sample already in flight may still carry it)."""
     session.watch.patterns = []
-    await session.follow_run(pgid, log)
+    if pgid is None:
+        session.watch.pgids = []
+        await session.request("config", **session.watch.args())
+    else:
+        await session.follow_run(pgid, log)
     await session.wait_samples(2)
     session.state.forget_dead()
 
