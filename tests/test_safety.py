@@ -266,6 +266,47 @@ def test_a_really_reused_pid_is_not_signalled():
         new.wait()
 
 
+def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch):
+    """The narrowest window: the start time matches, then (before the signal goes) the process
+    exits and a new one takes its pid. The signal goes through the pidfd opened before the check,
+    which still names the exited process: the newcomer gets nothing."""
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        pytest.skip("no pidfd on this Python/kernel: the check and the signal are then separate system calls")
+    old = sleeper()
+    plan = agent.run_plan(pids=[old.pid])["plan"]
+    real = agent._still
+    taken: dict = {}
+
+    def still(entry, protected):
+        why = real(entry, protected)
+        if why is None and "new" not in taken:
+            old.kill()
+            old.wait()
+            taken["new"] = _take_pid(old.pid)
+        return why
+
+    monkeypatch.setattr(agent, "_still", still)
+    report = agent.kill_run(plan, wait_s=0.5)
+    new = taken.get("new")
+    if new is None:
+        pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")
+    try:
+        assert report["term"] == [] and report["vanished"] == [old.pid]
+        assert new.poll() is None
+    finally:
+        new.kill()
+        new.wait()
+
+
+def test_the_agent_and_its_ancestors_are_never_planned_nor_signalled():
+    me = os.getpid()  # the agent's functions run in this process here: it is "the agent"
+    found = agent.run_plan(pids=[me])
+    assert found["plan"] == [] and "never signalled" in found["rule"]
+    entry = {"pid": me, "start": agent._start_ticks(me), "uid": os.geteuid()}
+    report = agent.kill_run([entry, dict(entry, pid=os.getppid(), start=agent._start_ticks(os.getppid()))], wait_s=0)
+    assert report["term"] == [] and all("never signalled" in s["why"] for s in report["skipped"])
+
+
 def test_a_process_that_appears_after_the_plan_is_reported_not_signalled(tmp_path):
     trigger = tmp_path / "go"
     parent = subprocess.Popen([sys.executable, "-c", f"import os,subprocess,time\n"
@@ -406,10 +447,18 @@ def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
                               "HF_TOKEN": secrets[3]})
     target = ["local", "--sim", str(sim_state), "--layout", str(layout)]
     env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    ours = Path(f"/dev/shm/psm_gpu-cockpit-test-{os.getpid()}-leak")  # left by an earlier run of ours
+    theirs = Path(f"/dev/shm/psm_gpu-cockpit-test-{os.getpid()}-theirs")
+    for path in (ours, theirs):
+        path.write_bytes(b"x" * 4096)
+    os.chown(theirs, NOBODY, NOBODY)
     try:
-        res = run_cli("launch", *target, "--yes", "--no-clean-shm", "--timeout", "90", env=env, timeout=150)
+        res = run_cli("launch", *target, "--yes", "--timeout", "90", env=env, timeout=150)
         assert res.returncode == 0, res.stderr[-2000:]
         assert "--api-key '***'" in res.stdout or "--api-key ***" in res.stdout
+        # the clean before the launch listed what it would remove, then said what it removed
+        assert f"rm {ours.name}" in res.stdout and theirs.name not in res.stdout
+        assert f"removed {ours.name}" in res.stderr and not ours.exists() and theirs.exists()
         snap = run_cli("snapshot", *target, "--json", env=env)
         assert snap.returncode == 0, snap.stderr
         assert "--api-key" in snap.stdout  # the launcher's command line is there, its key is not
@@ -427,6 +476,8 @@ def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
                 assert secret not in text
     finally:
         subprocess.run(["pkill", "-9", "-f", f"sim.server.*--port {port}"])
+        ours.unlink(missing_ok=True)
+        theirs.unlink(missing_ok=True)
 
 
 def test_the_run_log_is_created_0600_and_never_through_a_symlink(tmp_path):
