@@ -1521,8 +1521,8 @@ def open_log(path):
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Refused("the log %s is a symbolic link: refused (one may have been planted there); remove it or "
-                          "set another log_dir in the layout" % path)
-        raise Refused("cannot open the log %s: %s" % (path, exc.strerror or exc))
+                          "set another log_dir in the layout" % path) from None
+        raise Refused("cannot open the log %s: %s" % (path, exc.strerror or exc)) from None
     st = os.fstat(fd)
     problem = None
     if not st_mod.S_ISREG(st.st_mode):
