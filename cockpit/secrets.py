@@ -112,7 +112,8 @@ def mask_text(text: str) -> str:
 
 
 def mask_record(record):
-    """A ledger record or JSON document: `env` dicts, `argv` lists and secret-named keys anywhere."""
+    """A ledger record or JSON document: `env` dicts, `argv` lists, and keys whose words name a
+    secret anywhere (`api_key`, `hf_token`; not `tokenizer_path`)."""
     if isinstance(record, dict):
         out = {}
         for k, v in record.items():
@@ -120,7 +121,7 @@ def mask_record(record):
                 out[k] = mask_env(v)
             elif k in ("argv", "cmdline") and isinstance(v, list):
                 out[k] = mask_argv(v)
-            elif isinstance(k, str) and is_secret_name(k) and isinstance(v, str):
+            elif isinstance(k, str) and is_secret_flag("--" + k) and isinstance(v, (str, int, float)):
                 out[k] = MASK
             else:
                 out[k] = mask_record(v)

@@ -53,7 +53,7 @@ def test_a_secret_flag_without_a_value_hides_nothing_else():
 def test_text_and_records():
     assert "sk-9" not in mask_text("python -m x --api-key sk-9 --port 1")
     assert "HF_TOKEN=***" in mask_text("HF_TOKEN=hf_x python serve")
-    rec = mask_record({"argv": ["--api-key", "k"], "env": {"HF_TOKEN": "x"}, "params": {"api_key": "y", "tp": 8},
-                       "evidence": ["postgres://a:b@h/db down"]})
-    assert rec == {"argv": ["--api-key", MASK], "env": {"HF_TOKEN": MASK}, "params": {"api_key": MASK, "tp": 8},
-                   "evidence": ["postgres://a:***@h/db down"]}
+    rec = mask_record({"argv": ["--api-key", "k"], "env": {"HF_TOKEN": "x"},
+                       "params": {"api_key": "y", "tp": 8, "tokenizer_path": "/t"}, "evidence": ["postgres://a:b@h/db down"]})
+    assert rec == {"argv": ["--api-key", MASK], "env": {"HF_TOKEN": MASK},
+                   "params": {"api_key": MASK, "tp": 8, "tokenizer_path": "/t"}, "evidence": ["postgres://a:***@h/db down"]}
