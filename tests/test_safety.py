@@ -232,7 +232,10 @@ def test_the_sigkill_pass_checks_the_start_time_again(monkeypatch):
 
 
 def _take_pid(pid: int, tries: int = 200) -> subprocess.Popen | None:
-    """A new process that gets exactly this (free) pid, through ns_last_pid (root only)."""
+    """A new process that gets exactly this (free) pid, through ns_last_pid (root only). It starts
+    at least one clock tick after the pid's earlier process did: start times are counted in ticks
+    (10 ms), and a pid reused within the same tick as the first start is not distinguishable."""
+    time.sleep(0.05)
     for _ in range(tries):
         try:
             with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
