@@ -1,71 +1,202 @@
 """The operator's actions, as the story's operator did them by hand: kill the run and verify it is
 gone, audit and clean the shm folder. Each is planned first (the plan names exactly what will be
 touched, for the confirmation), then carried out by the agent on the host, which re-checks every
-pid's start time and every shm entry before it acts. No kill by name pattern across the host."""
+pid's start time and user before each signal and every shm entry before it unlinks it.
+
+What "the run" is (`run_scope`, resolved on the host by the agent's `find_runs`), in this order:
+1. the run this cockpit launched: its process group and its leader's start time, both checked;
+2. else the tree of the process that owns the layout's ports;
+3. else the tree of the processes that run the layout's command (and model path, and port);
+4. without a layout only: processes whose title matches the watch patterns.
+Processes of another user are never in a run; two runs found are never merged: the operator
+chooses one (`--pid ROOT`, or `k` on its root). No kill by name pattern across the host."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+from cockpit.errors import CockpitError
 from cockpit.hosttext import visible
 from cockpit.model import HostState
+from cockpit.secrets import mask_text
 from cockpit.session import HostSession
 
 DEFAULT_KILL_WAIT_S = 10.0
+SHM_DEFAULT = "/dev/shm"
+
+
+class AmbiguousRun(CockpitError):
+    """More than one run matches: the operator must choose; the candidates are attached."""
+
+    def __init__(self, message: str, candidates: list[dict]):
+        super().__init__(message)
+        self.candidates = candidates
 
 
 @dataclass
 class Scope:
-    """What belongs to a run: its process groups and sessions, and pids recorded for it."""
+    """What the agent is asked to find: a launched run (process group + leader start time), the
+    layout's ports, command and model path, the title patterns; or explicit pids (`k`, --pid).
+    `pgids` without a start time are trusted only by the agent that launched them."""
 
     pgids: list[int] = field(default_factory=list)
     sids: list[int] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    launched: list[dict] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    model: str | None = None
+    patterns: list[str] | None = None
 
     def args(self) -> dict:
-        return {"pgids": self.pgids, "sids": self.sids, "pids": self.pids}
+        if self.pids:
+            return {"pids": self.pids}
+        launched = [dict(r) for r in self.launched]
+        for g in list(self.pgids) + list(self.sids):
+            if all(int(r.get("pgid", -1)) != int(g) for r in launched):
+                launched.append({"pgid": int(g)})
+        return {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
+                "patterns": self.patterns}
 
 
-def run_scope(session: HostSession) -> Scope:
-    """The run on screen: a run the cockpit launched is its own session and process group; a run
-    found by its titles is the watched tree plus the process groups of its ranks and server."""
-    state = session.state
-    launched = list(session.watch.pgids)
-    live = [p for p in state.procs.values() if p.alive]
-    groups = set(launched) | {p.pgid for p in live if p.pgid and (p.role or p.rank is not None)}
-    return Scope(pgids=sorted(groups), sids=launched, pids=sorted(p.pid for p in live))
+# ----------------------------------------------------------------------------- the run a session follows
+# Kept on the session (until the host monitor owns it): the layout and the launched run's record.
+
+def remember_run(session, layout=None, launched: dict | None = None, rule: str | None = None) -> None:
+    """What this session knows about its run: the layout (ports, command, model) and the record of
+    the run it launched or resumed ({pgid, start, boot, uid}), and the rule that found it."""
+    hints = dict(getattr(session, "cockpit_run", None) or {})
+    if layout is not None:
+        hints["layout"] = layout
+    if launched is not None:
+        hints["launched"] = [{k: launched[k] for k in ("pgid", "start", "boot", "uid") if launched.get(k) is not None}]
+    if rule is not None:
+        hints["rule"] = rule
+    session.cockpit_run = hints
+
+
+def run_rule(session) -> str | None:
+    """The rule that found the session's run, for the screen ("launched by this cockpit (ledger) …",
+    "owns port 30000", "command matches …"); None until a run was found."""
+    return (getattr(session, "cockpit_run", None) or {}).get("rule")
+
+
+def layout_model(layout) -> str | None:
+    """The model path the layout launches (`--model-path X`, `--model X`, `--model=X`, vLLM's
+    `serve MODEL`), which a run started elsewhere must carry to be this layout's run."""
+    if layout is None:
+        return None
+    flags = list(layout.base_flags)
+    for i, arg in enumerate(flags):
+        if arg in ("--model-path", "--model") and i + 1 < len(flags):
+            return flags[i + 1]
+        for name in ("--model-path=", "--model="):
+            if arg.startswith(name):
+                return arg[len(name):]
+    for name in ("model_path", "model"):
+        value = layout.params.get(name)
+        if isinstance(value, str) and value:
+            return value
+    if layout.command and layout.command[-1].rsplit("/", 1)[-1] == "serve" and flags and not flags[0].startswith("-"):
+        return flags[0]
+    return None
+
+
+def run_scope(session: HostSession, layout=None) -> Scope:
+    """The run on screen, as hints the agent resolves on the host (see the module's docstring)."""
+    hints = getattr(session, "cockpit_run", None) or {}
+    layout = layout if layout is not None else hints.get("layout")
+    launched = [dict(r) for r in hints.get("launched") or []]
+    for g in session.watch.pgids:  # runs this session's agent launched: it knows their leaders' start
+        if all(int(r.get("pgid", -1)) != int(g) for r in launched):
+            launched.append({"pgid": int(g)})
+    return Scope(launched=launched, ports=list(layout.ports) if layout else [],
+                 command=list(layout.command) if layout else [], model=layout_model(layout),
+                 patterns=session.watch.patterns)
 
 
 def process_scope(pid: int) -> Scope:
-    """One process (and what it started): the `k` key."""
+    """One process (and what it started, as its user): the `k` key, `--pid`."""
     return Scope(pids=[pid])
+
+
+# ----------------------------------------------------------------------------- kill
+
+
+def when(epoch) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(epoch)))
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+
+
+def describe_candidate(n: int, c: dict) -> str:
+    return (f"[{n}] pid {c['root']} ({c['user']}, started {when(c.get('started'))}, {c.get('processes', '?')} processes, "
+            f"{c['rule']}): {visible(mask_text(c.get('title', '')))[:80]}")
 
 
 @dataclass
 class KillPlan:
     scope: Scope
     entries: list[dict]
+    rule: str | None = None
+    candidates: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    foreign: list[dict] = field(default_factory=list)
+    sessions: list[int] = field(default_factory=list)
+    root: int | None = None
+    uid: int | None = None
 
     def describe(self) -> list[str]:
-        lines = [f"{'pid':>7} {'pgid':>7} {'sid':>7} st  command"]
+        """Every process the kill will signal: pid, user, start time, command (secrets masked);
+        and the rule that found the run, what is left alone and why."""
+        lines = [f"the run: {self.rule}"] if self.rule else []
+        lines.append(f"{'pid':>7} {'user':<8} {'started':<19} {'pgid':>7} st  command")
         for e in self.entries:
-            lines.append(f"{e['pid']:>7} {e['pgid']:>7} {e['sid']:>7} {e['status']:<3} {visible(e['title'])[:90]}")
+            lines.append(f"{e['pid']:>7} {str(e.get('user', '?'))[:8]:<8} {when(e.get('started')):<19} {e['pgid']:>7} "
+                         f"{e['status']:<3} {visible(e['title'])[:90]}")
+        for f in self.foreign:
+            lines.append(f"left alone: pid {f['root']} ({f['rule']}): {f['why']}")
+        for note in self.notes:
+            lines.append(f"note: {note}")
         groups = sorted({e["pgid"] for e in self.entries})
         lines.append(f"{len(self.entries)} processes in process groups {', '.join(map(str, groups)) or '-'}: "
-                     f"SIGTERM, then SIGKILL after the wait")
+                     f"SIGTERM, then SIGKILL after the wait, each only while its start time still matches")
         return lines
 
 
-async def plan_kill(session: HostSession, scope: Scope) -> KillPlan:
-    data = await session.request("kill_plan", **scope.args())
-    return KillPlan(scope, data["plan"])
+def _masked_plan(entries: list[dict]) -> list[dict]:
+    return [dict(e, title=mask_text(e.get("title", ""))) for e in entries]
+
+
+async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = False) -> KillPlan:
+    """The plan for the operator to confirm. Two runs or more: AmbiguousRun (one line naming each
+    and how to choose), unless `allow_ambiguous` (then the plan is empty, the candidates listed)."""
+    data = await session.request("kill_plan", timeout=60, **scope.args())
+    plan = KillPlan(scope, _masked_plan(data.get("plan") or []), data.get("rule"), data.get("candidates") or [],
+                    data.get("notes") or [], data.get("foreign") or [], data.get("sessions") or [],
+                    data.get("root"), data.get("uid"))
+    if plan.entries and plan.rule and not scope.pids:
+        remember_run(session, rule=plan.rule)
+    if len(plan.candidates) > 1 and not allow_ambiguous:
+        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: {runs} — choose "
+                           f"one: `cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
+                           f"process and press k)",
+                           plan.candidates)
+    return plan
 
 
 async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
                ports: list[int] | None = None) -> dict:
-    """Kill what the plan names, then verify: processes left, their GPU memory, the ports."""
-    report = await session.request("kill", timeout=wait_s + 30, plan=plan.entries, wait_s=wait_s,
-                                   ports=list(ports or []), **plan.scope.args())
+    """Carry out exactly the plan (each pid checked against its planned start time and user before
+    each signal), then verify: processes left, their GPU memory, the ports."""
+    entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title") if k in e} for e in plan.entries]
+    report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
+                                   sessions=plan.sessions, ports=list(ports or []))
+    for key in ("skipped", "newcomers"):
+        report[key] = [dict(s, title=mask_text(s.get("title", ""))) for s in report.get(key) or []]
     report["verified"] = not (report["remaining"] or report["gpu_memory_left"] or report["ports_open"])
     return report
 
@@ -75,6 +206,10 @@ def describe_kill(report: dict) -> list[str]:
              f"({', '.join(map(str, report['killed'])) or 'none needed'})"]
     if report["verified"]:
         lines.append("verified: no process of the run left, no GPU memory held by it, its ports closed")
+    for s in report.get("skipped") or []:
+        lines.append(f"skipped pid {s['pid']}: {s['why']}")
+    for s in report.get("newcomers") or []:
+        lines.append(f"pid {s['pid']} {visible(s.get('title', ''))[:60]}: {s['why']}")
     if report["remaining"]:
         lines.append(f"STILL ALIVE: {', '.join(map(str, report['remaining']))}")
     for g in report["gpu_memory_left"]:
@@ -87,12 +222,35 @@ def describe_kill(report: dict) -> list[str]:
     return lines
 
 
-async def shm_audit(session: HostSession, folder: str = "/dev/shm") -> dict:
-    return await session.request("shm_audit", timeout=60, folder=folder)
+# ----------------------------------------------------------------------------- shm
 
 
-async def shm_clean(session: HostSession, names: list[str], folder: str = "/dev/shm") -> dict:
-    return await session.request("shm_clean", timeout=60, folder=folder, names=names)
+async def shm_audit(session: HostSession, folder: str = SHM_DEFAULT, uid: int | None = None) -> dict:
+    """Every entry of the folder, each removable or kept with its reason. `uid`: the run's user
+    (default: the user the agent runs as)."""
+    return await session.request("shm_audit", timeout=60, folder=folder, uid=uid)
+
+
+async def shm_clean(session: HostSession, names: list[str], folder: str = SHM_DEFAULT, uid: int | None = None,
+                    other_dir: bool = False) -> dict:
+    """Remove these entries, each re-checked by the agent. A folder other than /dev/shm is
+    refused unless `other_dir` says the operator named it and confirmed."""
+    return await session.request("shm_clean", timeout=60, folder=folder, names=names, uid=uid, other_dir=other_dir)
+
+
+def shm_after_kill(audit: dict, plan: KillPlan | None) -> list[str]:
+    """The entries a clean after this kill will remove: removable now, or kept only because a
+    process of the plan holds it or created it. Each is checked again by the agent at the time."""
+    planned = {e["pid"] for e in plan.entries} if plan else set()
+    names = []
+    for e in audit["entries"]:
+        if e["removable"]:
+            names.append(e["name"])
+        elif (planned and e["kind"] == "file" and e.get("family") and e.get("uid") == audit.get("uid")
+              and all(p in planned for p in e["held_by"])
+              and (not e["creator_alive"] or e["creator"] in planned)):
+            names.append(e["name"])
+    return names
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -110,13 +268,23 @@ def describe_shm(audit: dict) -> list[str]:
     for e in audit["entries"]:
         held = ",".join(map(str, e["held_by"])) if e["held_by"] else "-"
         creator = "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
-        mark = "removable" if e["removable"] else "keep"
-        lines.append(f"{visible(e['name'])[:44]:<44} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s {visible(e['owner'])[:8]:<8} "
-                     f"{held}{creator}  [{mark}]")
+        mark = "removable" if e["removable"] else f"keep: {e.get('why') or 'kept'}"
+        lines.append(f"{visible(e['name'])[:44]:<44} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
+                     f"{visible(e['owner'])[:8]:<8} {held}{creator}  [{mark}]")
     removable = [e for e in audit["entries"] if e["removable"]]
     lines.append(f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "
                  f"({human_bytes(sum(e['bytes'] for e in removable))}), free {human_bytes(audit['free_bytes'])} "
                  f"of {human_bytes(audit['total_bytes'])}")
+    if audit.get("user"):
+        lines.append(f"removable: files named like an inference run's ({', '.join(audit.get('prefixes') or [])}), "
+                     f"owned by {audit['user']}, held by no process, their creator dead")
+    return lines
+
+
+def describe_clean(done: dict) -> list[str]:
+    lines = [f"removed {len(done['removed'])} entries, freed {human_bytes(done['freed_bytes'])}"]
+    lines += [f"removed {visible(n)}" for n in done["removed"]]
+    lines += [f"kept {visible(s['name'])}: {s['why']}" for s in done["skipped"]]
     return lines
 
 

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 
 from cockpit import __version__
 from cockpit.errors import CockpitError
+from cockpit.hosttext import visible
+from cockpit.secrets import mask_argv
 
 
 @dataclass
@@ -368,7 +371,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- actions
 
 @command("kill", "kill the run (or one process), then verify it is gone", TARGET,
-         arg("--pid", type=int, help="kill this process (and what it started) instead of the whole run"),
+         arg("--pid", type=int, help="kill this process (and what it started, as its user) instead of the run "
+                                     "found; how to choose when two runs are found"),
          arg("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)"),
          YES, JSON)
 def cmd_kill(args: argparse.Namespace) -> int:
@@ -382,7 +386,9 @@ def cmd_kill(args: argparse.Namespace) -> int:
             scope = actions.process_scope(args.pid) if args.pid else actions.run_scope(session)
             plan = await actions.plan_kill(session, scope)
             if not plan.entries:
+                why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
                 raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
+                                   + (f" ({why})" if why else "")
                                    if not args.pid else f"no process {args.pid} on {session.target.label}")
             if not _confirm(plan.describe(), f"kill these {len(plan.entries)} processes?", args.yes):
                 return None
@@ -406,14 +412,20 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 @command("shm", "audit the host's /dev/shm; --clean removes what is safe to remove", TARGET,
-         arg("--dir", default="/dev/shm", help="the shm folder (default /dev/shm)"),
-         arg("--clean", action="store_true", help="remove entries no live process holds and whose creator is dead"),
-         YES, JSON)
+         arg("--dir", default="/dev/shm",
+             help="the shm folder (default /dev/shm); cleaning another folder needs --yes-other-dir or a yes asked"),
+         arg("--clean", action="store_true",
+             help="remove files named like an inference run's (nccl-, torch_, psm_, sgl_shm_, vllm_, MPI...), "
+                  "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why"),
+         YES, arg("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm"), JSON)
 def cmd_shm(args: argparse.Namespace) -> int:
     from cockpit import actions
 
     if args.clean:
         _writable(args)
+    other_dir = os.path.normpath(args.dir) != actions.SHM_DEFAULT
+    if args.clean and other_dir and not args.yes_other_dir and not sys.stdin.isatty():
+        raise CockpitError(f"--dir {args.dir} is not /dev/shm: pass --yes-other-dir to clean it (--yes alone does not)")
 
     async def go():
         async with attached(args) as monitor:
@@ -426,9 +438,14 @@ def cmd_shm(args: argparse.Namespace) -> int:
                 print("\n".join(actions.describe_shm(audit)))
             if not names:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
-            if not _confirm([f"  {n}" for n in names], f"remove these {len(names)} entries of {args.dir}?", args.yes):
+            if not _confirm([f"  {visible(n)}" for n in names], f"remove these {len(names)} entries of {args.dir}?",
+                            args.yes):
                 return audit, None
-            return audit, await actions.shm_clean(session, names, args.dir)
+            if other_dir and not args.yes_other_dir and not _confirm(
+                    [], f"{args.dir} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
+                    False):
+                return audit, None
+            return audit, await actions.shm_clean(session, names, args.dir, other_dir=other_dir)
 
     audit, cleaned = asyncio.run(go())
     if args.json:
@@ -437,9 +454,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
         if not args.clean:
             print("\n".join(actions.describe_shm(audit)))
     else:
-        print(f"removed {len(cleaned['removed'])} entries, freed {actions.human_bytes(cleaned['freed_bytes'])}")
-        for s in cleaned["skipped"]:
-            print(f"kept {s['name']}: {s['why']}")
+        print("\n".join(actions.describe_clean(cleaned)))
     return 0
 
 
@@ -509,11 +524,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             session, layout = monitor.session, monitor.layout
             spec = _spec(args, layout)
             argv = runs.build_argv(layout, spec, runs.launch_python(layout, session)) + runs.sim_flags(layout, session)
-            if not _confirm(["the current run (if any) is killed and verified gone, /dev/shm cleaned, then:",
-                             "  " + " ".join(argv)], "launch?", args.yes):
+            plan, names, lines = await runs.plan_relaunch(session, layout, clean_shm=not args.no_clean_shm)
+            if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes):
                 return None
             return await runs.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                          progress=_progress, settle=args.settle)
+                                          progress=_progress, settle=args.settle, plan=plan, shm_names=names)
 
     row = asyncio.run(go())
     if row is None:
@@ -538,10 +553,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             specs = runs.combinations(monitor.layout, vary)
-            if not _confirm([f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
+            plan, names, lines = await runs.plan_relaunch(monitor.session, monitor.layout)
+            if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
                             f"run these {len(specs)} launches one after another (each kills the one before)?", args.yes):
                 return None
-            return await runs.ablate(monitor, vary, args.timeout, progress=_progress)
+            return await runs.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
+                                     first_shm=names)
 
     rows = asyncio.run(go())
     if rows is None:

@@ -45,7 +45,16 @@ async def start_demo(session: HostSession, layout: Layout, state: str) -> dict:
 
 
 async def attach_demo(session: HostSession, run: dict) -> None:
+    from cockpit.actions import remember_run
+
+    remember_run(session, launched=_launched(run), rule=f"the demo's run (process group {run['pgid']})")
     await session.follow_run(int(run["pgid"]), run.get("log"))
+
+
+def _launched(rec: dict) -> dict:
+    """The record's process group and its leader's start time: what the agent checks before it
+    calls anything the demo's run."""
+    return {k: rec[k] for k in ("pgid", "start", "boot", "uid") if rec.get(k) is not None}
 
 
 def forget_demo(state: str) -> None:
@@ -57,9 +66,9 @@ def forget_demo(state: str) -> None:
 async def stop_demo(session: HostSession, layout: Layout, state: str, since: float = 0.0,
                     recorded: bool = True, wait_s: float = 5.0) -> list[str]:
     """End every run this demo launched since `since` (the first one and each relaunch, all in
-    the ledger) and, with `recorded`, the recorded demo run, through the session's agent: each
-    run's process group, every pid checked against its start time, SIGTERM then SIGKILL, then
-    verified. Returns what was not verified gone."""
+    the ledger) and, with `recorded`, the recorded demo run, through the session's agent: each run
+    found from its process group and its leader's start time, every pid checked against its start
+    time, SIGTERM then SIGKILL, then verified. Returns what was not verified gone."""
     from cockpit import actions
 
     left = []
@@ -67,8 +76,7 @@ async def stop_demo(session: HostSession, layout: Layout, state: str, since: flo
     runs = [r for r in read_ledger(layout) if r.get("host") == session.target.label and r.get("pgid")
             and (r.get("time", 0) >= since or (rec and r.get("run_id") == rec.get("run_id")))]
     for run in runs:
-        pgid = int(run["pgid"])
-        plan = await actions.plan_kill(session, actions.Scope(pgids=[pgid], sids=[pgid]))
+        plan = await actions.plan_kill(session, actions.Scope(launched=[_launched(run)]), allow_ambiguous=True)
         if plan.entries:
             report = await actions.kill(session, plan, wait_s)
             if not report["verified"]:

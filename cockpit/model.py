@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
 from cockpit.logrules import LogLine, LogRules
+from cockpit.secrets import mask_argv
 
 HISTORY_LEN = 600  # ten minutes at 1 Hz
 LOG_LINES = 5000
@@ -231,7 +232,7 @@ class HostState:
                 if key in p:
                     setattr(proc, key, p[key])
             if "cmdline" in p:
-                proc.cmdline = list(p["cmdline"] or [])
+                proc.cmdline = mask_argv(p["cmdline"] or [])  # secrets never reach the screen or JSON
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
             elif proc.role is None:
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
@@ -348,15 +349,14 @@ class HostState:
         def key(p: Proc):
             return (p.rank is None, p.rank or 0, p.title, p.pid)
 
-        def walk(p: Proc, depth: int, seen: set[int]) -> None:
+        seen: set[int] = set()
+        # iterative: a process chain 1,000 deep is deeper than Python's recursion limit
+        stack = [(r, 0) for r in sorted(roots, key=key, reverse=True)]
+        while stack:
+            p, depth = stack.pop()
             if p.pid in seen:
-                return
+                continue
             seen.add(p.pid)
             out.append((depth, p))
-            for c in sorted(by_parent.get(p.pid, []), key=key):
-                walk(c, depth + 1, seen)
-
-        seen: set[int] = set()
-        for r in sorted(roots, key=key):
-            walk(r, 0, seen)
+            stack.extend((c, depth + 1) for c in sorted(by_parent.get(p.pid, []), key=key, reverse=True))
         return out

@@ -16,6 +16,8 @@ from pathlib import Path
 from cockpit.config import Layout, param_flag
 from cockpit.diagnose import ALERTING, VerdictName
 from cockpit.errors import CockpitError
+from cockpit.hosttext import visible
+from cockpit.secrets import ENV_WORDS, mask_argv, mask_env, mask_record
 
 
 @dataclass
@@ -55,12 +57,13 @@ def run_log_path(layout: Layout, run_id: str) -> str:
 
 # ----------------------------------------------------------------------------- the ledger
 
-SECRET = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+SECRET = ENV_WORDS  # the names cockpit.secrets masks (and *_PAT, credentials in URLs)
 
 
 def masked(env: dict[str, str]) -> dict[str, str]:
-    """Environment as recorded: values of names that look secret never reach the disk."""
-    return {k: ("***" if any(s in k.upper() for s in SECRET) else v) for k, v in env.items()}
+    """Environment as recorded: values of names that look secret never reach the disk (see
+    cockpit.secrets: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, *PASSWD*, *AUTH*, *_PAT, URL credentials)."""
+    return mask_env(env)
 
 
 def state_home() -> Path:
@@ -73,7 +76,9 @@ def ledger_path(layout: Layout) -> Path:
 
 def append_ledger(layout: Layout, record: dict) -> None:
     """One line, appended and fsynced before the caller goes on: a cockpit killed at any moment
-    loses no row (a torn last line is skipped on reading)."""
+    loses no row (a torn last line is skipped on reading). Secrets are masked here, whatever the
+    caller passed: env values, argv values after --api-key and the like, URL credentials."""
+    record = mask_record(record)
     path = ledger_path(layout)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -104,24 +109,36 @@ def read_ledger(layout: Layout) -> list[dict]:
 
 
 async def find_live_run(session, layout: Layout) -> dict | None:
-    """The latest run of this layout on this host that still has processes in its group (ready,
-    stalled, or never watched to an outcome): what a cockpit started again after a crash, a quit or
-    a dropped link follows."""
-    for run in list(reversed(read_ledger(layout)))[:20]:
-        if run.get("host") != session.target.label:
-            continue
-        if not run.get("pgid"):
-            continue
-        members = await session.request("kill_plan", pgids=[run["pgid"]], sids=[run["pgid"]])
-        if members["plan"]:
-            return run
+    """The latest run of this layout on this host that is still alive (ready, stalled, or never
+    watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
+    follows. A record is trusted only with its leader's start time: the agent checks that the
+    process group's leader is still the process launched (not a later one reusing its pid), or,
+    the leader gone, that the survivors of its session carry the run's titles and user.
+    The answer carries the rule that found it (`rule`) and its root pid (`root`)."""
+    records = [r for r in list(reversed(read_ledger(layout)))[:20]
+               if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None]
+    if not records:
+        return None
+    launched = [{k: r[k] for k in ("pgid", "start", "boot", "uid") if r.get(k) is not None} for r in records]
+    found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
+                                  patterns=session.watch.patterns)
+    alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
+    for run in records:
+        cand = alive.get(int(run["pgid"]))
+        if cand is not None:
+            return {**run, "rule": cand["rule"], "root": cand["root"]}
     return None
 
 
 async def resume(session, layout: Layout | None) -> dict | None:
+    from cockpit.actions import remember_run
+
+    if layout is not None:
+        remember_run(session, layout)
     run = await find_live_run(session, layout) if layout is not None else None
     if run is not None:
-        await session.follow_run(int(run["pgid"]), run.get("log"))
+        remember_run(session, layout, launched=run, rule=run["rule"])
+        await watch_only(session, int(run["pgid"]), run.get("log"))
     return run
 
 
@@ -172,16 +189,36 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     log = run_log_path(layout, run_id)
     if log.startswith("~/") and session.state.agent.home:
         log = session.state.agent.home + log[1:]
+    await watch_only(session, None, None)  # from now on the session watches the new run alone
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
-                           "time": time.time(), "argv": argv, "flag_sets": list(spec.enabled),
+                           "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log})
     run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log)
     run["run_id"] = run_id
     append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
-                           "log": run["log"]})
+                           "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),
+                           "uid": run.get("uid")})
+    from cockpit.actions import remember_run
+
+    remember_run(session, layout, launched=run, rule=f"launched by this cockpit (ledger): process group {run['pgid']}")
     session.state.forget_dead()
     await session.follow_run(run["pgid"], run["log"])
     return run
+
+
+async def watch_only(session, pgid: int | None, log: str | None) -> None:
+    """Watch this run (its process group; None: nothing yet, a launch follows) and nothing else:
+    title patterns found every server on the host, and a colleague's rank that ends is not a crash
+    of ours. What was watched before is dropped once the agent has sent samples under the new
+    watch (a sample already in flight may still carry it)."""
+    session.watch.patterns = []
+    if pgid is None:
+        session.watch.pgids = []
+        await session.request("config", **session.watch.args())
+    else:
+        await session.follow_run(pgid, log)
+    await session.wait_samples(2)
+    session.state.forget_dead()
 
 
 async def follow_to_outcome(monitor, timeout: float, progress=None, settle: float = 0.0) -> tuple[str, list[str]]:
@@ -206,27 +243,11 @@ async def follow_to_outcome(monitor, timeout: float, progress=None, settle: floa
             return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
 
 
-async def stop_run(monitor, why: str) -> None:
-    """End the run on screen before a launch, verified; the ledger keeps what the cockpit saw of
-    it (a stalled run stays recorded as stalled, not as killed)."""
-    from cockpit import actions
-
-    session, layout = monitor.session, monitor.layout
-    plan = await actions.plan_kill(session, actions.run_scope(session))
-    if not plan.entries:
-        return
-    _record_seen(monitor)
-    with monitor.stopping_for(why):
-        report = await actions.kill(session, plan, layout.kill_wait_s, layout.ports)
-    if not report["verified"]:
-        raise CockpitError("the previous run is not fully gone: " + "; ".join(actions.describe_kill(report)[1:]))
-
-
 def _record_seen(monitor) -> None:
     """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
-    stopped."""
+    stopped: a stalled run stays recorded as stalled, not as killed."""
     run, layout = monitor.following, monitor.layout
-    if not run or not layout or run.get("outcome_written"):
+    if not run or not layout or not run.get("run_id") or run.get("outcome_written"):
         return
     verdict = monitor.verdict
     outcome = verdict.name.value if verdict.name in ALERTING else (
@@ -237,18 +258,81 @@ def _record_seen(monitor) -> None:
     run["outcome_written"] = True
 
 
+async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
+    """Carry out a confirmed kill plan of the run on screen, verified; the ledger first keeps what
+    the cockpit saw of it, and while it runs the ranks going down read as `stopping`."""
+    from cockpit import actions
+
+    if not plan.entries:
+        return None
+    _record_seen(monitor)
+    with monitor.stopping_for(why):
+        report = await actions.kill(monitor.session, plan, monitor.layout.kill_wait_s, monitor.layout.ports)
+    for line in actions.describe_kill(report):
+        if say:
+            say(line)
+    if not report["verified"]:
+        raise CockpitError("the previous run is not fully gone: " + "; ".join(actions.describe_kill(report)[1:]))
+    return report
+
+
+async def plan_relaunch(session, layout: Layout, clean_shm: bool = True):
+    """What a (re)launch will do before it starts the new run, for the operator to confirm: the
+    kill plan of the current run (every pid, user, start time, command, and the rule that found
+    it) and the shm entries the clean after it will remove. Returns (plan, shm names, lines).
+    Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
+    from cockpit import actions
+
+    plan = await actions.plan_kill(session, actions.run_scope(session, layout))
+    lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
+             if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
+    lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
+    names: list[str] = []
+    if clean_shm:
+        audit = await actions.shm_audit(session, uid=plan.uid)
+        names = actions.shm_after_kill(audit, plan)
+        if names:
+            lines.append(f"then these {len(names)} entries of {audit['folder']} are removed (each checked again first):")
+            lines += [f"  rm {visible(n)}" for n in names]
+        else:
+            lines.append(f"nothing to remove from {audit['folder']}")
+    return plan, names, lines
+
+
 async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
-                      dump_on_stall: bool = True, progress=None, settle: float = 0.0) -> dict:
-    """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record."""
+                      dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
+                      shm_names: list[str] | None = None) -> dict:
+    """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
+
+    `plan` and `shm_names` (from plan_relaunch) are what the operator confirmed: exactly that is
+    carried out. Without them (an ablation's later steps) they are made here and said through
+    `progress(None, line)` before anything is signalled or removed."""
     from cockpit import actions, stacks
 
     session, layout = monitor.session, monitor.layout
-    await stop_run(monitor, "stopped for relaunch")
+
+    def say(line: str) -> None:
+        if progress:
+            progress(None, line)
+
+    if plan is None:
+        plan, found, lines = await plan_relaunch(session, layout, clean_shm)
+        shm_names = found if shm_names is None else shm_names
+        for line in lines:
+            say(line)
+    killed = [{"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]}
+              for e in plan.entries]
+    await stop_run(monitor, plan, "stopped for relaunch", say)
+    removed: list[str] = []
     if clean_shm:
-        audit = await actions.shm_audit(session)
-        names = [e["name"] for e in audit["entries"] if e["removable"]]
-        if names:
-            await actions.shm_clean(session, names)
+        if shm_names is None:
+            audit = await actions.shm_audit(session, uid=plan.uid)
+            shm_names = actions.shm_after_kill(audit, plan)
+        if shm_names:
+            done = await actions.shm_clean(session, shm_names, uid=plan.uid)
+            removed = done["removed"]
+            for line in actions.describe_clean(done):
+                say(line)
     monitor.new_run()
     run = await launch(session, layout, spec)
     monitor.following = run
@@ -263,7 +347,8 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
         except CockpitError as exc:
             evidence = evidence + [f"no stack dump: {exc}"]
     row = {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
-           "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": dumps, "time": time.time()}
+           "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": dumps, "time": time.time(),
+           "killed_before": killed, "shm_removed": removed}
     append_ledger(layout, row)
     run["outcome_written"] = True
     return {**run, **row, "flag_sets": list(spec.enabled)}
@@ -283,13 +368,23 @@ def combinations(layout: Layout, vary: list[str]) -> list[RunSpec]:
     return out
 
 
-async def ablate(monitor, vary: list[str], timeout: float, progress=None) -> list[dict]:
+async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_plan=None,
+                 first_shm: list[str] | None = None) -> list[dict]:
+    """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
+    operator confirmed them; each later step (and the final kill) says its plan before acting."""
+    from cockpit import actions
+
     rows = []
-    for spec in combinations(monitor.layout, vary):
+    for n, spec in enumerate(combinations(monitor.layout, vary)):
         if progress:
             progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
-        rows.append(await run_variant(monitor, spec, timeout, progress=progress))
-    await stop_run(monitor, "stopped: the ablation is over")
+        plan, names = (first_plan, first_shm) if n == 0 else (None, None)
+        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm_names=names))
+    plan = await actions.plan_kill(monitor.session, actions.run_scope(monitor.session, monitor.layout))
+    if plan.entries and progress:
+        for line in ["the last run is killed:"] + plan.describe():
+            progress(None, line)
+    await stop_run(monitor, plan, "stopped: the ablation is over")
     return rows
 
 

@@ -89,7 +89,9 @@ async def test_shm_clean_removes_only_what_is_safe(sim_state, tmp_path):
         assert by[psm]["removable"]
         assert by["evil-link"]["kind"] == "symlink" and not by["evil-link"]["removable"]
         names = list(by) + ["../victim-file", "/etc/passwd", "."]
-        done = await actions.shm_clean(run.session, names, str(shm))
+        refused = await asyncio.gather(actions.shm_clean(run.session, names, str(shm)), return_exceptions=True)
+        assert "is not /dev/shm" in str(refused[0]) and (shm / psm).exists()  # another folder: only when confirmed
+        done = await actions.shm_clean(run.session, names, str(shm), other_dir=True)
         assert done["removed"] == [psm]
         kept = {s["name"]: s["why"] for s in done["skipped"]}
         assert "held by pid" in kept[nccl[0]] and "alive" in kept[tok] and "symlink" in kept["evil-link"]
@@ -100,13 +102,13 @@ async def test_shm_clean_removes_only_what_is_safe(sim_state, tmp_path):
         after = await actions.shm_audit(run.session, str(shm))
         left = [e["name"] for e in after["entries"] if e["removable"]]
         assert len(left) == 9  # the 8 nccl segments and the tokenizer's, their holders and creator dead
-        done = await actions.shm_clean(run.session, left, str(shm))
+        done = await actions.shm_clean(run.session, left, str(shm), other_dir=True)
         assert sorted(done["removed"]) == sorted(left)
     assert victim.read_text() == "precious"
 
 
 def test_shm_in_the_real_dev_shm_with_our_own_names(tmp_path):
-    tag = f"gpu-cockpit-test-{os.getpid()}"
+    tag = f"psm_gpu-cockpit-test-{os.getpid()}"  # an inference run's name (psm_): a clean may remove it
     held, free = Path(f"/dev/shm/{tag}-held"), Path(f"/dev/shm/{tag}-free")
     free.write_bytes(b"x" * 8192)
     holder = subprocess.Popen([sys.executable, "-c", f"import time;f=open('{held}','wb');f.write(b'y'*4096);f.flush();"
@@ -181,7 +183,7 @@ def start_server_by_hand(sim_state, tmp_path, tp: int) -> tuple[subprocess.Popen
     return proc, port
 
 
-def test_cli_kill_over_ssh_finds_the_run_by_its_titles(sim_state, tmp_path, sshd):
+def test_cli_kill_over_ssh_finds_the_run_by_the_port_it_owns(sim_state, tmp_path, sshd):
     proc, port = start_server_by_hand(sim_state, tmp_path, 4)
     try:
         layout = tmp_path / "l.yaml"
@@ -194,7 +196,8 @@ def test_cli_kill_over_ssh_finds_the_run_by_its_titles(sim_state, tmp_path, sshd
         res = run_cli("kill", *common, "--yes", "--json")
         assert res.returncode == 0, res.stderr
         report = json.loads(res.stdout[res.stdout.index("{"):])
-        assert report["verified"] and len(report["term"]) >= 6  # launcher, 4 ranks, detokenizer, tracker
+        assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 6  # launcher, 4 ranks, detok., tracker
+        assert "the run: owns port" in res.stdout  # the rule that found it, printed with the plan under --yes
         assert proc.wait(5) is not None
     finally:
         try:

@@ -117,6 +117,6 @@ def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout):
         res = run_cli("kill", *target, "--yes", "--json", env=env)
         assert res.returncode == 0, res.stderr
         report = json.loads(res.stdout[res.stdout.index("{"):])
-        assert report["verified"] and len(report["term"]) >= 10
+        assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 10  # a launcher may end some first
     finally:
         del os.environ["XDG_STATE_HOME"]

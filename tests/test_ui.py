@@ -255,6 +255,11 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         assert app.screen.spec().enabled == []
         await pilot.press("ctrl+r")
         await until(pilot, lambda: not isinstance(app.screen, RelaunchScreen), 10)
+        # the relaunch shows what it will kill (the rule that found the run, every pid) before it acts
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
+        await until(pilot, lambda: "the run: launched by this cockpit" in save_text(app, None), 10)
+        assert save_text(app, None).count("sglang::scheduler_TP") >= 8
+        await pilot.press("y")
         await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)
         rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
         assert [r["outcome"] for r in rows] == ["unknown", "ready"] and rows[1]["flag_sets"] == []

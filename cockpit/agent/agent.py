@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -839,12 +840,65 @@ def http_get(port, path, timeout=2.0, host="127.0.0.1"):
 # ----------------------------------------------------------------------------- actions
 
 _SIGNALS = {"TERM": 15, "KILL": 9}
-SHM_CREATOR = [re.compile(r"^sgl_shm_[A-Za-z]+_(\d+)_"), re.compile(r"^multi_tokenizer_args_(\d+)")]
+SHM_DEFAULT = "/dev/shm"
+# What inference runs leave in /dev/shm (docs/layouts.md names the source of each). Only entries
+# with one of these prefixes are ever removed by a clean.
+SHM_FAMILIES = (
+    ("nccl-", "NCCL"),
+    ("torch_", "PyTorch"),
+    ("__KMP_REGISTERED_LIB_", "OpenMP runtime (PyTorch)"),
+    ("psm_", "Python shared memory"),
+    ("sem.mp-", "Python multiprocessing"),
+    ("sem.loky-", "joblib/loky"),
+    ("sgl_shm_", "SGLang"),
+    ("multi_tokenizer_args_", "SGLang"),
+    ("vllm_", "vLLM"),
+    ("vader_segment.", "Open MPI"),
+    ("sm_segment.", "Open MPI"),
+    ("psm2_", "MPI (PSM2)"),
+    ("psm3_", "MPI (PSM3)"),
+    ("ucx_", "MPI (UCX)"),
+)
+# Names that carry their creator's pid.
+SHM_CREATOR = [re.compile(r"^sgl_shm_[A-Za-z_]*?_(\d+)_"), re.compile(r"^multi_tokenizer_args_(\d+)"),
+               re.compile(r"^torch_(\d+)_"), re.compile(r"^__KMP_REGISTERED_LIB_(\d+)")]
+
+
+class Refused(Exception):
+    """An action the agent will not carry out; the message says why and what to do."""
 
 
 def _start_ticks(pid):
     row = _proc_stat(pid)
     return None if row is None else row["_start"]
+
+
+def _uid(pid):
+    """The process's real uid (who started it), from /proc/PID/status."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _user(uid):
+    import pwd
+
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return str(uid)
+
+
+def _when(epoch):
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(epoch)))
+    except (TypeError, ValueError, OverflowError):
+        return "?"
 
 
 def _protected():
@@ -858,94 +912,495 @@ def _protected():
             break
         pid = row["ppid"]
     out.add(1)
+    out.add(0)
     return out
 
 
-def run_members(pgids=(), sids=(), pids=()):
-    """Processes of a run: those in its process groups or sessions, the pids recorded for it, and
-    every descendant of those (workers reparented after their parent died keep their group)."""
-    pgids, sids, pids = set(pgids), set(sids), set(pids)
-    table = {}
-    children = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            row = _proc_stat(int(name))
-            if row is not None:
-                table[row["pid"]] = row
-                children.setdefault(row["ppid"], []).append(row["pid"])
-    roots = [pid for pid, r in table.items() if pid in pids or r["pgid"] in pgids or r["sid"] in sids]
-    found = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid in found or pid not in table:
+def _matches(patterns, name, text):
+    for pat in patterns or ():
+        if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(text, pat):
+            return True
+    return False
+
+
+class _Table:
+    """One read of the process table, for one decision: every process with its uid, its children,
+    its command line read on demand. Walks are iterative (a chain 1,000 deep is fine)."""
+
+    def __init__(self):
+        self.rows = {}
+        self.children = {}
+        self._argv = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                row = _proc_stat(int(name))
+                if row is not None:
+                    row["uid"] = _uid(row["pid"])
+                    self.rows[row["pid"]] = row
+        for pid, row in self.rows.items():
+            self.children.setdefault(row["ppid"], []).append(pid)
+
+    def argv(self, pid):
+        if pid not in self._argv:
+            self._argv[pid] = _read_cmdline(pid)
+        return self._argv[pid]
+
+    def text(self, pid):
+        return " ".join(self.argv(pid)) or self.rows[pid]["name"]
+
+    def tree(self, roots, uid, protected):
+        """The roots and their descendants that run as `uid` (a process of another user is not
+        in the run, nor is what it started)."""
+        found = set()
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            row = self.rows.get(pid)
+            if pid in found or row is None or pid in protected or row["uid"] != uid:
+                continue
+            found.add(pid)
+            stack.extend(self.children.get(pid, ()))
+        return found
+
+    def entry(self, pid):
+        r = self.rows[pid]
+        return {"pid": pid, "start": r["_start"], "started": r["started"], "uid": r["uid"], "user": _user(r["uid"]),
+                "ppid": r["ppid"], "pgid": r["pgid"], "sid": r["sid"], "status": r["status"], "name": r["name"],
+                "title": self.text(pid)[:300]}
+
+    def climb(self, pid, member, protected, memo=None):
+        """From a process of the run up to the highest ancestor that is of the run too (same user,
+        and `member` says so): a wrapper shell and its other children are not swept in. `memo`
+        (pid -> root) makes climbing from every process of a 1,000-deep chain linear."""
+        memo = {} if memo is None else memo
+        path = []
+        seen = set()
+        uid = self.rows[pid]["uid"]
+        root = pid
+        while root not in seen:
+            if root in memo:
+                root = memo[root]
+                break
+            seen.add(root)
+            path.append(root)
+            parent = self.rows.get(self.rows[root]["ppid"])
+            if parent is None or parent["pid"] in protected or parent["uid"] != uid or not member(parent["pid"]):
+                break
+            root = parent["pid"]
+        for p in path:
+            memo[p] = root
+        return root
+
+
+def _listening_inodes(ports):
+    """{port: set of socket inodes} of listening TCP sockets on these ports (IPv4 and IPv6)."""
+    want = set(int(p) for p in ports)
+    out = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh:
+                next(fh, None)
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == "0A":
+                        port = int(parts[1].rsplit(":", 1)[1], 16)
+                        if port in want:
+                            out.setdefault(port, set()).add(int(parts[9]))
+        except OSError:
             continue
-        found.add(pid)
-        stack.extend(children.get(pid, ()))
+    return out
+
+
+def _port_owners(table, ports):
+    """{pid: [ports]} of the processes holding the listening sockets of these ports."""
+    inodes = {}
+    for port, found in _listening_inodes(ports).items():
+        for inode in found:
+            inodes[inode] = port
+    owners = {}
+    if not inodes:
+        return owners
+    for pid in table.rows:
+        for inode in socket_inodes(pid) & set(inodes):
+            owners.setdefault(pid, set()).add(inodes[inode])
+    return {pid: sorted(p) for pid, p in owners.items()}
+
+
+def _port_value(argv):
+    for i, a in enumerate(argv):
+        value = None
+        if a == "--port" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--port="):
+            value = a[7:]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def command_matches(argv, command, model=None, ports=()):
+    """The layout's command (by base name, in order, contiguous) is in the process's command
+    line, and so is its model path; a `--port` other than the layout's says it is another server."""
+    if not command or not argv:
+        return False
+    names = [a.rsplit("/", 1)[-1] for a in argv]
+    want = [c.rsplit("/", 1)[-1] for c in command]
+    n = len(want)
+    if not any(names[i:i + n] == want for i in range(len(names) - n + 1)):
+        return False
+    if model and model not in argv and not any(a.endswith("=" + model) for a in argv):
+        return False
+    port = _port_value(argv)
+    if ports and port is not None and port not in set(int(p) for p in ports):
+        return False
+    return True
+
+
+def _candidate(table, root, rule, protected, extra=()):
+    row = table.rows[root]
+    uid = row["uid"]
+    members = table.tree([root] + list(extra), uid, protected)
+    return {"rule": rule, "root": root, "root_start": row["_start"], "uid": uid, "user": _user(uid),
+            "started": row["started"], "title": table.text(root)[:300], "sessions": [],
+            "members": [table.entry(p) for p in sorted(members)]}
+
+
+def _launched_run(table, rec, known, patterns, command, protected, notes):
+    """The run this cockpit launched, from its record: process group P whose leader started at S.
+    The leader alive with another start time is a reused pid: not the run. The leader gone:
+    the survivors of its session (a pid is never reused while its session has members) that
+    carry the run's titles or command and its user."""
+    try:
+        pgid = int(rec["pgid"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    start = rec.get("start")
+    if start is None and known:
+        start = known.get(pgid)
+    if start is None:
+        notes.append("process group %d: its leader's start time was not recorded, so it is not trusted as the run" % pgid)
+        return None
+    boot = rec.get("boot")
+    if boot is not None and abs(float(boot) - _boot_time()) > 2:
+        notes.append("process group %d was recorded before the host rebooted: not the run" % pgid)
+        return None
+    start = int(start)
+    leader = table.rows.get(pgid)
+    if leader is not None and leader["_start"] != start:
+        notes.append("pid %d is now another process (started %s): the run recorded as process group %d has ended"
+                     % (pgid, _when(leader["started"]), pgid))
+        return None
+    if leader is not None:
+        uid = leader["uid"]
+        extra = [p for p, r in table.rows.items() if (r["pgid"] == pgid or r["sid"] == pgid) and r["uid"] == uid]
+        cand = _candidate(table, pgid, "launched by this cockpit (ledger): process group %d, leader started %s"
+                          % (pgid, _when(leader["started"])), protected, extra)
+        cand["sessions"] = [pgid]
+        return cand
+    uid = rec.get("uid")
+    pats = list(DEFAULT_PATTERNS) + list(patterns or [])
+    survivors = [p for p, r in table.rows.items()
+                 if (r["pgid"] == pgid or r["sid"] == pgid) and r["_start"] >= start
+                 and (uid is None or r["uid"] == int(uid)) and p not in protected
+                 and (_matches(pats, r["name"], table.text(p)) or command_matches(table.argv(p), command))]
+    if not survivors:
+        return None
+    tops = [p for p in survivors if table.rows[p]["ppid"] not in survivors]
+    root = min(tops)
+    cand = _candidate(table, root, "launched by this cockpit (ledger): process group %d, its leader gone, %d "
+                      "processes of it left" % (pgid, len(survivors)), protected, survivors)
+    cand["uid"] = table.rows[root]["uid"]
+    cand["sessions"] = [pgid]
+    return cand
+
+
+def _group(table, found, member, rule_of, protected):
+    """Candidate runs from processes found by one rule: each climbs to its run's root; a root
+    inside another's tree is part of that run. Distinct roots are distinct runs, never merged."""
+    memo = {}
+    roots = sorted(set(table.climb(p, member, protected, memo) for p in found
+                       if p in table.rows and p not in protected))
+    trees = {r: table.tree([r], table.rows[r]["uid"], protected) for r in roots}
+    inside = set()
+    for r in roots:
+        inside |= trees[r] - {r}
+    keep = [r for r in roots if r not in inside]
+    return [_candidate(table, r, rule_of(r, trees[r]), protected) for r in keep]
+
+
+def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, known=None, table=None):
+    """The run, in this order: the one this cockpit launched (process group and its leader's start
+    time, both checked); else the tree of the process that owns the layout's ports; else of the
+    processes that run the layout's command and model. Without any hint (no launched run, no
+    ports, no command: no layout): processes whose title matches the patterns. Title patterns never find a run host-wide when a
+    layout says what the run is. Processes of another user than the agent's are never a run:
+    they are listed under `foreign`. More than one run found: all are returned, never merged."""
+    table = table or _Table()
     protected = _protected()
-    return [table[p] for p in sorted(found) if p not in protected]
+    me = os.geteuid()
+    notes, foreign = [], []
+    ports = [int(p) for p in ports or ()]
+    command = list(command or ())
+    pats = list(DEFAULT_PATTERNS if patterns is None else patterns)
+
+    def finish(runs, how):
+        mine = []
+        for c in runs:
+            if c["uid"] != me:
+                foreign.append({"root": c["root"], "uid": c["uid"], "user": c["user"], "title": c["title"],
+                                "rule": c["rule"], "why": "runs as %s, not as %s: another user's processes are "
+                                "never in a run (name it with --pid to act on it anyway)" % (c["user"], _user(me))})
+            else:
+                mine.append(c)
+        return {"runs": mine, "rule": how, "notes": notes, "foreign": foreign}
+
+    runs = [c for c in (_launched_run(table, rec, known, pats, command, protected, notes) for rec in launched or ())
+            if c is not None]
+    if runs:
+        return finish(runs, "ledger")
+    if ports:
+        owners = _port_owners(table, ports)
+        if owners:
+            def member(pid):
+                return pid in owners or command_matches(table.argv(pid), command, model, ports)
+
+            def rule(root, tree):
+                held = sorted(set(p for pid in tree if pid in owners for p in owners[pid]))
+                return "owns port %s" % ", ".join(map(str, held))
+            return finish(_group(table, list(owners), member, rule, protected), "ports")
+        notes.append("no process listens on port %s" % ", ".join(map(str, ports)))
+    if command:
+        found = [p for p in table.rows if p not in protected and command_matches(table.argv(p), command, model, ports)]
+        if found:
+            def member(pid):
+                return command_matches(table.argv(pid), command, model, ports)
+
+            what = " ".join(command) + (" with " + model if model else "")
+            return finish(_group(table, found, member, lambda r, t: "command matches: " + what, protected), "command")
+        notes.append("no process runs %s" % " ".join(command))
+    if launched or ports or command:
+        return finish([], "none")  # told what the run is: titles never find one host-wide
+    found = [p for p, r in table.rows.items() if p not in protected and _matches(pats, r["name"], table.text(p))]
+
+    def member(pid):
+        r = table.rows[pid]
+        return _matches(pats, r["name"], table.text(pid))
+
+    def rule(root, tree):
+        r = table.rows[root]
+        pat = next((p for p in pats if fnmatch.fnmatchcase(r["name"], p) or fnmatch.fnmatchcase(table.text(root), p)), "?")
+        return "title matches %s (no layout: name one with --layout to find the run by its ports and command)" % pat
+    return finish(_group(table, found, member, rule, protected), "titles")
+
+
+def _summary(c):
+    out = {k: c[k] for k in ("rule", "root", "root_start", "uid", "user", "started", "title")}
+    out["processes"] = len(c["members"])
+    return out
+
+
+def run_plan(pids=(), launched=(), ports=(), command=(), model=None, patterns=None, known=None):
+    """What a kill will signal, for the operator to confirm: every pid with its start time, user
+    and command, and the rule that found the run. Two runs found: no plan, both listed."""
+    table = _Table()
+    if pids:
+        protected = _protected()
+        entries, rules = [], []
+        for pid in pids:
+            pid = int(pid)
+            if pid in protected:
+                rules.append("pid %d is the agent, one of its ancestors or init: never signalled" % pid)
+                continue
+            row = table.rows.get(pid)
+            if row is None:
+                continue
+            for p in sorted(table.tree([pid], row["uid"], protected)):
+                if all(e["pid"] != p for e in entries):
+                    entries.append(table.entry(p))
+            rules.append("pid %d (%s) and what it started" % (pid, _user(row["uid"])))
+        return {"plan": entries, "rule": "; ".join(rules) or "no such process", "candidates": [], "notes": [],
+                "foreign": [], "sessions": [], "root": int(pids[0]) if len(pids) == 1 else None}
+    found = find_runs(launched, ports, command, model, patterns, known, table)
+    runs = found["runs"]
+    out = {"plan": [], "rule": None, "candidates": [_summary(c) for c in runs], "notes": found["notes"],
+           "foreign": found["foreign"], "sessions": [], "root": None}
+    if len(runs) == 1:
+        run = runs[0]
+        out.update(plan=run["members"], rule=run["rule"], sessions=run["sessions"], root=run["root"],
+                   uid=run["uid"], user=run["user"])
+    return out
 
 
 def kill_plan(pgids=(), sids=(), pids=()):
-    rows = run_members(pgids, sids, pids)
-    return [{"pid": r["pid"], "start": r["_start"], "ppid": r["ppid"], "pgid": r["pgid"], "sid": r["sid"],
-             "status": r["status"], "title": " ".join(_read_cmdline(r["pid"]))[:200] or r["name"]} for r in rows]
+    """The plan for processes named by pid (and what they started), as a list. Process groups
+    alone are not trusted (a pid may have been reused): see run_plan's `launched`."""
+    return run_plan(pids=list(pids))["plan"] if pids else []
 
 
-def kill_run(plan, wait_s=10.0, pgids=(), sids=(), pids=()):
-    """SIGTERM each planned process (checked against its start time: a reused pid is left
-    alone), wait, then SIGKILL what remains of the plan and of the run's groups, which may have
-    grown since. Never signals the agent, its ancestors or init."""
-    protected = _protected()
-    term, killed, vanished = [], [], []
+def run_members(pgids=(), sids=(), pids=()):
+    """Kept for callers of old: the rows of kill_plan."""
+    return kill_plan(pgids, sids, pids)
 
-    def same(entry):
-        return entry["pid"] not in protected and _start_ticks(entry["pid"]) == entry["start"]
 
-    def lingering(entry):
-        """Still this process and not yet a zombie; read once, since it may exit at any moment."""
-        row = _proc_stat(entry["pid"])
-        return (entry["pid"] not in protected and row is not None and row["_start"] == entry["start"]
-                and row["status"] != "Z")
+def _pidfd(pid):
+    fn = getattr(os, "pidfd_open", None)
+    if fn is None:
+        return None
+    try:
+        return fn(pid)
+    except OSError:
+        return None
 
-    for entry in plan:
-        if same(entry):
+
+def _still(entry, protected):
+    """None while the pid is still the planned process (same start time, same user, not exited),
+    else why not: 'gone', 'exited', or a reason to skip it."""
+    pid = entry["pid"]
+    if pid in protected or pid <= 1:
+        return "the agent, one of its ancestors or init: never signalled"
+    row = _proc_stat(pid)
+    if row is None:
+        return "gone"
+    if row["_start"] != entry["start"]:
+        return ("pid reused: now a process started %s, not the planned one (started %s): not signalled"
+                % (_when(row["started"]), _when(entry.get("started"))))
+    if entry.get("uid") is not None:
+        uid = _uid(pid)
+        if uid is not None and uid != entry["uid"]:
+            return "now runs as %s, not %s as planned: not signalled" % (_user(uid), _user(entry["uid"]))
+    if row["status"] == "Z":
+        return "exited"
+    return None
+
+
+def _os_send(fd, pid, sig):
+    if fd is not None and hasattr(signal, "pidfd_send_signal"):
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def _signal_all(entries, sig, protected):
+    """Signals each planned process only if it is still that process when the signal goes: a
+    pidfd is opened on the pid first, then its start time and user are checked, then the signal
+    goes through that pidfd, so a pid that dies and is reused in between gets nothing. All are
+    checked first and signalled in one quick pass (a launcher that ends its own workers on
+    SIGTERM does not race the rest of the pass). Returns (signalled pids, [(entry, why not)])."""
+    sent, missed, ready = [], [], []
+    for entry in entries:
+        fd = _pidfd(entry["pid"])
+        why = _still(entry, protected)
+        if why is not None:
+            if fd is not None:
+                os.close(fd)
+            missed.append((entry, why))
+        elif fd is None:  # no pidfd here (Python < 3.9, Linux < 5.3): checked, then signalled at once
             try:
-                os.kill(entry["pid"], _SIGNALS["TERM"])
-                term.append(entry["pid"])
-            except OSError:
-                vanished.append(entry["pid"])
+                os.kill(entry["pid"], sig)
+                sent.append(entry["pid"])
+            except ProcessLookupError:
+                missed.append((entry, "gone"))
+            except OSError as exc:
+                missed.append((entry, exc.strerror or str(exc)))
         else:
-            vanished.append(entry["pid"])
+            ready.append((entry, fd))
+    for entry, fd in ready:
+        try:
+            _os_send(fd, entry["pid"], sig)
+            sent.append(entry["pid"])
+        except ProcessLookupError:
+            missed.append((entry, "gone"))
+        except OSError as exc:
+            missed.append((entry, exc.strerror or str(exc)))
+        finally:
+            os.close(fd)
+    return sent, missed
+
+
+def _newcomers(plan, sessions, protected):
+    """Processes of the run that the plan does not name: children of planned processes (still
+    the planned ones) and members of the launched run's session, started since the plan."""
+    planned = {e["pid"]: e for e in plan}
+    table = _Table()
+    live = set(p for p, e in planned.items() if p in table.rows and table.rows[p]["_start"] == e["start"])
+    uids = set(e.get("uid") for e in plan)
+    out = {}
+    stack = [k for p in live for k in table.children.get(p, ())]
+    seen = set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen or pid in protected:
+            continue
+        seen.add(pid)
+        row = table.rows.get(pid)
+        if row is None:
+            continue
+        if pid not in planned and row["uid"] in uids and row["status"] != "Z":
+            out[pid] = table.entry(pid)
+        stack.extend(table.children.get(pid, ()))
+    for pid, row in table.rows.items():
+        if (row["sid"] in sessions and pid not in planned and pid not in protected and row["uid"] in uids
+                and row["status"] != "Z"):
+            out[pid] = table.entry(pid)
+    return out
+
+
+def kill_run(plan, wait_s=10.0, sessions=(), **_old):
+    """Carries out exactly the plan: SIGTERM to each planned process that is still the planned one
+    (its start time and user checked before the signal), a wait, then SIGKILL to those still there,
+    checked again. A pid that no longer matches is skipped and reported. Processes that appeared
+    since the plan are reported, not signalled (they were not confirmed). Never signals the agent,
+    its ancestors or init."""
+    protected = _protected()
+    sessions = set(int(s) for s in sessions or ())
+    term, killed, vanished, skipped = [], [], [], []
+    newcomers = _newcomers(plan, sessions, protected)
+
+    def note(missed, gone_list):
+        for entry, why in missed:
+            if why in ("gone", "exited"):
+                if gone_list is not None:
+                    gone_list.append(entry["pid"])
+            elif all(s["pid"] != entry["pid"] for s in skipped):
+                skipped.append({"pid": entry["pid"], "why": why, "title": entry.get("title", "")})
+
+    term, missed = _signal_all(plan, _SIGNALS["TERM"], protected)
+    note(missed, vanished)
     deadline = time.monotonic() + max(0.0, float(wait_s))
     pending = [e for e in plan if e["pid"] in term]
     while time.monotonic() < deadline:
-        pending = [e for e in pending if lingering(e)]
+        still = []
+        for e in pending:
+            why = _still(e, protected)
+            if why is None:
+                still.append(e)
+            else:
+                note([(e, why)], None)
+        pending = still
         if not pending:
             break
         time.sleep(0.1)
-    late = {e["pid"]: e for e in pending}
-    for r in run_members(pgids, sids, [e["pid"] for e in plan]):
-        if r["pid"] not in late and r["status"] != "Z":
-            late[r["pid"]] = {"pid": r["pid"], "start": r["_start"]}
-    for entry in late.values():
-        if same(entry):
-            try:
-                os.kill(entry["pid"], _SIGNALS["KILL"])
-                killed.append(entry["pid"])
-            except OSError:
-                pass
+    killed, missed = _signal_all(pending, _SIGNALS["KILL"], protected)
+    note(missed, None)
     time.sleep(0.3)
-    remaining = []
-    for e in list(plan) + list(late.values()):
-        row = _proc_stat(e["pid"])
-        if row is not None and row["_start"] == e["start"] and row["status"] != "Z" and e["pid"] not in remaining:
-            remaining.append(e["pid"])
-    return {"term": term, "killed": killed, "vanished": vanished, "remaining": remaining}
+    newcomers.update(_newcomers(plan, sessions, protected))
+    remaining = [e["pid"] for e in plan if _still(e, protected) is None]
+    late = []
+    for pid, e in sorted(newcomers.items()):
+        if _still(e, protected) is None:
+            late.append({"pid": pid, "title": e["title"], "user": e["user"], "started": e["started"],
+                         "why": "appeared after the plan: not signalled"})
+            remaining.append(pid)
+    return {"term": term, "killed": killed, "vanished": vanished, "skipped": skipped, "newcomers": late,
+            "remaining": remaining}
 
 
 def _holders(folder):
-    """{path: [pids]} of the shm folder's files that a live process holds open or maps."""
+    """{path: [pids]} of the shm folder's files that a live process holds open or maps. Paths are
+    read as the kernel has them (non-UTF-8 bytes kept as surrogates, like os.listdir)."""
     held = {}
     prefix = folder.rstrip("/") + "/"
     for name in os.listdir("/proc"):
@@ -953,7 +1408,7 @@ def _holders(folder):
             continue
         pid = int(name)
         try:
-            with open("/proc/%d/maps" % pid) as fh:
+            with open("/proc/%d/maps" % pid, encoding="utf-8", errors="surrogateescape") as fh:
                 for line in fh:
                     i = line.find(prefix)
                     if i >= 0:
@@ -976,9 +1431,26 @@ def _holders(folder):
     return {k: sorted(v) for k, v in held.items()}
 
 
-def shm_audit(folder="/dev/shm"):
-    import pwd
+def shm_family(name):
+    for prefix, family in SHM_FAMILIES:
+        if name.startswith(prefix):
+            return family
+    return None
 
+
+def _shm_folder_ok(folder, other_dir):
+    if os.path.normpath(folder) != SHM_DEFAULT and not other_dir:
+        raise Refused("%s is not /dev/shm: a clean touches another folder only when the operator names it and "
+                      "confirms (cockpit shm --dir %s --clean --yes-other-dir)" % (folder, folder))
+
+
+def shm_audit(folder=SHM_DEFAULT, uid=None):
+    """Every entry of the folder, each with whether a clean may remove it and, if not, why: only
+    a regular file with an inference run's name, owned by the run's user, held by no live process,
+    whose creator (when its name carries one) is dead."""
+    import stat as st_mod
+
+    run_uid = os.geteuid() if uid is None else int(uid)
     now = time.time()
     holders = _holders(folder)
     entries = []
@@ -988,34 +1460,54 @@ def shm_audit(folder="/dev/shm"):
             st = os.lstat(path)
         except OSError:
             continue
+        mode = st.st_mode
+        kind = ("symlink" if st_mod.S_ISLNK(mode) else "dir" if st_mod.S_ISDIR(mode)
+                else "file" if st_mod.S_ISREG(mode) else "special file")
+        family = shm_family(name)
         creator = None
         for rx in SHM_CREATOR:
             m = rx.match(name)
             if m:
                 creator = int(m.group(1))
-        try:
-            owner = pwd.getpwuid(st.st_uid).pw_name
-        except KeyError:
-            owner = str(st.st_uid)
-        kind = "symlink" if os.path.islink(path) else "dir" if os.path.isdir(path) else "file"
+        alive = None
+        if creator is not None:
+            row = _proc_stat(creator)
+            # a creator pid alive but started after the file was last written is a reused pid
+            alive = row is not None and row["status"] != "Z" and row["started"] <= st.st_mtime + 2
         held = holders.get(path, [])
-        alive = None if creator is None else _proc_stat(creator) is not None
+        if kind != "file":
+            why = "a %s, not a file" % kind
+        elif family is None:
+            why = "not an inference run's name (%s…)" % ", ".join(p for p, _ in SHM_FAMILIES[:8])
+        elif st.st_uid != run_uid:
+            why = "owned by %s (uid %d), not the run's user (%s)" % (_user(st.st_uid), st.st_uid, _user(run_uid))
+        elif held:
+            why = "held by pid " + ",".join(map(str, held))
+        elif alive:
+            why = "its creator pid %d is alive" % creator
+        else:
+            why = None
         entries.append({
-            "name": name, "kind": kind, "bytes": st.st_blocks * 512 if kind == "file" else 0,
-            "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": owner,
-            "held_by": held, "creator": creator, "creator_alive": alive,
-            "removable": kind == "file" and not held and not alive,
+            "name": name, "kind": kind, "family": family, "bytes": st.st_blocks * 512 if kind == "file" else 0,
+            "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": _user(st.st_uid), "uid": st.st_uid,
+            "ino": st.st_ino, "held_by": held, "creator": creator, "creator_alive": alive,
+            "removable": why is None, "why": why,
         })
     vfs = os.statvfs(folder)
     return {"folder": folder, "entries": entries, "free_bytes": vfs.f_bavail * vfs.f_frsize,
-            "total_bytes": vfs.f_blocks * vfs.f_frsize}
+            "total_bytes": vfs.f_blocks * vfs.f_frsize, "uid": run_uid, "user": _user(run_uid),
+            "prefixes": [p for p, _ in SHM_FAMILIES]}
 
 
-def shm_clean(folder, names):
-    """Removes only the named entries that are, now, plain files directly in `folder`, held by no
-    live process and whose creator (when the name carries one) is dead. Unlinks relative to the
-    folder's descriptor: no path is followed, no symlink, nothing outside the folder."""
-    audit = {e["name"]: e for e in shm_audit(folder)["entries"]}
+def shm_clean(folder, names, uid=None, other_dir=False):
+    """Removes only the named entries that the audit, taken again now, finds removable, each
+    checked once more (same inode, a regular file, same owner) just before it is unlinked relative
+    to the folder's descriptor: no path is followed, no symlink, nothing outside the folder.
+    Only /dev/shm unless `other_dir` says the operator confirmed another folder."""
+    import stat as st_mod
+
+    _shm_folder_ok(folder, other_dir)
+    audit = {e["name"]: e for e in shm_audit(folder, uid)["entries"]}
     removed, skipped, freed = [], [], 0
     dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
     try:
@@ -1023,14 +1515,14 @@ def shm_clean(folder, names):
             entry = audit.get(name)
             if "/" in name or name in (".", "..") or entry is None:
                 skipped.append({"name": name, "why": "not an entry of " + folder})
-            elif entry["kind"] != "file":
-                skipped.append({"name": name, "why": "a " + entry["kind"] + ", not a file"})
-            elif entry["held_by"]:
-                skipped.append({"name": name, "why": "held by pid " + ",".join(map(str, entry["held_by"]))})
-            elif entry["creator_alive"]:
-                skipped.append({"name": name, "why": "its creator pid %d is alive" % entry["creator"]})
+            elif not entry["removable"]:
+                skipped.append({"name": name, "why": entry["why"]})
             else:
                 try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if (not st_mod.S_ISREG(st.st_mode) or st.st_ino != entry["ino"] or st.st_uid != entry["uid"]):
+                        skipped.append({"name": name, "why": "changed since it was audited"})
+                        continue
                     os.unlink(name, dir_fd=dfd)
                     removed.append(name)
                     freed += entry["bytes"]
@@ -1039,6 +1531,39 @@ def shm_clean(folder, names):
     finally:
         os.close(dfd)
     return {"removed": removed, "skipped": skipped, "freed_bytes": freed}
+
+
+def open_log(path):
+    """The run's log for appending: created 0600, never through a symlink (O_NOFOLLOW: one planted
+    in a shared log folder is refused), never another user's file, never a hard link."""
+    import errno
+    import stat as st_mod
+
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused("the log %s is a symbolic link: refused (one may have been planted there); remove it or "
+                          "set another log_dir in the layout" % path) from None
+        raise Refused("cannot open the log %s: %s" % (path, exc.strerror or exc)) from None
+    st = os.fstat(fd)
+    problem = None
+    if not st_mod.S_ISREG(st.st_mode):
+        problem = "is not a regular file"
+    elif st.st_uid != os.geteuid():
+        problem = "belongs to %s, not to %s" % (_user(st.st_uid), _user(os.geteuid()))
+    elif st.st_nlink > 1:
+        problem = "has other hard links"
+    if problem:
+        os.close(fd)
+        raise Refused("the log %s %s: refused; remove it or set another log_dir in the layout" % (path, problem))
+    if st_mod.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def pyspy_check(pyspy=None):
@@ -1159,7 +1684,7 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
 
 
 class Agent:
-    THREADED = ("kill", "dump", "dump_check", "shm_audit", "shm_clean", "http")  # may be slow: answered from a thread, so samples keep flowing
+    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval):
         self.interval = interval
@@ -1173,6 +1698,7 @@ class Agent:
         self.last_slow = 0.0
         self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
+        self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
 
     def hello(self, psutil):
         return {
@@ -1301,21 +1827,28 @@ class Agent:
 
     def cmd_launch(self, argv, env=None, cwd=None, log=None):
         """Start a run detached in its own session (it outlives the agent and the link), its
-        output appended to `log`; the run's process group is watched from now on."""
+        output appended to `log` (created 0600, never through a symlink); the run's process group
+        is watched from now on. The answer carries the leader's start time, so the run can be
+        told from a later process that reuses its pid."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv must be a non-empty list of strings")
         log = os.path.expanduser(log or "~/.cache/gpu-cockpit/runs/run.log")
-        os.makedirs(os.path.dirname(log), exist_ok=True)
+        fd = open_log(log)
         full_env = dict(os.environ)
         full_env.update(env or {})
-        with open(log, "ab") as fh:
-            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+        try:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                                      cwd=os.path.expanduser(cwd) if cwd else None, env=full_env,
                                      start_new_session=True)
+        finally:
+            os.close(fd)
+        start = _start_ticks(popen.pid)
         self.launched[popen.pid] = popen
+        self.launched_runs[popen.pid] = start
         self.procs.configure(pgids=self.procs.pgids | {popen.pid})
         self.force_scan = True
-        return {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time()}
+        return {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time(), "start": start,
+                "boot": _boot_time(), "uid": os.geteuid(), "user": _user(os.geteuid())}
 
     def cmd_stdout_of(self, pids=()):
         """Where each process's standard output goes, when it is a regular file: the log of a run
@@ -1333,12 +1866,24 @@ class Agent:
     def cmd_http(self, port, path="/health", timeout=2.0):
         return http_get(port, path, timeout)
 
-    def cmd_kill_plan(self, pgids=(), sids=(), pids=()):
-        return {"plan": kill_plan(pgids, sids, pids)}
+    def cmd_find_runs(self, launched=(), ports=(), command=(), model=None, patterns=None):
+        return find_runs(launched, ports, command, model, patterns, self.launched_runs)
 
-    def cmd_kill(self, plan, wait_s=10.0, pgids=(), sids=(), pids=(), ports=()):
-        """Kill, then verify: what is left of the run, its GPU memory, its ports."""
-        report = kill_run(plan, wait_s, pgids, sids, pids)
+    def cmd_kill_plan(self, pgids=(), sids=(), pids=(), launched=(), ports=(), command=(), model=None,
+                      patterns=None):
+        """The plan to confirm. `pids`: those processes and what they started. Otherwise the run
+        found from the hints (find_runs); bare process groups count as launched runs only when
+        this agent launched them (it knows their leaders' start times)."""
+        launched = list(launched or []) + [{"pgid": int(g)} for g in pgids or ()
+                                           if all(int(r.get("pgid", -1)) != int(g) for r in launched or [])]
+        if pids:
+            return run_plan(pids=list(pids))
+        return run_plan(launched=launched, ports=ports, command=command, model=model, patterns=patterns,
+                        known=self.launched_runs)
+
+    def cmd_kill(self, plan, wait_s=10.0, sessions=(), ports=(), **_old):
+        """Carry out the plan, then verify: what is left of it, its GPU memory, its ports."""
+        report = kill_run(plan, wait_s, sessions)
         time.sleep(self.interval + 0.5)  # let the sampler see the GPUs after the exits
         planned = set(e["pid"] for e in plan)
         gpus = [dict(g) for g in list(self.sent_gpus.values())]
@@ -1354,11 +1899,11 @@ class Agent:
         self.force_scan = True
         return report
 
-    def cmd_shm_audit(self, folder="/dev/shm"):
-        return shm_audit(folder)
+    def cmd_shm_audit(self, folder=SHM_DEFAULT, uid=None):
+        return shm_audit(folder, uid)
 
-    def cmd_shm_clean(self, names, folder="/dev/shm"):
-        return shm_clean(folder, names)
+    def cmd_shm_clean(self, names, folder=SHM_DEFAULT, uid=None, other_dir=False):
+        return shm_clean(folder, names, uid, other_dir)
 
     def cmd_dump_check(self, pyspy=None):
         return pyspy_check(pyspy)

@@ -59,6 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--api-key", default=None, help="accepted as SGLang does (the simulated server checks nothing)")
     p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--sim-hang-rank", type=int, default=None)
     p.add_argument("--sim-crash-rank", type=int, default=None)

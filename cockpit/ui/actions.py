@@ -13,7 +13,7 @@ from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, h
                              shm_audit, shm_clean)
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
-                          launch_python, read_ledger, run_variant, sim_flags)
+                          launch_python, plan_relaunch, read_ledger, run_variant, sim_flags)
 from cockpit.stacks import dump_ranks, dump_targets
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
 
@@ -141,9 +141,13 @@ class ActionRunner:
             spec = await self.ask(self._launch_dialog())
             if spec is None:
                 return
+            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout)  # what is killed and removed
+            if not await self.ask(ConfirmScreen("relaunch", lines, "Kill this, clean shm and launch?")):
+                return
             self.spec = spec
             self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
-            row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress)
+            row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress,
+                                    plan=plan, shm_names=names)
             self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
                         severity="information" if row["outcome"] == "ready" else "error", timeout=20)
 
@@ -156,13 +160,14 @@ class ActionRunner:
                 return
             vary = choice.enabled
             specs = combinations(self.layout, vary)
+            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout)
             ok = await self.ask(ConfirmScreen(
-                "ablation", [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
+                "ablation", lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
                 f"Run these {len(specs)} launches in turn (each kills the one before)?"))
             if not ok:
                 return
             rows = await ablate(self.monitor, vary, timeout=self.layout.stall.idle_s * 10 + 600,
-                                progress=self._progress)
+                                progress=self._progress, first_plan=plan, first_shm=names)
             await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
 
     def ledger(self) -> None:

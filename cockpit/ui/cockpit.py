@@ -307,7 +307,7 @@ class CockpitScreen(Screen):
         self.run_worker(self.actions.kill(process_scope(pid), f"kill pid {pid}"), group="action")
 
     def action_kill_run(self) -> None:
-        self.run_worker(self.actions.kill(run_scope(self.session), "kill the run"), group="action")
+        self.run_worker(self.actions.kill(run_scope(self.session, self.profile), "kill the run"), group="action")
 
     def action_shm(self) -> None:
         self.run_worker(self.actions.shm(), group="action")

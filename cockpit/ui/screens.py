@@ -96,8 +96,10 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
     def _show(self) -> None:
         from cockpit.runs import build_argv
 
-        new = build_argv(self.profile, self.spec(), self.python) + self.extra
-        old = build_argv(self.profile, self.current, self.python) + self.extra
+        from cockpit.secrets import mask_argv
+
+        new = mask_argv(build_argv(self.profile, self.spec(), self.python) + self.extra)  # secrets never shown
+        old = mask_argv(build_argv(self.profile, self.current, self.python) + self.extra)
         text = Text("command: ", style="bold")
         for arg in new:
             text.append(arg + " ", style="bold green" if arg not in old else "")
