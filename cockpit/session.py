@@ -97,6 +97,7 @@ class HostSession:
         self.reconnects = 0
         self.ever_up = False
         self.errors: list[str] = []
+        self.cockpit_run: dict | None = None  # what this session knows of its run (actions.remember_run)
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
 

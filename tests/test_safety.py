@@ -22,7 +22,7 @@ from cockpit import actions
 from cockpit.agent import agent
 from cockpit.errors import CockpitError
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, Watch
+from cockpit.session import HostSession, SessionOptions, WatchList
 from conftest import free_port, run_cli
 from simhost import gone, wait_for
 
@@ -507,7 +507,7 @@ def test_the_run_log_is_created_0600_and_never_through_a_symlink(tmp_path):
 
     async def through_the_agent():
         session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
-                              Watch(patterns=[]))
+                              WatchList(patterns=[]))
         await session.connect()
         try:
             await session.request("launch", argv=["sleep", "1"], log=str(shared / "run.log"))
@@ -537,7 +537,7 @@ async def test_a_process_chain_1000_deep_with_non_utf8_names(tmp_path):
         assert len(found["candidates"]) == 1 and found["root"] == chain.pid and len(found["plan"]) == depth + 1
 
         session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
-                              Watch(patterns=[], pids=[chain.pid]))
+                              WatchList(patterns=[], pids=[chain.pid]))
         await session.connect()
         try:
             await wait_for(lambda: len(session.state.procs) >= depth + 1, 60, "every process watched")
