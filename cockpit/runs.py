@@ -244,13 +244,14 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
 
     session, layout = monitor.session, monitor.layout
     await stop_run(monitor, "stopped for relaunch")
-    if clean_shm:
-        audit = await actions.shm_audit(session)
-        names = [e["name"] for e in audit["entries"] if e["removable"]]
-        if names:
-            await actions.shm_clean(session, names)
-    monitor.new_run()
-    run = await launch(session, layout, spec)
+    with monitor.stopping_for("stopped for relaunch"):  # until the new run replaces the dead ranks
+        if clean_shm:
+            audit = await actions.shm_audit(session)
+            names = [e["name"] for e in audit["entries"] if e["removable"]]
+            if names:
+                await actions.shm_clean(session, names)
+        monitor.new_run()
+        run = await launch(session, layout, spec)
     monitor.following = run
     outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle)
     dumps = None
