@@ -201,14 +201,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for line in asyncio.run(_reap_stale_demos(args, layout)):
         print(f"cockpit: an earlier demo's run is not fully stopped: {line}", file=sys.stderr)
     app, layout, state = demo_app(args, layout)
+    _end_on_hangup(app)
     try:
         app.run()
     finally:
         for line in asyncio.run(end_demo(args, app, layout, state)):
-            print(f"cockpit: {line}", file=sys.stderr)
+            try:
+                print(f"cockpit: {line}", file=sys.stderr)
+            except OSError:
+                pass  # the terminal is gone (closed window): the runs are stopped all the same
     if app.error:
         raise CockpitError(app.error)
     return 0
+
+
+def _end_on_hangup(app) -> None:
+    """A closed terminal window (SIGHUP) or a plain kill (SIGTERM) ends the demo as q does, so its
+    runs are stopped rather than left behind."""
+    import signal
+
+    def handler(signum, frame) -> None:
+        app.call_later(app.exit)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, handler)
 
 
 def demo_app(args: argparse.Namespace, layout):
@@ -232,9 +248,13 @@ def demo_app(args: argparse.Namespace, layout):
 async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[str]:
     """Stop every run the demo launched, verified; remove its folder. Returns what to tell."""
     from cockpit import demo
+    from cockpit.runs import _record_seen
 
+    monitor = app.cockpit.monitor
+    if monitor.state.link_state == "up" or monitor.state.seq:
+        _record_seen(monitor)  # the ledger keeps the verdict the screen showed last, not "stopped"
     try:
-        stopped, left = await _stop_demo_runs(app.cockpit.monitor.session.opts, layout, state)
+        stopped, left = await _stop_demo_runs(monitor.session.opts, layout, state)
     except CockpitError as exc:
         return [f"the demo's runs were not stopped: {exc}; the next `cockpit demo` stops them"]
     lines = [f"demo run not fully stopped: {line}" for line in left]

@@ -15,12 +15,13 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from cockpit.config import Layout
 from cockpit.errors import CockpitError
-from cockpit.runs import default_spec, launch, read_ledger
+from cockpit.runs import append_ledger, default_spec, launch, read_ledger
 from cockpit.session import HostSession
 from cockpit.sim import fakenvml
 
@@ -189,6 +190,10 @@ async def stop_demo(session: HostSession, layout: Layout, state: str, wait_s: fl
             continue
         report = await actions.kill(session, plan, wait_s)
         stopped += 1
+        if run.get("outcome", "unknown") == "unknown":  # nobody judged it: say how it ended
+            append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": "stopped",
+                                   "evidence": ["stopped when its demo ended"], "phase_times": {}, "dumps": None,
+                                   "time": time.time()})
         if not report["verified"]:
             left.append(f"{run['run_id']}: " + "; ".join(actions.describe_kill(report)[1:]))
     return stopped, left

@@ -4,10 +4,12 @@ failure is a notification, never a crash of the screen."""
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
+from rich.text import Text
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
                              rank_pids, shm_audit, shm_clean)
@@ -21,14 +23,20 @@ if TYPE_CHECKING:
     from cockpit.ui.cockpit import CockpitScreen
 
 
+TOAST_S = 5
+
+
 class ActionRunner:
-    """The screen's actions on its host's run; `busy` names the one in flight."""
+    """The screen's actions on its host's run; `busy` names the one in flight, `outcome` is the
+    last one's result (the header keeps it: a notification is short and may come while a dialog
+    hides it)."""
 
     def __init__(self, screen: CockpitScreen):
         self.screen = screen
         self.busy: str | None = None
         self.progress = ""
         self.spec: RunSpec | None = None
+        self.outcome: Text | None = None
 
     @property
     def monitor(self):
@@ -39,7 +47,14 @@ class ActionRunner:
         return self.screen.profile
 
     def notify(self, message: str, **kw) -> None:
+        kw.setdefault("timeout", TOAST_S)
         self.screen.notify(escape(message), **kw)
+
+    def done(self, what: str, result: str, good: bool = True) -> None:
+        """An action's result, kept in the header until the next one."""
+        stamp = time.strftime("%H:%M:%S")
+        self.outcome = Text(f"{stamp} {what}: ", style="bold") + Text(result, style="green" if good else "bold red")
+        self.screen.dirty = True
 
     async def ask(self, screen):
         return await self.screen.app.push_screen_wait(screen)
@@ -55,9 +70,11 @@ class ActionRunner:
         try:
             yield True
         except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
+            self.done(name, f"failed: {exc}", good=False)
+            self.notify(f"{name} failed: the header says why", severity="error")
         finally:
             self.busy = None
+            self.screen.dirty = True
 
     def _progress(self, phase, verdict) -> None:
         self.progress = f"{phase or ''} {verdict}".strip()
@@ -76,12 +93,17 @@ class ActionRunner:
             ok = await self.ask(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
             if not ok:
                 return
-            self.notify(f"{what}: SIGTERM sent, waiting…")
+            self.progress = "SIGTERM sent, waiting"
             wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
+            whole_run = bool(scope.pgids)
             with self.monitor.stopping_for(f"{what}: asked by the operator"):
                 report = await kill(session, plan, wait, self.layout.ports if self.layout else [])
-            title = f"{what}: {'verified' if report['verified'] else 'NOT everything is gone'}"
-            await self.ask(ReportScreen(title, describe_kill(report)))
+                if whole_run and report["verified"]:
+                    self.screen.state.forget_dead()  # the operator ended it: not a crash to judge
+                    self.monitor.new_run()
+            result = "verified gone" if report["verified"] else "NOT everything is gone"
+            self.done(what, f"stopped by the operator, {result}", good=report["verified"])
+            await self.ask(ReportScreen(f"{what}: {result}", describe_kill(report)))
 
     async def shm(self) -> None:
         async with self.exclusive("shm audit") as go:
@@ -102,6 +124,7 @@ class ActionRunner:
                 return
             done = await shm_clean(session, removable, audit["folder"])
             lines = [f"removed {len(done['removed'])}, freed {human_bytes(done['freed_bytes'])}"]
+            self.done("shm clean", lines[0])
             lines += [f"kept {s['name']}: {s['why']}" for s in done["skipped"]]
             await self.ask(ReportScreen("shm cleaned", lines))
 
@@ -114,12 +137,15 @@ class ActionRunner:
             if not ranks:
                 self.notify("no live rank to dump", severity="warning")
                 return
-            self.notify(f"dumping {len(ranks)} processes with py-spy…")
+            self.progress = f"py-spy on {len(ranks)} processes"
             run = self.layout.name if self.layout else state.target
             result = await dump_ranks(self.monitor.session, ranks, run)
             lines = describe_groups(result.groups)
             lines += [f"rank {r}: no dump ({'; '.join(e)})" for r, e in result.failed.items()]
             lines.append(f"raw dumps: {result.folder}")
+            groups = len(result.groups)
+            self.done("stack dump", f"{len(ranks)} ranks, {groups} distinct stack{'s' if groups != 1 else ''}, "
+                                    f"{result.folder}")
             await self.ask(ReportScreen(f"stacks of {len(ranks)} ranks", lines))
 
     def _current_spec(self) -> RunSpec:
@@ -137,10 +163,13 @@ class ActionRunner:
             if spec is None:
                 return
             self.spec = spec
-            self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
+            sets = ",".join(spec.enabled) or "no flag sets"
+            self.progress = f"stopping the current run, then launching with {sets}"
             row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress)
-            self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
-                        severity="information" if row["outcome"] == "ready" else "error", timeout=20)
+            good = row["outcome"] == "ready"
+            self.done(f"relaunch with {sets}", f"{row['run_id']} {row['outcome']}"
+                      + (f": {row['evidence'][0]}" if row["evidence"] else ""), good=good)
+            self.notify(f"{row['run_id']}: {row['outcome']}", severity="information" if good else "error")
 
     async def ablate(self) -> None:
         async with self.exclusive("ablation") as go:
@@ -161,6 +190,7 @@ class ActionRunner:
                 return
             rows = await ablate(self.monitor, vary, timeout=self.layout.stall.idle_s * 10 + 600,
                                 progress=self._progress)
+            self.done("ablation", ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows))
             await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
 
     def ledger(self) -> None:
