@@ -86,9 +86,16 @@ async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_
 
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
+        await pilot.pause(0.3)
+        dialog = save_text(app, None)
+        assert "[on]  eagle3" in dialog and "[off] no_cuda_graph" in dialog  # on/off in words
+        assert "mem_fraction_static (--mem-fraction-static):" in dialog  # every field has a label
+        assert "Launch" in dialog.splitlines()[-1]  # the dialog's keys, in its footer
         await pilot.press("space")  # eagle3, the first flag set: off
-        await pilot.pause(0.2)
+        await pilot.pause(0.3)
         assert app.screen.spec().enabled == []
+        dialog = save_text(app, None)
+        assert "[off] eagle3" in dialog and "--speculative-eagle-topk 1" in dialog.split("removed:")[1]
         await pilot.press("ctrl+r")
         await until(pilot, lambda: not isinstance(app.screen, RelaunchScreen), 10)
         await until(pilot, lambda: monitor.following["pgid"] != pgids[0], 30)
@@ -156,3 +163,19 @@ def test_other_commands_on_the_demo_without_one_running_say_what_to_do(demo_env)
     res = run_cli("snapshot", "demo", "--text", env={"XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"]})
     assert res.returncode == 2
     assert "no demo is running: start one with `cockpit demo`" in res.stderr
+
+
+async def test_a_host_that_does_not_resolve_is_said_on_screen_and_quitting_exits_2():
+    from cockpit.link.target import parse_target
+    from cockpit.monitor import HostMonitor
+    from cockpit.ui.app import CockpitApp
+
+    app = CockpitApp(monitor=HostMonitor(parse_target("nosuchhost.invalid")))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.error is not None, 30)
+        await pilot.pause(0.5)
+        text = save_text(app, None)
+        assert "cannot resolve" in text and "q quits (exit status 2)" in text
+        assert "connecting" not in text and "unknown: no connection" in text
+    res = __import__("conftest").run_cli("snapshot", "nosuchhost.invalid", "--json")
+    assert res.returncode == 2 and "cannot resolve" in res.stderr

@@ -159,6 +159,10 @@ def test_serving_at_100x30_snapshot(snap_compare):
     assert snap_compare(replay("serving"), terminal_size=(100, 30))
 
 
+def test_eagle3_deadlock_at_80x24_snapshot(snap_compare):
+    assert snap_compare(replay("eagle3-deadlock"), terminal_size=(80, 24))
+
+
 async def test_panes_show_what_each_state_means():
     app = replay("eagle3-deadlock")
     async with app.run_test(size=(160, 50)) as pilot:

@@ -184,6 +184,7 @@ class CockpitScreen(Screen):
         except CockpitError as exc:
             self.error = str(exc)
             self.state.link_state = "failed"
+            self._gpu_count = -1  # the GPU area says why there is nothing
             self.notify("cannot connect: see the header", severity="error", timeout=TOAST_S)
             self.dirty = True
             self.ready.set()
@@ -318,7 +319,9 @@ class CockpitScreen(Screen):
         s = self.state
         a = s.agent
         sep = Text("  │  " if self.size.width >= FULL[0] else " │ ", style="grey50")
-        head = [Text("verdict ") + Text(str(self.verdict), style=VERDICT_STYLE.get(self.verdict.name, "default")),
+        verdict = Text("unknown: no connection", style="bold red") if self.error else \
+            Text(str(self.verdict), style=VERDICT_STYLE.get(self.verdict.name, "default"))
+        head = [Text("verdict ") + verdict,
                 Text("phase ") + Text(str(self.phase), style="bold cyan"),
                 Text(s.target, style="bold") + (Text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
         link = s.link_state
