@@ -340,7 +340,12 @@ class CockpitScreen(Screen):
         lines = [sep.join(head)]
         if self.verdict.evidence and self.verdict.name != VerdictName.OK:
             red = "red" if self.verdict.alerting else "yellow"
-            lines.append(Text("▸ ", style=red) + Text("  ·  ".join(self.verdict.evidence), style=red))
+            evidence = self.verdict.evidence
+            # a large screen has room for a second line of evidence; a small one shows the first
+            split = 2 if not self.has_class("compact") and len(evidence) > 2 else len(evidence)
+            lines.append(Text("▸ ", style=red) + Text("  ·  ".join(evidence[:split]), style=red))
+            if evidence[split:]:
+                lines.append(Text("  ") + Text("  ·  ".join(evidence[split:]), style=red))
         elif self.hint():
             lines.append(Text("▸ " + self.hint(), style="yellow"))
         lasting = self._lasting()
