@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -103,46 +102,56 @@ def _writable(args: argparse.Namespace) -> None:
         raise CockpitError(f"{args.command}: refused, --read-only disables every action")
 
 
-def session_options(args: argparse.Namespace, layout=None, target=None):
+def session_options(args: argparse.Namespace, layout=None, target=None, sim_state: str | None = None):
     """The session options of the command line: the one place they are built."""
-    from cockpit.session import SessionOptions, default_sim_state
+    from cockpit.session import SessionOptions
 
-    demo = target is not None and target.kind == "demo"
     opts = SessionOptions(
         python=args.python or (layout.python if layout else "python3"),
         interval=args.interval or 1.0,
         ssh_config=args.ssh_config,
         known_hosts=args.known_hosts,
         accept_new=args.accept_new,
-        sim_state=args.sim or (default_sim_state() if demo else None),
+        sim_state=args.sim or sim_state,
     )
     if target is not None and target.kind in ("local", "demo") and not (args.python or (layout and layout.python != "python3")):
         opts.python = sys.executable  # this machine: the cockpit's own interpreter has psutil
     return opts
 
 
-def build_monitor(args: argparse.Namespace, on_connect=None):
-    """The host's monitor from the command line: target, layout, options. On the demo host it
-    follows the recorded demo run."""
+def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_state: str | None = None):
+    """The host's monitor from the command line: target, layout, options. The demo host is
+    watched through the runs it launched only (no process patterns: another demo's processes,
+    or anything else on this machine, are not shown or judged); a command other than `demo`
+    attaches to the running demo and follows its current run."""
     from cockpit.layouts import resolve_layout
     from cockpit.link.target import parse_target
     from cockpit.monitor import HostMonitor
+    from cockpit.session import WatchList
 
     target = parse_target("demo" if args.command == "demo" else getattr(args, "target", None) or "demo")
-    layout_name = args.layout or ("demo" if target.kind == "demo" else None)
-    layout = resolve_layout(layout_name) if layout_name else None
-    opts = session_options(args, layout, target)
+    if layout is None:
+        layout_name = args.layout or ("demo" if target.kind == "demo" else None)
+        layout = resolve_layout(layout_name) if layout_name else None
+    watch = None
     if target.kind == "demo":
         from cockpit import demo
 
-        demo.prepare_host(layout, opts.sim_state)
+        if sim_state is None and not args.sim:
+            sim_state = demo.need_live_state()  # the demo running now: its folder is prepared
+            layout = demo.layout_of(sim_state, layout)
+        else:
+            demo.prepare_host(layout, args.sim or sim_state)
+        state_dir = args.sim or sim_state
+        watch = WatchList(patterns=[], ports=list(layout.ports))
         if on_connect is None:
             async def on_connect(monitor):
-                running = demo.running_demo(opts.sim_state)
-                if running:
-                    monitor.following = running
-                    await demo.attach_demo(monitor.session, running)
-    return HostMonitor(target, opts, layout, on_connect=on_connect)
+                run = await demo.current_run(monitor.session, layout, state_dir)
+                if run is not None:
+                    monitor.following = run
+                    await demo.attach_demo(monitor.session, run)
+    opts = session_options(args, layout, target, sim_state)
+    return HostMonitor(target, opts, layout, on_connect=on_connect, watch=watch)
 
 
 @asynccontextmanager
@@ -185,46 +194,80 @@ def cmd_open(args: argparse.Namespace) -> int:
 @command("demo", "open the cockpit on the simulated 8-GPU host",
          arg("--no-server", action="store_true", help="do not start the simulated server"))
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cockpit import demo
-    from cockpit.ui.app import CockpitApp
+    """One demo: a state folder of its own, its run launched on connect, and at the end every run
+    it launched (relaunches included) stopped and verified gone, and its folder removed."""
+    from cockpit.layouts import resolve_layout
 
     _need_terminal(args)
-    probe = build_monitor(args)
-    sim_state, layout = probe.session.opts.sim_state, probe.layout
-    running = demo.running_demo(sim_state)
-    replace = False
-    if running and not args.no_server and sys.stdin.isatty():
-        answer = input(f"a demo run is already going (pid {running['pid']}, log {running.get('log')}). Replace it? [y/N] ")
-        replace = answer.strip().lower() in ("y", "yes")
-    started_at = time.time()
-
-    async def on_connect(monitor) -> None:
-        if replace:
-            await demo.stop_demo(monitor.session, layout, sim_state, since=started_at)
-        if args.no_server:
-            return
-        if running and not replace:
-            monitor.following = running
-            await demo.attach_demo(monitor.session, running)
-        else:
-            monitor.following = await demo.start_demo(monitor.session, layout, sim_state)
-
-    monitor = build_monitor(args, on_connect=on_connect)
-    app = CockpitApp(monitor=monitor, read_only=args.read_only)
+    layout = resolve_layout(args.layout or "demo")
+    for line in asyncio.run(_reap_stale_demos(args, layout)):
+        print(f"cockpit: an earlier demo's run is not fully stopped: {line}", file=sys.stderr)
+    app, layout, state = demo_app(args, layout)
+    _end_on_hangup(app)
     try:
         app.run()
     finally:
-        if not args.no_server:
-            own_recorded = not (running and not replace)  # a run another demo started is left to it
-            left = asyncio.run(_stop_demo_runs(monitor.session.opts, layout, sim_state, started_at, own_recorded))
-            for line in left:
-                print(f"cockpit: demo run not fully stopped: {line}", file=sys.stderr)
+        for line in asyncio.run(end_demo(args, app, layout, state)):
+            try:
+                print(f"cockpit: {line}", file=sys.stderr)
+            except OSError:
+                pass  # the terminal is gone (closed window): the runs are stopped all the same
     if app.error:
         raise CockpitError(app.error)
     return 0
 
 
-async def _stop_demo_runs(opts, layout, sim_state: str, since: float, recorded: bool) -> list[str]:
+def _end_on_hangup(app) -> None:
+    """A closed terminal window (SIGHUP) or a plain kill (SIGTERM) ends the demo as q does, so its
+    runs are stopped rather than left behind."""
+    import signal
+
+    def handler(signum, frame) -> None:
+        app.call_later(app.exit)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def demo_app(args: argparse.Namespace, layout):
+    """The demo's cockpit: its own folder and port; its run starts once connected and is the one
+    the monitor follows (the ledger gets the verdict seen of it when it is stopped)."""
+    from cockpit import demo
+    from cockpit.ui.app import CockpitApp
+
+    layout = demo.with_free_port(layout)
+    state = args.sim or demo.new_state()
+    demo.save_layout(state, layout)
+
+    async def on_connect(monitor) -> None:
+        if not args.no_server:
+            monitor.following = await demo.start_demo(monitor.session, layout, state)
+
+    monitor = build_monitor(args, on_connect=on_connect, layout=layout, sim_state=state)
+    return CockpitApp(monitor=monitor, read_only=args.read_only), layout, state
+
+
+async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[str]:
+    """Stop every run the demo launched, verified; remove its folder. Returns what to tell."""
+    from cockpit import demo
+    from cockpit.runs import record_seen
+
+    monitor = app.cockpit.monitor
+    if monitor.state.link_state == "up" or monitor.state.seq:
+        record_seen(monitor)  # the ledger keeps the verdict the screen showed last, not "stopped"
+    try:
+        stopped, left = await _stop_demo_runs(monitor.session.opts, layout, state)
+    except CockpitError as exc:
+        return [f"the demo's runs were not stopped: {exc}; the next `cockpit demo` stops them"]
+    lines = [f"demo run not fully stopped: {line}" for line in left]
+    if stopped and not left:
+        lines.append(f"the demo's {stopped} run{'s' if stopped > 1 else ''} stopped, verified gone")
+    if not args.sim and not left:
+        demo.remove_state(state)
+    return lines
+
+
+async def _stop_demo_runs(opts, layout, sim_state: str) -> tuple[int, list[str]]:
     """Every run this demo launched (the first and each relaunch) ends with it, through a session
     of its own: the screen's is closed by now."""
     from cockpit import demo
@@ -234,9 +277,29 @@ async def _stop_demo_runs(opts, layout, sim_state: str, since: float, recorded: 
     session = HostSession(parse_target("demo"), opts, WatchList(patterns=[]))
     await session.connect()
     try:
-        return await demo.stop_demo(session, layout, sim_state, since=since, recorded=recorded)
+        return await demo.stop_demo(session, layout, sim_state)
     finally:
         await session.close()
+
+
+async def _reap_stale_demos(args: argparse.Namespace, layout) -> list[str]:
+    """A demo whose cockpit was killed (its terminal closed) left its runs: the next demo stops
+    them and removes the folder."""
+    from cockpit import demo
+
+    stale = demo.stale_states()
+    left: list[str] = []
+    for state in stale:
+        try:
+            opts = session_options(args, layout, None, state)
+            opts.python = sys.executable
+            _stopped, not_gone = await _stop_demo_runs(opts, layout, state)
+        except CockpitError as exc:
+            not_gone = [f"{state}: {exc}"]
+        left += not_gone
+        if not not_gone:
+            demo.remove_state(state)
+    return left
 
 
 # ----------------------------------------------------------------------------- headless
@@ -394,11 +457,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                 return None
             wait = args.wait if args.wait is not None else (layout.kill_wait_s if layout else actions.DEFAULT_KILL_WAIT_S)
             with monitor.stopping_for("kill: asked by the operator"):
-                report = await actions.kill(session, plan, wait, layout.ports if layout else [])
-            if session.target.kind == "demo":
-                from cockpit import demo
-                demo.forget_demo(session.opts.sim_state)
-            return report
+                return await actions.kill(session, plan, wait, layout.ports if layout else [])
 
     report = asyncio.run(go())
     if report is None:

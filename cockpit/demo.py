@@ -1,17 +1,38 @@
-"""The demo host: the simulated NVML's state folder and the simulated server, started through the
-agent exactly as a real run is launched, recorded so a second `cockpit demo` finds it again, and
-stopped through a session like any other host's run."""
+"""The demo host: each `cockpit demo` has a state folder of its own (the simulated NVML's state,
+under the user's runtime folder, removed when the demo ends), launches its run through the agent
+exactly as a real run is launched (recorded in the ledger first), watches only the runs it
+launched, and stops every one of them (relaunches included) when it ends, verified.
+
+A run belongs to a demo when its ledger record carries the demo's folder in its environment
+(COCKPIT_SIM_STATE): that is how `q` finds the relaunches, how another terminal's
+`cockpit snapshot demo` finds the demo's current run, and how a demo whose cockpit was killed is
+cleaned up by the next one."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from cockpit.config import Layout
-from cockpit.runs import default_spec, launch, read_ledger
+from cockpit.errors import CockpitError
+from cockpit.runs import append_ledger, default_spec, launch, read_ledger
 from cockpit.session import HostSession
 from cockpit.sim import fakenvml
+
+OWNER = "owner.json"
+SERVER = "cockpit.sim.server"  # the launcher's command line
+
+
+def _simulated(title: str) -> bool:
+    """A process of the simulated server (its launcher, or a rank under its title): a process
+    group without one is not a demo's (its number was reused) and is left alone."""
+    return SERVER in title or title.startswith(("sglang::", "VLLM::"))
 
 
 def prepare_host(layout: Layout, state: str) -> None:
@@ -20,28 +41,115 @@ def prepare_host(layout: Layout, state: str) -> None:
                         seed=sim.seed if sim else 1)
 
 
-def _record(state: str) -> Path:
-    return Path(state) / "demo.json"
+# ----------------------------------------------------------------------------- state folders
+
+def demo_base() -> Path:
+    """Where the demos' folders live: the user's runtime folder (tmpfs, private), else ~/.cache."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "gpu-cockpit"
 
 
-def running_demo(state: str) -> dict | None:
-    """The recorded demo run, if its launcher is still alive."""
+def _start_ticks(pid: int) -> str | None:
     try:
-        rec = json.loads(_record(state).read_text())
-        pid = int(rec["pid"])
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, KeyError, TypeError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return None
-    return rec if b"cockpit.sim.server" in cmd else None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def new_state(base: Path | None = None) -> str:
+    """A fresh folder for one demo, owned by this process."""
+    base = base or demo_base()
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = Path(tempfile.mkdtemp(prefix=f"demo-{os.getpid()}-", dir=base))
+    (path / OWNER).write_text(json.dumps({"pid": os.getpid(), "start": _start_ticks(os.getpid())}))
+    return str(path)
+
+
+def _owner_alive(path: Path) -> bool:
+    try:
+        owner = json.loads((path / OWNER).read_text())
+        return _start_ticks(int(owner["pid"])) == owner["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _folders(base: Path | None) -> list[Path]:
+    base = base or demo_base()
+    try:
+        found = [p for p in base.iterdir() if p.is_dir() and p.name.startswith("demo")]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def live_states(base: Path | None = None) -> list[str]:
+    """The folders of the demos running now, newest first."""
+    return [str(p) for p in _folders(base) if _owner_alive(p)]
+
+
+def stale_states(base: Path | None = None) -> list[str]:
+    """Folders whose demo ended without cleaning up (its cockpit was killed), and the one folder
+    every demo shared before demos had their own."""
+    return [str(p) for p in _folders(base) if not _owner_alive(p)]
+
+
+def remove_state(state: str) -> None:
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def with_free_port(layout: Layout) -> Layout:
+    """The demo layout on its own port when its port is taken on this machine (another demo, or
+    anything else): `--port` and the watched port move together."""
+    if not layout.ports:
+        return layout
+    port = layout.ports[0]
+    if _port_free(port):
+        return layout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    flags = list(layout.base_flags)
+    for i, flag in enumerate(flags[:-1]):
+        if flag == "--port" and flags[i + 1] == str(port):
+            flags[i + 1] = str(free)
+    return replace(layout, base_flags=flags, ports=[free] + layout.ports[1:])
+
+
+def save_layout(state: str, layout: Layout) -> None:
+    """What another command attaching to this demo needs of its layout: its ports."""
+    (Path(state) / "layout.json").write_text(json.dumps({"ports": layout.ports, "base_flags": layout.base_flags}))
+
+
+def layout_of(state: str, layout: Layout) -> Layout:
+    """The layout as the demo in `state` runs it (its own port, if it had to move)."""
+    try:
+        saved = json.loads((Path(state) / "layout.json").read_text())
+        return replace(layout, ports=[int(p) for p in saved["ports"]], base_flags=[str(f) for f in saved["base_flags"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return layout
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------- runs
+
+def runs_of(layout: Layout, state: str, host: str = "demo") -> list[dict]:
+    """The ledger's runs launched into this demo's folder, oldest first."""
+    return [r for r in read_ledger(layout) if r.get("host") == host and r.get("pgid")
+            and (r.get("env") or {}).get("COCKPIT_SIM_STATE") == state]
 
 
 async def start_demo(session: HostSession, layout: Layout, state: str) -> dict:
     """Launch the demo's run the way every run is launched (recorded in the ledger first)."""
-    run = await launch(session, layout, default_spec(layout))
-    tmp = _record(state).with_suffix(".tmp")
-    tmp.write_text(json.dumps(run))
-    os.replace(tmp, _record(state))
-    return run
+    return await launch(session, layout, default_spec(layout))
 
 
 async def attach_demo(session: HostSession, run: dict) -> None:
@@ -57,30 +165,57 @@ def _launched(rec: dict) -> dict:
     return {k: rec[k] for k in ("pgid", "start", "boot", "uid") if rec.get(k) is not None}
 
 
-def forget_demo(state: str) -> None:
-    """The demo run was ended some other way (a kill from the cockpit)."""
-    if running_demo(state) is None:
-        _record(state).unlink(missing_ok=True)
-
-
-async def stop_demo(session: HostSession, layout: Layout, state: str, since: float = 0.0,
-                    recorded: bool = True, wait_s: float = 5.0) -> list[str]:
-    """End every run this demo launched since `since` (the first one and each relaunch, all in
-    the ledger) and, with `recorded`, the recorded demo run, through the session's agent: each run
-    found from its process group and its leader's start time, every pid checked against its start
-    time, SIGTERM then SIGKILL, then verified. Returns what was not verified gone."""
+async def _members(session: HostSession, run: dict):
+    """The live processes of a run, found from its process group and its leader's start time, if
+    they are still the demo server's (a pgid reused by something else is not touched)."""
     from cockpit import actions
 
-    left = []
-    rec = running_demo(state) if recorded else None
-    runs = [r for r in read_ledger(layout) if r.get("host") == session.target.label and r.get("pgid")
-            and (r.get("time", 0) >= since or (rec and r.get("run_id") == rec.get("run_id")))]
-    for run in runs:
-        plan = await actions.plan_kill(session, actions.Scope(launched=[_launched(run)]), allow_ambiguous=True)
-        if plan.entries:
-            report = await actions.kill(session, plan, wait_s)
-            if not report["verified"]:
-                left.append(f"{run['run_id']}: " + "; ".join(actions.describe_kill(report)[1:]))
-    if recorded:
-        _record(state).unlink(missing_ok=True)
-    return left
+    plan = await actions.plan_kill(session, actions.Scope(launched=[_launched(run)]), allow_ambiguous=True)
+    if not any(_simulated(e.get("title", "")) for e in plan.entries):
+        return None
+    return plan
+
+
+async def current_run(session: HostSession, layout: Layout, state: str) -> dict | None:
+    """The demo's latest run that still has processes: what a second viewer follows."""
+    for run in reversed(runs_of(layout, state, session.target.label)):
+        if await _members(session, run):
+            return run
+    return None
+
+
+async def stop_demo(session: HostSession, layout: Layout, state: str, wait_s: float = 5.0) -> tuple[int, list[str]]:
+    """End every run launched into this demo's folder (the first one and each relaunch), through
+    the session's agent: each run's process group, every pid checked against its start time,
+    SIGTERM then SIGKILL, then verified. Returns how many runs were stopped and what was not
+    verified gone."""
+    from cockpit import actions
+
+    left, stopped = [], 0
+    for run in runs_of(layout, state, session.target.label):
+        plan = await _members(session, run)
+        if plan is None:
+            continue
+        report = await actions.kill(session, plan, wait_s)
+        stopped += 1
+        if run.get("outcome", "unknown") == "unknown":  # nobody judged it: say how it ended
+            append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": "stopped",
+                                   "evidence": ["stopped when its demo ended"], "phase_times": {}, "dumps": None,
+                                   "time": time.time()})
+        if not report["verified"]:
+            left.append(f"{run['run_id']}: " + "; ".join(actions.describe_kill(report)[1:]))
+    return stopped, left
+
+
+def need_live_state(base: Path | None = None) -> str:
+    """The running demo another command (snapshot, kill, launch ...) attaches to."""
+    states = live_states(base)
+    if not states:
+        raise CockpitError("no demo is running: start one with `cockpit demo` (or ./scripts/demo), "
+                           "then use this command from another terminal")
+    return states[0]
+
+
+__all__ = ["prepare_host", "demo_base", "new_state", "live_states", "stale_states", "remove_state",
+           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "attach_demo", "current_run", "stop_demo",
+           "need_live_state"]

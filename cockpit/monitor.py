@@ -124,11 +124,11 @@ class HostMonitor:
     @contextmanager
     def stopping_for(self, why: str):
         """The operator's own kill: its ranks going down read as `stopping`, never `crashed`."""
-        self.stopping = why
+        before, self.stopping = self.stopping, why
         try:
             yield
         finally:
-            self.stopping = None
+            self.stopping = before
 
     def replayed(self) -> tuple[Phase, Verdict]:
         """Phase and verdict of a HostState that is not live (a replayed snapshot)."""

@@ -243,7 +243,7 @@ async def follow_to_outcome(monitor, timeout: float, progress=None, settle: floa
             return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
 
 
-def _record_seen(monitor) -> None:
+def record_seen(monitor) -> None:
     """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
     stopped: a stalled run stays recorded as stalled, not as killed."""
     run, layout = monitor.following, monitor.layout
@@ -265,7 +265,7 @@ async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
 
     if not plan.entries:
         return None
-    _record_seen(monitor)
+    record_seen(monitor)
     with monitor.stopping_for(why):
         report = await actions.kill(monitor.session, plan, monitor.layout.kill_wait_s, monitor.layout.ports)
     for line in actions.describe_kill(report):
@@ -310,7 +310,6 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     from cockpit import actions, stacks
 
     session, layout = monitor.session, monitor.layout
-
     def say(line: str) -> None:
         if progress:
             progress(None, line)
@@ -322,19 +321,20 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
             say(line)
     killed = [{"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]}
               for e in plan.entries]
-    await stop_run(monitor, plan, "stopped for relaunch", say)
     removed: list[str] = []
-    if clean_shm:
-        if shm_names is None:
-            audit = await actions.shm_audit(session, uid=plan.uid)
-            shm_names = actions.shm_after_kill(audit, plan)
-        if shm_names:
-            done = await actions.shm_clean(session, shm_names, uid=plan.uid)
-            removed = done["removed"]
-            for line in actions.describe_clean(done):
-                say(line)
-    monitor.new_run()
-    run = await launch(session, layout, spec)
+    with monitor.stopping_for("stopped for relaunch"):  # until the new run replaces the dead ranks
+        await stop_run(monitor, plan, "stopped for relaunch", say)
+        if clean_shm:
+            if shm_names is None:
+                audit = await actions.shm_audit(session, uid=plan.uid)
+                shm_names = actions.shm_after_kill(audit, plan)
+            if shm_names:
+                done = await actions.shm_clean(session, shm_names, uid=plan.uid)
+                removed = done["removed"]
+                for line in actions.describe_clean(done):
+                    say(line)
+        monitor.new_run()
+        run = await launch(session, layout, spec)
     monitor.following = run
     outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle)
     dumps = None

@@ -139,7 +139,7 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 
-        keys = ("Quit", "Help", "Search", "Rank filter", "Follow")
+        keys = ("Quit", "Help", "Relaunch", "Stacks", "Kill run", "Shm", "Runs", "Zoom", "Find", "Rank", "Follow")
         await until(pilot, lambda: all(k in save_text(app, None).splitlines()[-1] for k in keys), 5)
         await pilot.press("q")
     assert app.return_code == 0 or app.return_code is None
@@ -157,6 +157,10 @@ def test_demo_states_snapshot(snap_compare, name):
 
 def test_serving_at_100x30_snapshot(snap_compare):
     assert snap_compare(replay("serving"), terminal_size=(100, 30))
+
+
+def test_eagle3_deadlock_at_80x24_snapshot(snap_compare):
+    assert snap_compare(replay("eagle3-deadlock"), terminal_size=(80, 24))
 
 
 async def test_panes_show_what_each_state_means():
@@ -222,6 +226,7 @@ sim: {{speed: 4, seed: 1}}
 
     async def on_connect(monitor):
         runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
+        monitor.following = runs[-1]  # as `cockpit demo` does: the ledger gets what was seen of it
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app
@@ -262,7 +267,7 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         await pilot.press("y")
         await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)
         rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
-        assert [r["outcome"] for r in rows] == ["unknown", "ready"] and rows[1]["flag_sets"] == []
+        assert [r["outcome"] for r in rows] == ["stalled-idle", "ready"] and rows[1]["flag_sets"] == []
         assert "--speculative-algorithm" not in " ".join(rows[1]["argv"])
         # K: the confirmation names every pid, then the report says it is verified
         await pilot.press("K")
@@ -275,6 +280,10 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         await until(pilot, lambda: "verified" in save_text(app, None), 10)
         await pilot.press("escape")
         await until(pilot, lambda: not [p for p in app.state.live_procs() if p.rank is not None], 10)
+        # the operator's own kill is named as such, in the header, and is never judged a crash
+        await pilot.pause(1.0)
+        assert app.cockpit.verdict.name.value in ("no run", "watching")  # not crashed
+        assert "kill the run: stopped by the operator, verified gone" in save_text(app, None)
 
 
 def test_the_layouts_ports_come_before_the_listeners_the_tree_opened():

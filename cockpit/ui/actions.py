@@ -4,13 +4,16 @@ failure is a notification, never a crash of the screen."""
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
+from rich.text import Text
 
-from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_kill, describe_shm, human_bytes, kill, plan_kill,
+from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_clean, describe_kill, describe_shm, kill, plan_kill,
                              shm_audit, shm_clean)
+from cockpit.hosttext import visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
                           launch_python, plan_relaunch, read_ledger, run_variant, sim_flags)
@@ -21,14 +24,20 @@ if TYPE_CHECKING:
     from cockpit.ui.cockpit import CockpitScreen
 
 
+TOAST_S = 5
+
+
 class ActionRunner:
-    """The screen's actions on its host's run; `busy` names the one in flight."""
+    """The screen's actions on its host's run; `busy` names the one in flight, `outcome` is the
+    last one's result (the header keeps it: a notification is short and may come while a dialog
+    hides it)."""
 
     def __init__(self, screen: CockpitScreen):
         self.screen = screen
         self.busy: str | None = None
         self.progress = ""
         self.spec: RunSpec | None = None
+        self.outcome: Text | None = None
 
     @property
     def monitor(self):
@@ -39,7 +48,14 @@ class ActionRunner:
         return self.screen.profile
 
     def notify(self, message: str, **kw) -> None:
+        kw.setdefault("timeout", TOAST_S)
         self.screen.notify(escape(message), **kw)
+
+    def done(self, what: str, result: str, good: bool = True) -> None:
+        """An action's result, kept in the header until the next one."""
+        stamp = time.strftime("%H:%M:%S")
+        self.outcome = Text(f"{stamp} {what}: ", style="bold") + Text(result, style="green" if good else "bold red")
+        self.screen.dirty = True
 
     async def ask(self, screen):
         return await self.screen.app.push_screen_wait(screen)
@@ -55,9 +71,11 @@ class ActionRunner:
         try:
             yield True
         except CockpitError as exc:
-            self.notify(str(exc), severity="error", timeout=15)
+            self.done(name, f"failed: {exc}", good=False)
+            self.notify(f"{name} failed: the header says why", severity="error")
         finally:
             self.busy = None
+            self.screen.dirty = True
 
     def _progress(self, phase, verdict) -> None:
         self.progress = f"{phase or ''} {verdict}".strip()
@@ -76,12 +94,17 @@ class ActionRunner:
             ok = await self.ask(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
             if not ok:
                 return
-            self.notify(f"{what}: SIGTERM sent, waiting…")
+            self.progress = "SIGTERM sent, waiting"
             wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
+            whole_run = bool(scope.pgids)
             with self.monitor.stopping_for(f"{what}: asked by the operator"):
                 report = await kill(session, plan, wait, self.layout.ports if self.layout else [])
-            title = f"{what}: {'verified' if report['verified'] else 'NOT everything is gone'}"
-            await self.ask(ReportScreen(title, describe_kill(report)))
+                if whole_run and report["verified"]:
+                    self.screen.state.forget_dead()  # the operator ended it: not a crash to judge
+                    self.monitor.new_run()
+            result = "verified gone" if report["verified"] else "NOT everything is gone"
+            self.done(what, f"stopped by the operator, {result}", good=report["verified"])
+            await self.ask(ReportScreen(f"{what}: {result}", describe_kill(report)))
 
     async def shm(self) -> None:
         async with self.exclusive("shm audit") as go:
@@ -96,13 +119,13 @@ class ActionRunner:
             if choice != "c":
                 return
             ok = await self.ask(ConfirmScreen(
-                "clean shm", [f"rm {audit['folder']}/{n}" for n in removable],
+                "clean shm", [f"rm {audit['folder']}/{visible(n)}" for n in removable],
                 f"Remove these {len(removable)} entries (held ones and those of live creators are kept)?"))
             if not ok:
                 return
             done = await shm_clean(session, removable, audit["folder"])
-            lines = [f"removed {len(done['removed'])}, freed {human_bytes(done['freed_bytes'])}"]
-            lines += [f"kept {s['name']}: {s['why']}" for s in done["skipped"]]
+            lines = describe_clean(done)
+            self.done("shm clean", lines[0])
             await self.ask(ReportScreen("shm cleaned", lines))
 
     async def dump(self) -> None:
@@ -114,9 +137,12 @@ class ActionRunner:
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
-            self.notify(f"dumping {len(ranks)} processes with py-spy…")
+            self.progress = f"py-spy on {len(ranks)} processes"
             run = self.layout.name if self.layout else state.target
             result = await dump_ranks(self.monitor.session, ranks, run, say=lambda line: self.notify(line))
+            groups = len(result.groups)
+            self.done("stack dump", f"{len(ranks)} ranks, {groups} distinct stack{'s' if groups != 1 else ''}, "
+                                    f"{result.folder}")
             title = f"stacks of {len(ranks)} ranks"
             keys = {"n": "native frames"} if result.groups else {}
             tail = [f"raw dumps: {result.folder}"]
@@ -124,15 +150,15 @@ class ActionRunner:
             if choice == "n":
                 await self.ask(ReportScreen(f"{title}, every frame", result.report(full=True) + tail))
 
-    def _current_spec(self) -> RunSpec:
-        if self.spec is None:
-            self.spec = default_spec(self.layout)
-        return self.spec
-
     def _launch_dialog(self, **kw) -> RelaunchScreen:
         session = self.monitor.session
         return RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
                               sim_flags(self.layout, session), **kw)
+
+    def _current_spec(self) -> RunSpec:
+        if self.spec is None:
+            self.spec = default_spec(self.layout)
+        return self.spec
 
     async def relaunch(self) -> None:
         async with self.exclusive("relaunch") as go:
@@ -145,11 +171,14 @@ class ActionRunner:
             if not await self.ask(ConfirmScreen("relaunch", lines, "Kill this, clean shm and launch?")):
                 return
             self.spec = spec
-            self.notify(f"relaunching with {','.join(spec.enabled) or 'no flag sets'}…")
+            sets = ",".join(spec.enabled) or "no flag sets"
+            self.progress = f"stopping the current run, then launching with {sets}"
             row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress,
                                     plan=plan, shm_names=names)
-            self.notify("\n".join(row["evidence"][:4]) or row["log"], title=f"{row['run_id']}: {row['outcome']}",
-                        severity="information" if row["outcome"] == "ready" else "error", timeout=20)
+            good = row["outcome"] == "ready"
+            self.done(f"relaunch with {sets}", f"{row['run_id']} {row['outcome']}"
+                      + (f": {row['evidence'][0]}" if row["evidence"] else ""), good=good)
+            self.notify(f"{row['run_id']}: {row['outcome']}", severity="information" if good else "error")
 
     async def ablate(self) -> None:
         async with self.exclusive("ablation") as go:
@@ -168,6 +197,7 @@ class ActionRunner:
                 return
             rows = await ablate(self.monitor, vary, timeout=self.layout.stall.idle_s * 10 + 600,
                                 progress=self._progress, first_plan=plan, first_shm=names)
+            self.done("ablation", ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows))
             await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
 
     def ledger(self) -> None:

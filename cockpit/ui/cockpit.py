@@ -11,10 +11,11 @@ import asyncio
 import time
 
 from rich.markup import escape
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal
+from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -25,7 +26,7 @@ from cockpit.errors import CockpitError
 from cockpit.model import HostState
 from cockpit.monitor import HostMonitor, MonitorEvent
 from cockpit.ui.actions import ActionRunner
-from cockpit.ui.gpus import GpuPane
+from cockpit.ui.gpus import GpuList, GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
@@ -34,6 +35,15 @@ from cockpit.ui.screens import HelpScreen, SearchScreen
 REDRAW_S = 0.25
 VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
                  "slow": "yellow", "stopping": "yellow"}
+FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nvitop's compact view
+NARROW = 100  # below this many columns the rank table's columns narrow and the footer is compact
+TOAST_S = 5  # notifications are short; what lasts is in the header
+
+
+class GpuView(Vertical, can_focus=True):
+    """The GPUs: panes on a large screen, a line each on a smaller one; zoomed (z), the panes."""
+
+    ALLOW_MAXIMIZE = True
 
 
 class CockpitScreen(Screen):
@@ -41,24 +51,28 @@ class CockpitScreen(Screen):
     fleet's live monitor of that host (no second connection, the same verdict) and Escape goes back.
     Without a monitor it renders a recorded HostState (a replayed snapshot)."""
 
+    # The footer shows these in this order, cut at the terminal's width: help, quit, then the
+    # actions of the operator story first, then the view's keys. `?` lists every one.
     BINDINGS = [
+        Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "app.quit", "Quit"),
         Binding("escape", "back", "Fleet"),
-        Binding("question_mark", "help", "Help"),
-        Binding("colon", "app.command_palette", "Commands", show=False),
-        Binding("slash", "search", "Search"),
-        Binding("t", "rank_filter", "Rank filter"),
-        Binding("f", "follow", "Follow"),
-        Binding("k", "kill_one", "Kill proc"),
+        Binding("r", "relaunch", "Relaunch"),
+        Binding("d", "dump", "Stacks"),
         Binding("K", "kill_run", "Kill run"),
         Binding("s", "shm", "Shm"),
-        Binding("d", "dump", "Dump stacks"),
-        Binding("r", "relaunch", "Relaunch"),
-        Binding("A", "ablate", "Ablate"),
         Binding("L", "ledger", "Runs"),
+        Binding("z", "zoom", "Zoom"),
+        Binding("slash", "search", "Find", key_display="/"),
+        Binding("t", "rank_filter", "Rank"),
+        Binding("f", "follow", "Follow"),
+        Binding("k", "kill_one", "Kill pid"),
+        Binding("A", "ablate", "Ablate"),
+        Binding("colon", "app.command_palette", "Commands", show=False),
         Binding("tab", "app.focus_next", "Next pane", show=False),
         Binding("shift+tab", "app.focus_previous", "Prev pane", show=False),
     ]
+    ALLOW_IN_MAXIMIZED_VIEW = "#status, Footer"
     ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate")
 
     def __init__(self, monitor: HostMonitor | None = None, state: HostState | None = None,
@@ -100,7 +114,9 @@ class CockpitScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
-        yield Grid(id="gpus")
+        with GpuView(id="gpuview"):
+            yield Grid(id="gpus")
+            yield GpuList(id="gpu-list")
         with Horizontal(id="middle"):
             yield RankTable(id="ranks")
             yield PortsTable(id="ports")
@@ -115,7 +131,10 @@ class CockpitScreen(Screen):
         self.ports.configured = list(self.profile.ports) if self.profile else []
         self.status = self.query_one("#status", Static)
         self.grid = self.query_one("#gpus", Grid)
+        self.gpu_list = self.query_one(GpuList)
+        self.footer = self.query_one(Footer)
         self.panes: list[GpuPane] = []
+        self._fit()
         self.set_interval(REDRAW_S, self._tick)
         self.set_interval(1.0, self._status)
         if self.monitor is not None:
@@ -134,9 +153,22 @@ class CockpitScreen(Screen):
         return phase_of(self.state), Verdict(**v) if v else Verdict(VerdictName.WATCHING, [])
 
     def on_resize(self, event) -> None:
-        compact = self.size.height < 40
-        for pane in getattr(self, "panes", []):
-            pane.set_class(compact, "compact")
+        if hasattr(self, "footer"):
+            self._fit()
+
+    def _fit(self) -> None:
+        """The layout for the terminal's size: GPU panes or a line per GPU (two to a line when
+        short), narrower rank columns and a compact footer on a narrow screen."""
+        width, height = self.size
+        compact = width < FULL[0] or height < FULL[1]
+        self.set_class(compact, "compact")
+        self._size_gpus()
+        self.set_class(width < NARROW, "narrow")  # the ports' table gives way: a summary under the ranks
+        self.ranks.set_narrow(compact)
+        self.ports.set_narrow(compact)
+        self.footer.compact = width < FULL[0]
+        self.footer.show_command_palette = width >= FULL[0]
+        self.dirty = True
 
     # ------------------------------------------------------------------ data
 
@@ -152,7 +184,8 @@ class CockpitScreen(Screen):
         except CockpitError as exc:
             self.error = str(exc)
             self.state.link_state = "failed"
-            self.notify(str(exc), title="cannot connect", severity="error", timeout=30)
+            self._gpu_count = -1  # the GPU area says why there is nothing
+            self.notify("cannot connect: see the header", severity="error", timeout=TOAST_S)
             self.dirty = True
             self.ready.set()
             return
@@ -178,8 +211,7 @@ class CockpitScreen(Screen):
         verdict = self.verdict
         if not verdict.alerting:
             return
-        self.notify("\n".join(verdict.evidence[:4]).replace("[", "\\["), title=str(verdict), severity="error",
-                    timeout=20)
+        self.notify(escape(f"{verdict}: the header says why"), severity="error", timeout=TOAST_S)
         if self.profile and self.profile.auto_dump and verdict.name.startswith("stalled") and not self.read_only:
             self.action_dump()
 
@@ -194,7 +226,7 @@ class CockpitScreen(Screen):
         self.dirty = True
         self.refresh_bindings()
         if back:
-            self.notify(f"link to {escape(self.state.target)} is back (reconnect {seen[2]})", timeout=5)
+            self.notify(f"link to {escape(self.state.target)} is back (reconnect {seen[2]})", timeout=TOAST_S)
 
     def _tick(self) -> None:
         if not self.view.is_attached:
@@ -203,7 +235,7 @@ class CockpitScreen(Screen):
             self._watch_link()
         self.set_class(self.state.link_state.startswith(("lost", "down", "failed")), "stale")
         while self.state.notes:
-            self.notify(escape(self.state.notes.popleft()), timeout=10)
+            self.notify(escape(self.state.notes.popleft()), timeout=TOAST_S)
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
@@ -223,7 +255,8 @@ class CockpitScreen(Screen):
         self._ensure_gpu_panes()
         for pane in self.panes:
             pane.show(state)
-        self.ranks.show(state)
+        self.gpu_list.show(state)
+        self.ranks.show(state, self.ports.summary(state) if self.has_class("narrow") else "")
         self.ports.show(state)
         self._sync_log()
         self._status()
@@ -235,54 +268,114 @@ class CockpitScreen(Screen):
         self._gpu_count = n
         grid = self.grid
         grid.remove_children()
-        cols = 4 if n > 4 or n == 4 else max(1, n)
-        grid.styles.grid_size_columns = cols
-        rows = (n + cols - 1) // cols
-        compact = self.size.height < 40
-        grid.styles.height = rows * (6 if compact else 9) if n else 3
-        if not n:
-            grid.mount(Static("no GPUs on this host" if self.state.seq else "connecting…", classes="nogpu"))
-            return
+        self.grid.styles.grid_size_columns = 4 if n >= 4 else max(1, n)
+        self.set_class(not n, "nogpus")  # nothing to list: the grid says why, whatever the size
         self.panes = [GpuPane(i) for i in sorted(self.state.gpus)]
+        if self.panes:
+            grid.mount(*self.panes)
+        else:
+            grid.mount(Static(Text(self._empty_gpus()), classes="nogpu"))
+        self._size_gpus()
+
+    def _size_gpus(self) -> None:
+        """Heights that follow the terminal: panes of 9 lines (6 when short), or the list's lines."""
+        n = len(self.state.gpus)
+        width, height = self.size
+        cols = 4 if n >= 4 else max(1, n)
+        short = height < 40
         for pane in self.panes:
-            pane.set_class(compact, "compact")
-        grid.mount(*self.panes)
+            pane.set_class(short, "compact")
+        self.grid.styles.height = ((n + cols - 1) // cols) * (6 if short else 9) if n else 3
+        self.gpu_list.columns = 2 if self.has_class("compact") and width >= 80 and height < 36 and n > 4 else 1
+        self.gpu_list.styles.height = self.gpu_list.lines_needed(n) + 2
+
+    def _empty_gpus(self) -> str:
+        if self.error:
+            return "no connection: the header says why; q quits"
+        if self.state.seq or self.monitor is None:
+            return "no GPUs on this host (the agent found neither NVML nor nvidia-smi)"
+        return f"connecting to {self.state.target}…"
+
+    def hint(self) -> str | None:
+        """What to do when there is nothing to show."""
+        if self.error:
+            return "q quits (exit status 2); check the host name, or that sshd answers there"
+        if self.monitor is not None and not self.state.seq:
+            return None
+        if any(p.alive for p in self.state.procs.values()):
+            return None
+        if self.monitor is None:
+            return "no run in this snapshot"
+        if self.profile is not None and self.profile.command and self.check_action("relaunch", ()):
+            return f"no run: press r to launch {self.profile.name}'s command (flag sets as toggles), L for earlier runs"
+        if self.profile is not None:
+            return f"no run: `cockpit launch {self.state.target} --layout {self.profile.name}` starts one"
+        return "no run found: give --layout FILE to watch and launch a server (docs/layouts.md)"
 
     def _status(self) -> None:
+        """The header, always on screen: verdict, phase and host first (each line cut at the
+        width, never wrapped), then the first evidence or what to do, then what lasts (an action
+        under way or its outcome, a link's trouble, an error)."""
         s = self.state
         a = s.agent
-        host = f"[b]{escape(s.target)}[/b]" + (f" ({escape(a.hostname)})" if a.hostname not in ("?", s.target) else "")
-        parts = [host, f"phase [b cyan]{escape(str(self.phase))}[/]"]
-        parts.append(f"verdict [{VERDICT_STYLE.get(self.verdict.name, 'default')}]{self.verdict}[/]")
+        sep = Text("  │  " if self.size.width >= FULL[0] else " │ ", style="grey50")
+        verdict = Text("unknown: no connection", style="bold red") if self.error else \
+            Text(str(self.verdict), style=VERDICT_STYLE.get(self.verdict.name, "default"))
+        head = [Text("verdict ") + verdict,
+                Text("phase ") + Text(str(self.phase), style="bold cyan"),
+                Text(s.target, style="bold") + (Text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
         link = s.link_state
         style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
-        if link.startswith(("lost", "down")):
-            link = "link " + link
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
-        parts.append(f"{'' if link.startswith('link ') else 'link '}[{style}]{link}[/{style}]{rtt}")
+        head.append(Text("link ") + Text(link, style=style) + Text(rtt))
         age = s.age_s()
         if age is not None:
             stale = age > 2.5 * max(1.0, a.interval)
-            parts.append(f"age [{'bold red' if stale else 'default'}]{age:.1f}s[/]")
+            head.append(Text("age ") + Text(f"{age:.1f}s", style="bold red" if stale else ""))
         elif s.sample_ts:
-            parts.append("taken " + time.strftime("%H:%M:%S", time.gmtime(s.sample_ts)) + " UTC")
-        parts.append(f"gpu data: {escape(a.nvml or 'none')}")
+            head.append(Text("taken " + time.strftime("%H:%M:%S", time.gmtime(s.sample_ts)) + " UTC"))
+        head.append(Text(f"gpu data: {a.nvml or 'none'}"))
         if a.driver:
-            parts.append(f"driver {escape(a.driver)}")
-        if self.busy:
-            parts.append(f"[yellow]{escape(self.busy)}: {escape(self.actions.progress)}[/]")
-        if self.error:
-            parts.append(f"[bold red]{escape(self.error)}[/]")
-        elif a.warnings:
-            parts.append(f"[yellow]{escape(a.warnings[0])}[/]")
-        text = "  │  ".join(parts)
-        if self.link_error and s.link_state.startswith(("lost", "down")):
-            text += f"\n[bold red]why: {escape(self.link_error)}[/]"  # its own line: the fix must be readable
+            head.append(Text(f"driver {a.driver}"))
+        lines = [sep.join(head)]
         if self.verdict.evidence and self.verdict.name != VerdictName.OK:
-            text += "\n[red]" + escape("  ·  ".join(self.verdict.evidence)) + "[/]"
-        if text != self._status_text:
-            self._status_text = text
+            red = "red" if self.verdict.alerting else "yellow"
+            evidence = self.verdict.evidence
+            # a large screen has room for a second line of evidence; a small one shows the first
+            split = 2 if not self.has_class("compact") and len(evidence) > 2 else len(evidence)
+            lines.append(Text("▸ ", style=red) + Text("  ·  ".join(evidence[:split]), style=red))
+            if evidence[split:]:
+                lines.append(Text("  ") + Text("  ·  ".join(evidence[split:]), style=red))
+        elif self.hint():
+            lines.append(Text("▸ " + self.hint(), style="yellow"))
+        lasting = self._lasting()
+        if lasting is not None:
+            lines.append(lasting)
+        for line in lines:
+            line.no_wrap = True
+            line.overflow = "ellipsis"
+        text = Text("\n").join(lines)
+        text.no_wrap = True
+        text.overflow = "ellipsis"
+        if text.markup != self._status_text:
+            self._status_text = text.markup
             self.status.update(text)
+
+    def _lasting(self) -> Text | None:
+        """The one line of what lasts: the action under way, else a broken link's reason, an
+        error, the last action's outcome, or the host's first warning."""
+        s = self.state
+        if self.busy:
+            return Text(f"{self.busy}: {self.actions.progress or 'under way'}", style="bold yellow")
+        if self.link_error and s.link_state.startswith(("lost", "down")):
+            return Text(f"why: {self.link_error}", style="bold red")
+        if self.error:
+            return Text(f"cannot connect: {self.error}", style="bold red")
+        if self.actions.outcome is not None:
+            return self.actions.outcome
+        if s.agent.warnings:
+            return Text(s.agent.warnings[0], style="yellow")
+        return None
 
     # ------------------------------------------------------------------ keys
 
@@ -298,6 +391,14 @@ class CockpitScreen(Screen):
         if action == "back":
             return not self.owns_monitor and self.monitor is not None
         return True
+
+    def action_zoom(self) -> None:
+        """The focused pane fills the screen, the header and the keys stay (k9s's zoom); z again,
+        or escape, brings the others back. Zoomed, the GPUs are panes whatever the size."""
+        if self.maximized is not None:
+            self.minimize()
+        elif self.focused is not None:
+            self.maximize(self.focused, container=False)
 
     def action_kill_one(self) -> None:
         pid = self.ranks.selected_pid()

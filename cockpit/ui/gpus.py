@@ -1,8 +1,11 @@
-"""A pane per GPU: utilization with its history, memory, power against its limit (a stuck
-collective shows 100 % utilization at idle power), temperature, SM clock and the ranks on it."""
+"""The GPUs: a pane per GPU (utilization with its history, memory, power against its limit -- a
+stuck collective shows 100 % utilization at idle power --, temperature, SM clock and the ranks on
+it), or, on a smaller terminal, a line per GPU (nvitop's compact view), two to a line when the
+screen is short."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.text import Text
 from textual.widgets import Static
 
@@ -22,8 +25,8 @@ class GpuPane(Static):
         gpu = state.gpus.get(self.index)
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
-            self.border_title = f"GPU{self.index} {name}"
-            self.border_subtitle = " ".join(gpu.throttle_reasons[:1]) or None
+            self.border_title = escape(f"GPU{self.index} {name}")
+            self.border_subtitle = escape(" ".join(gpu.throttle_reasons[:1])) or None
         self.refresh()
 
     def render(self) -> Text:
@@ -79,3 +82,62 @@ class GpuPane(Static):
             rows = rows[: room - 1] + [Text(f"+{len(gpu.processes) - room + 1} more", style="grey62")]
         return rows
 
+
+
+class GpuList(Static):
+    """One line per GPU: utilization (bar and %), memory, power, temperature, the ranks on it.
+    `columns` GPUs share a line (2 when the screen is short)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.state: HostState | None = None
+        self.columns = 1
+        self.border_title = "GPUs"
+
+    def show(self, state: HostState) -> None:
+        self.state = state
+        self.refresh(layout=True)
+
+    def lines_needed(self, n: int) -> int:
+        return max(1, (n + self.columns - 1) // self.columns)
+
+    def render(self) -> Text:
+        state = self.state
+        if state is None or not state.gpus:
+            return Text("waiting for data", style="grey50")
+        cols = self.columns
+        gap = 2
+        width = max(30, (self.size.width - gap * (cols - 1)) // cols)
+        cells = [self.line(state, i, width) for i in sorted(state.gpus)]
+        rows = []
+        for r in range(0, len(cells), cols):
+            row = Text()
+            for n, cell in enumerate(cells[r:r + cols]):
+                if n:
+                    row.append(" " * gap)
+                cell.truncate(width, pad=True)
+                row.append_text(cell)
+            rows.append(row)
+        return Text("\n").join(rows)
+
+    @staticmethod
+    def line(state: HostState, index: int, width: int) -> Text:
+        gpu = state.gpus[index]
+        util = None if gpu.util_pct is None else gpu.util_pct / 100
+        mem = f"{gib(gpu.mem_used_mib, 0)}/{gib(gpu.mem_total_mib, 0)}"
+        wide = width >= 56
+        power = f"{num(gpu.power_w)}/{num(gpu.power_limit_w, 'W')}" if wide else num(gpu.power_w, "W")
+        temp = num(gpu.temp_c, "°C" if wide else "°")
+        ranks = []
+        for pid, _ in gpu.processes:
+            proc = state.procs.get(pid)
+            ranks.append(f"TP{proc.rank}" if proc and proc.rank is not None else "pid")
+        who = ",".join(ranks[:2]) + (f"+{len(ranks) - 2}" if len(ranks) > 2 else "") if ranks else "-"
+        pw, tw = (9, 5) if wide else (5, 4)
+        tail = Text(f" {num(gpu.util_pct, '%'):>4} ") + Text(f"{mem:>7}", style="magenta") + \
+            Text(f" {power:>{pw}} {temp:>{tw}} ") + Text(who, style="bold" if ranks else "grey42")
+        if gpu.ecc_uncorrected:
+            tail.append(" ECC", style="bold red")
+        head = Text(f"GPU{index}" if width >= 44 else f"{index:<2}", style="bold")
+        room = width - len(head) - len(tail) - 1
+        return head + Text(" ") + bar(util, max(3, min(room, 30)), level_style(util)) + tail

@@ -11,6 +11,7 @@ from cockpit.model import HostState
 from cockpit.ui.table import LiveTable
 
 COLUMNS = [("port", 5), ("state", 6), ("pid", 7), ("endpoint", 16), ("http", 4), ("ms", 5)]
+NARROW = [("port", 5), ("state", 6), ("endpoint", 9), ("http", 4)]
 
 
 class PortsTable(LiveTable):
@@ -40,3 +41,16 @@ class PortsTable(LiveTable):
 
     def show(self, state: HostState) -> None:
         self.sync(self._rows(state))
+
+    def summary(self, state: HostState) -> str:
+        """The layout's ports in a few words, for a screen too narrow for this table."""
+        parts = []
+        for p in sorted(state.ports, key=lambda p: p.port):
+            if self.configured and p.port not in self.configured:
+                continue
+            codes = [str(res.get("status") or "—") for (port, _), res in sorted(self.probes.items()) if port == p.port]
+            parts.append(f":{p.port} {'listen' if p.listening else 'closed'}" + (f" http {','.join(codes)}" if codes else ""))
+        return " · ".join(parts)
+
+    def set_narrow(self, narrow: bool) -> None:
+        self.set_columns(NARROW if narrow else COLUMNS)

@@ -1,9 +1,11 @@
 """The watched process tree with role, rank, state and GPU memory. Rows are updated cell by cell
 (a full rebuild happens only when the set of rows changes); Enter collapses a subtree; a dead rank
-stays, marked, with its exit code when known."""
+stays, marked, with its exit code when known. `o` (or a click on a column's header) sorts the rows
+by a column instead of the tree; the tree comes back after the last column."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.text import Text
 from textual.binding import Binding
 
@@ -13,27 +15,81 @@ from cockpit.ui.table import LiveTable
 
 COLUMNS = [("process", 30), ("pid", 7), ("role", 11), ("rank", 4), ("st", 2), ("cpu%", 5), ("rss", 6),
            ("thr", 4), ("gpu", 3), ("gpu mem", 7)]
+NARROW = [("process", 20), ("pid", 7), ("rank", 4), ("st", 2), ("cpu%", 5), ("gpu", 3), ("gpu mem", 7)]
+# What `o` cycles through: (column, the key of a Proc, largest first?)
+SORTS = {"tree": None,
+         "gpu mem": (lambda p: p.gpu_mem_mib or 0, True),
+         "cpu%": (lambda p: p.cpu_pct if p.alive else -1, True),
+         "rank": (lambda p: (p.rank is None, p.rank or 0), False),
+         "pid": (lambda p: p.pid, False),
+         "rss": (lambda p: p.rss_mib or 0, True),
+         "thr": (lambda p: p.threads or 0, True),
+         "st": (lambda p: p.status, False),
+         "role": (lambda p: p.role or "~", False),
+         "process": (lambda p: p.title, False),
+         "gpu": (lambda p: (not p.gpus, p.gpus), False)}
+CYCLE = ["tree", "gpu mem", "cpu%", "rank", "pid"]
 STATUS_STYLE = {"R": "green", "S": "default", "D": "yellow", "Z": "bold red", "T": "yellow", "X": "bold red"}
 
 
 class RankTable(LiveTable):
     COLUMNS = COLUMNS
-    BINDINGS = [Binding("enter", "toggle_collapse", "Collapse", show=True)]
+    BINDINGS = [Binding("enter", "toggle_collapse", "Collapse", show=False),
+                Binding("o", "sort", "Sort", show=False)]
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self.collapsed: set[int] = set()
-        self.border_title = "ranks"
+        self.sort_by = "tree"
+        self.reverse = False
+        self.state: HostState | None = None
+        self._title()
 
-    def show(self, state: HostState) -> None:
+    def show(self, state: HostState, ports: str = "") -> None:
+        """`ports`: the ports in a few words, when the screen is too narrow for their table."""
+        self.state = state
         self.sync(self._rows(state))
-        self.border_subtitle = f"{sum(1 for p in state.procs.values() if p.alive)} live"
+        live = f"{sum(1 for p in state.procs.values() if p.alive)} live"
+        self.border_subtitle = escape(f"{ports}  {live}" if ports else live)
+
+    def set_narrow(self, narrow: bool) -> None:
+        self.set_columns(NARROW if narrow else COLUMNS)
 
     def selected_pid(self) -> int | None:
         key = self.selected_key()
-        return int(key) if key else None
+        return int(key) if key and key.isdigit() else None
+
+    def _title(self) -> None:
+        order = "" if self.sort_by == "tree" else f" by {self.sort_by}{' ↑' if self.reverse else ''}"
+        self.border_title = f"ranks{order}"
+
+    def sort(self, column: str) -> None:
+        """Rows by this column (a second time: the other way round); `tree` is the process tree."""
+        if column not in SORTS:
+            return
+        self.reverse = column == self.sort_by and column != "tree" and not self.reverse
+        self.sort_by = column
+        self._title()
+        if self.state is not None:
+            self.show(self.state)
+
+    def action_sort(self) -> None:
+        """The next order of the cycle: the tree, gpu mem, cpu%, rank, pid, then the tree again."""
+        at = CYCLE.index(self.sort_by) if self.sort_by in CYCLE else -1
+        self.sort_by, self.reverse = CYCLE[(at + 1) % len(CYCLE)], False
+        self._title()
+        if self.state is not None:
+            self.show(self.state)
+
+    def on_data_table_header_selected(self, event) -> None:
+        event.stop()
+        self.sort(str(event.column_key.value))
 
     def _rows(self, state: HostState) -> list[tuple[str, list]]:
+        if self.sort_by != "tree":
+            key, largest_first = SORTS[self.sort_by]
+            procs = sorted((p for _, p in state.tree()), key=key, reverse=largest_first != self.reverse)
+            return [(str(p.pid), self._cells(0, p, False)) for p in procs]
         out = []
         hidden_below: int | None = None
         for depth, proc in state.tree():

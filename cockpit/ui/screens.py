@@ -1,21 +1,23 @@
 """Modal screens: a confirmation that names exactly what an action will touch, a scrollable report of
-what happened, the relaunch dialog, help and search."""
+what happened, the relaunch dialog, help and search. Each dialog puts its keys in its own footer."""
 
 from __future__ import annotations
+
+import difflib
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Footer, Input, Label, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
     """y confirms, n or escape cancels. The body lists every pid / entry the action touches."""
 
-    BINDINGS = [Binding("y", "answer(True)", "Yes, do it"), Binding("n,escape", "answer(False)", "No")]
+    BINDINGS = [Binding("y", "answer(True)", "Yes, do it"), Binding("n,escape", "answer(False)", "No", key_display="n")]
 
     def __init__(self, title: str, lines: list[str], question: str):
         super().__init__()
@@ -26,30 +28,35 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(Text(self.title_text, style="bold"))
             with VerticalScroll(classes="dialog-body"):
                 yield Static(Text("\n".join(self.lines)))
-            yield Static(Text(f"{self.question}  [y] yes   [n] no", style="bold yellow"))
+            yield Static(Text(f"{self.question}  y yes · n no", style="bold yellow"))
+        yield Footer()
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
 
 
 class ReportScreen(ModalScreen[str | None]):
-    """A report; extra keys (e.g. `c` to clean) dismiss with their name."""
+    """A report; an offered key (`c` to clean, with the shm audit) dismisses with its name; the
+    report's body says what it does."""
 
-    BINDINGS = [Binding("escape,q,enter", "close", "Close")]
+    BINDINGS = [Binding("escape,q,enter", "close", "Close", key_display="esc"),
+                Binding("c", "choose('c')", "Clean what is safe")]  # shown only when offered
 
     def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None):
         super().__init__()
         self.title_text, self.lines, self.keys = title, lines, keys or {}
-        for key, label in self.keys.items():
-            self._bindings.bind(key, f"choose('{key}')", label)
 
     def compose(self) -> ComposeResult:
-        hint = "   ".join(f"[{k}] {label}" for k, label in self.keys.items())
         with Vertical(classes="dialog"):
             yield Static(Text(self.title_text, style="bold"))
             with VerticalScroll(classes="dialog-body"):
                 yield Static(Text("\n".join(self.lines)))
-            yield Static(Text(f"{hint}   [esc] close".strip(), style="bold yellow"))
+        yield Footer()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "choose":
+            return parameters[0] in self.keys
+        return True
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -58,34 +65,95 @@ class ReportScreen(ModalScreen[str | None]):
         self.dismiss(key)
 
 
-class RelaunchScreen(ModalScreen["RunSpec | None"]):
-    """Flag sets as toggles, parameters as fields, and the exact command line that will run,
-    with what differs from the current run marked."""
+def _is_flag(arg: str) -> bool:
+    if not arg.startswith("-") or arg == "-":
+        return False
+    try:
+        float(arg)
+        return False  # a negative number is a value
+    except ValueError:
+        return True
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+r", "launch", "Launch")]
+
+def arg_items(argv: list[str]) -> list[str]:
+    """An argument list as the operator reads it: a flag with its value is one item
+    (`--speculative-eagle-topk 1`), each shell-quoted as it would be typed."""
+    import shlex
+
+    items, i = [], 0
+    while i < len(argv):
+        if _is_flag(argv[i]) and i + 1 < len(argv) and not _is_flag(argv[i + 1]) and "=" not in argv[i]:
+            items.append(shlex.join(argv[i:i + 2]))
+            i += 2
+        else:
+            items.append(shlex.quote(argv[i]))
+            i += 1
+    return items
+
+
+def arg_diff(old: list[str], new: list[str]) -> tuple[list[tuple[str, bool]], list[str]]:
+    """The new command's items, each marked when it is not in the old one at that place, and the
+    old items that are gone: a diff of the two argument lists, in order, repeats kept."""
+    a, b = arg_items(old), arg_items(new)
+    shown: list[tuple[str, bool]] = []
+    removed: list[str] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            shown += [(item, False) for item in b[j1:j2]]
+        else:
+            removed += a[i1:i2]
+            shown += [(item, True) for item in b[j1:j2]]
+    return shown, removed
+
+
+class RelaunchScreen(ModalScreen["RunSpec | None"]):
+    """Flag sets as toggles that read [on] / [off] (not by colour alone), parameters as labelled
+    fields, and the exact command line that will run, with what differs from the current run
+    marked: a diff of argument lists, a flag with its value."""
+
+    BINDINGS = [Binding("ctrl+r", "launch", "Launch"),
+                Binding("space", "toggle", "Toggle flag set"),
+                Binding("tab", "focus_next", "Next field", show=False),
+                Binding("escape", "cancel", "Cancel", key_display="esc")]
 
     def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch"):
         super().__init__()
         self.profile, self.current, self.python, self.extra, self.title_text = layout, current, python, extra, title
 
     def compose(self) -> ComposeResult:
-        from textual.widgets import Input, SelectionList
+        from textual.widgets import SelectionList
+
+        from cockpit.config import param_flag
 
         with Vertical(classes="dialog"):
             yield Static(Text(f"{self.title_text}: {self.profile.name}", style="bold"))
-            yield SelectionList(*[(name, name, name in self.current.enabled) for name in self.profile.flag_sets],
-                                id="sets")
+            yield Label("flag sets (space switches the highlighted one on or off, tab goes to the fields):",
+                        classes="field-label")
+            yield SelectionList(*[(self._prompt(name, name in self.current.enabled), name, name in self.current.enabled)
+                                  for name in self.profile.flag_sets], id="sets", compact=True)
             for name, value in self.profile.params.items():
-                yield Input(value=str(self.current.params.get(name, value)), placeholder=name, id=f"param-{name}")
+                with Horizontal(classes="field"):
+                    yield Label(f"{name} ({param_flag(name)}):", classes="field-label")
+                    yield Input(value=str(self.current.params.get(name, value)), id=f"param-{name}", compact=True)
             yield Static(id="cmd")
-            yield Static(Text("space toggles a flag set · ctrl+r launches (the current run is killed and verified "
-                              "gone, /dev/shm cleaned first) · esc cancels", style="bold yellow"))
+            yield Static(Text("ctrl+r: the current run is killed and verified gone, /dev/shm cleaned, then this runs",
+                              style="yellow"))
+        yield Footer()
+
+    def _prompt(self, name: str, on: bool) -> Text:
+        flags = " ".join(self.profile.flag_sets[name])
+        return Text.assemble(("[on]  " if on else "[off] ", "bold" if on else "grey62"), (name, "bold" if on else ""),
+                             (f"  {flags}", "grey50"))
 
     def on_mount(self) -> None:
+        self.query_one("#sets").focus()
         self._show()
 
+    def on_descendant_focus(self, event) -> None:
+        self.refresh_bindings()  # space toggles only in the list: the footer follows the focus
+
     def spec(self):
-        from textual.widgets import Input, SelectionList
+        from textual.widgets import SelectionList
 
         from cockpit.runs import RunSpec
 
@@ -100,20 +168,38 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
         new = mask_argv(build_argv(self.profile, self.spec(), self.python) + self.extra)  # secrets never shown
         old = mask_argv(build_argv(self.profile, self.current, self.python) + self.extra)
+        shown, removed = arg_diff(old, new)
         text = Text("command: ", style="bold")
-        for arg in new:
-            text.append(arg + " ", style="bold green" if arg not in old else "")
-        gone = [a for a in old if a not in new]
-        if gone:
-            text.append("\nremoved from the current run: ", style="bold")
-            text.append(" ".join(gone), style="strike red")
+        text.append_text(Text(" ").join(Text(item, style="bold green" if changed else "") for item, changed in shown))
+        added = [item for item, changed in shown if changed]
+        for label, items, style in (("added", added, "bold green"), ("removed", removed, "red")):
+            if items:
+                text.append(f"\n{label}: ", style="bold")
+                text.append_text(Text(" · ").join(Text(item, style=style) for item in items))
         self.query_one("#cmd", Static).update(text)
 
     def on_selection_list_selected_changed(self, event) -> None:
+        sets = event.selection_list
+        for index, name in enumerate(self.profile.flag_sets):
+            sets.replace_option_prompt_at_index(index, self._prompt(name, name in sets.selected))
         self._show()
 
     def on_input_changed(self, event) -> None:
         self._show()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "toggle":
+            from textual.widgets import SelectionList
+
+            return isinstance(self.focused, SelectionList)
+        return True
+
+    def action_toggle(self) -> None:
+        from textual.widgets import SelectionList
+
+        sets = self.query_one("#sets", SelectionList)
+        if sets.highlighted is not None:
+            sets.toggle(sets.get_option_at_index(sets.highlighted).value)
 
     def action_launch(self) -> None:
         self.dismiss(self.spec())
@@ -123,41 +209,78 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
 
 HELP = """\
-[b]gpu-cockpit[/b] — keys
+[b]gpu-cockpit[/b] — keys, verdicts, phases and colours ([b]↑ ↓[/b] scroll, [b]esc[/b] closes)
 
-  [b]tab[/b] / [b]shift+tab[/b]   move between panes
-  [b]↑ ↓[/b]            move in a table or scroll the log
-  [b]enter[/b]          collapse or expand a process subtree (rank tree)
+[b]Keys[/b]  (the footer shows the most used first, as many as the width allows)
+  [b]?[/b]              this help
+  [b]q[/b]              quit (a demo ends every run it launched; on a real host the run keeps running)
+  [b]r[/b]              relaunch: flag sets as \\[on]/\\[off] toggles, parameters as fields, the command shown
+                 as a diff of argument lists; ctrl+r launches (the current run is stopped first)
+  [b]d[/b]              py-spy dump of every rank, identical stacks grouped, the odd one out shown
+  [b]K[/b]              kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports
+  [b]s[/b]              /dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe
+  [b]L[/b]              the ledger of this layout's runs: what the cockpit saw of each one
+  [b]z[/b]              zoom the focused pane to the full screen and back (or esc)
   [b]/[/b]              search the log (empty search clears it)
   [b]t[/b]              show one rank's log lines (cycles TP0…TPn, then all)
   [b]f[/b]              follow the log on / off
+  [b]o[/b]              sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)
   [b]k[/b]              kill the selected process (asks first, names every pid)
-  [b]K[/b]              kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports
-  [b]s[/b]              /dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe
-  [b]d[/b]              py-spy dump of every rank, identical stacks grouped, the odd one out shown
-  [b]r[/b]              relaunch: flag sets as toggles, parameters as fields, the command line shown
   [b]A[/b]              ablation: each on/off combination of the chosen flag sets, then a table
-  [b]L[/b]              the ledger of this layout's runs
+  [b]tab[/b] / [b]shift+tab[/b]   move between panes: GPUs, ranks, ports, log
+  [b]enter[/b]          collapse or expand a process subtree (rank tree)
   [b]:[/b] or [b]ctrl+p[/b]     command palette
-  [b]?[/b]              this help
   [b]escape[/b]         back to the fleet (a host's cockpit opened from it)
-  [b]q[/b]              quit (a run keeps running on the host)
 
-GPU panes: utilization with its history, memory, power against the limit (100 % utilization at
-idle power is a collective that never completes), temperature, SM clock, the ranks on the GPU.
-Fields a GPU does not report show as n/a, never 0.
+[b]The header[/b] is always on screen: host, phase, verdict, link, the age of the data; then the
+verdict's first evidence (or what to do when there is nothing to show); then what lasts: the
+action under way, the last action's outcome, or why the link is down.
+
+[b]Verdicts[/b]
+  [green]ok[/green]                 the run is alive and moving (or ready and serving)
+  watching           processes are there; not enough seen yet to judge
+  no run             nothing of a run is watched on this host
+  [bold red]stalled-idle[/bold red]       every rank alive, CPU and GPU idle with the model resident, port closed,
+                     log silent for the layout's idle_s: a deadlock before serving
+  [bold red]stalled-spinning[/bold red]   GPUs pinned at 100 % utilization at idle power (a kernel polling a flag:
+                     a collective that never completes), log silent; the odd rank is named
+  [bold red]crashed[/bold red]            a rank died or the log tells a failure; the first failing rank is named
+  [yellow]slow[/yellow]               a phase has taken slow_factor times what earlier runs took
+  [yellow]stopping[/yellow]           the operator's own kill or relaunch is under way: not a crash
+
+[b]Phases[/b] (read from the log, in launch order)
+  starting · loading weights N/M · weights loaded · kv cache · capturing cuda graphs ·
+  cuda graphs captured · capturing draft cuda graphs · draft cuda graphs captured · port open ·
+  ready · serving; vLLM adds compiling and engine initialized. crashed / exited: every rank gone.
+
+[b]Colours[/b]
+  bars: [green]green[/green] below 60 %, [yellow]yellow[/yellow] from 60 %, [red]red[/red] from 90 %; memory [magenta]magenta[/magenta], power [cyan]cyan[/cyan]
+  log: [bold bright_red]failure[/bold bright_red], [bold red]error[/bold red], [yellow]warning[/yellow], [cyan]▶ phase[/cyan] (marked once, where it starts)
+  ranks: state [green]R[/green] running, S sleeping, [yellow]D[/yellow] disk wait, [bold red]Z[/bold red] zombie; a dead rank is struck through
+         with its exit code; ports: [bold green]listen[/bold green] / [grey50]closed[/grey50], http status [green]2xx[/green] / [red]error[/red]
+  link: [green]up[/green], [yellow]connecting[/yellow], [bold red]lost / down / failed[/bold red] (the panes dim: the data is old)
+  Every colour has a word beside it: nothing is said by colour alone.
+
+[b]Sizes[/b]: from 120x35 a pane per GPU (utilization history, memory, power against its limit,
+temperature, SM clock, ranks); below, a line per GPU (two to a line on a short screen), as
+nvitop's compact view. Fields a GPU does not report show as n/a, never 0.
 """
 
 
 class HelpScreen(ModalScreen):
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", key_display="esc")]
 
     def __init__(self, text: str = HELP):
         super().__init__()
         self.text = text
 
     def compose(self) -> ComposeResult:
-        yield Static(self.text, id="help")
+        with VerticalScroll(id="help"):
+            yield Static(self.text)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#help").focus()
 
 
 class SearchScreen(ModalScreen[str | None]):

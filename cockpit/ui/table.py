@@ -23,8 +23,20 @@ class LiveTable(DataTable):
         self._shown: dict[str, list] = {}
 
     def on_mount(self) -> None:
-        for name, width in self.COLUMNS:
+        self.set_columns(self.COLUMNS)
+
+    def set_columns(self, columns: list[tuple[str, int]]) -> None:
+        """Show these of COLUMNS, at these widths (a narrower screen shows fewer): the rows are
+        rebuilt on the next sync. Rows always carry every column's cell."""
+        if columns == getattr(self, "_visible_columns", None):
+            return
+        names = [name for name, _ in self.COLUMNS]
+        self._visible_columns = list(columns)
+        self._pick = [names.index(name) for name, _ in columns]
+        self.clear(columns=True)
+        for name, width in columns:
             self.add_column(name, width=width, key=name)
+        self._keys, self._shown = [], {}
 
     def selected_key(self) -> str | None:
         if not self._keys or self.cursor_row is None or self.cursor_row >= len(self._keys):
@@ -39,13 +51,15 @@ class LiveTable(DataTable):
         are skipped)."""
         rows = max(64, 4 * nrows)
         for name, size in (("_row_render_cache", rows), ("_row_renderable_cache", rows), ("_line_cache", rows),
-                           ("_cell_render_cache", rows * max(1, len(self.COLUMNS)))):
+                           ("_cell_render_cache", rows * max(1, len(self._visible_columns)))):
             cache = getattr(self, name, None)
             if cache is not None and hasattr(cache, "maxsize") and cache.maxsize != size:
                 cache.maxsize = size
                 cache.clear()
 
     def sync(self, rows: list[tuple[str, list]]) -> None:
+        if len(self._pick) != len(self.COLUMNS):
+            rows = [(key, [cells[i] for i in self._pick]) for key, cells in rows]
         keys = [k for k, _ in rows]
         if keys != self._keys:
             self._fit_caches(len(rows))
@@ -63,7 +77,7 @@ class LiveTable(DataTable):
     def _update_cells(self, rows: list[tuple[str, list]]) -> None:
         for key, cells in rows:
             old = self._shown.get(key, [])
-            for i, ((name, _), cell) in enumerate(zip(self.COLUMNS, cells)):
+            for i, ((name, _), cell) in enumerate(zip(self._visible_columns, cells)):
                 if i >= len(old) or not _same(old[i], cell):
                     self.update_cell(key, name, cell)
             self._shown[key] = cells

@@ -1,0 +1,181 @@
+"""The demo as the operator meets it, end to end on a fast clock: its own state folder and runs,
+the EAGLE-3 stall, the relaunch from the screen (r, space, ctrl+r) reading as the operator's own
+stop (never `crashed`), the ledger keeping what the cockpit saw of each run, and `q` leaving no
+process of the demo behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cockpit import cli, demo
+from cockpit.layouts import resolve_layout
+from cockpit.runs import read_ledger
+from cockpit.ui.app import save_text
+from cockpit.ui.screens import RelaunchScreen
+
+from conftest import free_port
+from simhost import until
+
+FAST_DEMO = """\
+name: fastdemo
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "8", --host, 127.0.0.1, --port, "{port}", --sim-traffic, "2"]
+flag_sets:
+  eagle3: [--speculative-algorithm, EAGLE3, --speculative-num-steps, "3", --speculative-eagle-topk, "1"]
+  no_cuda_graph: [--disable-cuda-graph]
+enabled: [eagle3]
+params:
+  mem_fraction_static: 0.85
+log_dir: {logs}
+ports: [{port}]
+endpoints: [/health]
+stall: {{idle_s: 3, spin_s: 3}}
+kill_wait_s: 2
+sim: {{gpus: 8, model: rtx-pro-6000, seed: 7, speed: 4}}
+"""
+
+
+@pytest.fixture
+def demo_env(tmp_path, monkeypatch):
+    """A private runtime folder (the demos' folders) and state folder (the ledger)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    path = tmp_path / "fastdemo.yaml"
+    path.write_text(FAST_DEMO.format(port=free_port(), logs=tmp_path / "logs"))
+    args = cli.build_parser().parse_args(["demo", "--layout", str(path), "--interval", "0.25"])
+    made = []
+    yield args, resolve_layout(str(path)), made
+    for pgid in made:  # whatever the test left, by its own process groups only
+        try:
+            os.killpg(pgid, 9)
+        except OSError:
+            pass
+
+
+def group_members(pgids: list[int]) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) in pgids and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_was_seen(demo_env):
+    args, layout, pgids = demo_env
+    app, layout, state = cli.demo_app(args, layout)
+    assert Path(state).parent == demo.demo_base() and state in demo.live_states()
+    verdicts: list[str] = []
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
+        monitor = app.cockpit.monitor
+        monitor.subscribe(lambda e: verdicts.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
+        pgids.append(monitor.following["pgid"])
+        await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 90)
+        await pilot.pause(0.5)
+        header = save_text(app, None)
+        assert "stalled-idle" in header and "all 8 ranks alive" in header
+
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
+        await pilot.pause(0.3)
+        dialog = save_text(app, None)
+        assert "[on]  eagle3" in dialog and "[off] no_cuda_graph" in dialog  # on/off in words
+        assert "mem_fraction_static (--mem-fraction-static):" in dialog  # every field has a label
+        assert "Launch" in dialog.splitlines()[-1]  # the dialog's keys, in its footer
+        await pilot.press("space")  # eagle3, the first flag set: off
+        await pilot.pause(0.3)
+        assert app.screen.spec().enabled == []
+        dialog = save_text(app, None)
+        assert "[off] eagle3" in dialog and "--speculative-eagle-topk 1" in dialog.split("removed:")[1]
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: not isinstance(app.screen, RelaunchScreen), 10)
+        await until(pilot, lambda: monitor.following["pgid"] != pgids[0], 30)
+        pgids.append(monitor.following["pgid"])
+        await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)
+        assert group_members(pgids[:1]) == []  # the relaunch ended the stalled run first
+        assert "crashed" not in verdicts, verdicts  # the cockpit's own stop is never a crash
+        assert "stopping" in verdicts
+        await until(pilot, lambda: any(f"phase {p}" in save_text(app, None) for p in ("ready", "serving")), 10)
+        await pilot.press("q")
+
+    told = await cli.end_demo(args, app, layout, state)
+    assert told == ["the demo's 1 run stopped, verified gone"]
+    assert group_members(pgids) == []
+    assert not Path(state).exists() and demo.live_states() == []
+    rows = read_ledger(layout)
+    assert [r["outcome"] for r in rows] == ["stalled-idle", "ready"]
+    assert rows[0]["flag_sets"] == ["eagle3"] and rows[1]["flag_sets"] == []
+
+
+async def test_a_demo_neither_shows_nor_judges_processes_it_did_not_start(demo_env, sim_state):
+    """Another demo's run on the same machine (started here by hand, titled like every rank)
+    is not in this demo's rank tree."""
+    import subprocess
+    import sys
+
+    args, layout, pgids = demo_env
+    other = subprocess.Popen([sys.executable, "-c", "import setproctitle, time; "
+                              "setproctitle.setproctitle('sglang::scheduler_TP0'); time.sleep(60)"],
+                             start_new_session=True)
+    pgids.append(other.pid)
+    args.no_server = True
+    app, layout, state = cli.demo_app(args, layout)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.state.seq > 2, 30)
+        await pilot.pause(0.5)
+        assert other.pid not in app.state.procs
+        assert app.cockpit.verdict.name.value == "no run"
+        text = save_text(app, None)
+        assert "sglang::scheduler_TP0" not in text
+        assert "press r" in text  # the empty state says what to do
+        await pilot.press("q")
+    assert await cli.end_demo(args, app, layout, state) == []
+    assert not Path(state).exists()
+    other.kill()
+    other.wait()
+
+
+def test_a_demo_killed_without_cleaning_up_is_cleaned_by_the_next(demo_env):
+    """A folder whose owner is gone is stale; a live one is not."""
+    args, layout, _ = demo_env
+    mine = demo.new_state()
+    dead = Path(demo.new_state())
+    (dead / "owner.json").write_text('{"pid": 1, "start": "0"}')
+    assert demo.live_states() == [mine] and demo.stale_states() == [str(dead)]
+    import asyncio
+
+    assert asyncio.run(cli._reap_stale_demos(args, layout)) == []
+    assert not dead.exists() and Path(mine).exists()
+
+
+def test_other_commands_on_the_demo_without_one_running_say_what_to_do(demo_env):
+    from conftest import run_cli
+
+    res = run_cli("snapshot", "demo", "--text", env={"XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"]})
+    assert res.returncode == 2
+    assert "no demo is running: start one with `cockpit demo`" in res.stderr
+
+
+async def test_a_host_that_does_not_resolve_is_said_on_screen_and_quitting_exits_2():
+    from cockpit.link.target import parse_target
+    from cockpit.monitor import HostMonitor
+    from cockpit.ui.app import CockpitApp
+
+    app = CockpitApp(monitor=HostMonitor(parse_target("nosuchhost.invalid")))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.error is not None, 30)
+        await pilot.pause(0.5)
+        text = save_text(app, None)
+        assert "cannot resolve" in text and "q quits (exit status 2)" in text
+        assert "connecting" not in text and "unknown: no connection" in text
+    res = __import__("conftest").run_cli("snapshot", "nosuchhost.invalid", "--json")
+    assert res.returncode == 2 and "cannot resolve" in res.stderr

@@ -1,0 +1,127 @@
+"""The screen at the sizes operators have (80x24, 100x30, 160x50): the header always there, a
+line per GPU below 120x35, zoom, the rank table's sort, the relaunch dialog's diff of argument
+lists, help, and notifications that never cover a dialog. Rendered from recorded demo states."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cockpit.diagnose import VerdictName
+from cockpit.layouts import resolve_layout
+from cockpit.runs import RunSpec, build_argv
+from cockpit.snapshot import state_from_doc
+from cockpit.ui.app import CockpitApp, save_text
+from cockpit.ui.cockpit import GpuView
+from cockpit.ui.ranks import RankTable
+from cockpit.ui.screens import ConfirmScreen, HelpScreen, arg_diff, arg_items
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def replay(name: str) -> CockpitApp:
+    doc = json.loads((FIXTURES / f"demo-{name}.json").read_text())
+    return CockpitApp(state=state_from_doc(doc), layout=resolve_layout("demo"))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 50)])
+async def test_the_header_and_every_gpu_are_on_screen_at_every_size(size):
+    app = replay("eagle3-deadlock")
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        text = save_text(app, None)
+    lines = text.splitlines()
+    assert "verdict stalled-idle" in lines[0] and "phase capturing draft cuda graphs" in lines[0]
+    assert lines[1].lstrip().startswith("▸ all 8 ranks alive")  # the first evidence, on its own line
+    for rank in range(8):
+        assert f"TP{rank}" in text  # every GPU, with its rank
+    assert len(lines) == size[1]
+
+
+async def test_below_120x35_a_line_per_gpu_and_zoom_shows_the_panes():
+    app = replay("serving")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.3)
+        screen = app.cockpit
+        assert screen.has_class("compact")
+        text = save_text(app, None)
+        assert "GPU7 RTX PRO 6000" not in text and text.count("82G/96G") == 8  # the compact list
+        screen.query_one(GpuView).focus()
+        await pilot.press("z")
+        await pilot.pause(0.3)
+        assert screen.maximized is screen.query_one(GpuView)
+        zoomed = save_text(app, None)
+        assert "GPU7 RTX PRO 6000" in zoomed and "verdict ok" in zoomed.splitlines()[0]
+        assert "ranks" not in zoomed  # the other panes give way; the header and keys stay
+        await pilot.press("z")
+        await pilot.pause(0.3)
+        assert screen.maximized is None and "ranks" in save_text(app, None)
+
+
+async def test_the_rank_table_sorts_by_a_column_and_back_to_the_tree():
+    app = replay("serving")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        table = app.query_one(RankTable)
+        tree = [int(k) for k in table._keys]
+        await pilot.press("o")  # gpu mem, largest first
+        await pilot.pause(0.2)
+        assert table.border_title == "ranks by gpu mem"
+        mem = [app.state.procs[int(k)].gpu_mem_mib or 0 for k in table._keys]
+        assert mem == sorted(mem, reverse=True) and mem[0] > 0
+        table.sort("pid")
+        await pilot.pause(0.2)
+        assert [int(k) for k in table._keys] == sorted(tree)
+        table.sort("pid")  # again: the other way round
+        await pilot.pause(0.2)
+        assert [int(k) for k in table._keys] == sorted(tree, reverse=True)
+        table.sort("tree")
+        await pilot.pause(0.2)
+        assert [int(k) for k in table._keys] == tree and table.border_title == "ranks"
+
+
+def test_the_relaunch_diff_is_a_diff_of_argument_lists_flag_with_value():
+    layout = resolve_layout("demo")
+    old = build_argv(layout, RunSpec(enabled=["eagle3"], params={"mem_fraction_static": 0.85}), "python3")
+    new = build_argv(layout, RunSpec(enabled=["no_cuda_graph"], params={"mem_fraction_static": "0.8"}), "python3")
+    shown, removed = arg_diff(old, new)
+    assert "--speculative-eagle-topk 1" in removed and "--speculative-num-steps 3" in removed
+    assert "--speculative-algorithm EAGLE3" in removed
+    assert [item for item, changed in shown if changed] == ["--disable-cuda-graph", "--mem-fraction-static 0.8"]
+    assert "--mem-fraction-static 0.85" in removed
+    assert arg_items(["-m", "x", "--trust-remote-code", "--tp-size", "8", "--offset", "-3", "--name", "a b"]) == \
+        ["-m x", "--trust-remote-code", "--tp-size 8", "--offset -3", "--name 'a b'"]
+
+
+async def test_help_explains_every_verdict_and_scrolls_at_80x24():
+    app = replay("serving")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, HelpScreen)
+        from cockpit.ui.screens import HELP
+
+        for name in VerdictName:
+            assert name.value in HELP
+        for word in ("loading weights", "capturing draft cuda graphs", "Colours", "zoom", "sort"):
+            assert word in HELP
+        first = save_text(app, None)
+        await pilot.press("end")
+        await pilot.pause(0.2)
+        assert save_text(app, None) != first  # the rest is reachable
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_a_notification_never_covers_a_dialog():
+    app = replay("serving")
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.push_screen(ConfirmScreen("kill the run", ["pid 1"], "Signal these?"))
+        await pilot.pause(0.2)
+        app.notify("SOMETHING HAPPENED")
+        await pilot.pause(0.3)
+        text = save_text(app, None)
+        assert "Signal these?" in text and "SOMETHING HAPPENED" not in text
+        assert "y Yes, do it" in text.splitlines()[-1]  # the dialog's keys, in its footer
