@@ -234,6 +234,10 @@ async def follow_to_outcome(monitor, timeout: float, progress=None, settle: floa
         if progress:
             progress(phase, verdict)
         if verdict.name in TERMINAL:
+            for _ in range(2):  # the log's own account (exit code, traceback) comes a tick after the ranks die
+                await monitor.session.wait_samples(1, timeout=30)
+                if monitor.verdict.name in TERMINAL:
+                    verdict = monitor.verdict
             return verdict.name.value, verdict.evidence
         if phase.name in ("ready", "serving"):
             ready_at = ready_at or now

@@ -15,7 +15,7 @@ from cockpit import cli, demo
 from cockpit.layouts import resolve_layout
 from cockpit.runs import read_ledger
 from cockpit.ui.app import save_text
-from cockpit.ui.screens import RelaunchScreen
+from cockpit.ui.screens import ConfirmScreen, RelaunchScreen
 
 from conftest import free_port
 from simhost import until
@@ -98,6 +98,9 @@ async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_
         assert "[off] eagle3" in dialog and "--speculative-eagle-topk 1" in dialog.split("removed:")[1]
         await pilot.press("ctrl+r")
         await until(pilot, lambda: not isinstance(app.screen, RelaunchScreen), 10)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)  # what the relaunch kills, first
+        assert "the run: " in save_text(app, None)
+        await pilot.press("y")
         await until(pilot, lambda: monitor.following["pgid"] != pgids[0], 30)
         pgids.append(monitor.following["pgid"])
         await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)

@@ -96,7 +96,7 @@ class ActionRunner:
                 return
             self.progress = "SIGTERM sent, waiting"
             wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
-            whole_run = bool(scope.pgids)
+            whole_run = not scope.pids  # `K`: the run; `k`: one process (and what it started)
             with self.monitor.stopping_for(f"{what}: asked by the operator"):
                 report = await kill(session, plan, wait, self.layout.ports if self.layout else [])
                 if whole_run and report["verified"]:

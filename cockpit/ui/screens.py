@@ -36,11 +36,12 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class ReportScreen(ModalScreen[str | None]):
-    """A report; an offered key (`c` to clean, with the shm audit) dismisses with its name; the
-    report's body says what it does."""
+    """A report; an offered key (`c` to clean, with the shm audit; `n` for every frame, with the
+    stacks) dismisses with its name; the report's body says what it does."""
 
     BINDINGS = [Binding("escape,q,enter", "close", "Close", key_display="esc"),
-                Binding("c", "choose('c')", "Clean what is safe")]  # shown only when offered
+                Binding("c", "choose('c')", "Clean what is safe"),  # each shown only when offered
+                Binding("n", "choose('n')", "Native frames")]
 
     def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None):
         super().__init__()
