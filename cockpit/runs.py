@@ -172,6 +172,10 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     log = run_log_path(layout, run_id)
     if log.startswith("~/") and session.state.agent.home:
         log = session.state.agent.home + log[1:]
+    if "forensics" in spec.enabled:  # torch's flight recorder armed, its pipes and dumps beside the run's log
+        from cockpit.flightrec import forensics_env
+
+        env.update(forensics_env(log.removesuffix(".log")))
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
                            "time": time.time(), "argv": argv, "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log})
