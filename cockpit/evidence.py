@@ -27,7 +27,9 @@ class Finding:
 
 
 def rank_ranges(ranks) -> str:
-    from cockpit.stacks import rank_ranges as ranges  # stacks imports the session: not at import time
+    from cockpit.stacks import (
+        rank_ranges as ranges,  # stacks imports the session: not at import time
+    )
 
     return ranges(list(ranks))
 

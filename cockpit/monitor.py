@@ -224,5 +224,9 @@ class HostMonitor:
     async def watch_for(self, seconds: float) -> None:
         """Judge for `seconds` more: the verdict moves on each sample as it would on screen."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        probes = asyncio.create_task(self._probe_loop())  # endpoints and metrics, as on screen
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        finally:
+            probes.cancel()

@@ -14,8 +14,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from cockpit.evidence import Finding
-from cockpit.evidence import rank_ranges
+from cockpit.evidence import Finding, rank_ranges
 
 RAS_PORT = 28028
 MAX_TEXT = 1 << 20  # the agent sends at most this much of one answer

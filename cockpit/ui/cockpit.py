@@ -23,6 +23,7 @@ from cockpit.config import Layout
 from cockpit.diagnose import Phase, Verdict, VerdictName, phase_of
 from cockpit.errors import CockpitError
 from cockpit.model import HostState
+from cockpit.metrics import describe as describe_metrics
 from cockpit.monitor import HostMonitor, MonitorEvent
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.gpus import GpuPane
@@ -53,13 +54,15 @@ class CockpitScreen(Screen):
         Binding("K", "kill_run", "Kill run"),
         Binding("s", "shm", "Shm"),
         Binding("d", "dump", "Dump stacks"),
+        Binding("b", "bundle", "Hang bundle"),
+        Binding("F", "flightrec", "Flight rec.", show=False),
         Binding("r", "relaunch", "Relaunch"),
         Binding("A", "ablate", "Ablate"),
         Binding("L", "ledger", "Runs"),
         Binding("tab", "app.focus_next", "Next pane", show=False),
         Binding("shift+tab", "app.focus_previous", "Prev pane", show=False),
     ]
-    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate")
+    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bundle", "flightrec")
 
     def __init__(self, monitor: HostMonitor | None = None, state: HostState | None = None,
                  layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True):
@@ -269,6 +272,9 @@ class CockpitScreen(Screen):
         parts.append(f"gpu data: {escape(a.nvml or 'none')}")
         if a.driver:
             parts.append(f"driver {escape(a.driver)}")
+        figures = describe_metrics(s.metrics)  # the engine's own: tokens/s, requests, KV cache
+        if figures:
+            parts.append(escape(figures))
         if self.busy:
             parts.append(f"[yellow]{escape(self.busy)}: {escape(self.actions.progress)}[/]")
         if self.error:
@@ -314,6 +320,36 @@ class CockpitScreen(Screen):
 
     def action_dump(self) -> None:
         self.run_worker(self.actions.dump(), group="action")
+
+    def action_bundle(self) -> None:
+        self.run_worker(self._bundle(), group="action")
+
+    def action_flightrec(self) -> None:
+        self.run_worker(self._flightrec(), group="action")
+
+    async def _bundle(self) -> None:
+        from cockpit import bundle
+        from cockpit.ui.screens import ReportScreen
+
+        async with self.actions.exclusive("hang bundle") as go:
+            if go:
+                self.actions.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
+                result = await bundle.make_bundle(self.monitor, read_only=self.read_only)
+                await self.actions.ask(ReportScreen("hang bundle", bundle.describe(result)))
+
+    async def _flightrec(self) -> None:
+        from cockpit import flightrec
+        from cockpit.actions import rank_pids
+        from cockpit.ui.screens import ReportScreen
+
+        async with self.actions.exclusive("flight recorder") as go:
+            if go:
+                pids = [pid for _, pid in rank_pids(self.state)]
+                answer = await self.session.request("fr_dump", timeout=60, pids=pids, trigger=True)
+                result = flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
+                if answer.get("armed"):
+                    self.state.flight = result
+                await self.actions.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
 
     def action_relaunch(self) -> None:
         self.run_worker(self.actions.relaunch(), group="action")
