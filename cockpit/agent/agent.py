@@ -859,6 +859,21 @@ def _environ(pid, limit=1 << 20):
     return out
 
 
+def environ_of(pid, hops=4):
+    """The environment a process was started with: its own, or, where setproctitle has wiped it
+    (SGLang's and vLLM's ranks retitle themselves, which zeroes /proc/PID/environ), that of its
+    nearest ancestor that still has one (the launcher, which passed it down)."""
+    for _ in range(hops + 1):
+        env = _environ(pid)
+        if env:
+            return env
+        row = _proc_stat(pid)
+        if row is None or row["ppid"] <= 1:
+            return {}
+        pid = row["ppid"]
+    return {}
+
+
 def ras_addr(text):
     """NCCL_RAS_ADDR's `host:port` (or `port`) as (host, port); None when unreadable."""
     host, _, port = (text or "").strip().rpartition(":")
@@ -962,6 +977,7 @@ class RasPoller:
 
     def __init__(self):
         self.every_s = RAS_EVERY_S
+        self.timeout = RAS_TIMEOUT_S
         self.enabled = True
         self.addr = None  # (host, port) forced by the cockpit
         self.env_addr = {}  # pid -> (host, port) or None, read once per process
@@ -977,7 +993,7 @@ class RasPoller:
         for row in procs:
             pid = row["pid"]
             if pid not in self.env_addr:
-                self.env_addr[pid] = ras_addr(_environ(pid).get("NCCL_RAS_ADDR"))
+                self.env_addr[pid] = ras_addr(environ_of(pid).get("NCCL_RAS_ADDR"))
             if self.env_addr[pid]:
                 return self.env_addr[pid]
         return ("127.0.0.1", RAS_PORT)
@@ -1002,7 +1018,7 @@ class RasPoller:
         return done
 
     def _run(self, host, port):
-        answer = ras_query(host, port, "text" if self.text_only else "json")
+        answer = ras_query(host, port, "text" if self.text_only else "json", timeout=self.timeout)
         if answer.get("json_error"):
             self.text_only = True
         with self.lock:
@@ -1156,7 +1172,7 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
 
     problems, stems, prefixes = [], {}, {}
     for pid in pids:
-        env = _environ(int(pid))
+        env = environ_of(int(pid))
         if not env:
             continue
         size = next((env[v] for v in FR_BUFFER_VARS if env.get(v)), "")
@@ -1836,9 +1852,11 @@ class Agent:
         h, p = self.ras.target(procs)
         return ras_query(host or h, int(port or p), fmt, verbose, float(timeout))
 
-    def cmd_ras_config(self, every_s=None, host=None, port=None, enabled=None):
+    def cmd_ras_config(self, every_s=None, host=None, port=None, enabled=None, timeout=None):
         if every_s is not None:
             self.ras.every_s = max(0.5, float(every_s))
+        if timeout is not None:
+            self.ras.timeout = max(0.5, float(timeout))
         if port is not None:
             self.ras.addr = (host or "127.0.0.1", int(port))
         if enabled is not None:
