@@ -280,6 +280,7 @@ class RasView:
         self.raw: dict | None = None  # the agent's last answer as it came (bounded by the agent)
         self.port: int | None = None
         self.still_since: float | None = None  # host clock: the counts have been what they are since then
+        self.moved_at: float | None = None  # host clock: the last poll that saw a count change
         self._total: tuple | None = None
 
     @property
@@ -294,6 +295,8 @@ class RasView:
         if rep.error is None or rep.comms:
             total = _total(rep)
             if total != self._total or self.still_since is None:
+                if self._total is not None:
+                    self.moved_at = ts
                 self._total, self.still_since = total, ts
         self.reports.append((ts, rep))
         return rep
@@ -334,6 +337,8 @@ def findings(view: RasView, now_ts: float | None, stall_s: float, stalled: bool 
         return []
     out: list[Finding] = []
     still = view.still_for(now_ts)
+    moving = view.moved_at is not None and still < stall_s  # a count changed within the threshold
+    watched = len(view.reports) >= 2
     for c in rep.comms:
         for m in c.missing:
             how = "considered dead" if m.dead else "unresponsive" if m.unresponsive else "missing"
@@ -348,23 +353,27 @@ def findings(view: RasView, now_ts: float | None, stall_s: float, stalled: bool 
         out.append(Finding("RAS", [f"{rep.dead_processes} job process{'es' if rep.dead_processes > 1 else ''} "
                                    f"considered dead (unreachable via the RAS network)"], dead=True))
     for s in skews(rep):
-        if still < stall_s:
+        # A skew alone is normal (ranks are always a little apart); one that holds is a stall on its
+        # own, and one the watchdog already calls a stall names the rank as soon as a second poll
+        # saw the same counts.
+        if still < stall_s and not (stalled and watched and not moving):
             continue
         behind = sorted(s.behind)
         low = s.behind[behind[0]]
         others = _ranks_at(s.ahead)
         if s.unlisted:
             others = ", ".join(filter(None, [others, *(f"{n} other ranks {_count(v)}" for v, n in s.unlisted.items())]))
-        line = (f"rank{'s' if len(behind) > 1 else ''} {rank_ranges(behind)} launched up to {s.op} {_count(low)}, "
-                f"{others}; no progress for {still:.0f} s")
+        how = f"no progress for {still:.0f} s" if still >= stall_s else f"unchanged over {still:.0f} s of polling"
+        line = f"rank{'s' if len(behind) > 1 else ''} {rank_ranges(behind)} launched up to {s.op} {_count(low)}, {others}; {how}"
         out.append(Finding("RAS", [line, "counts are launch counts: the rank behind never launched the "
                                          "collective the others wait in"],
-                           odd_rank=behind[0] if len(behind) == 1 else None, stalled=True))
-    if stalled and not out and still >= stall_s and rep.comms:
-        out.append(Finding("RAS", [f"no NCCL count moved for {still:.0f} s; {BLIND_SYMMETRIC}"]))
-    elif stalled and not out and rep.comms and still < stall_s and len(view.reports) >= 2:
-        out.append(Finding("RAS", ["NCCL collective counts still move: the stall is outside NCCL's collectives "
-                                   "(custom all-reduce bypasses NCCL, or the ranks wait elsewhere)"]))
+                           odd_rank=behind[0] if len(behind) == 1 else None, stalled=still >= stall_s))
+    if stalled and not out and rep.comms and watched:
+        if moving:
+            out.append(Finding("RAS", ["NCCL collective counts still move: the stall is outside NCCL's collectives "
+                                       "(custom all-reduce bypasses NCCL, or the ranks wait elsewhere)"]))
+        else:
+            out.append(Finding("RAS", [f"no NCCL count moved in {still:.0f} s; {BLIND_SYMMETRIC}"]))
     return out
 
 

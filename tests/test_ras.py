@@ -148,6 +148,18 @@ def test_counts_that_move_reset_the_clock_and_name_the_blind_spots():
     assert "no skew" in f.evidence[0] and f.odd_rank is None  # symmetric: every rank at 42190
 
 
+def test_a_stall_the_watchdog_called_gets_the_rank_from_two_polls_of_the_same_counts():
+    """A cockpit opened long into a hang has polled RAS for seconds only: same counts twice, a skew,
+    and the watchdog's stall are enough to name the rank (not to call a stall on RAS alone)."""
+    view = ras.RasView()
+    view.add(agent_answer("mismatch.json.txt", "json", ts=1000.0))
+    view.add(agent_answer("mismatch.json.txt", "json", ts=1010.0))
+    assert ras.findings(view, 1010.0, 30) == []
+    [f] = ras.findings(view, 1010.0, 30, stalled=True)
+    assert f.odd_rank == 1 and not f.stalled
+    assert f.evidence[0].endswith("rank 0 42,187; unchanged over 10 s of polling")
+
+
 def test_ras_turns_an_ok_verdict_into_a_stall_naming_the_rank():
     state = HostState("h")
     state.apply({"t": "sample", "seq": 1, "ts": 1040.0, "gpus": [], "procs": []})
