@@ -547,6 +547,54 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("bundle", "one .tar.gz of a hang, in the run's folder: stacks, NCCL RAS, flight recorder, nvidia-smi -q, "
+                   "Xid lines, log tail, metrics, versions, verdict, manifest", TARGET,
+         arg("--wait", type=float, default=0.0, metavar="S", help="judge for S seconds first (the verdict goes in)"),
+         JSON)
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from cockpit import bundle
+
+    async def go():
+        async with attached(args) as monitor:
+            if args.wait > 0:
+                await monitor.watch_for(args.wait)
+            return await bundle.make_bundle(monitor, read_only=args.read_only)
+
+    result = asyncio.run(go())
+    if args.json:
+        print_json(result.doc())
+    else:
+        print("\n".join(bundle.describe(result)))
+    return 0
+
+
+@command("flightrec", "trigger torch's flight-recorder dump on every rank and compare their last collectives",
+         TARGET, arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
+         JSON)
+def cmd_flightrec(args: argparse.Namespace) -> int:
+    from cockpit import actions, flightrec
+
+    if not args.no_trigger:
+        _writable(args)
+
+    async def go():
+        async with attached(args) as monitor:
+            pids = [pid for _, pid in actions.rank_pids(monitor.state)]
+            if not pids:
+                raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
+            answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=not args.no_trigger)
+            return answer, flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items()
+                                              if not d.get("error")})
+
+    answer, result = asyncio.run(go())
+    if args.json:
+        print_json({"ranks": {r: {k: v for k, v in d.items() if k != "entries"} for r, d in answer["ranks"].items()},
+                    "problems": answer.get("problems"), "comparison": result})
+    else:
+        print("\n".join(flightrec.describe(answer, result)))
+    return 0 if answer.get("armed") else 3
+
+
 def _spec(args: argparse.Namespace, layout):
     from cockpit.runs import default_spec
 

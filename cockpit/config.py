@@ -62,6 +62,7 @@ class Layout:
     kill_wait_s: float = 10.0
     auto_dump: bool = False
     sim: Sim | None = None
+    metrics: str | None = None  # the engine's Prometheus endpoint on the first port (default /metrics for sglang/vllm)
 
 
 # key -> (kind, required)
@@ -72,7 +73,7 @@ _TOP = {
     "workdir": ("str", False), "log_dir": ("str", False), "log": ("str", False), "ports": ("ports", False),
     "endpoints": ("endpoints", False), "watch": ("strlist", False), "phases": ("phases", False),
     "stall": ("stall", False), "kill_wait_s": ("nonneg", False), "auto_dump": ("bool", False),
-    "sim": ("sim", False),
+    "sim": ("sim", False), "metrics": ("metrics", False),
 }
 _STALL = {"idle_s": "nonneg", "spin_s": "nonneg", "slow_factor": "nonneg"}
 _SIM = {"gpus": "gpus", "model": "simmodel", "seed": "int", "speed": "nonneg"}
@@ -193,6 +194,13 @@ class YamlLoader:
                     raise self.fail(n, f"endpoint {ep!r} must be a path starting with / (e.g. /health)")
                 out.append(ep)
             return out
+        if kind == "metrics":
+            value = self.scalar(node, what)
+            if value is False or value is None:
+                return ""
+            if not isinstance(value, str) or not value.startswith("/"):
+                raise self.fail(node, f"metrics must be a path starting with / (e.g. /metrics) or false, got {node.value!r}")
+            return value
         if kind == "flagsets":
             return {key: self.strlist(v, f"flag set {key!r}") for key, _, v in self.mapping(node, what)}
         if kind == "env":
@@ -246,6 +254,10 @@ class YamlLoader:
             if name not in fields.get("flag_sets", {}):
                 raise self.fail(nodes["enabled"], f"enabled names {name!r}, which is not a flag set in flag_sets")
         fields.setdefault("name", Path(self.path).stem)
+        if "metrics" not in fields:
+            fields["metrics"] = "/metrics" if fields.get("engine", "sglang") in ("sglang", "vllm") else ""
+        fields["metrics"] = fields["metrics"] or None
+        fields.setdefault("flag_sets", {}).setdefault("forensics", [])  # torch's flight recorder armed (flightrec.py)
         return Layout(path=self.path, **fields)
 
 

@@ -156,8 +156,9 @@ class Watchdog:
     condition has held, and when each phase was first seen (time to each phase)."""
 
     def __init__(self, idle_s: float = 120.0, spin_s: float = 60.0, slow_factor: float = 3.0,
-                 earlier: dict[str, float] | None = None, ports: list[int] | None = None):
+                 earlier: dict[str, float] | None = None, ports: list[int] | None = None, sources=None):
         self.idle_s, self.spin_s, self.slow_factor = idle_s, spin_s, slow_factor
+        self.sources = list(sources or [])  # more evidence: (state, now, watchdog, stalled) -> [Finding] (evidence.py)
         self.earlier = earlier or {}  # phase -> typical seconds to reach it in earlier runs
         self.ports = list(ports or [])
         self.started: float | None = None
@@ -191,6 +192,15 @@ class Watchdog:
         return _corrected(state, _phase(self._phase_line, self._shards), failed)
 
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
+        phase, verdict = self._judge(state, now, log_path)
+        if self.sources:  # NCCL RAS, the engine's metrics, the flight recorder (cockpit/evidence.py)
+            from cockpit.evidence import merge
+
+            stalled = verdict.name in (V.STALLED_IDLE, V.STALLED_SPINNING)
+            verdict = merge(verdict, [f for src in self.sources for f in src(state, now, self, stalled)], state)
+        return phase, verdict
+
+    def _judge(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
         if state.generation != self._generation:
             self._generation = state.generation

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
 from cockpit.logrules import LogLine, LogRules
 from cockpit.secrets import mask_argv
+from cockpit.metrics import MetricsView
+from cockpit.ras import RasView
 
 HISTORY_LEN = 600  # ten minutes at 1 Hz
 LOG_LINES = 5000
@@ -175,6 +177,9 @@ class HostState:
         self.generation = 0  # bumped when a new run replaces the last one (see _new_run)
         self.notes: deque = deque(maxlen=20)  # what the operator should be told once
         self.log_ranks: dict[int, int] = {}  # pid -> rank, from log prefixes such as `(VllmWorker TP1 pid=406)`
+        self.ras = RasView()  # NCCL RAS answers the agent polled (cockpit/ras.py)
+        self.metrics = MetricsView()  # the engine's metrics as the monitor scrapes them (cockpit/metrics.py)
+        self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/flightrec.py)
 
     # ------------------------------------------------------------------ frames
 
@@ -252,6 +257,8 @@ class HostState:
         self._forget_old_dead()
         if "ports" in f:
             self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f["ports"] or []]
+        if isinstance(f.get("ras"), dict):
+            self.ras.add(f["ras"])
 
     def _new_run(self) -> None:
         """A server restarted outside the cockpit (by hand, by systemd, an elastic agent) shows

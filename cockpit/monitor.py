@@ -36,12 +36,15 @@ class MonitorEvent:
 
 def watchdog_for(layout: Layout | None) -> Watchdog:
     """The layout's stall thresholds and its earlier runs' phase times (for `slow`)."""
+    from cockpit.evidence import default_sources
+
     if layout is None:
-        return Watchdog()
+        return Watchdog(sources=default_sources())
     from cockpit.runs import typical_phase_seconds
 
     s = layout.stall
-    return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports)
+    return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports,
+                    sources=default_sources())
 
 
 def rules_for(layout: Layout | None) -> LogRules:
@@ -185,9 +188,24 @@ class HostMonitor:
                         for path in endpoints:
                             self.probes[(port, path)] = await self.session.request("http", port=port, path=path,
                                                                                    timeout=5)
+                    await self._scrape_metrics(ports)
                 except CockpitError:
                     pass
             await asyncio.sleep(self.probe_every_s)
+
+    async def _scrape_metrics(self, ports: list[int]) -> None:
+        """The engine's metrics (tokens, requests, KV cache), filtered on the host to the families
+        the header and the stall evidence use; a 404 (metrics off) is asked again a minute later."""
+        from cockpit import metrics
+
+        path = self.layout.metrics if self.layout else None
+        view = self.state.metrics
+        if not path or not ports or not view.due(time.monotonic()):
+            return
+        view.endpoint = f"{ports[0]}{path}"
+        view.health = self.probes.get((ports[0], "/health"))
+        answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.WANTED, timeout=10)
+        view.add(metrics.scrape_of(answer))
 
     async def close(self) -> None:
         await self.session.close()
@@ -206,5 +224,9 @@ class HostMonitor:
     async def watch_for(self, seconds: float) -> None:
         """Judge for `seconds` more: the verdict moves on each sample as it would on screen."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        probes = asyncio.create_task(self._probe_loop())  # endpoints and metrics, as on screen
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        finally:
+            probes.cancel()

@@ -190,6 +190,10 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     if log.startswith("~/") and session.state.agent.home:
         log = session.state.agent.home + log[1:]
     await watch_only(session, None, None)  # from now on the session watches the new run alone
+    if "forensics" in spec.enabled:  # torch's flight recorder armed, its pipes and dumps beside the run's log
+        from cockpit.flightrec import forensics_env
+
+        env.update(forensics_env(log.removesuffix(".log")))
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
                            "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log})

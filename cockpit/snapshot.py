@@ -80,6 +80,9 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             "event": log.event if log else None,
             "lines": [line.text for line in list(log.lines)[-log_lines:]] if log else [],
         },
+        "ras": state.ras.doc(),
+        "metrics": state.metrics.doc(),
+        "flight_recorder": state.flight,
         "phase": None if phase is None else {"name": phase.name, "detail": phase.detail},
         "verdict": None if verdict is None else verdict.doc(),
         "history": {

@@ -2,13 +2,22 @@
 
 import asyncio
 import os
-import re
 import signal
 
 import pytest
 
 from conftest import free_port
 from simhost import SimRun, wait_for
+
+from cockpit import metrics
+
+
+def generated(body: str) -> float:
+    """The generation-token counter of a metrics page, read as the cockpit reads it."""
+    samples, bad = metrics.parse(body)
+    value = metrics.family_value(samples, metrics.FAMILIES["generation_tokens"])
+    assert value is not None and bad == 0, body
+    return value
 
 MIB_TOTAL = 97887
 
@@ -19,7 +28,7 @@ def ready(run):
 
 async def test_healthy_run_loads_opens_its_port_and_serves(sim_state, tmp_path):
     port = free_port()
-    async with SimRun(sim_state, tmp_path, port, ["--mem-fraction-static", "0.85", "--sim-traffic", "2"]) as run:
+    async with SimRun(sim_state, tmp_path, port, ["--mem-fraction-static", "0.85", "--sim-traffic", "2", "--enable-metrics"]) as run:
         health = await run.http("/health")
         assert health["status"] in (None, 503)  # the port is closed while loading
         await wait_for(lambda: ready(run), 40, "the ready line")
@@ -40,9 +49,9 @@ async def test_healthy_run_loads_opens_its_port_and_serves(sim_state, tmp_path):
         launcher = st.procs[run.run["pid"]]
         assert launcher.role == "server" and all(p.ppid == launcher.pid for p in ranks)
         assert [p for p in st.ports if p.port == port and p.listening and p.pid == launcher.pid]
-        first = int(re.search(r"generation_tokens_total (\d+)", (await run.http("/metrics"))["body"]).group(1))
+        first = generated((await run.http("/metrics"))["body"])
         await asyncio.sleep(1.0)
-        later = int(re.search(r"generation_tokens_total (\d+)", (await run.http("/metrics"))["body"]).group(1))
+        later = generated((await run.http("/metrics"))["body"])
         assert later > first
         assert max(g.util_pct for g in st.gpus.values()) > 50
 
@@ -69,7 +78,7 @@ async def test_eagle3_deadlocks_after_weight_load_with_the_port_closed(sim_state
 
 async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state, tmp_path):
     port = free_port()
-    async with SimRun(sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4"]) as run:
+    async with SimRun(sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4", "--enable-metrics"]) as run:
         await wait_for(lambda: ready(run), 40, "ready")
         st = run.session.state
 
@@ -82,10 +91,9 @@ async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state
                        "the waiting ranks' GPUs pinned, the odd rank's idle")
         for g in st.gpus.values():
             assert g.power_w < 0.2 * g.power_limit_w  # pinned utilization at idle power
-        tokens = lambda body: int(re.search(r"generation_tokens_total (\d+)", body).group(1))
-        first = tokens((await run.http("/metrics"))["body"])
+        first = generated((await run.http("/metrics"))["body"])
         await asyncio.sleep(1.0)
-        assert tokens((await run.http("/metrics"))["body"]) == first
+        assert generated((await run.http("/metrics"))["body"]) == first
         assert (await run.http("/health"))["status"] == 200  # health alone proves nothing
 
 

@@ -837,6 +837,534 @@ def http_get(port, path, timeout=2.0, host="127.0.0.1"):
 
 
 
+# ----------------------------------------------------------------------------- NCCL RAS
+
+RAS_PORT = 28028
+RAS_EVERY_S = 5.0  # at most this often, and only while a watched process listens on the RAS port
+RAS_TIMEOUT_S = 15.0  # a whole conversation; RAS itself waits for unresponsive peers
+RAS_MAX_BYTES = 1 << 20
+
+
+def _environ(pid, limit=1 << 20):
+    """A process's environment as a dict ({} when unreadable), bounded."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            data = fh.read(limit)
+    except OSError:
+        return {}
+    out = {}
+    for item in data.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq and key:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+def environ_of(pid, hops=4):
+    """The environment a process was started with: its own, or, where setproctitle has wiped it
+    (SGLang's and vLLM's ranks retitle themselves, which zeroes /proc/PID/environ), that of its
+    nearest ancestor that still has one (the launcher, which passed it down)."""
+    for _ in range(hops + 1):
+        env = _environ(pid)
+        if env:
+            return env
+        row = _proc_stat(pid)
+        if row is None or row["ppid"] <= 1:
+            return {}
+        pid = row["ppid"]
+    return {}
+
+
+def ras_addr(text):
+    """NCCL_RAS_ADDR's `host:port` (or `port`) as (host, port); None when unreadable."""
+    host, _, port = (text or "").strip().rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    host = host.strip("[]") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "*"):
+        host = "127.0.0.1"
+    return host, int(port)
+
+
+class _Conversation:
+    """Lines and the rest of one TCP conversation, every read under one deadline and bounded."""
+
+    def __init__(self, sock, deadline, limit):
+        self.sock, self.deadline, self.limit = sock, deadline, limit
+        self.buf = b""
+        self.truncated = False
+
+    def _recv(self):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("no answer from RAS in time")
+        self.sock.settimeout(left)
+        return self.sock.recv(65536)
+
+    def send(self, line):
+        self.sock.settimeout(max(0.1, self.deadline - time.monotonic()))
+        self.sock.sendall((line + "\n").encode())
+
+    def line(self):
+        while b"\n" not in self.buf:
+            chunk = self._recv()
+            if not chunk:
+                break
+            self.buf += chunk
+            if len(self.buf) > 4096:
+                break
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode("utf-8", "replace").strip()
+
+    def rest(self):
+        data = self.buf
+        while len(data) < self.limit:
+            chunk = self._recv()
+            if not chunk:
+                return data
+            data += chunk
+        self.truncated = True
+        return data[:self.limit]
+
+
+def ras_query(host="127.0.0.1", port=RAS_PORT, fmt="json", verbose=True, timeout=RAS_TIMEOUT_S,
+              limit=RAS_MAX_BYTES):
+    """One conversation with NCCL's RAS service, as NCCL's own client has it: CLIENT PROTOCOL 2,
+    SET FORMAT json (NCCL >= 2.28; text when the server does not know it), VERBOSE STATUS, then
+    the report until the server closes. Never raises: the answer says what went wrong. A JSON
+    answer that does not parse is asked again as text (json_error says why)."""
+    start = time.monotonic()
+    out = {"ts": round(time.time(), 3), "host": host, "port": port, "format": fmt, "text": None}
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=min(3.0, timeout))
+    except OSError as exc:
+        out["error"] = "cannot connect to %s:%d: %s" % (host, port, exc.strerror or exc)
+        return out
+    try:
+        conv = _Conversation(sock, start + timeout, limit)
+        conv.send("CLIENT PROTOCOL 2")
+        hello = conv.line()
+        if not hello.upper().startswith("SERVER PROTOCOL"):
+            out["error"] = "not NCCL's RAS service: it answered %r" % hello[:80]
+            return out
+        if fmt == "json":
+            conv.send("SET FORMAT json")
+            if conv.line().upper() != "OK":
+                out["format"] = "text"
+        conv.send("VERBOSE STATUS" if verbose else "STATUS")
+        data = conv.rest()
+        out["text"] = data.decode("utf-8", "replace")
+        out["truncated"] = conv.truncated
+    except (OSError, socket.timeout) as exc:
+        out["error"] = "RAS at %s:%d: %s" % (host, port, str(exc) or "timeout")
+        return out
+    finally:
+        sock.close()
+        out["ms"] = round((time.monotonic() - start) * 1000.0, 1)
+    if out["format"] == "json":
+        try:
+            json.loads(out["text"])
+        except ValueError as exc:
+            again = ras_query(host, port, "text", verbose, max(1.0, timeout - (time.monotonic() - start)), limit)
+            again["json_error"] = str(exc)[:200]
+            return again
+    return out
+
+
+class RasPoller:
+    """Asks NCCL's RAS service for its status from a thread, at most every RAS_EVERY_S, and only
+    while a watched process listens on the RAS port (NCCL_RAS_ADDR from a rank's environment, else
+    28028): a RAS that hangs never holds up a sample. Remembers a server whose JSON was broken."""
+
+    def __init__(self):
+        self.every_s = RAS_EVERY_S
+        self.timeout = RAS_TIMEOUT_S
+        self.enabled = True
+        self.addr = None  # (host, port) forced by the cockpit
+        self.env_addr = {}  # pid -> (host, port) or None, read once per process
+        self.last = 0.0
+        self.thread = None
+        self.result = None
+        self.text_only = False
+        self.lock = threading.Lock()
+
+    def target(self, procs):
+        if self.addr:
+            return self.addr
+        for row in procs:
+            pid = row["pid"]
+            if pid not in self.env_addr:
+                self.env_addr[pid] = ras_addr(environ_of(pid).get("NCCL_RAS_ADDR"))
+            if self.env_addr[pid]:
+                return self.env_addr[pid]
+        return ("127.0.0.1", RAS_PORT)
+
+    def poll(self, ports, procs):
+        """Starts a query when one is due; returns the last finished answer once."""
+        live = set(row["pid"] for row in procs)
+        for pid in list(self.env_addr):
+            if pid not in live:
+                del self.env_addr[pid]
+        with self.lock:
+            done, self.result = self.result, None
+        if not self.enabled:
+            return done
+        host, port = self.target(procs)
+        listening = any(p["port"] == port and p.get("pid") in live for p in ports)
+        now = time.monotonic()
+        if listening and now - self.last >= self.every_s and (self.thread is None or not self.thread.is_alive()):
+            self.last = now
+            self.thread = threading.Thread(target=self._run, args=(host, port), daemon=True, name="ras")
+            self.thread.start()
+        return done
+
+    def _run(self, host, port):
+        answer = ras_query(host, port, "text" if self.text_only else "json", timeout=self.timeout)
+        if answer.get("json_error"):
+            self.text_only = True
+        with self.lock:
+            self.result = answer
+
+
+# ----------------------------------------------------------------------------- flight recorder
+
+FR_MAX_BYTES = 64 << 20
+FR_KEEP_ENTRIES = 400  # per rank, the newest: what a comparison needs
+FR_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+             "state", "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns", "is_p2p",
+             "retired", "timeout_ms", "input_sizes", "duration_ms")
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+
+
+def _plain_list(*args):
+    return list(args[0]) if args else []
+
+
+def _tagged(value, *_):
+    return value
+
+
+def fr_unpickler():
+    """A pickle reader that builds plain containers only: dicts, lists, tuples, strings, numbers,
+    booleans and None. The only globals it accepts are torch's list builders and type tags (mapped
+    to plain lists and the identity), so a hostile file cannot run code."""
+    import io
+    import pickle
+
+    allowed = {
+        ("torch.jit._pickle", "build_intlist"): _plain_list,
+        ("torch.jit._pickle", "build_doublelist"): _plain_list,
+        ("torch.jit._pickle", "build_boollist"): _plain_list,
+        ("torch.jit._pickle", "build_list"): _plain_list,
+        ("torch.jit._pickle", "restore_type_tag"): _tagged,
+    }
+
+    class Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            fn = allowed.get((module, name))
+            if fn is None:
+                raise pickle.UnpicklingError("refused %s.%s: only plain containers are read" % (module[:60], name[:60]))
+            return fn
+
+        def persistent_load(self, pid):
+            raise pickle.UnpicklingError("refused a persistent id: only plain containers are read")
+
+    return lambda data: Plain(io.BytesIO(data)).load()
+
+
+def read_fr_dump(data):
+    """A flight-recorder dump (torch's pickle, or its JSON) as plain data: raises ValueError."""
+    import pickle
+
+    if data[:1] in (b"{", b"["):
+        doc = json.loads(data.decode("utf-8", "replace"))
+    else:
+        try:
+            doc = fr_unpickler()(data)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+                MemoryError, RecursionError, UnicodeDecodeError) as exc:
+            raise ValueError("not a readable flight-recorder dump: %s" % (str(exc)[:160] or type(exc).__name__))
+    if not isinstance(doc, dict):
+        raise ValueError("not a flight-recorder dump: a %s, not a dict" % type(doc).__name__)
+    return doc
+
+
+def _plainify(value, depth=0):
+    """JSON-safe: tuples to lists, keys to strings, bytes to text."""
+    if depth > 20:
+        return None
+    if isinstance(value, dict):
+        return {str(k)[:200]: _plainify(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plainify(v, depth + 1) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def slim_fr_dump(doc):
+    """What the cockpit compares, without stack frames: version, pg_status, pg_config and the
+    newest FR_KEEP_ENTRIES entries with their identifying fields."""
+    entries = doc.get("entries") if isinstance(doc.get("entries"), list) else []
+    keep = [{k: e.get(k) for k in FR_FIELDS if k in e} for e in entries[-FR_KEEP_ENTRIES:] if isinstance(e, dict)]
+    return _plainify({"version": doc.get("version"), "pg_status": doc.get("pg_status"), "pg_config": doc.get("pg_config"),
+                      "comm_lib_version": doc.get("comm_lib_version") or doc.get("nccl_version"),
+                      "entries": keep, "entries_total": len(entries)})
+
+
+def _proc_path(pid, path):
+    """A path from a process's environment as seen from here: relative to its working folder."""
+    if path.startswith("/"):
+        return path
+    try:
+        return os.path.join(os.readlink("/proc/%d/cwd" % pid), path)
+    except OSError:
+        return None
+
+
+def _read_regular(path, limit):
+    """A regular file's bytes (no symlink followed), at most `limit`."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        import stat
+
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError("not a regular file")
+        if st.st_size > limit:
+            raise OSError("%d bytes, more than the %d read" % (st.st_size, limit))
+        chunks, n = [], 0
+        while n < limit:
+            chunk = os.read(fd, min(1 << 20, limit - n))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+        return b"".join(chunks), st.st_mtime
+    finally:
+        os.close(fd)
+
+
+def _poke_fifo(path):
+    """One byte into a FIFO a rank reads (never a regular file, never through a symlink)."""
+    import stat
+
+    st = os.lstat(path)
+    if not stat.S_ISFIFO(st.st_mode):
+        raise OSError("not a FIFO")
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+
+
+def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
+    """Torch's flight recorder on every rank of the run: each rank's environment says whether it
+    is armed and where its pipe and dump are; with `trigger`, one byte into every rank's pipe
+    (`<stem><rank>.pipe`) asks each to dump; then every dump newer than the trigger (or the
+    newest, without it) is read as plain data. Returns per rank its summary or why none."""
+    import base64
+    import glob
+
+    problems, stems, prefixes = [], {}, {}
+    for pid in pids:
+        env = environ_of(int(pid))
+        if not env:
+            continue
+        size = next((env[v] for v in FR_BUFFER_VARS if env.get(v)), "")
+        if not size.strip().isdigit() or int(size) <= 0:
+            problems.append("pid %d: no %s: the flight recorder keeps nothing" % (int(pid), " or ".join(FR_BUFFER_VARS)))
+            continue
+        prefix = next((env[v] for v in FR_FILE_VARS if env.get(v)), None)
+        if prefix is None:
+            home = env.get("HOME") or "/tmp"
+            prefix = os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "torch", "comm_lib_trace_rank_")
+        prefix = _proc_path(int(pid), prefix)
+        if prefix:
+            prefixes[prefix] = int(pid)
+        stem = env.get(FR_PIPE_VAR)
+        if stem and _proc_path(int(pid), stem):
+            stems[_proc_path(int(pid), stem)] = int(pid)
+        elif trigger:
+            problems.append("pid %d: no %s: a dump can only come from a timeout" % (int(pid), FR_PIPE_VAR))
+    started = time.time()
+    poked, poke_errors = [], []
+    if trigger:
+        for stem in stems:
+            for path in sorted(glob.glob(glob.escape(stem) + "*.pipe"))[:1024]:
+                try:
+                    _poke_fifo(path)
+                    poked.append(path)
+                except OSError as exc:
+                    poke_errors.append("%s: %s" % (path, exc.strerror or exc))
+    ranks = {}
+    deadline = time.monotonic() + (wait_s if poked else 0.0)
+    want = len(poked)
+    while True:
+        found = {}
+        for prefix in prefixes:
+            for path in glob.glob(glob.escape(prefix) + "*")[:1024]:
+                suffix = path[len(prefix):]
+                if not suffix.isdigit():
+                    continue
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if trigger and poked and st.st_mtime < started - 1.0:
+                    continue
+                found[int(suffix)] = path
+        if len(found) >= want or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    time.sleep(0.3 if found and poked else 0.0)  # a dump being written: let it finish
+    for rank, path in sorted(found.items()):
+        entry = {"file": path}
+        try:
+            data, mtime = _read_regular(path, limit)
+            entry.update(bytes=len(data), mtime=mtime)
+            entry.update(slim_fr_dump(read_fr_dump(data)))
+            if raw:
+                entry["raw_b64"] = base64.b64encode(data).decode()
+        except (OSError, ValueError) as exc:
+            entry["error"] = str(exc)[:200]
+        ranks[str(rank)] = entry
+    if not prefixes:
+        problems.insert(0, "no rank has the flight recorder armed (TORCH_NCCL_TRACE_BUFFER_SIZE, "
+                           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE, TORCH_NCCL_DUMP_ON_TIMEOUT=1: the forensics flag set)")
+    elif trigger and not poked:
+        problems.append("no rank's dump pipe (<stem><rank>.pipe) was found to write to: " + ("; ".join(poke_errors)
+                                                                                            or "none exists yet"))
+    return {"ranks": ranks, "poked": poked, "problems": problems[:20], "armed": bool(prefixes),
+            "triggered_at": started if trigger else None}
+
+
+# ----------------------------------------------------------------------------- metrics, host facts
+
+METRICS_MAX_BYTES = 8 << 20
+
+
+def http_body(port, path, timeout=5.0, limit=METRICS_MAX_BYTES, want=None, host="127.0.0.1"):
+    """An HTTP GET whose body may be large (a metrics page): bounded at `limit`; with `want`, only
+    the lines of those metric names (and their # TYPE/# HELP) travel back."""
+    start = time.monotonic()
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as exc:
+        return {"port": port, "path": path, "status": None, "error": exc.strerror or str(exc)}
+    data, truncated = b"", False
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(("GET %s HTTP/1.0\r\nHost: %s:%d\r\nUser-Agent: gpu-cockpit\r\nAccept: text/plain\r\n\r\n"
+                      % (path, host, int(port))).encode())
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > limit:
+                data, truncated = data[:limit], True
+                break
+            if time.monotonic() - start > timeout:
+                raise socket.timeout("timed out")
+    except OSError as exc:
+        return {"port": port, "path": path, "status": None, "error": str(exc) or "timeout"}
+    finally:
+        sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    m = re.match(rb"HTTP/\d(?:\.\d)? (\d{3})", head)
+    text = body.decode("utf-8", "replace")
+    if want:
+        names = tuple(want)
+        text = "\n".join(line for line in text.splitlines()
+                         if line.startswith(names) or (line.startswith("# ") and any(n in line for n in names)))
+    return {"port": port, "path": path, "status": int(m.group(1)) if m else None,
+            "ms": round((time.monotonic() - start) * 1000.0, 1), "body": text, "truncated": truncated}
+
+
+def _run_argv(argv, timeout):
+    """(rc, stdout, stderr) of an argument list, never a shell; rc None when it could not run."""
+    try:
+        out = subprocess.run(argv, capture_output=True, timeout=timeout)
+    except FileNotFoundError:
+        return None, "", "%s: not found on the host" % argv[0]
+    except subprocess.TimeoutExpired:
+        return None, "", "%s: no answer in %.0f s" % (" ".join(argv), timeout)
+    except OSError as exc:
+        return None, "", "%s: %s" % (argv[0], exc.strerror or exc)
+    return out.returncode, out.stdout.decode("utf-8", "replace")[:8 << 20], out.stderr.decode("utf-8", "replace")[:4000]
+
+
+VERSIONS_SCRIPT = (
+    "import json,sys\n"
+    "from importlib import metadata\n"
+    "out={'python':sys.version.split()[0]}\n"
+    "for n in ('torch','sglang','vllm','nvidia-nccl-cu12','nvidia-nccl-cu13','flashinfer-python','triton',"
+    "'transformers','cuda-python'):\n"
+    "    try: out[n]=metadata.version(n)\n"
+    "    except Exception: out[n]=None\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def host_facts(items, pids=(), driver=None, nvml=None):
+    """What a hang report needs from the host itself: `nvidia_smi` (nvidia-smi -q), `xid` (the
+    kernel log's NVRM Xid lines, from dmesg or journalctl -k), `versions` (driver and CUDA from
+    NVML, the engine's packages from the run's own interpreter, read without importing them).
+    Each item is {"text": ...} or {"error": why}."""
+    out = {}
+    if "nvidia_smi" in items:
+        rc, text, err = _run_argv(["nvidia-smi", "-q"], 60)
+        out["nvidia_smi"] = {"text": text} if rc == 0 else {"error": (err or text).strip()[:300] or "exit %s" % rc}
+    if "xid" in items:
+        tried = []
+        for argv in (["dmesg", "--ctime"], ["dmesg"], ["journalctl", "-k", "--no-pager", "-q", "-n", "50000"]):
+            rc, text, err = _run_argv(argv, 30)
+            if rc == 0 and text.strip():
+                lines = [line for line in text.splitlines() if "NVRM: Xid" in line or "Xid (" in line]
+                out["xid"] = {"text": "\n".join(lines[-2000:]), "source": " ".join(argv), "lines_read": len(text.splitlines()),
+                              "count": len(lines)}
+                break
+            tried.append("%s: %s" % (" ".join(argv), (err or text).strip().splitlines()[0][:160] if (err or text).strip()
+                                     else "exit %s" % rc))
+        else:
+            out["xid"] = {"error": "; ".join(tried)}
+    if "versions" in items:
+        v = {"driver": driver, "nvml": nvml, "agent_python": platform.python_version()}
+        if nvml and nvml != "sim":
+            try:
+                import pynvml
+
+                cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+                v["cuda_driver"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
+            except Exception:
+                pass
+        exe = None
+        for pid in pids:
+            try:
+                exe = os.readlink("/proc/%d/exe" % int(pid))
+                break
+            except (OSError, ValueError):
+                continue
+        if exe:
+            rc, text, err = _run_argv([exe, "-I", "-c", VERSIONS_SCRIPT], 60)
+            try:
+                v["run"] = dict(json.loads(text.strip().splitlines()[-1]), interpreter=exe) if rc == 0 else None
+            except (ValueError, IndexError):
+                v["run"] = None
+            if not v["run"]:
+                v["run_error"] = "%s: %s" % (exe, (err or text).strip()[:200] or "exit %s" % rc)
+        else:
+            v["run_error"] = "no live process of the run to ask for its interpreter"
+        out["versions"] = {"data": v}
+    return out
+
+
 # ----------------------------------------------------------------------------- actions
 
 _SIGNALS = {"TERM": 15, "KILL": 9}
@@ -1684,7 +2212,8 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
 
 
 class Agent:
-    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http")  # may be slow: answered from a thread, so samples keep flowing
+    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http",
+                "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval):
         self.interval = interval
@@ -1699,6 +2228,7 @@ class Agent:
         self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
         self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
+        self.ras = RasPoller()
 
     def hello(self, psutil):
         return {
@@ -1717,7 +2247,7 @@ class Agent:
             "gpus": self.gpus.static(),
             "psutil": getattr(psutil, "__version__", None),
             "interval": self.interval,
-            "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump"],
+            "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump", "ras", "metrics", "fr_dump", "host_facts"],
             "warnings": self.warnings,
         }
 
@@ -1754,6 +2284,9 @@ class Agent:
             frame["ports"] = self.sent_ports = ports
         if exits:
             frame["exits"] = exits
+        ras = self.ras.poll(ports, procs)
+        if ras is not None:
+            frame["ras"] = ras
         emit(frame)
 
     @staticmethod
@@ -1910,6 +2443,32 @@ class Agent:
 
     def cmd_dump(self, pids, pyspy=None, deadline_s=20.0, native=True):
         return pyspy_dump(pids, pyspy, deadline_s, native)
+
+    def cmd_ras(self, host=None, port=None, fmt="json", verbose=True, timeout=RAS_TIMEOUT_S):
+        """One RAS status now (the bundle's), at the polled address unless told otherwise."""
+        procs = [{"pid": pid} for pid in self.procs.watched] if self.procs else []
+        h, p = self.ras.target(procs)
+        return ras_query(host or h, int(port or p), fmt, verbose, float(timeout))
+
+    def cmd_ras_config(self, every_s=None, host=None, port=None, enabled=None, timeout=None):
+        if every_s is not None:
+            self.ras.every_s = max(0.5, float(every_s))
+        if timeout is not None:
+            self.ras.timeout = max(0.5, float(timeout))
+        if port is not None:
+            self.ras.addr = (host or "127.0.0.1", int(port))
+        if enabled is not None:
+            self.ras.enabled = bool(enabled)
+        return {"every_s": self.ras.every_s, "addr": self.ras.addr, "enabled": self.ras.enabled}
+
+    def cmd_metrics(self, port, path="/metrics", want=None, timeout=5.0, limit=METRICS_MAX_BYTES):
+        return http_body(port, path, float(timeout), min(int(limit), METRICS_MAX_BYTES), want)
+
+    def cmd_fr_dump(self, pids, trigger=True, wait_s=15.0, raw=False):
+        return fr_dump([int(p) for p in pids], bool(trigger), float(wait_s), bool(raw))
+
+    def cmd_host_facts(self, items=("nvidia_smi", "xid", "versions"), pids=()):
+        return host_facts(list(items), [int(p) for p in pids], self.gpus.driver, self.gpus.source)
 
     def run(self):
         buf = b""

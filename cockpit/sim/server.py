@@ -378,10 +378,39 @@ class Server:
             "spinning": ctx.Value("i", 0),
         }
         self.prompt_tokens = 0
+        self.running = 0  # requests in flight: a hang keeps them running while the counters freeze
         self.children: list = []
 
     def metric_prefix(self) -> str:
         return "sglang" if self.args.engine == "sglang" else "vllm"
+
+    def metrics_text(self) -> str:
+        """Prometheus text shaped like the engine's own: SGLang's families (labelled per TP rank 0,
+        as SGLang exports them) or vLLM's. The token counter is the ranks' own: it freezes with
+        them when a rank hangs, while requests stay running."""
+        gen = self.shared["generated"].value
+        kv = min(0.95, 0.02 + 0.001 * self.running + (0.05 if self.running else 0.0))
+        model = self.args.model_path.replace("\\", "\\\\").replace('"', '\\"')
+        if self.args.engine == "sglang":
+            lab = f'{{model_name="{model}",engine_type="unified",tp_rank="0",pp_rank="0"}}'
+            rows = [("prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
+                    ("generation_tokens_total", "counter", "Number of generation tokens processed.", gen),
+                    ("num_running_reqs", "gauge", "The number of running requests.", self.running),
+                    ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
+                    ("token_usage", "gauge", "The token usage.", round(kv, 4))]
+            pre = "sglang"
+        else:
+            lab = f'{{engine="0",model_name="{model}"}}'
+            rows = [("prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
+                    ("generation_tokens_total", "counter", "Number of generation tokens processed.", gen),
+                    ("num_requests_running", "gauge", "Number of requests in model execution batches.", self.running),
+                    ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
+                    ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", round(kv, 4))]
+            pre = "vllm"
+        out = []
+        for name, kind, help_, value in rows:
+            out += [f"# HELP {pre}:{name} {help_}", f"# TYPE {pre}:{name} {kind}", f"{pre}:{name}{lab} {float(value)!r}"]
+        return "\n".join(out) + "\n"
 
     def start(self) -> int:
         args = self.args
@@ -477,8 +506,12 @@ class Server:
         with self.shared["pending"].get_lock():
             self.shared["pending"].value += tokens
         deadline = time.monotonic() + timeout
-        while gen.value - start < tokens and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self.running += 1
+        try:
+            while gen.value - start < tokens and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            self.running -= 1
         return gen.value - start
 
 
@@ -512,12 +545,8 @@ def make_handler(server: Server):
                                  "mem_fraction_static": args.mem_fraction,
                                  "speculative_algorithm": args.speculative_algorithm,
                                  "disable_cuda_graph": args.disable_cuda_graph, "version": "sim"})
-            elif path == "/metrics":
-                pre = server.metric_prefix()
-                gen = server.shared["generated"].value
-                self.reply(200, f"# TYPE {pre}:generation_tokens_total counter\n{pre}:generation_tokens_total {gen}\n"
-                                f"# TYPE {pre}:prompt_tokens_total counter\n{pre}:prompt_tokens_total {server.prompt_tokens}\n",
-                           "text/plain; version=0.0.4")
+            elif path == "/metrics" and (args.enable_metrics or args.engine == "vllm"):
+                self.reply(200, server.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
             else:
                 self.reply(404, {"detail": "Not Found"})
 

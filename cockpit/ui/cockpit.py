@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -23,7 +22,9 @@ from cockpit.actions import process_scope, run_scope
 from cockpit.config import Layout
 from cockpit.diagnose import Phase, Verdict, VerdictName, phase_of
 from cockpit.errors import CockpitError
+from cockpit.hosttext import as_text, escape_markup
 from cockpit.model import HostState
+from cockpit.metrics import describe as describe_metrics
 from cockpit.monitor import HostMonitor, MonitorEvent
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.gpus import GpuList, GpuPane
@@ -61,6 +62,8 @@ class CockpitScreen(Screen):
         Binding("d", "dump", "Stacks"),
         Binding("K", "kill_run", "Kill run"),
         Binding("s", "shm", "Shm"),
+        Binding("b", "bundle", "Bundle"),
+        Binding("F", "flightrec", "Flight rec.", show=False),
         Binding("L", "ledger", "Runs"),
         Binding("z", "zoom", "Zoom"),
         Binding("slash", "search", "Find", key_display="/"),
@@ -73,7 +76,7 @@ class CockpitScreen(Screen):
         Binding("shift+tab", "app.focus_previous", "Prev pane", show=False),
     ]
     ALLOW_IN_MAXIMIZED_VIEW = "#status, Footer"
-    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate")
+    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bundle", "flightrec")
 
     def __init__(self, monitor: HostMonitor | None = None, state: HostState | None = None,
                  layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True):
@@ -211,7 +214,7 @@ class CockpitScreen(Screen):
         verdict = self.verdict
         if not verdict.alerting:
             return
-        self.notify(escape(f"{verdict}: the header says why"), severity="error", timeout=TOAST_S)
+        self.notify(escape_markup(f"{verdict}: the header says why"), severity="error", timeout=TOAST_S)
         if self.profile and self.profile.auto_dump and verdict.name.startswith("stalled") and not self.read_only:
             self.action_dump()
 
@@ -226,7 +229,7 @@ class CockpitScreen(Screen):
         self.dirty = True
         self.refresh_bindings()
         if back:
-            self.notify(f"link to {escape(self.state.target)} is back (reconnect {seen[2]})", timeout=TOAST_S)
+            self.notify(f"link to {escape_markup(self.state.target)} is back (reconnect {seen[2]})", timeout=TOAST_S)
 
     def _tick(self) -> None:
         if not self.view.is_attached:
@@ -235,7 +238,7 @@ class CockpitScreen(Screen):
             self._watch_link()
         self.set_class(self.state.link_state.startswith(("lost", "down", "failed")), "stale")
         while self.state.notes:
-            self.notify(escape(self.state.notes.popleft()), timeout=TOAST_S)
+            self.notify(escape_markup(self.state.notes.popleft()), timeout=TOAST_S)
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
@@ -322,8 +325,8 @@ class CockpitScreen(Screen):
         verdict = Text("unknown: no connection", style="bold red") if self.error else \
             Text(str(self.verdict), style=VERDICT_STYLE.get(self.verdict.name, "default"))
         head = [Text("verdict ") + verdict,
-                Text("phase ") + Text(str(self.phase), style="bold cyan"),
-                Text(s.target, style="bold") + (Text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
+                Text("phase ") + as_text(str(self.phase), "bold cyan"),
+                as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
         link = s.link_state
         style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
@@ -334,20 +337,23 @@ class CockpitScreen(Screen):
             head.append(Text("age ") + Text(f"{age:.1f}s", style="bold red" if stale else ""))
         elif s.sample_ts:
             head.append(Text("taken " + time.strftime("%H:%M:%S", time.gmtime(s.sample_ts)) + " UTC"))
-        head.append(Text(f"gpu data: {a.nvml or 'none'}"))
+        head.append(as_text(f"gpu data: {a.nvml or 'none'}"))
         if a.driver:
-            head.append(Text(f"driver {a.driver}"))
+            head.append(as_text(f"driver {a.driver}"))
+        figures = describe_metrics(s.metrics)  # the engine's own: tokens/s, requests, KV cache
+        if figures:
+            head.append(as_text(figures))
         lines = [sep.join(head)]
         if self.verdict.evidence and self.verdict.name != VerdictName.OK:
             red = "red" if self.verdict.alerting else "yellow"
             evidence = self.verdict.evidence
             # a large screen has room for a second line of evidence; a small one shows the first
             split = 2 if not self.has_class("compact") and len(evidence) > 2 else len(evidence)
-            lines.append(Text("▸ ", style=red) + Text("  ·  ".join(evidence[:split]), style=red))
+            lines.append(Text("▸ ", style=red) + as_text("  ·  ".join(evidence[:split]), red))
             if evidence[split:]:
-                lines.append(Text("  ") + Text("  ·  ".join(evidence[split:]), style=red))
+                lines.append(Text("  ") + as_text("  ·  ".join(evidence[split:]), red))
         elif self.hint():
-            lines.append(Text("▸ " + self.hint(), style="yellow"))
+            lines.append(as_text("▸ " + self.hint(), "yellow"))
         lasting = self._lasting()
         if lasting is not None:
             lines.append(lasting)
@@ -366,15 +372,15 @@ class CockpitScreen(Screen):
         error, the last action's outcome, or the host's first warning."""
         s = self.state
         if self.busy:
-            return Text(f"{self.busy}: {self.actions.progress or 'under way'}", style="bold yellow")
+            return as_text(f"{self.busy}: {self.actions.progress or 'under way'}", "bold yellow")
         if self.link_error and s.link_state.startswith(("lost", "down")):
-            return Text(f"why: {self.link_error}", style="bold red")
+            return as_text(f"why: {self.link_error}", "bold red")
         if self.error:
-            return Text(f"cannot connect: {self.error}", style="bold red")
+            return as_text(f"cannot connect: {self.error}", "bold red")
         if self.actions.outcome is not None:
             return self.actions.outcome
         if s.agent.warnings:
-            return Text(s.agent.warnings[0], style="yellow")
+            return as_text(s.agent.warnings[0], "yellow")
         return None
 
     # ------------------------------------------------------------------ keys
@@ -415,6 +421,36 @@ class CockpitScreen(Screen):
 
     def action_dump(self) -> None:
         self.run_worker(self.actions.dump(), group="action")
+
+    def action_bundle(self) -> None:
+        self.run_worker(self._bundle(), group="action")
+
+    def action_flightrec(self) -> None:
+        self.run_worker(self._flightrec(), group="action")
+
+    async def _bundle(self) -> None:
+        from cockpit import bundle
+        from cockpit.ui.screens import ReportScreen
+
+        async with self.actions.exclusive("hang bundle") as go:
+            if go:
+                self.actions.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
+                result = await bundle.make_bundle(self.monitor, read_only=self.read_only)
+                await self.actions.ask(ReportScreen("hang bundle", bundle.describe(result)))
+
+    async def _flightrec(self) -> None:
+        from cockpit import flightrec
+        from cockpit.actions import rank_pids
+        from cockpit.ui.screens import ReportScreen
+
+        async with self.actions.exclusive("flight recorder") as go:
+            if go:
+                pids = [pid for _, pid in rank_pids(self.state)]
+                answer = await self.session.request("fr_dump", timeout=60, pids=pids, trigger=True)
+                result = flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
+                if answer.get("armed"):
+                    self.state.flight = result
+                await self.actions.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
 
     def action_relaunch(self) -> None:
         self.run_worker(self.actions.relaunch(), group="action")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from cockpit.model import HostState
+from cockpit.ras import port_label
 from cockpit.ui.table import LiveTable
 
 COLUMNS = [("port", 5), ("state", 6), ("pid", 7), ("endpoint", 16), ("http", 4), ("ms", 5)]
@@ -29,7 +30,8 @@ class PortsTable(LiveTable):
             stat = Text("listen", style="bold green") if p.listening else Text("closed", style="grey50")
             probes = sorted((path, res) for (port, path), res in self.probes.items() if port == p.port)
             if not probes:
-                rows.append((f"{p.port}", [str(p.port), stat, str(p.pid or ""), "", "", ""]))
+                label = port_label(p.port, state.ras) or ""  # NCCL's RAS service, where the ranks listen on it
+                rows.append((f"{p.port}", [str(p.port), stat, str(p.pid or ""), label, "", ""]))
             for n, (path, res) in enumerate(probes):
                 status = res.get("status")
                 style = "green" if status and status < 400 else "red" if status else "grey50"

@@ -1,0 +1,287 @@
+"""The hang bundle: one .tar.gz in the run's folder of the ledger with everything a hang report
+needs, gathered in one go through the agent: grouped stacks, NCCL RAS status, flight-recorder
+dumps (when armed), `nvidia-smi -q`, the kernel log's Xid lines, the log tail, two metrics scrapes
+a few seconds apart, versions, the verdict with its evidence, and a manifest that lists every
+member and names what could not be collected, with why.
+
+Assembled on the cockpit side from agent commands that run concurrently (each answered from a
+thread on the host); written whole or not at all, readable by the owner only."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import re
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cockpit import __version__
+from cockpit.errors import CockpitError
+
+LOG_TAIL_LINES = 2000
+METRICS_GAP_S = 3.0
+
+
+@dataclass
+class Bundle:
+    path: Path
+    contents: list[str]
+    missing: list[dict]
+    run: str
+    manifest: dict = field(default_factory=dict)
+
+    def doc(self) -> dict:
+        return {"path": str(self.path), "run": self.run, "contents": self.contents, "missing": self.missing,
+                "bytes": self.path.stat().st_size}
+
+
+def bundle_dir(run: str) -> Path:
+    from cockpit.runs import state_home
+
+    path = state_home() / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def run_name(monitor) -> str:
+    """The run the bundle belongs to: the ledger's run followed, else the layout, else the host."""
+    if monitor.following and monitor.following.get("run_id"):
+        return str(monitor.following["run_id"])
+    return monitor.layout.name if monitor.layout else monitor.target.label
+
+
+class _Members:
+    def __init__(self):
+        self.files: dict[str, tuple[bytes, str]] = {}
+        self.missing: list[dict] = []
+
+    def add(self, name: str, data: bytes | str, what: str) -> None:
+        self.files[name] = (data.encode() if isinstance(data, str) else data, what)
+
+    def add_json(self, name: str, doc, what: str) -> None:
+        self.add(name, json.dumps(doc, indent=2, default=str) + "\n", what)
+
+    def miss(self, item: str, why: str) -> None:
+        self.missing.append({"item": item, "why": str(why)[:500]})
+
+
+async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
+    from cockpit import actions, stacks
+
+    if read_only:
+        return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
+    ranks = actions.rank_pids(monitor.state)
+    if not ranks:
+        return m.miss("stacks", "no live process of the run to dump")
+    try:
+        result = await stacks.dump_ranks(monitor.session, ranks, run)
+    except CockpitError as exc:
+        return m.miss("stacks", exc)
+    for f in sorted(result.folder.iterdir()):
+        if f.is_file():
+            m.add(f"stacks/{f.name}", f.read_bytes(), "grouped stacks" if f.name == "groups.txt" else "py-spy dump")
+    for rank, errors in result.failed.items():
+        m.miss(f"stacks/rank {rank}", "; ".join(errors))
+
+
+async def _ras(monitor, m: _Members) -> dict | None:
+    from cockpit import ras
+
+    state = monitor.state
+    port = state.ras.port or ras.RAS_PORT
+    live = {p.pid for p in state.live_procs()}
+    if not any(pt.port == port and pt.listening and pt.pid in live for pt in state.ports):
+        m.miss("ras", f"no process of the run listens on NCCL's RAS port ({port}): not an NCCL job, NCCL older "
+                      f"than 2.24, or NCCL_RAS_ENABLE=0")
+        return None
+    try:
+        answer = await monitor.session.request("ras", timeout=40)
+    except CockpitError as exc:
+        m.miss("ras", exc)
+        return None
+    if answer.get("error") and not answer.get("text"):
+        m.miss("ras", answer["error"])
+        return None
+    ext = "json" if answer.get("format") == "json" else "txt"
+    m.add(f"ras-status.{ext}", answer.get("text") or "", f"NCCL RAS VERBOSE STATUS ({answer.get('format')})")
+    report = ras.parse(answer)
+    m.add_json("ras-parsed.json", {**report.doc(), "skews": [s.__dict__ for s in ras.skews(report)]},
+               "the RAS answer as the cockpit reads it")
+    return answer
+
+
+async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
+    from cockpit import actions, flightrec
+
+    pids = [pid for _, pid in actions.rank_pids(monitor.state)]
+    if not pids:
+        m.miss("flight recorder", "no live process of the run")
+        return None
+    try:
+        answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=not read_only, raw=True,
+                                               wait_s=15)
+    except CockpitError as exc:
+        m.miss("flight recorder", exc)
+        return None
+    if not answer.get("armed"):
+        m.miss("flight recorder", "; ".join(answer.get("problems") or ["not armed"])
+               + ": switch the forensics flag set on and relaunch")
+        return None
+    dumps = {}
+    for rank, d in sorted((answer.get("ranks") or {}).items()):
+        raw = d.pop("raw_b64", None)
+        if raw:
+            m.add(f"flight-recorder/rank{rank}.pickle", base64.b64decode(raw), "torch flight-recorder dump (pickle)")
+        if d.get("error"):
+            m.miss(f"flight recorder rank {rank}", d["error"])
+        else:
+            dumps[int(rank)] = d
+    for why in answer.get("problems") or []:
+        m.miss("flight recorder", why)
+    result = flightrec.compare(dumps)
+    monitor.state.flight = result
+    m.add_json("flight-recorder/comparison.json", result, "last enqueued/started/completed collective per rank")
+    return result
+
+
+async def _facts(monitor, m: _Members) -> None:
+    pids = [p.pid for p in monitor.state.ranks() if p.alive and p.status != "Z"] or \
+        [p.pid for p in monitor.state.live_procs()]
+    try:
+        facts = await monitor.session.request("host_facts", timeout=150, items=["nvidia_smi", "xid", "versions"],
+                                              pids=pids[:4])
+    except CockpitError as exc:
+        for item in ("nvidia-smi -q", "xid", "versions"):
+            m.miss(item, exc)
+        return
+    smi = facts.get("nvidia_smi") or {}
+    if "text" in smi:
+        m.add("nvidia-smi-q.txt", smi["text"], "nvidia-smi -q")
+    else:
+        m.miss("nvidia-smi -q", smi.get("error") or "no answer")
+    xid = facts.get("xid") or {}
+    if "text" in xid:
+        head = f"# Xid lines of the kernel log ({xid.get('source')}: {xid.get('lines_read')} lines read, " \
+               f"{xid.get('count')} Xid lines)\n"
+        m.add("xid.txt", head + xid["text"] + ("\n" if xid["text"] else ""), "NVRM Xid lines of the kernel log")
+    else:
+        m.miss("xid", xid.get("error") or "no answer")
+    versions = (facts.get("versions") or {}).get("data") or {}
+    ras_v = monitor.state.ras.latest
+    if ras_v is not None and ras_v.nccl_version:
+        versions["nccl_ras"] = ras_v.nccl_version
+    m.add_json("versions.json", versions, "driver, CUDA, NCCL, torch and engine versions")
+    if versions.get("run_error"):
+        m.miss("versions of the run's packages", versions["run_error"])
+
+
+async def _metrics(monitor, m: _Members) -> None:
+    layout = monitor.layout
+    path = layout.metrics if layout else None
+    ports = layout.ports if layout else []
+    if not path or not ports:
+        return m.miss("metrics", "the layout names no metrics endpoint and port" if layout else
+                      "no layout: which port serves metrics is unknown (--layout)")
+    from cockpit import metrics
+
+    scrapes = []
+    for n in (1, 2):
+        if n == 2:
+            await asyncio.sleep(METRICS_GAP_S)
+        try:
+            answer = await monitor.session.request("metrics", port=ports[0], path=path, timeout=20)
+        except CockpitError as exc:
+            return m.miss(f"metrics scrape {n}", exc)
+        if answer.get("status") != 200:
+            return m.miss(f"metrics scrape {n}", metrics.scrape_of(answer).error)
+        m.add(f"metrics-{n}.txt", f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} GET :{ports[0]}{path}\n" + answer["body"],
+              f"metrics scrape {n} of 2, {METRICS_GAP_S:.0f} s apart")
+        scrapes.append(metrics.scrape_of(answer))
+    view = metrics.MetricsView()
+    for s in scrapes:
+        view.add(s)
+    m.add_json("metrics-summary.json", view.header(), "tokens/s between the two scrapes, requests, KV cache use")
+
+
+def _log_tail(monitor, m: _Members) -> None:
+    logs = monitor.state.logs
+    if not logs:
+        return m.miss("log tail", "no log is followed (name one in the layout: log:)")
+    for n, (path, log) in enumerate(list(logs.items())[:2]):
+        lines = list(log.lines)[-LOG_TAIL_LINES:]
+        m.add("log-tail.txt" if n == 0 else "log-tail-2.txt", f"# the last {len(lines)} lines of {path} (of {log.total} read)\n" +
+              "\n".join(line.text for line in lines) + "\n", f"the last lines of {path}")
+
+
+def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[str]]:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = folder / f"bundle-{stamp}.tar.gz"
+    n = 1
+    while path.exists():
+        n += 1
+        path = folder / f"bundle-{stamp}-{n}.tar.gz"
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    root = path.name.removesuffix(".tar.gz")
+    now = time.time()
+    names = []
+    with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
+        items = dict(members.files)
+        items["manifest.json"] = ((json.dumps(manifest, indent=2) + "\n").encode(), "this list")
+        for name, (data, _) in sorted(items.items(), key=lambda kv: (kv[0] != "manifest.json", kv[0])):
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size, info.mtime, info.mode = len(data), now, 0o600
+            tar.addfile(info, io.BytesIO(data))
+            names.append(info.name)
+    os.replace(tmp, path)
+    return path, names
+
+
+async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle:
+    """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
+    verdict as it stands after, and write the archive into the run's folder."""
+    from cockpit.snapshot import monitor_doc
+
+    run = run_name(monitor)
+    m = _Members()
+    started = time.time()
+    if progress:
+        progress("collecting stacks, RAS, flight recorder, host facts and metrics")
+    results = await asyncio.gather(_stacks(monitor, m, run, read_only), _ras(monitor, m),
+                                   _flight(monitor, m, read_only), _facts(monitor, m), _metrics(monitor, m),
+                                   return_exceptions=True)
+    for name, res in zip(("stacks", "ras", "flight recorder", "host facts", "metrics"), results):
+        if isinstance(res, BaseException):
+            m.miss(name, f"{type(res).__name__}: {res}")
+    _log_tail(monitor, m)
+    monitor.update()
+    verdict = monitor.verdict
+    m.add_json("verdict.json", {"verdict": verdict.doc(), "phase": {"name": monitor.phase.name,
+                                                                    "detail": monitor.phase.detail}},
+               "the verdict and its evidence")
+    m.add_json("snapshot.json", monitor_doc(monitor, log_lines=200), "the cockpit's JSON snapshot of the host")
+    manifest = {
+        "schema": "gpu-cockpit.bundle/1",
+        "host": monitor.target.label, "hostname": monitor.state.agent.hostname, "run": run,
+        "layout": monitor.layout.name if monitor.layout else None, "cockpit": __version__,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "seconds": round(time.time() - started, 1), "verdict": verdict.doc(),
+        "members": [{"name": name, "bytes": len(data), "what": what} for name, (data, what) in sorted(m.files.items())],
+        "not_collected": m.missing,
+    }
+    path, names = _write(bundle_dir(run), m, manifest)
+    return Bundle(path, names, m.missing, run, manifest)
+
+
+def describe(b: Bundle) -> list[str]:
+    lines = [f"bundle: {b.path} ({b.path.stat().st_size:,} bytes)"]
+    lines += [f"  {name}" for name in b.contents]
+    for miss in b.missing:
+        lines.append(f"  not collected: {miss['item']}: {miss['why']}")
+    return lines

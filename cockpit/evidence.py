@@ -1,0 +1,80 @@
+"""Evidence from sources beyond the processes and GPUs: NCCL's RAS service (cockpit/ras.py), the
+engine's own metrics (cockpit/metrics.py) and torch's flight recorder (cockpit/flightrec.py). Each
+source turns what it saw into Findings; `merge` folds them into the watchdog's verdict:
+
+- a verdict that already alerts keeps its name and gains the findings' lines; a finding's rank
+  becomes the odd rank when the watchdog named none (a disagreement is said, not hidden);
+- a verdict of ok/watching/slow becomes a stall when a finding is strong enough on its own
+  (a rank behind in RAS with no count moving, tokens frozen while requests run);
+- a crash keeps its rank; dead ranks RAS reports are added as evidence.
+
+Pure; the sources read only HostState."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SPIN_GPU_PCT = 90.0
+
+
+@dataclass
+class Finding:
+    source: str  # "RAS", "metrics", "flight recorder"
+    evidence: list[str] = field(default_factory=list)
+    odd_rank: int | None = None
+    stalled: bool = False  # enough on its own to call the run stalled
+    dead: bool = False  # a rank the source considers dead
+
+
+def rank_ranges(ranks) -> str:
+    from cockpit.stacks import (
+        rank_ranges as ranges,  # stacks imports the session: not at import time
+    )
+
+    return ranges(list(ranks))
+
+
+def default_sources():
+    """The sources every watchdog consults: (state, now, watchdog) -> [Finding]."""
+    from cockpit import flightrec, metrics, ras
+
+    def ras_source(state, now, dog, stalled):
+        view = getattr(state, "ras", None)
+        return ras.findings(view, state.sample_ts, dog.spin_s, stalled) if view is not None else []
+
+    def metrics_source(state, now, dog, stalled):
+        view = getattr(state, "metrics", None)
+        return metrics.findings(view, now, min(dog.spin_s, dog.idle_s)) if view is not None else []
+
+    def flight_source(state, now, dog, stalled):
+        fr = getattr(state, "flight", None)
+        return flightrec.findings(fr) if fr else []
+
+    return [ras_source, metrics_source, flight_source]
+
+
+def merge(verdict, found: list[Finding], state):
+    """The watchdog's verdict with the sources' findings folded in (see the module's doc)."""
+    from cockpit.diagnose import Verdict, VerdictName
+
+    name = verdict.name
+    if not found or name in (VerdictName.NO_RUN, VerdictName.STOPPING):
+        return verdict
+    lines = [f"{f.source}: {line}" for f in found for line in f.evidence]
+    named = [f.odd_rank for f in found if f.odd_rank is not None]
+    odd = verdict.odd_rank
+    if name in (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED):
+        if odd is None and named:
+            odd = named[0]
+        elif odd is not None and named and named[0] != odd and name != VerdictName.CRASHED:
+            lines.append(f"{found[0].source if found[0].odd_rank is not None else 'a source'} names rank {named[0]}, "
+                         f"the watchdog rank {odd}")
+        return Verdict(name, list(verdict.evidence) + lines, odd)
+    strong = [f for f in found if f.stalled]
+    if not strong:
+        return verdict
+    alive = [p for p in state.ranks() if p.alive and p.status != "Z"]
+    busy = any((state.gpus[i].util_pct or 0) >= SPIN_GPU_PCT for p in alive for i in p.gpus if i in state.gpus)
+    stall = VerdictName.STALLED_SPINNING if busy else VerdictName.STALLED_IDLE
+    odd = next((f.odd_rank for f in strong if f.odd_rank is not None), named[0] if named else None)
+    return Verdict(stall, lines + list(verdict.evidence), odd)

@@ -1,0 +1,141 @@
+"""Torch's flight recorder: the agent's reader on dumps shaped as torch writes them (constructed
+here, see tests/data/flight-recorder/README.md; recorded ones from H200s are read too when
+present), a hostile pickle refused, the comparison that names the rank that never joined
+collective N, and the agent triggering every rank's dump through its pipe (tests/fake_fr_rank.py
+plays torch's DumpPipe) and reading them back."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cockpit import flightrec
+from cockpit.agent.agent import fr_dump, read_fr_dump, slim_fr_dump
+from cockpit.diagnose import Verdict, VerdictName
+from cockpit.evidence import merge
+from cockpit.link.target import parse_target
+from cockpit.model import HostState
+from cockpit.session import HostSession, SessionOptions, WatchList
+
+DATA = Path(__file__).parent / "data" / "flight-recorder"
+
+
+def dump_of(name: str) -> dict:
+    return slim_fr_dump(read_fr_dump((DATA / name).read_bytes()))
+
+
+def test_the_reader_gives_plain_data_shaped_as_torch_writes_it():
+    d = dump_of("constructed-rank0.pickle")
+    assert d["version"] == "2.10" and d["entries_total"] == 42
+    last = d["entries"][-1]
+    assert (last["collective_seq_id"], last["profiling_name"], last["state"]) == (42, "nccl:all_reduce", "started")
+    assert last["process_group"] == ["0", "default_pg"] and "frames" not in last
+    assert d["pg_status"]["0"]["last_completed_collective"] == 41
+
+
+def test_torchs_int_list_builder_is_read_as_a_plain_list():
+    doc = read_fr_dump((DATA / "constructed-intlist.pickle").read_bytes())
+    assert doc == {"entries": [{"input_sizes": [1, 2], "collective_seq_id": 7}]}
+
+
+def test_a_hostile_pickle_is_refused_without_running_anything(tmp_path):
+    marker = Path("/tmp/cockpit-pwned")
+    marker.unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="refused os.system"):
+        read_fr_dump((DATA / "hostile.pickle").read_bytes())
+    assert not marker.exists()
+    for bad in (b"", b"\x80\x02", b"not a pickle", pickle.dumps([1, 2])):
+        with pytest.raises(ValueError):
+            read_fr_dump(bad)
+
+
+def test_comparison_names_the_rank_that_never_called_the_collective():
+    result = flightrec.compare({0: dump_of("constructed-rank0.pickle"), 1: dump_of("constructed-rank1.pickle")})
+    assert result["odd_rank"] == 1
+    assert result["lines"] == ["rank 1 never called all_reduce #42 (last collective #41); rank 0 is in it"]
+    [g] = result["groups"]
+    assert (g["last_enqueued"], g["last_completed"]) == ({0: 42, 1: 41}, {0: 41, 1: 41})
+    # as evidence: a stall the watchdog called without a rank gets the flight recorder's
+    state = HostState("h")
+    state.flight = result
+    v = merge(Verdict(VerdictName.STALLED_SPINNING, ["GPU of rank 0 at 100 %"]), flightrec.findings(result), state)
+    assert v.odd_rank == 1 and v.evidence[-1].startswith("flight recorder: rank 1 never called all_reduce #42")
+
+
+def test_symmetric_and_mismatched_collectives_are_said_as_such():
+    d0 = dump_of("constructed-rank0.pickle")
+    both = {0: d0, 1: d0}
+    result = flightrec.compare(both)
+    assert result["odd_rank"] is None and "every rank is inside all_reduce #42" in result["lines"][0]
+    other = dump_of("constructed-rank0.pickle")
+    other["entries"][-1]["profiling_name"] = "nccl:all_gather"
+    result = flightrec.compare({0: d0, 1: other})
+    assert result["lines"][-1] == "collective #42 differs across ranks: rank 0 all_reduce, rank 1 all_gather"
+
+
+@pytest.mark.skipif(not (DATA / "recorded-rank0.pickle").exists(), reason="no dump recorded on GPUs yet")
+def test_dumps_recorded_on_h200s_name_the_hung_rank():
+    dumps = {r: dump_of(f"recorded-rank{r}.pickle") for r in (0, 1)}
+    result = flightrec.compare(dumps)
+    assert result["odd_rank"] == 1 and "rank 1 never called" in result["lines"][0]
+
+
+@pytest.fixture
+def fake_ranks(tmp_path):
+    procs = []
+    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+               TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "pipe_rank_"),
+               TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "trace_rank_"))
+    for rank in (0, 1):
+        p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "fake_fr_rank.py"), str(rank),
+                              str(DATA / f"constructed-rank{rank}.pickle")], stdout=subprocess.PIPE, text=True, env=env)
+        assert p.stdout.readline().strip() == "ready"
+        procs.append(p)
+    yield procs
+    for p in procs:
+        for kid in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
+            os.kill(int(kid), 9)
+        p.kill()
+        p.wait()
+
+
+def kids(p) -> list[int]:
+    return [int(k) for k in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+
+
+def test_the_agent_pokes_every_ranks_pipe_and_reads_the_dumps(fake_ranks, tmp_path):
+    pids = [kid for p in fake_ranks for kid in kids(p)]
+    out = fr_dump(pids, trigger=True, wait_s=10, raw=True)
+    assert out["armed"] and out["problems"] == []
+    assert sorted(out["poked"]) == [str(tmp_path / "pipe_rank_0.pipe"), str(tmp_path / "pipe_rank_1.pipe")]
+    assert sorted(out["ranks"]) == ["0", "1"]
+    assert out["ranks"]["1"]["entries"][-1]["collective_seq_id"] == 41
+    assert pickle.loads(__import__("base64").b64decode(out["ranks"]["0"]["raw_b64"]))["version"] == "2.10"
+    result = flightrec.compare({int(r): d for r, d in out["ranks"].items()})
+    assert result["odd_rank"] == 1
+
+
+async def test_flight_recorder_through_a_session_and_unarmed_ranks(fake_ranks):
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25),
+                          WatchList(patterns=[], pids=[p.pid for p in fake_ranks]))
+    await session.connect()
+    try:
+        pids = [kid for p in fake_ranks for kid in kids(p)]
+        answer = await session.request("fr_dump", pids=pids, trigger=True, wait_s=10)
+        assert sorted(answer["ranks"]) == ["0", "1"] and "raw_b64" not in answer["ranks"]["0"]
+        plain = await session.request("fr_dump", pids=[os.getpid()], trigger=True, wait_s=1)
+        assert not plain["armed"] and "forensics flag set" in plain["problems"][0]
+    finally:
+        await session.close()
+
+
+def test_forensics_env_arms_every_switch():
+    env = flightrec.forensics_env("/data/runs/r1")
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/data/runs/r1.fr_pipe_rank_"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert env["NCCL_DEBUG_SUBSYS"] == "COLL"
