@@ -41,7 +41,7 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
     port = free_port()
     layout_path = fast_demo(tmp_path, port)
     layout = load_layout(layout_path)
-    sim_state = str(tmp_path / "rt" / "gpu-cockpit" / "demo")
+    sim_state = demo.new_state()  # a running demo's own folder (this test process owns it)
     demo.prepare_host(layout, sim_state)
     runs = []
 
