@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cockpit.errors import LinkLost
 from cockpit.hosttext import visible
 from cockpit.model import HostState
 from cockpit.session import HostSession
@@ -64,8 +65,16 @@ async def plan_kill(session: HostSession, scope: Scope) -> KillPlan:
 async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
                ports: list[int] | None = None) -> dict:
     """Kill what the plan names, then verify: processes left, their GPU memory, the ports."""
-    report = await session.request("kill", timeout=wait_s + 30, plan=plan.entries, wait_s=wait_s,
-                                   ports=list(ports or []), **plan.scope.args())
+    try:
+        report = await session.request("kill", timeout=wait_s + 30, plan=plan.entries, wait_s=wait_s,
+                                       ports=list(ports or []), **plan.scope.args())
+    except LinkLost:
+        # The agent lived inside what was killed (a container whose main process ended, a Slurm job
+        # whose script ended): the link's engine says whether anything of it is left.
+        gone = getattr(session.link, "verify_gone", None)
+        if gone is None:
+            raise
+        report = await gone(plan.entries)
     report["verified"] = not (report["remaining"] or report["gpu_memory_left"] or report["ports_open"])
     return report
 
@@ -75,6 +84,7 @@ def describe_kill(report: dict) -> list[str]:
              f"({', '.join(map(str, report['killed'])) or 'none needed'})"]
     if report["verified"]:
         lines.append("verified: no process of the run left, no GPU memory held by it, its ports closed")
+    lines += [f"  {line}" for line in report.get("notes", [])]
     if report["remaining"]:
         lines.append(f"STILL ALIVE: {', '.join(map(str, report['remaining']))}")
     for g in report["gpu_memory_left"]:

@@ -135,7 +135,14 @@ def _parse_time(text: str | None) -> float | None:
 
 def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     """The document of a live host, with its monitor's phase and verdict."""
-    return snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+    doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+    describe = getattr(getattr(monitor.session, "link", None), "describe", None)
+    if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
+        doc["link"] = describe()
+    extra = getattr(monitor, "doc_extra", None)
+    if extra is not None:  # a run spanning nodes: its nodes (cockpit/cluster.py)
+        doc.update(extra())
+    return doc
 
 
 async def take_snapshot(monitor, wait: float = 0.0) -> dict:
