@@ -51,6 +51,7 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "throttle_reasons": g.throttle_reasons,
                 "ecc_uncorrected": g.ecc_uncorrected,
                 "processes": [{"pid": pid, "used_mib": mib} for pid, mib in g.processes],
+                **({"label": g.label} if hasattr(g, "label") else {}),  # node:index of a run spanning nodes
             }
             for g in sorted(state.gpus.values(), key=lambda g: g.index)
         ],
@@ -71,6 +72,8 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "gpus": p.gpus,
                 "gpu_mem_mib": p.gpu_mem_mib,
                 "exit_code": p.exit_code,
+                **({"node": p.node, "node_pid": p.node_pid, "step": getattr(p, "step", None)}
+                   if hasattr(p, "node") else {}),  # a run spanning nodes (cockpit/cluster.py)
             }
             for _, p in state.tree()
         ],

@@ -104,11 +104,14 @@ class SlurmNodeLink(ExecLink):
 
     async def job_pids(self) -> NodePids:
         """This node's processes of the job, the cockpit's own steps left out."""
-        res = await self.tool_run(self.wrap(["scontrol", "listpids", self.job, self.node]), timeout=30)
+        probe = ["/bin/sh", "-c", 'echo "step $SLURM_STEP_ID"; exec scontrol listpids "$0" "$1"', self.job, self.node]
+        res = await self.tool_run(self.wrap(probe), timeout=30)
         if res.rc != 0:
             raise CockpitError(f"{self.label}: cannot list the job's processes on {self.node}: "
                                f"{first_line(res.stderr) or f'status {res.rc}'}")
-        return parse_listpids(res.stdout.decode("utf-8", "replace"), await self.own_steps())
+        text = res.stdout.decode("utf-8", "replace")
+        own = {line.split()[1] for line in text.splitlines() if line.startswith("step ") and len(line.split()) > 1}
+        return parse_listpids(text, own | await self.own_steps())
 
     async def own_steps(self) -> set[str]:
         res = await self.tool_run(["squeue", "--steps", "--jobs", self.job, "--noheader", "--format", "%i %j"])
