@@ -200,6 +200,7 @@ class ClusterSession:
         self.errors: list[str] = []
         self.link = None
         self.ever_up = False
+        self._error: str | None = None
 
     # what the screen reads
     @property
@@ -221,7 +222,13 @@ class ClusterSession:
     @property
     def link_error(self) -> str | None:
         down = [f"{n.name}: {n.status}" for n in self.cluster.nodes if n.status != "up"]
-        return "; ".join(down) if down and len(down) == len(self.cluster.nodes) else None
+        if down and len(down) == len(self.cluster.nodes):
+            return "; ".join(down)
+        return None if self.cluster.nodes else self._error
+
+    @link_error.setter
+    def link_error(self, value: str | None) -> None:  # the fleet's row: why the job could not be opened
+        self._error = value
 
     @property
     def lost_reason(self) -> str | None:
@@ -520,6 +527,17 @@ class ClusterMonitor:
                                                        f"Slurm ended what was left of it"}
 
     async def keep(self, retry_first: bool = False) -> None:
+        attempt = 0
+        while retry_first and not self.nodes:  # the job was not found or not running yet: retried
+            attempt += 1
+            self.state.link_state = f"down, retrying ({attempt})"
+            await asyncio.sleep(min(30.0, 2.0 ** (attempt - 1)))
+            try:
+                await self.open()
+            except CockpitError as exc:
+                self.session.link_error = str(exc)
+                await self.close()
+                self.nodes = []
         tasks = [n.monitor.keep(retry_first=retry_first) for n in self.nodes if n.monitor is not None]
 
         async def refresh():

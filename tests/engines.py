@@ -175,14 +175,13 @@ class Docker:
                 self.docker("rm", "-f", *ids, check=False)
             self.proc.terminate()
             try:
-                self.proc.wait(15)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for mount in ("/run/docker/netns/default",):
-            if os.path.ismount(mount):
-                subprocess.run(["umount", mount], capture_output=True)
-        subprocess.run(["umount", "-R", str(self.root / "exec")], capture_output=True)
+        for mount in (self.root / "exec" / "netns" / "default", Path("/run/docker/netns/default")):
+            if os.path.ismount(mount):  # dockerd leaves its default netns bound here
+                subprocess.run(["umount", str(mount)], capture_output=True)
 
 
 @pytest.fixture(scope="module")

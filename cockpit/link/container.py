@@ -16,6 +16,7 @@ container's, GPU processes reported with host pids stay unmatched, and the scree
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -25,6 +26,7 @@ from cockpit.link.base import AgentStream
 from cockpit.link.exec import ExecLink, ExecStream, first_line
 
 MAP_EVERY_S = 2.0
+STOP_WAIT_S = 10.0  # for the engine to mark a container whose main process ended as stopped
 
 
 def namespace_pids(init_pid: int, proc: str = "/proc") -> dict[int, int]:
@@ -152,10 +154,15 @@ class ContainerLink(ExecLink):
     async def verify_gone(self, entries: list[dict]) -> dict:
         """The agent went down with the container during a kill (its main process ended): the
         engine says whether the container stopped, and a stopped container has no process left."""
-        res = await self.tool_run([self.engine, "inspect", "--type", "container", "--format",
-                                   "{{.State.Status}} {{.State.ExitCode}}", self.container])
-        status, _, code = res.stdout.decode().strip().partition(" ") if res.rc == 0 else ("removed", "", "")
-        stopped = status in ("exited", "dead", "removed", "stopped")
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:  # the agent's end is seen here before the engine has marked the container stopped
+            res = await self.tool_run([self.engine, "inspect", "--type", "container", "--format",
+                                       "{{.State.Status}} {{.State.ExitCode}}", self.container])
+            status, _, code = res.stdout.decode().strip().partition(" ") if res.rc == 0 else ("removed", "", "")
+            stopped = status in ("exited", "dead", "removed", "stopped")
+            if stopped or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
         pids = [e["pid"] for e in entries]
         return {"term": pids, "killed": [], "vanished": [], "remaining": [] if stopped else pids,
                 "gpu_memory_left": [], "ports_open": [],

@@ -22,7 +22,7 @@ class GpuPane(Static):
         gpu = state.gpus.get(self.index)
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
-            self.border_title = f"GPU{self.index} {name}"
+            self.border_title = f"{getattr(gpu, 'label', None) or f'GPU{self.index}'} {name}"  # node:index across nodes
             self.border_subtitle = " ".join(gpu.throttle_reasons[:1]) or None
         self.refresh()
 
