@@ -74,7 +74,7 @@ for i in 0 1; do
   n=n$((i+1))
   srun -N1 -n1 --nodelist $n --overlap --export=ALL,COCKPIT_SIM_STATE=$W/$n \\
     bash -c "exec $PY -u -m cockpit.sim.server --tp-size 4 --nnodes 2 --node-rank $i --port $((PORT+i)) \\
-      --sim-speed 4 $EXTRA --sim-dist-dir $W/dist --sim-shm-dir $W > $W/server-$n.log 2>&1" &
+      --sim-speed 8 $EXTRA --sim-dist-dir $W/dist --sim-shm-dir $W > $W/server-$n.log 2>&1" &
 done
 wait
 """
@@ -110,7 +110,9 @@ def cli(slurm, *args, timeout=90):  # noqa: F811
 
 
 def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_killed_on_both(slurm, tmp_path):  # noqa: F811
+    t_start = time.monotonic()
     job = start_job(slurm, tmp_path, "--sim-traffic 2 --sim-hang-rank 3")
+    print(f"servers up in {time.monotonic() - t_start:.1f} s")
     try:
         layout = tmp_path / "layout.yaml"
         layout.write_text(LAYOUT)
@@ -132,6 +134,8 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         assert v["evidence"][0].startswith("rank 3 is on node n2 (pid ")
         assert doc["phase"]["name"] == "serving" and doc["log"]["path"].startswith("n1:")
 
+        print(f"snapshot in {took:.1f} s")
+        t_kill = time.monotonic()
         res = cli(slurm, "kill", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--yes", "--wait", "3")
         assert res.returncode == 0, res.stdout + res.stderr
         assert "[n1]" in res.stdout and "[n2]" in res.stdout  # one plan listing both nodes' processes
@@ -139,6 +143,7 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         deadline = time.monotonic() + 15
         while (run_procs(str(tmp_path)) or slurm.job_state(job) != "gone") and time.monotonic() < deadline:
             time.sleep(0.2)
+        print(f"kill and the job's end in {time.monotonic() - t_kill:.1f} s")
         assert run_procs(str(tmp_path)) == [], "something of the run is left on a node"
         assert slurm.job_state(job) == "gone"  # the batch script ended the job once its steps were gone
     finally:
