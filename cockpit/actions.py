@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cockpit.errors import CockpitError
+from cockpit.errors import CockpitError, LinkLost
 from cockpit.hosttext import visible
 from cockpit.model import HostState
 from cockpit.secrets import mask_text
@@ -193,8 +193,16 @@ async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KIL
     """Carry out exactly the plan (each pid checked against its planned start time and user before
     each signal), then verify: processes left, their GPU memory, the ports."""
     entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title") if k in e} for e in plan.entries]
-    report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
-                                   sessions=plan.sessions, ports=list(ports or []))
+    try:
+        report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
+                                       sessions=plan.sessions, ports=list(ports or []))
+    except LinkLost:
+        # The agent lived inside what was killed (a container whose main process ended, a Slurm job
+        # whose script ended): the link's engine says whether anything of it is left.
+        gone = getattr(session.link, "verify_gone", None)
+        if gone is None:
+            raise
+        report = await gone(plan.entries)
     for key in ("skipped", "newcomers"):
         report[key] = [dict(s, title=mask_text(s.get("title", ""))) for s in report.get(key) or []]
     report["verified"] = not (report["remaining"] or report["gpu_memory_left"] or report["ports_open"])
@@ -210,6 +218,7 @@ def describe_kill(report: dict) -> list[str]:
         lines.append(f"skipped pid {s['pid']}: {s['why']}")
     for s in report.get("newcomers") or []:
         lines.append(f"pid {s['pid']} {visible(s.get('title', ''))[:60]}: {s['why']}")
+    lines += [f"  {visible(line)}" for line in report.get("notes", [])]
     if report["remaining"]:
         lines.append(f"STILL ALIVE: {', '.join(map(str, report['remaining']))}")
     for g in report["gpu_memory_left"]:

@@ -46,7 +46,8 @@ def arg(*names, **kw) -> tuple[tuple, dict]:
 
 YES = arg("--yes", action="store_true", help="do not ask: the plan is printed and carried out")
 JSON = arg("--json", action="store_true", help="print JSON instead of a table")
-TARGET = arg("target", help="the host: local, demo, an ssh alias or user@host[:port]")
+TARGET = arg("target", help="the host: local, demo, an ssh alias, user@host[:port], docker:NAME[@HOST], "
+                            "podman:NAME[@HOST] or slurm:JOBID[/NODE][@LOGIN-HOST]")
 
 
 def command(name: str, help: str, *arguments, common: bool = True):
@@ -134,6 +135,10 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
         layout_name = args.layout or ("demo" if target.kind == "demo" else None)
         layout = resolve_layout(layout_name) if layout_name else None
     watch = None
+    if target.kind == "slurm" and not target.node:  # every node of the job, as one run
+        from cockpit.cluster import ClusterMonitor
+
+        return ClusterMonitor(target, session_options(args, layout, target), layout)
     if target.kind == "demo":
         from cockpit import demo
 

@@ -147,8 +147,13 @@ class Member:
     def __init__(self, host: FleetHost, opts: SessionOptions):
         self.host = host
         self.layout: Layout | None = resolve_layout(host.layout) if host.layout else None
-        self.monitor = HostMonitor(parse_target(host.target), opts, self.layout, history=FLEET_HISTORY,
-                                   probe_every_s=PING_EVERY_S)
+        target = parse_target(host.target)
+        if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/cluster.py)
+            from cockpit.cluster import ClusterMonitor
+
+            self.monitor = ClusterMonitor(target, opts, self.layout, history=FLEET_HISTORY)
+        else:
+            self.monitor = HostMonitor(target, opts, self.layout, history=FLEET_HISTORY, probe_every_s=PING_EVERY_S)
         self.monitor.state.target = host.name
         self.task: asyncio.Task | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed

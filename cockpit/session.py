@@ -17,7 +17,7 @@ from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.errors import CockpitError, CommandError, LinkLost
 from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.local import LocalLink
-from cockpit.link.target import Target
+from cockpit.link.target import EXEC_KINDS, Target
 from cockpit.model import HostState
 
 HELLO_TIMEOUT_S = 20.0
@@ -72,6 +72,10 @@ def decode_frame(line: bytes) -> dict | None:
 def make_link(target: Target, opts: SessionOptions) -> Link:
     if target.kind in ("local", "demo"):
         return LocalLink()
+    if target.kind in EXEC_KINDS:  # docker:, podman:, slurm:JOB/NODE: the argv primitive on a carrier
+        from cockpit.link.exec import exec_link
+
+        return exec_link(target, opts)
     from cockpit.link.ssh import SshLink  # asyncssh is only loaded when a host needs it
 
     return SshLink(target, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts, accept_new=opts.accept_new)

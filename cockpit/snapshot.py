@@ -51,6 +51,7 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "throttle_reasons": g.throttle_reasons,
                 "ecc_uncorrected": g.ecc_uncorrected,
                 "processes": [{"pid": pid, "used_mib": mib} for pid, mib in g.processes],
+                **({"label": g.label} if hasattr(g, "label") else {}),  # node:index of a run spanning nodes
             }
             for g in sorted(state.gpus.values(), key=lambda g: g.index)
         ],
@@ -71,6 +72,8 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "gpus": p.gpus,
                 "gpu_mem_mib": p.gpu_mem_mib,
                 "exit_code": p.exit_code,
+                **({"node": p.node, "node_pid": p.node_pid, "step": getattr(p, "step", None)}
+                   if hasattr(p, "node") else {}),  # a run spanning nodes (cockpit/cluster.py)
             }
             for _, p in state.tree()
         ],
@@ -138,7 +141,14 @@ def _parse_time(text: str | None) -> float | None:
 
 def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     """The document of a live host, with its monitor's phase and verdict."""
-    return snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+    doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+    describe = getattr(getattr(monitor.session, "link", None), "describe", None)
+    if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
+        doc["link"] = describe()
+    extra = getattr(monitor, "doc_extra", None)
+    if extra is not None:  # a run spanning nodes: its nodes (cockpit/cluster.py)
+        doc.update(extra())
+    return doc
 
 
 async def take_snapshot(monitor, wait: float = 0.0) -> dict:

@@ -61,6 +61,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--api-key", default=None, help="accepted as SGLang does (the simulated server checks nothing)")
     p.add_argument("--base-gpu-id", type=int, default=0)
+    p.add_argument("--nnodes", type=int, default=1, help="nodes the run spans; this one holds tp-size/nnodes ranks")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's place: its ranks are global (TP4, TP5...)")
+    p.add_argument("--sim-dist-dir", default=None,
+                   help="a folder the nodes share: a rank hung on one node stalls the collective on all")
     p.add_argument("--sim-hang-rank", type=int, default=None)
     p.add_argument("--sim-crash-rank", type=int, default=None)
     p.add_argument("--sim-leak-shm", action="store_true")
@@ -74,6 +78,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tp_size < 1:
         p.error("--tp-size must be >= 1")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes or args.tp_size % args.nnodes:
+        p.error("--nnodes must divide --tp-size and --node-rank be in 0..nnodes-1")
+    args.local_tp = args.tp_size // args.nnodes
+    args.first_rank = args.node_rank * args.local_tp
     return args
 
 
@@ -117,7 +125,7 @@ class Rank:
 
     def __init__(self, args: argparse.Namespace, rank: int, shared: dict):
         self.args, self.rank, self.shared = args, rank, shared
-        self.gpu = args.base_gpu_id + rank
+        self.gpu = args.base_gpu_id + rank - args.first_rank  # ranks are global, GPUs the node's own
         self.clock = Clock(args.sim_speed)
         who = f"TP{rank}" if args.engine == "sglang" else f"Worker_TP{rank}"
         self.log = Log(args.engine, who if args.tp_size > 1 or args.engine == "vllm" else "")
@@ -224,6 +232,10 @@ class Rank:
         self.all_reduce(draft=True)
 
     def all_reduce(self, draft: bool = False) -> None:
+        if peer_hung(self.args):  # a rank on another node never joins: the collective never completes
+            self.publish(activity="spin")
+            while True:
+                time.sleep(1)
         barrier = self.shared["draft_barrier" if draft else "barrier"]
         barrier.wait()
 
@@ -258,6 +270,8 @@ class Rank:
         self.publish(activity="idle")
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.shared["spinning"].value = 1
+        if self.args.sim_dist_dir:
+            open(os.path.join(self.args.sim_dist_dir, "hung"), "w").close()
         while True:
             pass
 
@@ -287,10 +301,14 @@ def watch_spin(rank: Rank) -> None:
     def loop():
         while True:
             time.sleep(0.1)
-            if rank.shared["spinning"].value and rank.activity != "spin" and rank.rank != rank.args.sim_hang_rank:
+            if (rank.shared["spinning"].value or peer_hung(rank.args)) and rank.activity != "spin" and rank.rank != rank.args.sim_hang_rank:
                 rank.publish(activity="spin")
 
     threading.Thread(target=loop, daemon=True, name="nccl-watchdog").start()
+
+
+def peer_hung(args) -> bool:
+    return bool(args.sim_dist_dir) and os.path.exists(os.path.join(args.sim_dist_dir, "hung"))
 
 
 def watch_parent(args) -> None:
@@ -371,8 +389,8 @@ class Server:
         ctx = mp.get_context("spawn")
         self.ctx = ctx
         self.shared = {
-            "barrier": ctx.Barrier(args.tp_size),
-            "draft_barrier": ctx.Barrier(args.tp_size + 1),
+            "barrier": ctx.Barrier(args.local_tp),
+            "draft_barrier": ctx.Barrier(args.local_tp + 1),
             "pending": ctx.Value("q", 0),
             "generated": ctx.Value("q", 0),
             "spinning": ctx.Value("i", 0),
@@ -422,11 +440,11 @@ class Server:
             make_shm(args.sim_shm_dir, f"psm_{rand_tag(args, 'psm')}", 1 << 16, hold=False)
         ready = self.ctx.Queue()
         if args.engine == "sglang":
-            for r in range(args.tp_size):
+            for r in range(args.first_rank, args.first_rank + args.local_tp):
                 self.children.append(self.ctx.Process(target=run_scheduler_process, args=(args, r, self.shared, ready),
                                                       name=f"scheduler_TP{r}"))
             self.children.append(self.ctx.Process(target=run_detokenizer_process, args=(args,), name="detokenizer"))
-            expect = args.tp_size
+            expect = args.local_tp
         else:
             self.children.append(self.ctx.Process(target=run_engine_core, args=(args, self.shared, ready), name="EngineCore"))
             expect = 1

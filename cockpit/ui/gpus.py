@@ -5,7 +5,7 @@ screen is short."""
 
 from __future__ import annotations
 
-from rich.markup import escape
+from cockpit.hosttext import escape_markup
 from rich.text import Text
 from textual.widgets import Static
 
@@ -25,8 +25,9 @@ class GpuPane(Static):
         gpu = state.gpus.get(self.index)
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
-            self.border_title = escape(f"GPU{self.index} {name}")
-            self.border_subtitle = escape(" ".join(gpu.throttle_reasons[:1])) or None
+            label = getattr(gpu, "label", None) or f"GPU{self.index}"  # node:index across nodes
+            self.border_title = escape_markup(f"{label} {name}")
+            self.border_subtitle = escape_markup(" ".join(gpu.throttle_reasons[:1])) or None
         self.refresh()
 
     def render(self) -> Text:

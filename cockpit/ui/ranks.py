@@ -110,7 +110,7 @@ class RankTable(LiveTable):
             name = Text(title, style="bold" if p.rank is not None else "")
         return [
             name,
-            str(p.pid),
+            f"{p.node}:{p.node_pid}" if hasattr(p, "node") else str(p.pid),  # a run spanning nodes: node:pid
             p.role or "",
             "" if p.rank is None else str(p.rank),
             Text(p.status, style=STATUS_STYLE.get(p.status, "default")),

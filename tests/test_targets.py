@@ -1,0 +1,214 @@
+"""Where servers live: inside containers (`docker:NAME`, the agent through `exec -i`) and as Slurm jobs
+spanning nodes (`slurm:JOBID`, an agent per node through `srun --overlap`). Against the real
+engines, started here (tests/engines.py): two slurmd "nodes" on loopback running a simulated run of
+four ranks, two per node, one hung; a Docker container running the simulated server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cockpit.errors import CockpitError
+from cockpit.link.container import translate_sample
+from cockpit.link.slurm import parse_listpids, parse_scontrol_job
+from cockpit.link.target import parse_target
+from cockpit.sim import fakenvml
+from conftest import free_port, run_cli
+from engines import docker, slurm  # noqa: F401  (fixtures)
+
+REPO = Path(__file__).resolve().parent.parent
+LAYOUT = """\
+name: two-nodes
+engine: sglang
+command: [-m, cockpit.sim.server]
+stall: {idle_s: 600, spin_s: 6}
+"""
+
+
+# ----------------------------------------------------------------------------- plain parts
+
+def test_targets_of_containers_and_jobs_parse():
+    t = parse_target("docker:vllm-1")
+    assert (t.kind, t.name, t.remote, t.carrier().kind) == ("docker", "vllm-1", False, "local")
+    t = parse_target("podman:sgl@root@gpu-box:2222")
+    assert (t.kind, t.name, t.remote) == ("podman", "sgl", True)
+    assert (t.carrier().kind, t.carrier().host, t.carrier().user, t.carrier().port) == ("ssh", "gpu-box", "root", 2222)
+    t = parse_target("slurm:1234@login")
+    assert (t.kind, t.name, t.node, t.carrier().host) == ("slurm", "1234", None, "login")
+    assert t.on_node("gpu7").label == "slurm:1234/gpu7@login"
+    assert parse_target("slurm:1234/gpu7").node == "gpu7"
+    for bad, said in (("slurm:abc", "a Slurm job id is a number"), ("docker:", "container's name"),
+                      ("docker:a b", "container's name"), ("slurm:12@", "malformed target")):
+        with pytest.raises(CockpitError, match=said):
+            parse_target(bad)
+
+
+def test_nvml_host_pids_become_the_containers_and_each_process_gets_its_host_pid():
+    frame = {"t": "sample", "gpus": [{"index": 0, "processes": [[40123, 900], [7, 5]]}],
+             "procs": [{"pid": 8}, {"pid": 9}]}
+    translate_sample(frame, {8: 40123, 9: 40124})
+    assert frame["gpus"][0]["processes"] == [[8, 900], [7, 5]]  # 7: already the container's, left as is
+    assert [p.get("host_pid") for p in frame["procs"]] == [40123, 40124]
+
+
+def test_listpids_leaves_out_the_cockpits_own_steps_and_extern():
+    text = ("PID      JOBID    STEPID   LOCALID GLOBALID\n849 1 1 0 0\n818 1 batch 0 0\n900 1 extern 0 0\n"
+            "950 1 4 0 0\n")
+    got = parse_listpids(text, {"4"})
+    assert got.steps == {849: "1", 818: "batch"}
+    assert parse_scontrol_job("JobId=5 JobState=RUNNING NodeList=n[1-2] BatchHost=n1")["NodeList"] == "n[1-2]"
+
+
+# ----------------------------------------------------------------------------- Slurm
+
+JOB = """\
+#!/bin/bash
+# a run spanning two nodes: node rank i on node n(i+1), each node with simulated GPUs of its own
+for i in 0 1; do
+  n=n$((i+1))
+  srun -N1 -n1 --nodelist $n --overlap --export=ALL,COCKPIT_SIM_STATE=$W/$n \\
+    bash -c "exec $PY -u -m cockpit.sim.server --tp-size 4 --nnodes 2 --node-rank $i --port $((PORT+i)) \\
+      --sim-speed 8 $EXTRA --sim-dist-dir $W/dist --sim-shm-dir $W > $W/server-$n.log 2>&1" &
+done
+wait
+"""
+
+
+def run_procs(marker: str) -> list[str]:
+    """This machine's processes whose command line holds marker (the run's own folder)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def start_job(slurm, tmp_path: Path, extra: str) -> str:  # noqa: F811
+    for n in ("n1", "n2"):
+        fakenvml.write_host(str(tmp_path / n), gpus=2, model="rtx-pro-6000", seed=int(n[1]))
+    (tmp_path / "dist").mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(JOB)
+    env = {"W": str(tmp_path), "PY": sys.executable, "PORT": str(free_port()), "EXTRA": extra,
+           "PYTHONPATH": str(REPO)}
+    job = slurm.sbatch(script, env)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        logs = [tmp_path / f"server-{n}.log" for n in ("n1", "n2")]
+        if all(p.exists() and "fired up" in p.read_text() for p in logs):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"the job's servers did not come up: {slurm.job_state(job)} "
+                         f"{[p.read_text()[-300:] for p in logs if p.exists()]}")
+
+
+def cli(slurm, *args, timeout=90):  # noqa: F811
+    return run_cli(*args, "--python", sys.executable, timeout=timeout, env={**slurm.env, "PYTHONPATH": str(REPO)})
+
+
+def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_killed_on_both(slurm, tmp_path):  # noqa: F811
+    t_start = time.monotonic()
+    job = start_job(slurm, tmp_path, "--sim-traffic 2 --sim-hang-rank 3")
+    print(f"servers up in {time.monotonic() - t_start:.1f} s")
+    try:
+        layout = tmp_path / "layout.yaml"
+        layout.write_text(LAYOUT)
+        t0 = time.monotonic()
+        res = cli(slurm, "snapshot", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--layout", str(layout), "--json",
+                  "--wait", "8")
+        took = time.monotonic() - t0
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["job"]["nodes"] == ["n1", "n2"] and [n["status"] for n in doc["nodes"]] == ["up", "up"]
+        assert [n["ranks"] for n in doc["nodes"]] == [[0, 1], [2, 3]]  # both nodes' ranks, global numbers
+        assert {p["node"] for p in doc["processes"]} == {"n1", "n2"}
+        assert sorted(g["label"] for g in doc["gpus"]) == ["n1:0", "n1:1", "n2:0", "n2:1"]
+        ranks = {p["rank"]: p for p in doc["processes"] if p["rank"] is not None}
+        assert ranks[3]["node"] == "n2" and ranks[3]["step"] is not None
+        v = doc["verdict"]
+        assert v["name"] == "stalled-spinning", (v, took)
+        assert (v["odd_rank"], v["odd_node"]) == (3, "n2"), v
+        assert v["evidence"][0].startswith("rank 3 is on node n2 (pid ")
+        assert doc["phase"]["name"] == "serving" and doc["log"]["path"].startswith("n1:")
+
+        print(f"snapshot in {took:.1f} s")
+        t_kill = time.monotonic()
+        res = cli(slurm, "kill", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--yes", "--wait", "3")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "[n1]" in res.stdout and "[n2]" in res.stdout  # one plan listing both nodes' processes
+        assert "verified" in res.stdout and "node n1:" in res.stdout and "node n2:" in res.stdout
+        deadline = time.monotonic() + 15
+        while (run_procs(str(tmp_path)) or slurm.job_state(job) != "gone") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"kill and the job's end in {time.monotonic() - t_kill:.1f} s")
+        assert run_procs(str(tmp_path)) == [], "something of the run is left on a node"
+        assert slurm.job_state(job) == "gone"  # the batch script ended the job once its steps were gone
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
+
+
+def test_slurm_errors_are_one_line_naming_the_job_and_the_fix(slurm):  # noqa: F811
+    res = cli(slurm, "snapshot", "slurm:99999", "--json")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "slurm:99999: no such job" in res.stderr and "squeue" in res.stderr
+    res = run_cli("snapshot", "slurm:5", "--json", env={"PATH": "/nonexistent", "PYTHONPATH": str(REPO)})
+    assert res.returncode == 2 and "squeue not found on this machine" in res.stderr, res.stderr
+
+
+# ----------------------------------------------------------------------------- Docker
+
+def site_packages() -> str:
+    """psutil and setproctitle for the container's python3 (the host's /usr, bound in): this test
+    run's own site-packages, bound read-only, so the host's system Python is left as it is."""
+    import psutil
+    import setproctitle
+
+    site = Path(psutil.__file__).parent.parent
+    assert Path(setproctitle.__file__).is_relative_to(site)
+    return str(site)
+
+
+def test_a_server_inside_a_container_is_watched_through_exec_and_killed(docker, tmp_path):  # noqa: F811
+    site = site_packages()
+    sim = tmp_path / "sim"
+    fakenvml.write_host(str(sim), gpus=2, model="rtx-pro-6000", seed=5)
+    port, name = free_port(), f"eng-{os.getpid()}"
+    server = (f"python3 -u -m cockpit.sim.server --tp-size 2 --port {port} --sim-speed 4 --sim-shm-dir /tmp "
+              f"> /tmp/server.log 2>&1")
+    docker.docker("run", "-d", "--name", name, "--network", "host", "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro",
+                  "-v", f"{REPO}:/srv/cockpit:ro", "-v", f"{site}:/srv/site:ro", "-v", f"{sim}:{sim}",
+                  "-e", "PYTHONPATH=/srv/cockpit:/srv/site",
+                  "-e", f"COCKPIT_SIM_STATE={sim}", "cockpit-base", "/bin/sh", "-c", server)
+    env = {**docker.env, "PYTHONPATH": str(REPO)}
+    try:
+        deadline = time.monotonic() + 30
+        while "fired up" not in docker.docker("exec", name, "cat", "/tmp/server.log", check=False).stdout:
+            assert time.monotonic() < deadline, docker.docker("logs", name, check=False).stderr
+            time.sleep(0.2)
+        res = run_cli("snapshot", f"docker:{name}", "--sim", str(sim), "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["agent"]["executable"] == "/usr/bin/python3"  # the container's own Python
+        ranks = {p["rank"]: p for p in doc["processes"] if p["rank"] is not None}
+        assert sorted(ranks) == [0, 1] and all(p["gpus"] for p in ranks.values())
+        assert doc["phase"]["name"] == "serving" and doc["log"]["path"] == "/tmp/server.log"
+        assert doc["link"]["kind"] == "docker" and doc["link"]["host_pids_mapped"]
+        host = doc["link"]["host_pids"][str(ranks[0]["pid"])]  # the container's pid, and the host's
+        assert Path(f"/proc/{host}/cmdline").read_bytes().startswith(b"sglang::scheduler_TP0")
+        assert any("pids are the container's" in w for w in doc["agent"]["warnings"])
+
+        res = run_cli("kill", f"docker:{name}", "--sim", str(sim), "--yes", "--wait", "3", env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "verified" in res.stdout
+        state = docker.docker("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+        assert state == "exited" and not Path(f"/proc/{host}").exists()
+
+        res = run_cli("snapshot", f"docker:{name}", "--json", env=env)
+        assert res.returncode == 2 and f"container {name} is exited, not running (`docker start {name}`)" in res.stderr
+        res = run_cli("snapshot", "docker:no-such-box", "--json", env=env)
+        assert res.returncode == 2 and "no container named no-such-box" in res.stderr, res.stderr
+    finally:
+        docker.docker("rm", "-f", name, check=False)
