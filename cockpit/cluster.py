@@ -267,32 +267,35 @@ class ClusterSession:
         return await nodes[0].monitor.session.request(cmd, timeout=timeout, **args)
 
     async def _kill_plan(self, args: dict, timeout: float) -> dict:
-        pids, pgids, sids = self._split(args.get("pids")), self._split(args.get("pgids")), self._split(args.get("sids"))
+        """The run of a Slurm job is the job's processes on each node (`scontrol listpids`, which
+        each node's agent watches), less the batch script: each node's agent plans those pids (and
+        what they started, as their user). Explicit pids (`k`, `--pid`) plan just those."""
+        asked = self._split(args.get("pids")) if args.get("pids") else None
         plan = []
         for n in self._up():
             k, base, batch = n.number, n.number * STRIDE, self._batch(n.number)
-            batch_groups = {p.pgid - base for p in self.state.procs.values()
-                            if getattr(p, "node", None) == n.name and p.node_pid in batch and p.pgid}
-            mine = dict(pids=[p for p in pids.get(k, []) if p not in batch],
-                        pgids=[g for g in pgids.get(k, []) if g not in batch_groups],
-                        sids=[s for s in sids.get(k, []) if s not in batch_groups])
-            if not any(mine.values()):
+            if asked is not None:
+                pids = [p for p in asked.get(k, []) if p not in batch]
+            else:
+                pids = sorted(p.node_pid for p in self.state.procs.values()
+                              if getattr(p, "node", None) == n.name and p.alive and p.node_pid not in batch)
+            if not pids:
                 continue
-            data = await n.monitor.session.request("kill_plan", timeout=timeout, **mine)
+            data = await n.monitor.session.request("kill_plan", timeout=timeout, pids=pids)
             for e in data["plan"]:
                 if e["pid"] in batch:
                     continue
                 plan.append({**e, "pid": base + e["pid"], "ppid": base + e["ppid"], "pgid": base + e["pgid"],
                              "sid": base + e["sid"], "title": f"[{n.name}] {e['title']}"})
-        return {"plan": plan}
+        return {"plan": plan, "rule": None if asked is not None else f"the processes of Slurm job {self.cluster.target.text}"}
 
     async def _kill(self, args: dict, timeout: float) -> dict:
         by_node: dict[int, list[dict]] = {}
         for e in args["plan"]:
             k, pid = node_of(e["pid"])
             base = k * STRIDE
-            by_node.setdefault(k, []).append({**e, "pid": pid, "ppid": e["ppid"] - base, "pgid": e["pgid"] - base,
-                                              "sid": e["sid"] - base, "title": e["title"]})
+            by_node.setdefault(k, []).append({**e, "pid": pid, **{key: e[key] - base for key in ("ppid", "pgid", "sid")
+                                                                   if isinstance(e.get(key), int)}})
         pgids, sids = self._split(args.get("pgids")), self._split(args.get("sids"))
 
         async def one(k: int, plan: list[dict]) -> tuple[Node, dict]:
