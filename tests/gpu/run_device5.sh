@@ -60,6 +60,11 @@ echo "== RAS with a dead rank"; python3 tests/gpu/forensics.py ras "$D/data" dea
 echo "== a fresh cockpit: snapshot local --json --wait 8"
 python3 -m cockpit snapshot local --layout /tmp/tp.yaml --json --wait 8 > "$OUT/snapshot-die.json"; echo "rc=$?"
 python3 tests/gpu/forensics.py show "$OUT/snapshot-die.json"
+echo "== cockpit dump local (the dead rank reported dead, not as a py-spy error)"
+python3 -m cockpit dump local --layout /tmp/tp.yaml --json > "$D/data/dump-die.json"; echo "rc=$?"
+python3 -c "import json; d=json.load(open('$D/data/dump-die.json')); print('dead', d.get('dead')); print('failed', d.get('failed')); print('groups', [(g['ranks'], g['frames'][:3]) for g in d.get('groups', [])])"
+echo "== cockpit explain /tmp/tp.log (the post-mortem without a host)"
+cp /tmp/tp.log "$D/data/tp-die.log"; python3 -m cockpit explain /tmp/tp.log; echo "rc=$?"
 python3 -m cockpit kill local --layout /tmp/tp.yaml --yes | tail -3
 kill -9 -- "-$JOB2" 2>/dev/null  # the job's own process group (setsid), nothing else
 tar -czf "$OUT/data.tar.gz" -C "$D" data
