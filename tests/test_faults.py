@@ -139,11 +139,11 @@ async def test_host_python_and_psutil_vanishing_between_connects_are_said_and_su
             await until(pilot, lambda: rank.pid in app.state.procs, 20)
             host_python("-S")  # no site-packages: psutil is gone
             os.kill(app.state.agent.pid, 9)
-            await until(pilot, lambda: "psutil is not installed" in (app.cockpit.link_error or ""), 10)
+            await until(pilot, lambda: "psutil is not installed" in (app.cockpit.link_error or ""), 30)
             await until(pilot, lambda: "why: cockpit-test: psutil is not installed for" in save_text(app, None), 5)
             assert "link lost, retrying (" in save_text(app, None)
             host_python(None)
-            await until(pilot, lambda: "not found on cockpit-test" in (app.cockpit.link_error or ""), 10)
+            await until(pilot, lambda: "not found on cockpit-test" in (app.cockpit.link_error or ""), 30)
             assert app.state.link_state.startswith("lost, retrying (")
             assert rank.pid in app.state.procs and app.state.gpus[0].mem_used_mib == 3512  # kept, greyed
             host_python("")
