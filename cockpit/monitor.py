@@ -216,7 +216,8 @@ class HostMonitor:
         command's lifecycle."""
         await self.open()
         try:
-            await self.session.wait_samples(samples)
+            if self.state.seq < samples:
+                await self.session.wait_samples(samples - self.state.seq)
             yield self
         finally:
             await self.close()

@@ -35,6 +35,7 @@ DEFAULT_PATTERNS = [
     "*vllm.entrypoints*",
     "*cockpit.sim.server*",
 ]
+FIRST_GAP_S = 0.2  # between the first two samples
 SCAN_EVERY_S = 5.0  # full process-table scans are the costly part: not every tick
 SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 LOG_INITIAL_BYTES = 32 * 1024
@@ -2490,9 +2491,12 @@ class Agent:
             now = time.monotonic()
             if now >= next_tick:
                 self.tick()
-                next_tick += self.interval
+                # the second sample comes soon after the first: CPU % needs two, and a one-shot
+                # look (`cockpit snapshot`) should not wait a whole interval for it
+                step = min(self.interval, FIRST_GAP_S) if self.seq == 1 else self.interval
+                next_tick += step
                 if next_tick < now:
-                    next_tick = now + self.interval
+                    next_tick = now + step
 
 
 def install_sim_nvml(nbytes):
