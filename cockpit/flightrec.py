@@ -10,7 +10,13 @@ created by the rank) that dumps on any byte written; the dump goes to
 containers (torch/csrc/distributed/c10d/FlightRecorderDetail.hpp: `version`, `pg_config`,
 `pg_status`, `entries` with `collective_seq_id`, `profiling_name` such as `nccl:all_reduce`,
 `state` scheduled/started/completed). The agent triggers and reads the dumps (never unpickling
-anything but plain containers: agent.read_fr_dump); this module compares them. Pure."""
+anything but plain containers: agent.read_fr_dump); this module compares them. Pure.
+
+Whether a collective has *started* is known only with TORCH_NCCL_ENABLE_TIMING (its start event):
+without it `pg_status.last_started_collective` is -1 ("not tracked", not "nothing started") and
+entries go from `scheduled` straight to `completed` (seen on H200s, torch 2.11). A rank whose
+newest entry is `scheduled` has then enqueued that collective and waits in it or before it; its
+"started" is only known to be at least its last completed collective."""
 
 from __future__ import annotations
 
@@ -44,6 +50,9 @@ class RankTrace:
     last_completed: int | None
     ops: dict[int, str] = field(default_factory=dict)  # collective_seq_id -> profiling name
     states: dict[int, str] = field(default_factory=dict)  # collective_seq_id -> state
+    # torch tracks starts (TORCH_NCCL_ENABLE_TIMING): an entry `started` or with a discovered start
+    # time, or pg_status' last_started_collective >= 0. Otherwise last_started is a lower bound.
+    starts_tracked: bool = False
 
 
 def _seq(v) -> int | None:
@@ -71,6 +80,8 @@ def traces(dump: dict, rank: int) -> list[RankTrace]:
         state = str(e.get("state") or "?")[:20]
         t.states[seq] = state
         t.last_enqueued = max(t.last_enqueued or 0, seq)
+        if state == "started" or e.get("time_discovered_started_ns") is not None:
+            t.starts_tracked = True
         if state in ("started", "completed"):
             t.last_started = max(t.last_started or 0, seq)
         if state == "completed":
@@ -89,11 +100,28 @@ def traces(dump: dict, rank: int) -> list[RankTrace]:
             v = _seq(st.get(key))
             if v is not None:
                 setattr(t, attr, max(getattr(t, attr) or 0, v))
+                if key == "last_started_collective":
+                    t.starts_tracked = True
     return list(by_pg.values())
 
 
 def _op(name: str) -> str:
     return name.split(":", 1)[-1] if name else "?"
+
+
+def _ranks(rs: list[int]) -> str:
+    return f"rank{'s' if len(rs) > 1 else ''} {rank_ranges(rs)}"
+
+
+def _who_waits(inside: list[int], queued: list[int]) -> str:
+    """The ranks that called the collective the others never did: in it (started), or enqueued it
+    and wait (its start not tracked, or not yet on the GPU)."""
+    parts = []
+    if inside:
+        parts.append(f"{_ranks(inside)} {'are' if len(inside) > 1 else 'is'} in it")
+    if queued:
+        parts.append(f"{_ranks(queued)} enqueued it and wait{'' if len(queued) > 1 else 's'}")
+    return ", ".join(parts) or "no rank is in it"
 
 
 def compare(dumps: dict[int, dict]) -> dict:
@@ -115,26 +143,31 @@ def compare(dumps: dict[int, dict]) -> dict:
         name = next((_op(t.ops[top]) for t in ranks.values() if top in t.ops), "collective")
         where = "" if pg == "0" else f" (process group {pg})"
         behind = sorted(r for r, v in enq.items() if v < top)
-        waiting = sorted(r for r in ranks if enq[r] == top and started[r] >= top and done[r] < top)
+        pending = sorted(r for r in ranks if enq[r] == top and done[r] < top)  # enqueued it, not completed
+        inside = [r for r in pending if started[r] >= top]  # known to have started it
+        queued = [r for r in pending if started[r] < top]  # enqueued it; started unknown or not yet
+        tracked = {r: t.starts_tracked for r, t in ranks.items()}
         group = {"pg": pg, "collective": top, "op": name, "last_enqueued": enq, "last_started": started,
-                 "last_completed": done}
+                 "last_completed": done, "starts_tracked": tracked}
         if behind:
             lows = sorted({enq[r] for r in behind})
-            lines.append(f"rank{'s' if len(behind) > 1 else ''} {rank_ranges(behind)} never called {name} "
-                         f"#{top}{where} (last collective #{lows[0]}); rank{'s' if len(waiting) != 1 else ''} "
-                         f"{rank_ranges(waiting) or 'none'} {'are' if len(waiting) != 1 else 'is'} in it")
+            lines.append(f"{_ranks(behind)} never called {name} #{top}{where} (last collective #{lows[0]}); "
+                         f"{_who_waits(inside, queued)}")
             odd.update(behind)
         else:
-            unstarted = sorted(r for r in ranks if started[r] < top)
+            unstarted = [r for r in queued if tracked[r]]  # only where torch tracks starts
             if unstarted and len(unstarted) < len(ranks):
-                lines.append(f"rank{'s' if len(unstarted) > 1 else ''} {rank_ranges(unstarted)} never started "
-                             f"{name} #{top}{where}; rank{'s' if len(ranks) - len(unstarted) != 1 else ''} "
-                             f"{rank_ranges(sorted(set(ranks) - set(unstarted)))} "
-                             f"{'are' if len(ranks) - len(unstarted) != 1 else 'is'} in it")
+                rest = sorted(set(ranks) - set(unstarted))
+                lines.append(f"{_ranks(unstarted)} never started {name} #{top}{where}; "
+                             f"{_ranks(rest)} {'are' if len(rest) != 1 else 'is'} in it")
                 odd.update(unstarted)
-            elif all(done[r] < top for r in ranks) and all(started[r] >= top for r in ranks):
+            elif len(pending) == len(ranks) and not queued:
                 lines.append(f"every rank is inside {name} #{top}{where} (started, never completed): a hang inside "
                              f"the collective itself; the flight recorder cannot name a rank")
+            elif len(pending) == len(ranks) and not unstarted:
+                lines.append(f"every rank enqueued {name} #{top}{where} and none completed it (starts not tracked: "
+                             f"TORCH_NCCL_ENABLE_TIMING unset): a hang in or before the collective on every rank; "
+                             f"the flight recorder cannot name a rank")
         mismatch = {r: t.ops.get(top) for r, t in ranks.items() if top in t.ops}
         if len(set(mismatch.values())) > 1:
             lines.append(f"collective #{top}{where} differs across ranks: "
@@ -162,7 +195,9 @@ def describe(answer: dict, result: dict) -> list[str]:
     for why in answer.get("problems") or []:
         out.append(f"not armed: {why}")
     for g in result.get("groups") or []:
-        out.append(f"process group {g['pg']}: last enqueued {g['last_enqueued']}, started {g['last_started']}, "
-                   f"completed {g['last_completed']}")
+        untracked = not all((g.get("starts_tracked") or {}).values())
+        out.append(f"process group {g['pg']}: last enqueued {g['last_enqueued']}, started "
+                   f"{'at least ' if untracked else ''}{g['last_started']}, completed {g['last_completed']}"
+                   f"{' (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)' if untracked else ''}")
     out.extend(result.get("lines") or ["every rank completed the same collectives: no rank is behind"])
     return out

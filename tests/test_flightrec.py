@@ -1,11 +1,12 @@
 """Torch's flight recorder: the agent's reader on dumps shaped as torch writes them (constructed
-here, see tests/data/flight-recorder/README.md; recorded ones from H200s are read too when
-present), a hostile pickle refused, the comparison that names the rank that never joined
+here, and the two torch 2.11 wrote on H200s in run 5: see tests/data/flight-recorder/README.md),
+a hostile pickle refused, the comparison that names the rank that never joined
 collective N, and the agent triggering every rank's dump through its pipe (tests/fake_fr_rank.py
 plays torch's DumpPipe) and reading them back."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -78,11 +79,58 @@ def test_symmetric_and_mismatched_collectives_are_said_as_such():
     assert result["lines"][-1] == "collective #42 differs across ranks: rank 0 all_reduce, rank 1 all_gather"
 
 
-@pytest.mark.skipif(not (DATA / "recorded-rank0.pickle").exists(), reason="no dump recorded on GPUs yet")
 def test_dumps_recorded_on_h200s_name_the_hung_rank():
+    """Torch 2.11's own dumps from run 5 (2x H200, NCCL 2.28.9): rank 1 left the decode loop after
+    all_reduce #78555, rank 0 enqueued #78556 and waits in it. Without TORCH_NCCL_ENABLE_TIMING
+    torch tracks no starts (pg_status last_started_collective -1, entries scheduled -> completed):
+    rank 0 is said to have enqueued it and to wait, not to be "in it", and never "ranks none"."""
     dumps = {r: dump_of(f"recorded-rank{r}.pickle") for r in (0, 1)}
+    assert {r: (d["version"], d["entries_total"], d["comm_lib_version"]) for r, d in dumps.items()} == {
+        0: ("2.10", 2000, "2.28.9"), 1: ("2.10", 2000, "2.28.9")}
+    assert dumps[0]["pg_status"]["0"] == {"last_enqueued_collective": 78556, "last_started_collective": -1,
+                                          "last_completed_collective": 78555}
+    assert [(e["collective_seq_id"], e["state"]) for e in dumps[0]["entries"][-2:]] == [(78555, "completed"),
+                                                                                        (78556, "scheduled")]
+    assert dumps[1]["entries"][-1]["collective_seq_id"] == 78555
     result = flightrec.compare(dumps)
-    assert result["odd_rank"] == 1 and "rank 1 never called" in result["lines"][0]
+    assert result["odd_rank"] == 1
+    assert result["lines"] == [("rank 1 never called all_reduce #78556 (last collective #78555); "
+                                "rank 0 enqueued it and waits")]
+    [g] = result["groups"]
+    assert (g["collective"], g["op"], g["last_enqueued"], g["last_completed"]) == (
+        78556, "all_reduce", {0: 78556, 1: 78555}, {0: 78555, 1: 78555})
+    assert g["starts_tracked"] == {0: False, 1: False}
+    # what `cockpit flightrec` prints: started is a lower bound here, and said so
+    answer = {"ranks": {str(r): {"entries_total": 2000, "file": f"/tmp/fr/trace_rank_{r}"} for r in (0, 1)}}
+    assert flightrec.describe(answer, result)[2:] == [
+        ("process group 0: last enqueued {0: 78556, 1: 78555}, started at least {0: 78555, 1: 78555}, "
+         "completed {0: 78555, 1: 78555} (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)"),
+        "rank 1 never called all_reduce #78556 (last collective #78555); rank 0 enqueued it and waits"]
+    # the same numbers as `cockpit flightrec --json` gave on the GPUs (tests/data/gpu-run5/flightrec.json),
+    # whose line still had the old wording ("ranks none are in it")
+    recorded = json.loads((DATA.parent / "gpu-run5" / "flightrec.json").read_text())["comparison"]
+    [rg] = recorded["groups"]
+    assert {k: {int(r): v for r, v in rg[k].items()} for k in ("last_enqueued", "last_started", "last_completed")} == {
+        k: g[k] for k in ("last_enqueued", "last_started", "last_completed")}
+    assert recorded["lines"] == ["rank 1 never called all_reduce #78556 (last collective #78555); ranks none are in it"]
+
+
+def test_without_start_tracking_a_symmetric_hang_names_no_rank_and_says_why():
+    d0 = dump_of("recorded-rank0.pickle")
+    result = flightrec.compare({0: d0, 1: d0})  # both ranks enqueued #78556, neither completed it
+    assert result["odd_rank"] is None
+    assert result["lines"] == [("every rank enqueued all_reduce #78556 and none completed it (starts not tracked: "
+                                "TORCH_NCCL_ENABLE_TIMING unset): a hang in or before the collective on every rank; "
+                                "the flight recorder cannot name a rank")]
+    # and a rank whose start is tracked beside one that only enqueued: each said as what it is
+    started = dump_of("constructed-rank0.pickle")  # #42 started (timing on)
+    queued = dump_of("constructed-rank0.pickle")
+    queued["entries"][-1]["state"] = "scheduled"
+    queued["pg_status"]["0"]["last_started_collective"] = 41
+    behind = dump_of("constructed-rank1.pickle")
+    result = flightrec.compare({0: started, 1: behind, 2: queued})
+    assert result["lines"] == [("rank 1 never called all_reduce #42 (last collective #41); rank 0 is in it, "
+                                "rank 2 enqueued it and waits")]
 
 
 @pytest.fixture
