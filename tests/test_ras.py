@@ -1,11 +1,14 @@
 """NCCL RAS: the parsers on answers recorded on real H200s (tests/data/nccl-ras/, each file says
-where it came from), the judgement over time, the verdict it feeds, and the agent's RAS client
-meeting a real socket (tests/fake_ras.py replays the recorded answers): JSON, an NCCL that knows
-no JSON, malformed JSON, and a socket that accepts but never answers while samples keep coming."""
+where it came from; `h200-*` are run 5's: a healthy job, rank 1 behind, rank 1 dead), the
+judgement over time, the verdict it feeds, and the agent's RAS client meeting a real socket
+(tests/fake_ras.py replays the recorded answers): JSON, an NCCL that knows no JSON, malformed JSON
+(NCCL 2.28.9's own with a missing rank among them), and a socket that accepts but never answers
+while samples keep coming."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cockpit import ras
+from cockpit.agent import agent
 from cockpit.diagnose import Verdict, VerdictName, Watchdog
 from cockpit.evidence import default_sources, merge
 from cockpit.link.target import parse_target
@@ -88,6 +92,119 @@ def test_malformed_json_falls_back_to_the_text_parser_and_says_so():
     # The agent asks again in text when its JSON does not parse: that answer carries json_error.
     rep = ras.parse(agent_answer("mismatch.txt", "text", json_error="Expecting value: line 14"))
     assert "malformed JSON" in rep.error and rep.comms[0].ranks[1].counts == {"AllReduce": 42186}
+
+
+# ----------------------------------------------------------------------------- run 5: H200s, NCCL 2.28.9
+
+def test_h200_hang_json_and_text_name_rank_1_behind():
+    """Recorded 45 s after rank 1 stopped calling collectives: rank 1 launched up to AllReduce
+    78,555, rank 0 up to 78,556 (the one it waits in), in both formats."""
+    for name, fmt, comm_hash in (("h200-hang.json.txt", "json", "0x10d16f9765b3101f"),
+                                 ("h200-hang.txt", "text", "10d16f9765b3101f")):
+        rep = ras.parse(agent_answer(name, fmt))
+        assert (rep.format, rep.nccl_version, rep.error) == (fmt, "2.28.9", None), name
+        [comm] = rep.comms
+        assert comm.hash == comm_hash
+        assert {r: (x.counts["AllReduce"], x.pid, x.cuda_dev, x.host) for r, x in comm.ranks.items()} == {
+            0: (78556, 667, 0, "192.0.2.2"), 1: (78555, 668, 1, "192.0.2.2")}, name
+        [skew] = ras.skews(rep)
+        assert (skew.op, skew.behind, skew.ahead) == ("AllReduce", {1: 78555}, {0: 78556}), name
+    assert (comm.status, comm.errors) == ("RUNNING", "MISMATCH")
+
+
+def test_h200_healthy_answers_alone_call_no_skew_and_the_hang_is_named_once_counts_stop():
+    """A healthy job's ranks are a launch or two apart at any instant: NCCL's own text report
+    calls the healthy job MISMATCH (37,327 vs 37,326) and its JSON shows 26,039 vs 26,037. One look
+    is no finding; counts that moved are none; only counts that stopped name the rank. The polls
+    follow run 5's clock: healthy at 16:46:53, the hang at 16:47:55, the snapshot 12 s later."""
+    for name, fmt, counts in (("h200-healthy.json.txt", "json", {0: 26039, 1: 26037}),
+                              ("h200-healthy.txt", "text", {0: 37327, 1: 37326})):
+        rep = ras.parse(agent_answer(name, fmt))
+        assert {r: x.counts["AllReduce"] for r, x in rep.comms[0].ranks.items()} == counts
+        assert [s.behind for s in ras.skews(rep)] == [{1: counts[1]}]  # a skew in one look...
+        view = ras.RasView()
+        view.add(agent_answer(name, fmt, ts=0.0))
+        assert ras.findings(view, 0.0, 30) == [] and ras.findings(view, 0.0, 30, stalled=True) == []  # ...no finding
+    assert ras.parse(agent_answer("h200-healthy.txt", "text")).comms[0].errors == "MISMATCH"
+    view = ras.RasView()
+    view.add(agent_answer("h200-healthy.json.txt", "json", ts=0.0))
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=62.0))
+    assert ras.findings(view, 62.0, 30) == []  # the counts moved (26,039 -> 78,556): no stall, no rank
+    assert all(f.odd_rank is None for f in ras.findings(view, 62.0, 30, stalled=True))
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=74.0))
+    assert ras.findings(view, 74.0, 30) == []  # unchanged for 12 s: not a stall on RAS alone
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=107.0))
+    [f] = ras.findings(view, 107.0, 30)  # 45 s without a count moving: a stall on its own
+    assert f.odd_rank == 1 and f.stalled
+    assert f.evidence[0] == "rank 1 launched up to AllReduce 78,555, rank 0 78,556; no progress for 45 s"
+    # a cockpit opened during the hang (run 5's snapshot --wait 12): two polls 12 s apart and the
+    # watchdog's stall name rank 1
+    view = ras.RasView()
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=62.0))
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=74.0))
+    [f] = ras.findings(view, 74.0, 30, stalled=True)
+    assert f.odd_rank == 1 and not f.stalled
+    assert f.evidence[0] == "rank 1 launched up to AllReduce 78,555, rank 0 78,556; unchanged over 12 s of polling"
+
+
+@pytest.mark.xfail(strict=True, reason="cockpit/ras.py calls counts 'moving' while the last count change is less than "
+                   "stall_s old, even when the last two polls agree: a watchdog stall called then gets 'NCCL "
+                   "collective counts still move' instead of the rank (the fix: moving = the latest poll "
+                   "differs from the one before)")
+def test_counts_that_stopped_after_moving_are_not_said_to_move():
+    """A cockpit watching since before the hang: the counts moved, then stood still for 12 s over
+    two polls when the watchdog called the stall."""
+    view = ras.RasView()
+    view.add(agent_answer("h200-healthy.json.txt", "json", ts=0.0))
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=62.0))
+    view.add(agent_answer("h200-hang.json.txt", "json", ts=74.0))
+    [f] = ras.findings(view, 74.0, 30, stalled=True)
+    assert f.odd_rank == 1, f.evidence
+
+
+# NCCL's JSON parse error as the agent recorded it on the H200s (run 5), with rank 1 dead
+H200_DEAD_JSON_ERROR = "Expecting ',' delimiter: line 44 column 11 (char 1089)"
+
+
+def test_h200_dead_rank_text_fallback_names_rank_1_missing():
+    """Rank 1 died of a device-side assert and is a zombie: NCCL 2.28.9's JSON answer did not
+    parse, the agent asked again in text (recorded verbatim), which says INCOMPLETE and names rank
+    1, pid 1024, GPU 1."""
+    rep = ras.parse(agent_answer("h200-dead.txt", "text", json_error=H200_DEAD_JSON_ERROR))
+    assert rep.format == "text" and rep.nccl_version == "2.28.9"
+    assert rep.error == ("RAS sent malformed JSON (Expecting ',' delimiter: line 44 column 11 (char 1089)): "
+                         "the text report was read instead")
+    assert rep.missing_processes == 1 and rep.dead_processes == 0
+    [comm] = rep.comms
+    assert (comm.hash, comm.status, comm.errors, comm.ranks) == ("591729a4ecb2e3fe", "RUNNING", "INCOMPLETE", {})
+    assert [(m.rank, m.pid, m.cuda_dev, m.host) for m in comm.missing] == [(1, 1024, 1, "192.0.2.2")]
+    view = ras.RasView()
+    view.add(agent_answer("h200-dead.txt", "text", json_error=H200_DEAD_JSON_ERROR))
+    [f] = ras.findings(view, 1000.0, 30)  # one look is enough: a missing rank is not a transient skew
+    assert f.odd_rank == 1 and not f.dead
+    assert f.evidence == ["rank 1 (pid 1024, GPU 1) is missing in communicator 591729a4ecb2e3fe"]
+
+
+def test_nccl_2_28_9_json_with_a_missing_rank_is_malformed_and_read_as_text():
+    """NCCL 2.28.7-2.28.9 write no comma after a missing rank's "nvml_dev" (fixed in 2.29): the
+    answer is reconstructed from that writer and the recorded text answer (the recording kept only
+    the text), and fails where the recorded one failed, at line 44 column 11."""
+    text = answer("h200-dead-malformed.json.txt")
+    with pytest.raises(ValueError, match="Expecting ',' delimiter: line 44 column 11"):
+        json.loads(text)
+    rep = ras.parse(agent_answer("h200-dead-malformed.json.txt", "json"))
+    assert rep.error.startswith("malformed JSON from RAS (Expecting ',' delimiter: line 44 column 11")
+    assert rep.comms == []
+
+
+def test_the_agent_meets_nccl_2_28_9s_malformed_json_and_falls_back_to_the_text(fake_ras):
+    server = fake_ras("json", json_file="h200-dead-malformed.json.txt", text_file="h200-dead.txt")
+    got = agent.ras_query("127.0.0.1", server.port, "json", timeout=10)
+    assert got["format"] == "text" and got["json_error"].startswith("Expecting ',' delimiter: line 44 column 11")
+    assert got["text"] == answer("h200-dead.txt")
+    rep = ras.parse(got)
+    assert "malformed JSON" in rep.error
+    assert [(m.rank, m.pid, m.cuda_dev) for c in rep.comms for m in c.missing] == [(1, 1024, 1)]
 
 
 def test_grouped_text_lines_of_a_larger_job():
