@@ -123,3 +123,15 @@ async def test_the_fleet_row_and_the_cockpit_opened_from_it_show_one_verdict(sim
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def test_a_json_snapshot_never_imports_textual(sim_state):
+    """The headless path scripts call every few seconds stays light: no UI library is loaded."""
+    code = ("import sys, io, contextlib\n"
+            "from cockpit import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = cli.main(['snapshot', 'local', '--sim', {str(sim_state)!r}, '--json'])\n"
+            "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh')))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0 []"
