@@ -337,7 +337,8 @@ def findings(view: RasView, now_ts: float | None, stall_s: float, stalled: bool 
         return []
     out: list[Finding] = []
     still = view.still_for(now_ts)
-    moving = view.moved_at is not None and still < stall_s  # a count changed within the threshold
+    # moving: the latest poll saw a count change (counts that moved, then stood still over two polls, do not move)
+    moving = view.moved_at is not None and view.moved_at == view.reports[-1][0]
     watched = len(view.reports) >= 2
     for c in rep.comms:
         for m in c.missing:

@@ -199,3 +199,22 @@ def test_kill_run_survives_a_rank_that_exits_between_two_reads(monkeypatch):
     assert report["term"] == [child.pid]
     assert report["remaining"] == []
     assert child.returncode == -15
+
+
+def test_the_runs_own_package_folders_are_found_behind_a_virtualenvs_symlink():
+    """/proc/PID/exe names the base interpreter of a virtualenv; the run's packages (torch on a GPU
+    host, psutil here) live in the venv's site-packages, which the files it mapped name."""
+    import subprocess
+    import sys
+    import sysconfig
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", "import psutil, time; print('up', flush=True); time.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        time.sleep(0.1)
+        assert sysconfig.get_paths()["purelib"] in agent._site_dirs(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -147,10 +147,6 @@ def test_h200_healthy_answers_alone_call_no_skew_and_the_hang_is_named_once_coun
     assert f.evidence[0] == "rank 1 launched up to AllReduce 78,555, rank 0 78,556; unchanged over 12 s of polling"
 
 
-@pytest.mark.xfail(strict=True, reason="cockpit/ras.py calls counts 'moving' while the last count change is less than "
-                   "stall_s old, even when the last two polls agree: a watchdog stall called then gets 'NCCL "
-                   "collective counts still move' instead of the rank (the fix: moving = the latest poll "
-                   "differs from the one before)")
 def test_counts_that_stopped_after_moving_are_not_said_to_move():
     """A cockpit watching since before the hang: the counts moved, then stood still for 12 s over
     two polls when the watchdog called the stall."""

@@ -1303,6 +1303,7 @@ def _run_argv(argv, timeout):
 
 VERSIONS_SCRIPT = (
     "import json,sys\n"
+    "sys.path[:0]=sys.argv[1:]\n"
     "from importlib import metadata\n"
     "out={'python':sys.version.split()[0]}\n"
     "for n in ('torch','sglang','vllm','nvidia-nccl-cu12','nvidia-nccl-cu13','flashinfer-python','triton',"
@@ -1311,6 +1312,26 @@ VERSIONS_SCRIPT = (
     "    except Exception: out[n]=None\n"
     "print(json.dumps(out))\n"
 )
+
+
+def _site_dirs(pid):
+    """The package folders a process really imports from, read from the files it has mapped:
+    /proc/PID/exe names the base interpreter behind a virtualenv's symlink, whose own
+    site-packages lack the run's torch."""
+    found = []
+    try:
+        with open("/proc/%d/maps" % pid) as fh:
+            for line in fh:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                for marker in ("/site-packages/", "/dist-packages/"):
+                    cut = path.find(marker)
+                    if cut > 0:
+                        site = path[:cut + len(marker) - 1]
+                        if site not in found:
+                            found.append(site)
+    except OSError:
+        pass
+    return found[:8]
 
 
 def host_facts(items, pids=(), driver=None, nvml=None):
@@ -1345,15 +1366,16 @@ def host_facts(items, pids=(), driver=None, nvml=None):
                 v["cuda_driver"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
             except Exception:
                 pass
-        exe = None
+        exe, sites = None, []
         for pid in pids:
             try:
                 exe = os.readlink("/proc/%d/exe" % int(pid))
-                break
             except (OSError, ValueError):
                 continue
+            sites = _site_dirs(int(pid))
+            break
         if exe:
-            rc, text, err = _run_argv([exe, "-I", "-c", VERSIONS_SCRIPT], 60)
+            rc, text, err = _run_argv([exe, "-I", "-c", VERSIONS_SCRIPT] + sites, 60)
             try:
                 v["run"] = dict(json.loads(text.strip().splitlines()[-1]), interpreter=exe) if rc == 0 else None
             except (ValueError, IndexError):
