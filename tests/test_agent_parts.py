@@ -218,3 +218,43 @@ def test_the_runs_own_package_folders_are_found_behind_a_virtualenvs_symlink():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_new_child_of_a_watched_process_is_adopted_on_the_next_tick(sim_state):
+    """Between full scans only pids born since the last look are examined (/proc/loadavg names the
+    newest): a child started by a watched process is watched at the next tick, and a tick where
+    nothing was born reads no process's children. An idle process's row is reused whole."""
+    psutil = pytest.importorskip("psutil")
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess,sys,time\nsys.stdin.readline()\n"
+                               "subprocess.Popen(['sleep','60'])\nprint('started',flush=True)\ntime.sleep(60)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs = agent.Procs(psutil)
+    try:
+        procs.configure(patterns=[], pids=[parent.pid])
+        procs.sample(time.monotonic())
+        assert set(procs.watched) == {parent.pid}
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "started"
+        time.sleep(0.1)
+        rows = procs.sample(time.monotonic())  # not a full scan: the last one was just now
+        kids = [r for r in rows if r["ppid"] == parent.pid]
+        assert len(kids) == 1 and kids[0]["cmdline"] == ["sleep", "60"]
+        first = {r["pid"]: r for r in procs.sample(time.monotonic())}
+        again = {r["pid"]: r for r in procs.sample(time.monotonic())}
+        kid = kids[0]["pid"]
+        assert again[kid] is first[kid] and again[kid]["cpu_pct"] == 0.0  # sleep's stat never moved
+        assert agent.Agent._delta({kid: first[kid]}, [again[kid]], "pid") == [{"pid": kid}]
+    finally:
+        for p in psutil.Process(parent.pid).children():
+            p.kill()
+        parent.kill()
+        parent.wait()
+    rows = procs.sample(time.monotonic())
+    assert parent.pid not in {r["pid"] for r in rows} and parent.pid not in procs._fds  # its stat closed
+    procs.close()
+    assert not procs._fds

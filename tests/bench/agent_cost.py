@@ -5,7 +5,7 @@
 2. The agent as it really runs (a subprocess sending frames at a 1 s refresh) in % of one core
    over a wall-clock window, with bytes on the wire per second.
 
-    python tests/bench/agent_cost.py [--sim] [--tree 50] [--seconds 60] [--json OUT]
+    python tests/bench/agent_cost.py [--sim] [--tree 50] [--seconds 60] [--compare REV] [--profile OUT] [--json OUT]
 
 With --sim it runs the simulated 8-GPU host; without, whatever GPUs the machine has.
 """
@@ -37,8 +37,14 @@ def spawn_tree(n: int) -> list[subprocess.Popen]:
               "setproctitle.setproctitle(\"sglang::worker\");time.sleep(3600)']) for _ in range(int(sys.argv[1]))]\n"
               "time.sleep(3600)\n")
     try:
+        import psutil
         import setproctitle  # noqa: F401
-        return [subprocess.Popen([sys.executable, "-c", script, str(n - 1)], start_new_session=True)]
+        kids = [subprocess.Popen([sys.executable, "-c", script, str(n - 1)], start_new_session=True)]
+        deadline = time.monotonic() + 30  # the whole tree up before anything is measured
+        while time.monotonic() < deadline and len(psutil.Process(kids[0].pid).children()) < n - 1:
+            time.sleep(0.2)
+        time.sleep(1.0)  # and titled
+        return kids
     except ImportError:
         return [subprocess.Popen(["sleep", "3600"], start_new_session=True) for _ in range(n)]
 
@@ -125,7 +131,7 @@ def sample_cost(tree: int, reps: int) -> dict:
     }
 
 
-async def live_cost(seconds: float, sim_state: str | None, tree: int) -> dict:
+async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: str | None = None) -> dict:
     import psutil
 
     from cockpit.link.target import parse_target
@@ -133,6 +139,8 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int) -> dict:
 
     kids = spawn_tree(tree)
     nbytes = 0
+    if profile:
+        os.environ["COCKPIT_AGENT_PROFILE"] = profile  # the agent dumps cProfile's stats when its stdin ends
     session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, sim_state=sim_state))
     await session.connect()
     proc = psutil.Process(session.state.agent.pid)
@@ -150,11 +158,15 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int) -> dict:
     c1 = proc.cpu_times()
     wall = time.monotonic() - t0
     nbytes = counted["n"] - n0
+    watched = len(session.state.procs) if hasattr(session.state, "procs") else None
+    if profile:
+        session.stream.proc.stdin.close()
+        await asyncio.wait_for(session.stream.proc.wait(), 10)
     await session.close()
     kill_tree(kids)
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
     return {"seconds": round(wall, 1), "agent_cpu_pct_of_core": round(100 * cpu / wall, 3),
-            "wire_bytes_per_s": round(nbytes / wall)}
+            "wire_bytes_per_s": round(nbytes / wall), "watched_processes": watched}
 
 
 def main() -> None:
@@ -164,6 +176,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--json")
+    ap.add_argument("--compare", metavar="REV", help="also run REV's agent live, in the same run (before/after)")
+    ap.add_argument("--profile", metavar="OUT", help="the live agent under cProfile: its stats to OUT (pstats)")
     args = ap.parse_args()
     sim_state = None
     if args.sim:
@@ -175,7 +189,18 @@ def main() -> None:
         sys.modules["pynvml"] = fakenvml
     out = {"host": os.uname().nodename, "python": sys.version.split()[0], "tree": args.tree}
     out["sample"] = sample_cost(args.tree, args.reps)
-    out["live"] = asyncio.run(live_cost(args.seconds, sim_state, args.tree))
+    if args.compare:
+        import cockpit.agent as shipped
+
+        old = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.compare}:cockpit/agent/agent.py"],
+                             capture_output=True, check=True).stdout
+        now = shipped.agent_source
+        shipped.agent_source = lambda: old  # what agent_argv sends
+        try:
+            out["live_" + args.compare] = asyncio.run(live_cost(args.seconds, sim_state, args.tree))
+        finally:
+            shipped.agent_source = now
+    out["live"] = asyncio.run(live_cost(args.seconds, sim_state, args.tree, args.profile))
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
