@@ -6,7 +6,7 @@ Both go through the same real OpenSSH sshd on loopback (started here with genera
   B: a fresh `python -m cockpit`-equivalent process: import, connect with asyncssh, send the
      agent, and receive its first sample frame.
 
-    python tests/bench/first_frame.py [--runs 10]
+    python tests/bench/first_frame.py [--runs 10] [--no-bytecode] [--json OUT]
 """
 
 from __future__ import annotations
@@ -31,16 +31,36 @@ from conftest import Sshd  # noqa: E402
 from cockpit.sim import fakenvml  # noqa: E402
 
 FIRST_FRAME = r"""
-import asyncio, os, sys, time
+import asyncio, json, os, sys, time
 t0 = float(os.environ["T0"])
+m = {"interpreter": time.time() - t0}
 from cockpit.link.target import parse_target
 from cockpit.session import HostSession, SessionOptions
+from cockpit.link import ssh  # what the first connect imports (asyncssh, cryptography)
+from cockpit import model
+m["imports"] = time.time() - t0
+c0, s0 = ssh.SshLink.connect, ssh.SshLink.start_agent
+async def connect(self):
+    await c0(self)
+    m["ssh connected (key exchange, auth)"] = time.time() - t0
+async def start_agent(self, argv, env=None):
+    r = await s0(self, argv, env)
+    m["agent channel open"] = time.time() - t0
+    return r
+ssh.SshLink.connect, ssh.SshLink.start_agent = connect, start_agent
+a0 = model.HostState.apply
+def apply(self, frame):
+    m.setdefault(frame.get("t"), time.time() - t0)
+    if frame.get("t") == "hello":
+        m["hello built"] = frame["time"] - t0  # the agent's own clock: the same machine here
+    return a0(self, frame)
+model.HostState.apply = apply
 async def main():
     s = HostSession(parse_target("cockpit-test"), SessionOptions(python=sys.executable,
         ssh_config=os.environ["CFG"], known_hosts=os.environ["KH"], sim_state=os.environ.get("SIM") or None))
     await s.connect()
     await s.first_sample.wait()
-    print(time.time() - t0)
+    print(json.dumps(m))
     os._exit(0)
 asyncio.run(main())
 """
@@ -53,9 +73,27 @@ SIM_QUERY = ("import os,sys;os.environ['COCKPIT_SIM_STATE']=sys.argv[1];import i
              "for i in range(m.nvmlDeviceGetCount())]")
 
 
+def phases(marks: list[dict]) -> dict:
+    """Each step's own time (median over runs), from the marks the cockpit process took."""
+    order = [("interpreter", "interpreter start"), ("imports", "imports (asyncssh and cryptography among them)"),
+             ("ssh connected (key exchange, auth)", "TCP, key exchange, authentication"),
+             ("agent channel open", "the agent's channel opened (the remote command started)"),
+             ("hello built", "the remote python started, the agent's source sent, compiled and run, its hello built"),
+             ("hello", "the hello back to the cockpit"),
+             ("sample", "config, then the first sample (a full process scan)")]
+    out, prev = {}, None
+    for key, name in order:
+        out[name] = round(statistics.median([(m[key] - (m[prev] if prev else 0)) * 1000 for m in marks]), 1)
+        prev = key
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--no-bytecode", action="store_true",
+                    help="the cockpit compiles its modules from source on each start (PYTHONDONTWRITEBYTECODE=1); "
+                         "default: bytecode cached, as an installed package has it")
     ap.add_argument("--json")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="cockpit-ff-"))
@@ -68,15 +106,20 @@ def main() -> None:
         fakenvml.write_host(sim, gpus=8)
     env = dict(os.environ, CFG=str(sshd.client_config), KH=str(sshd.known_hosts), SIM=sim or "",
                PYTHONPATH=str(ROOT))
+    if args.no_bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(root / "pyc")
     ssh = ["ssh", "-F", str(sshd.client_config), "cockpit-test"]
     if real:
         remote = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,power.draw,utilization.gpu",
                   "--format=csv"]
     else:
         remote = [sys.executable, "-c", f'"{SIM_QUERY}"', sim, str(ROOT / "cockpit/sim/fakenvml.py")]
-    a, b = [], []
+    a, b, marks = [], [], []
     try:
-        for _ in range(args.runs):
+        for i in range(args.runs + 1):  # the first of each is not counted: caches filled, files read once
             t = time.perf_counter()
             out = subprocess.run(ssh + remote, capture_output=True, text=True)
             a.append(time.perf_counter() - t)
@@ -84,7 +127,11 @@ def main() -> None:
             env["T0"] = repr(time.time())
             out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=env)
             assert out.returncode == 0, out.stderr
-            b.append(float(out.stdout.strip()))
+            if i == 0:
+                a.pop()
+                continue
+            marks.append(json.loads(out.stdout.strip()))
+            b.append(marks[-1]["sample"])
     finally:
         sshd.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -94,6 +141,7 @@ def main() -> None:
         "ssh_query_ms_median": round(statistics.median(a) * 1000, 1),
         "cockpit_first_frame_ms_median": round(statistics.median(b) * 1000, 1),
         "ratio": round(statistics.median(b) / statistics.median(a), 2),
+        "cockpit_phases_ms_median": phases(marks),
         "ssh_query_ms": [round(x * 1000) for x in a],
         "cockpit_first_frame_ms": [round(x * 1000) for x in b],
     }
