@@ -8,16 +8,16 @@ import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from rich.markup import escape
 from rich.text import Text
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_clean, describe_kill, describe_shm, kill, plan_kill,
                              shm_audit, shm_clean)
-from cockpit.hosttext import visible
+from cockpit.hosttext import as_text, visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
                           launch_python, plan_relaunch, read_ledger, run_variant, sim_flags)
 from cockpit.stacks import dump_ranks, dump_targets
+from cockpit.ui.fmt import say
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
 
 if TYPE_CHECKING:
@@ -48,13 +48,14 @@ class ActionRunner:
         return self.screen.profile
 
     def notify(self, message: str, **kw) -> None:
+        """A notification; what it says may come from the host: shown as text, never markup."""
         kw.setdefault("timeout", TOAST_S)
-        self.screen.notify(escape(message), **kw)
+        say(self.screen, message, **kw)
 
     def done(self, what: str, result: str, good: bool = True) -> None:
         """An action's result, kept in the header until the next one."""
         stamp = time.strftime("%H:%M:%S")
-        self.outcome = Text(f"{stamp} {what}: ", style="bold") + Text(result, style="green" if good else "bold red")
+        self.outcome = as_text(f"{stamp} {what}: ", "bold") + as_text(result, "green" if good else "bold red")
         self.screen.dirty = True
 
     async def ask(self, screen):

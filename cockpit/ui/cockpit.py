@@ -22,11 +22,12 @@ from cockpit.actions import process_scope, run_scope
 from cockpit.config import Layout
 from cockpit.diagnose import Phase, Verdict, VerdictName, phase_of
 from cockpit.errors import CockpitError
-from cockpit.hosttext import as_text, escape_markup
+from cockpit.hosttext import as_text
 from cockpit.model import HostState
 from cockpit.metrics import describe as describe_metrics
 from cockpit.monitor import HostMonitor, MonitorEvent
 from cockpit.ui.actions import ActionRunner
+from cockpit.ui.fmt import say
 from cockpit.ui.gpus import GpuList, GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
@@ -214,7 +215,7 @@ class CockpitScreen(Screen):
         verdict = self.verdict
         if not verdict.alerting:
             return
-        self.notify(escape_markup(f"{verdict}: the header says why"), severity="error", timeout=TOAST_S)
+        say(self, f"{verdict}: the header says why", severity="error", timeout=TOAST_S)
         if self.profile and self.profile.auto_dump and verdict.name.startswith("stalled") and not self.read_only:
             self.action_dump()
 
@@ -229,7 +230,7 @@ class CockpitScreen(Screen):
         self.dirty = True
         self.refresh_bindings()
         if back:
-            self.notify(f"link to {escape_markup(self.state.target)} is back (reconnect {seen[2]})", timeout=TOAST_S)
+            say(self, f"link to {self.state.target} is back (reconnect {seen[2]})", timeout=TOAST_S)
 
     def _tick(self) -> None:
         if not self.view.is_attached:
@@ -238,7 +239,7 @@ class CockpitScreen(Screen):
             self._watch_link()
         self.set_class(self.state.link_state.startswith(("lost", "down", "failed")), "stale")
         while self.state.notes:
-            self.notify(escape_markup(self.state.notes.popleft()), timeout=TOAST_S)
+            say(self, self.state.notes.popleft(), timeout=TOAST_S)
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
@@ -277,7 +278,7 @@ class CockpitScreen(Screen):
         if self.panes:
             grid.mount(*self.panes)
         else:
-            grid.mount(Static(Text(self._empty_gpus()), classes="nogpu"))
+            grid.mount(Static(as_text(self._empty_gpus()), classes="nogpu"))
         self._size_gpus()
 
     def _size_gpus(self) -> None:
@@ -323,14 +324,14 @@ class CockpitScreen(Screen):
         a = s.agent
         sep = Text("  │  " if self.size.width >= FULL[0] else " │ ", style="grey50")
         verdict = Text("unknown: no connection", style="bold red") if self.error else \
-            Text(str(self.verdict), style=VERDICT_STYLE.get(self.verdict.name, "default"))
+            as_text(str(self.verdict), VERDICT_STYLE.get(self.verdict.name, "default"))
         head = [Text("verdict ") + verdict,
                 Text("phase ") + as_text(str(self.phase), "bold cyan"),
                 as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
         link = s.link_state
         style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
         rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
-        head.append(Text("link ") + Text(link, style=style) + Text(rtt))
+        head.append(Text("link ") + as_text(link, style) + Text(rtt))
         age = s.age_s()
         if age is not None:
             stale = age > 2.5 * max(1.0, a.interval)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import gc
 
-from rich.markup import escape
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -22,6 +22,7 @@ from textual.widgets import Footer, Static
 
 from cockpit.diagnose import ALERTING
 from cockpit.fleet import FleetMonitor, Row
+from cockpit.hosttext import visible
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.screens import HelpScreen, SearchScreen
 from cockpit.ui.fmt import SPARKS, level_style
@@ -162,18 +163,20 @@ class FleetTable(ScrollView, can_focus=True):
 
     @staticmethod
     def _cells(r: Row) -> list[list[Segment]]:
+        """A row's cells; every text in it came from the fleet file or the host (a name, a link
+        error, a warning, evidence): written as segments (never markup), control characters visible."""
         link_style = GREEN if r.reachable else BOLD_RED if r.link.startswith(("lost", "down")) else YELLOW
         bad = r.verdict.startswith(PROBLEMS)
         alerts = "; ".join(r.alerts) or ((r.error or "") if not r.reachable else "")
         return [
-            [Segment(r.name)],
-            [Segment(r.link, link_style)],
+            [Segment(visible(r.name))],
+            [Segment(visible(r.link), link_style)],
             [Segment(f"{r.rtt_ms:.0f}" if r.rtt_ms is not None and r.reachable else "")],
             mini_bars([None if u is None else u / 100 for u, _, _ in r.gpus]),
             mini_bars([None if m is None or not t else m / t for _, m, t in r.gpus]),
-            [Segment(r.phase)],
-            [Segment(r.verdict, BOLD_RED if bad else None)],
-            [Segment(alerts, RED if r.alerts else DIM)],
+            [Segment(visible(r.phase))],
+            [Segment(visible(r.verdict), BOLD_RED if bad else None)],
+            [Segment(visible(alerts), RED if r.alerts else DIM)],
         ]
 
     def on_focus(self) -> None:
@@ -222,17 +225,18 @@ class FleetScreen(Screen):
         gpus = sum(len(r.gpus) for r in rows)
         if self.filter:
             needle = self.filter.lower()
-            rows = [r for r in rows if needle in " ".join([r.name, r.link, r.phase, r.verdict, *r.alerts]).lower()]
+            rows = [r for r in rows
+                    if needle in visible(" ".join([r.name, r.link, r.phase, r.verdict, *r.alerts])).lower()]
         rows.sort(key=SORTS[self.sort])
         self.shown = rows
         self.table.show(rows)
         n = len(self.watch.members)
-        parts = [f"[b]fleet[/b] {n} host{'s' if n != 1 else ''}", f"[green]{up} up[/]",
-                 f"[{'bold red' if up < len(self.watch.members) else 'default'}]{len(self.watch.members) - up} not up[/]",
-                 f"{gpus} GPUs", f"[{'bold red' if bad else 'default'}]{bad} in trouble[/]", f"sort: {self.sort}"]
+        parts = [Text.assemble(("fleet", "bold"), f" {n} host{'s' if n != 1 else ''}"), Text(f"{up} up", "green"),
+                 Text(f"{n - up} not up", "bold red" if up < n else ""),
+                 Text(f"{gpus} GPUs"), Text(f"{bad} in trouble", "bold red" if bad else ""), Text(f"sort: {self.sort}")]
         if self.filter:
-            parts.append(f"filter: {escape(self.filter)} ({len(rows)} shown)")
-        self.status.update("  │  ".join(parts))
+            parts.append(Text(f"filter: {visible(self.filter)} ({len(rows)} shown)"))  # typed, maybe pasted: text
+        self.status.update(Text("  │  ").join(parts))
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(FLEET_HELP))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from cockpit.hosttext import visible
+
 NA = "n/a"
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -53,3 +55,8 @@ def level_style(frac: float | None) -> str:
         return "yellow"
     return "green"
 
+
+def say(widget, message: str, **kw) -> None:
+    """A notification that may carry host text (a verdict's evidence, a note, an error): shown as
+    it is, control characters visible, never parsed as markup."""
+    widget.notify(visible(message), markup=False, **kw)

@@ -5,7 +5,7 @@ screen is short."""
 
 from __future__ import annotations
 
-from cockpit.hosttext import escape_markup
+from cockpit.hosttext import as_text, visible
 from rich.text import Text
 from textual.widgets import Static
 
@@ -26,8 +26,9 @@ class GpuPane(Static):
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
             label = getattr(gpu, "label", None) or f"GPU{self.index}"  # node:index across nodes
-            self.border_title = escape_markup(f"{label} {name}")
-            self.border_subtitle = escape_markup(" ".join(gpu.throttle_reasons[:1])) or None
+            self.border_title = as_text(f"{label} {name}")  # the board's name and a node's name: host text
+            throttle = " ".join(gpu.throttle_reasons[:1])
+            self.border_subtitle = as_text(throttle) if throttle else None
         self.refresh()
 
     def render(self) -> Text:
@@ -76,7 +77,7 @@ class GpuPane(Static):
         for pid, mib in gpu.processes:
             proc = state.procs.get(pid) if state else None
             who = f"TP{proc.rank}" if proc and proc.rank is not None else (proc.role if proc and proc.role else "pid")
-            rows.append(Text(f"{who:<4} {pid:<7} {gib(mib)}", style="bold" if proc else "grey62"))
+            rows.append(Text(f"{visible(who):<4} {pid:<7} {gib(mib)}", style="bold" if proc else "grey62"))
         if not rows:
             return [Text("no processes", style="grey42")]
         if len(rows) > room:

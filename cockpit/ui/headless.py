@@ -1,10 +1,15 @@
-"""Headless rendering: the same CockpitApp, run without a terminal, saved as SVG or text."""
+"""Headless rendering: the same CockpitApp, run without a terminal, saved as SVG or text.
+
+Every widget shows host text through cockpit.hosttext already; what is saved goes through
+`visible()` once more (newlines kept), so neither `--text` on a terminal nor an SVG in a browser
+ever carries a control character, whatever a widget let through."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+from cockpit.hosttext import visible
 from cockpit.ui.app import CockpitApp, save_text
 
 
@@ -31,6 +36,8 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float, svg: str |
                 break
             previous = current
         if svg:
-            Path(svg).write_text(app.export_screenshot(title="gpu-cockpit"))
-        out = save_text(app, text if text and text != "-" else None)
+            Path(svg).write_text(visible(app.export_screenshot(title="gpu-cockpit"), newlines=True, tabs=None))
+        out = visible(save_text(app, None), newlines=True, tabs=None)
+        if text and text != "-":
+            Path(text).write_text(out)
     return out

@@ -13,7 +13,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from cockpit.hosttext import visible
+from cockpit.hosttext import as_text, visible
 from cockpit.logrules import LogLine
 from cockpit.model import LOG_LINES
 
@@ -52,7 +52,7 @@ class LogView(ScrollView, can_focus=True):
     def passes(self, line: LogLine) -> bool:
         if self.rank is not None and line.rank != self.rank:
             return False
-        return not self.search or self.search.lower() in line.text.lower()
+        return not self.search or self.search.lower() in visible(line.text).lower()  # what the screen shows
 
     def add_lines(self, lines: list[LogLine]) -> None:
         added = False
@@ -124,5 +124,5 @@ class LogView(ScrollView, can_focus=True):
         if self.search:
             parts.append(f"/{self.search}")
         parts.append("follow" if self.auto_scroll else "paused")
-        self.border_subtitle = "  ".join(parts)
+        self.border_subtitle = as_text("  ".join(parts))  # the log's path and the search: text, never markup
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from cockpit.hosttext import as_text
 from cockpit.model import HostState
 from cockpit.ras import port_label
 from cockpit.ui.table import LiveTable
@@ -35,7 +36,7 @@ class PortsTable(LiveTable):
             for n, (path, res) in enumerate(probes):
                 status = res.get("status")
                 style = "green" if status and status < 400 else "red" if status else "grey50"
-                http = Text(str(status) if status else "—", style=style)
+                http = as_text(str(status) if status else "—", style)
                 ms = f"{res['ms']:.0f}" if status and res.get("ms") is not None else ""
                 head = [str(p.port), stat, str(p.pid or "")] if n == 0 else ["", "", ""]
                 rows.append((f"{p.port}{path}", head + [path, http, ms]))

@@ -5,10 +5,10 @@ by a column instead of the tree; the tree comes back after the last column."""
 
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.text import Text
 from textual.binding import Binding
 
+from cockpit.hosttext import as_text, visible
 from cockpit.model import HostState, Proc
 from cockpit.ui.fmt import NA, gib, mib
 from cockpit.ui.table import LiveTable
@@ -50,7 +50,7 @@ class RankTable(LiveTable):
         self.state = state
         self.sync(self._rows(state))
         live = f"{sum(1 for p in state.procs.values() if p.alive)} live"
-        self.border_subtitle = escape(f"{ports}  {live}" if ports else live)
+        self.border_subtitle = as_text(f"{ports}  {live}" if ports else live)
 
     def set_narrow(self, narrow: bool) -> None:
         self.set_columns(NARROW if narrow else COLUMNS)
@@ -102,7 +102,7 @@ class RankTable(LiveTable):
     @staticmethod
     def _cells(depth: int, p: Proc, collapsed: bool) -> list:
         mark = "▸ " if collapsed else ""
-        title = ("  " * depth) + ("└ " if depth else "") + mark + p.title
+        title = ("  " * depth) + ("└ " if depth else "") + mark + visible(p.title)  # host text: shown, never acted on
         if not p.alive:
             exit_text = f" exit {p.exit_code}" if p.exit_code is not None else " gone"
             name = Text(title[:22], style="strike grey62") + Text(exit_text, style="bold red")
@@ -113,7 +113,7 @@ class RankTable(LiveTable):
             f"{p.node}:{p.node_pid}" if hasattr(p, "node") else str(p.pid),  # a run spanning nodes: node:pid
             p.role or "",
             "" if p.rank is None else str(p.rank),
-            Text(p.status, style=STATUS_STYLE.get(p.status, "default")),
+            as_text(p.status, STATUS_STYLE.get(p.status, "default")),
             f"{p.cpu_pct:5.1f}" if p.alive else "",
             mib(p.rss_mib) if p.alive else "",
             str(p.threads) if p.alive else "",

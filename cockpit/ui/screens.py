@@ -1,5 +1,9 @@
 """Modal screens: a confirmation that names exactly what an action will touch, a scrollable report of
-what happened, the relaunch dialog, help and search. Each dialog puts its keys in its own footer."""
+what happened, the relaunch dialog, help and search. Each dialog puts its keys in its own footer.
+
+A dialog's title and body carry host text (process titles, shm names, py-spy frames, error
+messages): each is a rich Text of `visible()` lines, so nothing is parsed as markup and no control
+character reaches the terminal; an item of a body is one line (a newline in it shows as ^J)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, Static
 
+from cockpit.hosttext import as_text, visible
+
+
+def body(lines: list[str]) -> Text:
+    """A dialog's lines as one Text: each line `visible()` (its own newlines, carriage returns and
+    escape sequences shown, never acted on), no markup parsed."""
+    return Text("\n".join(visible(line) for line in lines))
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """y confirms, n or escape cancels. The body lists every pid / entry the action touches."""
@@ -25,10 +37,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(Text(self.title_text, style="bold"))
+            yield Static(as_text(self.title_text, "bold"))
             with VerticalScroll(classes="dialog-body"):
-                yield Static(Text("\n".join(self.lines)))
-            yield Static(Text(f"{self.question}  y yes · n no", style="bold yellow"))
+                yield Static(body(self.lines))
+            yield Static(as_text(f"{self.question}  y yes · n no", "bold yellow"))
         yield Footer()
 
     def action_answer(self, yes: bool) -> None:
@@ -49,9 +61,9 @@ class ReportScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(Text(self.title_text, style="bold"))
+            yield Static(as_text(self.title_text, "bold"))
             with VerticalScroll(classes="dialog-body"):
-                yield Static(Text("\n".join(self.lines)))
+                yield Static(body(self.lines))
         yield Footer()
 
     def check_action(self, action: str, parameters) -> bool | None:
@@ -127,14 +139,14 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         from cockpit.config import param_flag
 
         with Vertical(classes="dialog"):
-            yield Static(Text(f"{self.title_text}: {self.profile.name}", style="bold"))
+            yield Static(as_text(f"{self.title_text}: {self.profile.name}", "bold"))
             yield Label("flag sets (space switches the highlighted one on or off, tab goes to the fields):",
                         classes="field-label")
             yield SelectionList(*[(self._prompt(name, name in self.current.enabled), name, name in self.current.enabled)
                                   for name in self.profile.flag_sets], id="sets", compact=True)
             for name, value in self.profile.params.items():
                 with Horizontal(classes="field"):
-                    yield Label(f"{name} ({param_flag(name)}):", classes="field-label")
+                    yield Label(as_text(f"{name} ({param_flag(name)}):"), classes="field-label")
                     yield Input(value=str(self.current.params.get(name, value)), id=f"param-{name}", compact=True)
             yield Static(id="cmd")
             yield Static(Text("ctrl+r: the current run is killed and verified gone, /dev/shm cleaned, then this runs",
@@ -142,9 +154,9 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         yield Footer()
 
     def _prompt(self, name: str, on: bool) -> Text:
-        flags = " ".join(self.profile.flag_sets[name])
-        return Text.assemble(("[on]  " if on else "[off] ", "bold" if on else "grey62"), (name, "bold" if on else ""),
-                             (f"  {flags}", "grey50"))
+        flags = visible(" ".join(self.profile.flag_sets[name]))
+        return Text.assemble(("[on]  " if on else "[off] ", "bold" if on else "grey62"),
+                             (visible(name), "bold" if on else ""), (f"  {flags}", "grey50"))
 
     def on_mount(self) -> None:
         self.query_one("#sets").focus()
@@ -171,12 +183,12 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         old = mask_argv(build_argv(self.profile, self.current, self.python) + self.extra)
         shown, removed = arg_diff(old, new)
         text = Text("command: ", style="bold")
-        text.append_text(Text(" ").join(Text(item, style="bold green" if changed else "") for item, changed in shown))
+        text.append_text(Text(" ").join(as_text(item, "bold green" if changed else "") for item, changed in shown))
         added = [item for item, changed in shown if changed]
         for label, items, style in (("added", added, "bold green"), ("removed", removed, "red")):
             if items:
                 text.append(f"\n{label}: ", style="bold")
-                text.append_text(Text(" · ").join(Text(item, style=style) for item in items))
+                text.append_text(Text(" · ").join(as_text(item, style) for item in items))
         self.query_one("#cmd", Static).update(text)
 
     def on_selection_list_selected_changed(self, event) -> None:

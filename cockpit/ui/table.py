@@ -1,10 +1,15 @@
 """A DataTable kept in step with a list of rows: cells are updated in place, and only the cells
-that changed; the table is rebuilt only when the set or order of rows changes."""
+that changed; the table is rebuilt only when the set or order of rows changes.
+
+A cell given as a str is host text (a pid, a role, a node name, an endpoint): DataTable would
+parse it as markup, so it becomes a Text of `visible()` first, shown as it is."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import DataTable
+
+from cockpit.hosttext import visible
 
 
 def _same(a, b) -> bool:
@@ -12,6 +17,11 @@ def _same(a, b) -> bool:
         return isinstance(a, Text) and isinstance(b, Text) and a.plain == b.plain and a.style == b.style \
             and a.spans == b.spans
     return a == b
+
+
+def as_cell(cell):
+    """A str cell as a Text (no markup, controls visible); a Text as it is."""
+    return Text(visible(cell), end="", no_wrap=True) if isinstance(cell, str) else cell  # as DataTable makes one
 
 
 class LiveTable(DataTable):
@@ -58,8 +68,7 @@ class LiveTable(DataTable):
                 cache.clear()
 
     def sync(self, rows: list[tuple[str, list]]) -> None:
-        if len(self._pick) != len(self.COLUMNS):
-            rows = [(key, [cells[i] for i in self._pick]) for key, cells in rows]
+        rows = [(key, [as_cell(cells[i]) for i in self._pick]) for key, cells in rows]
         keys = [k for k, _ in rows]
         if keys != self._keys:
             self._fit_caches(len(rows))
