@@ -84,13 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- shared parts
 
+def say(*parts, file=None, flush: bool = False) -> None:
+    """A line for people: text from the host in it is shown, never acted on (control characters
+    made visible), whatever terminal reads it."""
+    print(visible(" ".join(str(p) for p in parts), newlines=True), file=file or sys.stdout, flush=flush)
+
+
 def print_json(doc) -> None:
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
 def _confirm(lines: list[str], question: str, yes: bool) -> bool:
-    print("\n".join(lines))
+    say("\n".join(lines))
     if yes:
         return True
     if not sys.stdin.isatty():
@@ -168,7 +174,7 @@ async def attached(args: argparse.Namespace):
 
 
 def _progress(phase, verdict) -> None:
-    print(f"  {phase or ''}  {verdict}", file=sys.stderr, flush=True)
+    say(f"  {phase or ''}  {verdict}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- the TUI
@@ -206,7 +212,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _need_terminal(args)
     layout = resolve_layout(args.layout or "demo")
     for line in asyncio.run(_reap_stale_demos(args, layout)):
-        print(f"cockpit: an earlier demo's run is not fully stopped: {line}", file=sys.stderr)
+        say(f"cockpit: an earlier demo's run is not fully stopped: {line}", file=sys.stderr)
     app, layout, state = demo_app(args, layout)
     _end_on_hangup(app)
     try:
@@ -214,7 +220,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         for line in asyncio.run(end_demo(args, app, layout, state)):
             try:
-                print(f"cockpit: {line}", file=sys.stderr)
+                say(f"cockpit: {line}", file=sys.stderr)
             except OSError:
                 pass  # the terminal is gone (closed window): the runs are stopped all the same
     if app.error:
@@ -471,7 +477,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     else:
-        print("\n".join(actions.describe_kill(report)))
+        say("\n".join(actions.describe_kill(report)))
     return 0 if report["verified"] else 3
 
 
@@ -499,7 +505,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
                 return audit, None
             names = [e["name"] for e in audit["entries"] if e["removable"]]
             if not args.json:
-                print("\n".join(actions.describe_shm(audit)))
+                say("\n".join(actions.describe_shm(audit)))
             if not names:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
             if not _confirm([f"  {visible(n)}" for n in names], f"remove these {len(names)} entries of {args.dir}?",
@@ -516,9 +522,9 @@ def cmd_shm(args: argparse.Namespace) -> int:
         print_json({"audit": audit, "clean": cleaned})
     elif cleaned is None:
         if not args.clean:
-            print("\n".join(actions.describe_shm(audit)))
+            say("\n".join(actions.describe_shm(audit)))
     else:
-        print("\n".join(actions.describe_clean(cleaned)))
+        say("\n".join(actions.describe_clean(cleaned)))
     return 0
 
 
@@ -547,8 +553,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.as_json())
     else:
-        print("\n".join(result.report(full=args.full)))
-        print(f"raw dumps: {result.folder}")
+        say("\n".join(result.report(full=args.full)))
+        say(f"raw dumps: {result.folder}")
     return 0
 
 
@@ -569,7 +575,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.doc())
     else:
-        print("\n".join(bundle.describe(result)))
+        say("\n".join(bundle.describe(result)))
     return 0
 
 
@@ -596,7 +602,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
         print_json({"ranks": {r: {k: v for k, v in d.items() if k != "entries"} for r, d in answer["ranks"].items()},
                     "problems": answer.get("problems"), "comparison": result})
     else:
-        print("\n".join(flightrec.describe(answer, result)))
+        say("\n".join(flightrec.describe(answer, result)))
     return 0 if answer.get("armed") else 3
 
 
@@ -645,10 +651,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     row = asyncio.run(go())
     if row is None:
         return 1
-    print(f"{row['run_id']}: {row['outcome']}")
+    say(f"{row['run_id']}: {row['outcome']}")
     for line in row["evidence"]:
-        print(f"  {line}")
-    print(f"log: {row['log']}")
+        say(f"  {line}")
+    say(f"log: {row['log']}")
     return 0
 
 
@@ -678,7 +684,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        print("\n".join(runs.describe_ablation(rows, vary)))
+        say("\n".join(runs.describe_ablation(rows, vary)))
     return 0
 
 
@@ -692,7 +698,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        print("\n".join(runs.describe_ledger(rows)))
+        say("\n".join(runs.describe_ledger(rows)))
     return 0
 
 
@@ -719,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].handler(args)
     except CockpitError as exc:
-        print(f"cockpit: {exc}", file=sys.stderr)
+        say(f"cockpit: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -730,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, with the way to the details
         if os.environ.get("COCKPIT_DEBUG"):
             raise
-        print(f"cockpit: internal error: {type(exc).__name__}: {exc} (rerun with COCKPIT_DEBUG=1 for the traceback)",
+        say(f"cockpit: internal error: {type(exc).__name__}: {exc} (rerun with COCKPIT_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
 

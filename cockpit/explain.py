@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from cockpit.errors import CockpitError
+from cockpit.hosttext import visible
 from cockpit.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
@@ -177,5 +178,5 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
     else:
-        print("\n".join(describe(result)))
+        print(visible("\n".join(describe(result)), newlines=True))
     return 0

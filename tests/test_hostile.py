@@ -365,3 +365,17 @@ async def test_fleet_screen_with_a_hostile_host_name_and_link_error(tmp_path):
         _screen(app)
         assert app.is_running
         await pilot.press("q")
+
+
+def test_the_plain_cli_shows_host_text_never_acts_on_it(tmp_path):
+    """`cockpit explain` prints the log's own lines as evidence: no escape sequence, bell or carriage
+    return of theirs reaches the terminal, in the text output as in the JSON; the line is still there."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"[2026-11-30 10:00:01 TP1] Scheduler hit an exception: \x1b]52;c;aGFjaw==\x07 \x1b[2J [/x]\r boom\n"
+                    b"RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    for extra in ([], ["--json"]):
+        res = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log), *extra], capture_output=True,
+                             timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert b"\x1b" not in res.stdout and b"\r" not in res.stdout and b"\x07" not in res.stdout
+        assert b"[/x]" in res.stdout and b"boom" in res.stdout  # the line is there, as text
