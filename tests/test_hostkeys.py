@@ -186,3 +186,22 @@ def test_the_cli_refuses_a_changed_key_named_by_the_config_alone(sshd, tmp_path,
     res = run_cli("snapshot", "kh", "--json", "--accept-new", "--ssh-config", cfg)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "HOST KEY CHANGED" in res.stderr and f"{known}:1" in res.stderr and len(res.stderr.splitlines()) == 1
+
+
+def test_asyncssh_is_imported_without_a_liboqs_search_that_could_find_nothing():
+    """The quick import answers asyncssh's liboqs lookup itself only where ctypes would find none:
+    the same algorithms are offered, and find_library is left as it was."""
+    import ctypes.util
+    import subprocess
+    import sys
+
+    from cockpit.link import sshlib
+
+    assert sshlib.liboqs_may_exist() or ctypes.util.find_library("oqs") is None
+    assert ctypes.util.find_library.__module__ == "ctypes.util"
+    code = ("import cockpit.link.ssh, asyncssh.crypto.pq as pq, ctypes.util; "
+            "print(pq.sntrup_available, pq.mlkem_available, ctypes.util.find_library.__module__)")
+    quick = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run([sys.executable, "-c", "import asyncssh; " + code], capture_output=True, text=True,
+                           check=True).stdout
+    assert quick == plain and quick.split()[2] == "ctypes.util"

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncssh
+from cockpit.link.sshlib import asyncssh  # noqa: I001  (first: asyncssh's quick import)
 from asyncssh.config import SSHClientConfig, SSHConfig
 
 from cockpit.errors import CockpitError

@@ -9,11 +9,10 @@ import os
 import shlex
 import socket
 
-import asyncssh
-
 from cockpit.errors import CockpitError
 from cockpit.link import hostkeys
 from cockpit.link.base import AgentStream, LineReader, Link, RunResult
+from cockpit.link.sshlib import asyncssh
 from cockpit.link.target import Target
 
 KEEPALIVE_S = 10

@@ -75,7 +75,7 @@ SIM_QUERY = ("import os,sys;os.environ['COCKPIT_SIM_STATE']=sys.argv[1];import i
 
 def phases(marks: list[dict]) -> dict:
     """Each step's own time (median over runs), from the marks the cockpit process took."""
-    order = [("interpreter", "interpreter start"), ("imports", "imports (asyncssh and cryptography among them)"),
+    order = [("interpreter", "interpreter start, asyncio imported"), ("imports", "imports (asyncssh and cryptography among them)"),
              ("ssh connected (key exchange, auth)", "TCP, key exchange, authentication"),
              ("agent channel open", "the agent's channel opened (the remote command started)"),
              ("hello built", "the remote python started, the agent's source sent, compiled and run, its hello built"),
@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--no-bytecode", action="store_true",
                     help="the cockpit compiles its modules from source on each start (PYTHONDONTWRITEBYTECODE=1); "
                          "default: bytecode cached, as an installed package has it")
+    ap.add_argument("--compare", metavar="REV", help="also REV's cockpit (a git worktree), interleaved in the same run")
     ap.add_argument("--json")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="cockpit-ff-"))
@@ -118,14 +119,28 @@ def main() -> None:
     else:
         remote = [sys.executable, "-c", f'"{SIM_QUERY}"', sim, str(ROOT / "cockpit/sim/fakenvml.py")]
     a, b, marks = [], [], []
+    old_b, old_marks, worktree = [], [], None
+    if args.compare:
+        worktree = root / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
+                       check=True, capture_output=True)
     try:
         for i in range(args.runs + 1):  # the first of each is not counted: caches filled, files read once
             t = time.perf_counter()
             out = subprocess.run(ssh + remote, capture_output=True, text=True)
             a.append(time.perf_counter() - t)
             assert out.returncode == 0 and "memory" in out.stdout, out.stderr
+            if worktree is not None:
+                e = dict(env, T0=repr(time.time()), PYTHONPATH=str(worktree))
+                out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=e,
+                                     cwd=str(worktree))
+                assert out.returncode == 0, out.stderr
+                if i:
+                    old_marks.append(json.loads(out.stdout.strip()))
+                    old_b.append(old_marks[-1]["sample"])
             env["T0"] = repr(time.time())
-            out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=env)
+            out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=env,
+                                 cwd=str(ROOT))
             assert out.returncode == 0, out.stderr
             if i == 0:
                 a.pop()
@@ -133,6 +148,8 @@ def main() -> None:
             marks.append(json.loads(out.stdout.strip()))
             b.append(marks[-1]["sample"])
     finally:
+        if worktree is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
         sshd.stop()
         shutil.rmtree(root, ignore_errors=True)
     res = {
@@ -143,6 +160,9 @@ def main() -> None:
         "ratio": round(statistics.median(b) / statistics.median(a), 2),
         "cockpit_phases_ms_median": phases(marks),
         "ssh_query_ms": [round(x * 1000) for x in a],
+        **({f"{args.compare}: cockpit_first_frame_ms_median": round(statistics.median(old_b) * 1000, 1),
+            f"{args.compare}: ratio": round(statistics.median(old_b) / statistics.median(a), 2),
+            f"{args.compare}: cockpit_phases_ms_median": phases(old_marks)} if args.compare else {}),
         "cockpit_first_frame_ms": [round(x * 1000) for x in b],
     }
     print(json.dumps(res, indent=1))
