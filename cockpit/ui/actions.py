@@ -201,6 +201,28 @@ class ActionRunner:
             self.done("ablation", ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows))
             await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
 
+    async def bundle(self) -> None:
+        from cockpit import bundle
+
+        async with self.exclusive("hang bundle") as go:
+            if go:
+                self.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
+                result = await bundle.make_bundle(self.monitor, read_only=self.screen.read_only)
+                await self.ask(ReportScreen("hang bundle", bundle.describe(result)))
+
+    async def flightrec(self) -> None:
+        from cockpit import flightrec
+        from cockpit.actions import rank_pids
+
+        async with self.exclusive("flight recorder") as go:
+            if go:
+                pids = [pid for _, pid in rank_pids(self.screen.state)]
+                answer = await self.monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=True)
+                result = flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
+                if answer.get("armed"):
+                    self.screen.state.flight = result
+                await self.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
+
     def ledger(self) -> None:
         self.screen.app.push_screen(ReportScreen(f"runs of {self.layout.name}",
                                                  describe_ledger(read_ledger(self.layout))))

@@ -8,9 +8,7 @@ screen waits on the network."""
 from __future__ import annotations
 
 import asyncio
-import time
 
-from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -24,10 +22,10 @@ from cockpit.diagnose import Phase, Verdict, VerdictName, phase_of
 from cockpit.errors import CockpitError
 from cockpit.hosttext import as_text
 from cockpit.model import HostState
-from cockpit.metrics import describe as describe_metrics
 from cockpit.monitor import HostMonitor, MonitorEvent
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.fmt import say
+from cockpit.ui.header import FULL, header_text
 from cockpit.ui.gpus import GpuList, GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
@@ -35,9 +33,6 @@ from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import HelpScreen, SearchScreen
 
 REDRAW_S = 0.25
-VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
-                 "slow": "yellow", "stopping": "yellow"}
-FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nvitop's compact view
 NARROW = 100  # below this many columns the rank table's columns narrow and the footer is compact
 TOAST_S = 5  # notifications are short; what lasts is in the header
 
@@ -300,89 +295,11 @@ class CockpitScreen(Screen):
             return "no GPUs on this host (the agent found neither NVML nor nvidia-smi)"
         return f"connecting to {self.state.target}…"
 
-    def hint(self) -> str | None:
-        """What to do when there is nothing to show."""
-        if self.error:
-            return "q quits (exit status 2); check the host name, or that sshd answers there"
-        if self.monitor is not None and not self.state.seq:
-            return None
-        if any(p.alive for p in self.state.procs.values()):
-            return None
-        if self.monitor is None:
-            return "no run in this snapshot"
-        if self.profile is not None and self.profile.command and self.check_action("relaunch", ()):
-            return f"no run: press r to launch {self.profile.name}'s command (flag sets as toggles), L for earlier runs"
-        if self.profile is not None:
-            return f"no run: `cockpit launch {self.state.target} --layout {self.profile.name}` starts one"
-        return "no run found: give --layout FILE to watch and launch a server (docs/layouts.md)"
-
     def _status(self) -> None:
-        """The header, always on screen: verdict, phase and host first (each line cut at the
-        width, never wrapped), then the first evidence or what to do, then what lasts (an action
-        under way or its outcome, a link's trouble, an error)."""
-        s = self.state
-        a = s.agent
-        sep = Text("  │  " if self.size.width >= FULL[0] else " │ ", style="grey50")
-        verdict = Text("unknown: no connection", style="bold red") if self.error else \
-            as_text(str(self.verdict), VERDICT_STYLE.get(self.verdict.name, "default"))
-        head = [Text("verdict ") + verdict,
-                Text("phase ") + as_text(str(self.phase), "bold cyan"),
-                as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
-        link = s.link_state
-        style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
-        rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
-        head.append(Text("link ") + as_text(link, style) + Text(rtt))
-        age = s.age_s()
-        if age is not None:
-            stale = age > 2.5 * max(1.0, a.interval)
-            head.append(Text("age ") + Text(f"{age:.1f}s", style="bold red" if stale else ""))
-        elif s.sample_ts:
-            head.append(Text("taken " + time.strftime("%H:%M:%S", time.gmtime(s.sample_ts)) + " UTC"))
-        head.append(as_text(f"gpu data: {a.nvml or 'none'}"))
-        if a.driver:
-            head.append(as_text(f"driver {a.driver}"))
-        figures = describe_metrics(s.metrics)  # the engine's own: tokens/s, requests, KV cache
-        if figures:
-            head.append(as_text(figures))
-        lines = [sep.join(head)]
-        if self.verdict.evidence and self.verdict.name != VerdictName.OK:
-            red = "red" if self.verdict.alerting else "yellow"
-            evidence = self.verdict.evidence
-            # a large screen has room for a second line of evidence; a small one shows the first
-            split = 2 if not self.has_class("compact") and len(evidence) > 2 else len(evidence)
-            lines.append(Text("▸ ", style=red) + as_text("  ·  ".join(evidence[:split]), red))
-            if evidence[split:]:
-                lines.append(Text("  ") + as_text("  ·  ".join(evidence[split:]), red))
-        elif self.hint():
-            lines.append(as_text("▸ " + self.hint(), "yellow"))
-        lasting = self._lasting()
-        if lasting is not None:
-            lines.append(lasting)
-        for line in lines:
-            line.no_wrap = True
-            line.overflow = "ellipsis"
-        text = Text("\n").join(lines)
-        text.no_wrap = True
-        text.overflow = "ellipsis"
+        text = header_text(self)
         if text.markup != self._status_text:
             self._status_text = text.markup
             self.status.update(text)
-
-    def _lasting(self) -> Text | None:
-        """The one line of what lasts: the action under way, else a broken link's reason, an
-        error, the last action's outcome, or the host's first warning."""
-        s = self.state
-        if self.busy:
-            return as_text(f"{self.busy}: {self.actions.progress or 'under way'}", "bold yellow")
-        if self.link_error and s.link_state.startswith(("lost", "down")):
-            return as_text(f"why: {self.link_error}", "bold red")
-        if self.error:
-            return as_text(f"cannot connect: {self.error}", "bold red")
-        if self.actions.outcome is not None:
-            return self.actions.outcome
-        if s.agent.warnings:
-            return as_text(s.agent.warnings[0], "yellow")
-        return None
 
     # ------------------------------------------------------------------ keys
 
@@ -424,34 +341,10 @@ class CockpitScreen(Screen):
         self.run_worker(self.actions.dump(), group="action")
 
     def action_bundle(self) -> None:
-        self.run_worker(self._bundle(), group="action")
+        self.run_worker(self.actions.bundle(), group="action")
 
     def action_flightrec(self) -> None:
-        self.run_worker(self._flightrec(), group="action")
-
-    async def _bundle(self) -> None:
-        from cockpit import bundle
-        from cockpit.ui.screens import ReportScreen
-
-        async with self.actions.exclusive("hang bundle") as go:
-            if go:
-                self.actions.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
-                result = await bundle.make_bundle(self.monitor, read_only=self.read_only)
-                await self.actions.ask(ReportScreen("hang bundle", bundle.describe(result)))
-
-    async def _flightrec(self) -> None:
-        from cockpit import flightrec
-        from cockpit.actions import rank_pids
-        from cockpit.ui.screens import ReportScreen
-
-        async with self.actions.exclusive("flight recorder") as go:
-            if go:
-                pids = [pid for _, pid in rank_pids(self.state)]
-                answer = await self.session.request("fr_dump", timeout=60, pids=pids, trigger=True)
-                result = flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
-                if answer.get("armed"):
-                    self.state.flight = result
-                await self.actions.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
+        self.run_worker(self.actions.flightrec(), group="action")
 
     def action_relaunch(self) -> None:
         self.run_worker(self.actions.relaunch(), group="action")

@@ -1,0 +1,105 @@
+"""The cockpit's header, always on screen: verdict, phase and host first (each line cut at the
+width, never wrapped), then the first evidence or what to do, then what lasts (an action under way
+or its outcome, a link's trouble, an error). Host text in it is shown through the one rule
+(cockpit.hosttext)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+
+from cockpit.diagnose import VerdictName
+from cockpit.hosttext import as_text
+from cockpit.metrics import describe as describe_metrics
+
+if TYPE_CHECKING:
+    from cockpit.ui.cockpit import CockpitScreen
+
+VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
+                 "slow": "yellow", "stopping": "yellow"}
+FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nvitop's compact view
+
+
+def hint(screen: CockpitScreen) -> str | None:
+    """What to do when there is nothing to show."""
+    if screen.error:
+        return "q quits (exit status 2); check the host name, or that sshd answers there"
+    if screen.monitor is not None and not screen.state.seq:
+        return None
+    if any(p.alive for p in screen.state.procs.values()):
+        return None
+    if screen.monitor is None:
+        return "no run in this snapshot"
+    if screen.profile is not None and screen.profile.command and screen.check_action("relaunch", ()):
+        return f"no run: press r to launch {screen.profile.name}'s command (flag sets as toggles), L for earlier runs"
+    if screen.profile is not None:
+        return f"no run: `cockpit launch {screen.state.target} --layout {screen.profile.name}` starts one"
+    return "no run found: give --layout FILE to watch and launch a server (docs/layouts.md)"
+
+
+def header_text(screen: CockpitScreen) -> Text:
+    """The header's lines, each cut at the width (never wrapped)."""
+    s = screen.state
+    a = s.agent
+    sep = Text("  │  " if screen.size.width >= FULL[0] else " │ ", style="grey50")
+    verdict = Text("unknown: no connection", style="bold red") if screen.error else \
+        as_text(str(screen.verdict), VERDICT_STYLE.get(screen.verdict.name, "default"))
+    head = [Text("verdict ") + verdict,
+            Text("phase ") + as_text(str(screen.phase), "bold cyan"),
+            as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
+    link = s.link_state
+    style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
+    rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
+    head.append(Text("link ") + as_text(link, style) + Text(rtt))
+    age = s.age_s()
+    if age is not None:
+        stale = age > 2.5 * max(1.0, a.interval)
+        head.append(Text("age ") + Text(f"{age:.1f}s", style="bold red" if stale else ""))
+    elif s.sample_ts:
+        head.append(Text("taken " + time.strftime("%H:%M:%S", time.gmtime(s.sample_ts)) + " UTC"))
+    head.append(as_text(f"gpu data: {a.nvml or 'none'}"))
+    if a.driver:
+        head.append(as_text(f"driver {a.driver}"))
+    figures = describe_metrics(s.metrics)  # the engine's own: tokens/s, requests, KV cache
+    if figures:
+        head.append(as_text(figures))
+    lines = [sep.join(head)]
+    if screen.verdict.evidence and screen.verdict.name != VerdictName.OK:
+        red = "red" if screen.verdict.alerting else "yellow"
+        evidence = screen.verdict.evidence
+        # a large screen has room for a second line of evidence; a small one shows the first
+        split = 2 if not screen.has_class("compact") and len(evidence) > 2 else len(evidence)
+        lines.append(Text("▸ ", style=red) + as_text("  ·  ".join(evidence[:split]), red))
+        if evidence[split:]:
+            lines.append(Text("  ") + as_text("  ·  ".join(evidence[split:]), red))
+    elif hint(screen):
+        lines.append(as_text("▸ " + hint(screen), "yellow"))
+    last = lasting(screen)
+    if last is not None:
+        lines.append(last)
+    for line in lines:
+        line.no_wrap = True
+        line.overflow = "ellipsis"
+    text = Text("\n").join(lines)
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+def lasting(screen: CockpitScreen) -> Text | None:
+    """The one line of what lasts: the action under way, else a broken link's reason, an
+    error, the last action's outcome, or the host's first warning."""
+    s = screen.state
+    if screen.busy:
+        return as_text(f"{screen.busy}: {screen.actions.progress or 'under way'}", "bold yellow")
+    if screen.link_error and s.link_state.startswith(("lost", "down")):
+        return as_text(f"why: {screen.link_error}", "bold red")
+    if screen.error:
+        return as_text(f"cannot connect: {screen.error}", "bold red")
+    if screen.actions.outcome is not None:
+        return screen.actions.outcome
+    if s.agent.warnings:
+        return as_text(s.agent.warnings[0], "yellow")
+    return None
