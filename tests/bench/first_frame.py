@@ -106,7 +106,7 @@ def main() -> None:
         sim = str(root / "sim")
         fakenvml.write_host(sim, gpus=8)
     env = dict(os.environ, CFG=str(sshd.client_config), KH=str(sshd.known_hosts), SIM=sim or "",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
     if args.no_bytecode:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     else:
@@ -131,7 +131,7 @@ def main() -> None:
             a.append(time.perf_counter() - t)
             assert out.returncode == 0 and "memory" in out.stdout, out.stderr
             if worktree is not None:
-                e = dict(env, T0=repr(time.time()), PYTHONPATH=str(worktree))
+                e = dict(env, T0=repr(time.time()), PYTHONPATH=str(worktree) + env["PYTHONPATH"][len(str(ROOT)):])
                 out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=e,
                                      cwd=str(worktree))
                 assert out.returncode == 0, out.stderr

@@ -65,7 +65,7 @@ sys.exit(rc)
 def timed(argv: list[str], env: dict, check: str | None = None) -> float:
     t = time.perf_counter()
     # from the tree under test: `python -m` puts the working directory first on sys.path
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=env["PYTHONPATH"])
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=env["PYTHONPATH"].split(os.pathsep)[0])
     wall = time.perf_counter() - t
     if out.returncode != 0 or (check and check not in out.stdout):
         raise SystemExit(f"{' '.join(argv[:6])}: rc={out.returncode}\n{out.stderr[-2000:]}")
@@ -93,7 +93,8 @@ def main() -> None:
     sim = str(tmp / "sim")
     fakenvml.write_host(sim, gpus=8)
     py = sys.executable
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_STATE_HOME=str(tmp / "state"))
+    rest = os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""  # e.g. packages in /tmp/site
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + rest, XDG_STATE_HOME=str(tmp / "state"))
     if args.no_bytecode:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     else:
@@ -112,7 +113,7 @@ def main() -> None:
         worktree = tmp / "before"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
                        check=True, capture_output=True)
-        old_env = dict(env, PYTHONPATH=str(worktree))
+        old_env = dict(env, PYTHONPATH=str(worktree) + rest)
         cases[f"{args.compare}: cockpit snapshot local --json"] = (
             [py, "-m", "cockpit", "snapshot", "local", "--json"], old_env, '"schema"')
         cases[f"{args.compare}: cockpit snapshot local --sim DIR --json (8 GPUs)"] = (

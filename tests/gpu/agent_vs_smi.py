@@ -1,0 +1,148 @@
+"""The agent beside `nvidia-smi --query-gpu ... -l 1`, side by side in one window (issue 21).
+
+    python tests/gpu/agent_vs_smi.py [--seconds 60] [--tree 50] [--before FILE] [--json OUT]
+
+1. CPU, % of one core over the same wall-clock window, at a 1 s refresh: `nvidia-smi
+   --query-gpu=... --format=csv -l 1`, the gpu-cockpit agent as the cockpit runs it (local link,
+   watching a tree of --tree real processes titled like TP ranks), and with --before FILE, an
+   older agent's source (FILE) running at the same time on the same tree.
+2. Wall time of one-shot looks, interleaved, median of --runs: `nvidia-smi --query-gpu=...
+   --format=csv` against `python3 -m cockpit snapshot local --json`.
+
+Without GPUs (or nvidia-smi) it says so and measures what it can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+
+from agent_cost import kill_tree, spawn_tree  # noqa: E402
+
+QUERY = "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,power.limit,clocks.sm"
+
+
+def cpu_s(proc) -> float | None:
+    try:
+        t = proc.cpu_times()
+        return t.user + t.system
+    except Exception:
+        return None
+
+
+async def side_by_side(seconds: float, tree: int, before: bytes | None) -> dict:
+    import psutil
+
+    import cockpit.agent as shipped
+    from cockpit.link.target import parse_target
+    from cockpit.session import HostSession, SessionOptions
+
+    kids = spawn_tree(tree)
+    monitors: dict[str, object] = {}
+    smi = None
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-l", "1"],
+                               stdout=subprocess.DEVNULL)
+        monitors["nvidia-smi --query-gpu=... --format=csv -l 1"] = psutil.Process(smi.pid)
+    sessions = []
+    try:
+        if before is not None:
+            now = shipped.agent_source
+            shipped.agent_source = lambda: before  # what agent_argv sends
+            try:
+                old = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
+                await old.connect()
+            finally:
+                shipped.agent_source = now
+            sessions.append(old)
+            monitors["gpu-cockpit agent, before (--before)"] = psutil.Process(old.state.agent.pid)
+        new = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
+        await new.connect()
+        sessions.append(new)
+        monitors["gpu-cockpit agent"] = psutil.Process(new.state.agent.pid)
+        await asyncio.gather(*(s.wait_samples(6) for s in sessions))  # past the warm-up scans
+        c0 = {k: cpu_s(p) for k, p in monitors.items()}
+        t0 = time.monotonic()
+        await asyncio.sleep(seconds)
+        c1 = {k: cpu_s(p) for k, p in monitors.items()}
+        wall = time.monotonic() - t0
+        watched = len(new.state.procs)
+        gpus = len(new.state.gpus) if hasattr(new.state, "gpus") else None
+        nvml = new.state.agent.nvml if hasattr(new.state.agent, "nvml") else None
+    finally:
+        for s in sessions:
+            await s.close()
+        if smi is not None:
+            smi.kill()
+            smi.wait()
+        kill_tree(kids)
+    pct = {k: (None if c0[k] is None or c1[k] is None else round(100 * (c1[k] - c0[k]) / wall, 3)) for k in monitors}
+    out = {"seconds": round(wall, 1), "watched_processes": watched, "gpus": gpus, "nvml": nvml,
+           "cpu_pct_of_core": pct}
+    base = pct.get("nvidia-smi --query-gpu=... --format=csv -l 1")
+    if base:
+        out["agent_to_smi_ratio"] = round(pct["gpu-cockpit agent"] / base, 2)
+        if "gpu-cockpit agent, before (--before)" in pct:
+            out["before_to_smi_ratio"] = round(pct["gpu-cockpit agent, before (--before)"] / base, 2)
+    return out
+
+
+def one_shots(runs: int) -> dict:
+    env = dict(os.environ)
+    cases = {"python3 -m cockpit snapshot local --json": [sys.executable, "-m", "cockpit", "snapshot", "local", "--json"]}
+    if shutil.which("nvidia-smi"):
+        cases["nvidia-smi --query-gpu=... --format=csv"] = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv"]
+    walls: dict[str, list[float]] = {k: [] for k in cases}
+    for i in range(runs + 1):  # the first of each is not counted (bytecode written, files cached)
+        for name, argv in cases.items():
+            t = time.perf_counter()
+            out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(ROOT))
+            wall = time.perf_counter() - t
+            if out.returncode != 0:
+                return {"error": f"{name}: rc={out.returncode}: {out.stderr[-800:]}"}
+            if i:
+                walls[name].append(wall)
+    res = {k: {"median_ms": round(statistics.median(v) * 1000, 1), "p90_ms": round(sorted(v)[int(0.9 * (len(v) - 1))] * 1000, 1),
+               "runs": len(v)} for k, v in walls.items()}
+    if len(walls) == 2:
+        a, b = (statistics.median(v) for v in walls.values())
+        res["snapshot_to_smi_ratio"] = round(a / b, 1)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--tree", type=int, default=50)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--before", help="an older agent.py to run beside the current one")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    before = None
+    if args.before:  # a .gz is read through gzip
+        import gzip
+
+        raw = Path(args.before).read_bytes()
+        before = gzip.decompress(raw) if args.before.endswith(".gz") else raw
+    res = {"host": os.uname().nodename, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before))
+    res["one_shot"] = one_shots(args.runs)
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
