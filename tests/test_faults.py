@@ -139,7 +139,7 @@ async def test_host_python_and_psutil_vanishing_between_connects_are_said_and_su
             await until(pilot, lambda: rank.pid in app.state.procs, 20)
             host_python("-S")  # no site-packages: psutil is gone
             os.kill(app.state.agent.pid, 9)
-            await until(pilot, lambda: "psutil is not installed" in (app.cockpit.link_error or ""), 30)
+            await until(pilot, lambda: "psutil is not installed" in (app.cockpit.link_error or ""), 60)
             await until(pilot, lambda: "why: cockpit-test: psutil is not installed for" in save_text(app, None), 5)
             assert "link lost, retrying (" in save_text(app, None)
             host_python(None)
