@@ -173,6 +173,38 @@ async def test_panes_show_what_each_state_means():
     assert text.count("82G/96G") == 8  # ...with the model resident
 
 
+async def test_a_gpu_pane_whose_data_did_not_change_is_not_rendered_again(monkeypatch):
+    """Samples that change nothing a pane shows repaint no pane and lay nothing out; a sample that
+    moves one GPU re-renders that GPU's pane alone, and the screen shows it."""
+    renders = {}
+    real = GpuPane.render
+
+    def counted(self):
+        renders[self.index] = renders.get(self.index, 0) + 1
+        return real(self)
+
+    monkeypatch.setattr(GpuPane, "render", counted)
+    app = replay("serving")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        await pilot.pause(0.3)
+        before = dict(renders)
+        assert sorted(before) == list(range(8))
+        layouts = screen._layout_updates if hasattr(screen, "_layout_updates") else None
+        for _ in range(5):  # five identical samples
+            screen.refresh_panes()
+            await pilot.pause()
+        assert renders == before
+        if layouts is not None:
+            assert screen._layout_updates == layouts
+        screen.state.gpus[3].util_pct = 7
+        screen.refresh_panes()
+        await pilot.pause()
+        assert renders[3] == before[3] + 1 and all(renders[i] == before[i] for i in range(8) if i != 3)
+        assert "    7%" in save_text(app, None)
+
+
 async def test_not_supported_fields_read_na_never_zero():
     doc = json.loads((FIXTURES / "demo-serving.json").read_text())
     for g in doc["gpus"]:

@@ -89,6 +89,7 @@ class CockpitScreen(Screen):
         self._log_path: str | None = None
         self._gpu_count = -1
         self._status_text = ""
+        self._status_lines = 0
         self._link_seen: tuple | None = None
         self._unsubscribe = None
         self._replayed = None if monitor else self._replay()
@@ -299,7 +300,11 @@ class CockpitScreen(Screen):
         text = header_text(self)
         if text.markup != self._status_text:
             self._status_text = text.markup
-            self.status.update(text)
+            # the header does not wrap (cockpit.tcss): its height is its count of lines, and only a
+            # new count needs a layout of the screen (a layout a second was most of a quiet screen's CPU)
+            lines = text.plain.count("\n") + 1
+            self.status.update(text, layout=lines != self._status_lines)
+            self._status_lines = lines
 
     # ------------------------------------------------------------------ keys
 

@@ -13,12 +13,23 @@ from cockpit.model import Gpu, HostState
 from cockpit.ui.fmt import bar, gib, level_style, num, spark
 
 
+def _same(a: Text | None, b: Text) -> bool:
+    return a is not None and a.plain == b.plain and a.style == b.style and a.spans == b.spans
+
+
 class GpuPane(Static):
+    """A pane is re-rendered only when what it shows changed: its text (the GPU's fields as
+    printed, the visible part of the history, its ranks) or its titles. On a quiet host most
+    panes stand still from one second to the next, and Textual's repaint of a pane costs far
+    more than building its text to compare."""
+
     def __init__(self, index: int, **kw):
         super().__init__(id=f"gpu{index}", classes="gpu", **kw)
         self.index = index
         self.state: HostState | None = None
         self.border_title = f"GPU{index}"
+        self._titles: tuple[str, str] | None = None
+        self._shown: Text | None = None  # what the last render returned
 
     def show(self, state: HostState) -> None:
         self.state = state
@@ -26,12 +37,19 @@ class GpuPane(Static):
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
             label = getattr(gpu, "label", None) or f"GPU{self.index}"  # node:index across nodes
-            self.border_title = as_text(f"{label} {name}")  # the board's name and a node's name: host text
-            throttle = " ".join(gpu.throttle_reasons[:1])
-            self.border_subtitle = as_text(throttle) if throttle else None
-        self.refresh()
+            titles = (f"{label} {name}", " ".join(gpu.throttle_reasons[:1]))
+            if titles != self._titles:  # setting a title repaints the pane, changed or not
+                self._titles = titles
+                self.border_title = as_text(titles[0])  # the board's name and a node's name: host text
+                self.border_subtitle = as_text(titles[1]) if titles[1] else None
+        if not _same(self._shown, self._content()):
+            self.refresh()
 
     def render(self) -> Text:
+        self._shown = self._content()
+        return self._shown
+
+    def _content(self) -> Text:
         state = self.state
         gpu = state.gpus.get(self.index) if state else None
         width = max(10, self.size.width)
@@ -95,15 +113,23 @@ class GpuList(Static):
         self.state: HostState | None = None
         self.columns = 1
         self.border_title = "GPUs"
+        self._shown: Text | None = None
 
     def show(self, state: HostState) -> None:
+        """Re-rendered only when its text changed; never a layout (its height is set from the
+        count of GPUs, by the screen), and nothing at all while it is not displayed."""
         self.state = state
-        self.refresh(layout=True)
+        if self.display and not _same(self._shown, self._content()):
+            self.refresh()
 
     def lines_needed(self, n: int) -> int:
         return max(1, (n + self.columns - 1) // self.columns)
 
     def render(self) -> Text:
+        self._shown = self._content()
+        return self._shown
+
+    def _content(self) -> Text:
         state = self.state
         if state is None or not state.gpus:
             return Text("waiting for data", style="grey50")

@@ -43,6 +43,7 @@ class RankTable(LiveTable):
         self.sort_by = "tree"
         self.reverse = False
         self.state: HostState | None = None
+        self._subtitle: str | None = None
         self._title()
 
     def show(self, state: HostState, ports: str = "") -> None:
@@ -50,7 +51,10 @@ class RankTable(LiveTable):
         self.state = state
         self.sync(self._rows(state))
         live = f"{sum(1 for p in state.procs.values() if p.alive)} live"
-        self.border_subtitle = as_text(f"{ports}  {live}" if ports else live)
+        subtitle = f"{ports}  {live}" if ports else live
+        if subtitle != self._subtitle:  # setting it repaints the whole table, changed or not
+            self._subtitle = subtitle
+            self.border_subtitle = as_text(subtitle)
 
     def set_narrow(self, narrow: bool) -> None:
         self.set_columns(NARROW if narrow else COLUMNS)
