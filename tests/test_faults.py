@@ -97,8 +97,8 @@ async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim
             assert 1.0 <= silent <= 1.2  # one decimal: more than 1.0 s, at most one check step (0.125 s) later
             await until(pilot, lambda: "link lost, retrying (1)" in save_text(app, None), 5)
             assert f"why: no data for {silent:.1f} s" in save_text(app, None)
-            await until(pilot, lambda: app.state.link_state == "up", 30)
-            await until(pilot, lambda: app.state.agent.pid != first_agent and rank.pid in app.state.procs, 10)
+            await until(pilot, lambda: app.state.link_state == "up", 60)
+            await until(pilot, lambda: app.state.agent.pid != first_agent and rank.pid in app.state.procs, 20)
             freeze(server, "SIGCONT")
             for _ in range(100):  # the old agent finds its connection gone and exits
                 if gone(first_agent):
