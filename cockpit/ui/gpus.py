@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from cockpit.hosttext import as_text, visible
 from rich.text import Text
+from textual.geometry import Region
 from textual.widgets import Static
 
 from cockpit.model import Gpu, HostState
@@ -15,6 +16,17 @@ from cockpit.ui.fmt import bar, gib, level_style, num, spark
 
 def _same(a: Text | None, b: Text) -> bool:
     return a is not None and a.plain == b.plain and a.style == b.style and a.spans == b.spans
+
+
+def _changed_lines(old: Text | None, new: Text) -> list[int] | None:
+    """The lines of `new` that differ from `old`'s, or None when they cannot be told line by line
+    (nothing shown yet, or another count of lines)."""
+    if old is None:
+        return None
+    a, b = old.split("\n", allow_blank=True), new.split("\n", allow_blank=True)
+    if len(a) != len(b) or old.style != new.style:
+        return None
+    return [y for y, (x, z) in enumerate(zip(a, b)) if not _same(x, z)]
 
 
 class GpuPane(Static):
@@ -42,8 +54,15 @@ class GpuPane(Static):
                 self._titles = titles
                 self.border_title = as_text(titles[0])  # the board's name and a node's name: host text
                 self.border_subtitle = as_text(titles[1]) if titles[1] else None
-        if not _same(self._shown, self._content()):
+        new = self._content()
+        if _same(self._shown, new):
+            return
+        lines = _changed_lines(self._shown, new)
+        width = self.content_size.width
+        if lines is None or not width:
             self.refresh()
+        else:  # only the lines that changed are drawn again (a watt more on the power line: one line)
+            self.refresh(*[Region(0, y, width, 1) for y in lines])
 
     def render(self) -> Text:
         self._shown = self._content()

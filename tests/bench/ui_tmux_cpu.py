@@ -2,9 +2,10 @@
 
     python tests/bench/ui_tmux_cpu.py [--mode idle|demo] [--seconds 60] [--json OUT]
 
-idle: `cockpit open local --sim DIR`, the simulated 8-GPU host with no processes on it and no log
-      (a quiet host: each GPU's power and temperature still move by a watt or a degree, as real
-      idle boards do).
+idle: `cockpit open local --sim DIR --layout quiet.yaml`, the simulated 8-GPU host with no
+      processes on it, no log, and a layout whose patterns match nothing (this machine's other
+      processes stay out of the rank tree). Each GPU's power and temperature still move by a watt
+      or a degree from one second to the next, as real idle boards do.
 demo: `cockpit demo`, the simulated server running on the 8 GPUs with its log (~30 lines/s).
 Both at a 1 s refresh in a 160x50 tmux window. The UI process's user + system time is read from
 /proc/PID/stat at the start and end of the window (after a warm-up); the agent is another process
@@ -70,7 +71,10 @@ def measure(tree: Path, mode: str, seconds: float, warmup: float, tmp: Path, tag
     if mode == "idle":
         sim = tmp / f"sim-{tag}"
         fakenvml.write_host(str(sim), gpus=8)
-        cmd = f"{env} {py} -m cockpit open local --sim {sim} --interval 1"
+        quiet = tmp / "quiet.yaml"  # watches nothing: not this machine's other processes (a running demo's)
+        quiet.write_text('name: quiet\ncommand: [-c, "pass"]\nwatch: ["gpu-cockpit-bench-matches-nothing"]\n'
+                         'metrics: false\n')
+        cmd = f"{env} {py} -m cockpit open local --sim {sim} --layout {quiet} --interval 1"
     else:
         cmd = f"{env} {py} -m cockpit demo --interval 1"
     session = f"cockpit-cpu-{os.getpid()}-{tag}"
