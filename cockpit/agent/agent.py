@@ -1117,7 +1117,8 @@ class RasPoller:
             return done
         if not self.addr and not any(p.get("pid") in live for p in ports):
             return done  # no watched process listens anywhere: no RAS to ask, no environment to read
-        host, port = self.target(procs)
+        owners = set(p.get("pid") for p in ports)
+        host, port = self.target([row for row in procs if row["pid"] in owners])  # only a listener's environment
         listening = any(p["port"] == port and p.get("pid") in live for p in ports)
         now = time.monotonic()
         if listening and now - self.last >= self.every_s and (self.thread is None or not self.thread.is_alive()):
