@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every benchmark that runs without a GPU, one after another, results as JSON under $OUT
-# (default bench-results/). The GPU-host side: tests/gpu/run_device.sh and run_device2.sh.
+# (default bench-results/). The GPU-host side: tests/gpu/run_device.sh, run_device2.sh, run_device6.sh.
 #   usage: tests/bench/run_all.sh [SECONDS]     (default 60 per timed run)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,3 +18,7 @@ for rate in 0 2000 20000; do
 done
 echo "== fleet: 64 hosts x 8 simulated GPUs behind 64 real sshd"
 $PY tests/bench/fleet_scale.py --hosts 64 --seconds "$S" --json "$OUT/fleet_scale_64.json" | grep -E "cpu|key|redraw|up|rss"
+echo "== one-shot snapshot: wall time and where it goes"
+$PY tests/bench/snapshot_wall.py --runs 10 --json "$OUT/snapshot_wall.json" | grep -E "median|interpreter|import|agent|sample|document"
+echo "== the UI process in tmux, quiet host, 8 GPUs"
+$PY tests/bench/ui_tmux_cpu.py --mode idle --seconds "$S" --json "$OUT/ui_tmux_idle.json" | grep -E "cpu|rss"
