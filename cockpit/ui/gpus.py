@@ -8,6 +8,8 @@ from __future__ import annotations
 from cockpit.hosttext import as_text, visible
 from rich.text import Text
 from textual.geometry import Region
+from textual.visual import Visual, visualize
+from textual.widget import _RenderCache
 from textual.widgets import Static
 
 from cockpit.model import Gpu, HostState
@@ -42,6 +44,7 @@ class GpuPane(Static):
         self.border_title = f"GPU{index}"
         self._titles: tuple[str, str] | None = None
         self._shown: Text | None = None  # what the last render returned
+        self._strips: tuple[int, list] | None = None  # (width, [(line, its strip)]) of the last render
 
     def show(self, state: HostState) -> None:
         self.state = state
@@ -67,6 +70,27 @@ class GpuPane(Static):
     def render(self) -> Text:
         self._shown = self._content()
         return self._shown
+
+    def _render_content(self) -> None:
+        """Textual turns the whole text into strips whenever any line changed; here only the
+        changed lines are (a line is rendered alone exactly as in the whole, where no line is wider
+        than the pane and none wraps; otherwise, or with a selection, Textual's own way)."""
+        width, height = self.size
+        lines = self.render().split("\n", allow_blank=True)
+        if len(lines) > height or self.text_selection is not None or any(line.cell_len > width for line in lines):
+            self._strips = None
+            super()._render_content()
+            return
+        old = self._strips[1] if self._strips and self._strips[0] == width else []
+        done = []
+        for y, line in enumerate(lines):
+            if y < len(old) and _same(old[y][0], line):
+                done.append(old[y])
+            else:
+                done.append((line, Visual.to_strips(self, visualize(self, line), width, 1, self.visual_style)[0]))
+        self._strips = (width, done)
+        self._render_cache = _RenderCache(self.size, [strip for _, strip in done])
+        self._dirty_regions.clear()
 
     def _content(self) -> Text:
         state = self.state
