@@ -258,3 +258,32 @@ def test_a_new_child_of_a_watched_process_is_adopted_on_the_next_tick(sim_state)
     assert parent.pid not in {r["pid"] for r in rows} and parent.pid not in procs._fds  # its stat closed
     procs.close()
     assert not procs._fds
+
+
+def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
+    """The 5 s scan of the whole process table is skipped while /proc/loadavg's newest pid stands
+    still (nothing new can match), but never for longer than SCAN_QUIET_MAX_S."""
+    psutil = pytest.importorskip("psutil")
+    import time
+
+    if not agent._HAVE_PROC:
+        pytest.skip("needs /proc")
+    newest = [1000]
+    monkeypatch.setattr(agent, "_last_pid", lambda: newest[0])
+    monkeypatch.setattr(agent, "SCAN_EVERY_S", 0.0)
+    procs = agent.Procs(psutil)
+    procs.configure(patterns=["gpu-cockpit-test-matches-nothing"])
+    scans = []
+    real = procs.scan
+    monkeypatch.setattr(procs, "scan", lambda: (scans.append(1), real())[1])
+    procs.sample(time.monotonic())
+    assert len(scans) == 1
+    procs.sample(time.monotonic())
+    procs.sample(time.monotonic())
+    assert len(scans) == 1  # nothing born: no scan
+    newest[0] += 1
+    procs.sample(time.monotonic())
+    assert len(scans) == 2  # a birth: the scan runs
+    procs.sample(time.monotonic() + agent.SCAN_QUIET_MAX_S + 1)
+    assert len(scans) == 3  # and never waits longer than SCAN_QUIET_MAX_S
+    procs.close()

@@ -38,7 +38,8 @@ DEFAULT_PATTERNS = [
 FIRST_GAP_S = 0.2  # between the first two samples
 NEWCOMERS_MAX = 256  # pids born in one tick beyond which every watched process's children are read
 STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks
-SCAN_EVERY_S = 5.0  # full process-table scans are the costly part: not every tick
+SCAN_EVERY_S = 5.0
+SCAN_QUIET_MAX_S = 30.0  # while no pid is born the full scan waits, but never longer than this  # full process-table scans are the costly part: not every tick
 SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 LOG_INITIAL_BYTES = 32 * 1024
 LOG_MAX_BYTES_PER_FRAME = 64 * 1024
@@ -444,6 +445,9 @@ class Procs:
         self.sent_cmdline = set()
         self.last_scan = 0.0
         self.last_pid = None  # /proc/loadavg's newest pid when children were last looked for
+        self.scan_pid = None  # ... and when the process table was last scanned whole
+        self.last_full = 0.0
+        self._match = {}  # pid -> (comm, argv, matched) from the last scan: argv is the cached list
         self._stat = {}  # pid -> (its /proc/PID/stat bytes, the row they gave) from the last tick
         self._fds = {}  # pid -> an open /proc/PID/stat, read again with pread each tick
 
@@ -492,6 +496,7 @@ class Procs:
         if pids is not None:
             self.pids = set(int(p) for p in pids)
         self.last_scan = 0.0
+        self._match = {}
 
     def _matches(self, name, cmd):
         for pat in self.patterns:
@@ -528,15 +533,23 @@ class Procs:
         self._argv = seen
 
     def scan(self):
-        self.last_pid = _last_pid() if _HAVE_PROC else None  # a pid born after this: the next tick
+        self.last_pid = self.scan_pid = _last_pid() if _HAVE_PROC else None  # a pid born after this: the next tick
+        self.last_full = time.monotonic()
         children = {}
         roots = set()
         alive = set()
+        memo, self._match = self._match, {}
         for pid, ppid, pgid, comm, argv in self._table():
             alive.add(pid)
             children.setdefault(ppid, []).append(pid)
             self.cmdlines[pid] = argv
-            if pid in self.pids or pgid in self.pgids or self._matches(comm, " ".join(argv)):
+            last = memo.get(pid)
+            if last is not None and last[0] == comm and last[1] is argv:
+                matched = last[2]  # the same title and command line as at the last scan
+            else:
+                matched = self._matches(comm, " ".join(argv))
+            self._match[pid] = (comm, argv, matched)
+            if pid in self.pids or pgid in self.pgids or matched:
                 roots.add(pid)
         watched = {}
         stack = list(roots)
@@ -594,7 +607,15 @@ class Procs:
 
     def sample(self, now, force_scan=False):
         if force_scan or now - self.last_scan >= SCAN_EVERY_S:
-            self.scan()
+            if (not force_scan and self.scan_pid is not None and now - self.last_full < SCAN_QUIET_MAX_S
+                    and _last_pid() == self.scan_pid):
+                # no process was born on the host since the last full scan: no new tree can have
+                # appeared (a process that retitles itself into a pattern without any birth
+                # waits for the next scan, at most SCAN_QUIET_MAX_S)
+                self.last_scan = now
+                self.adopt_children()
+            else:
+                self.scan()
         else:
             self.adopt_children()
         wall = time.monotonic()
