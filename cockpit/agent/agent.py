@@ -754,6 +754,13 @@ def listening_ports():
         except OSError:
             _DIAG_OK[0] = False
     ports = {}
+    for port, inode in _proc_net_listeners():
+        ports.setdefault(port, inode)
+    return ports
+
+
+def _proc_net_listeners():
+    """(port, socket inode) of each listening TCP socket, from /proc/net/tcp and tcp6."""
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(name) as fh:
@@ -761,11 +768,9 @@ def listening_ports():
                 for line in fh:
                     parts = line.split()
                     if len(parts) > 9 and parts[3] == "0A":
-                        port = int(parts[1].rsplit(":", 1)[1], 16)
-                        ports.setdefault(port, int(parts[9]))
+                        yield int(parts[1].rsplit(":", 1)[1], 16), int(parts[9])
         except OSError:
             continue
-    return ports
 
 
 def socket_inodes(pid):
@@ -1676,18 +1681,9 @@ def _listening_inodes(ports):
     """{port: set of socket inodes} of listening TCP sockets on these ports (IPv4 and IPv6)."""
     want = set(int(p) for p in ports)
     out = {}
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as fh:
-                next(fh, None)
-                for line in fh:
-                    parts = line.split()
-                    if len(parts) > 9 and parts[3] == "0A":
-                        port = int(parts[1].rsplit(":", 1)[1], 16)
-                        if port in want:
-                            out.setdefault(port, set()).add(int(parts[9]))
-        except OSError:
-            continue
+    for port, inode in _proc_net_listeners():
+        if port in want:
+            out.setdefault(port, set()).add(inode)
     return out
 
 
