@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cockpit.config import Layout
 from cockpit.diagnose import Phase, Verdict, VerdictName, Watchdog, phase_of
-from cockpit.errors import CockpitError
+from cockpit.errors import CockpitError, LinkLost
 from cockpit.link.target import Target
 from cockpit.logrules import LogLine, LogRules
 from cockpit.model import HISTORY_LEN, HostState
@@ -144,17 +144,20 @@ class HostMonitor:
         """Connect, then find the run to follow: the caller's hook (the demo's own run), else this
         layout's latest launched run that still lives."""
         await self.session.connect()
-        if self.on_connect is not None:
-            await self.on_connect(self)
-        elif self.layout is not None:
-            from cockpit.runs import resume
+        try:
+            if self.on_connect is not None:
+                await self.on_connect(self)
+            elif self.layout is not None:
+                from cockpit.runs import resume
 
-            self.following = await resume(self.session, self.layout)
-            if self.following is not None:
-                self.state.agent.warnings.insert(
-                    0, f"following {self.following['run_id']} (launched earlier, still running)")
-        if self.following is None and not self.session.watch.logs:
-            await self._find_log()
+                self.following = await resume(self.session, self.layout)
+                if self.following is not None:
+                    self.state.agent.warnings.insert(
+                        0, f"following {self.following['run_id']} (launched earlier, still running)")
+            if self.following is None and not self.session.watch.logs:
+                await self._find_log()
+        except LinkLost:
+            pass  # the link dropped as soon as it came up: keep() reconnects with the same watch
 
     async def _find_log(self) -> None:
         """A run started elsewhere (`nohup ... > run.log 2>&1 &`) with no log named: follow the
