@@ -117,9 +117,9 @@ async def _ras(monitor, m: _Members) -> dict | None:
 
 
 async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
-    from cockpit import actions, flightrec
+    from cockpit import flightrec
 
-    pids = [pid for _, pid in actions.rank_pids(monitor.state)]
+    pids = flightrec.rank_pids(monitor.state)
     if not pids:
         m.miss("flight recorder", "no live process of the run")
         return None

@@ -583,19 +583,16 @@ def cmd_bundle(args: argparse.Namespace) -> int:
          TARGET, arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
          JSON)
 def cmd_flightrec(args: argparse.Namespace) -> int:
-    from cockpit import actions, flightrec
+    from cockpit import flightrec
 
     if not args.no_trigger:
         _writable(args)
 
     async def go():
         async with attached(args) as monitor:
-            pids = [pid for _, pid in actions.rank_pids(monitor.state)]
-            if not pids:
+            if not flightrec.rank_pids(monitor.state):
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
-            answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=not args.no_trigger)
-            return answer, flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items()
-                                              if not d.get("error")})
+            return await flightrec.collect(monitor, trigger=not args.no_trigger)
 
     answer, result = asyncio.run(go())
     if args.json:

@@ -176,6 +176,23 @@ def compare(dumps: dict[int, dict]) -> dict:
     return {"groups": groups, "lines": lines, "odd_rank": min(odd) if len(odd) == 1 else None}
 
 
+def rank_pids(state) -> list[int]:
+    """The live ranks' pids, whose pipes a dump is asked through."""
+    from cockpit.actions import rank_pids as ranks
+
+    return [pid for _, pid in ranks(state)]
+
+
+async def collect(monitor, trigger: bool = True) -> tuple[dict, dict]:
+    """Ask every live rank for its flight-recorder dump (through its pipe, with `trigger`) and
+    compare them; an armed run's comparison is kept on the host state for the verdict."""
+    answer = await monitor.session.request("fr_dump", timeout=60, pids=rank_pids(monitor.state), trigger=trigger)
+    result = compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
+    if answer.get("armed"):
+        monitor.state.flight = result
+    return answer, result
+
+
 def findings(result: dict) -> list[Finding]:
     """The last comparison (state.flight) as evidence."""
     lines = result.get("lines") or []

@@ -212,15 +212,10 @@ class ActionRunner:
 
     async def flightrec(self) -> None:
         from cockpit import flightrec
-        from cockpit.actions import rank_pids
 
         async with self.exclusive("flight recorder") as go:
             if go:
-                pids = [pid for _, pid in rank_pids(self.screen.state)]
-                answer = await self.monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=True)
-                result = flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
-                if answer.get("armed"):
-                    self.screen.state.flight = result
+                answer, result = await flightrec.collect(self.monitor)
                 await self.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
 
     def ledger(self) -> None:
