@@ -101,7 +101,7 @@ class HostMonitor:
             log = self.state.logs.get(frame.get("path"))
             n = len(frame.get("lines") or [])
             if log is not None and n:
-                lines = list(log.lines)[-min(n, len(log.lines)):]
+                lines = [log.lines[i] for i in range(-min(n, len(log.lines)), 0)]  # the new ones: a deque's end is cheap
                 self._emit(MonitorEvent("log", path=log.path, lines=lines))
 
     # ------------------------------------------------------------------ judging
