@@ -448,15 +448,16 @@ class ClusterMonitor:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def open(self) -> None:
+    async def open(self, kept: bool = False) -> None:
         """Find the job's nodes, then start an agent on each (concurrently); a node whose agent
-        cannot start is shown as such, and only all of them failing is an error."""
+        cannot start is shown as such, and only all of them failing is an error. `kept` as in
+        HostMonitor.open."""
         self._jobs_link = SlurmNodeLink(carrier_link(self.target, self.opts), self.target,
                                         self.target.carrier().label if self.target.remote else "this machine")
         await self._jobs_link.carrier.connect()
         self.job = await find_job(self._jobs_link, self.target.name)
         self.nodes = [Node(i + 1, name, self.target.on_node(name)) for i, name in enumerate(self.job.nodes)]
-        results = await asyncio.gather(*(self._open_node(n) for n in self.nodes), return_exceptions=True)
+        results = await asyncio.gather(*(self._open_node(n, kept) for n in self.nodes), return_exceptions=True)
         for n, res in zip(self.nodes, results):
             if isinstance(res, BaseException):
                 if not isinstance(res, CockpitError):
@@ -467,7 +468,7 @@ class ClusterMonitor:
         self.session.ever_up = True
         self.state.rebuild(self.nodes)
 
-    async def _open_node(self, n: Node) -> None:
+    async def _open_node(self, n: Node, kept: bool) -> None:
         probe = SlurmNodeLink(self._jobs_link.carrier, n.target, self._jobs_link.where)
         n.pids = await probe.job_pids()
         watch = WatchList(patterns=[], pids=n.pids.pids, logs=[self.layout.log] if self.layout and self.layout.log
@@ -479,7 +480,7 @@ class ClusterMonitor:
         monitor.subscribe(lambda ev, n=n: self._on_node_event(n, ev))
         n.monitor = monitor
         try:
-            await monitor.open()
+            await monitor.open(kept=kept)
             if not (self.layout and self.layout.log):
                 await self._find_log(n)
         except BaseException:
@@ -536,7 +537,7 @@ class ClusterMonitor:
             self.state.link_state = f"down, retrying ({attempt})"
             await asyncio.sleep(min(30.0, 2.0 ** (attempt - 1)))
             try:
-                await self.open()
+                await self.open(kept=True)
             except CockpitError as exc:
                 self.session.link_error = str(exc)
                 await self.close()

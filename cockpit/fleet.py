@@ -179,7 +179,7 @@ class Member:
         async with gate:
             self.state.link_state = "connecting"
             try:
-                await self.monitor.open()
+                await self.monitor.open(kept=True)
             except CockpitError as exc:
                 self.session.link_error = str(exc)
                 self.state.link_state = "down"

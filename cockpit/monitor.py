@@ -140,10 +140,13 @@ class HostMonitor:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def open(self) -> None:
+    async def open(self, kept: bool = False) -> None:
         """Connect, then find the run to follow: the caller's hook (the demo's own run), else this
-        layout's latest launched run that still lives."""
+        layout's latest launched run that still lives. `kept`: the caller keeps the link after
+        (the screen, the fleet), so it is watched for silence from the start."""
         await self.session.connect()
+        if kept:
+            self.session.watch_silence()
         try:
             if self.on_connect is not None:
                 await self.on_connect(self)

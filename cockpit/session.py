@@ -205,6 +205,13 @@ class HostSession:
             self._pending.clear()
             self.closed.set()
 
+    def watch_silence(self) -> None:
+        """End this connection when it goes silent (see _watch_silence). Only for a link that is
+        kept (reconnected after): called by keep(), and right after connecting by a caller that
+        will keep it, so a host that hangs during the first requests is not waited on for 30 s."""
+        if not self.closed.is_set() and (self._silence is None or self._silence.done()):
+            self._silence = asyncio.create_task(self._watch_silence())
+
     async def _watch_silence(self) -> None:
         """A link that goes quiet without closing (a host that hung or rebooted, a pulled cable)
         would otherwise look alive until ssh keepalives give up, 30 s later. The agent sends a
@@ -235,8 +242,7 @@ class HostSession:
             self.closed.set()
             self.lost_reason = self.link_error
         while True:
-            if not self.closed.is_set():  # connected: only a kept link is ended for silence (it is retried)
-                self._silence = asyncio.create_task(self._watch_silence())
+            self.watch_silence()
             await self.closed.wait()
             self.link_error = self.lost_reason
             attempt = 0

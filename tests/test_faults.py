@@ -92,9 +92,11 @@ async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim
             assert first_agent in frozen
             await until(pilot, lambda: app.state.link_state.startswith("lost"), 10)
             # declared after two intervals of silence (1.0 s at 0.5 s), by the session's own clock:
-            # the wall time this test waited depends on the machine's load, this does not
+            # the wall time this test waited depends on the machine's load, this does not. The
+            # check runs every 0.125 s; a gap over 0.5 s is the cockpit's own stall, not counted,
+            # so by construction it is said at most 0.5 s after the threshold
             silent = float(app.cockpit.session.lost_reason.split()[3])
-            assert 1.0 <= silent <= 1.2  # one decimal: more than 1.0 s, at most one check step (0.125 s) later
+            assert 1.0 <= silent <= 1.5
             await until(pilot, lambda: "link lost, retrying (1)" in save_text(app, None), 5)
             assert f"why: no data for {silent:.1f} s" in save_text(app, None)
             await until(pilot, lambda: app.state.link_state == "up", 60)
@@ -114,6 +116,45 @@ async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim
                     os.kill(pid, 18)
                 except ProcessLookupError:
                     pass
+        server.stop()
+
+
+@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
+async def test_a_host_that_hangs_during_the_first_requests_is_not_waited_on(tmp_path, sim_state, ranks):
+    """The host hangs right after the agent said hello, while the monitor is still finding the
+    run: a kept link (screen, fleet) ends the silent connection at once, not after the first
+    request's 30 s timeout; the request in flight is told the link was lost."""
+    ranks.spawn("sglang::scheduler_TP0", gpu=0, mib=5000)
+    server = Sshd(tmp_path)
+    server.start()
+    frozen: list[int] = []
+    outcome: list[BaseException] = []
+
+    async def hangs_then_asks(monitor: HostMonitor) -> None:
+        frozen.extend(freeze(server, "SIGSTOP"))
+        try:
+            await monitor.session.request("ping", timeout=30)
+        except Exception as exc:
+            outcome.append(exc)
+            raise
+
+    try:
+        monitor = HostMonitor(parse_target("cockpit-test"),
+                              SessionOptions(python=sys.executable, interval=0.5, sim_state=str(sim_state),
+                                             ssh_config=str(server.client_config),
+                                             known_hosts=str(server.known_hosts)),
+                              on_connect=hangs_then_asks)
+        try:
+            await monitor.open(kept=True)
+            assert monitor.state.agent.pid in frozen
+            assert [type(e).__name__ for e in outcome] == ["LinkLost"]  # not CommandError's 30 s timeout
+            assert monitor.session.lost_reason.startswith("no data for ")
+            assert monitor.session.closed.is_set()  # keep() reconnects from here
+        finally:
+            for pid in frozen:
+                os.kill(pid, 18)
+            await monitor.close()
+    finally:
         server.stop()
 
 

@@ -180,7 +180,7 @@ class CockpitScreen(Screen):
             self.refresh_bindings()
             return
         try:
-            await self.monitor.open()
+            await self.monitor.open(kept=True)
         except CockpitError as exc:
             self.error = str(exc)
             self.state.link_state = "failed"
