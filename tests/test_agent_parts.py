@@ -287,3 +287,60 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     procs.sample(time.monotonic() + agent.SCAN_QUIET_MAX_S + 1)
     assert len(scans) == 3  # and never waits longer than SCAN_QUIET_MAX_S
     procs.close()
+
+
+def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
+    """The 5 s scan keeps a settled process's row from the last scan; it reads the stat of a pid
+    the kernel's cursor passed since (it may be a new process), of a young process (it may still
+    retitle itself), and of every process every REREAD_EVERY_S (a late retitle is found then)."""
+    psutil = pytest.importorskip("psutil")
+    import subprocess
+    import sys
+
+    if not agent._HAVE_PROC:
+        pytest.skip("needs /proc")
+    code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
+            "print('retitled', flush=True)\nsys.stdin.readline()")
+    old = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    reads: list[int] = []
+    real_read = agent._read_proc
+
+    def counting(path):
+        if path.endswith("/stat"):
+            reads.append(int(path.split("/")[2]))
+        return real_read(path)
+
+    cursor = [old.pid - 1]
+    monkeypatch.setattr(agent, "_read_proc", counting)
+    monkeypatch.setattr(agent, "_last_pid", lambda: cursor[0])
+    monkeypatch.setattr(agent, "SETTLE_S", 0.0)  # every process here counts as settled
+    procs = agent.Procs(psutil)
+    try:
+        procs.configure(patterns=["sglang::*"])
+        procs.scan()
+        assert old.pid in reads and 1 in reads and old.pid not in procs.watched  # the first scan reads all
+
+        reads.clear()
+        cursor[0] = old.pid  # the cursor passed old's pid: it may be a process born since
+        procs.scan()
+        assert old.pid in reads and 1 not in reads
+
+        old.stdin.write("go\n")
+        old.stdin.flush()
+        assert old.stdout.readline().strip() == "retitled"
+        reads.clear()
+        procs.scan()  # settled, not passed by the cursor: its row is kept, the retitle not seen yet
+        assert old.pid not in reads and old.pid not in procs.watched
+
+        procs._reread_at -= agent.REREAD_EVERY_S
+        procs.scan()
+        assert old.pid in reads and 1 in reads and old.pid in procs.watched
+
+        monkeypatch.setattr(agent, "SETTLE_S", 3600.0)  # now every process counts as young
+        reads.clear()
+        procs.scan()
+        assert old.pid in reads and os.getpid() not in reads
+    finally:
+        procs.close()
+        old.kill()
+        old.wait()

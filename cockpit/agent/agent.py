@@ -38,6 +38,8 @@ DEFAULT_PATTERNS = [
 FIRST_GAP_S = 0.2  # between the first two samples
 NEWCOMERS_MAX = 256  # pids born in one tick beyond which every watched process's children are read
 STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks
+SETTLE_S = 60.0  # a process younger than this may still retitle itself: each scan reads it afresh
+REREAD_EVERY_S = 30.0  # every process's stat is read afresh at least this often (late retitles)
 SCAN_EVERY_S = 5.0
 SCAN_QUIET_MAX_S = 30.0  # while no pid is born the full scan waits, but never longer than this  # full process-table scans are the costly part: not every tick
 SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
@@ -411,6 +413,28 @@ def _proc_stat(pid, data=None):
     }
 
 
+def _stat_ids(data):
+    """(start, ppid, pgid, comm) from /proc/PID/stat's bytes: what a scan needs, parsed no
+    further. None when the process is gone."""
+    if not data:
+        return None
+    lpar, rpar = data.find(b"("), data.rfind(b")")
+    f = data[rpar + 2:].split(None, 21)
+    if len(f) < 21 or f[0] in (b"X", b"x"):
+        return None
+    return int(f[19]), int(f[1]), int(f[2]), data[lpar + 1:rpar].decode("utf-8", "replace")
+
+
+def _swept(pid, before, newest):
+    """Whether the kernel's pid cursor passed `pid` between two readings of the newest pid (so
+    the pid may belong to a process born since). Unknown readings: it may have."""
+    if before is None or newest is None:
+        return True
+    if newest >= before:
+        return before < pid <= newest
+    return pid > before or pid <= newest  # the cursor wrapped
+
+
 def _trim(argv):
     argv = list(argv or [])
     while argv and not argv[-1]:
@@ -441,7 +465,8 @@ class Procs:
         self.cmdlines = {}
         self.names = {}
         self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
-        self._argv = {}  # pid -> ((start, comm), argv) from the last full scan
+        self._rows = {}  # pid -> (start, ppid, pgid, comm, argv) from the last scan
+        self._reread_at = 0.0  # when every process's stat was last read afresh
         self.sent_cmdline = set()
         self.last_scan = 0.0
         self.last_pid = None  # /proc/loadavg's newest pid when children were last looked for
@@ -504,9 +529,12 @@ class Procs:
                 return True
         return False
 
-    def _table(self):
-        """(pid, ppid, pgid, comm, argv) of every process. On Linux: one stat read each, and the
-        command line only for a process not seen before or retitled since (the costly part)."""
+    def _table(self, before=None, newest=None):
+        """(pid, ppid, pgid, comm, argv) of every process. On Linux: the stat of a process not
+        seen before, young, or whose pid may have been reused (the kernel's pid cursor passed it
+        since the last scan, from `before` to `newest`) is read; an older one keeps its row from
+        the last scan, and every row is read afresh every REREAD_EVERY_S. The command line is
+        read only for a process not seen before or retitled since (the costly part)."""
         me = os.getpid()
         if not _HAVE_PROC:
             for p in self.ps.process_iter(["pid", "ppid", "name", "cmdline"]):
@@ -517,29 +545,40 @@ class Procs:
                         pgid = None
                     yield p.info["pid"], p.info["ppid"], pgid, p.info["name"] or "", _trim(p.info["cmdline"])
             return
+        now = time.time()
+        reread = before is None or newest is None or now - self._reread_at >= REREAD_EVERY_S
+        if reread:
+            self._reread_at = now
+        settled_before = (now - _boot_time() - SETTLE_S) * _CLK_TCK  # started before this: settled
+        last = self._rows
         seen = {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             pid = int(name)
-            row = _proc_stat(pid)
-            if row is None or pid == me:
+            if pid == me:
                 continue
-            key = (row["_start"], row["name"])
-            cached = self._argv.get(pid)
-            argv = cached[1] if cached and cached[0] == key else _read_cmdline(pid)
-            seen[pid] = (key, argv)
-            yield pid, row["ppid"], row["pgid"], row["name"], argv
-        self._argv = seen
+            row = last.get(pid)
+            if row is None or reread or row[0] > settled_before or _swept(pid, before, newest):
+                ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
+                if ids is None:
+                    continue
+                start, ppid, pgid, comm = ids
+                argv = row[4] if row is not None and row[0] == start and row[3] == comm else _read_cmdline(pid)
+                row = (start, ppid, pgid, comm, argv)
+            seen[pid] = row
+            yield pid, row[1], row[2], row[3], row[4]
+        self._rows = seen
 
     def scan(self):
+        before = self.scan_pid
         self.last_pid = self.scan_pid = _last_pid() if _HAVE_PROC else None  # a pid born after this: the next tick
         self.last_full = time.monotonic()
         children = {}
         roots = set()
         alive = set()
         memo, self._match = self._match, {}
-        for pid, ppid, pgid, comm, argv in self._table():
+        for pid, ppid, pgid, comm, argv in self._table(before, self.scan_pid):
             alive.add(pid)
             children.setdefault(ppid, []).append(pid)
             self.cmdlines[pid] = argv
