@@ -113,6 +113,45 @@ def test_nvml_sampler_reports_not_supported_fields_as_absent_and_stops_asking(si
     assert len(calls) == 8  # asked once per GPU, then remembered as unsupported
 
 
+def test_a_gpus_process_list_is_asked_again_only_when_something_moved(sim_state, monkeypatch):
+    """NVML's process list is the costliest call of a sample: asked when the GPU's memory use
+    moved or one of its processes ended, and at least every GPU_PROCS_EVERY_S, not every tick."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("COCKPIT_SIM_STATE", str(sim_state))
+    asked = []
+    real = fakenvml.nvmlDeviceGetComputeRunningProcesses
+    monkeypatch.setattr(fakenvml, "nvmlDeviceGetComputeRunningProcesses",
+                        lambda h: (asked.append(h), real(h))[1])
+    clock = [1000.0]
+    monkeypatch.setattr(agent.time, "monotonic", lambda: clock[0])
+    a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fakenvml.register(str(sim_state), a.pid, 0, 1000, "busy")
+        gpus = agent.NvmlGpus(fakenvml)
+        assert gpus.sample(slow=False)[0]["processes"] == [[a.pid, 1000]] and len(asked) == 8
+        clock[0] += 1
+        assert gpus.sample(slow=False)[0]["processes"] == [[a.pid, 1000]] and len(asked) == 8  # nothing moved
+        fakenvml.register(str(sim_state), b.pid, 0, 2000, "busy")  # a newcomer: the memory use moved
+        clock[0] += 1
+        assert gpus.sample(slow=False)[0]["processes"] == [[a.pid, 1000], [b.pid, 2000]] and asked[8:] == [0]
+        a.kill()
+        a.wait()
+        fakenvml.register(str(sim_state), b.pid, 0, 3000, "busy")  # the same total: a's end is what tells
+        os.unlink(os.path.join(sim_state, "procs", "%d.json" % a.pid))
+        clock[0] += 1
+        assert gpus.sample(slow=False)[0]["processes"] == [[b.pid, 3000]] and asked[9:] == [0]
+        clock[0] += agent.GPU_PROCS_EVERY_S
+        gpus.sample(slow=False)
+        assert len(asked) == 10 + 8  # and every GPU at least every GPU_PROCS_EVERY_S
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
 def test_process_sampler_watches_titled_trees_and_their_children(ranks, sim_state):
     psutil = pytest.importorskip("psutil")
     p = ranks.spawn("sglang::scheduler_TP5", gpu=5, mib=1000)

@@ -39,6 +39,7 @@ FIRST_GAP_S = 0.2  # between the first two samples
 NEWCOMERS_MAX = 256  # pids born in one tick beyond which every watched process's children are read
 STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks
 SETTLE_S = 60.0  # a process younger than this may still retitle itself: each scan reads it afresh
+GPU_PROCS_EVERY_S = 5.0  # a GPU's process list is asked again at least this often, else on a memory change
 REREAD_EVERY_S = 30.0  # every process's stat is read afresh at least this often (late retitles)
 SCAN_EVERY_S = 5.0
 SCAN_QUIET_MAX_S = 30.0  # while no pid is born the full scan waits, but never longer than this  # full process-table scans are the costly part: not every tick
@@ -109,6 +110,7 @@ class NvmlGpus:
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         self.unsupported = [set() for _ in self.handles]
         self.ecc = [None] * count
+        self._procs = [None] * count  # (memory used, process rows, when asked) per GPU
         self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )
@@ -175,7 +177,7 @@ class NvmlGpus:
                     nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                     nvml.NVML_VOLATILE_ECC,
                 )
-            procs = self._call(i, "procs", nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+            procs = self._gpu_procs(i, h, mem)
             out.append(
                 {
                     "index": i,
@@ -192,13 +194,25 @@ class NvmlGpus:
                     ),
                     "throttle": reasons,
                     "ecc_uncorrected": self.ecc[i],
-                    "processes": [
-                        [p.pid, None if p.usedGpuMemory is None else p.usedGpuMemory // 1048576]
-                        for p in procs
-                    ],
+                    "processes": procs,
                 }
             )
         return out
+
+    def _gpu_procs(self, i, h, mem):
+        """The GPU's processes and their memory: the costliest NVML call of a sample (0.3 ms on an
+        H200, most of the agent's per-second cost), so asked again only when the GPU's memory use
+        moved (a process came, went, or grew), one of its processes ended, or every GPU_PROCS_EVERY_S."""
+        now = time.monotonic()
+        used = None if mem is None else mem.used
+        last = self._procs[i]
+        if (last is not None and used is not None and last[0] == used and now - last[2] < GPU_PROCS_EVERY_S
+                and all(_alive(row[0]) for row in last[1])):
+            return last[1]
+        procs = self._call(i, "procs", self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        rows = [[p.pid, None if p.usedGpuMemory is None else p.usedGpuMemory // 1048576] for p in procs]
+        self._procs[i] = (used, rows, now)
+        return rows
 
     def close(self):
         try:
@@ -356,6 +370,18 @@ def _boot_time():
         except (OSError, StopIteration):
             _BOOT = 0.0
     return _BOOT
+
+
+def _alive(pid):
+    """Whether a process with this pid exists here (one that cannot be seen from this pid
+    namespace reads as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _read_proc(path):
