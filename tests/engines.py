@@ -1,7 +1,7 @@
 """Real engines started by the tests themselves (recipes: docs/targets.md, measured on Debian 12 as
-root without systemd): a Slurm cluster of two slurmd "nodes" on loopback with its own munged, and a
-Docker daemon on its own socket and data folder. Each is stopped by its pids and every trace removed
-(jobs, containers, the netns mount) even when a test fails. Missing packages skip with the reason,
+root without systemd): a Slurm cluster of two slurmd "nodes" on loopback with its own munged, a
+Docker daemon on its own socket and data folder, and Podman with storage of its own. Each is stopped
+by its pids and every trace removed (jobs, containers, storage, the netns mount) even when a test fails. Missing packages skip with the reason,
 and fail under CI=true (`scripts/test` installs them)."""
 
 from __future__ import annotations
@@ -138,9 +138,25 @@ class Slurm:
         _stop_pidfile(self.munge / "munged.pid")
 
 
+def base_image_tar(root: Path) -> Path:
+    """A root folder with nothing but mount points and the usual links: the container runs the
+    host's /usr and /etc, bound read-only (no registry is needed)."""
+    rootfs = root / "rootfs"
+    for d in ("usr", "etc", "proc", "sys", "dev", "tmp", "run", "root", "var/tmp", "srv"):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    for link in ("bin", "sbin", "lib", "lib64"):
+        if not (rootfs / link).is_symlink():
+            (rootfs / link).symlink_to(f"usr/{link}")
+    with tarfile.open(root / "rootfs.tar", "w") as tar:
+        tar.add(rootfs, arcname=".")
+    return root / "rootfs.tar"
+
+
 class Docker:
-    """dockerd on a socket and data folder of its own, no bridge or iptables; a tiny image made
-    from an empty root with the host's /usr and /etc bound (no registry is needed)."""
+    """dockerd on a socket and data folder of its own, no bridge or iptables; the tiny image of
+    base_image_tar."""
+
+    kind = "docker"
 
     def __init__(self, root: Path):
         self.root = root
@@ -154,25 +170,17 @@ class Docker:
             ["dockerd", "--data-root", str(r / "data"), "--exec-root", str(r / "exec"), "--pidfile",
              str(r / "dockerd.pid"), "-H", f"unix://{self.sock}", "--iptables=false", "--ip6tables=false",
              "--bridge=none"], stdout=open(r / "dockerd.log", "wb"), stderr=subprocess.STDOUT)
-        _until(lambda: self.docker("version", check=False).returncode == 0, 30, f"dockerd did not start: {r}/dockerd.log")
-        rootfs = r / "rootfs"
-        for d in ("usr", "etc", "proc", "sys", "dev", "tmp", "run", "root", "var/tmp", "srv"):
-            (rootfs / d).mkdir(parents=True, exist_ok=True)
-        for link in ("bin", "sbin", "lib", "lib64"):
-            if not (rootfs / link).is_symlink():
-                (rootfs / link).symlink_to(f"usr/{link}")
-        with tarfile.open(r / "rootfs.tar", "w") as tar:
-            tar.add(rootfs, arcname=".")
-        self.docker("import", str(r / "rootfs.tar"), "cockpit-base")
+        _until(lambda: self.cli("version", check=False).returncode == 0, 30, f"dockerd did not start: {r}/dockerd.log")
+        self.cli("import", str(base_image_tar(r)), "cockpit-base")
 
-    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(["docker", *args], capture_output=True, text=True, env=self.env, check=check)
 
     def stop(self) -> None:
         if self.proc is not None:
-            ids = self.docker("ps", "-aq", check=False).stdout.split()
+            ids = self.cli("ps", "-aq", check=False).stdout.split()
             if ids:
-                self.docker("rm", "-f", *ids, check=False)
+                self.cli("rm", "-f", *ids, check=False)
             self.proc.terminate()
             try:
                 self.proc.wait(10)
@@ -182,6 +190,32 @@ class Docker:
         for mount in (self.root / "exec" / "netns" / "default", Path("/run/docker/netns/default")):
             if os.path.ismount(mount):  # dockerd leaves its default netns bound here
                 subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+class Podman:
+    """Podman without a daemon: its storage (vfs), run folder and configuration of its own, runc
+    (crun refuses these machines' hybrid cgroups) and ulimits under the machine's hard limits
+    (docs/targets.md); the same tiny image."""
+
+    kind = "podman"
+
+    def __init__(self, root: Path):
+        self.root = root
+        conf, storage = root / "containers.conf", root / "storage.conf"
+        conf.write_text('[containers]\ndefault_ulimits=["nofile=20000:20000","nproc=32768:32768"]\n'
+                        '[engine]\nruntime="runc"\n')
+        storage.write_text(f'[storage]\ndriver="vfs"\ngraphroot="{root}/storage"\nrunroot="{root}/run"\n')
+        self.env = {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+
+    def start(self) -> None:
+        self.cli("import", str(base_image_tar(self.root)), "cockpit-base")
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], capture_output=True, text=True, env=self.env, check=check)
+
+    def stop(self) -> None:
+        self.cli("rm", "-a", "-f", "-t", "0", check=False)
+        self.cli("system", "reset", "-f", check=False)  # its storage, under root, is removed with the folder
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +232,15 @@ def slurm(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def docker(tmp_path_factory):
-    need("dockerd", "docker", package="docker.io")
-    engine = Docker(Path(tmp_path_factory.mktemp("docker")))
+@pytest.fixture(scope="module", params=["docker", "podman"])
+def container_engine(request, tmp_path_factory):
+    """Each real container engine in turn: Docker's daemon, then Podman."""
+    if request.param == "docker":
+        need("dockerd", "docker", package="docker.io")
+        engine = Docker(Path(tmp_path_factory.mktemp("docker")))
+    else:
+        need("podman", "conmon", "runc", package="podman conmon runc")
+        engine = Podman(Path(tmp_path_factory.mktemp("podman")))
     try:
         engine.start()
         yield engine

@@ -20,7 +20,7 @@ from cockpit.link.slurm import parse_listpids, parse_scontrol_job
 from cockpit.link.target import parse_target
 from cockpit.sim import fakenvml
 from conftest import free_port, run_cli
-from engines import docker, slurm  # noqa: F401  (fixtures)
+from engines import container_engine, slurm  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = """\
@@ -158,7 +158,7 @@ def test_slurm_errors_are_one_line_naming_the_job_and_the_fix(slurm):  # noqa: F
     assert res.returncode == 2 and "squeue not found on this machine" in res.stderr, res.stderr
 
 
-# ----------------------------------------------------------------------------- Docker
+# ----------------------------------------------------------------------------- Docker and Podman
 
 def site_packages() -> str:
     """psutil and setproctitle for the container's python3 (the host's /usr, bound in): this test
@@ -171,44 +171,46 @@ def site_packages() -> str:
     return str(site)
 
 
-def test_a_server_inside_a_container_is_watched_through_exec_and_killed(docker, tmp_path):  # noqa: F811
+def test_a_server_inside_a_container_is_watched_through_exec_and_killed(container_engine, tmp_path):  # noqa: F811
+    """The same server and the same commands under Docker and under Podman."""
+    engine, kind = container_engine, container_engine.kind
     site = site_packages()
     sim = tmp_path / "sim"
     fakenvml.write_host(str(sim), gpus=2, model="rtx-pro-6000", seed=5)
     port, name = free_port(), f"eng-{os.getpid()}"
     server = (f"python3 -u -m cockpit.sim.server --tp-size 2 --port {port} --sim-speed 4 --sim-shm-dir /tmp "
               f"> /tmp/server.log 2>&1")
-    docker.docker("run", "-d", "--name", name, "--network", "host", "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro",
+    engine.cli("run", "-d", "--name", name, "--network", "host", "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro",
                   "-v", f"{REPO}:/srv/cockpit:ro", "-v", f"{site}:/srv/site:ro", "-v", f"{sim}:{sim}",
                   "-e", "PYTHONPATH=/srv/cockpit:/srv/site",
                   "-e", f"COCKPIT_SIM_STATE={sim}", "cockpit-base", "/bin/sh", "-c", server)
-    env = {**docker.env, "PYTHONPATH": str(REPO)}
+    env = {**engine.env, "PYTHONPATH": str(REPO)}
     try:
         deadline = time.monotonic() + 30
-        while "fired up" not in docker.docker("exec", name, "cat", "/tmp/server.log", check=False).stdout:
-            assert time.monotonic() < deadline, docker.docker("logs", name, check=False).stderr
+        while "fired up" not in engine.cli("exec", name, "cat", "/tmp/server.log", check=False).stdout:
+            assert time.monotonic() < deadline, engine.cli("logs", name, check=False).stderr
             time.sleep(0.2)
-        res = run_cli("snapshot", f"docker:{name}", "--sim", str(sim), "--json", env=env)
+        res = run_cli("snapshot", f"{kind}:{name}", "--sim", str(sim), "--json", env=env)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert doc["agent"]["executable"] == "/usr/bin/python3"  # the container's own Python
         ranks = {p["rank"]: p for p in doc["processes"] if p["rank"] is not None}
         assert sorted(ranks) == [0, 1] and all(p["gpus"] for p in ranks.values())
         assert doc["phase"]["name"] == "serving" and doc["log"]["path"] == "/tmp/server.log"
-        assert doc["link"]["kind"] == "docker" and doc["link"]["host_pids_mapped"]
+        assert doc["link"]["kind"] == kind and doc["link"]["host_pids_mapped"]
         host = doc["link"]["host_pids"][str(ranks[0]["pid"])]  # the container's pid, and the host's
         assert Path(f"/proc/{host}/cmdline").read_bytes().startswith(b"sglang::scheduler_TP0")
         assert any("pids are the container's" in w for w in doc["agent"]["warnings"])
 
-        res = run_cli("kill", f"docker:{name}", "--sim", str(sim), "--yes", "--wait", "3", env=env)
+        res = run_cli("kill", f"{kind}:{name}", "--sim", str(sim), "--yes", "--wait", "3", env=env)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "verified" in res.stdout
-        state = docker.docker("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+        state = engine.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
         assert state == "exited" and not Path(f"/proc/{host}").exists()
 
-        res = run_cli("snapshot", f"docker:{name}", "--json", env=env)
-        assert res.returncode == 2 and f"container {name} is exited, not running (`docker start {name}`)" in res.stderr
-        res = run_cli("snapshot", "docker:no-such-box", "--json", env=env)
+        res = run_cli("snapshot", f"{kind}:{name}", "--json", env=env)
+        assert res.returncode == 2 and f"container {name} is exited, not running (`{kind} start {name}`)" in res.stderr
+        res = run_cli("snapshot", f"{kind}:no-such-box", "--json", env=env)
         assert res.returncode == 2 and "no container named no-such-box" in res.stderr, res.stderr
     finally:
-        docker.docker("rm", "-f", name, check=False)
+        engine.cli("rm", "-f", name, check=False)
