@@ -8,8 +8,9 @@ from __future__ import annotations
 from cockpit.hosttext import as_text, visible
 from rich.text import Text
 from textual.geometry import Region
+from textual.strip import Strip
 from textual.visual import Visual, visualize
-from textual.widget import _RenderCache
+from textual.widget import Widget
 from textual.widgets import Static
 
 from cockpit.model import Gpu, HostState
@@ -20,22 +21,12 @@ def _same(a: Text | None, b: Text) -> bool:
     return a is not None and a.plain == b.plain and a.style == b.style and a.spans == b.spans
 
 
-def _changed_lines(old: Text | None, new: Text) -> list[int] | None:
-    """The lines of `new` that differ from `old`'s, or None when they cannot be told line by line
-    (nothing shown yet, or another count of lines)."""
-    if old is None:
-        return None
-    a, b = old.split("\n", allow_blank=True), new.split("\n", allow_blank=True)
-    if len(a) != len(b) or old.style != new.style:
-        return None
-    return [y for y, (x, z) in enumerate(zip(a, b)) if not _same(x, z)]
-
-
-class GpuPane(Static):
-    """A pane is re-rendered only when what it shows changed: its text (the GPU's fields as
-    printed, the visible part of the history, its ranks) or its titles. On a quiet host most
-    panes stand still from one second to the next, and Textual's repaint of a pane costs far
-    more than building its text to compare."""
+class GpuPane(Widget):
+    """A pane is drawn line by line (Textual's line API): a sample repaints only the lines whose
+    text changed (a watt more on the power line: one line), and a line is turned into a strip only
+    when its text or the pane's width changed. On a quiet host most panes stand still from one
+    second to the next, and Textual's repaint of a pane costs far more than building its text to
+    compare."""
 
     def __init__(self, index: int, **kw):
         super().__init__(id=f"gpu{index}", classes="gpu", **kw)
@@ -43,8 +34,9 @@ class GpuPane(Static):
         self.state: HostState | None = None
         self.border_title = f"GPU{index}"
         self._titles: tuple[str, str] | None = None
-        self._shown: Text | None = None  # what the last render returned
-        self._strips: tuple[int, list] | None = None  # (width, [(line, its strip)]) of the last render
+        self._lines: list[Text] = []  # what the pane shows, a Text per line
+        self._built_for: tuple | None = None  # the size and view the lines were built for
+        self._strips: dict[int, tuple[Text, int, Strip]] = {}  # line -> (its text, width, its strip)
 
     def show(self, state: HostState) -> None:
         self.state = state
@@ -57,40 +49,42 @@ class GpuPane(Static):
                 self._titles = titles
                 self.border_title = as_text(titles[0])  # the board's name and a node's name: host text
                 self.border_subtitle = as_text(titles[1]) if titles[1] else None
-        new = self._content()
-        if _same(self._shown, new):
-            return
-        lines = _changed_lines(self._shown, new)
-        width = self.content_size.width
-        if lines is None or not width:
+        old = self._lines
+        self._build()
+        width = self.size.width
+        if len(old) != len(self._lines) or not width:
             self.refresh()
-        else:  # only the lines that changed are drawn again (a watt more on the power line: one line)
-            self.refresh(*[Region(0, y, width, 1) for y in lines])
-
-    def render(self) -> Text:
-        self._shown = self._content()
-        return self._shown
-
-    def _render_content(self) -> None:
-        """Textual turns the whole text into strips whenever any line changed; here only the
-        changed lines are (a line is rendered alone exactly as in the whole, where no line is wider
-        than the pane and none wraps; otherwise, or with a selection, Textual's own way)."""
-        width, height = self.size
-        lines = self.render().split("\n", allow_blank=True)
-        if len(lines) > height or self.text_selection is not None or any(line.cell_len > width for line in lines):
-            self._strips = None
-            super()._render_content()
             return
-        old = self._strips[1] if self._strips and self._strips[0] == width else []
-        done = []
-        for y, line in enumerate(lines):
-            if y < len(old) and _same(old[y][0], line):
-                done.append(old[y])
-            else:
-                done.append((line, Visual.to_strips(self, visualize(self, line), width, 1, self.visual_style)[0]))
-        self._strips = (width, done)
-        self._render_cache = _RenderCache(self.size, [strip for _, strip in done])
-        self._dirty_regions.clear()
+        changed = [y for y, (a, b) in enumerate(zip(old, self._lines)) if not _same(a, b)]
+        if changed:
+            self.refresh(*[Region(0, y, width, 1) for y in changed])
+
+    def _build(self) -> None:
+        self._lines = self._content().split("\n", allow_blank=True)
+        self._built_for = self._view()
+
+    def _view(self) -> tuple:
+        """What the lines depend on besides the data: the bars are as wide as the pane, and a
+        compact pane shows fewer lines."""
+        return self.size, self.has_class("compact")
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if self._view() != self._built_for:
+            self._build()
+        if y >= len(self._lines):
+            return Strip.blank(width, self.visual_style.rich_style)
+        line = self._lines[y]
+        cached = self._strips.get(y)
+        if cached is not None and cached[1] == width and _same(cached[0], line):
+            return cached[2]
+        strip = self._strip(line, width)
+        self._strips[y] = (line, width, strip)
+        return strip
+
+    def _strip(self, line: Text, width: int) -> Strip:
+        """One line as Textual draws a Static's text (wider than the pane: cut)."""
+        return Visual.to_strips(self, visualize(self, line.copy()), width, 1, self.visual_style)[0]
 
     def _content(self) -> Text:
         state = self.state
