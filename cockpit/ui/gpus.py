@@ -83,8 +83,9 @@ class GpuPane(Widget):
         return strip
 
     def _strip(self, line: Text, width: int) -> Strip:
-        """One line as Textual draws a Static's text (wider than the pane: cut)."""
-        return Visual.to_strips(self, visualize(self, line.copy()), width, 1, self.visual_style)[0]
+        """One line, over the pane's own colours (wider than the pane: cut)."""
+        return (Strip(line.render(self.app.console)).crop(0, width).extend_cell_length(width)
+                .apply_style(self.rich_style))
 
     def _content(self) -> Text:
         state = self.state
