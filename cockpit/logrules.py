@@ -341,10 +341,14 @@ STALLS = [
 # was a network error"): a victim; the rank that failed first is another.
 VICTIM = re.compile(r"ncclRemoteError|remote process exit|remote process exiting|Got completion from peer")
 NAMED_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bTP rank (\d+)\b|\[rank(\d+)\]")
-EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|ExceptionGroup|Failure)|Exception)"
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception|\w*ExceptionGroup)"
                             r"(?::\s|:?$)")
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+# A traceback's frame (faulthandler's stack dumps write "line N in f", without the comma: no traceback)
+TRACE_FRAME = re.compile(r'^\s*File "[^"]+", line \d+, in ')
+# A traceback's last line: the exception's (qualified) name, then its message
+FINAL_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::\s|:?$)")
 # Python joining two tracebacks of one chain: the traceback that follows belongs to the same error
 CHAINED = re.compile(r"^During handling of the above exception, another exception occurred|"
                      r"^The above exception was the direct cause of the following exception")
@@ -354,7 +358,8 @@ REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callbac
 REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
                            r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
-BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError)\b")
+BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
+                              r"|SystemExit)\b")
 # A request served: the server is doing its work after whatever came before
 HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
@@ -624,7 +629,7 @@ class LogTracker:
             self.stalls.append((self.n, ll))
         elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
             self._block.evidence.append((self.n, ll.text))  # the traceback's own last word
-        elif self._trace is not None and continues and not self._trace.done and EXCEPTION_LINE.match(msg) \
+        elif self._trace is not None and continues and not self._trace.done and FINAL_LINE.match(msg) \
                 and ll.level not in ("WARNING", "INFO", "DEBUG"):
             self._trace_failure(ll, msg)
         if ll.kind != "failure" and (ll.phase or HTTP_OK.search(msg)):
@@ -643,7 +648,7 @@ class LogTracker:
             return
         frame = FRAME.match(msg)
         trace = self._trace
-        if TRACEBACK.search(msg) or (frame and trace is None):
+        if TRACEBACK.search(msg) or (trace is None and TRACE_FRAME.match(msg)):
             if trace is not None and trace.done and trace.chained:
                 trace.done = trace.chained = False  # the next traceback of the same chain
             elif trace is None or trace.done or not continues:
@@ -656,8 +661,8 @@ class LogTracker:
         """A headerless traceback's final exception line: a provisional failure (none for one request's)."""
         trace = self._trace
         trace.done, trace.chained = True, False
-        if trace.request or BENIGN_EXCEPTION.match(msg):
-            return
+        if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg):
+            return  # one request's, a client gone, Ctrl+C
         if trace.failure is not None:  # a later traceback of the same chain: its last word
             trace.failure.evidence.append((self.n, ll.text))
             return

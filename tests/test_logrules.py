@@ -555,3 +555,12 @@ def test_an_offline_run_that_finished_then_lost_its_engine_at_exit_is_ok():
     assert track([done, died], "vllm").first_failure() is None
     assert track([done.replace("4/4", "3/4"), died], "vllm").first_failure().cause == "died"
     assert track([died], "vllm").first_failure().cause == "died"
+
+
+def test_ctrl_c_and_a_stack_dump_are_no_failure():
+    ctrl_c = UNCAUGHT[:-1] + ["KeyboardInterrupt"]
+    assert track(ctrl_c, "vllm").first_failure() is None
+    dump = ["Thread 0x00007f1c2a7fc700 (most recent call first):",  # faulthandler.dump_traceback_later, a live process
+            '  File "/usr/lib/python3.10/threading.py", line 320 in wait',
+            '  File "/usr/lib/python3.10/threading.py", line 607 in wait']
+    assert track(dump, "vllm").first_failure() is None
