@@ -744,7 +744,8 @@ class LogTracker:
         t = self._trace
         if t is None or t.done or t.request or t.line <= self.last_progress:
             return None
-        return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)])
+        return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)],
+                       provisional=True)
 
     def first_failure(self) -> Failure | None:
         """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
