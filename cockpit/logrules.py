@@ -11,8 +11,12 @@ The rules name what SGLang, vLLM and torch really print (docs/diagnosis.md lists
 sources): SGLang `[2025-04-21 04:13:43 DP0 TP3] msg` (newer `[04-21 04:13:43 TP3]`), vLLM
 `(VllmWorker rank=3 pid=406) ERROR 03-25 21:13:53 [multiproc_executor.py:374] msg` and its other
 process names (`Worker_PP1_TP2`, `EngineCore_DP0`, `APIServer`, `VllmWorkerProcess`), torch
-`[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] msg`. Colour codes and a container's
-own prefix (`svc-1  | `, an ISO timestamp, a `│ ` box) are stripped first."""
+`[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] msg` and torchrun's `[rank3]: msg`, SGLang
+0.2's `[gpu_id=1] msg`, vLLM 0.10's nested `(EngineCore_0 pid=..) (VllmWorker TP1 pid=..) msg`, and site
+formats of the same records (`2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg`, NIM's
+`ERROR 2025-07-21 14:34:24.934 file.py:62] msg`). Colour codes (also with the ESC byte lost to U+FFFD),
+carriage returns (also a literal `^M`) and a container's own prefix (`svc-1  | `, an ISO timestamp,
+a `│ ` box) are stripped first."""
 
 from __future__ import annotations
 
