@@ -367,6 +367,8 @@ class Watchdog:
         that failed first (a root cause before its consequences, as `cockpit explain` reads it)."""
         dead = [p for p in ranks if not p.alive or p.status == "Z"]
         first = self.tracker.first_failure()
+        if first is not None and first.provisional and ranks and not dead:
+            first = None  # a traceback no failure line opened, while every rank lives: its process went on
         if not dead and first is None and phase.name != "crashed":
             return None
         rank = first.rank if first is not None and first.rank is not None else (dead[0].rank if dead else None)

@@ -11,8 +11,12 @@ The rules name what SGLang, vLLM and torch really print (docs/diagnosis.md lists
 sources): SGLang `[2025-04-21 04:13:43 DP0 TP3] msg` (newer `[04-21 04:13:43 TP3]`), vLLM
 `(VllmWorker rank=3 pid=406) ERROR 03-25 21:13:53 [multiproc_executor.py:374] msg` and its other
 process names (`Worker_PP1_TP2`, `EngineCore_DP0`, `APIServer`, `VllmWorkerProcess`), torch
-`[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] msg`. Colour codes and a container's
-own prefix (`svc-1  | `, an ISO timestamp, a `│ ` box) are stripped first."""
+`[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] msg` and torchrun's `[rank3]: msg`, SGLang
+0.2's `[gpu_id=1] msg`, vLLM 0.10's nested `(EngineCore_0 pid=..) (VllmWorker TP1 pid=..) msg`, and site
+formats of the same records (`2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg`, NIM's
+`ERROR 2025-07-21 14:34:24.934 file.py:62] msg`). Colour codes (also with the ESC byte lost to U+FFFD),
+carriage returns (also a literal `^M`) and a container's own prefix (`svc-1  | `, an ISO timestamp,
+a `│ ` box) are stripped first."""
 
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ class LogLine(NamedTuple):
     who: str | None = None  # the writer its prefix names: "TP3", "DP0 TP3", "VllmWorker rank=3", "EngineCore_DP0"
     message: str | None = None  # the text after the prefixes
     consequence: bool = False  # a failure that reports another's (a parent's sigquit, a dead-worker notice)
+    victim: bool = False  # its writer reports a peer's failure (ncclRemoteError): it names no failing rank
+    level: str | None = None  # ERROR, WARNING, INFO, ... where the line's prefix says
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,9 @@ LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-defau
 
 # ----------------------------------------------------------------------------- prefixes
 
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+# Colour codes (also those whose ESC byte a copy turned into U+FFFD), a carriage return, and a
+# literal "^M" at a line's end (a terminal's \r, pasted as text).
+ANSI = re.compile(r"[\x1b\ufffd]\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
     re.compile(r"^\s*[│|]\s"),  # a k9s / table border
@@ -102,10 +110,20 @@ SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]
 SGLANG_TAG = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
 # vLLM: "(VllmWorker rank=3 pid=406) ", "(Worker_PP1_TP2 pid=130) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) "
 VLLM_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
+# Site formats of the same logging record (a site's own formatter, NVIDIA NIM's wrapper of vLLM):
+# "2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg", "ERROR 2025-07-21 14:34:24.934 file.py:62] msg"
+SITE_LEVEL = re.compile(
+    r"(?:(?P<d1>\d{4}-\d\d-\d\d) (?P<t1>\d\d:\d\d:\d\d)(?:[.,]\d+)? (?P<l1>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d+ "
+    r"\[[\w./<>-]+:\d+\]"
+    r"|(?P<l2>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d)(?:[.,]\d+)? "
+    r"\[?[\w./<>-]+:\d+\]) ?")
+# SGLang 0.2 (2024): "[gpu_id=1] msg"
+SGLANG_GPU_ID = re.compile(r"\[gpu_id=(\d+)\] ?")
 VLLM_LEVEL = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
 # torch c10: "[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] ", "[rank0]:[E ProcessGroupNCCL.cpp:563] "
 TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWI])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
+TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
 
 
@@ -162,9 +180,25 @@ def parse(text: str) -> Parsed:
     if m and m.start() - pos < 60:
         who, engine, pos = m.group(1), "vllm", m.end()
         rank = _rank_of_who(who)
+        # nested: "(EngineCore_0 pid=..) (VllmWorker TP1 pid=..) ": the innermost writer wrote it
+        while (inner := VLLM_PREFIX.match(s, pos)) is not None:
+            who, pos = inner.group(1), inner.end()
+            inner_rank = _rank_of_who(who)
+            rank = inner_rank if inner_rank is not None else rank
+    elif engine is None:
+        m = SGLANG_GPU_ID.match(s, pos)
+        if m:
+            rank, engine, pos = int(m.group(1)), "sglang", m.end()
+            who = f"gpu_id={rank}"
     m = VLLM_LEVEL.match(s, pos) or (VLLM_LEVEL.search(s, pos, pos + 60) if engine != "sglang" else None)
     if m:
         level, time, engine, pos = m.group(1), m.group(2), engine or "vllm", m.end()
+    else:
+        m = SITE_LEVEL.match(s, pos)
+        if m:
+            level = m.group("l1") or m.group("l2")
+            time = f"{m.group('d1') or m.group('d2')} {m.group('t1') or m.group('t2')}"
+            pos = m.end()
     m = TORCH_PREFIX.search(s, pos, pos + 80)
     if m and m.start() - pos < 30:
         if m.group(1) is not None:
@@ -174,6 +208,9 @@ def parse(text: str) -> Parsed:
             time = time or f"{int(m.group(3)):02d}-{m.group(4)} {m.group(5)}"
         pos = m.end()
         who = who or (f"rank{rank}" if rank is not None else None)
+    elif (m := TORCH_RANK_LEAD.match(s, pos)) is not None:
+        rank, pos = int(m.group(1)), m.end()  # "[rank3]: msg": the rank kept, the message read without it
+        who = who or f"rank{rank}"
     elif rank is None:
         m = TORCH_RANK.search(s, pos, pos + 40)
         if m:
@@ -193,7 +230,7 @@ def line_rank(text: str) -> int | None:
 # The causes a failure can name, and how much of a root cause each is: a post-mortem names the
 # first failure of the lowest tier (an OOM on rank 3 before the NCCL errors it caused on the others).
 CAUSE_TIER = {
-    "oom": 0, "cuda-error": 0, "killed": 0, "segfault": 0, "aborted": 0,
+    "oom": 0, "cuda-error": 0, "killed": 0, "segfault": 0, "aborted": 0, "fatal-signal": 0,
     "nccl-error": 1, "watchdog-timeout": 1, "exception": 1,
     "nccl-timeout": 2,
     "terminated": 3, "died": 3,
@@ -204,6 +241,7 @@ CAUSES = [
             r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
+            r"|larger than the maximum number of tokens that can be stored in KV cache"
             r"|Free memory on device .* is less than desired GPU memory utilization"),
     ("nccl-timeout", r"Watchdog caught collective operation timeout"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
@@ -212,15 +250,19 @@ CAUSES = [
                    r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
                    r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"),
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
-    ("segfault", r"Segmentation fault|SIGSEGV"),
-    ("aborted", r"SIGABRT|Aborted \(core dumped\)|Fatal Python error: Aborted"),
-    ("killed", r"SIGKILL|Killed process \d+|^Killed$|oom-kill"),
+    ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),
+    ("fatal-signal", r"Fatal Python error: (?:Floating point exception|Illegal instruction)|SIGFPE|SIGILL"),
+    ("aborted", r"SIGABRT|Aborted \(core dumped\)|Fatal Python error: "),
+    # the shell's notice of a SIGKILLed child (also in glibc's zh_CN wording)
+    ("killed", r"SIGKILL|Killed process \d+|^\s*(?:Killed|已杀死)\s*$|oom-kill"),
 ]
 CAUSE_RX = [(cause, re.compile(rx)) for cause, rx in CAUSES]
 # An exit code's cause: a negative code is the signal that ended the process (-9 SIGKILL, often the
 # kernel's OOM killer); 128+N is the same from a shell. SIGTERM, SIGQUIT, SIGINT, SIGHUP come from
 # another process ending this one (the parent, after another rank failed): a consequence.
 EXIT_CAUSE = {-9: "killed", 137: "killed", -11: "segfault", 139: "segfault", -6: "aborted", 134: "aborted",
+              -7: "segfault", 135: "segfault", -8: "fatal-signal", 136: "fatal-signal", -4: "fatal-signal",
+              132: "fatal-signal",
               -15: "terminated", 143: "terminated", -3: "terminated", 131: "terminated", -2: "terminated",
               130: "terminated", -1: "terminated", 129: "terminated"}
 
@@ -250,17 +292,24 @@ FAILURES = [
        header=True),
     _f(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti)", header=True),
     _f(r"Capture cuda graph failed", header=True),
+    # http_server.py _wait_and_warmup: the warm-up request failed; SGLang then kills its own process tree
+    _f(r"Initialization failed\. warmup error", header=True),
     _f(r"Received sigquit from a child proces", consequence=True),
     # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
     _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
     # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
     _f(r"WorkerProc hit an exception|WorkerProc failed to start", header=True),
     _f(r"EngineCore failed to start", header=True),
+    _f(r"EngineCore hit an exception", header=True),  # V1 core.py, run_engine_core (0.7-0.9)
+    # V0 worker_base.py execute_method (Ray and multiproc workers): logger.exception, the traceback follows
+    _f(r"Error executing method \S+\. This might cause deadlock in distributed execution", header=True),
     _f(r"EngineCore encountered a fatal error", consequence=True, header=True),
     _f(r"Exception in worker \S+ while processing method", header=True),
     _f(r"Worker proc (?:VllmWorker|Worker)[-_](?:TP)?(?P<rank>\d+) died unexpectedly"
        r"(?: \(exit code: (?P<code>-?\d+)\))?", "died", consequence=True),
     _f(r"Worker \w+ pid \d+ died, exit code: (?P<code>-?\d+)", "died", consequence=True),
+    # V1 core_client.py: the front end saw its engine process go (whatever ended it is told elsewhere, if at all)
+    _f(r"Engine core proc \S+ died unexpectedly", "died", consequence=True),
     _f(r"Engine core initialization failed|Engine process failed to start"
        r"|WorkerProc initialization failed due to an exception", consequence=True),
     _f(r"(?:Async|MQ)?EngineDeadError|Engine loop has died", consequence=True),
@@ -269,7 +318,13 @@ FAILURES = [
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
     _f(r"Process group watchdog thread terminated with exception"),
     _f(r"terminate called after throwing an instance of", "aborted", consequence=True),
-    _f(r"Fatal Python error: (?:Segmentation fault|Aborted)", "segfault"),
+    # Python's faulthandler / Py_FatalError: "Fatal Python error: Segmentation fault", "... Aborted",
+    # "... Floating point exception", ...: the cause words tell which; the process is gone either way
+    _f(r"Fatal Python error: ", "aborted"),
+    _f(r"!+ Segfault encountered !+", "segfault"),  # vLLM's own SIGSEGV handler (a native stack follows)
+    # NCCL's proxy thread: an InfiniBand work completion failed (a peer gone, a link down); NCCL turns
+    # it into ncclRemoteError ("-> 6") and the communicator is unusable, whether the job then aborts or hangs
+    _f(r"NCCL WARN NET/IB ?: Got completion from peer .* with error", "nccl-error"),
 ]
 _NAMED_GROUP = re.compile(r"\?P<\w+>")
 FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
@@ -279,13 +334,41 @@ CAUSE_ANY = re.compile("|".join(f"(?:{rx})" for _, rx in CAUSES))
 STALLS = [
     # vllm/distributed/device_communicators/shm_broadcast.py: a rank has not read the last broadcast
     (re.compile(r"No available shared memory broadcast block found in \d+ seconds?"), "shm-broadcast"),
+    # vllm/executor/ray_utils.py: Ray cannot place the workers (no free GPU, wrong node IP); repeats until
+    # it can, which may be never
+    (re.compile(r"Waiting for creating a placement group of specs for \d+ seconds"), "placement-group"),
     # sglang/srt/entrypoints/http_server.py: the scheduler answers no health check
     (re.compile(r"Health check failed\. Server couldn't get a response from detokenizer"), "health-check"),
 ]
 
+# A rank reporting that a peer went away (NCCL's ncclRemoteError, torch's "remote process exited or there
+# was a network error"): a victim; the rank that failed first is another.
+VICTIM = re.compile(r"ncclRemoteError|remote process exit|remote process exiting|Got completion from peer")
 NAMED_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bTP rank (\d+)\b|\[rank(\d+)\]")
-EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception)(?::\s|:?$)")
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception|\w*ExceptionGroup)"
+                            r"(?::\s|:?$)")
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+# A traceback's frame (faulthandler's stack dumps write "line N in f", without the comma: no traceback)
+TRACE_FRAME = re.compile(r'^\s*File "[^"]+", line \d+, in ')
+# A traceback's last line: the exception's (qualified) name, then its message
+FINAL_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::\s|:?$)")
+# Python joining two tracebacks of one chain: the traceback that follows belongs to the same error
+CHAINED = re.compile(r"^During handling of the above exception, another exception occurred|"
+                     r"^The above exception was the direct cause of the following exception")
+# A traceback of one request, in a server that goes on: the web framework's own notice before it
+# (uvicorn, asyncio, aiohttp) or a frame of the HTTP stack or of an engine's request handlers in it.
+REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callback |Error handling request")
+REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
+                           r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
+# Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
+BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
+                              r"|SystemExit)\b")
+# A request served: the server is doing its work after whatever came before
+HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
+# vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
+OFFLINE_DONE = re.compile(r"Processed prompts: 100%.*?\| ?(\d+)/(\1) ")
+BARE_KILLED = re.compile(r"^\s*(?:Killed|已杀死)\s*$")
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
 SHARDS = re.compile(r"checkpoint shards:.*?\|\s*(\d+)/(\d+)")
@@ -394,12 +477,12 @@ class LogRules:
         p = parse(text)
         self._learn(text, p)
         msg = p.message
-        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg)
+        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level)
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
         frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
-        if not frame and FAILURE_ANY.search(msg):
+        if not frame and p.level != "DEBUG" and FAILURE_ANY.search(msg):
             for rule in FAILURES:
                 m = rule.pattern.search(msg)
                 if not m:
@@ -411,12 +494,13 @@ class LogRules:
                 cause = (exit_cause(code) or rule.cause) if code is not None else (cause_of(msg) or rule.cause)
                 consequence = cause == "terminated" or (rule.consequence and cause == rule.cause)
                 return LogLine(kind="failure", cause=cause, failed_rank=failed, exit_code=code,
-                               consequence=consequence, **base)
+                               consequence=consequence, victim=bool(VICTIM.search(msg)), **base)
         if not frame and p.level not in ("WARNING", "INFO", "DEBUG"):
             cause = cause_of(msg)
             if cause and (EXCEPTION_LINE.match(msg) or p.level in ("ERROR", "CRITICAL")
                           or msg.lstrip().startswith("what():") or cause in ("killed", "segfault", "aborted")):
-                return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(msg), **base)
+                return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(msg),
+                               victim=bool(VICTIM.search(msg)), **base)
         phase = self._phase(msg)
         shards = None
         if phase == "loading weights":
@@ -452,13 +536,28 @@ class Failure:
     time: str | None = None
     evidence: list[tuple[int, str]] = field(default_factory=list)  # (line, text): the line and what names its cause
     named: bool = False  # the line itself names the failed rank ("Worker proc VllmWorker-3 died", "Rank 3 ...")
+    provisional: bool = False  # a traceback with no failure header: withdrawn if the run goes on after it
 
     @property
     def tier(self) -> int:
         """0 names a root cause (oom, cuda-error, killed, ...); a consequence that names no cause of its own is 3."""
-        if self.consequence and self.cause in ("exception", "died", "terminated"):
+        if self.consequence and self.cause in ("exception", "died", "terminated", "killed"):
             return 3
         return CAUSE_TIER.get(self.cause, 1)
+
+
+@dataclass
+class _Trace:
+    """A traceback that no failure line opened, being read."""
+
+    line: int
+    text: str
+    who: str | None
+    rank: int | None
+    request: bool = False  # one request's: the server's own notice before it, or a frame of the HTTP stack
+    failure: Failure | None = None  # what its exception line made
+    done: bool = False  # its exception line came
+    chained: bool = False  # "During handling of the above exception ...": another traceback of the chain follows
 
 
 @dataclass
@@ -472,7 +571,14 @@ class LogTracker:
     """Reads a run's log lines in order (`feed`) and keeps its post-mortem: the phases reached (a
     timeline that only moves forward), the failures (each traceback's last exception line naming
     the cause of the failure that opened it), the ranks seen, the last stall tell. A new launch
-    (the server printing its arguments) starts the failures and the timeline over."""
+    (the server printing its arguments) starts the failures and the timeline over.
+
+    A traceback that no failure line opened (a process's uncaught exception, or one whose
+    `Traceback` line the excerpt cut) is a failure by its final exception line, unless it is one
+    request's (uvicorn's `Exception in ASGI application`, asyncio's `Exception in callback`, a frame
+    of uvicorn, starlette, fastapi, aiohttp or an engine's `serving_*.py`): such a failure is
+    provisional and withdrawn when the run goes on after it (a phase mark, a request served, a
+    throughput line). A log that ends inside such a traceback ends on a failure too."""
 
     def __init__(self, rules: LogRules):
         self.rules = rules
@@ -483,11 +589,11 @@ class LogTracker:
         self.ranks: set[int] = set()
         self.last_progress = 0  # the last line that marked a phase or served a request
         self.last_time: str | None = None
+        self.finished_at = 0  # the line where an offline run said it had done all its work
         self._block: Failure | None = None  # the failure whose traceback is being read
         self._block_who: str | None = None
-        self._trace_who: str | None = None  # a traceback without a failure header, being read
-        self._trace_rank: int | None = None
-        self._in_trace = False
+        self._trace: _Trace | None = None  # a traceback without a failure header, being read
+        self._notice_at = -10  # the last line with a web framework's request-error notice
 
     @property
     def phase(self) -> str | None:
@@ -499,34 +605,91 @@ class LogTracker:
     def add(self, ll: LogLine) -> LogLine:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
+        msg = ll.message or ""
         if ll.time:
             self.last_time = ll.time
         if ll.rank is not None:
             self.ranks.add(ll.rank)
-        if LAUNCH.search(ll.message or "") and (self.failures or self.timeline and self.phase != "starting"):
+        if LAUNCH.search(msg) and (self.failures or self.timeline and self.phase != "starting"):
             self._restart()
         continues = self._continues(ll)
         if not continues:
             self._block = None
-            self._in_trace = False
-        if ll.message is not None and TRACEBACK.search(ll.message) and ll.kind != "failure":
-            if not continues or self._block is None:
-                self._in_trace, self._trace_who, self._trace_rank = True, ll.who, ll.rank
+            self._trace = None
+        elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
+            if CHAINED.match(msg.strip()):
+                self._trace.chained = True
+        if REQUEST_NOTICE.search(msg):
+            self._notice_at = self.n
+        self._read_trace(ll, msg, continues)
+        if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self.failures:
+            ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
         if ll.kind == "failure":
             self._failure(ll, continues)
+            if self._trace is not None and continues:
+                self._trace.done, self._trace.chained = True, False
+                self._trace.failure = self._trace.failure or self._block
         elif ll.kind == "stall":
             self.stalls.append((self.n, ll))
-        elif self._block is not None and continues and EXCEPTION_LINE.match(ll.message or ""):
+        elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
             self._block.evidence.append((self.n, ll.text))  # the traceback's own last word
+        elif self._trace is not None and continues and not self._trace.done and FINAL_LINE.match(msg) \
+                and ll.level not in ("WARNING", "INFO", "DEBUG"):
+            self._trace_failure(ll, msg)
+        if ll.kind != "failure" and (ll.phase or HTTP_OK.search(msg)):
+            self._progress(ll)
         if ll.phase and ll.kind != "failure":
             self._mark(ll)
+        m = OFFLINE_DONE.search(msg)
+        if m:
+            self.finished_at = self.n
         return ll
+
+    def _read_trace(self, ll: LogLine, msg: str, continues: bool) -> None:
+        """A traceback that no failure line opened: its start (also a frame whose `Traceback` line was
+        cut), whether it is one request's, and a chained traceback joining the one before."""
+        if ll.kind == "failure" or (continues and self._block is not None):
+            return
+        frame = FRAME.match(msg)
+        trace = self._trace
+        if TRACEBACK.search(msg) or (trace is None and TRACE_FRAME.match(msg)):
+            if trace is not None and trace.done and trace.chained:
+                trace.done = trace.chained = False  # the next traceback of the same chain
+            elif trace is None or trace.done or not continues:
+                request = self.n - self._notice_at <= 3
+                self._trace = trace = _Trace(self.n, ll.text, ll.who, ll.rank, request)
+        if frame and trace is not None and REQUEST_FRAME.search(frame.group(1)):
+            trace.request = True
+
+    def _trace_failure(self, ll: LogLine, msg: str) -> None:
+        """A headerless traceback's final exception line: a provisional failure (none for one request's)."""
+        trace = self._trace
+        trace.done, trace.chained = True, False
+        if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg):
+            return  # one request's, a client gone, Ctrl+C
+        if trace.failure is not None:  # a later traceback of the same chain: its last word
+            trace.failure.evidence.append((self.n, ll.text))
+            return
+        rank = trace.rank if trace.rank is not None else ll.rank
+        f = Failure(self.n, ll.text, rank, "exception", False, ll.time or self.last_time,
+                    [(trace.line, trace.text), (self.n, ll.text)], provisional=True)
+        trace.failure = f
+        self.failures.append(f)
+        if rank is not None:
+            self.ranks.add(rank)
+
+    def _progress(self, ll: LogLine) -> None:
+        """The run went on: a traceback with no failure header before this line did not end it (unless
+        it was another rank's)."""
+        if any(f.provisional for f in self.failures):
+            self.failures = [f for f in self.failures if not (
+                f.provisional and f.line < self.n and (f.rank is None or ll.rank is None or f.rank == ll.rank))]
 
     def _continues(self, ll: LogLine) -> bool:
         """Whether this line belongs to the traceback being read: same writer, or no prefix at all."""
-        if self._block is None and not self._in_trace:
+        if self._block is None and self._trace is None:
             return False
-        who = self._block_who if self._block is not None else self._trace_who
+        who = self._block_who if self._block is not None else self._trace.who
         if ll.who is None and ll.time is None:
             return True  # no prefix at all: a continuation line of a multi-line message
         if ll.who is None:  # the unnamed main process: its traceback lines are errors, its other lines end it
@@ -534,8 +697,13 @@ class LogTracker:
         return ll.who == who
 
     def _failure(self, ll: LogLine, continues: bool) -> None:
-        inherited = self._block.rank if (continues and self._block) else (self._trace_rank if continues else None)
+        if continues and self._block is not None:
+            inherited = self._block.rank
+        else:
+            inherited = self._trace.rank if (continues and self._trace is not None) else None
         rank = ll.failed_rank if ll.failed_rank is not None else ll.rank if ll.rank is not None else inherited
+        if ll.victim and ll.failed_rank is None:
+            rank = None  # it reports a peer's failure: the rank that writes it is not the one that failed
         if rank is not None:
             self.ranks.add(rank)
         if continues and self._block is not None and not ll.consequence:
@@ -544,7 +712,7 @@ class LogTracker:
             if ll.cause != "exception" and (block.cause == "exception"
                                             or CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1)):
                 block.cause = ll.cause  # the traceback's exception line names what the header did not
-            if block.rank is None:
+            if block.rank is None and not block.provisional:
                 block.rank = rank
             return
         f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)],
@@ -552,7 +720,6 @@ class LogTracker:
         self.failures.append(f)
         if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
             self._block, self._block_who = f, ll.who
-            self._in_trace = False
 
     def _mark(self, ll: LogLine) -> None:
         phase = ll.phase
@@ -572,12 +739,24 @@ class LogTracker:
         self.failures.clear()
         self.stalls.clear()
         self._block = None
-        self._in_trace = False
+        self._trace = None
+        self.finished_at = 0
+
+    def _unfinished(self) -> Failure | None:
+        """The log ends inside a traceback no failure line opened and no exception line closed (not
+        one request's, and nothing moved since it began): the process was going down."""
+        t = self._trace
+        if t is None or t.done or t.request or t.line <= self.last_progress:
+            return None
+        return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)],
+                       provisional=True)
 
     def first_failure(self) -> Failure | None:
         """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
         if not self.failures:
-            return None
+            return self._unfinished()
+        if self.finished_at and all(f.tier >= 3 and f.line > self.finished_at for f in self.failures):
+            return None  # an offline run that did all its work, then a notice of its engine going at exit
         best = min(self.failures, key=lambda f: (f.tier, f.line))
         if best.rank is None:  # the root-cause line names no rank: the first death notice that names one
             ranked = [f for f in self.failures if f.rank is not None and f.named and f.tier >= 3 or

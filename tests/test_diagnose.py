@@ -74,3 +74,20 @@ def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
     assert dog.update(st, 80.0, "/l")[1].name == "ok"  # 80 s < 3 x 30 s
     phase, verdict = dog.update(st, 95.0, "/l")
     assert verdict.name == "slow" and "took 30 s" in verdict.evidence[0] and phase.name == "loading weights"
+
+
+def test_a_traceback_with_no_header_is_a_crash_only_when_the_processes_say_so():
+    """An uncaught exception ends its process; a traceback from a process that went on (every rank alive)
+    is evidence, not a crash. `cockpit explain` has no processes: it judges the lines alone."""
+    lines = ["[2026-11-30 10:00:00 TP0] Load weight begin. avail mem=94 GB",
+             "Traceback (most recent call last):",
+             '  File "/x/sglang/srt/utils.py", line 12, in f',
+             "ValueError: boom"]
+    st = host([(0, 10.0), (1, 10.0)], [(0, 45.0, 30000)] * 2, lines)
+    _, verdict = settle(Watchdog(), st, 1)
+    assert verdict.name == "ok"
+    st.apply({"t": "sample", "seq": 2, "procs": [
+        {"pid": 100, "ppid": 1, "name": "sglang::scheduler_TP0", "cmdline": ["sglang::scheduler_TP0"], "status": "S",
+         "cpu_pct": 0.0}]})
+    _, verdict = settle(Watchdog(), st, 2)
+    assert verdict.name == "crashed" and any("ValueError: boom" in e for e in verdict.evidence)

@@ -49,6 +49,20 @@ from cockpit.logrules import LogRules, LogTracker, PhaseRule, detect_engine, lin
      None, None, None),  # NCCL's [device] is no rank prefix
     ("[2026-11-30 10:00:00 TP3] Load weight begin. avail mem=94.20 GB", 3, "TP3", "2026-11-30 10:00:00"),  # the simulator
     ("(Worker_TP2 pid=130) INFO 11-30 10:00:00 [loader.py:1] Starting to load model", 2, "Worker_TP2", "11-30 10:00:00"),
+    # vLLM 0.10: the engine core's prefix in front of its worker's; the innermost writer wrote it
+    ("(EngineCore_0 pid=675221) (VllmWorker TP1 pid=675229) INFO 08-25 11:01:23 [default_loader.py:267] Loading weights "
+     "took 1.13 seconds", 1, "VllmWorker TP1", "08-25 11:01:23"),
+    ("[gpu_id=1] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, avail mem=15.95 GB",
+     1, "gpu_id=1", None),  # SGLang 0.2
+    ("[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited",
+     3, "rank3", None),  # torchrun's per-rank prefix
+    # a site's own formatter, NVIDIA NIM's
+    ("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution: CUDA error: an "
+     "illegal memory access was encountered^M", None, None, "2024-12-19 21:40:35"),
+    ("ERROR 2025-07-21 14:34:24.934 async_trtllm_engine_factory.py:62] Bfloat16 is only supported on GPUs with compute "
+     "capability of at least 8.0.", None, None, "2025-07-21 14:34:24"),
+    # vLLM's cyan prefix whose ESC bytes a copy turned into U+FFFD
+    ("\ufffd[36m(WorkerDict pid=129668)\ufffd[0m Fatal Python error: Floating point exception", None, "WorkerDict", None),
 ])
 def test_prefixes_name_the_writer_its_rank_and_time(text, rank, who, time):
     p = parse(text)
@@ -63,6 +77,12 @@ def test_the_message_is_the_text_after_every_prefix():
     assert parse("eap-llm-server-on-arc  | ERROR 11-08 11:01:29 [multiproc_executor.py:135] Worker proc "
                  "VllmWorker-3 died unexpectedly, shutting down executor.").message.startswith("Worker proc VllmWorker-3")
     assert parse("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: CUDA error: x   │").level == "ERROR"
+    assert parse("[rank3]:     return dist._verify_params_across_processes(process_group, tensors, logger)"
+                 ).message == "    return dist._verify_params_across_processes(process_group, tensors, logger)"
+    site = parse("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution^M")
+    assert (site.level, site.message) == ("ERROR", "RuntimeError: Error in model execution")
+    nim = parse("ERROR 2025-07-21 14:34:24.934 async_trtllm_engine_factory.py:62] Bfloat16 is only supported")
+    assert (nim.level, nim.message) == ("ERROR", "Bfloat16 is only supported")
 
 
 # ----------------------------------------------------------------------------- failures
@@ -139,6 +159,34 @@ def one(text: str, engine: str = "auto"):
      "NumelOut=134217728, Timeout(ms)=600000) ran for 600059 milliseconds before timing out.", "nccl-timeout", 0, None, False),
     ("terminate called after throwing an instance of 'std::runtime_error'", "aborted", None, None, True),
     ("  what():  NCCL Error 1: unhandled cuda error", "nccl-error", None, None, False),
+    # SGLang's warm-up request failed; it then kills its own process tree (http_server.py _wait_and_warmup)
+    ("[2026-01-10 13:23:27] Initialization failed. warmup error: Traceback (most recent call last):",
+     "exception", None, None, False),
+    # vLLM V1 0.7-0.9 (core.py run_engine_core), V0 workers (worker_base.py execute_method)
+    ("ERROR 03-20 08:20:15 [core.py:340] EngineCore hit an exception: Traceback (most recent call last):",
+     "exception", None, None, False),
+    ("(RayWorkerWrapper pid=4139, ip=128.1.219.180) ERROR 07-03 14:43:50 worker_base.py:148] Error executing method "
+     "init_device. This might cause deadlock in distributed execution.", "exception", None, None, False),
+    ("ERROR 03-18 08:32:47 [worker_base.py:620] Error executing method 'initialize_cache'. This might cause deadlock in "
+     "distributed execution.", "exception", None, None, False),
+    # vLLM V1's front end: its engine process is gone (a consequence: the cause is told elsewhere, if at all)
+    ("(APIServer pid=47974) ERROR 10-14 13:42:23 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, "
+     "shutting down client.", "died", None, None, True),
+    # V0's KV cache too small for the model's length: an OOM in all but name, as V1's wording
+    ("(VllmWorkerProcess pid=6499) ERROR 07-24 14:07:40 multiproc_worker_utils.py:226] ValueError: The model's max seq "
+     "len (131072) is larger than the maximum number of tokens that can be stored in KV cache (79392). Try increasing "
+     "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.", "oom", None, None, False),
+    # a native crash: vLLM's segfault handler, Python's faulthandler
+    ("!!!!!!! Segfault encountered !!!!!!!", "segfault", None, None, False),
+    ("Fatal Python error: Segmentation fault", "segfault", None, None, False),
+    ("Fatal Python error: Aborted", "aborted", None, None, False),
+    ("\ufffd[36m(WorkerDict pid=129668)\ufffd[0m Fatal Python error: Floating point exception", "fatal-signal", None, None,
+     False),
+    ("Fatal Python error: PyThreadState_Get: the function must be called with the GIL held", "aborted", None, None, False),
+    # NCCL's proxy: an InfiniBand completion failed, the communicator is broken
+    ("[Node-A]:[PID]:[Thread] [0] NCCL WARN NET/IB : Got completion from peer [PRIVATE_IP] with error 12, opcode 0, "
+     "len 0, vendor err 129 (Recv)", "nccl-error", None, None, False),
+    ("Killed", "killed", None, None, False),
 ])
 def test_failures_name_their_cause_rank_and_exit_code(text, cause, failed_rank, exit_code, consequence):
     ll = one(text)
@@ -169,6 +217,17 @@ def test_lines_that_only_look_like_failures_are_not(text):
     assert one(text).kind != "failure"
 
 
+def test_a_rank_that_reports_a_peers_exit_is_a_victim():
+    """torch's ncclRemoteError: the rank that prints it did not fail first; it names no failing rank."""
+    ll = one("[rank3]: torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/"
+             "c10d/ProcessGroupNCCL.cpp:3763, remote process exited or there was a network error, NCCL version 2.28.8")
+    assert (ll.kind, ll.cause, ll.rank, ll.victim) == ("failure", "nccl-error", 3, True)
+    t = track([ll.text, "[rank3]: ncclRemoteError: A call failed possibly due to a network error or a remote process "
+                        "exiting prematurely."], "auto")
+    assert (t.first_failure().rank, t.first_failure().cause) == (None, "nccl-error")
+    assert t.ranks == {3}
+
+
 def test_the_error_and_warning_kinds():
     assert one("ValueError: TP rank 1 could finish the model loading, but there are other ranks th").kind == "error"
     assert one("(Worker_TP0 pid=34322) WARNING 05-06 21:00:09 [op.py:241] Priority not set for op rms_norm, using native "
@@ -188,6 +247,17 @@ def test_the_error_and_warning_kinds():
 def test_the_shm_broadcast_warning_is_a_stall_tell_not_a_crash(text):
     ll = one(text)
     assert (ll.kind, ll.cause) == ("stall", "shm-broadcast")
+
+
+@pytest.mark.parametrize("text", [
+    "INFO 04-01 02:46:20 ray_utils.py:214] Waiting for creating a placement group of specs for 30 seconds. specs=[{'GPU': "
+    "1.0}, {'GPU': 1.0}]. Check `ray status` to see if you have enough resources.",
+    "(EngineCore pid=84) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for creating a placement group of specs for 150 "
+    "seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}].",
+])
+def test_a_ray_placement_group_wait_is_a_stall_tell(text):
+    ll = one(text)
+    assert (ll.kind, ll.cause) == ("stall", "placement-group")
 
 
 # ----------------------------------------------------------------------------- phases
@@ -399,3 +469,98 @@ def test_the_main_processs_next_line_ends_its_traceback():
     ])
     assert [(f.line, f.cause) for f in t.failures] == [(1, "exception"), (5, "cuda-error")]
     assert [n for n, _ in t.failures[0].evidence] == [1, 3]  # the ValueError is the first one's last word
+
+
+# ----------------------------------------------------------------------------- tracebacks with no failure header
+
+CORPUS = __import__("pathlib").Path(__file__).parent / "data" / "real-logs"
+
+
+def corpus(name: str) -> list[str]:
+    return (CORPUS / name).read_text(encoding="utf-8").splitlines()[2:]
+
+
+UNCAUGHT = [  # vLLM V0's uniproc executor in a trainer: the interpreter's own traceback, no header
+    "Traceback (most recent call last):",
+    '  File "/home/user/.conda/envs/re-call/lib/python3.10/site-packages/vllm/worker/worker.py", line 156, in init_device',
+    "    _check_if_gpu_supports_dtype(self.model_config.dtype)",
+    '  File "/home/user/.conda/envs/re-call/lib/python3.10/site-packages/vllm/worker/worker.py", line 524, in '
+    "_check_if_gpu_supports_dtype",
+    "    raise ValueError(",
+    "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Quadro GV100 GPU has "
+    "compute capability 7.0.",
+]
+THROUGHPUT = ("INFO 08-08 16:36:33 metrics.py:406] Avg prompt throughput: 10724.5 tokens/s, Avg generation throughput: "
+              "651.8 tokens/s, Running: 77 reqs, Swapped: 0 reqs, Pending: 941 reqs")
+
+
+def test_a_traceback_with_no_header_is_a_failure_by_its_exception_line():
+    first = track(UNCAUGHT, "vllm").first_failure()
+    assert (first.line, first.cause, first.rank) == (6, "exception", None)
+    assert [n for n, _ in first.evidence] == [1, 6]
+    assert track(UNCAUGHT[1:], "vllm").first_failure().line == 5  # its Traceback line cut: the frames tell it
+    named = track(UNCAUGHT[:-1] + ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB."], "vllm")
+    assert named.first_failure().cause == "oom"
+
+
+def test_a_log_that_ends_inside_a_traceback_ends_on_a_failure():
+    first = track(UNCAUGHT[:4], "vllm").first_failure()
+    assert (first.line, first.cause) == (1, "exception")
+    assert track(UNCAUGHT[:4] + [THROUGHPUT], "vllm").first_failure() is None
+
+
+def test_a_traceback_the_run_goes_on_after_is_withdrawn():
+    """Ray's deserialization traceback in a V1 server that goes on serving (vllm#15199)."""
+    assert track(UNCAUGHT + [THROUGHPUT], "vllm").first_failure() is None
+    served = '[2025-08-07 20:17:13] INFO:     127.0.0.1:37734 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    assert track(UNCAUGHT + [served], "vllm").first_failure() is None
+    # another rank's progress does not vouch for the rank whose traceback it was
+    torch = ["[rank2]: " + line for line in UNCAUGHT]
+    other = "(VllmWorker rank=1 pid=12231) INFO 03-25 21:13:53 [gpu_model_runner.py:1] Model loading took 6.3 GiB"
+    assert track(torch + [other], "vllm").first_failure().rank == 2
+
+
+def test_a_requests_traceback_in_a_server_that_goes_on_is_no_failure():
+    """vllm#7309: uvicorn's notice, starlette and uvicorn frames, a chained CancelledError, then the engine's
+    throughput lines. Any one of the three tells it is a request's."""
+    lines = corpus("vllm-v0-asgi-request-exception-serving-on.log")
+    assert track(lines, "vllm").first_failure() is None
+    assert not track(lines, "vllm").failures
+    traceback_only = [line for line in lines if "metrics.py" not in line]
+    assert track(traceback_only, "vllm").first_failure() is None  # the notice and the frames
+    no_notice = traceback_only[1:]
+    assert track(no_notice, "vllm").first_failure() is None  # the frames alone
+    no_frames = [line for line in no_notice if not re.search(r"starlette|uvicorn|anyio", line)]
+    assert track(no_frames, "vllm").first_failure() is not None  # nothing says it was a request's
+    assert track(no_frames + [THROUGHPUT], "vllm").first_failure() is None  # but the run went on
+
+
+def test_a_healthy_servers_client_errors_stay_ok():
+    t = track(corpus("sglang-ready-then-client-400s.log"))
+    assert t.first_failure() is None and t.phase == "ready"
+
+
+def test_a_bare_killed_after_the_failure_is_its_consequence():
+    """SGLang's warm-up failure kills its own process tree; the shell then prints Killed."""
+    t = track(corpus("sglang-warmup-403-then-killed.log"))
+    assert [(f.cause, f.consequence) for f in t.failures] == [("exception", False), ("killed", True)]
+    assert t.first_failure().cause == "exception"
+    assert track(["Killed"]).first_failure().cause == "killed"  # alone, it is the cause
+
+
+def test_an_offline_run_that_finished_then_lost_its_engine_at_exit_is_ok():
+    done = ("Processed prompts: 100%|##########| 4/4 [00:00<00:00, 10.58it/s, est. speed input: 57.1 toks/s, "
+            "output: 169.3 toks/s]")
+    died = "ERROR 01-07 20:00:59 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."
+    assert track([done, died], "vllm").first_failure() is None
+    assert track([done.replace("4/4", "3/4"), died], "vllm").first_failure().cause == "died"
+    assert track([died], "vllm").first_failure().cause == "died"
+
+
+def test_ctrl_c_and_a_stack_dump_are_no_failure():
+    ctrl_c = UNCAUGHT[:-1] + ["KeyboardInterrupt"]
+    assert track(ctrl_c, "vllm").first_failure() is None
+    dump = ["Thread 0x00007f1c2a7fc700 (most recent call first):",  # faulthandler.dump_traceback_later, a live process
+            '  File "/usr/lib/python3.10/threading.py", line 320 in wait',
+            '  File "/usr/lib/python3.10/threading.py", line 607 in wait']
+    assert track(dump, "vllm").first_failure() is None
