@@ -240,26 +240,87 @@ async def shm_audit(session: HostSession, folder: str = SHM_DEFAULT, uid: int | 
     return await session.request("shm_audit", timeout=60, folder=folder, uid=uid)
 
 
-async def shm_clean(session: HostSession, names: list[str], folder: str = SHM_DEFAULT, uid: int | None = None,
+async def shm_clean(session: HostSession, names: list, folder: str = SHM_DEFAULT, uid: int | None = None,
                     other_dir: bool = False) -> dict:
-    """Remove these entries, each re-checked by the agent. A folder other than /dev/shm is
-    refused unless `other_dir` says the operator named it and confirmed."""
+    """Remove these entries, each re-checked by the agent. Each is a name or, better, the entry
+    as listed ({"name", "dev", "ino"}: `listed`), so that only the file the operator saw is
+    removed. A folder other than /dev/shm is refused unless `other_dir` says the operator named
+    it and confirmed."""
     return await session.request("shm_clean", timeout=60, folder=folder, names=names, uid=uid, other_dir=other_dir)
 
 
-def shm_after_kill(audit: dict, plan: KillPlan | None) -> list[str]:
-    """The entries a clean after this kill will remove: removable now, or kept only because a
-    process of the plan holds it or created it. Each is checked again by the agent at the time."""
-    planned = {e["pid"] for e in plan.entries} if plan else set()
-    names = []
+def listed(e: dict) -> dict:
+    """An audit entry as a clean is asked to remove it: its name and the file it was."""
+    return {"name": e["name"], "dev": e.get("dev"), "ino": e.get("ino")}
+
+
+LAUNCHED_RULE = "launched by this cockpit"
+
+
+@dataclass
+class ShmForRun:
+    """What a clean after a kill removes (each file tied to the run, and how) and what it
+    leaves (each with why)."""
+
+    remove: list[dict] = field(default_factory=list)
+    left: list[dict] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [e["name"] for e in self.remove]
+
+
+def shm_for_run(audit: dict, plan: KillPlan | None) -> ShmForRun:
+    """The files of the shm folder a clean after this kill will remove: a file named like an
+    inference run's, owned by the run's user, that can be tied to the run, from an audit taken
+    before the kill (while its processes still hold their files):
+    - mapped or held open only by processes of the plan;
+    - its name carries the pid of a process of the plan (torch_<pid>_…, sgl_shm_…_<pid>_…), and
+      it was created after that process started;
+    - the cockpit launched the run (the plan was found through the ledger) and the file was
+      created (birth time; status-change time where the file system keeps no birth time) after
+      the run's first process started.
+    Any other such file is left: "cannot tell whose it is" (`cockpit shm --clean` shows it and
+    removes it when asked). Each removal is the file listed (device and inode), checked again by
+    the agent then."""
+    out = ShmForRun()
+    members = {e["pid"]: e for e in (plan.entries if plan else [])}
+    since = None
+    if members and (plan.rule or "").startswith(LAUNCHED_RULE):
+        since = min(float(e.get("started") or 0.0) for e in members.values())
     for e in audit["entries"]:
-        if e["removable"]:
-            names.append(e["name"])
-        elif (planned and e["kind"] == "file" and e.get("family") and e.get("uid") == audit.get("uid")
-              and all(p in planned for p in e["held_by"])
-              and (not e["creator_alive"] or e["creator"] in planned)):
-            names.append(e["name"])
-    return names
+        if e["kind"] != "file" or not e.get("family") or e.get("uid") != audit.get("uid"):
+            continue  # never removed by any clean
+        held = set(e.get("held_by") or [])
+        born = float(e.get("born") or 0.0)
+        creator = e.get("creator")
+        tie = None
+        if held - set(members):
+            out.left.append({"name": e["name"], "why": "held by pid " + ",".join(map(str, sorted(held)))})
+            continue
+        if held:
+            tie = "held by the run's pid " + ",".join(map(str, sorted(held)))
+        elif creator in members and born >= float(members[creator].get("started") or 0.0) - 1.0:
+            tie = f"its name carries the run's pid {creator}"
+        elif e.get("creator_alive"):
+            out.left.append({"name": e["name"], "why": f"its creator pid {creator} is alive"})
+            continue
+        elif since is not None and born >= since:
+            tie = (f"created {when(born)} ({e.get('born_how') or 'birth'}), after the run this cockpit launched "
+                   f"started ({when(since)})")
+        if tie:
+            out.remove.append(dict(listed(e), why=tie))
+        else:
+            out.left.append({"name": e["name"], "why": "cannot tell whose it is (not held by the run, no pid of it "
+                                                       "in its name, not made while a run this cockpit launched "
+                                                       "ran): `cockpit shm --clean` shows it and removes it if asked"})
+    return out
+
+
+def shm_after_kill(audit: dict, plan: KillPlan | None) -> list[dict]:
+    """The entries (listed: name, device, inode) a clean after this kill will remove: those tied
+    to the run (shm_for_run)."""
+    return shm_for_run(audit, plan).remove
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -287,6 +348,19 @@ def describe_shm(audit: dict) -> list[str]:
     if audit.get("user"):
         lines.append(f"removable: files named like an inference run's ({', '.join(audit.get('prefixes') or [])}), "
                      f"owned by {audit['user']}, held by no process, their creator dead")
+    return lines
+
+
+def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
+    """What a clean after a kill removes (each with how it is tied to the run) and leaves."""
+    lines = []
+    if found.remove:
+        lines.append(f"then these {len(found.remove)} entries of {folder} are removed (each checked again first):")
+        lines += [f"  rm {visible(e['name'])}  ({e['why']})" for e in found.remove]
+    else:
+        lines.append(f"nothing to remove from {folder}")
+    for e in found.left:
+        lines.append(f"  left: {visible(e['name'])}: {e['why']}")
     return lines
 
 

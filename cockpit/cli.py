@@ -493,29 +493,36 @@ def cmd_shm(args: argparse.Namespace) -> int:
 
     if args.clean:
         _writable(args)
-    other_dir = os.path.normpath(args.dir) != actions.SHM_DEFAULT
-    if args.clean and other_dir and not args.yes_other_dir and not sys.stdin.isatty():
-        raise CockpitError(f"--dir {args.dir} is not /dev/shm: pass --yes-other-dir to clean it (--yes alone does not)")
+    def refuse_other(folder: str) -> None:
+        if args.clean and not args.yes_other_dir and not sys.stdin.isatty():
+            raise CockpitError(f"--dir {args.dir} is not /dev/shm ({folder}): pass --yes-other-dir to clean it "
+                               f"(--yes alone does not)")
+
+    if os.path.normpath(args.dir) != actions.SHM_DEFAULT:
+        refuse_other(args.dir)
 
     async def go():
         async with attached(args) as monitor:
             session = monitor.session
             audit = await actions.shm_audit(session, args.dir)
+            other_dir = not audit.get("default", os.path.normpath(args.dir) == actions.SHM_DEFAULT)
+            if other_dir:  # the folder as the host resolves it: `/dev/../dev/shm` is /dev/shm, a symlink is not
+                refuse_other(audit["folder"])
             if not args.clean:
                 return audit, None
-            names = [e["name"] for e in audit["entries"] if e["removable"]]
+            chosen = [actions.listed(e) for e in audit["entries"] if e["removable"]]
             if not args.json:
                 say("\n".join(actions.describe_shm(audit)))
-            if not names:
+            if not chosen:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
-            if not _confirm([f"  {visible(n)}" for n in names], f"remove these {len(names)} entries of {args.dir}?",
-                            args.yes):
+            if not _confirm([f"  rm {visible(e['name'])}" for e in chosen],
+                            f"remove these {len(chosen)} entries of {audit['folder']}?", args.yes):
                 return audit, None
             if other_dir and not args.yes_other_dir and not _confirm(
-                    [], f"{args.dir} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
-                    False):
+                    [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
+                        f"--yes-other-dir does)?", False):
                 return audit, None
-            return audit, await actions.shm_clean(session, names, args.dir, other_dir=other_dir)
+            return audit, await actions.shm_clean(session, chosen, audit["folder"], other_dir=other_dir)
 
     audit, cleaned = asyncio.run(go())
     if args.json:
