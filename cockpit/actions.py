@@ -243,15 +243,16 @@ async def shm_audit(session: HostSession, folder: str = SHM_DEFAULT, uid: int | 
 async def shm_clean(session: HostSession, names: list, folder: str = SHM_DEFAULT, uid: int | None = None,
                     other_dir: bool = False) -> dict:
     """Remove these entries, each re-checked by the agent. Each is a name or, better, the entry
-    as listed ({"name", "dev", "ino"}: `listed`), so that only the file the operator saw is
+    as listed ({"name", "dev", "ino", "born_ns"}: `listed`), so that only the file the operator saw is
     removed. A folder other than /dev/shm is refused unless `other_dir` says the operator named
     it and confirmed."""
     return await session.request("shm_clean", timeout=60, folder=folder, names=names, uid=uid, other_dir=other_dir)
 
 
 def listed(e: dict) -> dict:
-    """An audit entry as a clean is asked to remove it: its name and the file it was."""
-    return {"name": e["name"], "dev": e.get("dev"), "ino": e.get("ino")}
+    """An audit entry as a clean is asked to remove it: its name and the file it was (device,
+    inode and birth time: an inode number is handed out again once its file is removed)."""
+    return {"name": e["name"], "dev": e.get("dev"), "ino": e.get("ino"), "born_ns": e.get("born_ns")}
 
 
 LAUNCHED_RULE = "launched by this cockpit"

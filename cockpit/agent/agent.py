@@ -2205,7 +2205,9 @@ _LIBC = None
 
 def _born(path, st, dir_fd=None):
     """When the file was created: its birth time (statx, where the file system keeps one: tmpfs
-    does), else its status-change time, which is never earlier. (epoch, "birth" | "ctime")."""
+    does), else its status-change time, which is never earlier. (nanoseconds since the epoch,
+    "birth" | "ctime"). With the inode it tells one file from another that got its inode number
+    after it was removed (tmpfs and ext4 hand a freed number out again at once)."""
     global _LIBC
     try:
         import ctypes
@@ -2221,10 +2223,10 @@ def _born(path, st, dir_fd=None):
             if mask & 0x800 and ino == st.st_ino:
                 sec = int.from_bytes(buf.raw[80:88], "little", signed=True)
                 nsec = int.from_bytes(buf.raw[88:92], "little")
-                return sec + nsec / 1e9, "birth"
+                return sec * 1000000000 + nsec, "birth"
     except (OSError, AttributeError, ValueError):
         pass
-    return st.st_ctime, "ctime"
+    return st.st_ctime_ns, "ctime"
 
 
 def shm_family(name):
@@ -2282,7 +2284,8 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
                 m = rx.match(name)
                 if m:
                     creator = int(m.group(1))
-            born, born_how = _born(name, st, dfd)
+            born_ns, born_how = _born(name, st, dfd)
+            born = born_ns / 1e9
             alive, creator_started = None, None
             if creator is not None:
                 row = _proc_stat(creator)
@@ -2305,7 +2308,7 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
             entries.append({
                 "name": name, "kind": kind, "family": family, "bytes": st.st_blocks * 512 if kind == "file" else 0,
                 "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": _user(st.st_uid), "uid": st.st_uid,
-                "dev": st.st_dev, "ino": st.st_ino, "born": born, "born_how": born_how, "held_by": held,
+                "dev": st.st_dev, "ino": st.st_ino, "born": born, "born_ns": born_ns, "born_how": born_how, "held_by": held,
                 "creator": creator, "creator_alive": alive, "creator_started": creator_started,
                 "removable": why is None, "why": why,
             })
@@ -2319,7 +2322,7 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
 
 def shm_clean(folder, names, uid=None, other_dir=False):
     """Removes only the named entries that the audit, taken again now, finds removable. Each name
-    may carry the device and inode it had when it was listed ({"name", "dev", "ino"}): another
+    may carry the file it was when it was listed ({"name", "dev", "ino", "born_ns"}): another
     file under that name since is kept. Just before each unlink (relative to the folder's
     descriptor: no path followed, no symlink, nothing outside the folder) the entry is lstat()ed
     once more and must still be that regular file of that owner. Only /dev/shm (after resolving
@@ -2336,7 +2339,7 @@ def shm_clean(folder, names, uid=None, other_dir=False):
             if isinstance(item, dict):
                 name = str(item.get("name"))
                 if item.get("ino") is not None:
-                    want = (int(item["dev"]) if item.get("dev") is not None else None, int(item["ino"]))
+                    want = tuple(None if item.get(k) is None else int(item[k]) for k in ("dev", "ino", "born_ns"))
             else:
                 name = item
             entry = audit.get(name)
@@ -2344,14 +2347,17 @@ def shm_clean(folder, names, uid=None, other_dir=False):
                 skipped.append({"name": name, "why": "not an entry of " + folder})
             elif not entry["removable"]:
                 skipped.append({"name": name, "why": entry["why"]})
-            elif want is not None and (want[1] != entry["ino"] or want[0] not in (None, entry["dev"])):
-                skipped.append({"name": name, "why": "another file than the one listed (inode %d, now %d): "
-                                                     "replaced since" % (want[1], entry["ino"])})
+            elif want is not None and (want[1] != entry["ino"] or want[0] not in (None, entry["dev"])
+                                       or want[2] not in (None, entry["born_ns"])):
+                skipped.append({"name": name, "why": "another file than the one listed (inode %d, made %s; now "
+                                                     "inode %d, made %s): replaced since"
+                                                     % (want[1], _when((want[2] or 0) / 1e9), entry["ino"],
+                                                        _when(entry["born"]))})
             else:
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                     if (not st_mod.S_ISREG(st.st_mode) or st.st_ino != entry["ino"] or st.st_dev != entry["dev"]
-                            or st.st_uid != entry["uid"]):
+                            or st.st_uid != entry["uid"] or _born(name, st, dfd)[0] != entry["born_ns"]):
                         skipped.append({"name": name, "why": "changed since it was checked (now a %s, inode %d)"
                                                              % (_kind(st.st_mode), st.st_ino)})
                         continue
