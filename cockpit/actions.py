@@ -188,6 +188,45 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     return plan
 
 
+async def find_run(session: HostSession, layout=None, root: int | None = None, verb: str = "dump") -> KillPlan:
+    """The run a dump or a flight-recorder read acts on, found exactly as a kill finds it (the
+    same plan, nothing signalled): `root` (`--pid ROOT`) names it; else the run on screen
+    (run_scope). Two runs or more: AmbiguousRun naming each and how to choose; none: a
+    CockpitError saying why (another user's processes are never the run unless named)."""
+    scope = process_scope(root) if root else run_scope(session, layout)
+    plan = await plan_kill(session, scope, allow_ambiguous=True)
+    label = session.target.label
+    if len(plan.candidates) > 1:
+        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: {runs} — choose one: "
+                           f"`cockpit {verb} {label} --pid ROOT`", plan.candidates)
+    if not plan.entries:
+        why = "; ".join(plan.notes + [f"pid {f['root']} ({f.get('user', '?')}) left alone: {f['why']}"
+                                      for f in plan.foreign])
+        raise CockpitError(f"{verb}: no run found on {label}, and processes that are not the run's are never "
+                           f"touched" + (f" ({why})" if why else "") + f"; name one with `cockpit {verb} {label} "
+                           f"--pid ROOT`")
+    return plan
+
+
+def of_run(state: HostState, plan: KillPlan) -> tuple[set[int], list[str]]:
+    """The pids of the host state that are the run's (the plan's; a dead rank counts when it was
+    in one of the run's sessions), and a line for each watched rank left alone."""
+    members = {e["pid"] for e in plan.entries}
+    sessions = {e.get("sid") for e in plan.entries} - {None}
+    keep, left = set(members), []
+    for p in state.procs.values():
+        if p.pid in members:
+            continue
+        if not p.alive and p.sid in sessions:
+            keep.add(p.pid)
+        elif p.rank is not None or p.alive:
+            if p.rank is not None:
+                left.append(f"left alone: rank {p.rank} pid {p.pid} ({visible(p.title)[:60]}): not a process of the "
+                            f"run ({plan.rule or 'the plan'})")
+    return keep, left
+
+
 async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
                ports: list[int] | None = None) -> dict:
     """Carry out exactly the plan (each pid checked against its planned start time and user before
@@ -372,9 +411,10 @@ def describe_clean(done: dict) -> list[str]:
     return lines
 
 
-def rank_pids(state: HostState) -> list[tuple[int | None, int]]:
-    """(rank, pid) of the live ranks; a run without ranked titles falls back to its watched tree."""
-    ranks = [(p.rank, p.pid) for p in state.ranks() if p.alive]
+def rank_pids(state: HostState, pids: set[int] | None = None) -> list[tuple[int | None, int]]:
+    """(rank, pid) of the live ranks (of these pids: the run's, `of_run`); a run without ranked
+    titles falls back to its watched tree."""
+    ranks = [(p.rank, p.pid) for p in state.ranks() if p.alive and (pids is None or p.pid in pids)]
     if ranks:
         return ranks
-    return [(None, p.pid) for p in state.live_procs()]
+    return [(None, p.pid) for p in state.live_procs() if pids is None or p.pid in pids]

@@ -540,18 +540,25 @@ def cmd_shm(args: argparse.Namespace) -> int:
              help="send this install's py-spy when the host has none (what is sent, and where, is said first)"),
          arg("--full", "--native", dest="full", action="store_true",
              help="every frame of each group's main thread, the native ones unfolded"),
+         arg("--pid", type=int, metavar="ROOT", help="dump this run (its root process and what it started) instead of "
+                                                     "the run found; how to choose when two runs are found"),
          JSON)
 def cmd_dump(args: argparse.Namespace) -> int:
-    from cockpit import stacks
+    from cockpit import actions, stacks
 
     _writable(args)
 
     async def go():
         async with attached(args) as monitor:
             session, layout = monitor.session, monitor.layout
-            ranks = stacks.dump_targets(session.state)
+            plan = await actions.find_run(session, layout, args.pid, "dump")  # as the kill finds it
+            members, left = actions.of_run(session.state, plan)
+            for line in [f"the run: {plan.rule}"] + left:
+                print(visible(line), file=sys.stderr, flush=True)
+            ranks = stacks.dump_targets(session.state, members)
             if not ranks:
-                raise CockpitError(f"no rank to dump on {session.target.label}: no watched process is alive")
+                raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
+                                   f"is alive")
             run = layout.name if layout else session.target.label
             return await stacks.dump_ranks(session, ranks, run, upload=args.upload_pyspy,
                                            say=lambda line: print(line, file=sys.stderr, flush=True))
@@ -588,6 +595,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 @command("flightrec", "trigger torch's flight-recorder dump on every rank and compare their last collectives",
          TARGET, arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
+         arg("--pid", type=int, metavar="ROOT", help="this run (its root process and what it started) instead of the "
+                                                     "run found; how to choose when two runs are found"),
          JSON)
 def cmd_flightrec(args: argparse.Namespace) -> int:
     from cockpit import flightrec
@@ -599,7 +608,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
         async with attached(args) as monitor:
             if not flightrec.rank_pids(monitor.state):
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
-            return await flightrec.collect(monitor, trigger=not args.no_trigger)
+            return await flightrec.collect(monitor, trigger=not args.no_trigger, root=args.pid)
 
     answer, result = asyncio.run(go())
     if args.json:

@@ -349,7 +349,10 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     dumps = None
     if outcome.startswith("stalled") and dump_on_stall:
         try:
-            result = await stacks.dump_ranks(session, stacks.dump_targets(session.state), run["run_id"])
+            found = await actions.find_run(session, layout)  # the run just launched, as the kill finds it
+            result = await stacks.dump_ranks(session, stacks.dump_targets(session.state,
+                                                                          actions.of_run(session.state, found)[0]),
+                                             run["run_id"])
             dumps = str(result.folder)
             evidence = evidence + [f"stacks: {line}" for line in stacks.describe_groups(result.groups)
                                    if not line.startswith("    ")]

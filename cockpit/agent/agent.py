@@ -1326,8 +1326,9 @@ def _proc_path(pid, path):
         return None
 
 
-def _read_regular(path, limit):
-    """A regular file's bytes (no symlink followed), at most `limit`."""
+def _read_regular(path, limit, uid=None):
+    """A regular file's bytes (no symlink followed), at most `limit`; with `uid`, only a file
+    that user owns."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         import stat
@@ -1335,6 +1336,8 @@ def _read_regular(path, limit):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError("not a regular file")
+        if uid is not None and st.st_uid != uid:
+            raise OSError("owned by %s, not by the rank's user (%s): not read" % (_user(st.st_uid), _user(uid)))
         if st.st_size > limit:
             raise OSError("%d bytes, more than the %d read" % (st.st_size, limit))
         chunks, n = [], 0
@@ -1349,18 +1352,41 @@ def _read_regular(path, limit):
         os.close(fd)
 
 
-def _poke_fifo(path):
-    """One byte into a FIFO a rank reads (never a regular file, never through a symlink)."""
+def _poke_fifo(path, uid, held, pid):
+    """One byte into the FIFO a rank reads: a FIFO itself (lstat: never a symlink, never a
+    regular file), owned by the rank's user, and held open by the rank (its (device, inode) among
+    the rank's open descriptors: torch's DumpPipe keeps it open for reading). Checked again on the
+    descriptor it is written through."""
     import stat
 
     st = os.lstat(path)
     if not stat.S_ISFIFO(st.st_mode):
         raise OSError("not a FIFO")
-    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    if st.st_uid != uid:
+        raise OSError("owned by %s, not by the rank's user (%s): not written" % (_user(st.st_uid), _user(uid)))
+    if (st.st_dev, st.st_ino) not in held:
+        raise OSError("not held open by the rank (pid %d): not its dump pipe" % pid)
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
     try:
+        now = os.fstat(fd)
+        if not stat.S_ISFIFO(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError("changed since it was checked")
         os.write(fd, b"1")
     finally:
         os.close(fd)
+
+
+def _environ_and_source(pid, hops=4):
+    """environ_of, and the pid whose environment it is (the rank's own, or an ancestor's)."""
+    for _ in range(hops + 1):
+        env = _environ(pid)
+        if env:
+            return env, pid
+        row = _proc_stat(pid)
+        if row is None or row["ppid"] <= 1:
+            return {}, None
+        pid = row["ppid"]
+    return {}, None
 
 
 def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
@@ -1373,8 +1399,15 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
 
     problems, stems, prefixes = [], {}, {}
     for pid in pids:
-        env = environ_of(int(pid))
+        env, source = _environ_and_source(int(pid))
         if not env:
+            continue
+        uid = _uid(int(pid))
+        if uid is None:
+            continue
+        if _uid(source) != uid:
+            problems.append("pid %d: its environment is that of pid %d, of another user (%s): its pipe and dump "
+                            "paths are not used" % (int(pid), source, _user(_uid(source))))
             continue
         size = next((env[v] for v in FR_BUFFER_VARS if env.get(v)), "")
         if not size.strip().isdigit() or int(size) <= 0:
@@ -1386,22 +1419,35 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
             prefix = os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "torch", "comm_lib_trace_rank_")
         prefix = _proc_path(int(pid), prefix)
         if prefix:
-            prefixes[prefix] = int(pid)
+            prefixes[prefix] = uid
         stem = env.get(FR_PIPE_VAR)
         if stem and _proc_path(int(pid), stem):
-            stems[_proc_path(int(pid), stem)] = int(pid)
+            stems.setdefault(_proc_path(int(pid), stem), []).append((int(pid), uid))
         elif trigger:
             problems.append("pid %d: no %s: a dump can only come from a timeout" % (int(pid), FR_PIPE_VAR))
     started = time.time()
     poked, poke_errors = [], []
     if trigger:
-        for stem in stems:
-            for path in sorted(glob.glob(glob.escape(stem) + "*.pipe"))[:1024]:
-                try:
-                    _poke_fifo(path)
-                    poked.append(path)
-                except OSError as exc:
-                    poke_errors.append("%s: %s" % (path, exc.strerror or exc))
+        # only <stem><rank>.pipe, as torch's DumpPipe names it, and only the one the rank holds open
+        for stem, owners in stems.items():
+            pipe_name = re.compile(re.escape(os.path.basename(stem)) + r"[0-9]+\.pipe")
+            paths = [p for p in sorted(glob.glob(glob.escape(stem) + "[0-9]*.pipe"))[:1024]
+                     if pipe_name.fullmatch(os.path.basename(p))]
+            for pid, uid in owners:
+                held = _fd_ids(pid, None)
+                mine = []
+                for path in paths:
+                    if path in poked:
+                        continue
+                    try:
+                        _poke_fifo(path, uid, held, pid)
+                        mine.append(path)
+                    except OSError as exc:
+                        poke_errors.append("%s: %s" % (path, exc.strerror or exc))
+                poked.extend(mine)
+                if not mine:
+                    problems.append("pid %d: no dump pipe %s<rank>.pipe of its own (a FIFO it holds open, of its "
+                                    "user) to write to" % (pid, stem))
     ranks = {}
     deadline = time.monotonic() + (wait_s if poked else 0.0)
     want = len(poked)
@@ -1418,15 +1464,15 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
                     continue
                 if trigger and poked and st.st_mtime < started - 1.0:
                     continue
-                found[int(suffix)] = path
+                found[int(suffix)] = (path, prefixes[prefix])
         if len(found) >= want or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
     time.sleep(0.3 if found and poked else 0.0)  # a dump being written: let it finish
-    for rank, path in sorted(found.items()):
+    for rank, (path, uid) in sorted(found.items()):
         entry = {"file": path}
         try:
-            data, mtime = _read_regular(path, limit)
+            data, mtime = _read_regular(path, limit, uid)
             entry.update(bytes=len(data), mtime=mtime)
             entry.update(slim_fr_dump(read_fr_dump(data)))
             if raw:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_clean, describe_kill, describe_shm, kill, plan_kill,
-                             listed, shm_audit, shm_clean)
+                             find_run, listed, of_run, shm_audit, shm_clean)
 from cockpit.hosttext import as_text, visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
@@ -134,7 +134,8 @@ class ActionRunner:
             if not go:
                 return
             state = self.screen.state
-            ranks = dump_targets(state)
+            plan = await find_run(self.monitor.session, self.layout)  # as the kill finds it: never another's ranks
+            ranks = dump_targets(state, of_run(state, plan)[0])
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
