@@ -6,7 +6,6 @@ listed, and nothing swapped in after the check. Real files in /dev/shm and real 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
