@@ -188,6 +188,45 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     return plan
 
 
+async def find_run(session: HostSession, layout=None, root: int | None = None, verb: str = "dump") -> KillPlan:
+    """The run a dump or a flight-recorder read acts on, found exactly as a kill finds it (the
+    same plan, nothing signalled): `root` (`--pid ROOT`) names it; else the run on screen
+    (run_scope). Two runs or more: AmbiguousRun naming each and how to choose; none: a
+    CockpitError saying why (another user's processes are never the run unless named)."""
+    scope = process_scope(root) if root else run_scope(session, layout)
+    plan = await plan_kill(session, scope, allow_ambiguous=True)
+    label = session.target.label
+    if len(plan.candidates) > 1:
+        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: {runs} — choose one: "
+                           f"`cockpit {verb} {label} --pid ROOT`", plan.candidates)
+    if not plan.entries:
+        why = "; ".join(plan.notes + [f"pid {f['root']} ({f.get('user', '?')}) left alone: {f['why']}"
+                                      for f in plan.foreign])
+        raise CockpitError(f"{verb}: no run found on {label}, and processes that are not the run's are never "
+                           f"touched" + (f" ({why})" if why else "") + f"; name one with `cockpit {verb} {label} "
+                           f"--pid ROOT`")
+    return plan
+
+
+def of_run(state: HostState, plan: KillPlan) -> tuple[set[int], list[str]]:
+    """The pids of the host state that are the run's (the plan's; a dead rank counts when it was
+    in one of the run's sessions), and a line for each watched rank left alone."""
+    members = {e["pid"] for e in plan.entries}
+    sessions = {e.get("sid") for e in plan.entries} - {None}
+    keep, left = set(members), []
+    for p in state.procs.values():
+        if p.pid in members:
+            continue
+        if not p.alive and p.sid in sessions:
+            keep.add(p.pid)
+        elif p.rank is not None or p.alive:
+            if p.rank is not None:
+                left.append(f"left alone: rank {p.rank} pid {p.pid} ({visible(p.title)[:60]}): not a process of the "
+                            f"run ({plan.rule or 'the plan'})")
+    return keep, left
+
+
 async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
                ports: list[int] | None = None) -> dict:
     """Carry out exactly the plan (each pid checked against its planned start time and user before
@@ -240,26 +279,88 @@ async def shm_audit(session: HostSession, folder: str = SHM_DEFAULT, uid: int | 
     return await session.request("shm_audit", timeout=60, folder=folder, uid=uid)
 
 
-async def shm_clean(session: HostSession, names: list[str], folder: str = SHM_DEFAULT, uid: int | None = None,
+async def shm_clean(session: HostSession, names: list, folder: str = SHM_DEFAULT, uid: int | None = None,
                     other_dir: bool = False) -> dict:
-    """Remove these entries, each re-checked by the agent. A folder other than /dev/shm is
-    refused unless `other_dir` says the operator named it and confirmed."""
+    """Remove these entries, each re-checked by the agent. Each is a name or, better, the entry
+    as listed ({"name", "dev", "ino", "born_ns"}: `listed`), so that only the file the operator saw is
+    removed. A folder other than /dev/shm is refused unless `other_dir` says the operator named
+    it and confirmed."""
     return await session.request("shm_clean", timeout=60, folder=folder, names=names, uid=uid, other_dir=other_dir)
 
 
-def shm_after_kill(audit: dict, plan: KillPlan | None) -> list[str]:
-    """The entries a clean after this kill will remove: removable now, or kept only because a
-    process of the plan holds it or created it. Each is checked again by the agent at the time."""
-    planned = {e["pid"] for e in plan.entries} if plan else set()
-    names = []
+def listed(e: dict) -> dict:
+    """An audit entry as a clean is asked to remove it: its name and the file it was (device,
+    inode and birth time: an inode number is handed out again once its file is removed)."""
+    return {"name": e["name"], "dev": e.get("dev"), "ino": e.get("ino"), "born_ns": e.get("born_ns")}
+
+
+LAUNCHED_RULE = "launched by this cockpit"
+
+
+@dataclass
+class ShmForRun:
+    """What a clean after a kill removes (each file tied to the run, and how) and what it
+    leaves (each with why)."""
+
+    remove: list[dict] = field(default_factory=list)
+    left: list[dict] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [e["name"] for e in self.remove]
+
+
+def shm_for_run(audit: dict, plan: KillPlan | None) -> ShmForRun:
+    """The files of the shm folder a clean after this kill will remove: a file named like an
+    inference run's, owned by the run's user, that can be tied to the run, from an audit taken
+    before the kill (while its processes still hold their files):
+    - mapped or held open only by processes of the plan;
+    - its name carries the pid of a process of the plan (torch_<pid>_…, sgl_shm_…_<pid>_…), and
+      it was created after that process started;
+    - the cockpit launched the run (the plan was found through the ledger) and the file was
+      created (birth time; status-change time where the file system keeps no birth time) after
+      the run's first process started.
+    Any other such file is left: "cannot tell whose it is" (`cockpit shm --clean` shows it and
+    removes it when asked). Each removal is the file listed (device and inode), checked again by
+    the agent then."""
+    out = ShmForRun()
+    members = {e["pid"]: e for e in (plan.entries if plan else [])}
+    since = None
+    if members and (plan.rule or "").startswith(LAUNCHED_RULE):
+        since = min(float(e.get("started") or 0.0) for e in members.values())
     for e in audit["entries"]:
-        if e["removable"]:
-            names.append(e["name"])
-        elif (planned and e["kind"] == "file" and e.get("family") and e.get("uid") == audit.get("uid")
-              and all(p in planned for p in e["held_by"])
-              and (not e["creator_alive"] or e["creator"] in planned)):
-            names.append(e["name"])
-    return names
+        if e["kind"] != "file" or not e.get("family") or e.get("uid") != audit.get("uid"):
+            continue  # never removed by any clean
+        held = set(e.get("held_by") or [])
+        born = float(e.get("born") or 0.0)
+        creator = e.get("creator")
+        tie = None
+        if held - set(members):
+            out.left.append({"name": e["name"], "why": "held by pid " + ",".join(map(str, sorted(held)))})
+            continue
+        if held:
+            tie = "held by the run's pid " + ",".join(map(str, sorted(held)))
+        elif creator in members and born >= float(members[creator].get("started") or 0.0) - 1.0:
+            tie = f"its name carries the run's pid {creator}"
+        elif e.get("creator_alive"):
+            out.left.append({"name": e["name"], "why": f"its creator pid {creator} is alive"})
+            continue
+        elif since is not None and born >= since:
+            tie = (f"created {when(born)} ({e.get('born_how') or 'birth'}), after the run this cockpit launched "
+                   f"started ({when(since)})")
+        if tie:
+            out.remove.append(dict(listed(e), why=tie))
+        else:
+            out.left.append({"name": e["name"], "why": "cannot tell whose it is (not held by the run, no pid of it "
+                                                       "in its name, not made while a run this cockpit launched "
+                                                       "ran): `cockpit shm --clean` shows it and removes it if asked"})
+    return out
+
+
+def shm_after_kill(audit: dict, plan: KillPlan | None) -> list[dict]:
+    """The entries (listed: name, device, inode) a clean after this kill will remove: those tied
+    to the run (shm_for_run)."""
+    return shm_for_run(audit, plan).remove
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -290,6 +391,19 @@ def describe_shm(audit: dict) -> list[str]:
     return lines
 
 
+def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
+    """What a clean after a kill removes (each with how it is tied to the run) and leaves."""
+    lines = []
+    if found.remove:
+        lines.append(f"then these {len(found.remove)} entries of {folder} are removed (each checked again first):")
+        lines += [f"  rm {visible(e['name'])}  ({e['why']})" for e in found.remove]
+    else:
+        lines.append(f"nothing to remove from {folder}")
+    for e in found.left:
+        lines.append(f"  left: {visible(e['name'])}: {e['why']}")
+    return lines
+
+
 def describe_clean(done: dict) -> list[str]:
     lines = [f"removed {len(done['removed'])} entries, freed {human_bytes(done['freed_bytes'])}"]
     lines += [f"removed {visible(n)}" for n in done["removed"]]
@@ -297,9 +411,10 @@ def describe_clean(done: dict) -> list[str]:
     return lines
 
 
-def rank_pids(state: HostState) -> list[tuple[int | None, int]]:
-    """(rank, pid) of the live ranks; a run without ranked titles falls back to its watched tree."""
-    ranks = [(p.rank, p.pid) for p in state.ranks() if p.alive]
+def rank_pids(state: HostState, pids: set[int] | None = None) -> list[tuple[int | None, int]]:
+    """(rank, pid) of the live ranks (of these pids: the run's, `of_run`); a run without ranked
+    titles falls back to its watched tree."""
+    ranks = [(p.rank, p.pid) for p in state.ranks() if p.alive and (pids is None or p.pid in pids)]
     if ranks:
         return ranks
-    return [(None, p.pid) for p in state.live_procs()]
+    return [(None, p.pid) for p in state.live_procs() if pids is None or p.pid in pids]

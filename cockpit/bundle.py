@@ -76,7 +76,11 @@ async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
 
     if read_only:
         return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
-    ranks = actions.rank_pids(monitor.state)
+    try:
+        plan = await actions.find_run(monitor.session, monitor.layout, verb="bundle")
+    except CockpitError as exc:
+        return m.miss("stacks", exc)
+    ranks = actions.rank_pids(monitor.state, actions.of_run(monitor.state, plan)[0])
     if not ranks:
         return m.miss("stacks", "no live process of the run to dump")
     try:
@@ -119,7 +123,11 @@ async def _ras(monitor, m: _Members) -> dict | None:
 async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
     from cockpit import flightrec
 
-    pids = flightrec.rank_pids(monitor.state)
+    try:
+        pids, _left = await flightrec.run_rank_pids(monitor, verb="bundle")
+    except CockpitError as exc:
+        m.miss("flight recorder", exc)
+        return None
     if not pids:
         m.miss("flight recorder", "no live process of the run")
         return None

@@ -493,29 +493,36 @@ def cmd_shm(args: argparse.Namespace) -> int:
 
     if args.clean:
         _writable(args)
-    other_dir = os.path.normpath(args.dir) != actions.SHM_DEFAULT
-    if args.clean and other_dir and not args.yes_other_dir and not sys.stdin.isatty():
-        raise CockpitError(f"--dir {args.dir} is not /dev/shm: pass --yes-other-dir to clean it (--yes alone does not)")
+    def refuse_other(folder: str) -> None:
+        if args.clean and not args.yes_other_dir and not sys.stdin.isatty():
+            raise CockpitError(f"--dir {args.dir} is not /dev/shm ({folder}): pass --yes-other-dir to clean it "
+                               f"(--yes alone does not)")
+
+    if os.path.normpath(args.dir) != actions.SHM_DEFAULT:
+        refuse_other(args.dir)
 
     async def go():
         async with attached(args) as monitor:
             session = monitor.session
             audit = await actions.shm_audit(session, args.dir)
+            other_dir = not audit.get("default", os.path.normpath(args.dir) == actions.SHM_DEFAULT)
+            if other_dir:  # the folder as the host resolves it: `/dev/../dev/shm` is /dev/shm, a symlink is not
+                refuse_other(audit["folder"])
             if not args.clean:
                 return audit, None
-            names = [e["name"] for e in audit["entries"] if e["removable"]]
+            chosen = [actions.listed(e) for e in audit["entries"] if e["removable"]]
             if not args.json:
                 say("\n".join(actions.describe_shm(audit)))
-            if not names:
+            if not chosen:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
-            if not _confirm([f"  {visible(n)}" for n in names], f"remove these {len(names)} entries of {args.dir}?",
-                            args.yes):
+            if not _confirm([f"  rm {visible(e['name'])}" for e in chosen],
+                            f"remove these {len(chosen)} entries of {audit['folder']}?", args.yes):
                 return audit, None
             if other_dir and not args.yes_other_dir and not _confirm(
-                    [], f"{args.dir} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
-                    False):
+                    [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
+                        f"--yes-other-dir does)?", False):
                 return audit, None
-            return audit, await actions.shm_clean(session, names, args.dir, other_dir=other_dir)
+            return audit, await actions.shm_clean(session, chosen, audit["folder"], other_dir=other_dir)
 
     audit, cleaned = asyncio.run(go())
     if args.json:
@@ -533,18 +540,25 @@ def cmd_shm(args: argparse.Namespace) -> int:
              help="send this install's py-spy when the host has none (what is sent, and where, is said first)"),
          arg("--full", "--native", dest="full", action="store_true",
              help="every frame of each group's main thread, the native ones unfolded"),
+         arg("--pid", type=int, metavar="ROOT", help="dump this run (its root process and what it started) instead of "
+                                                     "the run found; how to choose when two runs are found"),
          JSON)
 def cmd_dump(args: argparse.Namespace) -> int:
-    from cockpit import stacks
+    from cockpit import actions, stacks
 
     _writable(args)
 
     async def go():
         async with attached(args) as monitor:
             session, layout = monitor.session, monitor.layout
-            ranks = stacks.dump_targets(session.state)
+            plan = await actions.find_run(session, layout, args.pid, "dump")  # as the kill finds it
+            members, left = actions.of_run(session.state, plan)
+            for line in [f"the run: {plan.rule}"] + left:
+                print(visible(line), file=sys.stderr, flush=True)
+            ranks = stacks.dump_targets(session.state, members)
             if not ranks:
-                raise CockpitError(f"no rank to dump on {session.target.label}: no watched process is alive")
+                raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
+                                   f"is alive")
             run = layout.name if layout else session.target.label
             return await stacks.dump_ranks(session, ranks, run, upload=args.upload_pyspy,
                                            say=lambda line: print(line, file=sys.stderr, flush=True))
@@ -581,6 +595,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 @command("flightrec", "trigger torch's flight-recorder dump on every rank and compare their last collectives",
          TARGET, arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
+         arg("--pid", type=int, metavar="ROOT", help="this run (its root process and what it started) instead of the "
+                                                     "run found; how to choose when two runs are found"),
          JSON)
 def cmd_flightrec(args: argparse.Namespace) -> int:
     from cockpit import flightrec
@@ -592,7 +608,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
         async with attached(args) as monitor:
             if not flightrec.rank_pids(monitor.state):
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
-            return await flightrec.collect(monitor, trigger=not args.no_trigger)
+            return await flightrec.collect(monitor, trigger=not args.no_trigger, root=args.pid)
 
     answer, result = asyncio.run(go())
     if args.json:

@@ -176,17 +176,30 @@ def compare(dumps: dict[int, dict]) -> dict:
     return {"groups": groups, "lines": lines, "odd_rank": min(odd) if len(odd) == 1 else None}
 
 
-def rank_pids(state) -> list[int]:
-    """The live ranks' pids, whose pipes a dump is asked through."""
+def rank_pids(state, pids: set[int] | None = None) -> list[int]:
+    """The live ranks' pids (of these: the run's), whose pipes a dump is asked through."""
     from cockpit.actions import rank_pids as ranks
 
-    return [pid for _, pid in ranks(state)]
+    return [pid for _, pid in ranks(state, pids)]
 
 
-async def collect(monitor, trigger: bool = True) -> tuple[dict, dict]:
-    """Ask every live rank for its flight-recorder dump (through its pipe, with `trigger`) and
-    compare them; an armed run's comparison is kept on the host state for the verdict."""
-    answer = await monitor.session.request("fr_dump", timeout=60, pids=rank_pids(monitor.state), trigger=trigger)
+async def run_rank_pids(monitor, root: int | None = None, verb: str = "flightrec") -> tuple[list[int], list[str]]:
+    """The live ranks of the run, found as the kill finds it (actions.find_run: `root` names it;
+    two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone."""
+    from cockpit import actions
+
+    plan = await actions.find_run(monitor.session, monitor.layout, root, verb)
+    members, left = actions.of_run(monitor.state, plan)
+    return rank_pids(monitor.state, members), left
+
+
+async def collect(monitor, trigger: bool = True, root: int | None = None) -> tuple[dict, dict]:
+    """Ask every live rank of the run for its flight-recorder dump (through the pipe it holds
+    open, with `trigger`) and compare them; an armed run's comparison is kept on the host state
+    for the verdict. Ranks of another run or user are left alone and said so."""
+    pids, left = await run_rank_pids(monitor, root)
+    answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=trigger)
+    answer["problems"] = left + list(answer.get("problems") or [])
     result = compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
     if answer.get("armed"):
         monitor.state.flight = result
@@ -210,11 +223,15 @@ def describe(answer: dict, result: dict) -> list[str]:
         else:
             out.append(f"rank {rank}: {d.get('entries_total', 0)} entries, dump {d.get('file')}")
     for why in answer.get("problems") or []:
-        out.append(f"not armed: {why}")
+        out.append(why if why.startswith("left alone") else f"not armed: {why}")
     for g in result.get("groups") or []:
         untracked = not all((g.get("starts_tracked") or {}).values())
         out.append(f"process group {g['pg']}: last enqueued {g['last_enqueued']}, started "
                    f"{'at least ' if untracked else ''}{g['last_started']}, completed {g['last_completed']}"
                    f"{' (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)' if untracked else ''}")
-    out.extend(result.get("lines") or ["every rank completed the same collectives: no rank is behind"])
+    dumps = [d for d in (answer.get("ranks") or {}).values() if not d.get("error")]
+    if not dumps:
+        out.append("no dumps collected: nothing to compare")
+    else:
+        out.extend(result.get("lines") or ["every rank completed the same collectives: no rank is behind"])
     return out

@@ -16,7 +16,6 @@ from pathlib import Path
 from cockpit.config import Layout, param_flag
 from cockpit.diagnose import ALERTING, VerdictName
 from cockpit.errors import CockpitError
-from cockpit.hosttext import visible
 from cockpit.secrets import ENV_WORDS, mask_argv, mask_env, mask_record
 
 
@@ -287,7 +286,9 @@ async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
 async def plan_relaunch(session, layout: Layout, clean_shm: bool = True):
     """What a (re)launch will do before it starts the new run, for the operator to confirm: the
     kill plan of the current run (every pid, user, start time, command, and the rule that found
-    it) and the shm entries the clean after it will remove. Returns (plan, shm names, lines).
+    it) and the shm entries the clean after it will remove: only files tied to the run, each
+    as listed (name, device, inode; actions.shm_for_run), the others said as left. Returns
+    (plan, shm entries, lines).
     Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
     from cockpit import actions
 
@@ -295,21 +296,18 @@ async def plan_relaunch(session, layout: Layout, clean_shm: bool = True):
     lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
              if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
     lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
-    names: list[str] = []
+    names: list[dict] = []
     if clean_shm:
-        audit = await actions.shm_audit(session, uid=plan.uid)
-        names = actions.shm_after_kill(audit, plan)
-        if names:
-            lines.append(f"then these {len(names)} entries of {audit['folder']} are removed (each checked again first):")
-            lines += [f"  rm {visible(n)}" for n in names]
-        else:
-            lines.append(f"nothing to remove from {audit['folder']}")
+        audit = await actions.shm_audit(session, uid=plan.uid)  # before the kill: the run still holds its files
+        found = actions.shm_for_run(audit, plan)
+        names = found.remove
+        lines += actions.describe_shm_for_run(found, audit["folder"])
     return plan, names, lines
 
 
 async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
                       dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
-                      shm_names: list[str] | None = None) -> dict:
+                      shm_names: list[dict] | None = None) -> dict:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
 
     `plan` and `shm_names` (from plan_relaunch) are what the operator confirmed: exactly that is
@@ -333,9 +331,12 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     with monitor.stopping_for("stopped for relaunch"):  # until the new run replaces the dead ranks
         await stop_run(monitor, plan, "stopped for relaunch", say)
         if clean_shm:
-            if shm_names is None:
+            if shm_names is None:  # the plan came without them: only what the kill leaves tied to the run
                 audit = await actions.shm_audit(session, uid=plan.uid)
-                shm_names = actions.shm_after_kill(audit, plan)
+                found = actions.shm_for_run(audit, plan)
+                shm_names = found.remove
+                for line in actions.describe_shm_for_run(found, audit["folder"]):
+                    say(line)
             if shm_names:
                 done = await actions.shm_clean(session, shm_names, uid=plan.uid)
                 removed = done["removed"]
@@ -348,7 +349,10 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     dumps = None
     if outcome.startswith("stalled") and dump_on_stall:
         try:
-            result = await stacks.dump_ranks(session, stacks.dump_targets(session.state), run["run_id"])
+            found = await actions.find_run(session, layout)  # the run just launched, as the kill finds it
+            result = await stacks.dump_ranks(session, stacks.dump_targets(session.state,
+                                                                          actions.of_run(session.state, found)[0]),
+                                             run["run_id"])
             dumps = str(result.folder)
             evidence = evidence + [f"stacks: {line}" for line in stacks.describe_groups(result.groups)
                                    if not line.startswith("    ")]
@@ -377,7 +381,7 @@ def combinations(layout: Layout, vary: list[str]) -> list[RunSpec]:
 
 
 async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_plan=None,
-                 first_shm: list[str] | None = None) -> list[dict]:
+                 first_shm: list[dict] | None = None) -> list[dict]:
     """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
     operator confirmed them; each later step (and the final kill) says its plan before acting."""
     from cockpit import actions

@@ -303,19 +303,22 @@ def _dead(p: Proc) -> bool:
     return not p.alive or p.status in ("Z", "X")
 
 
-def dump_targets(state: HostState) -> list[tuple[int | None, int]]:
+def dump_targets(state: HostState, pids: set[int] | None = None) -> list[tuple[int | None, int]]:
     """(rank, pid) of every rank the host state knows, the dead ones included (dump_ranks says
-    they are dead): one process per rank, the live one when a rank has both. A run without
-    ranked titles falls back to its live watched tree."""
+    they are dead): one process per rank, the live one when a rank has both. `pids`: only these
+    (the run's: actions.find_run and actions.of_run), so that two servers' rank 0 are never
+    mixed. A run without ranked titles falls back to its live watched tree."""
     by_rank: dict[int, Proc] = {}
     for p in state.ranks():
+        if pids is not None and p.pid not in pids:
+            continue
         cur = by_rank.get(p.rank)
         if cur is None or (_dead(cur) and not _dead(p)) or \
                 (_dead(cur) == _dead(p) and (p.gone_at or 0.0) > (cur.gone_at or 0.0)):
             by_rank[p.rank] = p
     if by_rank:
         return [(rank, p.pid) for rank, p in sorted(by_rank.items())]
-    return [(None, p.pid) for p in state.live_procs()]
+    return [(None, p.pid) for p in state.live_procs() if pids is None or p.pid in pids]
 
 
 # ----------------------------------------------------------------------------- py-spy

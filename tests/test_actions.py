@@ -213,7 +213,8 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
     proc, port = start_server_by_hand(sim_state, tmp_path, 2)
     try:
         layout = tmp_path / "l.yaml"
-        layout.write_text(f"command: [-m, cockpit.sim.server]\nwatch: ['*--port {port}*']\n")
+        # the run is found as the kill finds it (its port): another sim server on this host is not dumped
+        layout.write_text(f"command: [-m, cockpit.sim.server]\nports: [{port}]\nwatch: ['*--port {port}*']\n")
         common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),
                   *sshd.cli_args()]
         env = {"XDG_STATE_HOME": str(tmp_path / "state")}

@@ -1326,8 +1326,9 @@ def _proc_path(pid, path):
         return None
 
 
-def _read_regular(path, limit):
-    """A regular file's bytes (no symlink followed), at most `limit`."""
+def _read_regular(path, limit, uid=None):
+    """A regular file's bytes (no symlink followed), at most `limit`; with `uid`, only a file
+    that user owns."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         import stat
@@ -1335,6 +1336,8 @@ def _read_regular(path, limit):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError("not a regular file")
+        if uid is not None and st.st_uid != uid:
+            raise OSError("owned by %s, not by the rank's user (%s): not read" % (_user(st.st_uid), _user(uid)))
         if st.st_size > limit:
             raise OSError("%d bytes, more than the %d read" % (st.st_size, limit))
         chunks, n = [], 0
@@ -1349,18 +1352,41 @@ def _read_regular(path, limit):
         os.close(fd)
 
 
-def _poke_fifo(path):
-    """One byte into a FIFO a rank reads (never a regular file, never through a symlink)."""
+def _poke_fifo(path, uid, held, pid):
+    """One byte into the FIFO a rank reads: a FIFO itself (lstat: never a symlink, never a
+    regular file), owned by the rank's user, and held open by the rank (its (device, inode) among
+    the rank's open descriptors: torch's DumpPipe keeps it open for reading). Checked again on the
+    descriptor it is written through."""
     import stat
 
     st = os.lstat(path)
     if not stat.S_ISFIFO(st.st_mode):
         raise OSError("not a FIFO")
-    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    if st.st_uid != uid:
+        raise OSError("owned by %s, not by the rank's user (%s): not written" % (_user(st.st_uid), _user(uid)))
+    if (st.st_dev, st.st_ino) not in held:
+        raise OSError("not held open by the rank (pid %d): not its dump pipe" % pid)
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
     try:
+        now = os.fstat(fd)
+        if not stat.S_ISFIFO(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError("changed since it was checked")
         os.write(fd, b"1")
     finally:
         os.close(fd)
+
+
+def _environ_and_source(pid, hops=4):
+    """environ_of, and the pid whose environment it is (the rank's own, or an ancestor's)."""
+    for _ in range(hops + 1):
+        env = _environ(pid)
+        if env:
+            return env, pid
+        row = _proc_stat(pid)
+        if row is None or row["ppid"] <= 1:
+            return {}, None
+        pid = row["ppid"]
+    return {}, None
 
 
 def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
@@ -1373,8 +1399,15 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
 
     problems, stems, prefixes = [], {}, {}
     for pid in pids:
-        env = environ_of(int(pid))
+        env, source = _environ_and_source(int(pid))
         if not env:
+            continue
+        uid = _uid(int(pid))
+        if uid is None:
+            continue
+        if _uid(source) != uid:
+            problems.append("pid %d: its environment is that of pid %d, of another user (%s): its pipe and dump "
+                            "paths are not used" % (int(pid), source, _user(_uid(source))))
             continue
         size = next((env[v] for v in FR_BUFFER_VARS if env.get(v)), "")
         if not size.strip().isdigit() or int(size) <= 0:
@@ -1386,22 +1419,35 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
             prefix = os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "torch", "comm_lib_trace_rank_")
         prefix = _proc_path(int(pid), prefix)
         if prefix:
-            prefixes[prefix] = int(pid)
+            prefixes[prefix] = uid
         stem = env.get(FR_PIPE_VAR)
         if stem and _proc_path(int(pid), stem):
-            stems[_proc_path(int(pid), stem)] = int(pid)
+            stems.setdefault(_proc_path(int(pid), stem), []).append((int(pid), uid))
         elif trigger:
             problems.append("pid %d: no %s: a dump can only come from a timeout" % (int(pid), FR_PIPE_VAR))
     started = time.time()
     poked, poke_errors = [], []
     if trigger:
-        for stem in stems:
-            for path in sorted(glob.glob(glob.escape(stem) + "*.pipe"))[:1024]:
-                try:
-                    _poke_fifo(path)
-                    poked.append(path)
-                except OSError as exc:
-                    poke_errors.append("%s: %s" % (path, exc.strerror or exc))
+        # only <stem><rank>.pipe, as torch's DumpPipe names it, and only the one the rank holds open
+        for stem, owners in stems.items():
+            pipe_name = re.compile(re.escape(os.path.basename(stem)) + r"[0-9]+\.pipe")
+            paths = [p for p in sorted(glob.glob(glob.escape(stem) + "[0-9]*.pipe"))[:1024]
+                     if pipe_name.fullmatch(os.path.basename(p))]
+            for pid, uid in owners:
+                held = _fd_ids(pid, None)
+                mine = []
+                for path in paths:
+                    if path in poked:
+                        continue
+                    try:
+                        _poke_fifo(path, uid, held, pid)
+                        mine.append(path)
+                    except OSError as exc:
+                        poke_errors.append("%s: %s" % (path, exc.strerror or exc))
+                poked.extend(mine)
+                if not mine:
+                    problems.append("pid %d: no dump pipe %s<rank>.pipe of its own (a FIFO it holds open, of its "
+                                    "user) to write to" % (pid, stem))
     ranks = {}
     deadline = time.monotonic() + (wait_s if poked else 0.0)
     want = len(poked)
@@ -1418,15 +1464,15 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
                     continue
                 if trigger and poked and st.st_mtime < started - 1.0:
                     continue
-                found[int(suffix)] = path
+                found[int(suffix)] = (path, prefixes[prefix])
         if len(found) >= want or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
     time.sleep(0.3 if found and poked else 0.0)  # a dump being written: let it finish
-    for rank, path in sorted(found.items()):
+    for rank, (path, uid) in sorted(found.items()):
         entry = {"file": path}
         try:
-            data, mtime = _read_regular(path, limit)
+            data, mtime = _read_regular(path, limit, uid)
             entry.update(bytes=len(data), mtime=mtime)
             entry.update(slim_fr_dump(read_fr_dump(data)))
             if raw:
@@ -2139,37 +2185,94 @@ def kill_run(plan, wait_s=10.0, sessions=(), **_old):
             "remaining": remaining}
 
 
+def _maps_ids(pid, dev):
+    """(dev, inode) of every file a process maps that lives on `dev`, read from /proc/PID/maps's
+    device (major:minor, hex) and inode columns: what the kernel mapped, whatever the path it
+    prints (another mount namespace, a bind mount, a name with a newline or ending in
+    " (deleted)")."""
+    out = set()
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) < 5 or parts[4] == b"0":
+                    continue
+                major, _, minor = parts[3].partition(b":")
+                try:
+                    key = (os.makedev(int(major, 16), int(minor, 16)), int(parts[4]))
+                except ValueError:
+                    continue
+                if dev is None or key[0] == dev:
+                    out.add(key)
+    except OSError:
+        pass
+    return out
+
+
+def _fd_ids(pid, dev):
+    """(dev, inode) of every file a process holds open on `dev`: each /proc/PID/fd/N stat()ed,
+    which reaches the open file itself (any mount namespace, renamed or unlinked)."""
+    out = set()
+    fd_dir = "/proc/%d/fd" % pid
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            if not os.readlink(fd_dir + "/" + fd).startswith("/"):
+                continue  # socket:[…], pipe:[…], anon_inode:…: not a file of a folder
+            st = os.stat(fd_dir + "/" + fd)
+        except OSError:
+            continue
+        if dev is None or st.st_dev == dev:
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
 def _holders(folder):
-    """{path: [pids]} of the shm folder's files that a live process holds open or maps. Paths are
-    read as the kernel has them (non-UTF-8 bytes kept as surrogates, like os.listdir)."""
+    """{(dev, inode): [pids]} of the files on the shm folder's file system that a live process
+    maps or holds open. Compared with os.lstat of each entry, never by path: a path in
+    /proc/PID/maps is the one the process's own mount namespace sees, escapes a newline as
+    `\\012` and may carry " (deleted)"."""
+    dev = os.stat(folder).st_dev
     held = {}
-    prefix = folder.rstrip("/") + "/"
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
-        try:
-            with open("/proc/%d/maps" % pid, encoding="utf-8", errors="surrogateescape") as fh:
-                for line in fh:
-                    i = line.find(prefix)
-                    if i >= 0:
-                        path = line[i:].rstrip("\n").replace(" (deleted)", "")
-                        held.setdefault(path, set()).add(pid)
-        except OSError:
-            pass
-        fd_dir = "/proc/%d/fd" % pid
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd_dir + "/" + fd)
-            except OSError:
-                continue
-            if target.startswith(prefix):
-                held.setdefault(target, set()).add(pid)
+        for key in _maps_ids(pid, dev) | _fd_ids(pid, dev):
+            held.setdefault(key, set()).add(pid)
     return {k: sorted(v) for k, v in held.items()}
+
+
+_LIBC = None
+
+
+def _born(path, st, dir_fd=None):
+    """When the file was created: its birth time (statx, where the file system keeps one: tmpfs
+    does), else its status-change time, which is never earlier. (nanoseconds since the epoch,
+    "birth" | "ctime"). With the inode it tells one file from another that got its inode number
+    after it was removed (tmpfs and ext4 hand a freed number out again at once)."""
+    global _LIBC
+    try:
+        import ctypes
+
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)
+        fn = getattr(_LIBC, "statx")
+        fd = -100 if dir_fd is None else dir_fd  # AT_FDCWD
+        if fn(fd, os.fsencode(path), 0x100 | 0x800, 0x800, buf) == 0:  # AT_SYMLINK_NOFOLLOW, STATX_BTIME
+            mask = int.from_bytes(buf.raw[0:4], "little")
+            ino = int.from_bytes(buf.raw[32:40], "little")
+            if mask & 0x800 and ino == st.st_ino:
+                sec = int.from_bytes(buf.raw[80:88], "little", signed=True)
+                nsec = int.from_bytes(buf.raw[88:92], "little")
+                return sec * 1000000000 + nsec, "birth"
+    except (OSError, AttributeError, ValueError):
+        pass
+    return st.st_ctime_ns, "ctime"
 
 
 def shm_family(name):
@@ -2179,90 +2282,130 @@ def shm_family(name):
     return None
 
 
+def _shm_folder(folder):
+    """The folder as the kernel resolves it (`/dev//shm`, `/dev/shm/.`, `/dev/../dev/shm` are
+    /dev/shm) and whether it is the host's /dev/shm."""
+    real = os.path.realpath(folder)
+    return real, real == os.path.realpath(SHM_DEFAULT)
+
+
 def _shm_folder_ok(folder, other_dir):
-    if os.path.normpath(folder) != SHM_DEFAULT and not other_dir:
+    real, default = _shm_folder(folder)
+    if not default and not other_dir:
         raise Refused("%s is not /dev/shm: a clean touches another folder only when the operator names it and "
                       "confirms (cockpit shm --dir %s --clean --yes-other-dir)" % (folder, folder))
+    return real
+
+
+def _kind(mode):
+    import stat as st_mod
+
+    return ("symlink" if st_mod.S_ISLNK(mode) else "dir" if st_mod.S_ISDIR(mode)
+            else "file" if st_mod.S_ISREG(mode) else "special file")
 
 
 def shm_audit(folder=SHM_DEFAULT, uid=None):
-    """Every entry of the folder, each with whether a clean may remove it and, if not, why: only
-    a regular file with an inference run's name, owned by the run's user, held by no live process,
-    whose creator (when its name carries one) is dead."""
-    import stat as st_mod
-
+    """Every entry of the folder, each with whether `cockpit shm --clean` may remove it and, if
+    not, why: only a regular file with an inference run's name, owned by the run's user, mapped
+    or held open by no live process (compared by device and inode), whose creator (when its name
+    carries one) is dead. Each entry carries its device, inode and birth time, so that a clean
+    removes exactly the file listed, and a clean after a kill only files tied to the run."""
+    asked = folder
+    folder, default = _shm_folder(folder)
     run_uid = os.geteuid() if uid is None else int(uid)
     now = time.time()
     holders = _holders(folder)
     entries = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        mode = st.st_mode
-        kind = ("symlink" if st_mod.S_ISLNK(mode) else "dir" if st_mod.S_ISDIR(mode)
-                else "file" if st_mod.S_ISREG(mode) else "special file")
-        family = shm_family(name)
-        creator = None
-        for rx in SHM_CREATOR:
-            m = rx.match(name)
-            if m:
-                creator = int(m.group(1))
-        alive = None
-        if creator is not None:
-            row = _proc_stat(creator)
-            # a creator pid alive but started after the file was last written is a reused pid
-            alive = row is not None and row["status"] != "Z" and row["started"] <= st.st_mtime + 2
-        held = holders.get(path, [])
-        if kind != "file":
-            why = "a %s, not a file" % kind
-        elif family is None:
-            why = "not an inference run's name (%s…)" % ", ".join(p for p, _ in SHM_FAMILIES[:8])
-        elif st.st_uid != run_uid:
-            why = "owned by %s (uid %d), not the run's user (%s)" % (_user(st.st_uid), st.st_uid, _user(run_uid))
-        elif held:
-            why = "held by pid " + ",".join(map(str, held))
-        elif alive:
-            why = "its creator pid %d is alive" % creator
-        else:
-            why = None
-        entries.append({
-            "name": name, "kind": kind, "family": family, "bytes": st.st_blocks * 512 if kind == "file" else 0,
-            "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": _user(st.st_uid), "uid": st.st_uid,
-            "ino": st.st_ino, "held_by": held, "creator": creator, "creator_alive": alive,
-            "removable": why is None, "why": why,
-        })
+    dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for name in sorted(os.listdir(dfd)):
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            kind = _kind(st.st_mode)
+            family = shm_family(name)
+            creator = None
+            for rx in SHM_CREATOR:
+                m = rx.match(name)
+                if m:
+                    creator = int(m.group(1))
+            born_ns, born_how = _born(name, st, dfd)
+            born = born_ns / 1e9
+            alive, creator_started = None, None
+            if creator is not None:
+                row = _proc_stat(creator)
+                creator_started = row["started"] if row is not None else None
+                # a creator pid alive but started after the file was made is a reused pid
+                alive = row is not None and row["status"] != "Z" and row["started"] <= born + 2
+            held = holders.get((st.st_dev, st.st_ino), [])
+            if kind != "file":
+                why = "a %s, not a file" % kind
+            elif family is None:
+                why = "not an inference run's name (%s…)" % ", ".join(p for p, _ in SHM_FAMILIES[:8])
+            elif st.st_uid != run_uid:
+                why = "owned by %s (uid %d), not the run's user (%s)" % (_user(st.st_uid), st.st_uid, _user(run_uid))
+            elif held:
+                why = "held by pid " + ",".join(map(str, held))
+            elif alive:
+                why = "its creator pid %d is alive" % creator
+            else:
+                why = None
+            entries.append({
+                "name": name, "kind": kind, "family": family, "bytes": st.st_blocks * 512 if kind == "file" else 0,
+                "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": _user(st.st_uid), "uid": st.st_uid,
+                "dev": st.st_dev, "ino": st.st_ino, "born": born, "born_ns": born_ns, "born_how": born_how, "held_by": held,
+                "creator": creator, "creator_alive": alive, "creator_started": creator_started,
+                "removable": why is None, "why": why,
+            })
+    finally:
+        os.close(dfd)
     vfs = os.statvfs(folder)
-    return {"folder": folder, "entries": entries, "free_bytes": vfs.f_bavail * vfs.f_frsize,
-            "total_bytes": vfs.f_blocks * vfs.f_frsize, "uid": run_uid, "user": _user(run_uid),
-            "prefixes": [p for p, _ in SHM_FAMILIES]}
+    return {"folder": folder, "asked": asked, "default": default, "entries": entries,
+            "free_bytes": vfs.f_bavail * vfs.f_frsize, "total_bytes": vfs.f_blocks * vfs.f_frsize, "uid": run_uid,
+            "user": _user(run_uid), "prefixes": [p for p, _ in SHM_FAMILIES], "checked_at": now}
 
 
 def shm_clean(folder, names, uid=None, other_dir=False):
-    """Removes only the named entries that the audit, taken again now, finds removable, each
-    checked once more (same inode, a regular file, same owner) just before it is unlinked relative
-    to the folder's descriptor: no path is followed, no symlink, nothing outside the folder.
-    Only /dev/shm unless `other_dir` says the operator confirmed another folder."""
+    """Removes only the named entries that the audit, taken again now, finds removable. Each name
+    may carry the file it was when it was listed ({"name", "dev", "ino", "born_ns"}): another
+    file under that name since is kept. Just before each unlink (relative to the folder's
+    descriptor: no path followed, no symlink, nothing outside the folder) the entry is lstat()ed
+    once more and must still be that regular file of that owner. Only /dev/shm (after resolving
+    the path) unless `other_dir` says the operator confirmed another folder."""
     import stat as st_mod
 
-    _shm_folder_ok(folder, other_dir)
+    folder = _shm_folder_ok(folder, other_dir)
     audit = {e["name"]: e for e in shm_audit(folder, uid)["entries"]}
     removed, skipped, freed = [], [], 0
     dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
     try:
-        for name in names:
+        for item in names:
+            want = None
+            if isinstance(item, dict):
+                name = str(item.get("name"))
+                if item.get("ino") is not None:
+                    want = tuple(None if item.get(k) is None else int(item[k]) for k in ("dev", "ino", "born_ns"))
+            else:
+                name = item
             entry = audit.get(name)
             if "/" in name or name in (".", "..") or entry is None:
                 skipped.append({"name": name, "why": "not an entry of " + folder})
             elif not entry["removable"]:
                 skipped.append({"name": name, "why": entry["why"]})
+            elif want is not None and (want[1] != entry["ino"] or want[0] not in (None, entry["dev"])
+                                       or want[2] not in (None, entry["born_ns"])):
+                skipped.append({"name": name, "why": "another file than the one listed (inode %d, made %s; now "
+                                                     "inode %d, made %s): replaced since"
+                                                     % (want[1], _when((want[2] or 0) / 1e9), entry["ino"],
+                                                        _when(entry["born"]))})
             else:
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    if (not st_mod.S_ISREG(st.st_mode) or st.st_ino != entry["ino"] or st.st_uid != entry["uid"]):
-                        skipped.append({"name": name, "why": "changed since it was audited"})
+                    if (not st_mod.S_ISREG(st.st_mode) or st.st_ino != entry["ino"] or st.st_dev != entry["dev"]
+                            or st.st_uid != entry["uid"] or _born(name, st, dfd)[0] != entry["born_ns"]):
+                        skipped.append({"name": name, "why": "changed since it was checked (now a %s, inode %d)"
+                                                             % (_kind(st.st_mode), st.st_ino)})
                         continue
                     os.unlink(name, dir_fd=dfd)
                     removed.append(name)

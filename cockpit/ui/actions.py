@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_clean, describe_kill, describe_shm, kill, plan_kill,
-                             shm_audit, shm_clean)
+                             find_run, listed, of_run, shm_audit, shm_clean)
 from cockpit.hosttext import as_text, visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
@@ -113,18 +113,18 @@ class ActionRunner:
                 return
             session = self.monitor.session
             audit = await shm_audit(session)
-            removable = [e["name"] for e in audit["entries"] if e["removable"]]
+            removable = [e for e in audit["entries"] if e["removable"]]
             keys = {"c": f"clean {len(removable)} removable"} if removable else {}
             choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
                                                  describe_shm(audit), keys))
             if choice != "c":
                 return
             ok = await self.ask(ConfirmScreen(
-                "clean shm", [f"rm {audit['folder']}/{visible(n)}" for n in removable],
+                "clean shm", [f"rm {audit['folder']}/{visible(e['name'])}" for e in removable],
                 f"Remove these {len(removable)} entries (held ones and those of live creators are kept)?"))
             if not ok:
                 return
-            done = await shm_clean(session, removable, audit["folder"])
+            done = await shm_clean(session, [listed(e) for e in removable], audit["folder"])
             lines = describe_clean(done)
             self.done("shm clean", lines[0])
             await self.ask(ReportScreen("shm cleaned", lines))
@@ -134,7 +134,8 @@ class ActionRunner:
             if not go:
                 return
             state = self.screen.state
-            ranks = dump_targets(state)
+            plan = await find_run(self.monitor.session, self.layout)  # as the kill finds it: never another's ranks
+            ranks = dump_targets(state, of_run(state, plan)[0])
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
