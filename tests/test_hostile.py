@@ -238,6 +238,7 @@ async def test_live_screen_notifications_and_dialogs_with_hostile_host_text(host
         await until(pilot, lambda: all(pid in state.procs and state.procs[pid].alive for pid in hostile.pids), 90)
         await until(pilot, lambda: sum(len(log.lines) for log in state.logs.values()) >= len(LOG_LINES), 60)
         await until(pilot, lambda: "click me" in _screen(app)[0] and "^[[2j" in _screen(app)[0], 30)
+        await until(pilot, lambda: "GPU0 H200 [/x] ^[[2J" in _screen(app)[0], 30)  # the panes follow on the next tick
         text, _ = _screen(app)
         assert "└ sglang::[/x]^[[2J_hostile" in text  # the title, its markup shown as text
         assert "[/x]^[[2j" in text  # the role read from a hostile title, in the rank table and the GPU pane
