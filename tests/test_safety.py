@@ -843,3 +843,33 @@ def test_a_child_spawned_by_a_sigterm_handler_is_found_and_the_kill_not_verified
         proc.wait(5)
         for pid in session_procs(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_an_ablation_step_kills_unasked_only_the_run_it_launched(sim_state, tmp_path):
+    """An ablation's later steps and its final kill are not confirmed by anyone: a plan that is not
+    the run the previous step launched (found by the ledger rule in its own process group) stops
+    the ablation with nothing signalled; the launched run itself is killed."""
+    from cockpit import runs
+
+    port = free_port()
+    theirs = start_by_hand(sim_state, tmp_path, port)
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
+                          WatchList(patterns=[]))
+    await session.connect()
+    try:
+        procs = session_procs(theirs.pid)
+        launched = await session.request("launch", argv=["sleep", "600"], log=str(tmp_path / "ours.log"))
+        found = await actions.plan_kill(session, actions.Scope(ports=[port], command=["-m", "cockpit.sim.server"]))
+        assert found.entries and found.rule == f"owns port {port}"
+        with pytest.raises(CockpitError, match="not the one this ablation launched.*nothing was killed"):
+            runs.refuse_unasked(found, launched)
+        assert all_alive(procs)
+        ours = await actions.plan_kill(session, actions.Scope(launched=[{k: launched[k] for k in actions.LAUNCHED_KEYS
+                                                                         if k in launched}]))
+        assert ours.rule.startswith("launched by this cockpit (ledger)")
+        runs.refuse_unasked(ours, launched)  # its own run: no question
+        report = await actions.kill(session, ours, wait_s=1.0)
+        assert report["verified"] and gone(launched["pid"]) and all_alive(procs)
+    finally:
+        await session.close()
+        end_session(theirs)
