@@ -143,6 +143,11 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert "the run: launched by this cockpit (ledger)" in killed.stdout
         assert all(gone(pid) for pid in our_procs) and session_procs(int(ours["pgid"])) == {}
         assert all_alive(their_procs)
+        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+        try:  # killed whole and verified: recorded as ended, never resumed from its record
+            assert runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1].get("how") == "killed"
+        finally:
+            del os.environ["XDG_STATE_HOME"]
     finally:
         end_session(theirs)
 
