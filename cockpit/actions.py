@@ -23,6 +23,8 @@ from cockpit.secrets import mask_text
 from cockpit.session import HostSession
 
 DEFAULT_KILL_WAIT_S = 10.0
+LAUNCH_MARKER = "GPU_COCKPIT_RUN"  # in every launched run's environment: its run id (the agent's LAUNCH_MARKER)
+LAUNCHED_KEYS = ("pgid", "start", "boot", "uid", "run_id", "seen_ticks")  # what the agent is told of a launched run
 SHM_DEFAULT = "/dev/shm"
 
 
@@ -48,6 +50,7 @@ class Scope:
     command: list[str] = field(default_factory=list)
     model: str | None = None
     patterns: list[str] | None = None
+    default_port: int | None = None
 
     def args(self) -> dict:
         if self.pids:
@@ -56,8 +59,11 @@ class Scope:
         for g in list(self.pgids) + list(self.sids):
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
-        return {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
-                "patterns": self.patterns}
+        out = {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
+               "patterns": self.patterns}
+        if self.default_port is not None:
+            out["default_port"] = self.default_port
+        return out
 
 
 # ----------------------------------------------------------------------------- the run a session follows
@@ -70,7 +76,7 @@ def remember_run(session, layout=None, launched: dict | None = None, rule: str |
     if layout is not None:
         hints["layout"] = layout
     if launched is not None:
-        hints["launched"] = [{k: launched[k] for k in ("pgid", "start", "boot", "uid") if launched.get(k) is not None}]
+        hints["launched"] = [{k: launched[k] for k in LAUNCHED_KEYS if launched.get(k) is not None}]
     if rule is not None:
         hints["rule"] = rule
     session.cockpit_run = hints
@@ -103,6 +109,14 @@ def layout_model(layout) -> str | None:
     return None
 
 
+# The engines' default ports: a server started without `--port` listens there.
+ENGINE_DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
+
+
+def layout_default_port(layout) -> int | None:
+    return ENGINE_DEFAULT_PORT.get(getattr(layout, "engine", None) or "") if layout is not None else None
+
+
 def run_scope(session: HostSession, layout=None) -> Scope:
     """The run on screen, as hints the agent resolves on the host (see the module's docstring)."""
     hints = getattr(session, "cockpit_run", None) or {}
@@ -113,7 +127,7 @@ def run_scope(session: HostSession, layout=None) -> Scope:
             launched.append({"pgid": int(g)})
     return Scope(launched=launched, ports=list(layout.ports) if layout else [],
                  command=list(layout.command) if layout else [], model=layout_model(layout),
-                 patterns=session.watch.patterns)
+                 patterns=session.watch.patterns, default_port=layout_default_port(layout))
 
 
 def process_scope(pid: int) -> Scope:
@@ -147,6 +161,7 @@ class KillPlan:
     sessions: list[int] = field(default_factory=list)
     root: int | None = None
     uid: int | None = None
+    planned_at: int | None = None  # the host's clock ticks when the plan was made
 
     def describe(self) -> list[str]:
         """Every process the kill will signal: pid, user, start time, command (secrets masked);
@@ -176,7 +191,7 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     data = await session.request("kill_plan", timeout=60, **scope.args())
     plan = KillPlan(scope, _masked_plan(data.get("plan") or []), data.get("rule"), data.get("candidates") or [],
                     data.get("notes") or [], data.get("foreign") or [], data.get("sessions") or [],
-                    data.get("root"), data.get("uid"))
+                    data.get("root"), data.get("uid"), data.get("planned_at"))
     if plan.entries and plan.rule and not scope.pids:
         remember_run(session, rule=plan.rule)
     if len(plan.candidates) > 1 and not allow_ambiguous:
@@ -231,10 +246,11 @@ async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KIL
                ports: list[int] | None = None) -> dict:
     """Carry out exactly the plan (each pid checked against its planned start time and user before
     each signal), then verify: processes left, their GPU memory, the ports."""
-    entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title") if k in e} for e in plan.entries]
+    entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title", "pgid", "sid") if k in e}
+               for e in plan.entries]
     try:
         report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
-                                       sessions=plan.sessions, ports=list(ports or []))
+                                       sessions=plan.sessions, ports=list(ports or []), since=plan.planned_at)
     except LinkLost:
         # The agent lived inside what was killed (a container whose main process ended, a Slurm job
         # whose script ended): the link's engine says whether anything of it is left.
@@ -245,7 +261,23 @@ async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KIL
     for key in ("skipped", "newcomers"):
         report[key] = [dict(s, title=mask_text(s.get("title", ""))) for s in report.get(key) or []]
     report["verified"] = not (report["remaining"] or report["gpu_memory_left"] or report["ports_open"])
+    if report["verified"] and not plan.scope.pids:
+        record_ended(session, plan)
     return report
+
+
+def record_ended(session, plan: KillPlan) -> None:
+    """A launched run killed whole and verified gone is written to the ledger as ended: it is
+    never resumed (followed or planned again) from its record."""
+    from cockpit.runs import append_ledger
+
+    hints = getattr(session, "cockpit_run", None) or {}
+    layout = hints.get("layout")
+    if layout is None:
+        return
+    for rec in hints.get("launched") or []:
+        if rec.get("run_id") and int(rec.get("pgid", -1)) in set(plan.sessions):
+            append_ledger(layout, {"event": "ended", "run_id": rec["run_id"], "ended": time.time(), "how": "killed"})
 
 
 def describe_kill(report: dict) -> list[str]:

@@ -114,17 +114,26 @@ async def find_live_run(session, layout: Layout) -> dict | None:
     process group's leader is still the process launched (not a later one reusing its pid), or,
     the leader gone, that the survivors of its session carry the run's titles and user.
     The answer carries the rule that found it (`rule`) and its root pid (`root`)."""
+    from cockpit.actions import LAUNCHED_KEYS
+
     records = [r for r in list(reversed(read_ledger(layout)))[:20]
-               if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None]
+               if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
+               and not r.get("ended")]  # a run killed whole and verified gone is never resumed
     if not records:
         return None
-    launched = [{k: r[k] for k in ("pgid", "start", "boot", "uid") if r.get(k) is not None} for r in records]
+    launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
     found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
                                   patterns=session.watch.patterns)
     alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
     for run in records:
         cand = alive.get(int(run["pgid"]))
         if cand is not None:
+            seen = cand.get("leader_seen_ticks")
+            if seen is not None and seen != run.get("seen_ticks"):
+                # the leader alive and the recorded one: a process of its session started before now
+                # is the run's, should the leader die later and its pid be reused (the agent checks)
+                append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
+                run = {**run, "seen_ticks": seen}
             return {**run, "rule": cand["rule"], "root": cand["root"]}
     return None
 
@@ -183,6 +192,9 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
     run_id = new_run_id(layout)
     argv = build_argv(layout, spec, python=launch_python(layout, session)) + sim_flags(layout, session)
     env = dict(layout.env)
+    from cockpit.actions import LAUNCH_MARKER
+
+    env[LAUNCH_MARKER] = run_id  # the run's processes carry it: proof they are the run, its leader gone
     if session.opts.sim_state:
         env["COCKPIT_SIM_STATE"] = session.opts.sim_state
     log = run_log_path(layout, run_id)
@@ -305,6 +317,24 @@ async def plan_relaunch(session, layout: Layout, clean_shm: bool = True):
     return plan, names, lines
 
 
+def refuse_unasked(plan, launched: dict | None) -> None:
+    """A kill nobody confirmed (an ablation's later steps, its final kill) may end only the run
+    the ablation launched itself: found by the ledger rule, in the process group it started. Any
+    other plan (a server found by its port or command, a colleague's) stops the ablation with the
+    plan shown, nothing signalled."""
+    if not plan.entries:
+        return
+    pgid = int(launched["pgid"]) if launched and launched.get("pgid") else None
+    own = (pgid is not None and plan.sessions == [pgid]
+           and (plan.rule or "").startswith("launched by this cockpit (ledger)"))
+    if not own:
+        raise CockpitError(f"the run found ({plan.rule}; root pid {plan.root}, {len(plan.entries)} processes) is not "
+                           f"the one this ablation launched"
+                           + (f" (process group {pgid})" if pgid is not None else "")
+                           + ": nothing was killed; kill it yourself if it is yours (`cockpit kill`, which asks), "
+                           "then start again")
+
+
 async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
                       dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
                       shm_names: list[dict] | None = None) -> dict:
@@ -325,6 +355,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
         shm_names = found if shm_names is None else shm_names
         for line in lines:
             say(line)
+        refuse_unasked(plan, monitor.following)
     killed = [{"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]}
               for e in plan.entries]
     removed: list[str] = []
@@ -396,6 +427,7 @@ async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_
     if plan.entries and progress:
         for line in ["the last run is killed:"] + plan.describe():
             progress(None, line)
+    refuse_unasked(plan, monitor.following)
     await stop_run(monitor, plan, "stopped: the ablation is over")
     return rows
 
