@@ -111,18 +111,17 @@ def _writable(args: argparse.Namespace) -> None:
 
 def session_options(args: argparse.Namespace, layout=None, target=None, sim_state: str | None = None):
     """The session options of the command line: the one place they are built."""
-    from cockpit.session import SessionOptions
+    from cockpit.session import SessionOptions, agent_python
 
+    named = layout.python if layout else None
     opts = SessionOptions(
-        python=args.python or (layout.python if layout else "python3"),
+        python=args.python or (agent_python(target, named) if target is not None else named or "python3"),
         interval=args.interval or 1.0,
         ssh_config=args.ssh_config,
         known_hosts=args.known_hosts,
         accept_new=args.accept_new,
         sim_state=args.sim or sim_state,
     )
-    if target is not None and target.kind in ("local", "demo") and not (args.python or (layout and layout.python != "python3")):
-        opts.python = sys.executable  # this machine: the cockpit's own interpreter has psutil
     return opts
 
 
@@ -134,7 +133,6 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
     from cockpit.layouts import resolve_layout
     from cockpit.link.target import parse_target
     from cockpit.monitor import HostMonitor
-    from cockpit.session import WatchList
 
     target = parse_target("demo" if args.command == "demo" else getattr(args, "target", None) or "demo")
     if layout is None:
@@ -153,14 +151,8 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
             layout = demo.layout_of(sim_state, layout)
         else:
             demo.prepare_host(layout, args.sim or sim_state)
-        state_dir = args.sim or sim_state
-        watch = WatchList(patterns=[], ports=list(layout.ports))
-        if on_connect is None:
-            async def on_connect(monitor):
-                run = await demo.current_run(monitor.session, layout, state_dir)
-                if run is not None:
-                    monitor.following = run
-                    await demo.attach_demo(monitor.session, run)
+        watch, follow = demo.follower(layout, args.sim or sim_state)
+        on_connect = on_connect or follow
     opts = session_options(args, layout, target, sim_state)
     return HostMonitor(target, opts, layout, on_connect=on_connect, watch=watch)
 

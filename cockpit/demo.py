@@ -176,6 +176,21 @@ async def _members(session: HostSession, run: dict):
     return plan
 
 
+def follower(layout: Layout, state: str):
+    """What a cockpit attached to the demo in `state` watches (the demo's port, no process
+    patterns: another demo's processes or anything else here are not shown or judged) and the
+    hook that finds the demo's current run once connected."""
+    from cockpit.session import WatchList
+
+    async def on_connect(monitor) -> None:
+        run = await current_run(monitor.session, layout, state)
+        if run is not None:
+            monitor.following = run
+            await attach_demo(monitor.session, run)
+
+    return WatchList(patterns=[], ports=list(layout.ports)), on_connect
+
+
 async def current_run(session: HostSession, layout: Layout, state: str) -> dict | None:
     """The demo's latest run that still has processes: what a second viewer follows."""
     for run in reversed(runs_of(layout, state, session.target.label)):

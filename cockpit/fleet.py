@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -20,12 +20,13 @@ from cockpit.layouts import resolve_layout
 from cockpit.link.target import parse_target
 from cockpit.model import HostState
 from cockpit.monitor import HostMonitor
-from cockpit.session import HostSession, SessionOptions
+from cockpit.session import HostSession, SessionOptions, agent_python
 from cockpit.snapshot import snapshot_doc
 
 SCHEMA = "gpu-cockpit.fleet/1"
 DEFAULT_CONCURRENCY = 16
 PING_EVERY_S = 5.0
+DEMO_RETRY_S = 5.0  # a `demo` row with no demo running looks for one again this often
 FLEET_HISTORY = 120  # samples kept per GPU and host: two minutes at 1 Hz, enough for a host's sparklines
 HOT_C = 85  # a GPU this hot is worth a look whatever the run is doing
 
@@ -147,16 +148,38 @@ class Member:
     def __init__(self, host: FleetHost, opts: SessionOptions):
         self.host = host
         self.layout: Layout | None = resolve_layout(host.layout) if host.layout else None
+        self.opts = opts
         target = parse_target(host.target)
+        self.demo_error: str | None = None  # `demo` with no demo running: said in the row, asked again
         if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/cluster.py)
             from cockpit.cluster import ClusterMonitor
 
             self.monitor = ClusterMonitor(target, opts, self.layout, history=FLEET_HISTORY)
+        elif target.kind == "demo":
+            self.monitor = self._demo_monitor()
         else:
             self.monitor = HostMonitor(target, opts, self.layout, history=FLEET_HISTORY, probe_every_s=PING_EVERY_S)
         self.monitor.state.target = host.name
         self.task: asyncio.Task | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
+
+    def _demo_monitor(self) -> HostMonitor:
+        """The running demo, watched as `cockpit snapshot demo` watches it: its simulated GPUs,
+        its port and its current run, nothing else on this machine."""
+        from cockpit import demo
+
+        layout = self.layout or resolve_layout("demo")
+        try:
+            state = demo.need_live_state()
+        except CockpitError as exc:
+            self.demo_error = str(exc)
+            return HostMonitor(parse_target("demo"), self.opts, layout, history=FLEET_HISTORY)
+        self.demo_error = None
+        layout = demo.layout_of(state, layout)
+        watch, follow = demo.follower(layout, state)
+        opts = replace(self.opts, sim_state=state)
+        return HostMonitor(parse_target("demo"), opts, layout, history=FLEET_HISTORY, probe_every_s=PING_EVERY_S,
+                           on_connect=follow, watch=watch)
 
     @property
     def session(self) -> HostSession:
@@ -175,6 +198,13 @@ class Member:
         return self.monitor.verdict
 
     async def run(self, gate: asyncio.Semaphore) -> None:
+        while self.demo_error:  # no demo yet: the row says so until one starts
+            self.session.link_error = self.demo_error
+            self.state.link_state = "down"
+            self.tried.set()
+            await asyncio.sleep(DEMO_RETRY_S)
+            self.monitor = self._demo_monitor()
+            self.monitor.state.target = self.host.name
         self.state.link_state = "waiting"
         async with gate:
             self.state.link_state = "connecting"
@@ -221,7 +251,8 @@ class FleetMonitor:
         base = base or SessionOptions()
         self.members: list[Member] = []
         for host in fleet.hosts:
-            opts = SessionOptions(python=host.python or base.python, interval=fleet.interval or base.interval,
+            python = agent_python(parse_target(host.target), host.python or base.python)
+            opts = SessionOptions(python=python, interval=fleet.interval or base.interval,
                                   sim_state=host.sim or base.sim_state, ssh_config=base.ssh_config,
                                   known_hosts=base.known_hosts, accept_new=base.accept_new)
             self.members.append(Member(host, opts))

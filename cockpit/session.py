@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,14 @@ class SessionOptions:
     ssh_config: str | None = None
     known_hosts: str | None = None
     accept_new: bool = False
+
+
+def agent_python(target: Target, named: str | None) -> str:
+    """The interpreter the agent runs with: the one named, else python3 on a host and, on this
+    machine, the cockpit's own (it has psutil)."""
+    if named and named != "python3":
+        return named
+    return sys.executable if target.kind in ("local", "demo") else "python3"
 
 
 def decode_frame(line: bytes) -> dict | None:

@@ -182,3 +182,29 @@ async def test_a_host_that_does_not_resolve_is_said_on_screen_and_quitting_exits
         assert "connecting" not in text and "unknown: no connection" in text
     res = __import__("conftest").run_cli("snapshot", "nosuchhost.invalid", "--json")
     assert res.returncode == 2 and "cannot resolve" in res.stderr
+
+
+async def test_a_fleet_row_for_the_demo_watches_it_as_snapshot_demo_does(demo_env, tmp_path):
+    """`--hosts demo` in a fleet: the running demo's simulated GPUs and its run, not this
+    machine's other processes; with no demo running, the row says so (and how to start one)."""
+    from cockpit.fleet import FleetMonitor, fleet_from_hosts, take_fleet_snapshot
+
+    args, layout, pgids = demo_env
+    doc = await take_fleet_snapshot(FleetMonitor(fleet_from_hosts("demo")), timeout=20)
+    row = doc["hosts"][0]
+    assert not row["reachable"] and row["error"].startswith("no demo is running: start one with `cockpit demo`")
+
+    app, layout, state = cli.demo_app(args, layout)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
+        pgids.append(app.cockpit.monitor.following["pgid"])
+        fleet = fleet_from_hosts("demo", layout=str(tmp_path / "fastdemo.yaml"))  # the demo's own layout
+        doc = await take_fleet_snapshot(FleetMonitor(fleet), timeout=30)
+        row = doc["hosts"][0]
+        assert row["reachable"], row
+        snap = row["snapshot"]
+        assert len(snap["gpus"]) == 8
+        run = app.cockpit.monitor.following["pgid"]
+        assert snap["processes"] and all(os.getpgid(p["pid"]) == run for p in snap["processes"])  # the demo's run only
+        await pilot.press("q")
+    await cli.end_demo(args, app, layout, state)
