@@ -88,7 +88,9 @@ async def test_shm_clean_removes_only_what_is_safe(sim_state, tmp_path):
         psm = next(n for n in by if n.startswith("psm_"))
         assert by[psm]["removable"]
         assert by["evil-link"]["kind"] == "symlink" and not by["evil-link"]["removable"]
-        names = list(by) + ["../victim-file", "/etc/passwd", "."]
+        (shm / "psm_gone-since").write_text("x")
+        names = list(by) + ["../victim-file", "/etc/passwd", ".", "psm_gone-since"]
+        (shm / "psm_gone-since").unlink()  # listed, then gone before the clean
         refused = await asyncio.gather(actions.shm_clean(run.session, names, str(shm)), return_exceptions=True)
         assert "is not /dev/shm" in str(refused[0]) and (shm / psm).exists()  # another folder: only when confirmed
         done = await actions.shm_clean(run.session, names, str(shm), other_dir=True)
@@ -96,6 +98,7 @@ async def test_shm_clean_removes_only_what_is_safe(sim_state, tmp_path):
         kept = {s["name"]: s["why"] for s in done["skipped"]}
         assert "held by pid" in kept[nccl[0]] and "alive" in kept[tok] and "symlink" in kept["evil-link"]
         assert "not an entry" in kept["../victim-file"] and "not an entry" in kept["/etc/passwd"]
+        assert kept["psm_gone-since"] == "gone since it was listed"
         assert victim.read_text() == "precious" and (shm / "evil-link").is_symlink()
         await kill_everything(run)
         await asyncio.sleep(0.5)
