@@ -187,3 +187,44 @@ def test_forensics_env_arms_every_switch():
     assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/data/runs/r1.fr_pipe_rank_"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
     assert env["NCCL_DEBUG_SUBSYS"] == "COLL"
+
+
+def test_the_simulated_server_keeps_a_flight_recorder_that_names_its_hung_rank(sim_state, tmp_path):
+    """The demo's server armed by the forensics flag set's environment: each rank holds its dump
+    pipe open as torch does, and `cockpit flightrec` names the rank that spins in the sampler."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cockpit.flightrec import forensics_env
+    from conftest import free_port, run_cli
+
+    port = free_port()
+    layout = tmp_path / "fr.yaml"
+    layout.write_text(f"name: fr\nengine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\n"
+                      f"log: {tmp_path}/server.log\nmetrics: false\n")
+    env = {**os.environ, "COCKPIT_SIM_STATE": str(sim_state), **forensics_env(str(tmp_path / "run"))}
+    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port),
+                               "--sim-speed", "4", "--sim-shm-dir", str(tmp_path), "--sim-hang-rank", "2",
+                               "--sim-traffic", "2"], stdout=open(tmp_path / "server.log", "w"),
+                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        pipes = [f"run.fr_pipe_rank_{r}.pipe" for r in range(4)]
+        while sorted(p.name for p in tmp_path.glob("run.fr_pipe_rank_*.pipe")) != pipes:  # each rank made its own
+            assert time.monotonic() < deadline and server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            time.sleep(0.5)
+        text = ""
+        while "rank 2 never called all_reduce" not in text:  # once rank 2 spins (after 40 steps of traffic)
+            assert time.monotonic() < deadline, text[-3000:]
+            res = run_cli("flightrec", "local", "--sim", str(sim_state), "--layout", str(layout), "--json", timeout=90)
+            assert res.returncode == 0, res.stdout + res.stderr
+            text = json.dumps(json.loads(res.stdout))
+            time.sleep(1)
+        assert all((tmp_path / f"run.fr_rank_{r}").exists() for r in range(4))  # torch's dump files, one per rank
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()

@@ -31,6 +31,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from cockpit.sim import fakenvml
+from cockpit.sim.flightrec import SimFlightRecorder
 
 MODEL_GB = 496.0  # a 1T-parameter MoE in INT4, across all ranks
 DRAFT_GB = 2.0
@@ -133,6 +134,7 @@ class Rank:
         self.used_mib = 0
         self.activity = "idle"
         self.held = []
+        self.fr = SimFlightRecorder(rank, args.tp_size)  # armed only by the forensics environment
 
     def publish(self, used_mib: float | None = None, activity: str | None = None) -> None:
         if used_mib is not None:
@@ -233,11 +235,14 @@ class Rank:
 
     def all_reduce(self, draft: bool = False) -> None:
         if peer_hung(self.args):  # a rank on another node never joins: the collective never completes
+            self.fr.enqueue()
             self.publish(activity="spin")
             while True:
                 time.sleep(1)
         barrier = self.shared["draft_barrier" if draft else "barrier"]
+        self.fr.enqueue()
         barrier.wait()
+        self.fr.complete()
 
     def event_loop(self) -> None:
         """Serve forward steps: one all-reduce per decode step while tokens are wanted."""
