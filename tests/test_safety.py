@@ -236,10 +236,12 @@ def test_the_sigkill_pass_checks_the_start_time_again(monkeypatch):
         proc.wait()
 
 
-def _take_pid(pid: int, tries: int = 200) -> subprocess.Popen | None:
-    """A new process that gets exactly this (free) pid, through ns_last_pid (root only). It starts
-    at least one clock tick after the pid's earlier process did: start times are counted in ticks
-    (10 ms), and a pid reused within the same tick as the first start is not distinguishable."""
+def _take_pid(pid: int, argv: tuple[str, ...] = ("sleep", "600"), new_session: bool = True,
+              tries: int = 200) -> subprocess.Popen | None:
+    """A new process running argv that gets exactly this (free) pid, through ns_last_pid (root
+    only). It starts at least one clock tick after the pid's earlier process did: start times are
+    counted in ticks (10 ms), and a pid reused within the same tick as the first start is not
+    distinguishable."""
     time.sleep(0.05)
     for _ in range(tries):
         try:
@@ -247,7 +249,7 @@ def _take_pid(pid: int, tries: int = 200) -> subprocess.Popen | None:
                 fh.write(str(pid - 1))
         except OSError:
             return None
-        p = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        p = subprocess.Popen(list(argv), start_new_session=new_session)
         if p.pid == pid:
             return p
         p.kill()
@@ -707,15 +709,6 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
         end_session(proc)
 
 
-def _take_pid_with(pid: int, argv: list[str], tries: int = 200) -> subprocess.Popen | None:
-    """Like _take_pid, for any command."""
-    time.sleep(0.05)
-    for _ in range(tries):
-        try:
-            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
-                fh.write(str(pid - 1))
-        except OSError:
-            return None
         p = subprocess.Popen(argv)
         if p.pid == pid:
             return p
@@ -759,7 +752,7 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
     time.sleep(0.1)
     setsid_then_exit = [sys.executable, "-c", f"import os,subprocess; os.setsid(); "
                         f"subprocess.Popen(['bash', '-c', {TITLED!r}]); os._exit(0)"]
-    imposter = _take_pid_with(ours.pid, setsid_then_exit)
+    imposter = _take_pid(ours.pid, setsid_then_exit, new_session=False)
     if imposter is None:
         pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")
     imposter.wait()
