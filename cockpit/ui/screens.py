@@ -55,9 +55,11 @@ class ReportScreen(ModalScreen[str | None]):
                 Binding("c", "choose('c')", "Clean what is safe"),  # each shown only when offered
                 Binding("n", "choose('n')", "Native frames")]
 
-    def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None):
+    def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None,
+                 unavailable: dict[str, str] | None = None):
         super().__init__()
         self.title_text, self.lines, self.keys = title, lines, keys or {}
+        self.unavailable = unavailable or {}  # a key that says why it does nothing here, when pressed
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
@@ -68,13 +70,16 @@ class ReportScreen(ModalScreen[str | None]):
 
     def check_action(self, action: str, parameters) -> bool | None:
         if action == "choose":
-            return parameters[0] in self.keys
+            return parameters[0] in self.keys or parameters[0] in self.unavailable
         return True
 
     def action_close(self) -> None:
         self.dismiss(None)
 
     def action_choose(self, key: str) -> None:
+        if key not in self.keys:
+            self.notify(visible(self.unavailable[key]), markup=False, severity="warning", timeout=5)
+            return
         self.dismiss(key)
 
 
