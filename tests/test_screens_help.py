@@ -144,3 +144,30 @@ async def test_kill_from_the_palette_asks_as_K_does_and_the_header_says_it_waits
                 os.killpg(run["pgid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+async def test_a_log_search_without_a_match_says_so():
+    app = replay()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("slash")
+        await pilot.pause(0.2)
+        for ch in "zqzqzq":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        await pilot.pause(0.4)
+        assert "no line matches “zqzqzq”" in save_text(app, None)
+
+
+async def test_c_in_a_report_without_anything_to_clean_says_nothing_to_remove():
+    from cockpit.ui.screens import ReportScreen
+
+    app = replay()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        app.push_screen(ReportScreen("/dev/shm", ["nothing of a run"], {}, {"c": "nothing to remove: all kept"}))
+        await pilot.pause(0.2)
+        await pilot.press("c")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, ReportScreen)
+        assert "nothing to remove: all kept" in save_text(app, None)

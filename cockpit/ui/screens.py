@@ -66,6 +66,7 @@ class ReportScreen(ModalScreen[str | None]):
             yield Static(as_text(self.title_text, "bold"))
             with VerticalScroll(classes="dialog-body"):
                 yield Static(body(self.lines))
+            yield Static(id="said").set_styles("display: none;")  # why a pressed key does nothing here (a notification would hide under the dialog)
         yield Footer()
 
     def check_action(self, action: str, parameters) -> bool | None:
@@ -78,7 +79,9 @@ class ReportScreen(ModalScreen[str | None]):
 
     def action_choose(self, key: str) -> None:
         if key not in self.keys:
-            self.notify(visible(self.unavailable[key]), markup=False, severity="warning", timeout=5)
+            said = self.query_one("#said", Static)
+            said.update(as_text(self.unavailable[key], "bold yellow"))
+            said.display = True
             return
         self.dismiss(key)
 
