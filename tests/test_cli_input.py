@@ -112,3 +112,34 @@ def test_serve_without_its_extra_names_the_command_for_a_checkout(tmp_path):
     line = one_line(result)
     assert "serve" in line and (".venv/bin/pip install -e '.[serve]'" in line
                                 or "pip install 'gpu-cockpit[serve]'" in line)
+
+
+def test_the_readme_names_exactly_the_commands_that_take_json_and_read_only():
+    import re
+    from pathlib import Path
+
+    from cockpit.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    takes = {name: {o for a in parser.subcommands[name]._actions for o in a.option_strings} for name in COMMANDS}
+    readme = " ".join(Path(__file__).parent.parent.joinpath("README.md").read_text().split())
+    assert "Every command takes `--read-only`" in readme
+    assert all("--read-only" in opts for opts in takes.values())
+    said = re.search(r"`--json` \(JSON instead of a plain table\) is taken by (.*?); the screens \((.*?)\) have none",
+                     readme)
+    assert said, "the README's sentence on --json"
+    with_json = set(re.findall(r"`(\w+)`", said.group(1)))
+    screens = set(re.findall(r"`(\w+)`", said.group(2)))
+    assert with_json == {name for name, opts in takes.items() if "--json" in opts}
+    assert screens == set(COMMANDS) - with_json
+
+
+def test_the_schema_doc_says_how_long_a_snapshot_looks():
+    from pathlib import Path
+
+    from cockpit.agent.agent import FIRST_GAP_S
+
+    doc = " ".join((Path(__file__).parent.parent / "docs" / "snapshot-schema.md").read_text().split())
+    assert f"`FIRST_GAP_S` = {FIRST_GAP_S:g} s" in doc and f"two samples {FIRST_GAP_S:g} s apart" in doc
+    assert "about two seconds" not in doc and "at least two ticks" not in doc
+    assert "unknown: no connection" in doc
