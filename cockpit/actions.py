@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from cockpit.errors import CockpitError, LinkLost
-from cockpit.hosttext import visible
+from cockpit.hosttext import count, these, visible
 from cockpit.model import HostState
 from cockpit.secrets import mask_text
 from cockpit.session import HostSession
@@ -176,7 +176,8 @@ class KillPlan:
         for note in self.notes:
             lines.append(f"note: {note}")
         groups = sorted({e["pgid"] for e in self.entries})
-        lines.append(f"{len(self.entries)} processes in process groups {', '.join(map(str, groups)) or '-'}: "
+        lines.append(f"{count(len(self.entries), 'process', 'processes')} in "
+                     f"{'process group' if len(groups) == 1 else 'process groups'} {', '.join(map(str, groups)) or '-'}: "
                      f"SIGTERM, then SIGKILL after the wait, each only while its start time still matches")
         return lines
 
@@ -427,7 +428,8 @@ def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
     """What a clean after a kill removes (each with how it is tied to the run) and leaves."""
     lines = []
     if found.remove:
-        lines.append(f"then these {len(found.remove)} entries of {folder} are removed (each checked again first):")
+        lines.append(f"then {these(len(found.remove), 'entry', 'entries')} of {folder} "
+                     f"{'is' if len(found.remove) == 1 else 'are'} removed (each checked again first):")
         lines += [f"  rm {visible(e['name'])}  ({e['why']})" for e in found.remove]
     else:
         lines.append(f"nothing to remove from {folder}")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cockpit import __version__
 from cockpit.errors import CockpitError
+from cockpit.hosttext import count
 
 LOG_TAIL_LINES = 2000
 METRICS_GAP_S = 3.0
@@ -223,7 +224,7 @@ def _log_tail(monitor, m: _Members) -> None:
         return m.miss("log tail", "no log is followed (name one in the layout: log:)")
     for n, (path, log) in enumerate(list(logs.items())[:2]):
         lines = list(log.lines)[-LOG_TAIL_LINES:]
-        m.add("log-tail.txt" if n == 0 else "log-tail-2.txt", f"# the last {len(lines)} lines of {path} (of {log.total} read)\n" +
+        m.add("log-tail.txt" if n == 0 else "log-tail-2.txt", f"# the last {count(len(lines), 'line')} of {path} (of {log.total} read)\n" +
               "\n".join(line.text for line in lines) + "\n", f"the last lines of {path}")
 
 

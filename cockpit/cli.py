@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from cockpit import __version__
 from cockpit.errors import CockpitError
-from cockpit.hosttext import visible
+from cockpit.hosttext import count, these, visible
 from cockpit.secrets import mask_argv
 
 
@@ -69,17 +69,49 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-only", action="store_true", help="watch only: every action (kill, shm clean, dump) is off")
 
 
+READ_ONLY_NOOP = arg("--read-only", action="store_true",
+                     help="accepted as by every command; this one never acts on a host anyway")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cockpit", description="A terminal cockpit for multi-GPU inference hosts.")
     parser.add_argument("--version", action="version", version=f"gpu-cockpit {__version__}")
     sub = parser.add_subparsers(dest="command")
+    parser.subcommands = {}
     for cmd in COMMANDS.values():
-        p = sub.add_parser(cmd.name, help=cmd.help)
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         for names, kw in cmd.arguments:
             p.add_argument(*names, **kw)
         if cmd.common:
             _common(p)
+        parser.subcommands[cmd.name] = p
     return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line; an argument the subcommand does not take is refused with that
+    subcommand's usage (not the top level's), exit status 2."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    sub = parser.subcommands.get(args.command) if args.command else None
+    if extra:
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    if sub is not None:
+        _check_numbers(args, sub)
+    return args
+
+
+def _check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Durations that cannot be negative (nor zero, for an interval or a timeout) are refused at
+    once, in one line."""
+    for name, least, strict in (("interval", 0.0, True), ("wait", 0.0, False), ("timeout", 0.0, True),
+                                ("settle", 0.0, False)):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if value != value or value in (float("inf"), float("-inf")) or value < least or (strict and value == least):
+            parser.exit(2, f"cockpit {args.command}: --{name} {value:g}: must be "
+                           f"{'more than' if strict else 'at least'} {least:g} seconds\n")
 
 
 # ----------------------------------------------------------------------------- shared parts
@@ -264,7 +296,7 @@ async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[st
         return [f"the demo's runs were not stopped: {exc}; the next `cockpit demo` stops them"]
     lines = [f"demo run not fully stopped: {line}" for line in left]
     if stopped and not left:
-        lines.append(f"the demo's {stopped} run{'s' if stopped > 1 else ''} stopped, verified gone")
+        lines.append(f"the demo's {count(stopped, 'run')} stopped, verified gone")
     if not args.sim and not left:
         demo.remove_state(state)
     return lines
@@ -335,6 +367,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.replay is None and not args.target:
         raise CockpitError("name a target (local, demo, an ssh alias, user@host[:port]) or --replay FILE.json")
     if args.svg or args.text:
+        from cockpit.ui.headless import check_output
+
+        for option, path in (("--svg", args.svg), ("--text", args.text)):
+            if path and path != "-":
+                check_output(option, path)
         from cockpit.layouts import resolve_layout
         from cockpit.snapshot import monitor_doc
         from cockpit.ui.app import CockpitApp
@@ -350,7 +387,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         if app.error:
             raise CockpitError(app.error)
         if args.text == "-":
-            sys.stdout.write(text)
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
         if args.json:
             monitor = app.cockpit.monitor
             print_json(monitor_doc(monitor) if monitor else _replay_doc(args.replay))
@@ -456,7 +493,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                 raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
                                    + (f" ({why})" if why else "")
                                    if not args.pid else f"no process {args.pid} on {session.target.label}")
-            if not _confirm(plan.describe(), f"kill these {len(plan.entries)} processes?", args.yes):
+            if not _confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes):
                 return None
             wait = args.wait if args.wait is not None else (layout.kill_wait_s if layout else actions.DEFAULT_KILL_WAIT_S)
             with monitor.stopping_for("kill: asked by the operator"):
@@ -508,7 +545,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
             if not chosen:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
             if not _confirm([f"  rm {visible(e['name'])}" for e in chosen],
-                            f"remove these {len(chosen)} entries of {audit['folder']}?", args.yes):
+                            f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?", args.yes):
                 return audit, None
             if other_dir and not args.yes_other_dir and not _confirm(
                     [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
@@ -611,10 +648,17 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
     return 0 if answer.get("armed") else 3
 
 
+def _on_off(args: argparse.Namespace) -> None:
+    both = sorted(set(args.on) & set(args.off))
+    if both:
+        raise CockpitError(f"--on {both[0]} --off {both[0]}: a flag set cannot be both on and off: keep one of them")
+
+
 def _spec(args: argparse.Namespace, layout):
     from cockpit.runs import default_spec
 
     spec = default_spec(layout)
+    _on_off(args)
     for name in args.on + args.off:
         if name not in layout.flag_sets:
             raise CockpitError(f"{layout.path}: no flag set {name!r} (flag sets: {', '.join(layout.flag_sets) or 'none'})")
@@ -634,11 +678,12 @@ def _spec(args: argparse.Namespace, layout):
          arg("--no-clean-shm", action="store_true", help="leave /dev/shm alone between runs"),
          arg("--timeout", type=float, default=900, metavar="S", help="give up watching after S seconds"),
          arg("--settle", type=float, default=0, metavar="S", help="keep watching S seconds after ready"),
-         YES)
+         YES, arg("--json", action="store_true", help="print the run's ledger row as JSON instead of lines"))
 def cmd_launch(args: argparse.Namespace) -> int:
     from cockpit import runs
 
     _writable(args)
+    _on_off(args)
     if not args.layout and args.target != "demo":
         raise CockpitError("launch needs --layout: the launch profile to run")
 
@@ -656,6 +701,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     row = asyncio.run(go())
     if row is None:
         return 1
+    if args.json:
+        from cockpit.secrets import mask_record
+
+        print_json(mask_record(row))  # secrets masked, as in the ledger
+        return 0
     say(f"{row['run_id']}: {row['outcome']}")
     for line in row["evidence"]:
         say(f"  {line}")
@@ -678,7 +728,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             specs = runs.combinations(monitor.layout, vary)
             plan, names, lines = await runs.plan_relaunch(monitor.session, monitor.layout)
             if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
-                            f"run these {len(specs)} launches one after another (each kills the one before)?", args.yes):
+                            f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?", args.yes):
                 return None
             return await runs.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
                                      first_shm=names)
@@ -694,7 +744,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 @command("runs", "the ledger: every launch of a layout and what became of it",
-         arg("--layout", required=True, metavar="FILE"), JSON, common=False)
+         arg("--layout", required=True, metavar="FILE",
+             help="the layout whose runs to list: a .yaml path or a shipped name (demo, sglang-tp8, vllm-tp8)"),
+         JSON, READ_ONLY_NOOP, common=False)
 def cmd_runs(args: argparse.Namespace) -> int:
     from cockpit import runs
     from cockpit.layouts import resolve_layout
@@ -711,7 +763,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
          arg("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)"),
          arg("--engine", choices=["sglang", "vllm", "auto"], default="auto",
              help="whose log it is (default: detected from the lines)"),
-         JSON, common=False)
+         JSON, READ_ONLY_NOOP, common=False)
 def cmd_explain(args: argparse.Namespace) -> int:
     from cockpit import explain
 
@@ -726,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["open"] + argv
     elif argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["open"] + argv
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return COMMANDS[args.command].handler(args)
     except CockpitError as exc:

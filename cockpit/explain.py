@@ -131,6 +131,9 @@ def _verdict(tracker: LogTracker) -> dict:
         return {"name": "stalled", "rank": last.rank, "cause": last.cause, "line": tracker.stalls[0][0],
                 "time": last.time, "evidence": [short(ll.text) for _, ll in tells],
                 "evidence_lines": [k for k, _ in tells]}
+    if tracker.n == 0:  # nothing read: not a run that went well
+        return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
+                "evidence_lines": []}
     mark = tracker.timeline[-1] if tracker.timeline else None
     return {"name": "ok", "rank": None, "cause": None, "line": mark.line if mark else None,
             "time": mark.time if mark else None, "evidence": [], "evidence_lines": []}
@@ -158,6 +161,8 @@ def describe(result: dict) -> list[str]:
     elif v["name"] == "stalled":
         out.append(f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
                    f"(first tell line {v['line']})")
+    elif v["name"] == "empty":
+        out.append("verdict: none: the log is empty (0 lines), nothing to judge: check the file or the pipe")
     else:
         out.append("verdict: ok: no failure in the log")
     for n, text in zip(v["evidence_lines"], v["evidence"]):

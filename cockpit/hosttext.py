@@ -93,3 +93,14 @@ def as_text(text: str | bytes | None, style: str = "", newlines: bool = False):
     from rich.text import Text
 
     return Text(visible(text, newlines=newlines), style=style)
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun agreeing: `1 process`, `2 processes`, `0 entries`. The one helper
+    every message that counts goes through (pass the plural when it is not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def these(n: int, noun: str, plural: str | None = None) -> str:
+    """`this process` for one, `these 2 processes` for more (a question about what is listed)."""
+    return f"this {noun}" if n == 1 else f"these {count(n, noun, plural)}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
 from cockpit.logrules import LogLine, LogRules
+from cockpit.hosttext import count
 from cockpit.secrets import mask_argv
 from cockpit.metrics import MetricsView
 from cockpit.ras import RasView
@@ -273,8 +274,8 @@ class HostState:
         codes = sorted({p.exit_code for p in dead if p.exit_code is not None})
         ended = f" (exit codes {', '.join(map(str, codes))})" if codes else ""
         groups = ", ".join(str(g) for g in sorted({p.pgid for p in live if p.pgid is not None}))
-        self.notes.append(f"a new run appeared (process group {groups}): the previous run's {len(dead)} ranks "
-                          f"are gone{ended}")
+        self.notes.append(f"a new run appeared (process group {groups}): the previous run's {count(len(dead), 'rank')} "
+                          f"{'is' if len(dead) == 1 else 'are'} gone{ended}")
         self.generation += 1
         self.forget_dead()
 

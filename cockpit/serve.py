@@ -136,6 +136,41 @@ def make_server(command: str, host: str, port: int, token: str, title: str = "gp
     return GuardedServer()
 
 
+def install_hint(extra: str) -> str:
+    """How to add an extra of gpu-cockpit here: into the checkout's .venv (editable, as
+    ./scripts/demo makes it) when running from a source checkout, else with pip."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / ".git").exists():
+        return f"in the checkout ({root}) run `.venv/bin/pip install -e '.[{extra}]'`"
+    return f"run `pip install 'gpu-cockpit[{extra}]'` in the environment of {sys.executable}"
+
+
+def check_port(bind: str, port: int) -> None:
+    """The address must be free before the URL is printed: one line naming it and the fix."""
+    import errno
+
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CockpitError(f"--bind {bind}: not an address of this machine ({exc.strerror})") from None
+    for family, kind, proto, _name, addr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+            try:
+                probe.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise CockpitError(f"port {port} on {bind} is already in use (another server?): "
+                                       f"choose a free one with --port N") from None
+                if exc.errno == errno.EACCES:
+                    raise CockpitError(f"port {port} on {bind}: permission denied (ports below 1024 need root): "
+                                       f"choose another with --port N") from None
+                raise CockpitError(f"--bind {bind} --port {port}: cannot listen there ({exc.strerror}): "
+                                   f"choose another --bind or --port") from None
+
+
 def serve(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         raise CockpitError(f"--port {args.port}: between 1 and 65535")
@@ -147,7 +182,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         import textual_serve.server  # noqa: F401
     except ImportError:
-        raise CockpitError("serve needs textual-serve: pip install 'gpu-cockpit[serve]'") from None
+        raise CockpitError(f"serve needs textual-serve, from gpu-cockpit's `serve` extra: {install_hint('serve')}") from None
+    check_port(args.bind, args.port)
     if not loopback:
         print(f"cockpit: WARNING: serving on {args.bind}:{args.port} over plain HTTP: the token and the screen "
               f"cross the network unencrypted", file=sys.stderr)
@@ -156,5 +192,9 @@ def serve(args: argparse.Namespace) -> int:
         print("cockpit: actions are ON in the browser (--allow-actions): kill, shm clean and relaunch work there",
               file=sys.stderr)
     server = make_server(shlex.join(command), args.bind, args.port, secrets.token_urlsafe(TOKEN_BYTES))
-    server.serve()
+    try:
+        server.serve()
+    except OSError as exc:  # taken between the check and the server's own bind
+        raise CockpitError(f"port {args.port} on {args.bind}: cannot listen ({exc.strerror or exc}): "
+                           f"choose a free one with --port N") from None
     return 0

@@ -172,5 +172,7 @@ def test_a_directory_is_refused(tmp_path):
 
 def test_an_empty_log():
     result = explain([])
-    assert result["lines"] == 0 and result["phase"] is None and result["verdict"]["name"] == "ok"
+    assert result["lines"] == 0 and result["phase"] is None and result["verdict"]["name"] == "empty"
     assert result["engine"] is None and describe(result)[0].startswith("engine unknown,")
+    assert describe(result)[2].startswith("verdict: none: the log is empty (0 lines)")
+    assert "ok" not in describe(result)[2]

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_clean, describe_kill, describe_shm, kill, plan_kill,
                              find_run, listed, of_run, shm_audit, shm_clean)
-from cockpit.hosttext import as_text, visible
+from cockpit.hosttext import as_text, count, these, visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
                           launch_python, plan_relaunch, read_ledger, run_variant, sim_flags)
@@ -69,6 +69,7 @@ class ActionRunner:
             yield False
             return
         self.busy = name
+        self.progress = ""  # not the last action's
         try:
             yield True
         except CockpitError as exc:
@@ -92,7 +93,7 @@ class ActionRunner:
             if not plan.entries:
                 self.notify("nothing to kill: no process of it is alive", severity="warning")
                 return
-            ok = await self.ask(ConfirmScreen(what, plan.describe(), f"Signal these {len(plan.entries)} processes?"))
+            ok = await self.ask(ConfirmScreen(what, plan.describe(), f"Signal {these(len(plan.entries), 'process', 'processes')}?"))
             if not ok:
                 return
             self.progress = "SIGTERM sent, waiting"
@@ -115,13 +116,15 @@ class ActionRunner:
             audit = await shm_audit(session)
             removable = [e for e in audit["entries"] if e["removable"]]
             keys = {"c": f"clean {len(removable)} removable"} if removable else {}
+            none = {} if removable else {"c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
+                                              f"(the list says why each is kept)"}
             choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
-                                                 describe_shm(audit), keys))
+                                                 describe_shm(audit), keys, none))
             if choice != "c":
                 return
             ok = await self.ask(ConfirmScreen(
                 "clean shm", [f"rm {audit['folder']}/{visible(e['name'])}" for e in removable],
-                f"Remove these {len(removable)} entries (held ones and those of live creators are kept)?"))
+                f"Remove {these(len(removable), 'entry', 'entries')} (held ones and those of live creators are kept)?"))
             if not ok:
                 return
             done = await shm_clean(session, [listed(e) for e in removable], audit["folder"])
@@ -139,13 +142,13 @@ class ActionRunner:
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
-            self.progress = f"py-spy on {len(ranks)} processes"
+            self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
             run = self.layout.name if self.layout else state.target
             result = await dump_ranks(self.monitor.session, ranks, run, say=lambda line: self.notify(line))
             groups = len(result.groups)
-            self.done("stack dump", f"{len(ranks)} ranks, {groups} distinct stack{'s' if groups != 1 else ''}, "
+            self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}, "
                                     f"{result.folder}")
-            title = f"stacks of {len(ranks)} ranks"
+            title = f"stacks of {count(len(ranks), 'rank')}"
             keys = {"n": "native frames"} if result.groups else {}
             tail = [f"raw dumps: {result.folder}"]
             choice = await self.ask(ReportScreen(title, result.report() + tail, keys))
@@ -170,7 +173,9 @@ class ActionRunner:
             if spec is None:
                 return
             plan, names, lines = await plan_relaunch(self.monitor.session, self.layout)  # what is killed and removed
-            if not await self.ask(ConfirmScreen("relaunch", lines, "Kill this, clean shm and launch?")):
+            steps = (["Kill this"] if plan.entries else []) + (["clean shm"] if names else []) + ["launch"]
+            question = (", ".join(steps[:-1]) + " and " + steps[-1] if len(steps) > 1 else steps[0]).capitalize()
+            if not await self.ask(ConfirmScreen("relaunch", lines, question + "?")):
                 return
             self.spec = spec
             sets = ",".join(spec.enabled) or "no flag sets"

@@ -285,6 +285,12 @@ class FleetApp(App):
     def get_default_screen(self) -> FleetScreen:
         return self.fleet_screen
 
+    def get_system_commands(self, screen):
+        from cockpit.ui.app import cockpit_commands
+
+        yield from cockpit_commands(screen)  # a host's cockpit opened from the fleet: its actions
+        yield from super().get_system_commands(screen)
+
     def on_mount(self) -> None:
         self.watch.start()
         self.set_timer(HEAP_SETTLE_S, settle_heap)

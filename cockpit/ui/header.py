@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.text import Text
+from textual.screen import ModalScreen
 
 from cockpit.diagnose import VerdictName
 from cockpit.hosttext import as_text
@@ -88,12 +89,27 @@ def header_text(screen: CockpitScreen) -> Text:
     return text
 
 
+def doing(screen: CockpitScreen) -> str:
+    """Where the action under way stands: its dialog waiting on the operator, else its progress."""
+    from cockpit.ui.screens import ReportScreen
+
+    try:
+        top = screen.app.screen
+    except Exception:  # not mounted (a test renders the header alone)
+        top = screen
+    if isinstance(top, ReportScreen):
+        return "showing its report (esc closes it)"
+    if isinstance(top, ModalScreen):
+        return "waiting for your answer"
+    return screen.actions.progress or "under way"
+
+
 def lasting(screen: CockpitScreen) -> Text | None:
     """The one line of what lasts: the action under way, else a broken link's reason, an
     error, the last action's outcome, or the host's first warning."""
     s = screen.state
     if screen.busy:
-        return as_text(f"{screen.busy}: {screen.actions.progress or 'under way'}", "bold yellow")
+        return as_text(f"{screen.busy}: {doing(screen)}", "bold yellow")
     if screen.link_error and s.link_state.startswith(("lost", "down")):
         return as_text(f"why: {screen.link_error}", "bold red")
     if screen.error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from cockpit.errors import CockpitError
 from cockpit.hosttext import visible
 from cockpit.ui.app import CockpitApp, save_text
 
@@ -36,8 +37,31 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float, svg: str |
                 break
             previous = current
         if svg:
-            Path(svg).write_text(visible(app.export_screenshot(title="gpu-cockpit"), newlines=True, tabs=None))
+            write_output("--svg", svg, visible(app.export_screenshot(title="gpu-cockpit"), newlines=True, tabs=None))
         out = visible(save_text(app, None), newlines=True, tabs=None)
         if text and text != "-":
-            Path(text).write_text(out)
+            write_output("--text", text, out)
     return out
+
+
+def check_output(option: str, path: str) -> None:
+    """An output file's place, checked before any work: one line naming the path, why and the fix."""
+    import os
+
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise CockpitError(f"{option} {path}: is a folder: name a file in it, e.g. {option} {target / 'screen'}")
+    if not folder.exists():
+        raise CockpitError(f"{option} {path}: the folder {folder} does not exist: create it or choose another path")
+    if not folder.is_dir():
+        raise CockpitError(f"{option} {path}: {folder} is not a folder: choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise CockpitError(f"{option} {path}: not writable by you: choose another path")
+
+
+def write_output(option: str, path: str, content: str) -> None:
+    try:
+        Path(path).write_text(content)
+    except OSError as exc:
+        raise CockpitError(f"{option} {path}: cannot write: {exc.strerror or exc}: choose another path") from None

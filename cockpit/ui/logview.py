@@ -79,6 +79,17 @@ class LogView(ScrollView, can_focus=True):
             self.scroll_end(animate=False, immediate=False, x_axis=False)
         self.refresh()
 
+    def empty_reason(self) -> str | None:
+        """Why a filtered log shows nothing: said in the pane, not left blank."""
+        if self.search and self.rank is not None:
+            return visible(f"no line of rank {self.rank} matches “{self.search}”: / then enter on an empty search "
+                           f"clears it, t shows the next rank")
+        if self.search:
+            return visible(f"no line matches “{self.search}”: / then enter on an empty search clears it")
+        if self.rank is not None:
+            return f"no line of rank {self.rank} yet: t shows the next rank (then all)"
+        return None
+
     def visible_lines(self) -> list[str]:
         return [line for line, _ in self.shown]
 
@@ -89,6 +100,9 @@ class LogView(ScrollView, can_focus=True):
         scroll_x, scroll_y = self.scroll_offset
         index = scroll_y + y
         width = self.scrollable_content_region.width
+        if index == 0 and not self.shown and self.empty_reason():
+            strip = Strip([Segment(self.empty_reason(), Style(color="yellow"))]).crop(scroll_x, scroll_x + width)
+            return strip.extend_cell_length(width).apply_style(self.rich_style)
         if index >= len(self.shown):
             return Strip.blank(width, self.rich_style)
         line, kind = self.shown[index]

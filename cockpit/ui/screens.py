@@ -55,26 +55,34 @@ class ReportScreen(ModalScreen[str | None]):
                 Binding("c", "choose('c')", "Clean what is safe"),  # each shown only when offered
                 Binding("n", "choose('n')", "Native frames")]
 
-    def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None):
+    def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None,
+                 unavailable: dict[str, str] | None = None):
         super().__init__()
         self.title_text, self.lines, self.keys = title, lines, keys or {}
+        self.unavailable = unavailable or {}  # a key that says why it does nothing here, when pressed
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(as_text(self.title_text, "bold"))
             with VerticalScroll(classes="dialog-body"):
                 yield Static(body(self.lines))
+            yield Static(id="said").set_styles("display: none;")  # why a pressed key does nothing here (a notification would hide under the dialog)
         yield Footer()
 
     def check_action(self, action: str, parameters) -> bool | None:
         if action == "choose":
-            return parameters[0] in self.keys
+            return parameters[0] in self.keys or parameters[0] in self.unavailable
         return True
 
     def action_close(self) -> None:
         self.dismiss(None)
 
     def action_choose(self, key: str) -> None:
+        if key not in self.keys:
+            said = self.query_one("#said", Static)
+            said.update(as_text(self.unavailable[key], "bold yellow"))
+            said.display = True
+            return
         self.dismiss(key)
 
 
@@ -221,75 +229,162 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         self.dismiss(None)
 
 
-HELP = """\
-[b]gpu-cockpit[/b] — keys, verdicts, phases and colours ([b]↑ ↓[/b] scroll, [b]esc[/b] closes)
+# What each of the cockpit's keys does, by action. The keys themselves come from the bindings
+# (CockpitScreen.BINDINGS and its panes' own): the help lists every one, in the footer's order.
+KEY_HELP = {
+    "help": "this help",
+    "app.quit": "quit (a demo ends every run it launched; on a real host the run keeps running)",
+    "back": "back to the fleet (a host's cockpit opened from it)",
+    "relaunch": "relaunch: flag sets as \\[on]/\\[off] toggles, parameters as fields, the command shown as a diff "
+                "of argument lists; ctrl+r launches (the current run is stopped first)",
+    "dump": "py-spy dump of every rank, identical stacks grouped, the odd one out shown",
+    "kill_run": "kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports",
+    "shm": "/dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe",
+    "bundle": "save the hang bundle: one .tar.gz in the run's folder (stacks, NCCL RAS, flight recorder, "
+              "nvidia-smi -q, Xid lines, log tail, metrics, versions, verdict, manifest)",
+    "flightrec": "flight recorder: trigger torch's dump on every rank and compare their last collectives "
+                 "(the rank that never joined is named)",
+    "ledger": "the ledger of this layout's runs: what the cockpit saw of each one",
+    "zoom": "zoom the focused pane to the full screen and back (or esc)",
+    "search": "search the log (empty search clears it)",
+    "rank_filter": "show one rank's log lines (cycles TP0…TPn, then all)",
+    "follow": "follow the log on / off",
+    "kill_one": "kill the selected process (asks first, names every pid)",
+    "ablate": "ablation: each on/off combination of the chosen flag sets, then a table",
+    "app.command_palette": "command palette: every action here by name (type kill, dump, shm, ...)",
+    "app.focus_next": "move to the next pane: GPUs, ranks, ports, log",
+    "app.focus_previous": "move to the previous pane",
+    "toggle_collapse": "collapse or expand a process subtree (rank tree)",
+    "sort": "sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)",
+}
+KEY_NAMES = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "esc", "space": "space"}
+PALETTE_KEY = "ctrl+p"  # the App's own binding for the palette, beside `:`
 
-[b]Keys[/b]  (the footer shows the most used first, as many as the width allows)
-  [b]?[/b]              this help
-  [b]q[/b]              quit (a demo ends every run it launched; on a real host the run keeps running)
-  [b]r[/b]              relaunch: flag sets as \\[on]/\\[off] toggles, parameters as fields, the command shown
-                 as a diff of argument lists; ctrl+r launches (the current run is stopped first)
-  [b]d[/b]              py-spy dump of every rank, identical stacks grouped, the odd one out shown
-  [b]K[/b]              kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports
-  [b]s[/b]              /dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe
-  [b]L[/b]              the ledger of this layout's runs: what the cockpit saw of each one
-  [b]z[/b]              zoom the focused pane to the full screen and back (or esc)
-  [b]/[/b]              search the log (empty search clears it)
-  [b]t[/b]              show one rank's log lines (cycles TP0…TPn, then all)
-  [b]f[/b]              follow the log on / off
-  [b]o[/b]              sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)
-  [b]k[/b]              kill the selected process (asks first, names every pid)
-  [b]A[/b]              ablation: each on/off combination of the chosen flag sets, then a table
-  [b]tab[/b] / [b]shift+tab[/b]   move between panes: GPUs, ranks, ports, log
-  [b]enter[/b]          collapse or expand a process subtree (rank tree)
-  [b]:[/b] or [b]ctrl+p[/b]     command palette
-  [b]escape[/b]         back to the fleet (a host's cockpit opened from it)
 
-[b]The header[/b] is always on screen: host, phase, verdict, link, the age of the data; then the
-verdict's first evidence (or what to do when there is nothing to show); then what lasts: the
-action under way, the last action's outcome, or why the link is down.
+def key_name(key: str, display: str | None = None) -> str:
+    return display or KEY_NAMES.get(key, key)
 
-[b]Verdicts[/b]
-  [green]ok[/green]                 the run is alive and moving (or ready and serving)
-  watching           processes are there; not enough seen yet to judge
-  no run             nothing of a run is watched on this host
-  [bold red]stalled-idle[/bold red]       every rank alive, CPU and GPU idle with the model resident, port closed,
-                     log silent for the layout's idle_s: a deadlock before serving
-  [bold red]stalled-spinning[/bold red]   GPUs pinned at 100 % utilization at idle power (a kernel polling a flag:
-                     a collective that never completes), log silent; the odd rank is named
-  [bold red]crashed[/bold red]            a rank died or the log tells a failure; the first failing rank is named
-  [yellow]slow[/yellow]               a phase has taken slow_factor times what earlier runs took
-  [yellow]stopping[/yellow]           the operator's own kill or relaunch is under way: not a crash
 
-[b]Phases[/b] (read from the log, in launch order)
-  starting · loading weights N/M · weights loaded · kv cache · capturing cuda graphs ·
-  cuda graphs captured · capturing draft cuda graphs · draft cuda graphs captured · port open ·
-  ready · serving; vLLM adds compiling and engine initialized. crashed / exited: every rank gone.
+def cockpit_bindings() -> list[Binding]:
+    """Every binding of the cockpit: the screen's, then its panes'."""
+    from cockpit.ui.cockpit import CockpitScreen
+    from cockpit.ui.ranks import RankTable
 
-[b]Colours[/b]
-  bars: [green]green[/green] below 60 %, [yellow]yellow[/yellow] from 60 %, [red]red[/red] from 90 %; memory [magenta]magenta[/magenta], power [cyan]cyan[/cyan]
-  log: [bold bright_red]failure[/bold bright_red], [bold red]error[/bold red], [yellow]warning[/yellow], [cyan]▶ phase[/cyan] (marked once, where it starts)
-  ranks: state [green]R[/green] running, S sleeping, [yellow]D[/yellow] disk wait, [bold red]Z[/bold red] zombie; a dead rank is struck through
-         with its exit code; ports: [bold green]listen[/bold green] / [grey50]closed[/grey50], http status [green]2xx[/green] / [red]error[/red]
-  link: [green]up[/green], [yellow]connecting[/yellow], [bold red]lost / down / failed[/bold red] (the panes dim: the data is old)
-  Every colour has a word beside it: nothing is said by colour alone.
+    return [b if isinstance(b, Binding) else Binding(*b) for b in [*CockpitScreen.BINDINGS, *RankTable.BINDINGS]]
 
-[b]Sizes[/b]: from 120x35 a pane per GPU (utilization history, memory, power against its limit,
-temperature, SM clock, ranks); below, a line per GPU (two to a line on a short screen), as
-nvitop's compact view. Fields a GPU does not report show as n/a, never 0.
-"""
+
+def key_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
+    """(keys, what they do) for each action, in the bindings' order; keys of one action together."""
+    rows: dict[str, list[str]] = {}
+    for b in bindings:
+        for key in b.key.split(","):
+            rows.setdefault(b.action, []).append(key_name(key.strip(), b.key_display))
+    if "app.command_palette" in rows:
+        rows["app.command_palette"].append(PALETTE_KEY)
+    described = {b.action: b.description for b in bindings}
+    return [(" or ".join(f"[b]{k}[/b]" for k in dict.fromkeys(keys)),
+             KEY_HELP.get(action) or described[action]) for action, keys in rows.items()]
+
+
+VERDICT_HELP = [
+    ("[green]ok[/green]", "the run is alive and moving (or ready and serving)"),
+    ("watching", "processes are there; not enough seen yet to judge"),
+    ("no run", "nothing of a run is watched on this host"),
+    ("[bold red]stalled-idle[/bold red]", "every rank alive, CPU and GPU idle with the model resident, port closed, "
+                                          "log silent for the layout's idle_s: a deadlock before serving"),
+    ("[bold red]stalled-spinning[/bold red]", "GPUs pinned at 100 % utilization at idle power (a kernel polling a "
+                                              "flag: a collective that never completes), log silent; the odd rank "
+                                              "is named"),
+    ("[bold red]crashed[/bold red]", "a rank died or the log tells a failure; the first failing rank is named"),
+    ("[yellow]slow[/yellow]", "a phase has taken slow_factor times what earlier runs took"),
+    ("[yellow]stopping[/yellow]", "the operator's own kill or relaunch is under way: not a crash"),
+    ("[bold red]unknown: no connection[/bold red]", "the cockpit could not connect to the host (the header's "
+                                                    "next lines say why); q exits with status 2"),
+]
+
+COLOUR_HELP = [
+    ("bars", "[green]green[/green] below 60 %, [yellow]yellow[/yellow] from 60 %, [red]red[/red] from 90 %; "
+             "memory [magenta]magenta[/magenta], power [cyan]cyan[/cyan]"),
+    ("log", "[bold bright_red]failure[/bold bright_red], [bold red]error[/bold red], [yellow]warning[/yellow], "
+            "[cyan]▶ phase[/cyan] (marked once, where it starts)"),
+    ("ranks", "state [green]R[/green] running, S sleeping, [yellow]D[/yellow] disk wait, [bold red]Z[/bold red] "
+              "zombie; a dead rank is struck through with its exit code"),
+    ("ports", "[bold green]listen[/bold green] / [grey50]closed[/grey50], http status [green]2xx[/green] / "
+              "[red]error[/red]"),
+    ("link", "[green]up[/green], [yellow]connecting[/yellow], [bold red]lost / down / failed[/bold red] "
+             "(the panes dim: the data is old)"),
+]
+
+
+def _table(rows: list[tuple[str, str]], indent: int = 2):
+    """Two columns: a wrapped description continues under itself (a hanging indent), never at
+    column 1."""
+    from rich.table import Table
+
+    table = Table.grid(padding=(0, 2, 0, 0))
+    table.add_column(no_wrap=True)
+    table.add_column(ratio=1)
+    table.box = None
+    table.padding = (0, 2, 0, 0)
+    for left, right in rows:
+        table.add_row(Text.from_markup(left), Text.from_markup(right))
+    from rich.padding import Padding
+
+    return Padding(table, (0, 0, 0, indent))
+
+
+def help_renderable(bindings: list[Binding] | None = None):
+    """The cockpit's help: the keys from its bindings, then the header, verdicts, phases, colours
+    and sizes; every list a two-column table, so wrapped lines hang under their description."""
+    from rich.console import Group
+
+    def para(markup: str) -> Text:
+        return Text.from_markup(markup)
+
+    return Group(
+        para("[b]gpu-cockpit[/b] — keys, verdicts, phases and colours ([b]↑ ↓[/b] scroll, [b]esc[/b] closes)\n"),
+        para("[b]Keys[/b]  (the footer shows the most used first, as many as the width allows)"),
+        _table(key_rows(bindings if bindings is not None else cockpit_bindings())),
+        para("\n[b]The header[/b] is always on screen: host, phase, verdict, link, the age of the data; then the "
+             "verdict's first evidence (or what to do when there is nothing to show); then what lasts: the "
+             "action under way, the last action's outcome, or why the link is down.\n"),
+        para("[b]Verdicts[/b]"),
+        _table(VERDICT_HELP),
+        para("\n[b]Phases[/b] (read from the log, in launch order)"),
+        _table([("", "starting · loading weights N/M · weights loaded · kv cache · capturing cuda graphs · "
+                     "cuda graphs captured · capturing draft cuda graphs · draft cuda graphs captured · port open · "
+                     "ready · serving; vLLM adds compiling and engine initialized. crashed / exited: every rank "
+                     "gone.")], indent=0),
+        para("\n[b]Colours[/b]"),
+        _table(COLOUR_HELP),
+        para("  Every colour has a word beside it: nothing is said by colour alone.\n"),
+        para("[b]Sizes[/b]: from 120x35 a pane per GPU (utilization history, memory, power against its limit, "
+             "temperature, SM clock, ranks); below, a line per GPU (two to a line on a short screen), as "
+             "nvitop's compact view. Fields a GPU does not report show as n/a, never 0."),
+    )
+
+
+def help_plain(bindings: list[Binding] | None = None, width: int = 100) -> str:
+    """The help as plain text at `width` (what the screen shows, without colours)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=width, file=io.StringIO(), color_system=None, record=True)
+    console.print(help_renderable(bindings))
+    return console.export_text()
 
 
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", key_display="esc")]
 
-    def __init__(self, text: str = HELP):
+    def __init__(self, text: str | None = None):
         super().__init__()
-        self.text = text
+        self.text = text  # a screen's own help as markup (the fleet's); None: the cockpit's
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
-            yield Static(self.text)
+            yield Static(self.text if self.text is not None else help_renderable())
         yield Footer()
 
     def on_mount(self) -> None:

@@ -1,0 +1,145 @@
+"""Bad command lines: one line naming what is wrong and the fix, exit status 2, never a traceback;
+a subcommand's own usage on an argument it does not take; output paths checked before any work;
+`serve` on a port in use says so before printing a URL."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+REPLAY = "tests/fixtures/demo-serving.json"
+
+
+def one_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--svg", "/nonexistent/dir/x.svg"], "--svg /nonexistent/dir/x.svg: the folder /nonexistent/dir does not exist"),
+    (["--text", "/nonexistent/x.txt"], "--text /nonexistent/x.txt: the folder /nonexistent does not exist"),
+    (["--svg", "/tmp"], "--svg /tmp: is a folder"),
+])
+def test_an_output_path_that_cannot_be_written_is_one_line(args, expect):
+    result = run_cli("snapshot", "--replay", REPLAY, *args)
+    assert result.returncode == 2
+    assert expect in one_line(result)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
+def test_an_output_file_in_a_read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        result = run_cli("snapshot", "--replay", REPLAY, "--svg", str(folder / "x.svg"))
+    finally:
+        folder.chmod(0o700)
+    assert result.returncode == 2 and "not writable" in one_line(result)
+
+
+def test_text_to_stdout_ends_with_a_newline():
+    result = run_cli("snapshot", "--replay", REPLAY, "--text", "--size", "80x24")
+    assert result.returncode == 0 and result.stdout.endswith("\n") and not result.stdout.endswith("\n\n\n")
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["snapshot", "demo", "--json", "--wait", "-5"], "cockpit snapshot: --wait -5: must be at least 0 seconds"),
+    (["snapshot", "demo", "--json", "--interval", "0"], "cockpit snapshot: --interval 0: must be more than 0"),
+    (["snapshot", "demo", "--json", "--interval", "-1"], "cockpit snapshot: --interval -1: must be more than 0"),
+    (["kill", "demo", "--wait", "-1"], "--wait -1: must be at least 0"),
+    (["launch", "demo", "--on", "eagle3", "--off", "eagle3"], "a flag set cannot be both on and off"),
+])
+def test_bad_values_are_refused_in_one_line(args, expect):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert expect in one_line(result)
+
+
+@pytest.mark.parametrize("args, usage", [
+    (["runs", "--layout", "demo", "--bogus"], "usage: cockpit runs"),
+    (["explain", "x.log", "--bogus"], "usage: cockpit explain"),
+    (["kill", "demo", "--no-such-flag"], "usage: cockpit kill"),
+])
+def test_a_subcommand_error_shows_that_subcommands_usage(args, usage):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(usage) and "unrecognized arguments" in result.stderr
+    assert "{open,demo" not in result.stderr  # not the top level's usage
+
+
+def test_options_the_readme_promises_are_taken(tmp_path):
+    assert run_cli("runs", "--layout", "demo", "--read-only", "--json",
+                   env={"XDG_STATE_HOME": str(tmp_path)}).returncode == 0
+    log = tmp_path / "x.log"
+    log.write_text("")
+    result = run_cli("explain", str(log), "--read-only")
+    assert result.returncode == 0 and "verdict: none: the log is empty" in result.stdout
+    assert "--json" in run_cli("launch", "--help").stdout
+    assert "the layout whose runs to list" in run_cli("runs", "--help").stdout
+
+
+def test_serve_on_a_port_in_use_says_so_before_any_url():
+    pytest.importorskip("textual_serve")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "demo", "--port", str(port), timeout=30)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert f"port {port} on 127.0.0.1 is already in use" in line and "--port N" in line
+    assert "Serving" not in result.stdout and "token" not in result.stdout
+
+
+def test_serve_without_its_extra_names_the_command_for_a_checkout(tmp_path):
+    """Without textual-serve: the message names the install command that works here."""
+    blocker = tmp_path / "textual_serve"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from cockpit.cli import main; "
+            f"sys.exit(main(['serve', 'demo']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert "serve" in line and (".venv/bin/pip install -e '.[serve]'" in line
+                                or "pip install 'gpu-cockpit[serve]'" in line)
+
+
+def test_the_readme_names_exactly_the_commands_that_take_json_and_read_only():
+    import re
+    from pathlib import Path
+
+    from cockpit.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    takes = {name: {o for a in parser.subcommands[name]._actions for o in a.option_strings} for name in COMMANDS}
+    readme = " ".join(Path(__file__).parent.parent.joinpath("README.md").read_text().split())
+    assert "Every command takes `--read-only`" in readme
+    assert all("--read-only" in opts for opts in takes.values())
+    said = re.search(r"`--json` \(JSON instead of a plain table\) is taken by (.*?); the screens \((.*?)\) have none",
+                     readme)
+    assert said, "the README's sentence on --json"
+    with_json = set(re.findall(r"`(\w+)`", said.group(1)))
+    screens = set(re.findall(r"`(\w+)`", said.group(2)))
+    assert with_json == {name for name, opts in takes.items() if "--json" in opts}
+    assert screens == set(COMMANDS) - with_json
+
+
+def test_the_schema_doc_says_how_long_a_snapshot_looks():
+    from pathlib import Path
+
+    from cockpit.agent.agent import FIRST_GAP_S
+
+    doc = " ".join((Path(__file__).parent.parent / "docs" / "snapshot-schema.md").read_text().split())
+    assert f"`FIRST_GAP_S` = {FIRST_GAP_S:g} s" in doc and f"two samples {FIRST_GAP_S:g} s apart" in doc
+    assert "about two seconds" not in doc and "at least two ticks" not in doc
+    assert "unknown: no connection" in doc

@@ -1,0 +1,173 @@
+"""The help screen lists every key the cockpit binds (generated from the bindings), its wrapped
+lines hang under their description; the command palette offers the cockpit's own actions, each
+only while its key would work, and runs the very action of the key."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from cockpit.layouts import resolve_layout
+from cockpit.snapshot import state_from_doc
+from cockpit.ui.app import PALETTE_TITLES, CockpitApp, save_text
+from cockpit.ui.cockpit import CockpitScreen
+from cockpit.ui.ranks import RankTable
+from cockpit.ui.screens import KEY_HELP, HelpScreen, cockpit_bindings, help_plain, key_name
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def replay(name: str = "serving", **kw) -> CockpitApp:
+    doc = json.loads((FIXTURES / f"demo-{name}.json").read_text())
+    return CockpitApp(state=state_from_doc(doc), layout=resolve_layout("demo"), **kw)
+
+
+def keys_section(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "this help" in line)  # the first key's row
+    end = next(i for i, line in enumerate(lines) if i > start and not line.strip())
+    return lines[start:end]
+
+
+def test_every_binding_of_the_cockpit_is_in_the_help():
+    bindings = [*CockpitScreen.BINDINGS, *RankTable.BINDINGS]
+    rows = keys_section(help_plain(width=100))
+    listed = {tok for line in rows for tok in re.split(r"\s{2,}", line.strip())[0].split(" or ") if line[2] != " "}
+    for b in bindings:
+        for key in b.key.split(","):
+            assert key_name(key, b.key_display) in listed, f"{key} ({b.action}) is not in the help"
+        assert b.action in KEY_HELP, f"{b.action} has no description in the help"
+    for key in ("b", "F", "K", "?", ":", "ctrl+p", "enter", "o", "esc"):
+        assert key in listed
+    assert len(cockpit_bindings()) == len(bindings)
+
+
+def test_wrapped_help_lines_hang_under_their_description():
+    for width in (60, 80, 100):
+        text = help_plain(width=width)
+        rows = keys_section(text)
+        column = rows[0].index("this help")
+        for line in rows:
+            if line[:column].strip():  # a key's first line: the description starts at the column
+                assert line[column - 1] == " " and line[column] != " ", line
+            else:  # a continuation: under the description, never at column 1
+                assert line[column] != " ", line
+        verdicts = text[text.index("Verdicts"):].splitlines()[1:]
+        spinning = next(i for i, line in enumerate(verdicts) if "stalled-spinning" in line)
+        start = verdicts[spinning].index("GPUs pinned")
+        assert verdicts[spinning + 1][:start].strip() == "" and verdicts[spinning + 1][start] != " "
+
+
+async def test_help_screen_shows_the_generated_keys_at_80x24():
+    app = replay()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, HelpScreen)
+        text = save_text(app, None)
+        assert "hang bundle" in text and "flight recorder" in text
+        assert "unknown: no connection" in help_plain()
+
+
+def titles(app, screen) -> set[str]:
+    return {c.title for c in app.get_system_commands(screen)}
+
+
+async def test_the_palette_offers_only_what_the_keys_can_do():
+    app = replay()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        offered = titles(app, app.cockpit)
+        # a replayed snapshot has no link: no action on the host, the view's keys are there
+        assert PALETTE_TITLES["kill_run"] not in offered and PALETTE_TITLES["dump"] not in offered
+        assert {PALETTE_TITLES["ledger"], PALETTE_TITLES["search"], PALETTE_TITLES["help"]} <= offered
+        assert "Quit" in offered  # Textual's own stay
+        await pilot.press("colon")
+        await pilot.pause(0.3)
+        for ch in "ledger":
+            await pilot.press(ch)
+        await pilot.pause(0.5)
+        assert PALETTE_TITLES["ledger"].split(":")[0] in save_text(app, None)
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        assert "runs of demo" in save_text(app, None)  # the same as L
+
+
+async def test_kill_from_the_palette_asks_as_K_does_and_the_header_says_it_waits(sim_state, tmp_path):
+    """On a live host the palette finds "kill"; choosing it opens the kill's own confirmation (one
+    process is "this process"), the header says the action waits for an answer; read-only, the
+    palette offers no action at all."""
+    import os
+    import signal
+
+    from conftest import free_port
+    from simhost import until
+    from test_ui import layout_for, sim_monitor
+
+    from cockpit import demo
+    from cockpit.ui.screens import ConfirmScreen
+
+    port = free_port()
+    layout = layout_for(port, tmp_path)
+    runs = []
+
+    async def on_connect(monitor):
+        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
+
+    app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: app.state.link_state == "up" and any(p.alive for p in app.state.procs.values()))
+            await until(pilot, lambda: PALETTE_TITLES["kill_run"] in titles(app, app.cockpit), 20)
+            assert PALETTE_TITLES["dump"] in titles(app, app.cockpit)
+            await pilot.press("colon")
+            await pilot.pause(0.3)
+            for ch in "kill the run":
+                await pilot.press("space" if ch == " " else ch)
+            await until(pilot, lambda: PALETTE_TITLES["kill_run"] in save_text(app, None), 10)
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 20)
+            text = save_text(app, None)
+            header = next(line for line in text.splitlines() if "kill the run:" in line)
+            assert "kill the run: waiting for your answer" in header and "ready ok" not in header
+            assert not re.search(r"\b1 processes|\bprocess groups \d+:", text)
+            assert re.search(r"Signal (this process|these \d+ processes)\?", text)
+            await pilot.press("n")
+            await until(pilot, lambda: app.cockpit.busy is None, 10)
+            app.cockpit.read_only = True
+            offered = titles(app, app.cockpit)
+            assert not {PALETTE_TITLES[a] for a in CockpitScreen.ACTIONS if a in PALETTE_TITLES} & offered
+    finally:
+        for run in runs:
+            try:
+                os.killpg(run["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+async def test_a_log_search_without_a_match_says_so():
+    app = replay()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("slash")
+        await pilot.pause(0.2)
+        for ch in "zqzqzq":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        await pilot.pause(0.4)
+        assert "no line matches “zqzqzq”" in save_text(app, None)
+
+
+async def test_c_in_a_report_without_anything_to_clean_says_nothing_to_remove():
+    from cockpit.ui.screens import ReportScreen
+
+    app = replay()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        app.push_screen(ReportScreen("/dev/shm", ["nothing of a run"], {}, {"c": "nothing to remove: all kept"}))
+        await pilot.pause(0.2)
+        await pilot.press("c")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, ReportScreen)
+        assert "nothing to remove: all kept" in save_text(app, None)
