@@ -103,6 +103,9 @@ OUTER = [
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,\d]*Z?\s"),  # docker logs --timestamps
     re.compile(r"^[\w.-]+\s+\| ?"),  # docker compose: "sglang-1  | "
     re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
+    # a Ray actor that runs SGLang ("(SGLangEngine pid=6680) ", slime, verl): Ray's prefix, not vLLM's;
+    # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
+    re.compile(r"^\(\w*(?i:sglang)\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
 ]
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")
 # SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
@@ -121,7 +124,7 @@ SITE_LEVEL = re.compile(
 SGLANG_GPU_ID = re.compile(r"\[gpu_id=(\d+)\] ?")
 VLLM_LEVEL = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
 # torch c10: "[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] ", "[rank0]:[E ProcessGroupNCCL.cpp:563] "
-TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWI])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
+TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
@@ -203,7 +206,7 @@ def parse(text: str) -> Parsed:
     if m and m.start() - pos < 30:
         if m.group(1) is not None:
             rank = int(m.group(1))
-        level = {"E": "ERROR", "W": "WARNING", "I": "INFO"}[m.group(2)]
+        level = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}[m.group(2)]
         if m.group(3):
             time = time or f"{int(m.group(3)):02d}-{m.group(4)} {m.group(5)}"
         pos = m.end()
@@ -237,7 +240,8 @@ CAUSE_TIER = {
 }
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
-    ("oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|(?:HIP|NPU|XPU) out of memory"
+    ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+            r"|(?:HIP|NPU|XPU) out of memory"
             r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
@@ -246,7 +250,9 @@ CAUSES = [
     ("nccl-timeout", r"Watchdog caught collective operation timeout"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
-    ("cuda-error", r"CUDA error[: ]|illegal memory access|cudaErrorIllegalAddress|device-side assert triggered"
+    # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
+    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|illegal memory access|cudaErrorIllegalAddress"
+                   r"|device-side assert triggered"
                    r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
                    r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"),
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
@@ -316,6 +322,11 @@ FAILURES = [
     _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
     # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
+    # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck (a NCCL/CUDA call hangs); torch
+    # terminates the process (the "watchdog got stuck" line is F, fatal)
+    _f(r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
+       r"|Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang",
+       "nccl-timeout"),
     _f(r"Process group watchdog thread terminated with exception"),
     _f(r"terminate called after throwing an instance of", "aborted", consequence=True),
     # Python's faulthandler / Py_FatalError: "Fatal Python error: Segmentation fault", "... Aborted",
