@@ -241,7 +241,7 @@ CAUSE_TIER = {
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
-            r"|(?:HIP|NPU|XPU) out of memory"
+            r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
             r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
@@ -379,6 +379,8 @@ BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|
 HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
 OFFLINE_DONE = re.compile(r"Processed prompts: 100%.*?\| ?(\d+)/(\1) ")
+# how near an allocator's OOM warning must come before a rank's failure to name its cause
+OOM_WARNING_LINES = 20
 BARE_KILLED = re.compile(r"^\s*(?:Killed|已杀死)\s*$")
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
@@ -605,6 +607,7 @@ class LogTracker:
         self._block_who: str | None = None
         self._trace: _Trace | None = None  # a traceback without a failure header, being read
         self._notice_at = -10  # the last line with a web framework's request-error notice
+        self._oom_warning: tuple[int, int | None, str] | None = None  # (line, rank, text) of an allocator's OOM warning
 
     @property
     def phase(self) -> str | None:
@@ -630,6 +633,8 @@ class LogTracker:
         elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
             if CHAINED.match(msg.strip()):
                 self._trace.chained = True
+        if ll.kind == "warning" and cause_of(msg) == "oom":
+            self._oom_warning = (self.n, ll.rank, ll.text)
         if REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
         self._read_trace(ll, msg, continues)
@@ -728,6 +733,12 @@ class LogTracker:
             return
         f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)],
                     named=ll.failed_rank is not None)
+        warned = self._oom_warning
+        if f.cause == "exception" and not f.consequence and warned and self.n - warned[0] <= OOM_WARNING_LINES \
+                and warned[1] == rank:
+            # torch's caching allocator warned of an OOM on this rank just before: the exception is its OOM
+            f.cause = "oom"
+            f.evidence.insert(0, (warned[0], warned[2]))
         self.failures.append(f)
         if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
             self._block, self._block_who = f, ll.who
@@ -751,6 +762,7 @@ class LogTracker:
         self.stalls.clear()
         self._block = None
         self._trace = None
+        self._oom_warning = None
         self.finished_at = 0
 
     def _unfinished(self) -> Failure | None:

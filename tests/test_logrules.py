@@ -587,3 +587,16 @@ def test_ctrl_c_and_a_stack_dump_are_no_failure():
             '  File "/usr/lib/python3.10/threading.py", line 320 in wait',
             '  File "/usr/lib/python3.10/threading.py", line 607 in wait']
     assert track(dump, "vllm").first_failure() is None
+
+
+def test_an_allocators_oom_warning_names_the_cause_of_the_same_ranks_failure_only():
+    """torch's CUDACachingAllocator warns before it raises; alone (a retry that then fit) it is no failure."""
+    warn = ("[rank1]:[W906 07:46:05.008634648 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on "
+            "device 1 while trying to allocate 4334813184 bytes (free: 3779919872, total: 287431131136).")
+    assert one(warn).kind == "warning"
+    assert track([warn]).first_failure() is None
+    header = "[2026-09-06 07:46:05 DP1 TP1 EP1] Scheduler hit an exception: Traceback (most recent call last):"
+    f = track([warn, header]).first_failure()
+    assert (f.cause, f.rank, f.evidence[0][0]) == ("oom", 1, 1)
+    other = header.replace("DP1 TP1 EP1", "DP0 TP0 EP0")
+    assert track([warn, other]).first_failure().cause == "exception"  # another rank's warning says nothing of it
