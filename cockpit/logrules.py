@@ -94,9 +94,10 @@ LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-defau
 
 # ----------------------------------------------------------------------------- prefixes
 
-# Colour codes (also those whose ESC byte a copy turned into U+FFFD), a carriage return, and a
+# Colour codes (also those whose ESC byte a copy turned into U+FFFD or wrote out as "^[", a terminal
+# capture's caret notation), a carriage return, and a
 # literal "^M" at a line's end (a terminal's \r, pasted as text).
-ANSI = re.compile(r"[\x1b\ufffd]\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
+ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
     re.compile(r"^\s*[│|]\s"),  # a k9s / table border
@@ -369,7 +370,8 @@ CHAINED = re.compile(r"^During handling of the above exception, another exceptio
                      r"^The above exception was the direct cause of the following exception")
 # A traceback of one request, in a server that goes on: the web framework's own notice before it
 # (uvicorn, asyncio, aiohttp) or a frame of the HTTP stack or of an engine's request handlers in it.
-REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callback |Error handling request")
+REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callback |Error handling request"
+                            r"|Error in preprocessing prompt inputs")  # vLLM serving_chat.py: one request's template
 REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
                            r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C

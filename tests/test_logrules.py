@@ -600,3 +600,16 @@ def test_an_allocators_oom_warning_names_the_cause_of_the_same_ranks_failure_onl
     assert (f.cause, f.rank, f.evidence[0][0]) == ("oom", 1, 1)
     other = header.replace("DP1 TP1 EP1", "DP0 TP0 EP0")
     assert track([warn, other]).first_failure().cause == "exception"  # another rank's warning says nothing of it
+
+
+def test_caret_notation_colour_codes_and_vllms_template_notice():
+    """A terminal capture writes ESC as "^[": stripped like the byte. vLLM's serving_chat logs one request's
+    chat-template failure as "Error in preprocessing prompt inputs" with its traceback: the server goes on."""
+    p = parse("^[[1;36m(APIServer pid=679631)^[[0;0m ERROR 08-22 21:36:14 [serving_chat.py:250] Error in "
+              "preprocessing prompt inputs")
+    assert (p.who, p.level, p.message) == ("APIServer", "ERROR", "Error in preprocessing prompt inputs")
+    lines = ["(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] Error in preprocessing prompt inputs",
+             "(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] Traceback (most recent call last):",
+             '(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250]   File "/x/chat_utils.py", line 1290, in f',
+             "(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] jinja2.exceptions.TemplateError: bad"]
+    assert track(lines, engine="vllm").first_failure() is None
