@@ -94,15 +94,19 @@ LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-defau
 
 # ----------------------------------------------------------------------------- prefixes
 
-# Colour codes (also those whose ESC byte a copy turned into U+FFFD), a carriage return, and a
+# Colour codes (also those whose ESC byte a copy turned into U+FFFD or wrote out as "^[", a terminal
+# capture's caret notation), a carriage return, and a
 # literal "^M" at a line's end (a terminal's \r, pasted as text).
-ANSI = re.compile(r"[\x1b\ufffd]\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
+ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
     re.compile(r"^\s*[│|]\s"),  # a k9s / table border
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,\d]*Z?\s"),  # docker logs --timestamps
     re.compile(r"^[\w.-]+\s+\| ?"),  # docker compose: "sglang-1  | "
     re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
+    # a Ray actor that runs SGLang ("(SGLangEngine pid=6680) ", slime, verl): Ray's prefix, not vLLM's;
+    # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
+    re.compile(r"^\(\w*(?i:sglang)\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
 ]
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")
 # SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
@@ -121,7 +125,7 @@ SITE_LEVEL = re.compile(
 SGLANG_GPU_ID = re.compile(r"\[gpu_id=(\d+)\] ?")
 VLLM_LEVEL = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
 # torch c10: "[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] ", "[rank0]:[E ProcessGroupNCCL.cpp:563] "
-TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWI])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
+TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
@@ -203,7 +207,7 @@ def parse(text: str) -> Parsed:
     if m and m.start() - pos < 30:
         if m.group(1) is not None:
             rank = int(m.group(1))
-        level = {"E": "ERROR", "W": "WARNING", "I": "INFO"}[m.group(2)]
+        level = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}[m.group(2)]
         if m.group(3):
             time = time or f"{int(m.group(3)):02d}-{m.group(4)} {m.group(5)}"
         pos = m.end()
@@ -237,7 +241,8 @@ CAUSE_TIER = {
 }
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
-    ("oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|(?:HIP|NPU|XPU) out of memory"
+    ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+            r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
             r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
@@ -246,7 +251,9 @@ CAUSES = [
     ("nccl-timeout", r"Watchdog caught collective operation timeout"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
-    ("cuda-error", r"CUDA error[: ]|illegal memory access|cudaErrorIllegalAddress|device-side assert triggered"
+    # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
+    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|illegal memory access|cudaErrorIllegalAddress"
+                   r"|device-side assert triggered"
                    r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
                    r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"),
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
@@ -316,6 +323,11 @@ FAILURES = [
     _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
     # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
+    # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck (a NCCL/CUDA call hangs); torch
+    # terminates the process (the "watchdog got stuck" line is F, fatal)
+    _f(r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
+       r"|Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang",
+       "nccl-timeout"),
     _f(r"Process group watchdog thread terminated with exception"),
     _f(r"terminate called after throwing an instance of", "aborted", consequence=True),
     # Python's faulthandler / Py_FatalError: "Fatal Python error: Segmentation fault", "... Aborted",
@@ -358,7 +370,8 @@ CHAINED = re.compile(r"^During handling of the above exception, another exceptio
                      r"^The above exception was the direct cause of the following exception")
 # A traceback of one request, in a server that goes on: the web framework's own notice before it
 # (uvicorn, asyncio, aiohttp) or a frame of the HTTP stack or of an engine's request handlers in it.
-REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callback |Error handling request")
+REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callback |Error handling request"
+                            r"|Error in preprocessing prompt inputs")  # vLLM serving_chat.py: one request's template
 REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
                            r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
@@ -368,6 +381,8 @@ BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|
 HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
 OFFLINE_DONE = re.compile(r"Processed prompts: 100%.*?\| ?(\d+)/(\1) ")
+# how near an allocator's OOM warning must come before a rank's failure to name its cause
+OOM_WARNING_LINES = 20
 BARE_KILLED = re.compile(r"^\s*(?:Killed|已杀死)\s*$")
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
@@ -594,6 +609,7 @@ class LogTracker:
         self._block_who: str | None = None
         self._trace: _Trace | None = None  # a traceback without a failure header, being read
         self._notice_at = -10  # the last line with a web framework's request-error notice
+        self._oom_warning: tuple[int, int | None, str] | None = None  # (line, rank, text) of an allocator's OOM warning
 
     @property
     def phase(self) -> str | None:
@@ -619,6 +635,8 @@ class LogTracker:
         elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
             if CHAINED.match(msg.strip()):
                 self._trace.chained = True
+        if ll.kind == "warning" and cause_of(msg) == "oom":
+            self._oom_warning = (self.n, ll.rank, ll.text)
         if REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
         self._read_trace(ll, msg, continues)
@@ -717,6 +735,12 @@ class LogTracker:
             return
         f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)],
                     named=ll.failed_rank is not None)
+        warned = self._oom_warning
+        if f.cause == "exception" and not f.consequence and warned and self.n - warned[0] <= OOM_WARNING_LINES \
+                and warned[1] == rank:
+            # torch's caching allocator warned of an OOM on this rank just before: the exception is its OOM
+            f.cause = "oom"
+            f.evidence.insert(0, (warned[0], warned[2]))
         self.failures.append(f)
         if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
             self._block, self._block_who = f, ll.who
@@ -740,6 +764,7 @@ class LogTracker:
         self.stalls.clear()
         self._block = None
         self._trace = None
+        self._oom_warning = None
         self.finished_at = 0
 
     def _unfinished(self) -> Failure | None:

@@ -63,6 +63,12 @@ from cockpit.logrules import LogRules, LogTracker, PhaseRule, detect_engine, lin
      "capability of at least 8.0.", None, None, "2025-07-21 14:34:24"),
     # vLLM's cyan prefix whose ESC bytes a copy turned into U+FFFD
     ("\ufffd[36m(WorkerDict pid=129668)\ufffd[0m Fatal Python error: Floating point exception", None, "WorkerDict", None),
+    # a Ray actor running SGLang: Ray's prefix is an outer layer, SGLang's own names the writer
+    ("(SGLangEngine pid=6680) [2025-09-22 14:35:35 DP1 TP3] Scheduler hit an exception: Traceback (most recent call "
+     "last):", 3, "DP1 TP3", "2025-09-22 14:35:35"),
+    ('(SGLangEngine pid=6680)     scheduler.event_loop_overlap()', None, None, None),
+    # torch's F (fatal) level
+    ("[rank2]:[F1019 01:14:03.356851194 ProcessGroupNCCL.cpp:1224] [PG 3 Rank 2] msg", 2, "rank2", "10-19 01:14:03"),
 ])
 def test_prefixes_name_the_writer_its_rank_and_time(text, rank, who, time):
     p = parse(text)
@@ -187,6 +193,23 @@ def one(text: str, engine: str = "auto"):
     ("[Node-A]:[PID]:[Thread] [0] NCCL WARN NET/IB : Got completion from peer [PRIVATE_IP] with error 12, opcode 0, "
      "len 0, vendor err 129 (Recv)", "nccl-error", None, None, False),
     ("Killed", "killed", None, None, False),
+    # ROCm: HIP's runtime errors are the twins of CUDA's
+    ("ERROR 03-17 03:57:17 [engine.py:411] RuntimeError: HIP error: invalid device function", "cuda-error", None, None,
+     False),
+    ("RuntimeError: HIP error: hipErrorNoBinaryForGpu: Unable to find code object for all current devices!",
+     "cuda-error", None, None, False),
+    # torch's wording of an allocation the driver refused: an OOM, not a kernel fault
+    ("(EngineCore pid=74) ERROR 05-07 00:37:03 [core.py:1136] RuntimeError: CUDA driver error: out of memory", "oom",
+     None, None, False),
+    # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck; torch terminates the rank
+    ("[rank0]:[E1019 01:04:03.356947152 ProcessGroupNCCL.cpp:1413] [PG 3 Rank 0] Heartbeat monitor timed out! Process "
+     "will be terminated after dumping debug info. workMetaList_.size()=121", "nccl-timeout", 0, None, False),
+    ("[rank2]:[F1019 01:14:03.356851194 ProcessGroupNCCL.cpp:1224] [PG 3 Rank 2] [PG 3 Rank 2] ProcessGroupNCCL's "
+     "watchdog got stuck for 600 seconds without making progress in monitoring enqueued collectives.", "nccl-timeout",
+     2, None, False),
+    ("[rank6]:[F429 14:03:49.385461578 ProcessGroupNCCL.cpp:1554] [PG ID 0 PG GUID 0(default_pg) Rank 6] [PG ID 0 PG "
+     "GUID 0(default_pg) Rank 6] Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL "
+     "watchdog hang.", "nccl-timeout", 6, None, False),
 ])
 def test_failures_name_their_cause_rank_and_exit_code(text, cause, failed_rank, exit_code, consequence):
     ll = one(text)
@@ -564,3 +587,29 @@ def test_ctrl_c_and_a_stack_dump_are_no_failure():
             '  File "/usr/lib/python3.10/threading.py", line 320 in wait',
             '  File "/usr/lib/python3.10/threading.py", line 607 in wait']
     assert track(dump, "vllm").first_failure() is None
+
+
+def test_an_allocators_oom_warning_names_the_cause_of_the_same_ranks_failure_only():
+    """torch's CUDACachingAllocator warns before it raises; alone (a retry that then fit) it is no failure."""
+    warn = ("[rank1]:[W906 07:46:05.008634648 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on "
+            "device 1 while trying to allocate 4334813184 bytes (free: 3779919872, total: 287431131136).")
+    assert one(warn).kind == "warning"
+    assert track([warn]).first_failure() is None
+    header = "[2026-09-06 07:46:05 DP1 TP1 EP1] Scheduler hit an exception: Traceback (most recent call last):"
+    f = track([warn, header]).first_failure()
+    assert (f.cause, f.rank, f.evidence[0][0]) == ("oom", 1, 1)
+    other = header.replace("DP1 TP1 EP1", "DP0 TP0 EP0")
+    assert track([warn, other]).first_failure().cause == "exception"  # another rank's warning says nothing of it
+
+
+def test_caret_notation_colour_codes_and_vllms_template_notice():
+    """A terminal capture writes ESC as "^[": stripped like the byte. vLLM's serving_chat logs one request's
+    chat-template failure as "Error in preprocessing prompt inputs" with its traceback: the server goes on."""
+    p = parse("^[[1;36m(APIServer pid=679631)^[[0;0m ERROR 08-22 21:36:14 [serving_chat.py:250] Error in "
+              "preprocessing prompt inputs")
+    assert (p.who, p.level, p.message) == ("APIServer", "ERROR", "Error in preprocessing prompt inputs")
+    lines = ["(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] Error in preprocessing prompt inputs",
+             "(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] Traceback (most recent call last):",
+             '(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250]   File "/x/chat_utils.py", line 1290, in f',
+             "(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] jinja2.exceptions.TemplateError: bad"]
+    assert track(lines, engine="vllm").first_failure() is None
