@@ -710,14 +710,6 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
         end_session(proc)
 
 
-        p = subprocess.Popen(argv)
-        if p.pid == pid:
-            return p
-        p.kill()
-        p.wait()
-    return None
-
-
 def _ledger(layout: Path, tmp_path: Path, *records: dict) -> None:
     from cockpit import runs
     from cockpit.config import parse_layout
