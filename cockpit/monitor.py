@@ -83,6 +83,8 @@ class HostMonitor:
         self.operator_kills: dict[int, OperatorKill] = {}  # pid -> what the operator killed, until a new run
         self._ledger_seen: float | None = None  # the ledger's mtime when a new run was last looked for
         self._port_look_at = 0.0  # when a port held by a process not watched last sent us looking
+        self._generation_seen = 0  # the HostState's run generation whose log was last looked for
+        self._log_found = False  # the log followed is the one _find_log found (no layout log, no ledger run)
         self.on_connect = on_connect
         self.probe_every_s = probe_every_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
@@ -253,7 +255,19 @@ class HostMonitor:
         found = await self.session.request("stdout_of", pids=pids[:16])
         path = next((found[str(pid)] for pid in pids if str(pid) in found), None)
         if path:
-            await self.session.follow_log(path)
+            self._log_found = True
+            if path not in self.session.watch.logs:
+                await self.session.follow_log(path)
+
+    async def _log_of_new_run(self) -> None:
+        """A server restarted outside the cockpit with no ledger record (by hand, by systemd) may
+        write to another file: once the HostState sees the new run, the file its server writes to
+        is looked for again, as on the first look."""
+        if self.state.generation == self._generation_seen:
+            return
+        self._generation_seen = self.state.generation
+        if self.following is None and (self._log_found or not self.session.watch.logs):
+            await self._find_log()
 
     async def keep(self, retry_first: bool = False) -> None:
         """Keep the link up (reconnecting with backoff) and the probes going, until cancelled."""
@@ -274,6 +288,7 @@ class HostMonitor:
                                                                                    timeout=5)
                     await self._scrape_metrics(ports)
                     await self.look_for_new_run()
+                    await self._log_of_new_run()
                 except CockpitError:
                     pass
             await asyncio.sleep(self.probe_every_s)
