@@ -436,7 +436,7 @@ class ClusterMonitor:
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
 
     @contextmanager
-    def stopping_for(self, why: str):
+    def stopping_for(self, why: str, plan=None):
         self.stopping = why
         try:
             yield

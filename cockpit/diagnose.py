@@ -122,6 +122,7 @@ class VerdictName(str, Enum):
     CRASHED = "crashed"
     SLOW = "slow"
     STOPPING = "stopping"  # the operator's own kill or relaunch is under way: not a crash
+    STOPPED = "stopped"  # ranks the operator killed are gone (and those that went down after them): not a crash
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -165,6 +166,7 @@ class Watchdog:
         self.phase_at: dict[str, float] = {}
         self._since: dict[str, float] = {}
         self._log_seen: tuple[str | None, int] = (None, 0)
+        self._marks: dict[str, int] = {}  # log path -> lines that belong to earlier runs (see begin)
         self.tracker = LogTracker(LogRules())  # the post-mortem rules `cockpit explain` uses, fed live
         self._errors: deque = deque(maxlen=3)
         self._phase_line: LogLine | None = None
@@ -178,6 +180,15 @@ class Watchdog:
         self.tracker = LogTracker(LogRules())
         self._phase_line, self._shards = None, None
         self._errors.clear()
+
+    def begin(self, state: HostState, started: float | None = None) -> None:
+        """A run starts now (launched, or found replacing the last one): the lines the logs hold
+        now are the earlier run's, never read as this one's phases or failures; its phase clock
+        starts at `started` (local monotonic), else at its first rank or phase line."""
+        self._new_run()
+        self._marks = {path: log.total for path, log in state.logs.items()}
+        self._log_seen = (None, 0)
+        self.started = started
 
     def _held(self, name: str, cond: bool, now: float) -> float:
         if not cond:
@@ -208,9 +219,9 @@ class Watchdog:
         self._scan_new_lines(log)
         phase = self._phase(state)
         ranks = [p for p in state.procs.values() if p.rank is not None]
-        if self.started is None and (ranks or phase.name != "no run"):
+        if self.started is None and (any(p.alive for p in ranks) or self._phase_line is not None):
             self.started = now
-        if phase.name not in self.phase_at and self.started is not None:
+        if phase.name not in self.phase_at and self.started is not None and phase.name != "no run":
             self.phase_at[phase.name] = now
             if phase.name == "serving":
                 self.phase_at.setdefault("ready", now)  # serving implies it was ready
@@ -346,7 +357,7 @@ class Watchdog:
         if log is None:
             return
         if log.path != self._log_seen[0]:
-            self._log_seen = (log.path, 0)
+            self._log_seen = (log.path, self._marks.get(log.path, 0))
             self.tracker, self._errors = LogTracker(LogRules()), deque(maxlen=3)
             self._phase_line, self._shards = None, None
         new = min(len(log.lines), log.total - self._log_seen[1])
@@ -399,7 +410,9 @@ class Watchdog:
         return None
 
     def phase_times(self) -> dict[str, float]:
-        """Seconds from the start of the run to the first sight of each phase."""
+        """Seconds from the start of the run to the first sight of each phase, in the order they
+        came (each first seen in this run's own log lines, so never before the one before it)."""
         if self.started is None:
             return {}
-        return {name: round(at - self.started, 1) for name, at in self.phase_at.items()}
+        return {name: round(max(0.0, at - self.started), 1)
+                for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])}

@@ -58,7 +58,7 @@ def merge(verdict, found: list[Finding], state):
     from cockpit.diagnose import Verdict, VerdictName
 
     name = verdict.name
-    if not found or name in (VerdictName.NO_RUN, VerdictName.STOPPING):
+    if not found or name in (VerdictName.NO_RUN, VerdictName.STOPPING, VerdictName.STOPPED):
         return verdict
     lines = [f"{f.source}: {line}" for f in found for line in f.evidence]
     named = [f.odd_rank for f in found if f.odd_rank is not None]

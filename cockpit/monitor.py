@@ -53,6 +53,18 @@ def rules_for(layout: Layout | None) -> LogRules:
     return LogRules(layout.engine if layout else "auto", layout.phases if layout else None)
 
 
+@dataclass
+class OperatorKill:
+    """A process the operator's own kill signalled (`k`, `K`, a relaunch's stop): its death is not
+    a crash, however late it comes."""
+
+    pid: int
+    started: float | None  # the host's start time of the process as planned (epoch)
+    at: float  # local monotonic time of the kill
+    why: str
+    crashed_before: bool  # the run already read as crashed when the operator killed it
+
+
 class HostMonitor:
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
@@ -68,6 +80,11 @@ class HostMonitor:
         self.probes: dict[tuple[int, str], dict] = {}
         self.following: dict | None = None  # the ledger's record of the run followed, if any
         self.stopping: str | None = None  # the operator's own kill is under way, and why
+        self.operator_kills: dict[int, OperatorKill] = {}  # pid -> what the operator killed, until a new run
+        self._ledger_seen: float | None = None  # the ledger's mtime when a new run was last looked for
+        self._port_look_at = 0.0  # when a port held by a process not watched last sent us looking
+        self._generation_seen = 0  # the HostState's run generation whose log was last looked for
+        self._log_found = False  # the log followed is the one _find_log found (no layout log, no ledger run)
         self.on_connect = on_connect
         self.probe_every_s = probe_every_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
@@ -114,19 +131,82 @@ class HostMonitor:
             return
         before = self.verdict
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
-        if self.stopping:
-            self.verdict = Verdict(VerdictName.STOPPING, [self.stopping])
+        self.phase, self.verdict = self._operators(self.phase, self.verdict)
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
-    def new_run(self) -> None:
-        """A launch starts: the last run's phases, crash and stall clocks are history."""
+    def _operators(self, phase: Phase, verdict: Verdict) -> tuple[Phase, Verdict]:
+        """The operator's own kills read as theirs: `stopping` while the kill runs; after it, ranks
+        the operator killed being gone, and the ranks of the run that went down after them, are
+        `stopped`, never `crashed` (unless the run had crashed before the kill). A run whose
+        every rank went that way is in phase `stopped`."""
+        if self.stopping:
+            if phase.name == "crashed":
+                phase = Phase("stopped", line=phase.line)
+            return phase, Verdict(VerdictName.STOPPING, [self.stopping])
+        if verdict.name != VerdictName.CRASHED or not self.operator_kills:
+            return phase, verdict
+        kills = self.operator_kills
+        if any(k.crashed_before for k in kills.values()):
+            return phase, verdict
+        ranks = [p for p in self.state.procs.values() if p.rank is not None]
+        dead = [p for p in ranks if not p.alive or p.status == "Z"]
+        killed = [p for p in dead if self._killed(p)]
+        first = min(k.at for k in kills.values())
+        if dead and not killed:
+            return phase, verdict
+        if any(p not in killed and (p.gone_at or 0.0) < first for p in dead):
+            return phase, verdict  # a rank that died before the operator's kill: a crash
+        if not dead and not (verdict.evidence and verdict.evidence[0].startswith("expected ")):
+            return phase, verdict  # a failure the log tells while no rank is gone: not the kill's doing
+        k = kills[killed[0].pid] if killed else min(kills.values(), key=lambda k: k.at)
+        stamp = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - k.at)))
+        ev = [f"{'rank ' + ', '.join(str(p.rank) for p in killed) if killed else f'pid {k.pid}'} stopped by the "
+              f"operator ({k.why}, {stamp})"]
+        others = [p for p in dead if p not in killed]
+        if others:
+            ev.append(f"{len(others)} more rank{'s' if len(others) > 1 else ''} of the run went down after it: "
+                      f"{', '.join(str(p.rank) for p in others)}")
+        if phase.name == "crashed":
+            phase = Phase("stopped", line=phase.line)
+        return phase, Verdict(VerdictName.STOPPED, ev)
+
+    def _killed(self, proc) -> bool:
+        k = self.operator_kills.get(proc.pid)
+        return k is not None and (k.started is None or proc.started is None or abs(k.started - proc.started) < 1.0)
+
+    def new_run(self, started: float | None = None) -> None:
+        """A run starts (launched, or found replacing the last one): the last run's phases, crash
+        and stall clocks, dead ranks, log lines, metrics and the operator's kills are history."""
+        from cockpit.metrics import MetricsView
+
         self.watchdog = watchdog_for(self.layout)
+        self.state.forget_dead()
+        self.watchdog.begin(self.state, started if started is not None else time.monotonic())
+        self.operator_kills = {}
+        self.state.metrics = MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
 
+    def run_ended(self) -> None:
+        """The operator's kill of the whole run, verified: no run until one starts. Its log stays
+        on screen as history; nothing of it is judged or shown as current."""
+        self.new_run()
+        self.watchdog.started = None
+        self.following = None
+        before = self.verdict
+        self.phase, self.verdict = Phase("no run"), Verdict(VerdictName.NO_RUN, [])
+        self._emit(MonitorEvent("verdict", before=before))
+
     @contextmanager
-    def stopping_for(self, why: str):
-        """The operator's own kill: its ranks going down read as `stopping`, never `crashed`."""
+    def stopping_for(self, why: str, plan=None):
+        """The operator's own kill: its ranks going down read as `stopping`, never `crashed`; the
+        processes of `plan` (a KillPlan) are remembered, so their deaths read as the operator's
+        after the kill too."""
+        if plan is not None:
+            now = time.monotonic()
+            crashed = self.verdict.name == VerdictName.CRASHED and not self.stopping
+            for e in plan.entries:
+                self.operator_kills[int(e["pid"])] = OperatorKill(int(e["pid"]), e.get("started"), now, why, crashed)
         before, self.stopping = self.stopping, why
         try:
             yield
@@ -175,7 +255,19 @@ class HostMonitor:
         found = await self.session.request("stdout_of", pids=pids[:16])
         path = next((found[str(pid)] for pid in pids if str(pid) in found), None)
         if path:
-            await self.session.follow_log(path)
+            self._log_found = True
+            if path not in self.session.watch.logs:
+                await self.session.follow_log(path)
+
+    async def _log_of_new_run(self) -> None:
+        """A server restarted outside the cockpit with no ledger record (by hand, by systemd) may
+        write to another file: once the HostState sees the new run, the file its server writes to
+        is looked for again, as on the first look."""
+        if self.state.generation == self._generation_seen:
+            return
+        self._generation_seen = self.state.generation
+        if self.following is None and (self._log_found or not self.session.watch.logs):
+            await self._find_log()
 
     async def keep(self, retry_first: bool = False) -> None:
         """Keep the link up (reconnecting with backoff) and the probes going, until cancelled."""
@@ -195,9 +287,72 @@ class HostMonitor:
                             self.probes[(port, path)] = await self.session.request("http", port=port, path=path,
                                                                                    timeout=5)
                     await self._scrape_metrics(ports)
+                    await self.look_for_new_run()
+                    await self._log_of_new_run()
                 except CockpitError:
                     pass
             await asyncio.sleep(self.probe_every_s)
+
+    async def look_for_new_run(self) -> dict | None:
+        """A run of the layout started elsewhere (another terminal's `cockpit launch`, a relaunch
+        by hand) once every process of the run followed is gone: followed as a new run (its
+        process group and log, a new watchdog), not read as the old one's crash. Looked for when
+        the ledger changed, or (every 10 s at most) when the layout's port is held by a process
+        not watched. Returns the run adopted, if any."""
+        if self.layout is None or self.stopping or self.state.link_state != "up":
+            return None
+        if any(p.alive and p.status != "Z" for p in self.state.procs.values()):
+            return None  # the run followed (or part of it) lives: a new run cannot have replaced it
+        from cockpit.runs import ledger_path
+
+        try:
+            mtime = ledger_path(self.layout).stat().st_mtime
+        except OSError:
+            mtime = None
+        now = time.monotonic()
+        stranger = any(pt.listening and pt.port in self.layout.ports for pt in self.state.ports)
+        if mtime == self._ledger_seen and not (stranger and now >= self._port_look_at):
+            return None
+        self._ledger_seen = mtime
+        self._port_look_at = now + 10.0
+        run = await self._find_run()
+        if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
+            return None
+        if self.following is not None and str(self.following.get("pgid")) == str(run.get("pgid")) \
+                and self.following.get("run_id") == run.get("run_id"):
+            return None
+        await self.adopt(run)
+        return run
+
+    async def _find_run(self) -> dict | None:
+        """The layout's live run as a fresh look finds it: the demo's latest run, else the
+        ledger's (what `cockpit snapshot` follows)."""
+        if self.target.kind == "demo" and self.session.opts.sim_state:
+            from cockpit import demo
+
+            return await demo.current_run(self.session, self.layout, self.session.opts.sim_state)
+        from cockpit.runs import find_live_run
+
+        return await find_live_run(self.session, self.layout)
+
+    async def adopt(self, run: dict) -> None:
+        """Follow `run` from now on: its process group and its own log, a new watchdog whose
+        phase clock starts at the run's leader's start."""
+        from cockpit.actions import remember_run
+        from cockpit.runs import watch_only
+
+        pgid = int(run["pgid"])
+        remember_run(self.session, self.layout, launched=run,
+                     rule=run.get("rule") or f"the layout's run in the ledger: process group {pgid}")
+        self.new_run()
+        self.following = run
+        await watch_only(self.session, pgid, run.get("log"))
+        leader = self.state.procs.get(int(run.get("pid") or pgid))
+        if leader is not None and leader.started and self.state.sample_ts:
+            self.watchdog.started = time.monotonic() - max(0.0, self.state.sample_ts - leader.started)
+        self.state.notes.append(f"a new run appeared: {run.get('run_id', f'process group {pgid}')} "
+                                f"(process group {pgid}), started elsewhere; following it and its log")
+        self.update()
 
     async def _scrape_metrics(self, ports: list[int]) -> None:
         """The engine's metrics (tokens, requests, KV cache), filtered on the host to the families

@@ -266,7 +266,8 @@ def record_seen(monitor) -> None:
     """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
     stopped: a stalled run stays recorded as stalled, not as killed."""
     run, layout = monitor.following, monitor.layout
-    if not run or not layout or not run.get("run_id") or run.get("outcome_written"):
+    if not run or not layout or not run.get("run_id") or run.get("outcome_written") \
+            or run.get("outcome", "unknown") != "unknown":  # the ledger already has how it ended (its launcher's)
         return
     verdict = monitor.verdict
     outcome = verdict.name.value if verdict.name in ALERTING else (
@@ -285,7 +286,7 @@ async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
     if not plan.entries:
         return None
     record_seen(monitor)
-    with monitor.stopping_for(why):
+    with monitor.stopping_for(why, plan):
         report = await actions.kill(monitor.session, plan, monitor.layout.kill_wait_s, monitor.layout.ports)
     for line in actions.describe_kill(report):
         if say:

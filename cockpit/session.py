@@ -327,8 +327,11 @@ class HostSession:
         await self.request("config", **self.watch.args())
 
     async def follow_log(self, path: str) -> None:
-        """Follow this log (from its recent tail) instead of the ones followed now."""
+        """Follow this log (from its recent tail) instead of the ones followed now (their lines
+        leave the screen: the log shown and judged is this one)."""
         self.watch.logs = [path]
+        for old in [p for p in self.state.logs if p != path]:
+            del self.state.logs[old]
         await self.request("config", **self.watch.args())
 
     async def ping(self) -> float:

@@ -77,7 +77,9 @@ async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
         monitor = app.cockpit.monitor
+        phases: list[str] = []
         monitor.subscribe(lambda e: verdicts.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
+        monitor.subscribe(lambda e: phases.append(monitor.phase.name) if e.kind == "sample" else None)
         pgids.append(monitor.following["pgid"])
         await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 90)
         await pilot.pause(0.5)
@@ -107,6 +109,7 @@ async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_
         assert group_members(pgids[:1]) == []  # the relaunch ended the stalled run first
         assert "crashed" not in verdicts, verdicts  # the cockpit's own stop is never a crash
         assert "stopping" in verdicts
+        assert "crashed" not in phases, phases  # nor is the stopped run's phase
         await until(pilot, lambda: any(f"phase {p}" in save_text(app, None) for p in ("ready", "serving")), 10)
         await pilot.press("q")
 
@@ -117,6 +120,7 @@ async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_
     rows = read_ledger(layout)
     assert [r["outcome"] for r in rows] == ["stalled-idle", "ready"]
     assert rows[0]["flag_sets"] == ["eagle3"] and rows[1]["flag_sets"] == []
+    assert_phase_times_are_the_runs_own(rows[1]["phase_times"], eagle3=False)  # nothing of the stalled run
 
 
 async def test_a_demo_neither_shows_nor_judges_processes_it_did_not_start(demo_env, sim_state):
@@ -208,3 +212,139 @@ async def test_a_fleet_row_for_the_demo_watches_it_as_snapshot_demo_does(demo_en
         assert snap["processes"] and all(os.getpgid(p["pid"]) == run for p in snap["processes"])  # the demo's run only
         await pilot.press("q")
     await cli.end_demo(args, app, layout, state)
+
+
+def healthy_demo(demo_env, tmp_path):
+    """The fast demo with EAGLE-3 off and metrics on (as the real demo): a run that reaches
+    serving and stays there."""
+    args, layout, pgids = demo_env
+    path = Path(layout.path)
+    healthy = tmp_path / "healthy.yaml"
+    healthy.write_text(path.read_text().replace("enabled: [eagle3]", "enabled: []")
+                       .replace('--sim-traffic, "2"]', '--sim-traffic, "2", --enable-metrics]'))
+    args = cli.build_parser().parse_args(["demo", "--layout", str(healthy), "--interval", "0.25"])
+    return args, resolve_layout(str(healthy)), pgids
+
+
+PHASE_ORDER = ["loading weights", "kv cache", "capturing cuda graphs", "ready", "serving"]
+
+
+def assert_phase_times_are_the_runs_own(times: dict, eagle3: bool) -> None:
+    """Measured from the run's own start, from its own log: in the order the server goes through
+    them, nothing of the run before it."""
+    assert "crashed" not in times and "exited" not in times and "no run" not in times, times
+    assert ("capturing draft cuda graphs" in times) == eagle3, times
+    seen = [p for p in PHASE_ORDER if p in times]
+    assert {"loading weights", "ready"} <= set(seen), times
+    assert [times[p] for p in seen] == sorted(times[p] for p in seen), times
+    assert times["ready"] >= 1.0, times  # the fast demo takes seconds to ready, never 0
+
+
+async def test_a_run_launched_from_another_terminal_is_followed_as_a_new_run(demo_env):
+    """`cockpit launch demo --off eagle3 --yes` from another terminal: the open cockpit follows the
+    new run within seconds (its process group, its ranks, its own log), never reads the old run's
+    end as a crash of it, and agrees with `cockpit snapshot demo --json`; the ledger's phase times
+    of the new run are its own."""
+    import asyncio
+    import json
+    import sys
+
+    args, layout, pgids = demo_env
+    app, layout, state = cli.demo_app(args, layout)
+    verdicts: list[str] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
+        monitor = app.cockpit.monitor
+        first = monitor.following
+        pgids.append(first["pgid"])
+        await until(pilot, lambda: app.cockpit.phase.name not in ("no run", "starting"), 60)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cockpit", "launch", "demo", "--layout", layout.path, "--off", "eagle3", "--yes",
+            "--interval", "0.25", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 150)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert ": ready" in out.decode()
+        new = read_ledger(layout)[-1]
+        pgids.append(new["pgid"])
+        assert new["run_id"] != first["run_id"]
+        monitor.subscribe(lambda e: verdicts.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
+        await until(pilot, lambda: (monitor.following or {}).get("run_id") == new["run_id"]
+                    and app.cockpit.phase.name in ("ready", "serving") and monitor.verdict.name == "ok", 8)
+        ranks = [p for p in app.state.ranks() if p.alive]
+        assert len(ranks) == 8 and {p.pgid for p in ranks} == {new["pgid"]}
+        assert list(app.state.logs) == [new["log"]]
+        assert any(pt.listening and pt.pid is not None for pt in app.state.ports if pt.port in layout.ports)
+        await pilot.pause(0.6)
+        text = save_text(app, None)
+        assert "crashed" not in text and "ranks gone" not in text, text
+        assert "crashed" not in verdicts, verdicts
+        snap = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cockpit", "snapshot", "demo", "--layout", layout.path, "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        doc = json.loads((await asyncio.wait_for(snap.communicate(), 60))[0])
+        assert doc["log"]["path"] == new["log"] and doc["verdict"]["name"] == monitor.verdict.name.value
+        await pilot.press("q")
+    await cli.end_demo(args, app, layout, state)
+    assert group_members(pgids) == []
+    assert_phase_times_are_the_runs_own(read_ledger(layout)[-1]["phase_times"], eagle3=False)
+
+
+async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(demo_env, tmp_path):
+    """`k` on one rank, confirmed: `stopped` (the rank stopped by the operator), never `crashed`,
+    also once the kill's own window has closed and the server took its other ranks down. Then a
+    launch, `K`, confirmed and verified gone: verdict and phase `no run`, no tokens/s of the dead run."""
+    from cockpit.actions import process_scope
+    from cockpit.metrics import describe as describe_metrics
+    from cockpit.ui.screens import ReportScreen
+
+    args, layout, pgids = healthy_demo(demo_env, tmp_path)
+    app, layout, state = cli.demo_app(args, layout)
+    verdicts: list[str] = []
+    phases: list[str] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
+        monitor = app.cockpit.monitor
+        pgids.append(monitor.following["pgid"])
+        await until(pilot, lambda: app.cockpit.phase.name == "serving" and monitor.verdict.name == "ok", 90)
+        monitor.subscribe(lambda e: (verdicts.append(monitor.verdict.name.value), phases.append(monitor.phase.name))
+                          if e.kind in ("verdict", "sample") else None)
+        pid = next(p.pid for p in app.state.ranks() if p.rank == 3 and p.alive)
+        app.cockpit.run_worker(app.cockpit.actions.kill(process_scope(pid), f"kill pid {pid}"), group="action")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, ReportScreen), 30)
+        await pilot.press("escape")
+        await until(pilot, lambda: app.state.ranks() and not any(p.alive for p in app.state.ranks()), 30)
+        await pilot.pause(3.0)  # long after the kill's own window
+        assert "crashed" not in verdicts and "crashed" not in phases, (verdicts, phases)
+        assert monitor.verdict.name == "stopped" and monitor.phase.name == "stopped"
+        text = save_text(app, None)
+        assert "verdict stopped" in text and "rank 3 stopped by the operator" in text and "crashed" not in text, text
+
+        # a run again, then K: no run
+        from cockpit.runs import default_spec, launch
+
+        with monitor.stopping_for("launching"):  # as a relaunch does
+            monitor.new_run()
+            monitor.following = await launch(monitor.session, layout, default_spec(layout))
+        pgids.append(monitor.following["pgid"])
+        try:
+            await until(pilot, lambda: app.cockpit.phase.name == "serving"
+                        and "tok/s" in describe_metrics(app.state.metrics), 90)
+        except AssertionError:
+            raise AssertionError((app.cockpit.phase, monitor.verdict, describe_metrics(app.state.metrics),
+                                  list(app.state.logs), save_text(app, None)))
+        app.cockpit.action_kill_run()
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, ReportScreen), 30)
+        await pilot.press("escape")
+        await until(pilot, lambda: app.cockpit.busy is None, 10)
+        for _ in range(6):  # samples and metrics scrapes after the kill: the verdict stays `no run`
+            await pilot.pause(0.5)
+            assert monitor.verdict.name == "no run" and monitor.phase.name == "no run", (monitor.verdict, monitor.phase)
+        text = save_text(app, None)
+        assert "verdict no run" in text and "phase no run" in text and "tok/s" not in text, text
+        await pilot.press("q")
+    await cli.end_demo(args, app, layout, state)
+    assert group_members(pgids) == []

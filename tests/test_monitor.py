@@ -135,3 +135,54 @@ def test_a_json_snapshot_never_imports_textual(sim_state):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "0 []"
+
+
+async def test_a_server_restarted_by_hand_into_another_log_is_followed_there(sim_state, tmp_path):
+    """No layout, no ledger: a server started by hand (`server > a.log`), killed, started again
+    into b.log. The monitor follows b.log once the new run is found, its phases and verdict come
+    from it, and the old run's end is not a crash of the new one."""
+    import asyncio
+
+    from cockpit.link.target import parse_target
+    from cockpit.monitor import HostMonitor
+    from cockpit.session import WatchList
+    from simhost import wait_for
+
+    port = free_port()
+    argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port), "--sim-speed", "4",
+            "--sim-shm-dir", str(tmp_path)]
+    env = {**os.environ, "COCKPIT_SIM_STATE": str(sim_state)}
+
+    def start_by_hand(log):
+        return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    first, second = start_by_hand(tmp_path / "a.log"), None
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)),
+                          watch=WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"]),
+                          probe_every_s=0.25)
+    kept = None
+    try:
+        await wait_for(lambda: (tmp_path / "a.log").stat().st_size > 0, 20, "the first server's log")
+        await monitor.open(kept=True)
+        kept = asyncio.create_task(monitor.keep())
+        await wait_for(lambda: list(monitor.state.logs) == [str(tmp_path / "a.log")], 20, "a.log followed")
+        await wait_for(lambda: monitor.phase.name in ("ready", "serving"), 60, "the first run ready")
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        await wait_for(lambda: monitor.verdict.name == "crashed", 10, "the kill seen")
+        second = start_by_hand(tmp_path / "b.log")
+        await wait_for(lambda: list(monitor.state.logs) == [str(tmp_path / "b.log")], 20, "b.log followed")
+        await wait_for(lambda: monitor.phase.name in ("ready", "serving") and monitor.verdict.name == "ok", 60,
+                       "the new run's phases, from b.log")
+        assert all(p.pgid == second.pid for p in monitor.state.ranks())
+    finally:
+        if kept is not None:
+            kept.cancel()
+        for proc in (first, second):
+            if proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        await monitor.close()

@@ -99,11 +99,10 @@ class ActionRunner:
             self.progress = "SIGTERM sent, waiting"
             wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
             whole_run = not scope.pids  # `K`: the run; `k`: one process (and what it started)
-            with self.monitor.stopping_for(f"{what}: asked by the operator"):
+            with self.monitor.stopping_for(f"{what}: asked by the operator", plan):
                 report = await kill(session, plan, wait, self.layout.ports if self.layout else [])
                 if whole_run and report["verified"]:
-                    self.screen.state.forget_dead()  # the operator ended it: not a crash to judge
-                    self.monitor.new_run()
+                    self.monitor.run_ended()  # the operator ended it: no run, not a crash to judge
             result = "verified gone" if report["verified"] else "NOT everything is gone"
             self.done(what, f"stopped by the operator, {result}", good=report["verified"])
             await self.ask(ReportScreen(f"{what}: {result}", describe_kill(report)))

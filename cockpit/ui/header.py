@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from cockpit.ui.cockpit import CockpitScreen
 
 VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
-                 "slow": "yellow", "stopping": "yellow"}
+                 "slow": "yellow", "stopping": "yellow", "stopped": "yellow"}
 FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nvitop's compact view
 
 
