@@ -172,3 +172,13 @@ async def test_c_in_a_report_without_anything_to_clean_says_nothing_to_remove():
         await pilot.pause(0.3)
         assert isinstance(app.screen, ReportScreen)
         assert "nothing to remove: all kept" in save_text(app, None)
+
+
+def test_the_help_explains_every_verdict_the_cockpit_gives():
+    from rich.text import Text
+
+    from cockpit.diagnose import VerdictName
+    from cockpit.ui.screens import VERDICT_HELP
+
+    named = {Text.from_markup(name).plain for name, _ in VERDICT_HELP}
+    assert {v.value for v in VerdictName} <= named

@@ -298,6 +298,8 @@ VERDICT_HELP = [
     ("[bold red]crashed[/bold red]", "a rank died or the log tells a failure; the first failing rank is named"),
     ("[yellow]slow[/yellow]", "a phase has taken slow_factor times what earlier runs took"),
     ("[yellow]stopping[/yellow]", "the operator's own kill or relaunch is under way: not a crash"),
+    ("stopped", "ranks the operator killed are gone (and those of the run that went down after them): "
+                "not a crash; a run killed whole and verified gone reads no run"),
     ("[bold red]unknown: no connection[/bold red]", "the cockpit could not connect to the host (the header's "
                                                     "next lines say why); q exits with status 2"),
 ]
