@@ -496,7 +496,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
             if not _confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes):
                 return None
             wait = args.wait if args.wait is not None else (layout.kill_wait_s if layout else actions.DEFAULT_KILL_WAIT_S)
-            with monitor.stopping_for("kill: asked by the operator"):
+            with monitor.stopping_for("kill: asked by the operator", plan):
                 return await actions.kill(session, plan, wait, layout.ports if layout else [])
 
     report = asyncio.run(go())
