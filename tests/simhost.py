@@ -64,6 +64,15 @@ class SimRun:
         return await self.session.request("http", port=self.port, path=path)
 
 
+def kill_groups(pgids) -> None:
+    """SIGKILL each process group a test started (never anything else); one already gone is fine."""
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def gone(pid: int) -> bool:
     """The process has exited (a zombie counts: its parent has not reaped it yet)."""
     try:

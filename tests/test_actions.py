@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cockpit import actions, stacks
 from conftest import free_port, run_cli
-from simhost import SimRun, gone, wait_for
+from simhost import SimRun, gone, kill_groups, wait_for
 
 
 def ready(run):
@@ -463,9 +463,5 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
         assert result.check["pyspy"] == result.pyspy and re.match(r"\d+\.\d+", result.check["version"])
         assert not (tmp_path / "decoy-ran").exists()
     finally:
-        for run in runs:
-            try:
-                os.killpg(run["pgid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_groups(run["pgid"] for run in runs)
         await session.close()

@@ -6,8 +6,6 @@ two metrics scrapes and the manifest, and the manifest names what the simulated 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import stat
 import sys
 import tarfile
@@ -20,7 +18,7 @@ from cockpit.monitor import HostMonitor
 from cockpit.session import SessionOptions
 
 from conftest import free_port, run_cli
-from simhost import wait_for
+from simhost import kill_groups, wait_for
 
 
 def fast_demo(tmp_path: Path, port: int) -> Path:
@@ -86,8 +84,4 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
         assert manifest["run"] == runs[0]["run_id"] and manifest["verdict"]["name"] in ("ok", "watching")
         assert doc["missing"] == manifest["not_collected"]
     finally:
-        for run in runs:
-            try:
-                os.killpg(run["pgid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_groups(run["pgid"] for run in runs)

@@ -12,7 +12,7 @@ from cockpit.monitor import HostMonitor
 from cockpit.session import HostSession, SessionOptions, WatchList
 from cockpit.ui.app import CockpitApp, save_text
 from conftest import SSHD, Sshd
-from simhost import gone, until
+from simhost import gone, kill_groups, until
 
 
 
@@ -242,12 +242,7 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
         assert v.name != "crashed"
         await wait_for(lambda: verdict()[0].name in ("ready", "serving"), 40, "the new run's phases followed")
     finally:
-        for proc in (first, second):
-            if proc is not None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_groups(proc.pid for proc in (first, second) if proc is not None)
         await session.close()
 
 

@@ -19,7 +19,7 @@ from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.fleet import FleetApp
 from conftest import free_port, run_cli
-from simhost import until
+from simhost import kill_groups, until
 
 PHASED = """\
 name: phased
@@ -179,10 +179,5 @@ async def test_a_server_restarted_by_hand_into_another_log_is_followed_there(sim
     finally:
         if kept is not None:
             kept.cancel()
-        for proc in (first, second):
-            if proc is not None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_groups(proc.pid for proc in (first, second) if proc is not None)
         await monitor.close()

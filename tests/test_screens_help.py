@@ -14,6 +14,7 @@ from cockpit.ui.app import PALETTE_TITLES, CockpitApp, save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import KEY_HELP, HelpScreen, cockpit_bindings, help_plain, key_name
+from test_ui import live_app  # noqa: F401  (a fixture)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -94,57 +95,37 @@ async def test_the_palette_offers_only_what_the_keys_can_do():
         assert "runs of demo" in save_text(app, None)  # the same as L
 
 
-async def test_kill_from_the_palette_asks_as_K_does_and_the_header_says_it_waits(sim_state, tmp_path):
+async def test_kill_from_the_palette_asks_as_K_does_and_the_header_says_it_waits(live_app):
     """On a live host the palette finds "kill"; choosing it opens the kill's own confirmation (one
     process is "this process"), the header says the action waits for an answer; read-only, the
     palette offers no action at all."""
-    import os
-    import signal
-
-    from conftest import free_port
     from simhost import until
-    from test_ui import layout_for, sim_monitor
 
-    from cockpit import demo
     from cockpit.ui.screens import ConfirmScreen
 
-    port = free_port()
-    layout = layout_for(port, tmp_path)
-    runs = []
-
-    async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
-
-    app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
-    try:
-        async with app.run_test(size=(160, 50)) as pilot:
-            await until(pilot, lambda: app.state.link_state == "up" and any(p.alive for p in app.state.procs.values()))
-            await until(pilot, lambda: PALETTE_TITLES["kill_run"] in titles(app, app.cockpit), 20)
-            assert PALETTE_TITLES["dump"] in titles(app, app.cockpit)
-            await pilot.press("colon")
-            await pilot.pause(0.3)
-            for ch in "kill the run":
-                await pilot.press("space" if ch == " " else ch)
-            await until(pilot, lambda: PALETTE_TITLES["kill_run"] in save_text(app, None), 10)
-            await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 20)
-            await until(pilot, lambda: "kill the run: waiting for your answer" in save_text(app, None), 10)  # next tick
-            text = save_text(app, None)
-            header = next(line for line in text.splitlines() if "kill the run:" in line)
-            assert "ready ok" not in header
-            assert not re.search(r"\b1 processes|\bprocess groups \d+:", text)
-            assert re.search(r"Signal (this process|these \d+ processes)\?", text)
-            await pilot.press("n")
-            await until(pilot, lambda: app.cockpit.busy is None, 10)
-            app.cockpit.read_only = True
-            offered = titles(app, app.cockpit)
-            assert not {PALETTE_TITLES[a] for a in CockpitScreen.ACTIONS if a in PALETTE_TITLES} & offered
-    finally:
-        for run in runs:
-            try:
-                os.killpg(run["pgid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    app, _ = live_app  # a demo run on the simulated host, its process group killed after the test
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.state.link_state == "up" and any(p.alive for p in app.state.procs.values()))
+        await until(pilot, lambda: PALETTE_TITLES["kill_run"] in titles(app, app.cockpit), 20)
+        assert PALETTE_TITLES["dump"] in titles(app, app.cockpit)
+        await pilot.press("colon")
+        await pilot.pause(0.3)
+        for ch in "kill the run":
+            await pilot.press("space" if ch == " " else ch)
+        await until(pilot, lambda: PALETTE_TITLES["kill_run"] in save_text(app, None), 10)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 20)
+        await until(pilot, lambda: "kill the run: waiting for your answer" in save_text(app, None), 10)  # next tick
+        text = save_text(app, None)
+        header = next(line for line in text.splitlines() if "kill the run:" in line)
+        assert "ready ok" not in header
+        assert not re.search(r"\b1 processes|\bprocess groups \d+:", text)
+        assert re.search(r"Signal (this process|these \d+ processes)\?", text)
+        await pilot.press("n")
+        await until(pilot, lambda: app.cockpit.busy is None, 10)
+        app.cockpit.read_only = True
+        offered = titles(app, app.cockpit)
+        assert not {PALETTE_TITLES[a] for a in CockpitScreen.ACTIONS if a in PALETTE_TITLES} & offered
 
 
 async def test_a_log_search_without_a_match_says_so():

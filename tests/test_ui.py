@@ -2,8 +2,6 @@
 recorded states (loading weights, the EAGLE-3 deadlock, serving)."""
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
 
 from conftest import free_port, run_cli
-from simhost import until
+from simhost import kill_groups, until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -59,11 +57,7 @@ async def live_app(sim_state, tmp_path):
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app, port
-    for run in runs:
-        try:
-            os.killpg(run["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_groups(run["pgid"] for run in runs)
 
 
 
