@@ -205,8 +205,11 @@ def test_a_server_inside_a_container_is_watched_through_exec_and_killed(containe
         res = run_cli("kill", f"{kind}:{name}", "--sim", str(sim), "--yes", "--wait", "3", env=env)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "verified" in res.stdout
-        state = engine.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
-        assert state == "exited" and not Path(f"/proc/{host}").exists()
+        assert not Path(f"/proc/{host}").exists()
+        deadline = time.monotonic() + 20  # Podman says `stopped` until conmon's cleanup has run, then `exited`
+        while (state := engine.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()) != "exited":
+            assert state in ("stopped", "stopping") and time.monotonic() < deadline, state
+            time.sleep(0.2)
 
         res = run_cli("snapshot", f"{kind}:{name}", "--json", env=env)
         assert res.returncode == 2 and f"container {name} is exited, not running (`{kind} start {name}`)" in res.stderr
