@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cockpit.config import Layout
 from cockpit.diagnose import Phase, Verdict, VerdictName, Watchdog, phase_of
 from cockpit.errors import CockpitError, LinkLost
+from cockpit.hosttext import count
 from cockpit.link.target import Target
 from cockpit.logrules import LogLine, LogRules
 from cockpit.model import HISTORY_LEN, HostState
@@ -165,7 +166,7 @@ class HostMonitor:
               f"operator ({k.why}, {stamp})"]
         others = [p for p in dead if p not in killed]
         if others:
-            ev.append(f"{len(others)} more rank{'s' if len(others) > 1 else ''} of the run went down after it: "
+            ev.append(f"{count(len(others), 'more rank')} of the run went down after it: "
                       f"{', '.join(str(p.rank) for p in others)}")
         if phase.name == "crashed":
             phase = Phase("stopped", line=phase.line)

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from cockpit.evidence import Finding, rank_ranges
+from cockpit.hosttext import count
 
 RAS_PORT = 28028
 MAX_TEXT = 1 << 20  # the agent sends at most this much of one answer
@@ -351,7 +352,7 @@ def findings(view: RasView, now_ts: float | None, stall_s: float, stalled: bool 
                 out.append(Finding("RAS", [f"rank {r.rank} (pid {r.pid}) reports NCCL asynchronous error "
                                            f"{r.async_error} in communicator {c.hash}"], odd_rank=r.rank))
     if rep.dead_processes and not any(m.dead for c in rep.comms for m in c.missing):
-        out.append(Finding("RAS", [f"{rep.dead_processes} job process{'es' if rep.dead_processes > 1 else ''} "
+        out.append(Finding("RAS", [f"{count(rep.dead_processes, 'job process', 'job processes')} "
                                    f"considered dead (unreachable via the RAS network)"], dead=True))
     for s in skews(rep):
         # A skew alone is normal (ranks are always a little apart); one that holds is a stall on its

@@ -28,7 +28,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from cockpit.errors import CockpitError
-from cockpit.hosttext import visible
+from cockpit.hosttext import count, visible
 from cockpit.model import HostState, Proc
 from cockpit.session import HostSession
 
@@ -142,12 +142,12 @@ def fold_native(frames: list[Frame]) -> str | None:
     inner = library(frames[0].file)
     named = [f for f in frames if not f.address]
     outside = next((f for f in named if library(f.file) != inner), None)
-    count = f"{len(frames)} frame{'s' if len(frames) != 1 else ''}"
+    n_frames = count(len(frames), "frame")
     if outside:
-        return f"{short_symbol(outside.name)} <- {inner} ({count})"
+        return f"{short_symbol(outside.name)} <- {inner} ({n_frames})"
     if named:
-        return f"{short_symbol(named[0].name)} ({inner}, {count})"
-    return f"{inner} ({count})"
+        return f"{short_symbol(named[0].name)} ({inner}, {n_frames})"
+    return f"{inner} ({n_frames})"
 
 
 def signature(text: str) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from textual.widgets import Footer, Static
 
 from cockpit.diagnose import ALERTING
 from cockpit.fleet import FleetMonitor, Row
-from cockpit.hosttext import visible
+from cockpit.hosttext import count, visible
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.screens import HelpScreen, SearchScreen
 from cockpit.ui.fmt import SPARKS, level_style
@@ -231,7 +231,7 @@ class FleetScreen(Screen):
         self.shown = rows
         self.table.show(rows)
         n = len(self.watch.members)
-        parts = [Text.assemble(("fleet", "bold"), f" {n} host{'s' if n != 1 else ''}"), Text(f"{up} up", "green"),
+        parts = [Text.assemble(("fleet", "bold"), f" {count(n, 'host')}"), Text(f"{up} up", "green"),
                  Text(f"{n - up} not up", "bold red" if up < n else ""),
                  Text(f"{gpus} GPUs"), Text(f"{bad} in trouble", "bold red" if bad else ""), Text(f"sort: {self.sort}")]
         if self.filter:

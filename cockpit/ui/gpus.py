@@ -9,7 +9,6 @@ from cockpit.hosttext import as_text, visible
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
-from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Static
 
