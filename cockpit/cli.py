@@ -67,6 +67,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-new", action="store_true", help="trust an unknown host key and record it (never a changed one)")
     p.add_argument("--sim", metavar="DIR", help="use the simulated NVML on the host, with its state in DIR there")
     p.add_argument("--read-only", action="store_true", help="watch only: every action (kill, shm clean, dump) is off")
+    p.add_argument("--no-forensics", action="store_true",
+                   help="do not gather a stall's forensics (every rank's stack, once per stall) automatically")
 
 
 READ_ONLY_NOOP = arg("--read-only", action="store_true",
@@ -186,7 +188,16 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
         watch, follow = demo.follower(layout, args.sim or sim_state)
         on_connect = on_connect or follow
     opts = session_options(args, layout, target, sim_state)
-    return HostMonitor(target, opts, layout, on_connect=on_connect, watch=watch)
+    monitor = HostMonitor(target, opts, layout, on_connect=on_connect, watch=watch)
+    monitor.forensics_on = forensics_allowed(args, layout)
+    return monitor
+
+
+def forensics_allowed(args: argparse.Namespace, layout) -> bool:
+    """A stall's forensics are gathered automatically unless --read-only, --no-forensics or the
+    layout's `auto_dump: false` says no."""
+    return not (getattr(args, "read_only", False) or getattr(args, "no_forensics", False)) \
+        and (layout is None or layout.auto_dump)
 
 
 @asynccontextmanager
@@ -345,8 +356,9 @@ async def _reap_stale_demos(args: argparse.Namespace, layout) -> list[str]:
          arg("--svg", metavar="FILE", help="save the cockpit screen as SVG"),
          arg("--text", metavar="FILE", nargs="?", const="-", help="the screen as text (to FILE, or stdout)"),
          arg("--size", default="160x50", metavar="COLSxROWS", help="screen size for --svg/--text (default 160x50)"),
-         arg("--wait", type=float, default=0.0, metavar="S",
-             help="seconds to watch and judge before taking it (the verdict needs time: docs/snapshot-schema.md)"),
+         arg("--wait", type=float, default=None, metavar="S",
+             help="judge for exactly S seconds (0: the instant look); by default it looks until the verdict "
+                  "is decided, at most the layout's stall window (docs/snapshot-schema.md)"),
          arg("--replay", metavar="FILE.json", help="render a saved --json document instead of a live host"),
          arg("--fleet", metavar="FLEET.yaml", help="every host of a fleet file, as one JSON document"),
          arg("--hosts", metavar="A,B,C", help="a fleet of these hosts, as one JSON document"),
@@ -603,15 +615,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 @command("bundle", "one .tar.gz of a hang, in the run's folder: stacks, NCCL RAS, flight recorder, nvidia-smi -q, "
                    "Xid lines, log tail, metrics, versions, verdict, manifest", TARGET,
-         arg("--wait", type=float, default=0.0, metavar="S", help="judge for S seconds first (the verdict goes in)"),
+         arg("--wait", type=float, default=None, metavar="S",
+             help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
          JSON)
 def cmd_bundle(args: argparse.Namespace) -> int:
     from cockpit import bundle
 
     async def go():
         async with attached(args) as monitor:
-            if args.wait > 0:
-                await monitor.watch_for(args.wait)
+            await monitor.look(args.wait)
             return await bundle.make_bundle(monitor, read_only=args.read_only)
 
     result = asyncio.run(go())

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
-from cockpit.logrules import LogLine, LogRules, LogTracker
+from cockpit.logrules import LogLine, LogRules, LogTracker, progress_of
 from cockpit.model import HostState
 
 @dataclass
@@ -98,6 +98,7 @@ IDLE_CPU_PCT = 5.0
 IDLE_GPU_PCT = 5.0
 SPIN_GPU_PCT = 90.0
 SPIN_POWER_SHARE = 0.3  # of the power limit: a kernel polling a flag draws little
+COMPUTE_GPU_PCT = 50.0  # busy and drawing more than SPIN_POWER_SHARE of its limit: computing
 RESIDENT_SHARE = 0.10  # of GPU memory: the model is loaded
 SPAWN_GRACE_S = 20.0  # ranks all spawn within this of each other: fewer after it means one is gone
 
@@ -134,9 +135,16 @@ V = VerdictName
 
 @dataclass
 class Verdict:
+    """A claim with its evidence. `detail` says which kind of stall (requests frozen, or a launch
+    that stopped before serving); `since` (host clock) is when a stall began, back-dated from the
+    host's own history; `until` (host clock) is when a `watching` look will have decided."""
+
     name: VerdictName
     evidence: list[str]
     odd_rank: int | None = None
+    detail: str | None = None
+    since: float | None = None
+    until: float | None = None
 
     def __post_init__(self) -> None:
         self.name = VerdictName(self.name)
@@ -149,7 +157,53 @@ class Verdict:
         return self.name in ALERTING
 
     def doc(self) -> dict:
-        return {"name": self.name.value, "evidence": list(self.evidence), "odd_rank": self.odd_rank}
+        return {"name": self.name.value, "evidence": list(self.evidence), "odd_rank": self.odd_rank,
+                "detail": self.detail, "since": _iso(self.since), "until": _iso(self.until)}
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+REQUESTS_FROZEN = "requests frozen"
+
+
+@dataclass
+class Progress:
+    """What the run's own history says of its progress, on the host's clock: how long since the
+    last sign of work (`idle_s`), the lines that said so, and whether requests are in flight
+    with nothing done (`frozen`: the engine's stats lines or its metrics say so)."""
+
+    idle_s: float  # seconds since the last sign of work
+    said: str  # that, for the evidence
+    work: list[str]  # signs of progress seen now (empty: none)
+    frozen: str | None = None  # requests in flight, nothing done: the evidence line
+    frozen_since_s: float | None = None  # how long the requests have been frozen
+    serving_idle: bool = False  # the engine says nothing is running or waiting
+
+
+def _clock(stamp: str | None) -> float | None:
+    """A line's own timestamp in seconds on its own (naive) clock: only differences are used,
+    anchored at the file's modification time, so the host's time zone never matters."""
+    if not stamp:
+        return None
+    m = _STAMP.match(stamp)
+    if not m:
+        return None
+    year, month, day, hh, mm, ss = m.groups()
+    import calendar
+
+    try:
+        return float(calendar.timegm((int(year or 2000), int(month or 1), int(day or 1), int(hh), int(mm), int(ss))))
+    except (ValueError, OverflowError):
+        return None
+
+
+_STAMP = re.compile(r"(?:(?:(\d{4})-)?(\d\d)-(\d\d) )?(\d\d):(\d\d):(\d\d)")
 
 
 class Watchdog:
@@ -157,8 +211,10 @@ class Watchdog:
     condition has held, and when each phase was first seen (time to each phase)."""
 
     def __init__(self, idle_s: float = 120.0, spin_s: float = 60.0, slow_factor: float = 3.0,
-                 earlier: dict[str, float] | None = None, ports: list[int] | None = None, sources=None):
+                 earlier: dict[str, float] | None = None, ports: list[int] | None = None, sources=None,
+                 metrics: bool = False):
         self.idle_s, self.spin_s, self.slow_factor = idle_s, spin_s, slow_factor
+        self.metrics = metrics  # the layout has the engine's metrics: "idle" needs their word
         self.sources = list(sources or [])  # more evidence: (state, now, watchdog, stalled) -> [Finding] (evidence.py)
         self.earlier = earlier or {}  # phase -> typical seconds to reach it in earlier runs
         self.ports = list(ports or [])
@@ -172,6 +228,16 @@ class Watchdog:
         self._phase_line: LogLine | None = None
         self._shards: tuple[int, int] | None = None
         self._generation = 0
+        self._reset_progress()
+        self.progress: Progress | None = None  # the last judgement's reading of the run's progress
+
+    def _reset_progress(self) -> None:
+        # (line's own clock, local arrival) of the last line that showed work, of the last line,
+        # and the first stats line since that work saying requests run with nothing done
+        self._work: tuple[float | None, float] | None = None
+        self._last: tuple[float | None, float] | None = None
+        self._frozen: tuple[LogLine, float | None, float] | None = None
+        self._stats: LogLine | None = None
 
     def _new_run(self) -> None:
         """The host state saw a new run replace the last one: its phases and crash are history."""
@@ -180,6 +246,7 @@ class Watchdog:
         self.tracker = LogTracker(LogRules())
         self._phase_line, self._shards = None, None
         self._errors.clear()
+        self._reset_progress()
 
     def begin(self, state: HostState, started: float | None = None) -> None:
         """A run starts now (launched, or found replacing the last one): the lines the logs hold
@@ -216,7 +283,7 @@ class Watchdog:
         if state.generation != self._generation:
             self._generation = state.generation
             self._new_run()
-        self._scan_new_lines(log)
+        self._scan_new_lines(log, now)
         phase = self._phase(state)
         ranks = [p for p in state.procs.values() if p.rank is not None]
         if self.started is None and (any(p.alive for p in ranks) or self._phase_line is not None):
@@ -226,37 +293,144 @@ class Watchdog:
             if phase.name == "serving":
                 self.phase_at.setdefault("ready", now)  # serving implies it was ready
         quiet_s, silent = self._quiet(state, log, now)
+        prog = self.progress = self._progress(state, quiet_s, silent, now)
         crashed = self._crashed(state, ranks, log, phase) or self._missing(state, ranks)
         if crashed:
             return phase, crashed
         if not ranks:
-            return phase, Verdict("no run" if phase.name == "no run" else "watching", [])
+            if phase.name == "no run":
+                return phase, Verdict("no run", [])
+            return phase, self._watching(state, prog, ["no rank of the run seen yet"])
         alive = [p for p in ranks if p.alive and p.status != "Z"]
         gpus = [state.gpus[i] for p in alive for i in p.gpus if i in state.gpus]
         port_open = self._port_open(state)
+        kind = self._stall_kind(phase, prog)
         resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
         idle = (alive and gpus and all(p.cpu_pct < IDLE_CPU_PCT for p in alive)
-                and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus) and resident and not port_open)
-        held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, quiet_s)
-        if idle and held >= self.idle_s and quiet_s >= self.idle_s:
-            return phase, Verdict("stalled-idle", [
-                f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % (max {max(p.cpu_pct for p in alive):.1f} %)",
-                f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
-                f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident",
-                f"{silent}, port {'closed' if not port_open else 'open'}",
-                f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)",
-            ])
+                and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus) and resident
+                and (not port_open or prog.frozen is not None))
+        held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
+        if idle and held >= self.idle_s and prog.idle_s >= self.idle_s:
+            ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % (max {max(p.cpu_pct for p in alive):.1f} %)",
+                  f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
+                  f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident",
+                  f"{prog.said}, port {'closed' if not port_open else 'open'}",
+                  f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)"]
+            if prog.frozen:
+                ev.insert(0, prog.frozen)
+            return phase, Verdict("stalled-idle", ev, detail=kind, since=self._since_host(state, held))
         spin, odd, ev = self._spin(alive, state)
-        held = self._back_dated(self._held("spin", spin, now), spin, alive, state, quiet_s)
-        if spin and held >= self.spin_s and quiet_s >= self.spin_s:
-            ev = ev + [f"held for {held:.0f} s, {silent}"]
+        held = self._back_dated(self._held("spin", spin, now), spin, alive, state, prog.idle_s)
+        if spin and held >= self.spin_s and prog.idle_s >= self.spin_s:
+            ev = ([prog.frozen] if prog.frozen else []) + ev + [f"held for {held:.0f} s, {prog.said}"]
             if port_open:
                 ev.append("the port still answers: health alone does not prove progress")
-            return phase, Verdict("stalled-spinning", ev, odd)
+            return phase, Verdict("stalled-spinning", ev, odd, detail=kind, since=self._since_host(state, held))
+        window = min(self.idle_s, self.spin_s)
+        if prog.frozen is not None and (prog.frozen_since_s or 0.0) >= window:
+            busy = any((g.util_pct or 0) >= SPIN_GPU_PCT for g in gpus)
+            ev = [prog.frozen, f"{prog.said} (threshold {window:.0f} s)"]
+            if port_open:
+                ev.append("the port still answers: health alone does not prove progress")
+            return phase, Verdict("stalled-spinning" if busy else "stalled-idle", ev, detail=REQUESTS_FROZEN,
+                                  since=self._since_host(state, prog.frozen_since_s or 0.0))
         slow = self._slow(phase, now)
         if slow:
             return phase, slow
-        return phase, Verdict("ok", [])
+        if prog.work:
+            return phase, Verdict("ok", prog.work)
+        ready = self._ready_idle(state, phase, prog, alive, gpus, port_open)
+        if ready:
+            return phase, Verdict("ok", ready)
+        return phase, self._watching(state, prog, [f"no sign of progress for {_duration(prog.idle_s)} "
+                                                   f"({prog.said}), and no stall pattern yet"])
+
+    def _watching(self, state: HostState, prog: Progress, why: list[str]) -> Verdict:
+        """Not decided yet: what the look waits for, and until when (the stall windows from the
+        last sign of work, on the host's clock)."""
+        left = max(0.0, max(self.idle_s, self.spin_s) - prog.idle_s)
+        until = state.sample_ts + left if state.sample_ts is not None else None
+        stamp = time.strftime("%H:%M:%S", time.localtime(until)) if until is not None else "?"
+        return Verdict("watching", why + [f"waiting for a sign of progress (a log line, tokens, a phase) or the stall "
+                                          f"thresholds (idle {self.idle_s:.0f} s, spin {self.spin_s:.0f} s): "
+                                          f"decided by {stamp}"], until=until)
+
+    @staticmethod
+    def _since_host(state: HostState, held: float) -> float | None:
+        return state.sample_ts - held if state.sample_ts is not None else None
+
+    @staticmethod
+    def _stall_kind(phase: Phase, prog: Progress) -> str:
+        if prog.frozen is not None:
+            return REQUESTS_FROZEN
+        if phase.name in ("ready", "serving", "warmup", "port open"):
+            return "serving stopped"
+        return f"launch stopped at '{phase.name}'"
+
+    def _progress(self, state: HostState, quiet_s: float, silent: str, now: float) -> Progress:
+        """The run's progress from its own history, so a first look is as right as a long watch:
+        the last line that showed work, measured back from the file's modification time through
+        the lines' own timestamps; the engine's stats lines saying requests run with nothing done;
+        the engine's metrics (tokens moving or frozen); GPUs computing."""
+
+        def span(a, b) -> float:  # seconds from a to b: the lines' own clocks, else their arrivals
+            if a[0] is not None and b[0] is not None:
+                return max(0.0, b[0] - a[0])
+            return max(0.0, b[1] - a[1])
+
+        since_work = quiet_s + (span(self._work, self._last) if self._work and self._last else 0.0)
+        said = silent if since_work - quiet_s < 1 else f"no work in the log for {_duration(since_work)} ({silent})"
+        work, frozen, frozen_s = [], None, None
+        window = min(self.idle_s, self.spin_s)
+        if self._work is not None and since_work < window:
+            work.append(f"the log shows work {_duration(since_work)} ago")
+        if self._frozen is not None and self._last is not None:
+            line, *at = self._frozen
+            frozen_s = quiet_s + span(tuple(at), self._last)
+            rate, running = line.stats
+            frozen = (f"the engine's stats say {running} request{'s' if running != 1 else ''} running at 0 tokens/s "
+                      f"since {line.time or '?'} ({_duration(frozen_s)}): requests frozen")
+            since_work = max(since_work, frozen_s)
+        view = state.metrics
+        h = view.header() if view is not None else {}
+        idle_engine = False
+        if h.get("tokens_per_s"):
+            work.append(f"tokens moving: {h['tokens_per_s']:.0f} tok/s (the engine's metrics)")
+        elif h.get("running") == 0 and not h.get("waiting"):  # (tokens frozen while requests run: metrics.findings)
+            idle_engine = True
+        computing = self._computing(state)
+        if computing:
+            work.append(computing)
+        if frozen is not None:
+            work = [w for w in work if not w.startswith("the log")]  # stats lines at 0 tokens/s are no work
+        return Progress(since_work, said, work, frozen, frozen_s, idle_engine)
+
+    @staticmethod
+    def _computing(state: HostState) -> str | None:
+        """Every GPU of a live rank busy and drawing real power: it is computing, not polling."""
+        alive = [p for p in state.ranks() if p.alive and p.status != "Z"]
+        gpus = {i: state.gpus[i] for p in alive for i in p.gpus if i in state.gpus}
+        if not gpus or not all((g.util_pct or 0) >= COMPUTE_GPU_PCT and g.power_w is not None and g.power_limit_w
+                               and g.power_w >= SPIN_POWER_SHARE * g.power_limit_w for g in gpus.values()):
+            return None
+        g = max(gpus.values(), key=lambda g: g.power_w or 0)
+        return f"GPUs computing: {len(gpus)} at {min(x.util_pct or 0 for x in gpus.values())} % or more, up to {g.power_w:.0f} W"
+
+    def _ready_idle(self, state, phase, prog: Progress, alive, gpus, port_open: bool) -> list[str] | None:
+        """A server up and idle: ready, its port open, its GPUs idle, and no request known in
+        flight (the engine's metrics or stats lines say none runs, or none says any does)."""
+        if not (port_open and alive and phase.name in ("ready", "serving", "port open", "warmup")) or prog.frozen:
+            return None
+        if gpus and any((g.util_pct or 0) >= IDLE_GPU_PCT for g in gpus):
+            return None
+        h = state.metrics.header() if state.metrics is not None else {}
+        if (h.get("running") or 0) > 0 or (self.metrics and not state.metrics.scrapes):
+            return None  # requests in flight, or metrics expected and not read yet
+        how = "the engine's metrics say none runs" if prog.serving_idle else (
+            "its last stats line says none runs" if self._stats is not None and not (self._stats.stats[1] or 0)
+            else "none seen")
+        return [f"ready and idle: port open, GPUs idle, no request in flight ({how})"]
+
 
     def _quiet(self, state: HostState, log, now: float) -> tuple[float, str]:
         """How long the log has been silent, and that said for the evidence. From the file's own
@@ -267,17 +441,17 @@ class Watchdog:
             since = time.strftime("%H:%M:%S", time.localtime(log.written_at))
             return quiet, f"log silent since {since} ({_duration(quiet)})"
         last = log.last_line_at if log is not None and log.last_line_at is not None else self.started
-        quiet = now - (last if last is not None else now)
+        quiet = max(0.0, now - (last if last is not None else now))
         return quiet, f"log silent for {quiet:.0f} s"
 
     @staticmethod
     def _back_dated(held: float, cond: bool, alive, state: HostState, quiet_s: float) -> float:
-        """A condition seen now, on ranks whose CPU stayed idle over two samples, in a log silent
-        for longer: it has held since the log went silent (no earlier than the ranks started).
-        A first look at an old hang names it at once."""
+        """A condition seen now, on ranks whose CPU was measured idle (one interval is enough),
+        with no work in the log for longer: it has held since the last work (no earlier than the
+        ranks started). A first look at an old hang names it at once."""
         if not cond or not alive:
             return held
-        flat = all(len(h) >= 2 and max(list(h)[-2:]) < IDLE_CPU_PCT or p.cpu_pct >= IDLE_CPU_PCT
+        flat = all(len(h) >= 1 and max(list(h)[-2:]) < IDLE_CPU_PCT or p.cpu_pct >= IDLE_CPU_PCT
                    for p in alive for h in [state.proc_cpu_history.get(p.pid, ())])
         started = [p.started for p in alive if p.started]
         if not flat or not started or state.sample_ts is None:
@@ -351,7 +525,7 @@ class Watchdog:
                           f"{median:.0f} % for the others")
         return True, odd, ev
 
-    def _scan_new_lines(self, log) -> None:
+    def _scan_new_lines(self, log, now: float) -> None:
         """Reads only the lines that arrived since the last update: the verdict runs every frame
         and the buffer holds thousands of lines."""
         if log is None:
@@ -360,18 +534,36 @@ class Watchdog:
             self._log_seen = (log.path, self._marks.get(log.path, 0))
             self.tracker, self._errors = LogTracker(LogRules()), deque(maxlen=3)
             self._phase_line, self._shards = None, None
+            self._reset_progress()
         new = min(len(log.lines), log.total - self._log_seen[1])
         self._log_seen = (log.path, log.total)
         if new <= 0:
             return
         for line in itertools.islice(log.lines, len(log.lines) - new, None):
             self.tracker.add(line)
+            self._note_progress(line, now)
             if line.kind in ("failure", "error"):
                 self._errors.append(line.text)
             if line.phase is not None:
                 self._phase_line = line
                 if line.shards:
                     self._shards = line.shards
+
+    def _note_progress(self, line: LogLine, now: float) -> None:
+        at = (_clock(line.time), now)
+        self._last = at
+        kind = progress_of(line)
+        if line.stats is not None:
+            self._stats = line
+        if kind == "work":
+            self._work, self._frozen = at, None
+        elif kind == "frozen":
+            if self._frozen is None:
+                self._frozen = (line, *at)
+            if self._work is None:
+                self._work = at  # the history starts frozen: no work seen after its first line
+        elif kind == "idle":
+            self._frozen = None
 
     def _crashed(self, state, ranks, log, phase) -> Verdict | None:
         """Ranks dead (a zombie has exited), or the log telling a failure: crashed, naming the rank

@@ -24,6 +24,8 @@ class Finding:
     odd_rank: int | None = None
     stalled: bool = False  # enough on its own to call the run stalled
     dead: bool = False  # a rank the source considers dead
+    since_s: float | None = None  # how long what it saw has held (a stall it calls)
+    frozen: bool = False  # requests in flight with nothing done
 
 
 def rank_ranges(ranks) -> str:
@@ -44,7 +46,8 @@ def default_sources():
 
     def metrics_source(state, now, dog, stalled):
         view = getattr(state, "metrics", None)
-        return metrics.findings(view, now, min(dog.spin_s, dog.idle_s)) if view is not None else []
+        back = dog.progress.idle_s if dog.progress is not None else 0.0
+        return metrics.findings(view, now, min(dog.spin_s, dog.idle_s), back) if view is not None else []
 
     def flight_source(state, now, dog, stalled):
         fr = getattr(state, "flight", None)
@@ -55,7 +58,9 @@ def default_sources():
 
 def merge(verdict, found: list[Finding], state):
     """The watchdog's verdict with the sources' findings folded in (see the module's doc)."""
-    from cockpit.diagnose import Verdict, VerdictName
+    from dataclasses import replace
+
+    from cockpit.diagnose import REQUESTS_FROZEN, Verdict, VerdictName
 
     name = verdict.name
     if not found or name in (VerdictName.NO_RUN, VerdictName.STOPPING, VerdictName.STOPPED):
@@ -69,7 +74,8 @@ def merge(verdict, found: list[Finding], state):
         elif odd is not None and named and named[0] != odd and name != VerdictName.CRASHED:
             lines.append(f"{found[0].source if found[0].odd_rank is not None else 'a source'} names rank {named[0]}, "
                          f"the watchdog rank {odd}")
-        return Verdict(name, list(verdict.evidence) + lines, odd)
+        detail = REQUESTS_FROZEN if any(f.frozen for f in found) and name != VerdictName.CRASHED else verdict.detail
+        return replace(verdict, evidence=list(verdict.evidence) + lines, odd_rank=odd, detail=detail)
     strong = [f for f in found if f.stalled]
     if not strong:
         return verdict
@@ -77,4 +83,8 @@ def merge(verdict, found: list[Finding], state):
     busy = any((state.gpus[i].util_pct or 0) >= SPIN_GPU_PCT for p in alive for i in p.gpus if i in state.gpus)
     stall = VerdictName.STALLED_SPINNING if busy else VerdictName.STALLED_IDLE
     odd = next((f.odd_rank for f in strong if f.odd_rank is not None), named[0] if named else None)
-    return Verdict(stall, lines + list(verdict.evidence), odd)
+    held = max((f.since_s for f in strong if f.since_s is not None), default=None)
+    since = state.sample_ts - held if held is not None and state.sample_ts is not None else None
+    detail = REQUESTS_FROZEN if any(f.frozen for f in strong) else None
+    return Verdict(stall, lines + [e for e in verdict.evidence if verdict.name != VerdictName.WATCHING],
+                   odd, detail=detail, since=since)

@@ -162,6 +162,7 @@ class Member:
         self.monitor.state.target = host.name
         self.task: asyncio.Task | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
+        self.up_at = time.monotonic()  # when the first connection came up (or failed): a look is timed from it
 
     def _demo_monitor(self) -> HostMonitor:
         """The running demo, watched as `cockpit snapshot demo` watches it: its simulated GPUs,
@@ -217,6 +218,7 @@ class Member:
                 self.session.link_error = f"{type(exc).__name__}: {exc}"
                 self.state.link_state = "down"
             finally:
+                self.up_at = time.monotonic()
                 self.tried.set()
         await self.monitor.keep(retry_first=True)
 
@@ -277,7 +279,11 @@ class FleetMonitor:
         deadline = time.monotonic() + timeout
 
         def settled(m: Member) -> bool:
-            return m.tried.is_set() and (m.state.link_state != "up" or m.state.seq >= samples)
+            if not m.tried.is_set():
+                return False
+            if m.state.link_state != "up":
+                return True
+            return m.state.seq >= samples and (m.monitor.decided() or time.monotonic() - m.up_at >= m.monitor.look_bound())
 
         while not all(settled(m) for m in self.members) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

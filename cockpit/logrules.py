@@ -40,6 +40,8 @@ class LogLine(NamedTuple):
     consequence: bool = False  # a failure that reports another's (a parent's sigquit, a dead-worker notice)
     victim: bool = False  # its writer reports a peer's failure (ncclRemoteError): it names no failing rank
     level: str | None = None  # ERROR, WARNING, INFO, ... where the line's prefix says
+    stats: tuple[float, int | None] | None = None  # an engine's periodic stats line: (tokens/s, requests running)
+    probe: bool = False  # an access-log line of a health, metrics or model-list probe: no work done
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,9 @@ LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-defau
 ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
-    re.compile(r"^\s*[│|]\s"),  # a k9s / table border
+    re.compile(r"^(?:\s*[│|])+\s"),  # a k9s / table border, or a log viewer's gutter of several columns
+    # a log shipper's own time and host before a ">>": "2025-11-04 10:07:58 host >> "
+    re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*(?:Z|[+-]\d\d:?\d\d)? (?:[\w.@-]{1,80} )?>> ?"),
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,\d]*Z?\s"),  # docker logs --timestamps
     re.compile(r"^[\w.-]+\s+\| ?"),  # docker compose: "sglang-1  | "
     re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
@@ -108,7 +112,13 @@ OUTER = [
     # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
     re.compile(r"^\(\w*(?i:sglang)\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
 ]
-ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")
+ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)")
+# Python logging formats whose fields are separated by " | ": FastChat's "date | LEVEL | logger | msg",
+# loguru's default "date | LEVEL    | module:function:line - msg", and "date | LEVEL | msg"
+PIPE_FIELDS = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)[ T](?P<t>\d\d:\d\d:\d\d)(?:[.,]\d+)? ?\| ?"
+                         r"(?P<l>TRACE|DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL) *\| ?"
+                         r"(?:[\w.<>-]{1,120}:[\w.<>-]{1,120}:\d{1,6} - |[\w.<>-]{1,80} \| )?")
+PIPE_LEVELS = {"TRACE": "DEBUG", "SUCCESS": "INFO", "WARN": "WARNING"}
 # SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
 SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
 SGLANG_TAG = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
@@ -172,6 +182,11 @@ def parse(text: str) -> Parsed:
             if iso:
                 time = f"{iso.group(1)} {iso.group(2)}"
             s = s[m.end():]
+    outer_level = None
+    m = PIPE_FIELDS.match(s)
+    if m:
+        time, outer_level = f"{m.group('d')} {m.group('t')}", PIPE_LEVELS.get(m.group("l"), m.group("l"))
+        s = s[m.end():]
     who = rank = level = engine = None
     pos = 0
     m = SGLANG_PREFIX.search(s, 0, PREFIX_WINDOW)
@@ -220,7 +235,7 @@ def parse(text: str) -> Parsed:
         if m:
             rank = int(m.group(1))
             who = who or f"rank{rank}"
-    return Parsed(s[pos:], time, who, rank, level, engine)
+    return Parsed(s[pos:], time, who, rank, level or outer_level, engine)
 
 
 def line_rank(text: str) -> int | None:
@@ -379,6 +394,17 @@ BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|
                               r"|SystemExit)\b")
 # A request served: the server is doing its work after whatever came before
 HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
+# An access-log line of a probe (the cockpit's own, a load balancer's, Kubernetes'): it proves the HTTP
+# server answers, not that a request is being worked on
+PROBE_REQUEST = re.compile(r'"(?:GET|HEAD) /(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
+                           r'|version|ready|live)/?(?:\?[^" ]{0,200})? HTTP/')
+# The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
+# vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
+# SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
+VLLM_STATS = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+                        r"Running: (\d+) reqs")
+SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): ([\d.]+)")
+SGLANG_PREFILL = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
 OFFLINE_DONE = re.compile(r"Processed prompts: 100%.*?\| ?(\d+)/(\1) ")
 # how near an allocator's OOM warning must come before a rank's failure to name its cause
@@ -492,7 +518,7 @@ class LogRules:
         p = parse(text)
         self._learn(text, p)
         msg = p.message
-        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level)
+        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, **_activity(msg))
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
@@ -527,6 +553,40 @@ class LogRules:
         if p.level == "WARNING" or (p.level is None and WARNING.search(msg)):
             return LogLine(kind="warning", phase=phase, shards=shards, **base)
         return LogLine(kind="phase" if phase else None, phase=phase, shards=shards, **base)
+
+
+def _activity(message: str) -> dict:
+    """What a line says of the run's progress: an engine's stats line (tokens/s, requests
+    running), or a probe's access line. Cheap substring tests first: most lines are neither."""
+    if "throughput" in message:
+        m = VLLM_STATS.search(message)
+        if m:
+            return {"stats": (float(m.group(1)) + float(m.group(2)), int(m.group(3)))}
+        m = SGLANG_DECODE.search(message)
+        if m:
+            return {"stats": (float(m.group(2)), int(m.group(1)))}
+    if "Prefill batch" in message:
+        m = SGLANG_PREFILL.search(message)
+        if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
+            return {"stats": (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None)}
+    if "HTTP/" in message and PROBE_REQUEST.search(message):
+        return {"probe": True}
+    return {}
+
+
+def progress_of(line: LogLine) -> str:
+    """`work` (the run did something: any other line, a phase mark, a stats line with work
+    done), `idle` (a stats line: nothing running, nothing done), `frozen` (a stats line: requests
+    running, nothing done), or `none` (a probe's access line, an error, a failure or a stall tell:
+    the log moving is not the run moving)."""
+    if line.probe or line.kind in ("failure", "stall", "error"):
+        return "none"
+    if line.stats is not None:
+        rate, running = line.stats
+        if rate > 0:
+            return "work"
+        return "frozen" if running else "idle"
+    return "work"
 
 
 def _named_rank(message: str) -> int | None:

@@ -227,10 +227,14 @@ def describe(view: MetricsView) -> str:
     return " ".join(parts)
 
 
-def findings(view: MetricsView, now: float, stall_s: float) -> list[Finding]:
-    """Tokens frozen while requests run, for at least `stall_s`: a stall the engine itself shows."""
-    held = view.frozen_for(now)
-    if held < stall_s or view.frozen_since is None:
+def findings(view: MetricsView, now: float, stall_s: float, back_s: float = 0.0) -> list[Finding]:
+    """Tokens frozen while requests run, for at least `stall_s`: a stall the engine itself shows.
+    `back_s`: how long the run's own history (its log) shows no work; tokens seen frozen now
+    have been frozen that long, so a first look need not wait out the window again."""
+    if view.frozen_since is None:
+        return []
+    held = max(view.frozen_for(now), back_s)
+    if held < stall_s:
         return []
     s = view.last_good()
     running = s.values.get("running") if s else None
@@ -241,4 +245,4 @@ def findings(view: MetricsView, now: float, stall_s: float) -> list[Finding]:
     if health.get("status") == 200:
         lines.append("the port still answers /health (200) while its tokens are frozen: health alone does not "
                      "prove progress")
-    return [Finding("metrics", lines, stalled=True)]
+    return [Finding("metrics", lines, stalled=True, since_s=held, frozen=True)]

@@ -45,7 +45,7 @@ def watchdog_for(layout: Layout | None) -> Watchdog:
 
     s = layout.stall
     return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports,
-                    sources=default_sources())
+                    sources=default_sources(), metrics=bool(layout.metrics and layout.ports))
 
 
 def rules_for(layout: Layout | None) -> LogRules:
@@ -90,6 +90,11 @@ class HostMonitor:
         self.probe_every_s = probe_every_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
         self._link_seen: tuple | None = None
+        self.looked_s: float | None = None  # how long the last one-shot look judged (`look`)
+        self.forensics_on = False  # gather a stall's forensics (cockpit/forensics.py): off under --read-only
+        self.forensics = None  # the current stall's Forensics, once gathered
+        self._forensics_task: asyncio.Task | None = None
+        self._forensics_for: tuple | None = None  # the stall they were gathered for
 
     @property
     def state(self) -> HostState:
@@ -133,8 +138,59 @@ class HostMonitor:
         before = self.verdict
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         self.phase, self.verdict = self._operators(self.phase, self.verdict)
+        self._stall_forensics()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
+
+    def _stall_forensics(self) -> None:
+        """A stall declared on the run followed: its forensics are gathered once (every rank's
+        stack, the flight recorder where armed), and what they found joins the verdict."""
+        stalled = self.verdict.name in (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING)
+        if not stalled:
+            self._forensics_for = None
+            return
+        if self.forensics is not None and self.forensics.finding is not None:
+            from cockpit.evidence import merge
+
+            self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
+        key = (self.state.generation, id(self.watchdog))
+        if not self.forensics_on or key == self._forensics_for or self.stopping:
+            return
+        self._forensics_for = key
+        try:
+            self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics())
+        except RuntimeError:
+            self._forensics_for = None  # judged outside the event loop (a test feeding states): nothing to run
+
+    async def _gather_forensics(self) -> None:
+        from cockpit import forensics
+        from cockpit.runs import append_ledger
+
+        run = (self.following or {}).get("run_id") or (self.layout.name if self.layout else self.target.label)
+        self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
+                                "turns it off)")
+        found = await forensics.gather(self, run)
+        self.forensics = found
+        if found.finding is not None:
+            self.state.notes.append(f"stall forensics: {'; '.join(found.finding.evidence)} ({found.folder})")
+        elif found.error:
+            self.state.notes.append(f"stall forensics: none gathered: {found.error}")
+        if self.layout is not None and (self.following or {}).get("run_id"):
+            append_ledger(self.layout, {"event": "forensics", "run_id": self.following["run_id"],
+                                        "forensics": found.doc()})
+        self.update()
+        self._emit(MonitorEvent("sample"))
+
+    async def forensics_done(self, timeout: float | None = None) -> None:
+        """Wait for a stall's forensics under way (a one-shot look reports them)."""
+        from cockpit.forensics import DEADLINE_S
+
+        task = self._forensics_task
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout or DEADLINE_S + 40)
+            except (asyncio.TimeoutError, CockpitError):
+                pass
 
     def _operators(self, phase: Phase, verdict: Verdict) -> tuple[Phase, Verdict]:
         """The operator's own kills read as theirs: `stopping` while the kill runs; after it, ranks
@@ -187,6 +243,7 @@ class HostMonitor:
         self.operator_kills = {}
         self.state.metrics = MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
+        self.forensics, self._forensics_for = None, None
 
     def run_ended(self) -> None:
         """The operator's kill of the whole run, verified: no run until one starts. Its log stays
@@ -370,6 +427,8 @@ class HostMonitor:
         view.add(metrics.scrape_of(answer))
 
     async def close(self) -> None:
+        if self._forensics_task is not None and not self._forensics_task.done():
+            self._forensics_task.cancel()
         await self.session.close()
 
     @asynccontextmanager
@@ -383,6 +442,51 @@ class HostMonitor:
             yield self
         finally:
             await self.close()
+
+    def metrics_expected(self) -> bool:
+        return bool(self.layout and self.layout.metrics and self.layout.ports)
+
+    def decided(self) -> bool:
+        """Whether the verdict is a claim a first look can stand on: not `watching`, and, where the
+        layout has the engine's metrics, two scrapes read together (tokens moving or frozen)."""
+        if not self.state.seq or self.verdict.name == VerdictName.WATCHING:
+            return False
+        if self.verdict.name in (VerdictName.OK,) and self.metrics_expected():
+            view = self.state.metrics
+            good = [s for s in view.scrapes if not s.error]
+            return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
+        return True
+
+    def look_bound(self) -> float:
+        """How long a one-shot look may take to decide: until the verdict's own `until` (the stall
+        windows from the run's last sign of work), never past the layout's longest stall window,
+        plus two samples."""
+        dog = self.watchdog
+        bound = max(dog.idle_s, dog.spin_s)
+        until, ts = self.verdict.until, self.state.sample_ts
+        if until is not None and ts is not None:
+            bound = min(bound, max(0.0, until - ts))
+        return bound + 2 * self.session.opts.interval + 1.0
+
+    async def look(self, wait: float | None = None) -> float:
+        """The one-shot look every headless command takes (snapshot in every format, bundle, the
+        fleet's rows): `wait` None judges until decided (`decided`), bounded by `look_bound`;
+        `wait` S judges exactly S seconds (0: the instant look, `watching` when undecided).
+        Returns how long it looked, also kept as `looked_s`."""
+        start = time.monotonic()
+        if wait is not None:
+            if wait > 0:
+                await self.watch_for(wait)
+        else:
+            probes = asyncio.create_task(self._probe_loop())  # endpoints and metrics, as on screen
+            try:
+                while not self.decided() and time.monotonic() - start < self.look_bound():
+                    await asyncio.sleep(0.1)
+                await self.forensics_done()
+            finally:
+                probes.cancel()
+        self.looked_s = round(time.monotonic() - start + (self.state.agent.interval if self.state.seq else 0), 1)
+        return self.looked_s
 
     async def watch_for(self, seconds: float) -> None:
         """Judge for `seconds` more: the verdict moves on each sample as it would on screen."""

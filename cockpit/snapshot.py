@@ -142,6 +142,7 @@ def _parse_time(text: str | None) -> float | None:
 def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     """The document of a live host, with its monitor's phase and verdict."""
     doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+    doc["looked_s"] = getattr(monitor, "looked_s", None)
     describe = getattr(getattr(monitor.session, "link", None), "describe", None)
     if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
         doc["link"] = describe()
@@ -151,10 +152,10 @@ def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     return doc
 
 
-async def take_snapshot(monitor, wait: float = 0.0) -> dict:
-    """Connect, let the agent sample (two samples at least, so CPU % is measured over an interval)
-    and the monitor judge for `wait` seconds, and return the document."""
+async def take_snapshot(monitor, wait: float | None = None) -> dict:
+    """Connect, let the agent sample (two samples at least, so CPU % is measured over an interval),
+    take the monitor's one-shot look (`HostMonitor.look`: until decided, or `wait` seconds), and
+    return the document."""
     async with monitor.attached():
-        if wait > 0:
-            await monitor.watch_for(wait)
+        await monitor.look(wait)
         return monitor_doc(monitor)

@@ -71,7 +71,8 @@ def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
     st.logs["/l"].last_line_at = 0.0
     dog = Watchdog(slow_factor=3.0, earlier={"loading weights": 30.0})
     dog.update(st, 0.0, "/l")
-    assert dog.update(st, 80.0, "/l")[1].name == "ok"  # 80 s < 3 x 30 s
+    early = dog.update(st, 80.0, "/l")[1]  # 80 s < 3 x 30 s: not slow; a silent log is no evidence of progress
+    assert early.name == "watching" and "no sign of progress for 80 s" in early.evidence[0]
     phase, verdict = dog.update(st, 95.0, "/l")
     assert verdict.name == "slow" and "took 30 s" in verdict.evidence[0] and phase.name == "loading weights"
 
@@ -91,3 +92,70 @@ def test_a_traceback_with_no_header_is_a_crash_only_when_the_processes_say_so():
          "cpu_pct": 0.0}]})
     _, verdict = settle(Watchdog(), st, 2)
     assert verdict.name == "crashed" and any("ValueError: boom" in e for e in verdict.evidence)
+
+
+# ----------------------------------------------------------------------------- ok needs evidence
+
+
+def test_ok_is_a_claim_with_its_evidence():
+    """A run whose log just moved is ok, and says so; one whose log has said nothing for longer
+    than the stall windows while its GPUs neither compute nor poll is not called ok."""
+    st = host([(0, 30.0), (1, 30.0)], [(40, 200.0, 9866), (40, 200.0, 9866)], ["[x TP0] Load weight begin."])
+    _, v = settle(Watchdog(spin_s=10, idle_s=20), st, 2)
+    assert v.name == "ok" and v.evidence == ["the log shows work 2 s ago"]
+    _, v = settle(Watchdog(spin_s=10, idle_s=20), st, 15)
+    assert v.name == "watching" and v.until is None  # no host clock in this state: no time to name
+    assert "waiting for a sign of progress" in v.evidence[-1] and "decided by ?" in v.evidence[-1]
+    st.sample_ts = 1000.0
+    _, v = settle(Watchdog(spin_s=10, idle_s=20), st, 15)
+    assert v.until == 1005.0  # the longest window (20 s) from the last work (15 s ago)
+
+
+def test_busy_gpus_drawing_power_are_evidence_of_progress():
+    st = host([(0, 100.0), (1, 100.0)], [(86, 626.0, 9866), (76, 605.0, 9866)])
+    _, v = settle(Watchdog(spin_s=1, idle_s=1), st, 100)
+    assert v.name == "ok" and v.evidence[0].startswith("GPUs computing: 2 at 76 % or more, up to 626 W")
+
+
+VLLM_STATS = ("(APIServer pid=1) INFO 12-01 10:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 "
+              "tokens/s, Avg generation throughput: {g} tokens/s, Running: {n} reqs, Waiting: 0 reqs, "
+              "GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%")
+
+
+def test_stats_lines_at_zero_throughput_with_requests_running_are_a_stall_since_the_first():
+    """vLLM keeps logging its stats line while its requests are frozen: the log moves, the run
+    does not. The stall began at the first such line, measured back from the file's mtime through
+    the lines' own clocks, so the first look says so at once (the port still answers)."""
+    lines = [VLLM_STATS.format(s=0, g="512.3", n=8)] + [VLLM_STATS.format(s=s, g="0.0", n=8) for s in (10, 20, 30, 40)]
+    st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 9866), (0, 80.0, 9866)], lines)
+    st.ports = [type(st.ports[0])(8000, True, 100)]
+    st.sample_ts, st.logs["/l"].written_at = 1000.0, 998.0  # the last stats line, 2 s ago
+    dog = Watchdog(spin_s=15, idle_s=20, ports=[8000])
+    _, v = dog.update(st, 0.0, "/l")
+    assert v.name == "stalled-idle" and v.detail == "requests frozen", v
+    assert v.evidence[0].startswith("the engine's stats say 8 requests running at 0 tokens/s since 12-01 10:00:10 (32 s)")
+    assert v.since == 1000.0 - 32
+    assert "health alone does not prove progress" in v.evidence[-1]
+
+
+def test_a_ready_server_with_nothing_in_flight_is_ok_and_idle():
+    lines = ["[x TP0] The server is fired up and ready to roll!",
+             VLLM_STATS.format(s=0, g="0.0", n=0)]
+    st = host([(0, 0.0)], [(0, 80.0, 90000)], lines)
+    st.ports = [type(st.ports[0])(8000, True, 100)]
+    _, v = settle(Watchdog(spin_s=15, idle_s=20, ports=[8000]), st, 300)
+    assert v.name == "ok" and v.evidence[0].startswith("ready and idle: port open, GPUs idle, no request in flight")
+
+
+def test_probe_access_lines_are_no_progress():
+    """The cockpit's own /health probes write access lines into vLLM's log every few seconds:
+    they prove the HTTP server answers, not that the run moves."""
+    lines = ["[x TP0] Capture cuda graph begin."] + \
+        ['INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK'.format(n=n) for n in range(5)]
+    st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 90000), (0, 80.0, 90000)], lines)
+    dog = Watchdog(spin_s=15, idle_s=20)
+    dog.update(st, 0.0, "/l")
+    st.apply({"t": "log", "path": "/l", "lines": ['INFO:     127.0.0.1:6000 - "GET /health HTTP/1.1" 200 OK']})
+    st.logs["/l"].last_line_at = 30.0  # the probe's line arrived now
+    _, v = dog.update(st, 30.0, "/l")
+    assert v.name == "stalled-idle" and v.detail == "launch stopped at 'capturing cuda graphs'", v

@@ -205,15 +205,12 @@ class CockpitScreen(Screen):
             self.dirty = True
 
     def _verdict_changed(self) -> None:
-        """A new stall or crash raises a notification (and, if the layout says so, dumps every
-        rank's stack)."""
+        """A new stall or crash raises a notification (the monitor gathers a stall's forensics)."""
         self.dirty = True
         verdict = self.verdict
         if not verdict.alerting:
             return
         say(self, f"{verdict}: the header says why", severity="error", timeout=TOAST_S)
-        if self.profile and self.profile.auto_dump and verdict.name.startswith("stalled") and not self.read_only:
-            self.action_dump()
 
     def _watch_link(self) -> None:
         """Link changes seen by the session become a redraw, the right bindings and, when it comes

@@ -14,17 +14,26 @@ from cockpit.hosttext import visible
 from cockpit.ui.app import CockpitApp, save_text
 
 
-async def render(app: CockpitApp, size: tuple[int, int], wait: float, svg: str | None, text: str | None,
+async def render(app: CockpitApp, size: tuple[int, int], wait: float | None, svg: str | None, text: str | None,
                  timeout: float = 60.0) -> str:
-    """Run the app at `size`, wait for its first sample plus `wait` seconds, save what it shows."""
+    """Run the app at `size`, wait for its first sample, then for the monitor's one-shot look to
+    decide (`wait` None: as `snapshot --json` does) or `wait` seconds, and save what it shows."""
     async with app.run_test(size=size) as pilot:
         deadline = asyncio.get_running_loop().time() + timeout
         while not app.ready.is_set():
             if not app.is_running or asyncio.get_running_loop().time() > deadline:
                 break  # a failed app raises as the context closes; a slow host renders what came
             await asyncio.sleep(0.05)
-        if wait > 0:
+        monitor = app.cockpit.monitor
+        start = asyncio.get_running_loop().time()
+        if wait is None and monitor is not None:
+            while app.is_running and not monitor.decided() and \
+                    asyncio.get_running_loop().time() - start < monitor.look_bound():
+                await asyncio.sleep(0.1)
+        elif wait:
             await asyncio.sleep(wait)
+        if monitor is not None:
+            monitor.looked_s = round(asyncio.get_running_loop().time() - start, 1)
         app.cockpit.dirty = True
         app.cockpit._tick()
         # Deferred renders (a log view learns its size after layout) land over a few refreshes:
