@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import sys
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -70,7 +72,11 @@ def _lines(stream, name: str, *others) -> Iterator[str]:
             other.close()
 
 
-def explain(lines: Iterable[str], engine: str = "auto") -> dict:
+SILENT_S = 60.0  # a log that stopped short of ready this long ago is a stall, if it is the live log
+
+
+def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None = None,
+            window_s: float = SILENT_S) -> dict:
     """A log's post-mortem as a JSON-able dict:
 
     engine      the engine whose rules read it ("sglang", "vllm"; None when auto found neither)
@@ -83,7 +89,11 @@ def explain(lines: Iterable[str], engine: str = "auto") -> dict:
     timeline    [{phase, line, time}] in the order the run reached them
     failures    [{line, rank, cause, consequence, text}]: every failure line, in order (at most 50)
     last_time   the last timestamp the log carries
-    """
+    silent_s    how long the file has not been written (its modification time), when known
+
+    `silent_s` (the file's age): a log that stopped short of ready (or of an end) for at least
+    `window_s` reads `stalled` (cause `silent`), if it is the live log. A file in which nothing
+    is an engine's (no engine, phase, failure or stall tell) reads `not a server log`."""
     if engine not in ("auto", *ENGINES):
         raise CockpitError(f"--engine {engine!r}: one of sglang, vllm, auto")
     it = iter(lines)
@@ -107,16 +117,20 @@ def explain(lines: Iterable[str], engine: str = "auto") -> dict:
         "detected": detected or (engine_name is not None and engine not in ENGINES),
         "lines": tracker.n,
         "phase": tracker.phase,
-        "verdict": _verdict(tracker),
+        "verdict": _verdict(tracker, engine_name, silent_s, window_s),
         "ranks": sorted(tracker.ranks),
         "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in tracker.timeline],
         "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
                       "text": short(f.text)} for f in tracker.failures[:50]],
         "last_time": tracker.last_time,
+        "silent_s": None if silent_s is None else round(silent_s, 1),
     }
 
 
-def _verdict(tracker: LogTracker) -> dict:
+ENDED = ("ready", "serving")
+
+
+def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, window_s: float) -> dict:
     first = tracker.first_failure()
     if first is not None:
         seen: dict[int, str] = {}
@@ -135,6 +149,13 @@ def _verdict(tracker: LogTracker) -> dict:
         return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
                 "evidence_lines": []}
     mark = tracker.timeline[-1] if tracker.timeline else None
+    if engine is None and mark is None and not tracker.ranks and not tracker.requests:
+        return {"name": "not a server log", "rank": None, "cause": None, "line": None, "time": None,
+                "evidence": [], "evidence_lines": []}
+    if silent_s is not None and silent_s >= window_s and tracker.phase not in ENDED and not tracker.finished_at:
+        return {"name": "stalled", "rank": None, "cause": "silent", "line": mark.line if mark else None,
+                "time": mark.time if mark else None, "evidence": [f"the file was last written {_ago(silent_s)} ago"],
+                "evidence_lines": []}
     return {"name": "ok", "rank": None, "cause": None, "line": mark.line if mark else None,
             "time": mark.time if mark else None, "evidence": [], "evidence_lines": []}
 
@@ -158,9 +179,15 @@ def describe(result: dict) -> list[str]:
         who = f"rank {v['rank']}" if v["rank"] is not None else "no rank named"
         when = f", {v['time']}" if v["time"] else ""
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
+    elif v["name"] == "stalled" and v["cause"] == "silent":
+        out.append(f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
+                   f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready: stalled, if this is the live log")
     elif v["name"] == "stalled":
         out.append(f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
                    f"(first tell line {v['line']})")
+    elif v["name"] == "not a server log":
+        out.append("verdict: not a server log: no line in it is SGLang's, vLLM's or torch's "
+                   "(give the file the server writes its output to)")
     elif v["name"] == "empty":
         out.append("verdict: none: the log is empty (0 lines), nothing to judge: check the file or the pipe")
     else:
@@ -178,10 +205,65 @@ def describe(result: dict) -> list[str]:
     return out
 
 
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _silence(path: str) -> float | None:
+    """How long ago the file was last written (a saved copy's age is its copy's, so the verdict
+    says 'if this is the live log'); None for stdin."""
+    if path == "-":
+        return None
+    try:
+        return max(0.0, time.time() - os.stat(path).st_mtime)
+    except OSError:
+        return None
+
+
+def window_for(path: str) -> float:
+    """The stall window of the run whose log this is (the layout whose ledger names the file),
+    else SILENT_S."""
+    from cockpit.runs import state_home
+
+    real = os.path.realpath(path)
+    try:
+        ledgers = sorted((state_home() / "ledger").glob("*.jsonl"))
+    except OSError:
+        return SILENT_S
+    for ledger in ledgers:
+        try:
+            with open(ledger, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if real not in line and path not in line:
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict) and rec.get("log") in (path, real):
+                        from cockpit.layouts import resolve_layout
+
+                        try:
+                            return float(resolve_layout(rec.get("layout") or ledger.stem).stall.idle_s)
+                        except (CockpitError, OSError, ValueError, TypeError):
+                            return SILENT_S
+        except OSError:
+            continue
+    return SILENT_S
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
-    result = explain(read_log(args.log), getattr(args, "engine", None) or "auto")
+    window = window_for(args.log) if args.log != "-" else SILENT_S
+    result = explain(read_log(args.log), getattr(args, "engine", None) or "auto", _silence(args.log), window)
+    result["window_s"] = window
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
     else:
         print(visible("\n".join(describe(result)), newlines=True))
-    return 0
+    return 1 if result["verdict"]["name"] == "not a server log" else 0

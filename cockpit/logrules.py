@@ -103,6 +103,11 @@ ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
     re.compile(r"^(?:\s*[│|])+\s"),  # a k9s / table border, or a log viewer's gutter of several columns
+    # a wrapper's own time and the program it ran: "[2025-09-25 20:03:20] [/bin/sh]: "
+    re.compile(r"^\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*\] \[[^\]\s]{1,80}\]: ?"),
+    # a log viewer's time and a bar, with no level after it: "2025-05-30 18:28:27.890 | "
+    re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ?\| ?"
+               r"(?! *(?:TRACE|DEBUG|INFO|SUCCESS|WARN|WARNING|ERROR|CRITICAL) *\|)"),
     # a log shipper's own time and host before a ">>": "2025-11-04 10:07:58 host >> "
     re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*(?:Z|[+-]\d\d:?\d\d)? (?:[\w.@-]{1,80} )?>> ?"),
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,\d]*Z?\s"),  # docker logs --timestamps
@@ -112,7 +117,7 @@ OUTER = [
     # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
     re.compile(r"^\(\w*(?i:sglang)\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
 ]
-ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)")
+ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")  # docker's; a wrapper's own time is not the line's
 # Python logging formats whose fields are separated by " | ": FastChat's "date | LEVEL | logger | msg",
 # loguru's default "date | LEVEL    | module:function:line - msg", and "date | LEVEL | msg"
 PIPE_FIELDS = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)[ T](?P<t>\d\d:\d\d:\d\d)(?:[.,]\d+)? ?\| ?"
@@ -124,6 +129,8 @@ SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]
 SGLANG_TAG = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
 # vLLM: "(VllmWorker rank=3 pid=406) ", "(Worker_PP1_TP2 pid=130) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) "
 VLLM_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
+VLLM_WHO = re.compile(r"(?:Vllm\w*|VLLM\w*|(?:DP)?EngineCore\w*|A[Pp][Ii]Server\w*|RayWorkerWrapper|Worker(?:_\w+)?"
+                      r"|WorkerProc|LLMEngine|MultiprocExecutor)(?: |$)")
 # Site formats of the same logging record (a site's own formatter, NVIDIA NIM's wrapper of vLLM):
 # "2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg", "ERROR 2025-07-21 14:34:24.934 file.py:62] msg"
 SITE_LEVEL = re.compile(
@@ -197,7 +204,8 @@ def parse(text: str) -> Parsed:
             who, rank = tags, _rank_of_tags(tags)
     m = VLLM_PREFIX.search(s, pos, pos + PREFIX_WINDOW)
     if m and m.start() - pos < 60:
-        who, engine, pos = m.group(1), "vllm", m.end()
+        # vLLM's own processes name the engine; any other "(Name pid=N)" is a Ray actor's prefix
+        who, engine, pos = m.group(1), ("vllm" if VLLM_WHO.match(m.group(1)) else engine), m.end()
         rank = _rank_of_who(who)
         # nested: "(EngineCore_0 pid=..) (VllmWorker TP1 pid=..) ": the innermost writer wrote it
         while (inner := VLLM_PREFIX.match(s, pos)) is not None:
@@ -394,6 +402,8 @@ BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|
                               r"|SystemExit)\b")
 # A request served: the server is doing its work after whatever came before
 HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
+# Any HTTP access-log line (uvicorn's, aiohttp's): an HTTP server wrote this log
+ACCESS_LINE = re.compile(r'"(?:GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) /\S{0,2000} HTTP/[\d.]+" \d{3}')
 # An access-log line of a probe (the cockpit's own, a load balancer's, Kubernetes'): it proves the HTTP
 # server answers, not that a request is being worked on
 PROBE_REQUEST = re.compile(r'"(?:GET|HEAD) /(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
@@ -665,6 +675,7 @@ class LogTracker:
         self.last_progress = 0  # the last line that marked a phase or served a request
         self.last_time: str | None = None
         self.finished_at = 0  # the line where an offline run said it had done all its work
+        self.requests = 0  # HTTP access lines: an inference server's, whatever else the lines lack
         self._block: Failure | None = None  # the failure whose traceback is being read
         self._block_who: str | None = None
         self._trace: _Trace | None = None  # a traceback without a failure header, being read
@@ -709,15 +720,20 @@ class LogTracker:
                 self._trace.failure = self._trace.failure or self._block
         elif ll.kind == "stall":
             self.stalls.append((self.n, ll))
+        elif progress_of(ll) == "frozen":  # the engine's stats: requests running, nothing done
+            self.stalls.append((self.n, ll._replace(kind="stall", cause="requests-frozen")))
         elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
             self._block.evidence.append((self.n, ll.text))  # the traceback's own last word
         elif self._trace is not None and continues and not self._trace.done and FINAL_LINE.match(msg) \
                 and ll.level not in ("WARNING", "INFO", "DEBUG"):
             self._trace_failure(ll, msg)
-        if ll.kind != "failure" and (ll.phase or HTTP_OK.search(msg)):
+        if "HTTP/" in msg and ACCESS_LINE.search(msg):
+            self.requests += 1
+        frozen = progress_of(ll) == "frozen"
+        if ll.kind != "failure" and (ll.phase or HTTP_OK.search(msg)) and not frozen and not ll.probe:
             self._progress(ll)
         if ll.phase and ll.kind != "failure":
-            self._mark(ll)
+            self._mark(ll, progress=not frozen)
         m = OFFLINE_DONE.search(msg)
         if m:
             self.finished_at = self.n
@@ -805,12 +821,13 @@ class LogTracker:
         if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
             self._block, self._block_who = f, ll.who
 
-    def _mark(self, ll: LogLine) -> None:
+    def _mark(self, ll: LogLine, progress: bool = True) -> None:
         phase = ll.phase
         current = self.phase
         if phase == "serving" and current == "port open":
             phase = "warmup"  # SGLang's own warm-up request, before "fired up and ready"
-        self.last_progress = self.n
+        if progress:
+            self.last_progress = self.n
         if phase == current:
             return
         order = {name: i for i, name in enumerate(PHASE_ORDER)}

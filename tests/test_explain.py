@@ -84,7 +84,8 @@ def test_json_shape(capsys):
     path = CORPUS / "sglang-tp1-capture-graph-exception.log"
     assert cmd_explain(argparse.Namespace(log=str(path), engine="auto", json=True)) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"engine", "detected", "lines", "phase", "verdict", "ranks", "timeline", "failures", "last_time"}
+    assert set(doc) == {"engine", "detected", "lines", "phase", "verdict", "ranks", "timeline", "failures", "last_time",
+                        "silent_s", "window_s"}
     assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines"}
     assert doc["phase"] == "capturing cuda graphs" and doc["verdict"]["name"] == "crashed"
     # the header lines count as lines of the file: line numbers are the file's
@@ -176,3 +177,48 @@ def test_an_empty_log():
     assert result["engine"] is None and describe(result)[0].startswith("engine unknown,")
     assert describe(result)[2].startswith("verdict: none: the log is empty (0 lines)")
     assert "ok" not in describe(result)[2]
+
+
+# ----------------------------------------------------------------------------- the file's own clock
+
+
+def _run(args_log, capsys, json_out=True):
+    rc = cmd_explain(argparse.Namespace(log=str(args_log), engine="auto", json=json_out))
+    out = capsys.readouterr().out
+    return rc, (json.loads(out) if json_out else out)
+
+
+def test_a_log_silent_short_of_ready_is_stalled_if_it_is_the_live_log(tmp_path, capsys):
+    """A launch log that stopped at 'capturing draft cuda graphs' and has not been written for
+    three minutes: stalled (cause silent), and the text says it holds only for the live log."""
+    import os
+    import time as _time
+
+    log = tmp_path / "run.log"
+    log.write_text("[2026-12-01 10:00:00 TP0] Load weight begin. avail mem=94 GB\n"
+                   "[2026-12-01 10:00:30 TP0] Capture draft cuda graph begin. This can take up to several minutes.\n")
+    old = _time.time() - 180
+    os.utime(log, (old, old))
+    rc, doc = _run(log, capsys)
+    assert rc == 0 and doc["verdict"]["name"] == "stalled" and doc["verdict"]["cause"] == "silent"
+    assert doc["phase"] == "capturing draft cuda graphs" and 179 <= doc["silent_s"] < 240
+    rc, text = _run(log, capsys, json_out=False)
+    assert "verdict: stalled: silent for 3 min at 'capturing draft cuda graphs' (threshold 60 s), short of ready: " \
+           "stalled, if this is the live log" in text
+    os.utime(log, None)  # written just now: a launch under way, no failure
+    assert _run(log, capsys)[1]["verdict"]["name"] == "ok"
+    ready = tmp_path / "ready.log"  # a server that came up and went quiet is not stalled by its silence
+    ready.write_text("[2026-12-01 10:00:00 TP0] Load weight begin.\n[2026-12-01 10:01:00] The server is fired up and "
+                     "ready to roll!\n")
+    os.utime(ready, (old, old))
+    assert _run(ready, capsys)[1]["verdict"]["name"] == "ok"
+
+
+def test_a_file_that_is_not_a_server_log_says_so_and_exits_non_zero(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shopping list\neggs\nmilk\n")
+    rc, text = _run(notes, capsys, json_out=False)
+    assert rc == 1 and "verdict: not a server log" in text
+    access = tmp_path / "access.log"  # an inference server's access log is one, engine unknown
+    access.write_text('INFO:     10.0.0.1:4000 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+    assert _run(access, capsys)[0] == 0

@@ -613,3 +613,51 @@ def test_caret_notation_colour_codes_and_vllms_template_notice():
              '(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250]   File "/x/chat_utils.py", line 1290, in f',
              "(APIServer pid=1) ERROR 08-22 21:36:14 [serving_chat.py:250] jinja2.exceptions.TemplateError: bad"]
     assert track(lines, engine="vllm").first_failure() is None
+
+
+@pytest.mark.parametrize("text, rank, level, message", [
+    # a log viewer's gutter of several columns, then a shipper's time and host before ">>"
+    ("  |   | 2025-11-04 10:07:58 gpu-node-3 >> [2025-11-04 10:07:58 TP3] Scheduler hit an exception: Traceback",
+     3, None, "Scheduler hit an exception: Traceback"),
+    # FastChat's "date | LEVEL | logger | message"
+    ("2023-10-10 10:10:10 | ERROR | stderr | RuntimeError: CUDA error: an illegal memory access was encountered",
+     None, "ERROR", "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    # loguru's default "date | LEVEL    | module:function:line - message"
+    ("2024-05-01 12:00:00.123 | WARNING  | sglang.srt.server:launch:42 - something slow",
+     None, "WARNING", "something slow"),
+    # a wrapper's own time and program, a log viewer's "date time.ms | "
+    ("[2025-09-25 20:03:20] [/bin/sh]: Traceback (most recent call last):", None, None, "Traceback (most recent call last):"),
+    ("2025-05-30 18:28:27.890 | RuntimeError: CUDA error: no kernel image", None, None, "RuntimeError: CUDA error: no kernel image"),
+])
+def test_wrapper_prefixes_of_several_shapes_are_read_through(text, rank, level, message):
+    p = parse(text)
+    assert (p.rank, p.level, p.message) == (rank, level, message)
+
+
+def test_a_crash_behind_pipe_fields_is_a_crash():
+    lines = ["2023-10-10 10:10:09 | INFO | model_worker | [2023-10-10 10:10:09 TP0] Load weight begin. avail mem=9 GB",
+             "2023-10-10 10:10:10 | ERROR | stderr | Traceback (most recent call last):",
+             '2023-10-10 10:10:10 | ERROR | stderr |   File "/x/sglang/srt/model_executor/model_runner.py", line 5, in f',
+             "2023-10-10 10:10:10 | ERROR | stderr | torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"]
+    t = LogTracker(LogRules("auto"))
+    for line in lines:
+        t.feed(line)
+    first = t.first_failure()
+    assert first is not None and first.cause == "oom"
+
+
+def test_the_engines_stats_lines_say_work_idle_or_frozen():
+    from cockpit.logrules import progress_of
+
+    rules = LogRules("auto")
+    v = "INFO 12-01 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: {p} tokens/s, Avg generation " \
+        "throughput: {g} tokens/s, Running: {n} reqs, Waiting: 0 reqs"
+    assert progress_of(rules.classify(v.format(p="0.0", g="12.5", n=3))) == "work"
+    assert progress_of(rules.classify(v.format(p="0.0", g="0.0", n=3))) == "frozen"
+    assert progress_of(rules.classify(v.format(p="0.0", g="0.0", n=0))) == "idle"
+    s = "[2026-01-01 10:00:00 TP0] Decode batch, #running-req: 4, #token: 90, token usage: 0.01, cuda graph: True, " \
+        "gen throughput (token/s): {g}, #queue-req: 0"
+    assert rules.classify(s.format(g="98.20")).stats == (98.2, 4)
+    assert progress_of(rules.classify(s.format(g="0.00"))) == "frozen"
+    assert progress_of(rules.classify('INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK')) == "none"
+    assert progress_of(rules.classify('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK')) == "work"
