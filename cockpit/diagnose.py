@@ -203,6 +203,19 @@ def _clock(stamp: str | None) -> float | None:
         return None
 
 
+_NO_YEAR_BEFORE = 978307200.0  # _clock gives a stamp without a year the year 2000: before 2001
+
+
+def _with_year(clock: float, year: int) -> float:
+    import calendar
+
+    t = time.gmtime(clock)
+    try:
+        return float(calendar.timegm((year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec)))
+    except ValueError:  # 29 February in another year
+        return clock
+
+
 _STAMP = re.compile(r"(?:(?:(\d{4})-)?(\d\d)-(\d\d) )?(\d\d):(\d\d):(\d\d)")
 
 
@@ -373,12 +386,20 @@ class Watchdog:
         the lines' own timestamps; the engine's stats lines saying requests run with nothing done;
         the engine's metrics (tokens moving or frozen); GPUs computing."""
 
-        def span(a, b) -> float:  # seconds from a to b: the lines' own clocks, else their arrivals
-            if a[0] is not None and b[0] is not None:
-                return max(0.0, b[0] - a[0])
-            return max(0.0, b[1] - a[1])
+        def age(a) -> float:
+            """How long ago (before the sample) line `a` was written: from the last line through the
+            lines' own clocks when the last line has one (anchored at the file's mtime); else its
+            own clock on the host's (when it falls where it can: after the run's start, before the
+            mtime); else through the lines' arrivals here."""
+            last = self._last
+            if a[0] is not None and last[0] is not None:
+                return quiet_s + max(0.0, last[0] - a[0])
+            on_host = self._host_age(state, a[0])
+            if on_host is not None:
+                return on_host
+            return quiet_s + max(0.0, last[1] - a[1])
 
-        since_work = quiet_s + (span(self._work, self._last) if self._work and self._last else 0.0)
+        since_work = age(self._work) if self._work and self._last else quiet_s
         said = silent if since_work - quiet_s < 1 else f"no work in the log for {_duration(since_work)} ({silent})"
         work, frozen, frozen_s = [], None, None
         window = min(self.idle_s, self.spin_s)
@@ -386,7 +407,7 @@ class Watchdog:
             work.append(f"the log shows work {_duration(since_work)} ago")
         if self._frozen is not None and self._last is not None:
             line, *at = self._frozen
-            frozen_s = quiet_s + span(tuple(at), self._last)
+            frozen_s = age(tuple(at))
             rate, running = line.stats
             frozen = (f"the engine's stats say {running} request{'s' if running != 1 else ''} running at 0 tokens/s "
                       f"since {line.time or '?'} ({_duration(frozen_s)}): requests frozen")
@@ -404,6 +425,28 @@ class Watchdog:
         if frozen is not None:
             work = [w for w in work if not w.startswith("the log")]  # stats lines at 0 tokens/s are no work
         return Progress(since_work, said, work, frozen, frozen_s, idle_engine)
+
+    @staticmethod
+    def _host_age(state: HostState, clock: float | None) -> float | None:
+        """A line's own (local, zone-less) clock as seconds before the sample, through the host's
+        UTC offset; None where that cannot be trusted: no offset, or a time after the file's
+        last write or before the run's oldest process (a server in another time zone)."""
+        ts, offset = state.sample_ts, state.agent.utc_offset
+        if clock is None or ts is None or offset is None:
+            return None
+        log = next(iter(state.logs.values()), None)
+        upper = (log.written_at if log is not None and log.written_at is not None else ts) + 2.0
+        starts = [p.started for p in state.procs.values() if p.started]
+        lower = min(starts) - 5.0 if starts else None
+        when = clock - offset
+        if clock < _NO_YEAR_BEFORE:  # "MM-DD HH:MM:SS": the year is the host's, or the one before
+            year = time.gmtime(ts + offset).tm_year
+            when = _with_year(clock, year) - offset
+            if when > upper:
+                when = _with_year(clock, year - 1) - offset
+        if when > upper or (lower is not None and when < lower):
+            return None
+        return max(0.0, ts - when)
 
     @staticmethod
     def _computing(state: HostState) -> str | None:

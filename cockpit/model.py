@@ -153,6 +153,7 @@ class AgentInfo:
     pid: int | None = None
     interval: float = 1.0
     warnings: list[str] = field(default_factory=list)
+    utc_offset: int | None = None  # the host's local time minus UTC, seconds (log lines carry local time)
 
 
 class HostState:
@@ -200,6 +201,7 @@ class HostState:
             hostname=f.get("hostname", "?"), home=f.get("home"), arch=f.get("arch", "?"), nvml=f.get("nvml"),
             driver=f.get("driver"), psutil=f.get("psutil"), pid=f.get("pid"),
             interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
+            utc_offset=f["utc_offset"] if isinstance(f.get("utc_offset"), int) else None,
         )
         for g in f.get("gpus") or []:
             gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))

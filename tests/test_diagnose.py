@@ -159,3 +159,30 @@ def test_probe_access_lines_are_no_progress():
     st.logs["/l"].last_line_at = 30.0  # the probe's line arrived now
     _, v = dog.update(st, 30.0, "/l")
     assert v.name == "stalled-idle" and v.detail == "launch stopped at 'capturing cuda graphs'", v
+
+
+def test_a_frozen_stats_line_under_fresh_probe_lines_dates_from_its_own_clock():
+    """Seen on a real H200 (docs/VALIDATION.md, run 10): the cockpits' own /health and /metrics
+    probes keep writing access lines without a timestamp into vLLM's log, so the file's mtime
+    is always fresh. The frozen stats line's own clock, through the host's UTC offset, says how
+    old the stall is; a clock that would put it before the run started or after the last write
+    (a server in another time zone) is not believed."""
+    import calendar
+
+    stamp = calendar.timegm((2026, 12, 1, 10, 0, 10))
+    lines = [VLLM_STATS.format(s=0, g="512.3", n=8), VLLM_STATS.format(s=10, g="0.0", n=8)] + \
+        ['(APIServer pid=1) INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK'.format(n=n) for n in range(30)]
+    st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 9866), (0, 80.0, 9866)], lines)
+    st.ports = [type(st.ports[0])(8000, True, 100)]
+    st.agent.utc_offset = 3600  # the host's local time is UTC+1: the line's 10:00:10 is 09:00:10 UTC
+    stamp_local = stamp - 3600
+    for p in st.procs.values():
+        p.started = stamp_local - 600
+    st.sample_ts, st.logs["/l"].written_at = stamp_local + 60.0, stamp_local + 59.0
+    _, v = Watchdog(spin_s=15, idle_s=20, ports=[8000]).update(st, 0.0, "/l")
+    assert v.name == "stalled-idle" and v.detail == "requests frozen", v
+    assert "since 12-01 10:00:10 (60 s)" in v.evidence[0]
+    for p in st.procs.values():
+        p.started = stamp_local + 30  # the run is younger than the line would be: the clock is not believed
+    _, v = Watchdog(spin_s=15, idle_s=20, ports=[8000]).update(st, 0.0, "/l")
+    assert v.name != "stalled-idle", v

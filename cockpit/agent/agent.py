@@ -2839,6 +2839,7 @@ class Agent:
             "arch": platform.machine(),
             "pid": os.getpid(),
             "time": time.time(),
+            "utc_offset": time.localtime().tm_gmtoff,  # the host's: log lines carry local time without a zone
             "nvml": self.gpus.source,
             "driver": self.gpus.driver,
             "gpus": self.gpus.static(),
