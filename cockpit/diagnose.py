@@ -346,7 +346,7 @@ class Watchdog:
             if port_open:
                 ev.append("the port still answers: health alone does not prove progress")
             return phase, Verdict("stalled-spinning" if busy else "stalled-idle", ev, detail=REQUESTS_FROZEN,
-                                  since=self._since_host(state, prog.frozen_since_s or 0.0))
+                                  since=self._since_host(state, prog.idle_s))  # from the last work seen
         slow = self._slow(phase, now)
         if slow:
             return phase, slow

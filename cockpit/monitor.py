@@ -91,7 +91,8 @@ class HostMonitor:
         self._listeners: list[Callable[[MonitorEvent], None]] = []
         self._link_seen: tuple | None = None
         self.looked_s: float | None = None  # how long the last one-shot look judged (`look`)
-        self.forensics_on = False  # gather a stall's forensics (cockpit/forensics.py): off under --read-only
+        # gather a stall's forensics (cockpit/forensics.py): the layout's auto_dump; off under --read-only
+        self.forensics_on = bool(layout.auto_dump) if layout is not None else False
         self.forensics = None  # the current stall's Forensics, once gathered
         self._forensics_task: asyncio.Task | None = None
         self._forensics_for: tuple | None = None  # the stall they were gathered for

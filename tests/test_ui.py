@@ -269,7 +269,14 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
     async with app.run_test(size=(160, 50)) as pilot:
         await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 60)
         assert "log silent" in " ".join(app.cockpit.verdict.evidence)
-        # auto_dump: the stall itself dumps every rank's stack (py-spy), nobody pressed d
+        # auto_dump: the stall itself has every rank's stack dumped (py-spy) once, nobody pressed d
+        monitor = app.cockpit.monitor
+        await until(pilot, lambda: monitor.forensics is not None, 60)
+        folder = __import__("pathlib").Path(monitor.forensics.folder)
+        assert len(list(folder.glob("rank*-pid*.txt"))) == 8 and (folder / "groups.txt").exists()
+        rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
+        assert rows[0]["forensics"]["folder"] == str(folder)  # the ledger says where they are
+        await pilot.press("d")  # the same stacks, on request
         await until(pilot, lambda: isinstance(app.screen, ReportScreen), 60)
         await until(pilot, lambda: "raw dumps:" in save_text(app, None), 10)
         report = save_text(app, None)

@@ -82,6 +82,8 @@ class CockpitScreen(Screen):
         self.state = monitor.state if monitor else (state or HostState())
         self.profile = monitor.layout if monitor else layout
         self.read_only = read_only
+        if monitor is not None and read_only:
+            monitor.forensics_on = False  # watch only: not even py-spy attaches
         self.actions = ActionRunner(self)
         self.dirty = True
         self.ready = asyncio.Event()
