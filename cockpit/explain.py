@@ -227,8 +227,8 @@ def _silence(path: str) -> float | None:
 
 
 def window_for(path: str) -> float:
-    """The stall window of the run whose log this is (the layout whose ledger names the file),
-    else SILENT_S."""
+    """The stall window of the run whose log this is (its launch record in a ledger says it, or
+    names its layout), else SILENT_S."""
     from cockpit.runs import state_home
 
     real = os.path.realpath(path)
@@ -249,6 +249,9 @@ def window_for(path: str) -> float:
                     if isinstance(rec, dict) and rec.get("log") in (path, real):
                         from cockpit.layouts import resolve_layout
 
+                        stall = rec.get("stall")
+                        if isinstance(stall, dict) and isinstance(stall.get("idle_s"), (int, float)):
+                            return float(stall["idle_s"])
                         try:
                             return float(resolve_layout(rec.get("layout") or ledger.stem).stall.idle_s)
                         except (CockpitError, OSError, ValueError, TypeError):

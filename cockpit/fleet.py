@@ -160,6 +160,7 @@ class Member:
         else:
             self.monitor = HostMonitor(target, opts, self.layout, history=FLEET_HISTORY, probe_every_s=PING_EVERY_S)
         self.monitor.state.target = host.name
+        self.monitor.forensics_on = False  # an overview of many hosts attaches py-spy to none; its drill-in may
         self.task: asyncio.Task | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
         self.up_at = time.monotonic()  # when the first connection came up (or failed): a look is timed from it
@@ -206,6 +207,7 @@ class Member:
             await asyncio.sleep(DEMO_RETRY_S)
             self.monitor = self._demo_monitor()
             self.monitor.state.target = self.host.name
+            self.monitor.forensics_on = False
         self.state.link_state = "waiting"
         async with gate:
             self.state.link_state = "connecting"

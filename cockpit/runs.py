@@ -207,7 +207,8 @@ async def launch(session, layout: Layout, spec: RunSpec) -> dict:
         env.update(forensics_env(log.removesuffix(".log")))
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
                            "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
-                           "params": dict(spec.params), "env": masked(env), "log": log})
+                           "params": dict(spec.params), "env": masked(env), "log": log,
+                           "stall": {"idle_s": layout.stall.idle_s, "spin_s": layout.stall.spin_s}})
     run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log)
     run["run_id"] = run_id
     append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],

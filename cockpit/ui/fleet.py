@@ -262,6 +262,7 @@ class FleetScreen(Screen):
         member = next((m for m in self.watch.members if m.host.name == name), None)
         if member is None:
             return
+        member.monitor.forensics_on = not self.read_only and bool(member.monitor.layout and member.monitor.layout.auto_dump)
         self.app.push_screen(CockpitScreen(monitor=member.monitor, owns_monitor=False, read_only=self.read_only))
 
 
