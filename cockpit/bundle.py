@@ -275,6 +275,9 @@ async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle
                                                                     "detail": monitor.phase.detail}},
                "the verdict and its evidence")
     m.add_json("snapshot.json", monitor_doc(monitor, log_lines=200), "the cockpit's JSON snapshot of the host")
+    found = getattr(monitor, "forensics", None)
+    if found is not None:
+        m.add_json("forensics.json", found.doc(), "the stall's own forensics, gathered when it was declared")
     manifest = {
         "schema": "gpu-cockpit.bundle/1",
         "host": monitor.target.label, "hostname": monitor.state.agent.hostname, "run": run,
