@@ -66,7 +66,66 @@ class OperatorKill:
     crashed_before: bool  # the run already read as crashed when the operator killed it
 
 
-class HostMonitor:
+class Look:
+    """The one-shot look every headless command takes (snapshot in every format, bundle, a
+    fleet's rows), the same for every kind of monitor (one host, a run spanning nodes): judge
+    until the verdict is a claim (`decided`), within `look_bound`, or exactly `wait` seconds.
+    A monitor gives `state`, `verdict`, `watchdog`, `layout`, `session`, `watch_for` and
+    `judging` (what runs while it judges)."""
+
+    looked_s: float | None = None  # how long the last one-shot look judged
+    forensics = None  # the current stall's Forensics (cockpit/forensics.py), once gathered
+
+    def metrics_expected(self) -> bool:
+        return bool(self.layout and self.layout.metrics and self.layout.ports)
+
+    def decided(self) -> bool:
+        """Whether the verdict is a claim a first look can stand on: not `watching`, and, where the
+        layout has the engine's metrics, two scrapes read together (tokens moving or frozen)."""
+        if not self.state.seq or self.verdict.name == VerdictName.WATCHING:
+            return False
+        if self.verdict.name == VerdictName.OK and self.metrics_expected():
+            view = self.state.metrics
+            good = [s for s in view.scrapes if not s.error]
+            return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
+        return True
+
+    def look_bound(self) -> float:
+        """How long a one-shot look may take to decide: until the verdict's own `until` (the stall
+        windows from the run's last sign of work), never past the layout's longest stall window,
+        plus two samples."""
+        dog = self.watchdog
+        bound = max(dog.idle_s, dog.spin_s)
+        until, ts = self.verdict.until, self.state.sample_ts
+        if until is not None and ts is not None:
+            bound = min(bound, max(0.0, until - ts))
+        return bound + 2 * self.session.opts.interval + 1.0
+
+    async def look(self, wait: float | None = None) -> float:
+        """`wait` None judges until decided, bounded by `look_bound`, and waits for a stall's
+        forensics under way; `wait` S judges exactly S seconds (0: the instant look, `watching`
+        when undecided). Returns how long it looked, also kept as `looked_s`."""
+        start = time.monotonic()
+        if wait is not None:
+            if wait > 0:
+                await self.watch_for(wait)
+        else:
+            async with self.judging():
+                while not self.decided() and time.monotonic() - start < self.look_bound():
+                    await asyncio.sleep(0.1)
+                await self.forensics_done()
+        self.looked_s = round(time.monotonic() - start + (self.state.agent.interval if self.state.seq else 0), 1)
+        return self.looked_s
+
+    @asynccontextmanager
+    async def judging(self):
+        yield
+
+    async def forensics_done(self, timeout: float | None = None) -> None:
+        """Wait for a stall's forensics under way (a monitor that gathers them says how)."""
+
+
+class HostMonitor(Look):
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
                  on_connect: Callable[[HostMonitor], object] | None = None, watch: WatchList | None = None):
@@ -90,10 +149,8 @@ class HostMonitor:
         self.probe_every_s = probe_every_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
         self._link_seen: tuple | None = None
-        self.looked_s: float | None = None  # how long the last one-shot look judged (`look`)
         # gather a stall's forensics (cockpit/forensics.py): the layout's auto_dump; off under --read-only
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
-        self.forensics = None  # the current stall's Forensics, once gathered
         self._forensics_task: asyncio.Task | None = None
         self._forensics_for: tuple | None = None  # the stall they were gathered for
 
@@ -444,50 +501,14 @@ class HostMonitor:
         finally:
             await self.close()
 
-    def metrics_expected(self) -> bool:
-        return bool(self.layout and self.layout.metrics and self.layout.ports)
-
-    def decided(self) -> bool:
-        """Whether the verdict is a claim a first look can stand on: not `watching`, and, where the
-        layout has the engine's metrics, two scrapes read together (tokens moving or frozen)."""
-        if not self.state.seq or self.verdict.name == VerdictName.WATCHING:
-            return False
-        if self.verdict.name in (VerdictName.OK,) and self.metrics_expected():
-            view = self.state.metrics
-            good = [s for s in view.scrapes if not s.error]
-            return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
-        return True
-
-    def look_bound(self) -> float:
-        """How long a one-shot look may take to decide: until the verdict's own `until` (the stall
-        windows from the run's last sign of work), never past the layout's longest stall window,
-        plus two samples."""
-        dog = self.watchdog
-        bound = max(dog.idle_s, dog.spin_s)
-        until, ts = self.verdict.until, self.state.sample_ts
-        if until is not None and ts is not None:
-            bound = min(bound, max(0.0, until - ts))
-        return bound + 2 * self.session.opts.interval + 1.0
-
-    async def look(self, wait: float | None = None) -> float:
-        """The one-shot look every headless command takes (snapshot in every format, bundle, the
-        fleet's rows): `wait` None judges until decided (`decided`), bounded by `look_bound`;
-        `wait` S judges exactly S seconds (0: the instant look, `watching` when undecided).
-        Returns how long it looked, also kept as `looked_s`."""
-        start = time.monotonic()
-        if wait is not None:
-            if wait > 0:
-                await self.watch_for(wait)
-        else:
-            probes = asyncio.create_task(self._probe_loop())  # endpoints and metrics, as on screen
-            try:
-                while not self.decided() and time.monotonic() - start < self.look_bound():
-                    await asyncio.sleep(0.1)
-                await self.forensics_done()
-            finally:
-                probes.cancel()
-        self.looked_s = round(time.monotonic() - start + (self.state.agent.interval if self.state.seq else 0), 1)
-        return self.looked_s
+    @asynccontextmanager
+    async def judging(self):
+        """While a one-shot look judges: the endpoints and metrics probed, as on screen."""
+        probes = asyncio.create_task(self._probe_loop())
+        try:
+            yield
+        finally:
+            probes.cancel()
 
     async def watch_for(self, seconds: float) -> None:
         """Judge for `seconds` more: the verdict moves on each sample as it would on screen."""
