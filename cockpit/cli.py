@@ -135,7 +135,15 @@ def _confirm(lines: list[str], question: str, yes: bool) -> bool:
         return True
     if not sys.stdin.isatty():
         raise CockpitError(f"{question}: no terminal to ask on; pass --yes to confirm")
-    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    # asyncio.run's own SIGINT handler only cancels a task, which cannot happen inside input():
+    # Ctrl+C at the prompt ends the command at once, as anywhere else
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _writable(args: argparse.Namespace) -> None:

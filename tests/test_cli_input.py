@@ -143,3 +143,49 @@ def test_the_schema_doc_says_how_long_a_snapshot_looks():
     assert f"`FIRST_GAP_S` = {FIRST_GAP_S:g} s" in doc and f"two samples {FIRST_GAP_S:g} s apart" in doc
     assert "about two seconds" not in doc and "at least two ticks" not in doc
     assert "unknown: no connection" in doc
+
+
+def test_ctrl_c_at_the_kill_prompt_ends_the_command_at_once_and_kills_nothing(tmp_path):
+    """`cockpit kill` asks [y/N] on a terminal; Ctrl+C there ends it at once (exit 130), with
+    the run untouched: the prompt is not waiting for Enter first."""
+    import os
+    import pty
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    server = tmp_path / "fake_server.py"
+    server.write_text("import time\ntime.sleep(600)\n")
+    run = subprocess.Popen([sys.executable, str(server)], start_new_session=True)
+    layout = tmp_path / "fake.yaml"
+    layout.write_text(f"command: [{server}]\n")
+    try:
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(sys.executable, [sys.executable, "-m", "cockpit", "kill", "local", "--layout", str(layout)])
+        out, deadline = b"", time.monotonic() + 60
+        while b"[y/N]" not in out and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+        assert b"[y/N]" in out, out.decode(errors="replace")[-2000:]
+        os.write(fd, b"\x03")  # the terminal turns it into SIGINT for the foreground process
+        asked = time.monotonic()
+        while time.monotonic() - asked < 20:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("Ctrl+C at the prompt did not end the command")
+        assert os.waitstatus_to_exitcode(status) == 130
+        assert run.poll() is None  # nothing was killed
+        os.close(fd)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
