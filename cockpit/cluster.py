@@ -435,6 +435,14 @@ class ClusterMonitor(Look):
         self.watchdog = watchdog_for(self.layout)
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
 
+    def run_ended(self) -> None:
+        """The operator's kill of the whole job's run, verified on every node: no run."""
+        before = self.verdict
+        self.new_run()
+        self.following = None
+        self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
+        self._emit(MonitorEvent("verdict", before=before))
+
     @contextmanager
     def stopping_for(self, why: str, plan=None):
         self.stopping = why
