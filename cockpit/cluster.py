@@ -425,7 +425,8 @@ class ClusterMonitor(Look):
                                       else "") + ")")
         down = [f"node {n.name}: {n.status}" for n in self.nodes if n.status != "up"]
         evidence = down + evidence
-        self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, odd_node)
+        self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
+                                                      odd_node=odd_node)
         if self.stopping:
             self.verdict = NodeVerdict(VerdictName.STOPPING, [self.stopping])
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:

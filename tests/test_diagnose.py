@@ -134,7 +134,7 @@ def test_stats_lines_at_zero_throughput_with_requests_running_are_a_stall_since_
     _, v = dog.update(st, 0.0, "/l")
     assert v.name == "stalled-idle" and v.detail == "requests frozen", v
     assert v.evidence[0].startswith("the engine's stats say 8 requests running at 0 tokens/s since 12-01 10:00:10 (32 s)")
-    assert v.since == 1000.0 - 32
+    assert v.since == 1000.0 - 42  # from the last work seen (the 10:00:00 line), not the first zero line
     assert "health alone does not prove progress" in v.evidence[-1]
 
 
