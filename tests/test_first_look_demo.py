@@ -6,17 +6,15 @@
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 import time
 from pathlib import Path
 
 from cockpit import cli
-from cockpit.layouts import resolve_layout
 
-from conftest import free_port, run_cli
+from conftest import run_cli
 from simhost import until
-from test_demo_screen import FAST_DEMO
+from test_demo_screen import demo_env  # noqa: F401 (the fast demo's fixture)
 
 STALLED = ("stalled-idle", "stalled-spinning")
 
@@ -30,58 +28,46 @@ def judged(v: dict, since_at_most: float) -> None:
     assert any("log silent since" in e for e in v["evidence"]), v
 
 
-async def test_every_first_look_at_a_demo_stalled_for_a_minute_says_stalled(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    (tmp_path / "run").mkdir()
-    path = tmp_path / "fastdemo.yaml"
-    path.write_text(FAST_DEMO.format(port=free_port(), logs=tmp_path / "logs"))
-    args = cli.build_parser().parse_args(["demo", "--layout", str(path), "--interval", "0.25"])
-    app, layout, state = cli.demo_app(args, resolve_layout(str(path)))
-    pgids = []
-    try:
-        async with app.run_test(size=(100, 30)) as pilot:
-            await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
-            monitor = app.cockpit.monitor
-            pgids.append(monitor.following["pgid"])
-            await until(pilot, lambda: monitor.verdict.name in STALLED, 60)
-            log = Path(monitor.following["log"])
-            # a minute of silence, on the log's own clock
-            await until(pilot, lambda: time.time() - log.stat().st_mtime >= 60, 90, step=0.5)
-            silent_since = log.stat().st_mtime + 1.0
-            looks = {}
-            for name, extra in (("default", []), ("instant", ["--wait", "0"]), ("wait 3", ["--wait", "3"])):
-                res = run_cli("snapshot", "demo", "--layout", str(path), "--json", "--no-forensics", *extra, timeout=120)
-                assert res.returncode == 0, res.stderr
-                looks[name] = json.loads(res.stdout)
-            for name, doc in looks.items():
-                assert doc["verdict"]["name"] in STALLED, (name, doc["verdict"], doc["phase"], len(doc["processes"]),
-                                                           doc["log"]["path"], doc["agent"]["warnings"])
-                judged(doc["verdict"], silent_since)
-            assert looks["default"]["looked_s"] < 10  # history decides at once: no stall window waited out
-            text = run_cli("snapshot", "demo", "--layout", str(path), "--text", "-", "--size", "100x30", "--no-forensics",
-                           timeout=120)
-            assert text.returncode == 0 and "verdict stalled-idle" in text.stdout.splitlines()[0], text.stdout[:300]
-            svg = tmp_path / "late.svg"
-            res = run_cli("snapshot", "demo", "--layout", str(path), "--svg", str(svg), "--no-forensics", timeout=120)
-            assert res.returncode == 0 and "stalled-idle" in svg.read_text()
-            fleet = run_cli("snapshot", "--hosts", "demo", "--layout", str(path), "--json", timeout=120)
-            assert fleet.returncode == 0, fleet.stderr
-            judged(json.loads(fleet.stdout)["hosts"][0]["verdict"], silent_since)
-            res = run_cli("bundle", "demo", "--layout", str(path), "--read-only", "--json", timeout=180)
+async def test_every_first_look_at_a_demo_stalled_for_a_minute_says_stalled(demo_env, tmp_path):
+    args, layout, pgids = demo_env
+    path = layout.path
+    app, layout, state = cli.demo_app(args, layout)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
+        monitor = app.cockpit.monitor
+        pgids.append(monitor.following["pgid"])
+        await until(pilot, lambda: monitor.verdict.name in STALLED, 60)
+        log = Path(monitor.following["log"])
+        # a minute of silence, on the log's own clock
+        await until(pilot, lambda: time.time() - log.stat().st_mtime >= 60, 90, step=0.5)
+        silent_since = log.stat().st_mtime + 1.0
+        looks = {}
+        for name, extra in (("default", []), ("instant", ["--wait", "0"]), ("wait 3", ["--wait", "3"])):
+            res = run_cli("snapshot", "demo", "--layout", str(path), "--json", "--no-forensics", *extra, timeout=120)
             assert res.returncode == 0, res.stderr
-            with tarfile.open(json.loads(res.stdout)["path"]) as tar:
-                member = next(m for m in tar.getmembers() if m.name.endswith("verdict.json"))
-                judged(json.load(tar.extractfile(member))["verdict"], silent_since)
-            res = run_cli("explain", str(log), "--json", timeout=60)
-            doc = json.loads(res.stdout)
-            assert res.returncode == 0 and doc["verdict"]["name"] == "stalled" and doc["verdict"]["cause"] == "silent"
-            assert doc["phase"] == "capturing draft cuda graphs" and doc["silent_s"] >= 60 and doc["window_s"] == 3
-            await pilot.press("q")
-        await cli.end_demo(args, app, layout, state)
-    finally:
-        for pgid in pgids:
-            try:
-                os.killpg(pgid, 9)
-            except OSError:
-                pass
+            looks[name] = json.loads(res.stdout)
+        for name, doc in looks.items():
+            assert doc["verdict"]["name"] in STALLED, (name, doc["verdict"], doc["phase"], len(doc["processes"]),
+                                                       doc["log"]["path"], doc["agent"]["warnings"])
+            judged(doc["verdict"], silent_since)
+        assert looks["default"]["looked_s"] < 10  # history decides at once: no stall window waited out
+        text = run_cli("snapshot", "demo", "--layout", str(path), "--text", "-", "--size", "100x30", "--no-forensics",
+                       timeout=120)
+        assert text.returncode == 0 and "verdict stalled-idle" in text.stdout.splitlines()[0], text.stdout[:300]
+        svg = tmp_path / "late.svg"
+        res = run_cli("snapshot", "demo", "--layout", str(path), "--svg", str(svg), "--no-forensics", timeout=120)
+        assert res.returncode == 0 and "stalled-idle" in svg.read_text()
+        fleet = run_cli("snapshot", "--hosts", "demo", "--layout", str(path), "--json", timeout=120)
+        assert fleet.returncode == 0, fleet.stderr
+        judged(json.loads(fleet.stdout)["hosts"][0]["verdict"], silent_since)
+        res = run_cli("bundle", "demo", "--layout", str(path), "--read-only", "--json", timeout=180)
+        assert res.returncode == 0, res.stderr
+        with tarfile.open(json.loads(res.stdout)["path"]) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("verdict.json"))
+            judged(json.load(tar.extractfile(member))["verdict"], silent_since)
+        res = run_cli("explain", str(log), "--json", timeout=60)
+        doc = json.loads(res.stdout)
+        assert res.returncode == 0 and doc["verdict"]["name"] == "stalled" and doc["verdict"]["cause"] == "silent"
+        assert doc["phase"] == "capturing draft cuda graphs" and doc["silent_s"] >= 60 and doc["window_s"] == 3
+        await pilot.press("q")
+    await cli.end_demo(args, app, layout, state)
