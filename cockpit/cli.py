@@ -794,6 +794,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) > 1 and argv[0] not in COMMANDS and not argv[0].startswith("-") and not argv[1].startswith("-"):
+        # `cockpit HOST` opens a host and takes one target: a second word means a command was meant
+        import difflib
+
+        near = difflib.get_close_matches(argv[0], list(COMMANDS), n=1, cutoff=0.7)
+        say(f"cockpit: unknown command {argv[0]!r}" + (f": did you mean {near[0]!r}?" if near else
+            f": one of {', '.join(sorted(COMMANDS))}"), file=sys.stderr)
+        return 2
     if not argv or (argv[0] not in COMMANDS and not argv[0].startswith("-")):
         argv = ["open"] + argv
     elif argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):

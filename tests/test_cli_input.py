@@ -189,3 +189,10 @@ def test_ctrl_c_at_the_kill_prompt_ends_the_command_at_once_and_kills_nothing(tm
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+
+
+def test_a_mistyped_command_is_named_with_the_one_meant():
+    res = run_cli("snpashot", "demo", "--json")
+    assert res.returncode == 2 and res.stderr == "cockpit: unknown command 'snpashot': did you mean 'snapshot'?\n"
+    res = run_cli("frobnicate", "demo")
+    assert res.returncode == 2 and res.stderr.startswith("cockpit: unknown command 'frobnicate': one of ")
