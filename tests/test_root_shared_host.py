@@ -1,0 +1,181 @@
+"""Root on a shared host (issue 25): never run, open or believe what another user controls.
+Throwaway users made with useradd, their real processes and files: the agent reads the run's
+package versions from metadata files and runs nothing of theirs; a log its owner swaps for a
+symlink, a FIFO or someone else's file is refused and said, never read nor blocked on."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from cockpit.agent import agent
+
+PY = "/usr/bin/python3"  # the system python: this test's venv is root's, another user cannot run it
+
+
+@pytest.fixture(scope="module")
+def users():
+    """Two throwaway users, removed at the end."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd")
+    names = [f"gck{os.getpid() % 100000}{c}" for c in "ab"]
+    for name in names:
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True, capture_output=True)
+    try:
+        yield [pwd.getpwnam(n).pw_uid for n in names]
+    finally:
+        for name in names:
+            subprocess.run(["userdel", "-f", name], capture_output=True)
+
+
+@pytest.fixture
+def shared():
+    """A folder other users can reach (pytest's tmp_path is root's only)."""
+    path = Path(tempfile.mkdtemp(prefix="gpu-cockpit-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(uid: int):
+    def become():
+        os.setgid(uid)
+        os.setgroups([])
+        os.setuid(uid)
+    return become
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.lchown(name, uid, uid)
+
+
+def end(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+
+
+# ----------------------------------------------------------------------------- 1: versions
+
+
+def test_versions_are_read_from_metadata_files_and_nothing_of_another_users_runs(users, shared):
+    """A process of another user mapping a file in its own site-packages, which holds a csv.py
+    (importlib.metadata imports csv) and a sitecustomize.py: asked for the run's versions, the
+    agent runs neither (no mark file), and reads torch's version from its METADATA; a METADATA
+    that is a symlink to a root-only file, or a third user's file, is refused and named."""
+    evil, other = users
+    site = shared / "venv" / "lib" / "python3.99" / "site-packages"
+    site.mkdir(parents=True)
+    mark = shared / "ran-as-root"
+    payload = f"import os\nopen({str(mark)!r}, 'w').write(str(os.getuid()))\n"
+    for name in ("csv.py", "sitecustomize.py", "json.py"):
+        (site / name).write_text(payload)
+    (site / "torch-9.9.9.dist-info").mkdir()
+    (site / "torch-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n\n"
+                                                             "Version: 0 (the body is not read)\n")
+    secret = shared / "root-only"
+    secret.write_text("Version: root-secret\n")
+    secret.chmod(0o600)
+    (site / "vllm-1.0.dist-info").mkdir()
+    (site / "vllm-1.0.dist-info" / "METADATA").symlink_to(secret)
+    (site / "sglang-1.0.dist-info").mkdir()
+    (site / "sglang-1.0.dist-info" / "METADATA").write_text("Version: other-users\n")
+    (site / "blob.so").write_bytes(b"\0" * 4096)
+    chown_tree(shared / "venv", evil)
+    os.chown(site / "sglang-1.0.dist-info" / "METADATA", other, other)
+    os.chmod(shared, 0o777)
+    code = ("import mmap, sys, time\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)\n"
+            "print('ok', flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen([PY, "-S", "-c", code, str(site / "blob.so")], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=as_user(evil), cwd="/")
+    try:
+        assert proc.stdout.readline().strip() == "ok"
+        facts = agent.host_facts(["versions"], [proc.pid])
+        assert not mark.exists(), f"another user's file ran as uid {mark.read_text()}"
+        run = facts["versions"]["data"]["run"]
+        assert run["torch"] == "9.9.9" and run["python"] == "3.99" and run["read_from"] == "package metadata"
+        assert run["vllm"] is None and run["sglang"] is None
+        refused = " ".join(facts["versions"]["data"]["run_refused"])
+        assert "vllm-1.0.dist-info: is a symbolic link" in refused and "sglang-1.0.dist-info: owned by" in refused
+        assert "root-secret" not in str(facts) and "other-users" not in str(facts)
+    finally:
+        end(proc)
+
+
+# ----------------------------------------------------------------------------- 2: logs
+
+
+def _poll(tail: agent.LogTail):
+    """tail.poll() in a thread: a poll that blocks (in open() on a FIFO) fails the test, not hangs it."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(tail.poll()), daemon=True)
+    t.start()
+    t.join(60)
+    assert out, "the log's poll blocked"
+    return out[0]
+
+
+def test_a_log_its_owner_swaps_for_a_symlink_a_fifo_or_anothers_file_is_refused_never_read(users, shared, tmp_path):
+    """A process of another user writes its stdout to a file it owns: stdout_of finds it and it is
+    followed. The owner then swaps it for a symlink to a root-only file, a FIFO, a third user's
+    file: each is refused, said once as `refused: why`, its content never read and the poll never
+    blocked; the owner's own file back in place is followed again (checked on every reopen)."""
+    owner, other = users
+    os.chown(shared, owner, owner)
+    log = shared / "run.log"
+    proc = subprocess.Popen(["sh", "-c", f"exec >>{log} 2>&1; echo line-one; exec sleep 120"],
+                            preexec_fn=as_user(owner), cwd="/")
+    secret = tmp_path / "root-only.txt"
+    secret.write_text("ROOT SECRET\n")
+    secret.chmod(0o600)
+    try:
+        for _ in range(200):
+            if log.exists() and log.read_text():
+                break
+            threading.Event().wait(0.05)
+        probe = agent.Agent.__new__(agent.Agent)
+        probe.log_owners = {}
+        found = probe.cmd_stdout_of([proc.pid])
+        assert found == {str(proc.pid): str(log)} and probe.log_owners[str(log)] == {owner}
+        tail = agent.LogTail(str(log), probe.log_owners[str(log)])
+        event, lines = _poll(tail)
+        assert event == "opened" and lines == ["line-one"]
+
+        said = []
+        for swap, why in (("symlink", "is a symbolic link"), ("fifo", "not a regular file"),
+                          ("other", "owned by")):
+            log.unlink()
+            if swap == "symlink":
+                log.symlink_to(secret)
+            elif swap == "fifo":
+                os.mkfifo(log, 0o666)
+            else:
+                log.write_text("ANOTHER USER'S\n")
+            os.lchown(log, other if swap == "other" else owner, owner)
+            event, lines = _poll(tail)
+            assert event.startswith("refused: ") and why in event, event
+            assert not any("SECRET" in x or "ANOTHER" in x for x in lines), lines
+            said.append(event)
+            event, lines = _poll(tail)  # said once, still not read
+            assert event is None and lines == []
+        log.unlink()
+        log.write_text("line-two\n")
+        os.chown(log, owner, owner)
+        event, lines = _poll(tail)
+        assert event == "created" and lines == ["line-two"]
+
+        root_default = agent.LogTail(str(log))  # a layout's log: root's or the agent's user's only
+        event, lines = _poll(root_default)
+        assert event.startswith("refused: ") and "owned by" in event and lines == []
+    finally:
+        end(proc)
