@@ -179,3 +179,74 @@ def test_a_log_its_owner_swaps_for_a_symlink_a_fifo_or_anothers_file_is_refused_
         assert event.startswith("refused: ") and "owned by" in event and lines == []
     finally:
         end(proc)
+
+
+# ----------------------------------------------------------------------------- 6: bundle member names
+
+HOSTILE_HOST = """\
+import json, subprocess, sys
+# a host whose agent answers are rewritten on the way out: the flight recorder's rank keys
+p = subprocess.Popen([{real!r}] + sys.argv[1:], stdout=subprocess.PIPE)
+for line in p.stdout:
+    try:
+        f = json.loads(line)
+        ranks = (f.get("data") or {{}}).get("ranks")
+        if isinstance(ranks, dict) and ranks:
+            d = next(iter(ranks.values()))
+            f["data"]["ranks"] = {{"../../../../../tmp/{tag}": d, "0/../../x": d, "1e9": d, "0": d}}
+            line = (json.dumps(f) + "\\n").encode()
+    except ValueError:
+        pass
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypatch):
+    """The agent's answer passes through a host that renames the flight recorder's ranks to
+    `../../…`, `0/../../x` and `1e9`: the bundle keeps rank 0's dump only, says each other key as
+    not collected, and every member of the archive stays inside its folder."""
+    import asyncio
+    import sys
+    import tarfile
+    from types import SimpleNamespace
+
+    from cockpit import bundle
+    from cockpit.link.target import parse_target
+    from cockpit.session import HostSession, SessionOptions, WatchList
+    from test_flightrec_dump_safety import start_rank, stop
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    tag = f"gck-escape-{os.getpid()}"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!{sys.executable}\n" + HOSTILE_HOST.format(real=sys.executable, tag=tag))
+    wrapper.chmod(0o755)
+    rank = start_rank(0, tmp_path)
+
+    async def go():
+        session = HostSession(parse_target("local"), SessionOptions(python=str(wrapper), interval=0.25),
+                              WatchList(patterns=["sglang::*"]))
+        await session.connect()
+        try:
+            await session.wait_samples(3)
+            monitor = SimpleNamespace(session=session, layout=None, state=session.state)
+            m = bundle._Members()
+            await bundle._flight(monitor, m, read_only=False)
+            return m
+        finally:
+            await session.close()
+
+    try:
+        m = asyncio.run(go())
+    finally:
+        stop(rank)
+    assert "flight-recorder/rank0.pickle" in m.files
+    assert not any(".." in name or "1e9" in name or tag in name for name in m.files), sorted(m.files)
+    said = " ".join(x["why"] for x in m.missing)
+    assert "'../../../../../tmp/" in said and "'0/../../x'" in said and "'1e9'" in said
+    path, names = bundle._write(tmp_path, m, {"members": []})
+    with tarfile.open(path) as tar:
+        members = tar.getnames()
+    assert members == names and all(n.startswith(path.name.removesuffix(".tar.gz") + "/") and ".." not in n
+                                    for n in members)
+    assert not Path("/tmp", tag + ".pickle").exists()
