@@ -23,6 +23,7 @@ from pathlib import Path
 from cockpit import __version__
 from cockpit.errors import CockpitError
 from cockpit.hosttext import count
+from cockpit.secrets import mask_line
 
 LOG_TAIL_LINES = 2000
 # what a member of the archive may be called: a fixed word, maybe in one fixed folder, with numbers
@@ -65,7 +66,12 @@ class _Members:
         self.missing: list[dict] = []
 
     def add(self, name: str, data: bytes | str, what: str) -> None:
-        self.files[name] = (data.encode() if isinstance(data, str) else data, what)
+        """A member; every text one (all but the flight recorder's pickles) masked line by line,
+        as the screen shows host text: a py-spy header's command line, a log tail, a snapshot."""
+        if not name.endswith(".pickle"):
+            text = data.decode("utf-8", "surrogateescape") if isinstance(data, bytes) else data
+            data = "\n".join(mask_line(line) for line in text.split("\n"))
+        self.files[name] = (data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data, what)
 
     def add_json(self, name: str, doc, what: str) -> None:
         self.add(name, json.dumps(doc, indent=2, default=str) + "\n", what)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
 from cockpit.logrules import LogLine, LogRules
 from cockpit.hosttext import count
-from cockpit.secrets import mask_argv
+from cockpit.secrets import mask_argv, mask_line
 from cockpit.metrics import MetricsView
 from cockpit.ras import RasView
 
@@ -320,7 +320,7 @@ class HostState:
         log = self.logs.setdefault(f["path"], LogState(f["path"]))
         if f.get("event"):
             log.event = f["event"]
-        lines = [self.rules.classify(text) for text in f.get("lines") or []]
+        lines = [self.rules.classify(mask_line(text)) for text in f.get("lines") or []]  # secrets masked on arrival
         if f.get("mtime") is not None:
             log.written_at = f["mtime"]
         for line in lines:

@@ -250,3 +250,78 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     assert members == names and all(n.startswith(path.name.removesuffix(".tar.gz") + "/") and ".." not in n
                                     for n in members)
     assert not Path("/tmp", tag + ".pickle").exists()
+
+
+# ----------------------------------------------------------------------------- 1 and 4: the bundle, for real
+
+SECRETS = ["sk-live0123456789abcdefXYZ", "hf_abcdefghijklmnopqrstuvwx", "s3cretPassw0rd", "tok-7788-plain",
+           "hunter2hunter2", "ghp_abcdefghijklmnopqrstuvwxyz0123", "Zm9vOmJhcg-bearer-token"]
+SECRET_LOG = [
+    "[2026-01-01 00:00:00] server_args=ServerArgs(model_path='/models/llama', tokenizer_path='/models/llama', "
+    f"api_key='{SECRETS[0]}', hf_token='{SECRETS[1]}', num_key_value_heads=8, port=30000, tp_size=2)",
+    f"INFO 01-01 00:00:01 [api_server.py:1] non-default args: {{'model': '/models/llama', 'api_key': ['{SECRETS[0]}'], "
+    f"'hf_token': '{SECRETS[1]}', 'tokenizer': '/models/llama', \"token\": \"{SECRETS[3]}\"}}",
+    f"[2026-01-01 00:00:02] connecting to postgres://alice:{SECRETS[2]}@db.internal:5432/runs and "
+    f"https://{SECRETS[5]}@github.com/x.git",
+    f"[2026-01-01 00:00:03] HF_TOKEN={SECRETS[1]} password: {SECRETS[4]} --api-key {SECRETS[0]}",
+    f"[2026-01-01 00:00:04] GET /v1/models headers={{'Authorization': 'Bearer {SECRETS[6]}'}}",
+    "[2026-01-01 00:00:05] The server is fired up and ready to roll!",
+]
+
+
+def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret(users, shared, tmp_path):
+    """`cockpit bundle local --layout L --read-only` as root, with our run (its log full of the
+    engines' secret shapes) and another user's process titled like the layout's server that maps
+    a file in a folder holding a csv.py: nothing of that user runs (no mark file), the versions
+    are not read from that user's process, and no secret is in the archive nor the snapshot."""
+    import json
+    import sys
+    import tarfile
+
+    from conftest import run_cli
+
+    evil = users[0]
+    site = shared / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    mark = shared / "ran-as-root"
+    (site / "csv.py").write_text(f"import os\nopen({str(mark)!r}, 'w').write(str(os.getuid()))\n")
+    (site / "torch-6.6.6.dist-info").mkdir()
+    (site / "torch-6.6.6.dist-info" / "METADATA").write_text("Name: torch\nVersion: 6.6.6\n")
+    (site / "blob.so").write_bytes(b"\0" * 4096)
+    chown_tree(shared / "lib", evil)
+    os.chmod(shared, 0o777)
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(SECRET_LOG) + "\n")
+    code = ("import mmap, sys, time\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)\n"
+            "print('ok', flush=True)\ntime.sleep(120)\n")
+    lookalike = subprocess.Popen(["bash", "-c", 'exec -a "python3 -m sglang.launch_server" "$0" -S -c "$1" "$2"',
+                                  PY, code, str(site / "blob.so")], stdout=subprocess.PIPE, text=True,
+                                 preexec_fn=as_user(evil), cwd="/")
+    ours = subprocess.Popen(["bash", "-c", f'exec -a "python3 -m sglang.launch_server --api-key {SECRETS[0]}" sleep 120'],
+                            start_new_session=True)
+    layout = tmp_path / "l.yaml"
+    layout.write_text(f"name: sec\nengine: sglang\ncommand: [-m, sglang.launch_server]\nlog: {log}\n")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path / "rt")}
+    try:
+        assert lookalike.stdout.readline().strip() == "ok"
+        snap = run_cli("snapshot", "local", "--layout", str(layout), "--json", env=env, timeout=120)
+        assert snap.returncode == 0, snap.stderr
+        assert "ready to roll" in snap.stdout
+        for secret in SECRETS:
+            assert secret not in snap.stdout, secret
+        res = run_cli("bundle", "local", "--layout", str(layout), "--read-only", "--json", env=env, timeout=240)
+        assert res.returncode == 0, res.stderr
+        assert not mark.exists(), f"another user's csv.py ran as uid {mark.read_text()}"
+        path = json.loads(res.stdout[res.stdout.index("{"):])["path"]
+        with tarfile.open(path) as tar:
+            texts = {m.name: tar.extractfile(m).read().decode("utf-8", "replace") for m in tar.getmembers() if m.isfile()}
+        everything = "\n".join(texts.values())
+        assert "ready to roll" in everything
+        for secret in SECRETS:
+            assert secret not in everything, (secret, [n for n, t in texts.items() if secret in t])
+        versions = json.loads(next(t for n, t in texts.items() if n.endswith("/versions.json")))
+        assert "6.6.6" not in json.dumps(versions) and str(shared) not in json.dumps(versions)
+    finally:
+        end(lookalike)
+        ours.kill()
+        ours.wait(10)
