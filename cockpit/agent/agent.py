@@ -1479,7 +1479,7 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
             paths = [p for p in sorted(glob.glob(glob.escape(stem) + "[0-9]*.pipe"))[:1024]
                      if pipe_name.fullmatch(os.path.basename(p))]
             for pid, uid in owners:
-                held = _fd_ids(pid, None)
+                held = _fd_ids(pid, None) or set()
                 mine = []
                 for path in paths:
                     if path in poked:
@@ -2517,6 +2517,8 @@ def _maps_ids(pid, dev):
                     continue
                 if dev is None or key[0] == dev:
                     out.add(key)
+    except PermissionError:
+        return None  # not ours to read (no ptrace rights): what it maps is unknown
     except OSError:
         pass
     return out
@@ -2529,6 +2531,8 @@ def _fd_ids(pid, dev):
     fd_dir = "/proc/%d/fd" % pid
     try:
         fds = os.listdir(fd_dir)
+    except PermissionError:
+        return None  # what it holds open is unknown
     except OSError:
         return out
     for fd in fds:
@@ -2536,6 +2540,8 @@ def _fd_ids(pid, dev):
             if not os.readlink(fd_dir + "/" + fd).startswith("/"):
                 continue  # socket:[…], pipe:[…], anon_inode:…: not a file of a folder
             st = os.stat(fd_dir + "/" + fd)
+        except PermissionError:
+            return None
         except OSError:
             continue
         if dev is None or st.st_dev == dev:
@@ -2547,16 +2553,30 @@ def _holders(folder):
     """{(dev, inode): [pids]} of the files on the shm folder's file system that a live process
     maps or holds open. Compared with os.lstat of each entry, never by path: a path in
     /proc/PID/maps is the one the process's own mount namespace sees, escapes a newline as
-    `\\012` and may carry " (deleted)"."""
+    `\\012` and may carry " (deleted)". Also the pids whose holdings cannot be read."""
     dev = os.stat(folder).st_dev
-    held = {}
+    held, blind = {}, []
+    own = _protected()  # the agent and the login chain that started it (init, sshd) are no run
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
-        for key in _maps_ids(pid, dev) | _fd_ids(pid, dev):
+        maps, fds = _maps_ids(pid, dev), _fd_ids(pid, dev)
+        if (maps is None or fds is None) and pid not in own and not _kernel_thread(pid):
+            blind.append(pid)  # its holdings cannot be read: it may hold any file here
+        for key in (maps or set()) | (fds or set()):
             held.setdefault(key, set()).add(pid)
-    return {k: sorted(v) for k, v in held.items()}
+    return {k: sorted(v) for k, v in held.items()}, blind
+
+
+def _kernel_thread(pid):
+    """A kernel thread (PF_KTHREAD in /proc/PID/stat's flags): it maps no file of a folder."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        return bool(int(fields[6]) & 0x00200000)
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 _LIBC = None
@@ -2621,13 +2641,14 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
     """Every entry of the folder, each with whether `cockpit shm --clean` may remove it and, if
     not, why: only a regular file with an inference run's name, owned by the run's user, mapped
     or held open by no live process (compared by device and inode), whose creator (when its name
-    carries one) is dead. Each entry carries its device, inode and birth time, so that a clean
+    carries one) is dead. Where some process's maps or descriptors cannot be read (no ptrace
+    rights: a non-root agent beside other users), nobody can say the file is unheld: kept. Each entry carries its device, inode and birth time, so that a clean
     removes exactly the file listed, and a clean after a kill only files tied to the run."""
     asked = folder
     folder, default = _shm_folder(folder)
     run_uid = os.geteuid() if uid is None else int(uid)
     now = time.time()
-    holders = _holders(folder)
+    holders, blind = _holders(folder)
     entries = []
     dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -2660,6 +2681,10 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
                 why = "owned by %s (uid %d), not the run's user (%s)" % (_user(st.st_uid), st.st_uid, _user(run_uid))
             elif held:
                 why = "held by pid " + ",".join(map(str, held))
+            elif blind:
+                why = ("cannot tell who holds it: what %d processes map or hold open cannot be read here (pid %s%s, "
+                       "not %s's; run as root to see them)"
+                       % (len(blind), ",".join(map(str, blind[:5])), "…" if len(blind) > 5 else "", _user(os.geteuid())))
             elif alive:
                 why = "its creator pid %d is alive" % creator
             else:
@@ -2676,7 +2701,8 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
     vfs = os.statvfs(folder)
     return {"folder": folder, "asked": asked, "default": default, "entries": entries,
             "free_bytes": vfs.f_bavail * vfs.f_frsize, "total_bytes": vfs.f_blocks * vfs.f_frsize, "uid": run_uid,
-            "user": _user(run_uid), "prefixes": [p for p, _ in SHM_FAMILIES], "checked_at": now}
+            "user": _user(run_uid), "prefixes": [p for p, _ in SHM_FAMILIES], "checked_at": now,
+            "unreadable_pids": blind[:50], "unreadable": len(blind)}
 
 
 def shm_clean(folder, names, uid=None, other_dir=False):
