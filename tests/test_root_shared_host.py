@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -368,3 +369,42 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
         end(holder)
     as_root = agent.shm_audit(str(folder))  # root reads every process: unheld and ours is removable as before
     assert as_root["unreadable"] == 0
+
+
+# ----------------------------------------------------------------------------- 8: serve
+
+def test_serve_takes_only_loopback_hosts_and_never_logs_its_token(tmp_path):
+    """A real `cockpit serve`: Host `127.evil.example` (a DNS-rebound name that starts like a
+    loopback address) is refused, `localhost`, `127.0.0.1` and `[::1]`-style literals are served;
+    the access log of those requests never carries the token (only the URL printed at start)."""
+    import asyncio
+
+    import aiohttp
+
+    from cockpit.serve import is_loopback
+    from test_browser import start_serve
+
+    assert not any(is_loopback(h) for h in ("127.evil.example", "127.0.0.1.nip.io", "localhost.evil", "0.0.0.0", ""))
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "localhost", "LOCALHOST.", "::1", "[::1]"))
+    server, url = start_serve(tmp_path, "local", "--python", "/bin/false")
+    base, token = url.split("/?token=")
+    port = base.rsplit(":", 1)[1]
+
+    async def probe():
+        out = {}
+        async with aiohttp.ClientSession() as http:
+            for host in ("127.evil.example", "127.0.0.1.evil.example", "localhost", "127.0.0.1"):
+                async with http.get(f"{base}/?token={token}", headers={"Host": f"{host}:{port}"}) as r:
+                    out[host] = r.status
+        return out
+
+    try:
+        got = asyncio.run(probe())
+        time.sleep(0.5)  # let the server write its access log lines (what is checked is their content)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(10)
+    assert got == {"127.evil.example": 403, "127.0.0.1.evil.example": 403, "localhost": 200, "127.0.0.1": 200}, got
+    log = (tmp_path / "serve.log").read_text()
+    assert log.count(token) == 1 and "Serving gpu-cockpit on" in log, log  # the URL printed at start, nothing else
+    assert "GET /" in log  # requests are logged, without the token
