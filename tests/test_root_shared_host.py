@@ -408,3 +408,32 @@ def test_serve_takes_only_loopback_hosts_and_never_logs_its_token(tmp_path):
     log = (tmp_path / "serve.log").read_text()
     assert log.count(token) == 1 and "Serving gpu-cockpit on" in log, log  # the URL printed at start, nothing else
     assert "GET /" in log  # requests are logged, without the token
+
+
+# ----------------------------------------------------------------------------- 9: the link and its frames
+
+def test_a_python_wrapper_that_does_not_exec_never_hangs_a_snapshot(tmp_path):
+    """`--python` names a shell script that runs python as a child (no exec) and waits: the
+    snapshot ends (the agent's stdin is closed and its process group killed), and the agent
+    under the wrapper is gone after it."""
+    import sys
+
+    from conftest import run_cli
+
+    pidfile = tmp_path / "agent.pid"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec 3<&0\n"{sys.executable}" "$@" <&3 3<&- &\necho $! > {pidfile}\nwait $!\n')
+    wrapper.chmod(0o755)
+    res = run_cli("snapshot", "local", "--python", str(wrapper), "--json", timeout=120)
+    assert res.returncode == 0, res.stderr
+    pid = int(pidfile.read_text())
+    for _ in range(200):  # the killed agent reaped by whoever inherited it
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the agent {pid} under the wrapper still runs")
