@@ -218,6 +218,7 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     from test_flightrec_dump_safety import start_rank, stop
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("FAKE_FR_TITLE_SUFFIX", f"_gck{os.getpid()}")  # this test's rank only, whatever else runs here
     tag = f"gck-escape-{os.getpid()}"
     wrapper = tmp_path / "python"
     wrapper.write_text(f"#!{sys.executable}\n" + HOSTILE_HOST.format(real=sys.executable, tag=tag))
@@ -226,7 +227,7 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
 
     async def go():
         session = HostSession(parse_target("local"), SessionOptions(python=str(wrapper), interval=0.25),
-                              WatchList(patterns=["sglang::*"]))
+                              WatchList(patterns=[f"sglang::*_gck{os.getpid()}"]))
         await session.connect()
         try:
             await session.wait_samples(3)
@@ -437,3 +438,70 @@ def test_a_python_wrapper_that_does_not_exec_never_hangs_a_snapshot(tmp_path):
         time.sleep(0.05)
     else:
         raise AssertionError(f"the agent {pid} under the wrapper still runs")
+
+
+HOSTILE_FRAMES = """\
+import json, subprocess, sys
+# a host whose agent frames are damaged on the way out: non-finite numbers, fields of the wrong
+# type, and one frame of empty objects that would cost gigabytes to decode
+p = subprocess.Popen([{real!r}] + sys.argv[1:], stdout=subprocess.PIPE)
+bombed = False
+for line in p.stdout:
+    try:
+        f = json.loads(line)
+    except ValueError:
+        f = None
+    if isinstance(f, dict) and f.get("t") == "sample":
+        f["gpus"] = [{{"index": 0, "util_pct": float("nan"), "power_w": float("inf"), "temp_c": "hot",
+                      "mem_used_mib": 100}}, {{"index": "1"}}]
+        procs = f.get("procs") or []
+        if procs:
+            procs[0]["threads"] = "many"
+            procs[0]["cpu_pct"] = float("-inf")
+        procs.append({{"pid": "x"}})
+        f["procs"] = procs
+        f["exits"] = [["a", 1]]
+        line = (json.dumps(f) + "\\n").encode()
+        if not bombed:
+            bombed = True
+            sys.stdout.buffer.write(b'{{"v": ' + json.dumps(f["v"]).encode() + b', "t": "sample", "procs": ['
+                                    + b"{{}}," * (1 << 21) + b'{{}}]}}\\n')
+    if isinstance(f, dict) and f.get("t") == "log":
+        f["mtime"] = "yesterday"
+        line = (json.dumps(f) + "\\n").encode()
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_a_host_sending_nan_wrong_types_and_a_costly_frame_keeps_its_link_and_json_valid(tmp_path):
+    """Through a host that damages the agent's frames: `snapshot --json` exits 0 with strictly
+    valid JSON (NaN and infinities are null), the wrongly typed fields are dropped and counted in
+    the snapshot (`dropped_fields`, and a warning), the GPU's good fields are kept, and the frame
+    of two million empty objects is skipped and said, not decoded."""
+    import json
+    import sys
+
+    from conftest import run_cli
+
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!{sys.executable}\n" + HOSTILE_FRAMES.format(real=sys.executable))
+    wrapper.chmod(0o755)
+    log = tmp_path / "run.log"
+    log.write_text("[2026-01-01 00:00:00] Load weight begin.\n")
+    layout = tmp_path / "l.yaml"
+    layout.write_text(f"name: frames\nengine: sglang\ncommand: [-m, sglang.launch_server]\nlog: {log}\n")
+    res = run_cli("snapshot", "local", "--python", str(wrapper), "--layout", str(layout), "--json", timeout=120)
+    assert res.returncode == 0, res.stderr
+
+    def refuse(name):
+        raise ValueError(f"{name} in --json")
+
+    doc = json.loads(res.stdout, parse_constant=refuse)
+    dropped = doc["agent"]["dropped_fields"]
+    assert dropped.get("gpus.temp_c") and dropped.get("gpus.index") and dropped.get("procs.pid"), dropped
+    assert dropped.get("exits") and dropped.get("log.mtime") and dropped.get("frames too costly to decode") == 1
+    assert any("of the wrong type, dropped" in w for w in doc["agent"]["warnings"])
+    gpu = next(g for g in doc["gpus"] if g["index"] == 0)
+    assert gpu["util_pct"] is None and gpu["power_w"] is None and gpu["mem_used_mib"] == 100
+    assert "Load weight begin." in res.stdout
