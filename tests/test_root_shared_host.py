@@ -505,3 +505,18 @@ def test_a_host_sending_nan_wrong_types_and_a_costly_frame_keeps_its_link_and_js
     gpu = next(g for g in doc["gpus"] if g["index"] == 0)
     assert gpu["util_pct"] is None and gpu["power_w"] is None and gpu["mem_used_mib"] == 100
     assert "Load weight begin." in res.stdout
+
+
+def test_a_newline_inside_a_target_name_is_refused_in_one_line():
+    """`$` matches before a trailing newline: `docker:web\\n@HOST` and `slurm:12\\n/n1` passed the
+    name checks as `web\\n` and `12\\n`. Anchored with \\Z they are refused, in one line, by the
+    real command."""
+    from conftest import run_cli
+
+    for target in ("docker:web\n@localhost", "podman:web\n@localhost", "slurm:12\n/n1", "slurm:12/n1\n@localhost"):
+        res = run_cli("snapshot", target, "--json", timeout=60)
+        assert res.returncode == 2 and "malformed target" in res.stderr, (target, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    from cockpit.agent.agent import _INTERPRETER, _SUBCOMMAND
+
+    assert not _INTERPRETER.match("python3\n") and not _SUBCOMMAND.match("serve\n")

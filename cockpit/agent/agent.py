@@ -1906,9 +1906,9 @@ def _port_value(argv):
 
 # Programs that run another program named in their arguments (a module, a script, a string):
 # their command line's first words are the interpreter, its options and what it runs.
-_INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|node|bash|sh|dash|zsh|ksh)[0-9.]*(-dbg)?$")
+_INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|node|bash|sh|dash|zsh|ksh)[0-9.]*(-dbg)?\Z")
 _VALUE_OPTS = ("-X", "-W", "-o")  # options whose value is the next word (python -X, -W; shells' -o)
-_SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]*$")
+_SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]*\Z")
 
 
 def _words(argv):
