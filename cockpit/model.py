@@ -398,6 +398,8 @@ class HostState:
         if f.get("event"):
             if _is(f["event"], "str"):
                 log.event = mask_line(f["event"])
+                if log.event.startswith("refused"):  # the agent would not open it (a symlink, a FIFO, another's file)
+                    self.notes.append(f"log not read: {log.event}")
             else:
                 self.dropped["log.event"] += 1
         texts = f.get("lines") or []
