@@ -108,15 +108,14 @@ def mask_argv(argv) -> list[str]:
     hide_next = False
     for arg in list(argv or []):
         arg = _PREFIXED.sub(MASK, str(arg)[:MAX_TEXT])
-        if " " in arg.strip():  # a title set with setproctitle: a whole command line in one argument
-            out.append(mask_text(arg))
-            hide_next = False
-            continue
         if hide_next and not arg.startswith("-"):
             out.append(MASK)
             hide_next = False
             continue
         hide_next = False
+        if " " in arg.strip():  # a title set with setproctitle: a whole command line in one argument
+            out.append(mask_text(arg))
+            continue
         if arg.startswith("-") and "=" in arg:
             flag, _, value = arg.partition("=")
             out.append(f"{flag}={MASK}" if is_secret_flag(flag) else f"{flag}={mask_url(value)}")

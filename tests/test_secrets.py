@@ -101,6 +101,7 @@ def test_log_lines_of_the_engines_are_masked(line, hidden, kept):
 def test_a_setproctitle_title_is_masked_as_a_command_line():
     out = mask_argv(["python3 -m sglang.launch_server --api-key sk-abcdefghij0123456789 --port 1", "-x"])
     assert "sk-abcdefghij" not in " ".join(out) and "--port 1" in out[0]
+    assert mask_argv(["--api-key", "two words", "--prompt", "hello world"]) == ["--api-key", MASK, "--prompt", "hello world"]
 
 
 # Masking time: hostile titles and lines (a long run of one character, then `://`, issue 25) must
