@@ -50,6 +50,7 @@ _PREFIXED = re.compile(r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]
 _FLAG = re.compile(r"(?<!\S)(?P<flag>--?[A-Za-z][A-Za-z0-9_.-]{0,63})(?P<sep>=|\s+)(?P<value>[^\s-]\S*)")
 _PAIR = re.compile(r"(?<![\w.-])(?P<q>['\"]?)(?P<key>[A-Za-z_][A-Za-z0-9_.-]{0,63})(?P=q)(?P<sep>\s{0,3}[=:]\s{0,3})"
                    r"(?P<value>\[[^\]\n]{0,4096}\]|'[^'\n]{0,4096}'|\"[^\"\n]{0,4096}\"|[^\s,;)}\]'\"]{1,4096})")
+_COUNT = re.compile(r"[0-9][0-9.,]{0,30}[kKMG]?")
 _DONE = re.compile(r"(?i)['\"]?(?:(?:bearer|basic|token|digest)\s+)?\*\*\*['\"]?")  # masked already
 _UNSET = frozenset({"none", "null", "false", "true", "''", '""', "[]", "bearer", "basic", "token", "digest"})
 # `NAME=value` inside free text (a shell line, an env listing) where NAME is secret-looking
@@ -167,6 +168,8 @@ def mask_line(text: str) -> str:
         value = m.group("value")
         if not is_secret_key(m.group("key")) or value.lower() in _UNSET or _DONE.fullmatch(value):
             return m.group(0)
+        if _COUNT.fullmatch(value) and m.group("key").lower().endswith("token"):
+            return m.group(0)  # a count of tokens: SGLang's `#token: 49`
         quote = value[0] if value[0] in "'\"" else ""
         return m.group("q") + m.group("key") + m.group("q") + m.group("sep") + quote + MASK + quote
 

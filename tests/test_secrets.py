@@ -83,6 +83,8 @@ LOG_CORPUS = [
      ["hf_x1", "=k2", "k3", "k4", "k5", "k6"], ["--api-key ***", "python -m vllm serve"]),
     ("a stray token sk-proj-abcdefghijklmnop1234 and hf_ABCDEFGHIJKLMNOPQRSTUV in text",
      ["sk-proj-abcdefghijklmnop1234", "hf_ABCDEFGHIJKLMNOPQRSTUV"], ["a stray token"]),
+    ("[2026-11-30 09:50:38] Decode batch. #running-req: 1, #token: 49, token usage: 0.01, gen throughput (token/s): 49.00",
+     [], ["#token: 49,", "token usage: 0.01"]),
     ("api_key=None hf_token=None token: null", [], ["api_key=None", "hf_token=None", "token: null"]),
     ("Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=12.3 GB, tokenizer_mode='auto'", [],
      ["tokenizer_mode='auto'", "dtype=torch.bfloat16"]),
