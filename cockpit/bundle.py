@@ -23,8 +23,11 @@ from pathlib import Path
 from cockpit import __version__
 from cockpit.errors import CockpitError
 from cockpit.hosttext import count
+from cockpit.secrets import mask_line
 
 LOG_TAIL_LINES = 2000
+# what a member of the archive may be called: a fixed word, maybe in one fixed folder, with numbers
+_MEMBER = re.compile(r"(?:[a-z-]+/)?[A-Za-z0-9_-]+(?:\.[a-z0-9]+)*")
 METRICS_GAP_S = 3.0
 
 
@@ -63,7 +66,12 @@ class _Members:
         self.missing: list[dict] = []
 
     def add(self, name: str, data: bytes | str, what: str) -> None:
-        self.files[name] = (data.encode() if isinstance(data, str) else data, what)
+        """A member; every text one (all but the flight recorder's pickles) masked line by line,
+        as the screen shows host text: a py-spy header's command line, a log tail, a snapshot."""
+        if not name.endswith(".pickle"):
+            text = data.decode("utf-8", "surrogateescape") if isinstance(data, bytes) else data
+            data = "\n".join(mask_line(line) for line in text.split("\n"))
+        self.files[name] = (data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data, what)
 
     def add_json(self, name: str, doc, what: str) -> None:
         self.add(name, json.dumps(doc, indent=2, default=str) + "\n", what)
@@ -121,6 +129,16 @@ async def _ras(monitor, m: _Members) -> dict | None:
     return answer
 
 
+def _rank_number(key) -> int:
+    """A rank from the host's answer as a member name may use it: a plain non-negative integer
+    (`../../x` or `1e9` from a hostile host is refused), so names are built only from numbers
+    and fixed words."""
+    text = str(key)
+    if not re.fullmatch(r"[0-9]{1,6}", text):
+        raise ValueError(f"the host named a rank {text[:40]!r}: not a rank number, its dump is left out")
+    return int(text)
+
+
 async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
     from cockpit import flightrec
 
@@ -145,6 +163,11 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
     dumps = {}
     for rank, d in sorted((answer.get("ranks") or {}).items()):
         raw = d.pop("raw_b64", None)
+        try:
+            rank = _rank_number(rank)
+        except ValueError as exc:
+            m.miss("flight recorder", exc)
+            continue
         if raw:
             m.add(f"flight-recorder/rank{rank}.pickle", base64.b64decode(raw), "torch flight-recorder dump (pickle)")
         if d.get("error"):
@@ -160,8 +183,16 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
 
 
 async def _facts(monitor, m: _Members) -> None:
-    pids = [p.pid for p in monitor.state.ranks() if p.alive and p.status != "Z"] or \
-        [p.pid for p in monitor.state.live_procs()]
+    """The host's facts; the versions only of the run as the kill finds it (another user's
+    process that matches the layout's titles is never read from)."""
+    from cockpit import actions
+
+    try:
+        plan = await actions.find_run(monitor.session, monitor.layout, verb="bundle")
+        pids = [pid for _, pid in actions.rank_pids(monitor.state, actions.of_run(monitor.state, plan)[0])]
+    except CockpitError as exc:
+        pids = []
+        m.miss("versions of the run's packages", exc)
     try:
         facts = await monitor.session.request("host_facts", timeout=150, items=["nvidia_smi", "xid", "versions"],
                                               pids=pids[:4])
@@ -186,7 +217,7 @@ async def _facts(monitor, m: _Members) -> None:
     if ras_v is not None and ras_v.nccl_version:
         versions["nccl_ras"] = ras_v.nccl_version
     m.add_json("versions.json", versions, "driver, CUDA, NCCL, torch and engine versions")
-    if versions.get("run_error"):
+    if versions.get("run_error") and pids:
         m.miss("versions of the run's packages", versions["run_error"])
 
 
@@ -244,6 +275,8 @@ def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[
         items = dict(members.files)
         items["manifest.json"] = ((json.dumps(manifest, indent=2) + "\n").encode(), "this list")
         for name, (data, _) in sorted(items.items(), key=lambda kv: (kv[0] != "manifest.json", kv[0])):
+            if not _MEMBER.fullmatch(name):
+                raise CockpitError(f"bundle: refused a member named {name[:60]!r} (not built from numbers and fixed words)")
             info = tarfile.TarInfo(f"{root}/{name}")
             info.size, info.mtime, info.mode = len(data), now, 0o600
             tar.addfile(info, io.BytesIO(data))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shlex
 import sys
@@ -124,8 +125,19 @@ def say(*parts, file=None, flush: bool = False) -> None:
     print(visible(" ".join(str(p) for p in parts), newlines=True), file=file or sys.stdout, flush=flush)
 
 
+def finite(doc):
+    """The document with every NaN and infinity as null: --json is always valid JSON."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite(v) for v in doc]
+    return doc
+
+
 def print_json(doc) -> None:
-    json.dump(doc, sys.stdout, indent=2)
+    json.dump(finite(doc), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
 
 

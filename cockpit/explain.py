@@ -29,6 +29,8 @@ from cockpit.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
 DETECT_LINES = 5000  # engine "auto" decides from this many lines before reading on
+LINE_MAX = 64 << 10  # the agent's LOG_LINE_MAX: a line is cut where the live path cuts it
+CHUNK = 1 << 20
 
 
 def short(text: str, limit: int = EVIDENCE_CHARS) -> str:
@@ -58,9 +60,30 @@ def read_log(path: str) -> Iterator[str]:
 
 
 def _lines(stream, name: str, *others) -> Iterator[str]:
+    """The stream's lines, read in bounded chunks: a line keeps its first LINE_MAX bytes (the live
+    path's cap) and says the rest as ` … [N bytes skipped]`, never held in memory, so a 200 MB
+    line without a newline costs what 64 KiB does (and no rule sees a longer line)."""
+    read = getattr(stream, "read1", None) or stream.read
     try:
-        for raw in stream:
-            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        partial, skipped = bytearray(), 0
+        while True:
+            chunk = read(CHUNK)
+            if not chunk:
+                break
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                end = len(chunk) if nl < 0 else nl
+                room = max(0, LINE_MAX - len(partial))
+                partial += chunk[start:min(end, start + room)]
+                skipped += max(0, end - start - room)
+                if nl < 0:
+                    break
+                yield _line(partial, skipped)
+                partial, skipped = bytearray(), 0
+                start = nl + 1
+        if partial or skipped:
+            yield _line(partial, skipped)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise CockpitError(f"{name}: not a readable gzip file ({exc}): gunzip it to check, or pass the plain log")
     except OSError as exc:
@@ -70,6 +93,11 @@ def _lines(stream, name: str, *others) -> Iterator[str]:
             stream.close()
         for other in others:
             other.close()
+
+
+def _line(raw: bytearray, skipped: int) -> str:
+    text = raw.decode("utf-8", errors="replace").rstrip("\r")
+    return text + f" \u2026 [{skipped} bytes skipped]" if skipped else text
 
 
 SILENT_S = 60.0  # a log that stopped short of ready this long ago is a stall, if it is the live log

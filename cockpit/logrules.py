@@ -270,7 +270,7 @@ CAUSES = [
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
             r"|larger than the maximum number of tokens that can be stored in KV cache"
-            r"|Free memory on device .* is less than desired GPU memory utilization"),
+            r"|Free memory on device [^\n]{0,200}? is less than desired GPU memory utilization"),
     ("nccl-timeout", r"Watchdog caught collective operation timeout"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
@@ -359,7 +359,7 @@ FAILURES = [
     _f(r"!+ Segfault encountered !+", "segfault"),  # vLLM's own SIGSEGV handler (a native stack follows)
     # NCCL's proxy thread: an InfiniBand work completion failed (a peer gone, a link down); NCCL turns
     # it into ncclRemoteError ("-> 6") and the communicator is unusable, whether the job then aborts or hangs
-    _f(r"NCCL WARN NET/IB ?: Got completion from peer .* with error", "nccl-error"),
+    _f(r"NCCL WARN NET/IB ?: Got completion from peer [^\n]{0,200}? with error", "nccl-error"),
 ]
 _NAMED_GROUP = re.compile(r"\?P<\w+>")
 FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
@@ -416,13 +416,13 @@ VLLM_STATS = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generati
 SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): ([\d.]+)")
 SGLANG_PREFILL = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
-OFFLINE_DONE = re.compile(r"Processed prompts: 100%.*?\| ?(\d+)/(\1) ")
+OFFLINE_DONE = re.compile(r"Processed prompts: 100%[^\n]{0,400}?\| ?(\d+)/(\1) ")
 # how near an allocator's OOM warning must come before a rank's failure to name its cause
 OOM_WARNING_LINES = 20
 BARE_KILLED = re.compile(r"^\s*(?:Killed|已杀死)\s*$")
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
-SHARDS = re.compile(r"checkpoint shards:.*?\|\s*(\d+)/(\d+)")
+SHARDS = re.compile(r"checkpoint shards:[^\n]{0,400}?\|\s*(\d+)/(\d+)")
 
 # What tells the engines apart, for engine "auto": (regex over the raw line, weight).
 SIGNATURES = {

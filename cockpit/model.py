@@ -7,15 +7,16 @@ so a cockpit left open for days stays the same size.
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
 from cockpit.logrules import LogLine, LogRules
 from cockpit.hosttext import count
-from cockpit.secrets import mask_argv
+from cockpit.secrets import mask_argv, mask_line
 from cockpit.metrics import MetricsView
 from cockpit.ras import RasView
 
@@ -156,6 +157,33 @@ class AgentInfo:
     utc_offset: int | None = None  # the host's local time minus UTC, seconds (log lines carry local time)
 
 
+def _is(value, kind: str) -> bool:
+    """A frame's field of the type its place needs (`?`: or null). bool is no number here."""
+    if kind.endswith("?"):
+        return value is None or _is(value, kind[:-1])
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "num":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "strs":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "pairs":  # [[pid, mib or null], ...]
+        return isinstance(value, list) and all(isinstance(v, list) and len(v) == 2 and _is(v[0], "int")
+                                               and _is(v[1], "num?") for v in value)
+    return False
+
+
+GPU_FIELDS = {"uuid": "str?", "name": "str?", "util_pct": "num?", "mem_used_mib": "num?", "mem_total_mib": "num?",
+              "temp_c": "num?", "power_w": "num?", "power_limit_w": "num?", "sm_clock_mhz": "num?", "throttle": "int?",
+              "ecc_uncorrected": "int?", "processes": "pairs"}
+PROC_FIELDS = {"ppid": "int", "name": "str", "status": "str", "cpu_pct": "num", "rss_mib": "num", "threads": "int",
+               "pgid": "int?", "sid": "int?", "started": "num?", "cmdline": "strs?"}
+
+
 class HostState:
     """Everything known about one host, updated frame by frame."""
 
@@ -182,18 +210,55 @@ class HostState:
         self.ras = RasView()  # NCCL RAS answers the agent polled (cockpit/ras.py)
         self.metrics = MetricsView()  # the engine's metrics as the monitor scrapes them (cockpit/metrics.py)
         self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/flightrec.py)
+        self.dropped: Counter = Counter()  # frame fields of the wrong type, dropped where applied: "gpus.util_pct"
 
     # ------------------------------------------------------------------ frames
 
     def apply(self, frame: dict) -> str:
+        """One frame into the state, field by field: a field of the wrong type (a hostile or
+        broken host) is dropped and counted in `dropped`, the rest applied; the link stays up."""
         kind = frame.get("t")
-        if kind == HELLO:
-            self._hello(frame)
-        elif kind == SAMPLE:
-            self._sample(frame)
-        elif kind == LOG:
-            self._log(frame)
+        try:
+            if kind == HELLO:
+                self._hello(frame)
+            elif kind == SAMPLE:
+                self._sample(frame)
+            elif kind == LOG:
+                self._log(frame)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError):
+            self.dropped[f"{kind} frame"] += 1  # what the field checks did not foresee: the frame, not the link
         return kind
+
+    def _rows(self, rows, key: str, fields: dict, where: str) -> list[dict]:
+        """The rows of a frame's list with only their well-typed fields; a row without a valid key
+        is dropped whole. Each drop counted."""
+        if not isinstance(rows, list):
+            if rows is not None:
+                self.dropped[where] += 1
+            return []
+        out = []
+        for row in rows:
+            if not isinstance(row, dict) or not _is(row.get(key), "int"):
+                self.dropped[f"{where}.{key}"] += 1
+                continue
+            clean = {key: row[key]}
+            for name, value in row.items():
+                want = fields.get(name)
+                if want is None:
+                    continue
+                if _is(value, want):
+                    clean[name] = value
+                else:
+                    self.dropped[f"{where}.{name}"] += 1
+            out.append(clean)
+        return out
+
+    def dropped_note(self) -> str | None:
+        """The drops as one warning line, or None."""
+        if not self.dropped:
+            return None
+        parts = ", ".join(f"{name} ×{n}" for name, n in self.dropped.most_common(6))
+        return f"the host sent {count(sum(self.dropped.values()), 'field')} of the wrong type, dropped: {parts}"
 
     def _hello(self, f: dict) -> None:
         self.agent = AgentInfo(
@@ -203,18 +268,18 @@ class HostState:
             interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
             utc_offset=f["utc_offset"] if isinstance(f.get("utc_offset"), int) else None,
         )
-        for g in f.get("gpus") or []:
+        for g in self._rows(f.get("gpus"), "index", GPU_FIELDS, "hello.gpus"):
             gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
             gpu.uuid, gpu.name = g.get("uuid"), g.get("name")
             gpu.mem_total_mib, gpu.power_limit_w = g.get("mem_total_mib"), g.get("power_limit_w")
 
     def _sample(self, f: dict) -> None:
         now = time.monotonic()
-        self.seq = f.get("seq", self.seq + 1)
-        self.sample_ts = f.get("ts")
+        self.seq = f["seq"] if _is(f.get("seq"), "int") else self.seq + 1
+        self.sample_ts = f.get("ts") if _is(f.get("ts"), "num") else None
         self.received_at = now
         pid_gpus: dict[int, list[tuple[int, int | None]]] = {}
-        for g in f.get("gpus") or []:
+        for g in self._rows(f.get("gpus"), "index", GPU_FIELDS, "gpus"):
             gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
             for key in ("util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "power_limit_w",
                         "sm_clock_mhz", "throttle", "ecc_uncorrected"):
@@ -230,7 +295,7 @@ class HostState:
             for key, buf in hist.items():
                 buf.append(getattr(gpu, key))
         seen = set()
-        for p in f.get("procs") or []:
+        for p in self._rows(f.get("procs"), "pid", PROC_FIELDS, "procs"):
             pid = p["pid"]
             seen.add(pid)
             proc = self.procs.get(pid)
@@ -252,14 +317,23 @@ class HostState:
             if proc.alive and pid not in seen:
                 proc.alive, proc.status, proc.gone_at = False, "X", now
                 proc.cpu_pct, proc.gpus, proc.gpu_mem_mib = 0.0, [], None
-        for pid, code in f.get("exits") or []:
-            if pid in self.procs:
-                self.procs[pid].exit_code = code
+        for row in f.get("exits") or [] if isinstance(f.get("exits"), list) else []:
+            if not (isinstance(row, list) and len(row) == 2 and _is(row[0], "int") and _is(row[1], "int?")):
+                self.dropped["exits"] += 1
+                continue
+            if row[0] in self.procs:
+                self.procs[row[0]].exit_code = row[1]
         self._infer_ranks()
         self._new_run()
         self._forget_old_dead()
         if "ports" in f:
-            self.ports = [PortState(int(p["port"]), bool(p.get("listening")), p.get("pid")) for p in f["ports"] or []]
+            ports = []
+            for p in f["ports"] if isinstance(f["ports"], list) else []:
+                if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?"):
+                    ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid")))
+                else:
+                    self.dropped["ports"] += 1
+            self.ports = ports
         if isinstance(f.get("ras"), dict):
             self.ras.add(f["ras"])
 
@@ -319,12 +393,27 @@ class HostState:
             self.proc_cpu_history.pop(proc.pid, None)
 
     def _log(self, f: dict) -> None:
+        if not _is(f.get("path"), "str"):
+            self.dropped["log.path"] += 1
+            return
         log = self.logs.setdefault(f["path"], LogState(f["path"]))
         if f.get("event"):
-            log.event = f["event"]
-        lines = [self.rules.classify(text) for text in f.get("lines") or []]
+            if _is(f["event"], "str"):
+                log.event = mask_line(f["event"])
+                if log.event.startswith("refused"):  # the agent would not open it (a symlink, a FIFO, another's file)
+                    self.notes.append(f"log not read: {log.event}")
+            else:
+                self.dropped["log.event"] += 1
+        texts = f.get("lines") or []
+        if not _is(texts, "strs"):
+            self.dropped["log.lines"] += 1
+            texts = [t for t in texts if isinstance(t, str)] if isinstance(texts, list) else []
+        lines = [self.rules.classify(mask_line(text)) for text in texts]  # secrets masked on arrival
         if f.get("mtime") is not None:
-            log.written_at = f["mtime"]
+            if _is(f["mtime"], "num"):
+                log.written_at = f["mtime"]
+            else:
+                self.dropped["log.mtime"] += 1
         for line in lines:
             if line.rank is not None:
                 m = _LOG_PID.search(line.text, 0, 120)

@@ -8,7 +8,15 @@ What counts as a secret:
   query parameters (`?token=…`), in any value or argument;
 - command-line values after a flag whose words name a secret: `--api-key X`, `--api-key=X`,
   `--token`, `--hf-token`, `--password`, `--secret`, `--auth-token`, `--access-key`…
-  (words, not substrings: `--tokenizer-path` is not a secret).
+  (words, not substrings: `--tokenizer-path` is not a secret);
+- in a log line (`mask_line`), also the engines' own shapes: `key=value`, `key='value'` and
+  `'key': 'value'` pairs whose key's last word names a secret (SGLang's `ServerArgs(api_key=…)`,
+  vLLM's `non-default args: {'hf_token': …}`), `Bearer …` tokens, and tokens known by their prefix
+  (`sk-…`, `hf_…`, `ghp_…`).
+
+Every pattern here runs in linear time (no two quantifiers compete for the same characters; each
+start position fails within a bounded number of steps or consumes what it scanned), and texts are
+cut at MAX_TEXT first: a hostile process title or log line cannot make masking slow.
 """
 
 from __future__ import annotations
@@ -25,9 +33,26 @@ NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM"})
 FLAG_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pass", "auth", "pat",
                         "credential", "credentials"})
 
-_URL_CRED = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]*)(?::(?P<pw>[^/\s@]*))?@")
-_QUERY = re.compile(r"(?P<key>[?&;](?:[A-Za-z0-9_.-]*?)(?:token|key|secret|password|passwd|auth|signature|sig)"
-                    r"[A-Za-z0-9_.-]*=)(?P<value>[^&;#\s]*)", re.IGNORECASE)
+MAX_TEXT = 1 << 20  # longer texts are cut before they are masked (a title, a line: never this long)
+
+# `://user:pw@`: anchored on the `://` itself (a scheme before it needs no scan: scanning one back
+# from every letter of a long run was quadratic)
+_URL_CRED = re.compile(r"://(?P<user>[^/\s:@]*)(?::(?P<pw>[^/\s@]*))?@")
+_QUERY = re.compile(r"(?P<key>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?P<value>[^&;#\s]*)")
+_QUERY_WORDS = ("token", "key", "secret", "password", "passwd", "auth", "signature", "sig")
+# what a log line holds (mask_line)
+LINE_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pat", "auth", "authorization",
+                        "credential", "credentials"})
+_BEARER = re.compile(r"(?i)(?P<kind>\bbearer|\bauthorization['\"]?\s{0,3}[:=]\s{0,3}['\"]?(?:basic|bearer|token|digest)?)"
+                     r"(?P<gap>\s*)[A-Za-z0-9._~+/=-]{8,}")
+_PREFIXED = re.compile(r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
+                       r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,})")
+_FLAG = re.compile(r"(?<!\S)(?P<flag>--?[A-Za-z][A-Za-z0-9_.-]{0,63})(?P<sep>=|\s+)(?P<value>[^\s-]\S*)")
+_PAIR = re.compile(r"(?<![\w.-])(?P<q>['\"]?)(?P<key>[A-Za-z_][A-Za-z0-9_.-]{0,63})(?P=q)(?P<sep>\s{0,3}[=:]\s{0,3})"
+                   r"(?P<value>\[[^\]\n]{0,4096}\]|'[^'\n]{0,4096}'|\"[^\"\n]{0,4096}\"|[^\s,;)}\]'\"]{1,4096})")
+_COUNT = re.compile(r"[0-9][0-9.,]{0,30}[kKMG]?")
+_DONE = re.compile(r"(?i)['\"]?(?:(?:bearer|basic|token|digest)\s+)?\*\*\*['\"]?")  # masked already
+_UNSET = frozenset({"none", "null", "false", "true", "''", '""', "[]", "bearer", "basic", "token", "digest"})
 # `NAME=value` inside free text (a shell line, an env listing) where NAME is secret-looking
 _ASSIGN = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>\S+)")
 
@@ -56,11 +81,15 @@ def mask_url(text: str) -> str:
 
     def cred(m: re.Match) -> str:
         if m.group("pw") is not None:
-            return f"{m.group('scheme')}{m.group('user')}:{MASK}@"
-        return f"{m.group('scheme')}{MASK}@"
+            return f"://{m.group('user')}:{MASK}@"
+        return f"://{MASK}@"
 
-    text = _URL_CRED.sub(cred, text)
-    return _QUERY.sub(lambda m: m.group("key") + MASK, text)
+    def query(m: re.Match) -> str:
+        name = m.group("name").lower()
+        return m.group("key") + MASK if any(w in name for w in _QUERY_WORDS) else m.group(0)
+
+    text = _URL_CRED.sub(cred, text[:MAX_TEXT])
+    return _QUERY.sub(query, text)
 
 
 def mask_value(name: str, value):
@@ -79,12 +108,15 @@ def mask_argv(argv) -> list[str]:
     out: list[str] = []
     hide_next = False
     for arg in list(argv or []):
-        arg = str(arg)
+        arg = _PREFIXED.sub(MASK, str(arg)[:MAX_TEXT])
         if hide_next and not arg.startswith("-"):
             out.append(MASK)
             hide_next = False
             continue
         hide_next = False
+        if " " in arg.strip():  # a title set with setproctitle: a whole command line in one argument
+            out.append(mask_text(arg))
+            continue
         if arg.startswith("-") and "=" in arg:
             flag, _, value = arg.partition("=")
             out.append(f"{flag}={MASK}" if is_secret_flag(flag) else f"{flag}={mask_url(value)}")
@@ -104,11 +136,45 @@ def mask_argv(argv) -> list[str]:
 
 def mask_text(text: str) -> str:
     """A free line of text (a joined command line, a log line shown in a plan)."""
-    text = mask_url(str(text))
+    text = mask_url(str(text)[:MAX_TEXT])
     words = text.split(" ")
     masked = mask_argv(words)
     text = " ".join(masked)
     return _ASSIGN.sub(lambda m: f"{m.group('name')}={MASK}" if is_secret_name(m.group("name")) else m.group(0), text)
+
+
+def is_secret_key(key: str) -> bool:
+    """A key in a log line's `key=value` or `'key': value` whose last word names a secret
+    (`api_key`, `hf_token`, `HF_TOKEN`, `client_secret`; not `num_key_value_heads`)."""
+    words = [w for w in re.split(r"[-_.]+", key.lower()) if w]
+    return bool(words) and (words[-1] in LINE_WORDS or words[-1].endswith("apikey"))
+
+
+def mask_line(text: str) -> str:
+    """A line of host text as it may be shown or stored (a log line, a py-spy header, a line of
+    a bundle member): URL credentials, secret flags' values, the engines' secret pairs, bearer
+    tokens and prefixed tokens masked; anything else left as it is."""
+    text = str(text)[:MAX_TEXT]
+    if not text:
+        return text
+    text = _BEARER.sub(lambda m: m.group("kind") + m.group("gap") + MASK, text)
+    text = _PREFIXED.sub(MASK, text)
+    text = mask_url(text)
+
+    def flag(m: re.Match) -> str:
+        return m.group("flag") + m.group("sep") + MASK if is_secret_flag(m.group("flag")) else m.group(0)
+
+    def pair(m: re.Match) -> str:
+        value = m.group("value")
+        if not is_secret_key(m.group("key")) or value.lower() in _UNSET or _DONE.fullmatch(value):
+            return m.group(0)
+        if _COUNT.fullmatch(value) and m.group("key").lower().endswith("token"):
+            return m.group(0)  # a count of tokens: SGLang's `#token: 49`
+        quote = value[0] if value[0] in "'\"" else ""
+        return m.group("q") + m.group("key") + m.group("q") + m.group("sep") + quote + MASK + quote
+
+    text = _FLAG.sub(flag, text)
+    return _PAIR.sub(pair, text)
 
 
 def mask_record(record):

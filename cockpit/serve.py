@@ -15,6 +15,8 @@ open its WebSocket to 127.0.0.1, read the screen and press `K`, `y`. Here:
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import secrets
 import shlex
 import socket
@@ -22,13 +24,34 @@ import sys
 
 from cockpit.errors import CockpitError
 
-LOOPBACK = ("localhost", "::1")
 TOKEN_BYTES = 24
 
 
 def is_loopback(host: str | None) -> bool:
-    host = (host or "").strip("[]").lower()
-    return host in LOOPBACK or host.startswith("127.") or host == "localhost."
+    """`localhost` or a loopback IP literal (127.0.0.0/8, ::1), read by ipaddress: a name that
+    merely starts like one (`127.evil.example`, a DNS-rebound page) is not."""
+    host = (host or "").strip().strip("[]").lower()
+    if host.rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HideToken(logging.Filter):
+    """Every log record (aiohttp's access log prints each request line, `/?token=…`, `/ws/…`)
+    with the token replaced: only the URL printed at start carries it."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self.token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if self.token in text:
+            record.msg, record.args = text.replace(self.token, "***"), ()
+        return True
 
 
 def served_command(args: argparse.Namespace) -> list[str]:
@@ -89,8 +112,14 @@ def make_server(command: str, host: str, port: int, token: str, title: str = "gp
             app.on_shutdown.append(self.on_shutdown)
             return app
 
+        def initialize_logging(self) -> None:
+            super().initialize_logging()
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(HideToken(self.token))
+
         def refusal(self, request: web.Request) -> str | None:
-            if self.loopback and not is_loopback(request.url.host):
+            asked = (request.url.host or "").strip("[]").lower()
+            if self.loopback and not (is_loopback(asked) or asked == host.strip("[]").lower()):
                 return f"Host {request.host!r} is not this machine's loopback name (a DNS-rebound page?)"
             if request.path.startswith("/static/"):
                 return None  # textual-serve's own scripts and fonts: nothing of the host's

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -67,10 +68,32 @@ def agent_python(target: Target, named: str | None) -> str:
     return sys.executable if target.kind in ("local", "demo") else "python3"
 
 
+FRAME_CONTAINERS_MAX = 1_000_000  # objects and arrays in one frame: ~100 MB decoded at most
+
+
+class FrameTooCostly(Exception):
+    """A frame whose decoding would cost far more memory than its bytes (`[{},{},…]`: 64 MiB of
+    it is 1.7 GB of dicts): skipped and said, never decoded."""
+
+
+def _no_constant(_name: str) -> None:
+    return None  # NaN, Infinity, -Infinity from a host: no number, null
+
+
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None  # 1e999
+
+
 def decode_frame(line: bytes) -> dict | None:
-    """One frame, or None for a line that is not a frame of this protocol (never raises)."""
+    """One frame, or None for a line that is not a frame of this protocol; non-finite numbers
+    become null. FrameTooCostly for a frame with more than FRAME_CONTAINERS_MAX objects and
+    arrays (counted before decoding, so the cost is bounded by the count, not the content)."""
+    if len(line) > FRAME_CONTAINERS_MAX and line.count(b"{") + line.count(b"[") > FRAME_CONTAINERS_MAX:
+        raise FrameTooCostly(f"a frame of {len(line):,} bytes with more than {FRAME_CONTAINERS_MAX:,} objects and "
+                             f"arrays was skipped (decoding it would cost gigabytes)")
     try:
-        frame = json.loads(line)
+        frame = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(frame, dict) or frame.get("v") != PROTOCOL or not isinstance(frame.get("t"), str):
@@ -154,7 +177,11 @@ class HostSession:
                 continue
             if not line:
                 raise await self._agent_failed()
-            frame = decode_frame(line)
+            try:
+                frame = decode_frame(line)
+            except FrameTooCostly as exc:
+                self.errors.append(str(exc))
+                continue
             if frame is None:
                 continue
             if frame["t"] == FATAL:
@@ -190,7 +217,13 @@ class HostSession:
                 if not line:
                     break
                 self.last_frame_at = time.monotonic()
-                frame = decode_frame(line)
+                try:
+                    frame = decode_frame(line)
+                except FrameTooCostly as exc:
+                    self.errors.append(str(exc))
+                    self.state.notes.append(str(exc))
+                    self.state.dropped["frames too costly to decode"] += 1
+                    continue
                 if frame is None:
                     continue
                 kind = frame["t"]

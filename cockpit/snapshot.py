@@ -34,7 +34,8 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             "nvml": a.nvml,
             "driver": a.driver,
             "psutil": a.psutil,
-            "warnings": a.warnings,
+            "warnings": a.warnings + [n for n in [state.dropped_note()] if n],
+            "dropped_fields": dict(state.dropped),
         },
         "gpus": [
             {

@@ -30,7 +30,7 @@ def main():
     try:
         import setproctitle
 
-        setproctitle.setproctitle(f"sglang::scheduler_TP{rank}")
+        setproctitle.setproctitle(f"sglang::scheduler_TP{rank}" + os.environ.get("FAKE_FR_TITLE_SUFFIX", ""))
     except ImportError:
         pass
     print("ready", flush=True)

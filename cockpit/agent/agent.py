@@ -901,10 +901,13 @@ class LogTail:
     A line keeps at most LOG_LINE_MAX bytes, the rest is counted and said (" … [N bytes
     skipped]"), so a log that never writes a newline holds at most that much here."""
 
-    def __init__(self, path):
+    def __init__(self, path, owners=None):
         self.path = path
+        # who may own the file: the user of the process writing it when that is known (its
+        # stdout), else root and the agent's own user; anyone else's file is refused, not read
+        self.owners = set(owners) if owners is not None else {0, os.geteuid()}
         self.fh = None
-        self.inode = None
+        self.inode = self.dev = None
         self.pos = 0
         self.partial = b""  # the line being read, at most LOG_LINE_MAX bytes
         self.partial_skipped = 0  # bytes of that line beyond LOG_LINE_MAX, dropped
@@ -936,21 +939,29 @@ class LogTail:
         return text
 
     def _open(self, initial):
-        fh = open(self.path, "rb")
+        """Opens the file as open_regular allows; returns why it was refused, or None."""
+        try:
+            fd = open_regular(self.path, self.owners)
+        except OSError as exc:
+            return "%s %s" % (self.path, exc.strerror or exc)
+        fh = os.fdopen(fd, "rb")
         st = os.fstat(fh.fileno())
-        self.fh, self.inode = fh, st.st_ino
+        self.fh, self.inode, self.dev = fh, st.st_ino, st.st_dev
         self.pos = max(0, st.st_size - LOG_INITIAL_BYTES) if initial else 0
         fh.seek(self.pos)
         self.partial, self.partial_skipped = b"", 0
         if self.pos:
             fh.readline()  # skip the cut line
             self.pos = fh.tell()
+        return None
 
     def poll(self):
-        """Returns (event or None, [lines])."""
+        """Returns (event or None, [lines]). The path is looked at with lstat and every open (the
+        first, after a rotation, after it was missing) is checked again: a log swapped for a
+        symlink, a FIFO or another user's file is said once as `refused: why` and never read."""
         event = None
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except OSError:
             if self.state != "missing":
                 self.state = "missing"
@@ -958,14 +969,20 @@ class LogTail:
             return None, []
         self.mtime = st.st_mtime
         lines = []
-        if self.fh is None:
-            self._open(initial=self.state is None)
-            event = "opened" if self.state is None else "created"
-        elif st.st_ino != self.inode:
+        if self.fh is not None and (st.st_ino, st.st_dev) != (self.inode, self.dev):
             lines = self._drain()
-            self.fh.close()
-            self._open(initial=False)
+            if self.fh is not None:
+                self.fh.close()
+                self.fh = None
             event = "rotated"
+        if self.fh is None:
+            was = self.state
+            why = self._open(initial=self.inode is None)
+            if why:
+                self.state = "refused: " + why
+                return (None if was == self.state else self.state), lines
+            event = event or ("opened" if was is None else "created")
+            st = os.fstat(self.fh.fileno())
         elif st.st_size < self.pos:
             self.fh.seek(0)
             self.pos = 0
@@ -1327,20 +1344,47 @@ def _proc_path(pid, path):
         return None
 
 
-def _read_regular(path, limit, uid=None):
-    """A regular file's bytes (no symlink followed), at most `limit`; with `uid`, only a file
-    that user owns."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    try:
-        import stat
+def open_regular(path, uids=None, limit=None):
+    """A file the agent reads for a run (a log, a dump, package metadata), opened so that its owner
+    cannot turn the open against root: no symlink followed (O_NOFOLLOW), never blocked on a FIFO
+    (O_NONBLOCK), then checked on the descriptor: a regular file, owned by one of `uids` (an int
+    or a set; None: any), at most `limit` bytes, no second hard link unless it is the agent's
+    own user's. Returns the descriptor; OSError says why it was refused."""
+    import errno
+    import stat
 
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError("is a symbolic link: not followed") from None
+        raise
+    try:
         st = os.fstat(fd)
+        owners = {uids} if isinstance(uids, int) else uids
         if not stat.S_ISREG(st.st_mode):
-            raise OSError("not a regular file")
-        if uid is not None and st.st_uid != uid:
-            raise OSError("owned by %s, not by the rank's user (%s): not read" % (_user(st.st_uid), _user(uid)))
-        if st.st_size > limit:
+            raise OSError("not a regular file: not read")
+        if owners is not None and st.st_uid not in owners:
+            raise OSError("owned by %s, not by the run's user (%s): not read"
+                          % (_user(st.st_uid), ", ".join(sorted(_user(u) for u in owners))))
+        if st.st_nlink > 1 and st.st_uid != os.geteuid():
+            raise OSError("has other hard links: not read")
+        if limit is not None and st.st_size > limit:
             raise OSError("%d bytes, more than the %d read" % (st.st_size, limit))
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_regular(path, limit, uid=None):
+    """A regular file's bytes (open_regular's rules), at most `limit`; with `uid` (an int or a
+    set), only a file one of them owns."""
+    fd = open_regular(path, uid, limit)
+    try:
+        st = os.fstat(fd)
         chunks, n = [], 0
         while n < limit:
             chunk = os.read(fd, min(1 << 20, limit - n))
@@ -1435,7 +1479,7 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
             paths = [p for p in sorted(glob.glob(glob.escape(stem) + "[0-9]*.pipe"))[:1024]
                      if pipe_name.fullmatch(os.path.basename(p))]
             for pid, uid in owners:
-                held = _fd_ids(pid, None)
+                held = _fd_ids(pid, None) or set()
                 mine = []
                 for path in paths:
                     if path in poked:
@@ -1547,17 +1591,49 @@ def _run_argv(argv, timeout):
     return out.returncode, out.stdout.decode("utf-8", "replace")[:8 << 20], out.stderr.decode("utf-8", "replace")[:4000]
 
 
-VERSIONS_SCRIPT = (
-    "import json,sys\n"
-    "sys.path[:0]=sys.argv[1:]\n"
-    "from importlib import metadata\n"
-    "out={'python':sys.version.split()[0]}\n"
-    "for n in ('torch','sglang','vllm','nvidia-nccl-cu12','nvidia-nccl-cu13','flashinfer-python','triton',"
-    "'transformers','cuda-python'):\n"
-    "    try: out[n]=metadata.version(n)\n"
-    "    except Exception: out[n]=None\n"
-    "print(json.dumps(out))\n"
-)
+VERSION_PACKAGES = ("torch", "sglang", "vllm", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "flashinfer-python", "triton",
+                    "transformers", "cuda-python")
+METADATA_MAX = 1 << 20
+
+
+def _dist_name(name):
+    """A distribution's name as its dist-info folder spells it (PEP 503 normalized, `_` for `-`)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def package_versions(sites, uids):
+    """The run's package versions from their metadata on disk (`NAME-VER.dist-info/METADATA`'s
+    `Version:` line), read as text: nothing of the run is imported nor run, so a file planted in
+    its folders never runs as the agent's user. Folders are taken as they are (no symlink
+    followed), files only when regular, small and owned by one of `uids`."""
+    import stat
+
+    want = {_dist_name(n): n for n in VERSION_PACKAGES}
+    out, refused = {n: None for n in VERSION_PACKAGES}, []
+    for site in sites:
+        try:
+            entries = sorted(os.listdir(site))
+        except OSError:
+            continue
+        for entry in entries:
+            name = want.get(_dist_name(entry.split("-", 1)[0])) if entry.endswith(".dist-info") else None
+            if name is None or out[name] is not None:
+                continue
+            folder = os.path.join(site, entry)
+            try:
+                if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                    raise OSError("not a folder")
+                data, _ = _read_regular(os.path.join(folder, "METADATA"), METADATA_MAX, uids)
+            except OSError as exc:
+                refused.append("%s: %s" % (folder, exc.strerror or exc))
+                continue
+            for line in data.decode("utf-8", "replace").splitlines()[:400]:
+                if not line.strip():
+                    break  # the headers end at the first empty line
+                if line.startswith("Version:"):
+                    out[name] = line[8:].strip()[:64] or None
+                    break
+    return out, refused
 
 
 def _site_dirs(pid):
@@ -1583,7 +1659,8 @@ def _site_dirs(pid):
 def host_facts(items, pids=(), driver=None, nvml=None):
     """What a hang report needs from the host itself: `nvidia_smi` (nvidia-smi -q), `xid` (the
     kernel log's NVRM Xid lines, from dmesg or journalctl -k), `versions` (driver and CUDA from
-    NVML, the engine's packages from the run's own interpreter, read without importing them).
+    NVML, the engine's packages from their metadata in the run's package folders, read as text:
+    nothing is run on behalf of a host process).
     Each item is {"text": ...} or {"error": why}."""
     out = {}
     if "nvidia_smi" in items:
@@ -1612,24 +1689,22 @@ def host_facts(items, pids=(), driver=None, nvml=None):
                 v["cuda_driver"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
             except Exception:
                 pass
-        exe, sites = None, []
+        exe, sites, uid = None, [], None
         for pid in pids:
             try:
                 exe = os.readlink("/proc/%d/exe" % int(pid))
             except (OSError, ValueError):
                 continue
-            sites = _site_dirs(int(pid))
+            sites, uid = _site_dirs(int(pid)), _uid(int(pid))
             break
-        if exe:
-            rc, text, err = _run_argv([exe, "-I", "-c", VERSIONS_SCRIPT] + sites, 60)
-            try:
-                v["run"] = dict(json.loads(text.strip().splitlines()[-1]), interpreter=exe) if rc == 0 else None
-            except (ValueError, IndexError):
-                v["run"] = None
-            if not v["run"]:
-                v["run_error"] = "%s: %s" % (exe, (err or text).strip()[:200] or "exit %s" % rc)
+        if exe and uid is not None:
+            found, refused = package_versions(sites, {uid, 0, os.geteuid()})
+            py = next((m.group(1) for m in (re.search(r"/python(\d+\.\d+)/", s) for s in sites) if m), None)
+            v["run"] = dict(found, python=py, interpreter=exe, read_from="package metadata")
+            if refused:
+                v["run_refused"] = refused[:20]
         else:
-            v["run_error"] = "no live process of the run to ask for its interpreter"
+            v["run_error"] = "no live process of the run to read its packages' versions from"
         out["versions"] = {"data": v}
     return out
 
@@ -1831,9 +1906,9 @@ def _port_value(argv):
 
 # Programs that run another program named in their arguments (a module, a script, a string):
 # their command line's first words are the interpreter, its options and what it runs.
-_INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|node|bash|sh|dash|zsh|ksh)[0-9.]*(-dbg)?$")
+_INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|node|bash|sh|dash|zsh|ksh)[0-9.]*(-dbg)?\Z")
 _VALUE_OPTS = ("-X", "-W", "-o")  # options whose value is the next word (python -X, -W; shells' -o)
-_SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]*$")
+_SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]*\Z")
 
 
 def _words(argv):
@@ -2442,6 +2517,8 @@ def _maps_ids(pid, dev):
                     continue
                 if dev is None or key[0] == dev:
                     out.add(key)
+    except PermissionError:
+        return None  # not ours to read (no ptrace rights): what it maps is unknown
     except OSError:
         pass
     return out
@@ -2454,6 +2531,8 @@ def _fd_ids(pid, dev):
     fd_dir = "/proc/%d/fd" % pid
     try:
         fds = os.listdir(fd_dir)
+    except PermissionError:
+        return None  # what it holds open is unknown
     except OSError:
         return out
     for fd in fds:
@@ -2461,6 +2540,8 @@ def _fd_ids(pid, dev):
             if not os.readlink(fd_dir + "/" + fd).startswith("/"):
                 continue  # socket:[…], pipe:[…], anon_inode:…: not a file of a folder
             st = os.stat(fd_dir + "/" + fd)
+        except PermissionError:
+            return None
         except OSError:
             continue
         if dev is None or st.st_dev == dev:
@@ -2472,16 +2553,30 @@ def _holders(folder):
     """{(dev, inode): [pids]} of the files on the shm folder's file system that a live process
     maps or holds open. Compared with os.lstat of each entry, never by path: a path in
     /proc/PID/maps is the one the process's own mount namespace sees, escapes a newline as
-    `\\012` and may carry " (deleted)"."""
+    `\\012` and may carry " (deleted)". Also the pids whose holdings cannot be read."""
     dev = os.stat(folder).st_dev
-    held = {}
+    held, blind = {}, []
+    own = _protected()  # the agent and the login chain that started it (init, sshd) are no run
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
-        for key in _maps_ids(pid, dev) | _fd_ids(pid, dev):
+        maps, fds = _maps_ids(pid, dev), _fd_ids(pid, dev)
+        if (maps is None or fds is None) and pid not in own and not _kernel_thread(pid):
+            blind.append(pid)  # its holdings cannot be read: it may hold any file here
+        for key in (maps or set()) | (fds or set()):
             held.setdefault(key, set()).add(pid)
-    return {k: sorted(v) for k, v in held.items()}
+    return {k: sorted(v) for k, v in held.items()}, blind
+
+
+def _kernel_thread(pid):
+    """A kernel thread (PF_KTHREAD in /proc/PID/stat's flags): it maps no file of a folder."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        return bool(int(fields[6]) & 0x00200000)
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 _LIBC = None
@@ -2546,13 +2641,14 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
     """Every entry of the folder, each with whether `cockpit shm --clean` may remove it and, if
     not, why: only a regular file with an inference run's name, owned by the run's user, mapped
     or held open by no live process (compared by device and inode), whose creator (when its name
-    carries one) is dead. Each entry carries its device, inode and birth time, so that a clean
+    carries one) is dead. Where some process's maps or descriptors cannot be read (no ptrace
+    rights: a non-root agent beside other users), nobody can say the file is unheld: kept. Each entry carries its device, inode and birth time, so that a clean
     removes exactly the file listed, and a clean after a kill only files tied to the run."""
     asked = folder
     folder, default = _shm_folder(folder)
     run_uid = os.geteuid() if uid is None else int(uid)
     now = time.time()
-    holders = _holders(folder)
+    holders, blind = _holders(folder)
     entries = []
     dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -2585,6 +2681,10 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
                 why = "owned by %s (uid %d), not the run's user (%s)" % (_user(st.st_uid), st.st_uid, _user(run_uid))
             elif held:
                 why = "held by pid " + ",".join(map(str, held))
+            elif blind:
+                why = ("cannot tell who holds it: what %d processes map or hold open cannot be read here (pid %s%s, "
+                       "not %s's; run as root to see them)"
+                       % (len(blind), ",".join(map(str, blind[:5])), "…" if len(blind) > 5 else "", _user(os.geteuid())))
             elif alive:
                 why = "its creator pid %d is alive" % creator
             else:
@@ -2601,7 +2701,8 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
     vfs = os.statvfs(folder)
     return {"folder": folder, "asked": asked, "default": default, "entries": entries,
             "free_bytes": vfs.f_bavail * vfs.f_frsize, "total_bytes": vfs.f_blocks * vfs.f_frsize, "uid": run_uid,
-            "user": _user(run_uid), "prefixes": [p for p, _ in SHM_FAMILIES], "checked_at": now}
+            "user": _user(run_uid), "prefixes": [p for p, _ in SHM_FAMILIES], "checked_at": now,
+            "unreadable_pids": blind[:50], "unreadable": len(blind)}
 
 
 def shm_clean(folder, names, uid=None, other_dir=False):
@@ -2826,6 +2927,7 @@ class Agent:
         self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
         self.leader_seen = {}  # pgid -> clock ticks when its leader was last seen alive (each tick)
         self.ras = RasPoller()
+        self.log_owners = {}  # path -> {uid}: the user of the process stdout_of found writing it
 
     def hello(self, psutil):
         return {
@@ -2951,7 +3053,8 @@ class Agent:
                 if path not in logs:
                     del self.logs[path]
             for path in logs:
-                self.logs.setdefault(path, LogTail(path))
+                if path not in self.logs:
+                    self.logs[path] = LogTail(path, self.log_owners.get(path))
         if ports is not None:
             self.ports.configured = [int(p) for p in ports]
         if interval is not None:
@@ -2994,8 +3097,10 @@ class Agent:
         for pid in pids:
             try:
                 path = os.readlink("/proc/%d/fd/1" % int(pid))
-                if os.path.isfile(path):
+                uid = _uid(int(pid))
+                if os.path.isfile(path) and uid is not None:
                     out[str(pid)] = path
+                    self.log_owners[path] = {uid}  # followed only while that user owns it
             except (OSError, ValueError):
                 pass
         return out

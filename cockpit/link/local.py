@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 from cockpit.errors import CockpitError
 from cockpit.link.base import AgentStream, LineReader, Link, RunResult
@@ -34,11 +35,20 @@ class LocalStream(AgentStream):
         return data.decode("utf-8", "replace").strip()
 
     async def aclose(self) -> None:
+        """Stdin closed first (an agent behind a --python wrapper that does not exec sees its end
+        and leaves), then the agent's whole process group killed (it was started in a session
+        of its own: the wrapper and the agent under it, never the runs it launched, which have
+        their own). Only while the group's leader is unreaped, so its pid names no other group."""
+        if self.proc.stdin and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
         if self.proc.returncode is None:
             try:
-                self.proc.kill()
-            except ProcessLookupError:
-                pass
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    self.proc.kill()
+                except ProcessLookupError:
+                    pass
         await self.proc.wait()
 
 

@@ -78,6 +78,12 @@ class SshStream(AgentStream):
         return data.decode("utf-8", "replace").strip() if isinstance(data, bytes) else str(data).strip()
 
     async def aclose(self) -> None:
+        """The remote stdin closed first: an agent behind a --python wrapper that does not exec
+        sees its end and leaves, then the channel."""
+        try:
+            self.proc.stdin.write_eof()
+        except (asyncssh.Error, BrokenPipeError, OSError):
+            pass
         try:
             self.proc.close()
             await asyncio.wait_for(self.proc.wait_closed(), 2)

@@ -14,11 +14,11 @@ from cockpit.errors import CockpitError
 _SSH = re.compile(
     r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
     r"(?P<host>[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+\])"
-    r"(?::(?P<port>[0-9]+))?$"
+    r"(?::(?P<port>[0-9]+))?\Z"
 )
-_CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
-_JOB = re.compile(r"^[0-9]+(?:_[0-9]+)?$")
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+_CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")
+_JOB = re.compile(r"^[0-9]+(?:_[0-9]+)?\Z")
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")
 EXEC_KINDS = ("docker", "podman", "slurm")
 
 
