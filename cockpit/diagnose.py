@@ -355,8 +355,7 @@ class Watchdog:
         ready = self._ready_idle(state, phase, prog, alive, gpus, port_open)
         if ready:
             return phase, Verdict("ok", ready)
-        return phase, self._watching(state, prog, [f"no sign of progress for {_duration(prog.idle_s)} "
-                                                   f"({prog.said}), and no stall pattern yet"])
+        return phase, self._watching(state, prog, [f"no sign of progress: {prog.said}, and no stall pattern yet"])
 
     def _watching(self, state: HostState, prog: Progress, why: list[str]) -> Verdict:
         """Not decided yet: what the look waits for, and until when (the stall windows from the

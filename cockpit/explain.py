@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from cockpit.errors import CockpitError
-from cockpit.hosttext import visible
+from cockpit.hosttext import count, visible
 from cockpit.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
@@ -200,7 +200,7 @@ def describe(result: dict) -> list[str]:
     """The post-mortem as text, for people."""
     engine = result["engine"] or "unknown"
     how = " (detected)" if result["detected"] else ""
-    out = [f"engine {engine}{how}, {result['lines']} lines, ranks {_ranks(result['ranks'])}",
+    out = [f"engine {engine}{how}, {count(result['lines'], 'line')}, ranks {_ranks(result['ranks'])}",
            f"phase: {result['phase'] or 'no phase mark seen'}"]
     v = result["verdict"]
     if v["name"] == "crashed":
@@ -209,7 +209,7 @@ def describe(result: dict) -> list[str]:
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
     elif v["name"] == "stalled" and v["cause"] == "silent":
         out.append(f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
-                   f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready: stalled, if this is the live log")
+                   f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready (if this is the live log)")
     elif v["name"] == "stalled":
         out.append(f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
                    f"(first tell line {v['line']})")

@@ -285,7 +285,7 @@ class FleetMonitor:
                 return False
             if m.state.link_state != "up":
                 return True
-            return m.state.seq >= samples and (m.monitor.decided() or time.monotonic() - m.up_at >= m.monitor.look_bound())
+            return m.state.seq >= samples and not m.monitor.still_looking(m.up_at)
 
         while not all(settled(m) for m in self.members) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

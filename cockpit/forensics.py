@@ -42,6 +42,15 @@ class Forensics:
                 "odd_rank": self.finding.odd_rank if self.finding else None,
                 "evidence": self.finding.evidence if self.finding else []}
 
+    @classmethod
+    def from_doc(cls, doc: dict) -> Forensics:
+        """As the ledger keeps it (`doc`): another cockpit's forensics of the same stall."""
+        evidence = [str(e) for e in doc.get("evidence") or []][:8]
+        rank = doc.get("odd_rank") if isinstance(doc.get("odd_rank"), int) else None
+        return cls(Finding("stacks", evidence, odd_rank=rank) if evidence else None,
+                   str(doc["folder"]) if doc.get("folder") else None,
+                   [str(x) for x in doc.get("lines") or []][:200], doc.get("error"), float(doc["at"]))
+
 
 def _collective(thread: Thread | None):
     """The innermost Python frame of a collective, if the thread waits in one."""

@@ -69,11 +69,12 @@ class OperatorKill:
 class Look:
     """The one-shot look every headless command takes (snapshot in every format, bundle, a
     fleet's rows), the same for every kind of monitor (one host, a run spanning nodes): judge
-    until the verdict is a claim (`decided`), within `look_bound`, or exactly `wait` seconds.
+    until the verdict is a claim (`decided`, `still_looking`), or exactly `wait` seconds.
     A monitor gives `state`, `verdict`, `watchdog`, `layout`, `session`, `watch_for` and
     `judging` (what runs while it judges)."""
 
-    looked_s: float | None = None  # how long the last one-shot look judged
+    looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
+    opened_at: float | None = None  # when the connection was asked for (local monotonic)
     forensics = None  # the current stall's Forensics (cockpit/forensics.py), once gathered
 
     def metrics_expected(self) -> bool:
@@ -81,40 +82,43 @@ class Look:
 
     def decided(self) -> bool:
         """Whether the verdict is a claim a first look can stand on: not `watching`, and, where the
-        layout has the engine's metrics, two scrapes read together (tokens moving or frozen)."""
+        layout has the engine's metrics and its port is open, two scrapes read together (tokens
+        moving or frozen)."""
         if not self.state.seq or self.verdict.name == VerdictName.WATCHING:
             return False
-        if self.verdict.name == VerdictName.OK and self.metrics_expected():
+        if self.verdict.name == VerdictName.OK and self.metrics_expected() and any(
+                pt.listening and pt.port == self.layout.ports[0] for pt in self.state.ports):
             view = self.state.metrics
             good = [s for s in view.scrapes if not s.error]
             return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
         return True
 
-    def look_bound(self) -> float:
-        """How long a one-shot look may take to decide: until the verdict's own `until` (the stall
-        windows from the run's last sign of work), never past the layout's longest stall window,
-        plus two samples."""
-        dog = self.watchdog
-        bound = max(dog.idle_s, dog.spin_s)
+    def still_looking(self, since: float) -> bool:
+        """Whether a one-shot look begun at `since` (local monotonic) goes on: not decided, the
+        verdict's own `until` (the stall windows from the run's last sign of work, on the host's
+        clock) not passed by two samples, and never past the layout's longest stall window."""
+        if self.decided():
+            return False
+        slack = 2 * self.session.opts.interval + 1.0
+        if time.monotonic() >= since + max(self.watchdog.idle_s, self.watchdog.spin_s) + slack:
+            return False
         until, ts = self.verdict.until, self.state.sample_ts
-        if until is not None and ts is not None:
-            bound = min(bound, max(0.0, until - ts))
-        return bound + 2 * self.session.opts.interval + 1.0
+        return until is None or ts is None or ts < until + slack
 
     async def look(self, wait: float | None = None) -> float:
-        """`wait` None judges until decided, bounded by `look_bound`, and waits for a stall's
-        forensics under way; `wait` S judges exactly S seconds (0: the instant look, `watching`
-        when undecided). Returns how long it looked, also kept as `looked_s`."""
+        """`wait` None judges while `still_looking`, then waits for a stall's forensics under
+        way; `wait` S judges exactly S seconds (0: the instant look, `watching` when undecided).
+        Returns how long it looked, from the connection on, also kept as `looked_s`."""
         start = time.monotonic()
         if wait is not None:
             if wait > 0:
                 await self.watch_for(wait)
         else:
             async with self.judging():
-                while not self.decided() and time.monotonic() - start < self.look_bound():
+                while self.still_looking(start):
                     await asyncio.sleep(0.1)
                 await self.forensics_done()
-        self.looked_s = round(time.monotonic() - start + (self.state.agent.interval if self.state.seq else 0), 1)
+        self.looked_s = round(time.monotonic() - (self.opened_at or start), 1)
         return self.looked_s
 
     @asynccontextmanager
@@ -215,10 +219,33 @@ class HostMonitor(Look):
         if not self.forensics_on or key == self._forensics_for or self.stopping:
             return
         self._forensics_for = key
+        prior = self._forensics_of_this_stall()
+        if prior is not None:  # another cockpit gathered them already: once per stall, whoever looks
+            self.forensics = prior
+            if prior.finding is not None:
+                from cockpit.evidence import merge
+
+                self.verdict = merge(self.verdict, [prior.finding], self.state)
+            return
         try:
             self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics())
         except RuntimeError:
             self._forensics_for = None  # judged outside the event loop (a test feeding states): nothing to run
+
+    def _forensics_of_this_stall(self):
+        """The forensics the ledger already holds for the run followed, gathered since this stall
+        began (by this cockpit or another one looking at the same run)."""
+        run_id = (self.following or {}).get("run_id")
+        since = self.verdict.since
+        if self.layout is None or not run_id or since is None:
+            return None
+        from cockpit.forensics import Forensics
+        from cockpit.runs import read_ledger
+
+        rec = next((r.get("forensics") for r in read_ledger(self.layout) if r.get("run_id") == run_id), None)
+        if not isinstance(rec, dict) or not isinstance(rec.get("at"), (int, float)) or rec["at"] < since - 5:
+            return None
+        return Forensics.from_doc(rec)
 
     async def _gather_forensics(self) -> None:
         from cockpit import forensics
@@ -340,6 +367,7 @@ class HostMonitor(Look):
         """Connect, then find the run to follow: the caller's hook (the demo's own run), else this
         layout's latest launched run that still lives. `kept`: the caller keeps the link after
         (the screen, the fleet), so it is watched for silence from the start."""
+        self.opened_at = time.monotonic()
         await self.session.connect()
         if kept:
             self.session.watch_silence()

@@ -144,6 +144,8 @@ def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     """The document of a live host, with its monitor's phase and verdict."""
     doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
     doc["looked_s"] = getattr(monitor, "looked_s", None)
+    found = getattr(monitor, "forensics", None)
+    doc["forensics"] = found.doc() if found is not None else None
     describe = getattr(getattr(monitor.session, "link", None), "describe", None)
     if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
         doc["link"] = describe()

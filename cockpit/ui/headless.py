@@ -7,6 +7,7 @@ ever carries a control character, whatever a widget let through."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from cockpit.errors import CockpitError
@@ -25,15 +26,14 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float | None, svg
                 break  # a failed app raises as the context closes; a slow host renders what came
             await asyncio.sleep(0.05)
         monitor = app.cockpit.monitor
-        start = asyncio.get_running_loop().time()
+        start = time.monotonic()
         if wait is None and monitor is not None:
-            while app.is_running and not monitor.decided() and \
-                    asyncio.get_running_loop().time() - start < monitor.look_bound():
+            while app.is_running and monitor.still_looking(start):
                 await asyncio.sleep(0.1)
         elif wait:
             await asyncio.sleep(wait)
         if monitor is not None:
-            monitor.looked_s = round(asyncio.get_running_loop().time() - start, 1)
+            monitor.looked_s = round(time.monotonic() - (monitor.opened_at or start), 1)
         app.cockpit.dirty = True
         app.cockpit._tick()
         # Deferred renders (a log view learns its size after layout) land over a few refreshes:
