@@ -517,7 +517,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
     async def go() -> dict | None:
         async with attached(args) as monitor:
-            session, layout = monitor.session, monitor.layout
+            session = monitor.session
             scope = actions.process_scope(args.pid) if args.pid else actions.run_scope(session)
             plan = await actions.plan_kill(session, scope)
             if not plan.entries:
@@ -527,9 +527,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                                    if not args.pid else f"no process {args.pid} on {session.target.label}")
             if not _confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes):
                 return None
-            wait = args.wait if args.wait is not None else (layout.kill_wait_s if layout else actions.DEFAULT_KILL_WAIT_S)
-            with monitor.stopping_for("kill: asked by the operator", plan):
-                return await actions.kill(session, plan, wait, layout.ports if layout else [])
+            return await monitor.stop(plan, "cockpit kill: asked by the operator", args.wait, whole_run=not args.pid)
 
     report = asyncio.run(go())
     if report is None:

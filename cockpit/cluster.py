@@ -35,7 +35,7 @@ from cockpit.link.exec import carrier_link
 from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
 from cockpit.model import HISTORY_LEN, AgentInfo, HostState, PortState
-from cockpit.monitor import HostMonitor, Look, MonitorEvent, rules_for, watchdog_for
+from cockpit.monitor import HostMonitor, Monitor, MonitorEvent, rules_for, watchdog_for
 from cockpit.session import SessionOptions, WatchList
 
 STRIDE = 10_000_000  # above Linux's largest pid_max (2**22)
@@ -360,7 +360,7 @@ class ClusterSession:
                 await n.monitor.session.follow_log(own)
 
 
-class ClusterMonitor(Look):
+class ClusterMonitor(Monitor):
     """The HostMonitor of a run spanning nodes (see the module's doc)."""
 
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,

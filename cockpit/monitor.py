@@ -66,12 +66,17 @@ class OperatorKill:
     crashed_before: bool  # the run already read as crashed when the operator killed it
 
 
-class Look:
-    """The one-shot look every headless command takes (snapshot in every format, bundle, a
-    fleet's rows), the same for every kind of monitor (one host, a run spanning nodes): judge
-    until the verdict is a claim (`decided`, `still_looking`), or exactly `wait` seconds.
-    A monitor gives `state`, `verdict`, `watchdog`, `layout`, `session`, `watch_for` and
-    `judging` (what runs while it judges)."""
+class Monitor:
+    """What every kind of monitor (one host, a run spanning nodes) does the same way, written once:
+
+    - the one-shot look every headless command takes (snapshot in every format, bundle, a fleet's
+      rows): judge until the verdict is a claim (`decided`, `still_looking`), or exactly `wait`
+      seconds;
+    - the one stop workflow (`stop`): the screen's `k`/`K`, `cockpit kill`, a relaunch and an
+      ablation's end all call it and keep only their own confirm and report.
+
+    A monitor gives `state`, `verdict`, `watchdog`, `layout`, `session`, `following`,
+    `watch_for`, `judging` (what runs while it judges), `stopping_for` and `run_ended`."""
 
     looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
     opened_at: float | None = None  # when the connection was asked for (local monotonic)
@@ -128,8 +133,27 @@ class Look:
     async def forensics_done(self, timeout: float | None = None) -> None:
         """Wait for a stall's forensics under way (a monitor that gathers them says how)."""
 
+    async def stop(self, plan, why: str, wait: float | None = None, whole_run: bool = True) -> dict:
+        """Stop the run as `plan` (a confirmed KillPlan) says: the ledger first keeps what was
+        seen of the run and who stops it, from where and when (so every cockpit watching it, in
+        any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
+        kill runs its ranks read `stopping`; a whole run verified gone is `no run`. Returns the
+        kill's report (docs/layouts.md#what-actions-touch)."""
+        from cockpit import actions
+        from cockpit.runs import note_stop, record_seen
 
-class HostMonitor(Look):
+        record_seen(self)
+        note_stop(self, plan, why)
+        if wait is None:
+            wait = self.layout.kill_wait_s if self.layout else actions.DEFAULT_KILL_WAIT_S
+        with self.stopping_for(why, plan):
+            report = await actions.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            if whole_run and report["verified"]:
+                self.run_ended()
+        return report
+
+
+class HostMonitor(Monitor):
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
                  on_connect: Callable[[HostMonitor], object] | None = None, watch: WatchList | None = None):
@@ -157,6 +181,7 @@ class HostMonitor(Look):
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
         self._forensics_task: asyncio.Task | None = None
         self._forensics_for: tuple | None = None  # the stall they were gathered for
+        self._stops_seen: float | None = None  # the ledger's mtime when another cockpit's stop was last looked for
 
     @property
     def state(self) -> HostState:
@@ -199,6 +224,8 @@ class HostMonitor(Look):
             return
         before = self.verdict
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
+        if self.verdict.name == VerdictName.CRASHED:
+            self._stops_elsewhere()
         self.phase, self.verdict = self._operators(self.phase, self.verdict)
         self._stall_forensics()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
@@ -312,6 +339,32 @@ class HostMonitor(Look):
         if phase.name == "crashed":
             phase = Phase("stopped", line=phase.line)
         return phase, Verdict(VerdictName.STOPPED, ev)
+
+    def _stops_elsewhere(self) -> None:
+        """Another cockpit's stop of the run followed (`cockpit kill` in another terminal, another
+        screen's `K`): the ledger says who stopped which processes and when (runs.note_stop);
+        their deaths are the operator's here too. Read when the ledger changed."""
+        run_id = (self.following or {}).get("run_id")
+        if self.layout is None or not run_id:
+            return
+        from cockpit.runs import ledger_path, stops_of
+
+        try:
+            mtime = ledger_path(self.layout).stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._stops_seen:
+            return
+        self._stops_seen = mtime
+        stop = stops_of(self.layout, run_id)
+        if stop is None or not isinstance(stop.get("at"), (int, float)):
+            return
+        at = time.monotonic() - max(0.0, time.time() - stop["at"])
+        why = f"{stop.get('why') or 'stopped'}, by {stop.get('by') or '?'}"
+        for item in stop["processes"]:
+            if isinstance(item, list) and item and isinstance(item[0], int) and item[0] not in self.operator_kills:
+                started = item[1] if len(item) > 1 and isinstance(item[1], (int, float)) else None
+                self.operator_kills[item[0]] = OperatorKill(item[0], started, at, why, False)
 
     def _killed(self, proc) -> bool:
         k = self.operator_kills.get(proc.pid)

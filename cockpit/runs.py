@@ -279,16 +279,35 @@ def record_seen(monitor) -> None:
     run["outcome_written"] = True
 
 
+def note_stop(monitor, plan, why: str) -> None:
+    """The ledger's word that the operator stops the run followed: who (the action), from where
+    (user, host, process), when, and the processes planned (pid, start time). Written before the
+    first signal, so another cockpit watching the run reads their deaths as the operator's."""
+    run, layout = monitor.following, monitor.layout
+    if not run or not layout or not run.get("run_id") or not plan.entries:
+        return
+    import getpass
+    import socket
+
+    append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {
+        "why": why, "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})", "at": time.time(),
+        "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries]}})
+
+
+def stops_of(layout: Layout, run_id: str) -> dict | None:
+    """The operator's last stop of a ledger run (note_stop), if any."""
+    rec = next((r.get("stop") for r in read_ledger(layout) if r.get("run_id") == run_id), None)
+    return rec if isinstance(rec, dict) and isinstance(rec.get("processes"), list) else None
+
+
 async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
-    """Carry out a confirmed kill plan of the run on screen, verified; the ledger first keeps what
-    the cockpit saw of it, and while it runs the ranks going down read as `stopping`."""
+    """A relaunch's or an ablation's stop of the run on screen (monitor.stop, the one stop
+    workflow), verified: an unverified stop raises, so nothing is launched beside it."""
     from cockpit import actions
 
     if not plan.entries:
         return None
-    record_seen(monitor)
-    with monitor.stopping_for(why, plan):
-        report = await actions.kill(monitor.session, plan, monitor.layout.kill_wait_s, monitor.layout.ports)
+    report = await monitor.stop(plan, why, whole_run=False)
     for line in actions.describe_kill(report):
         if say:
             say(line)

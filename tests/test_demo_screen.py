@@ -5,7 +5,10 @@ process of the demo behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -348,3 +351,33 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
         await pilot.press("q")
     await cli.end_demo(args, app, layout, state)
     assert group_members(pgids) == []
+
+
+async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_the_ledger(demo_env, tmp_path):
+    """`cockpit kill demo --yes` in a second terminal while the demo's screen watches: the screen
+    reads the deaths as the operator's (`stopped`, then `no run`), never `crashed`; the ledger says
+    who stopped the run, from where and when."""
+    args, layout, pgids = healthy_demo(demo_env, tmp_path)
+    app, layout, state = cli.demo_app(args, layout)
+    verdicts: list[str] = []
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
+        monitor = app.cockpit.monitor
+        pgids.append(monitor.following["pgid"])
+        monitor.subscribe(lambda e: verdicts.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
+        await until(pilot, lambda: app.cockpit.phase.name == "serving", 90)
+        killer = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cockpit", "kill", "demo", "--layout", layout.path, "--yes",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(killer.communicate(), 90)
+        assert killer.returncode == 0 and b"verified" in out, (out, err)
+        await until(pilot, lambda: not any(p.alive for p in app.state.ranks()), 30)
+        await until(pilot, lambda: monitor.verdict.name.value in ("stopped", "no run"), 20)
+        await pilot.pause(2.0)  # samples after the kill: still the operator's
+        assert "crashed" not in verdicts and monitor.verdict.name.value in ("stopped", "no run"), verdicts
+        assert "stopped" in verdicts, verdicts  # the screen said whose the deaths were
+        run = read_ledger(layout)[-1]
+        assert run["stop"]["why"] == "cockpit kill: asked by the operator" and "@" in run["stop"]["by"]
+        assert run["stop"]["processes"] and abs(run["stop"]["at"] - time.time()) < 120
+        await pilot.press("q")
+    await cli.end_demo(args, app, layout, state)

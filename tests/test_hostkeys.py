@@ -183,7 +183,7 @@ def test_the_cli_refuses_a_changed_key_named_by_the_config_alone(sshd, tmp_path,
     known = tmp_path / "named"
     known.write_text(line(other))
     cfg = config(sshd, tmp_path / "cfg", f"UserKnownHostsFile {known}", "GlobalKnownHostsFile /dev/null")
-    res = run_cli("snapshot", "kh", "--json", "--accept-new", "--ssh-config", cfg)
+    res = run_cli("snapshot", "kh", "--json", "--wait", "0", "--accept-new", "--ssh-config", cfg)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "HOST KEY CHANGED" in res.stderr and f"{known}:1" in res.stderr and len(res.stderr.splitlines()) == 1
 

@@ -53,7 +53,7 @@ def test_a_layouts_own_phases_mark_the_log_and_the_phase(tmp_path):
 def test_a_layout_with_phases_opens_in_snapshot(tmp_path, sim_state):
     path = tmp_path / "phased.yaml"
     path.write_text(PHASED)
-    res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(path), "--json")
+    res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(path), "--json", "--wait", "0")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["verdict"]["name"] in ("no run", "watching", "ok") and doc["phase"]["name"]

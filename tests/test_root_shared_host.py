@@ -306,7 +306,7 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path / "rt")}
     try:
         assert lookalike.stdout.readline().strip() == "ok"
-        snap = run_cli("snapshot", "local", "--layout", str(layout), "--json", env=env, timeout=120)
+        snap = run_cli("snapshot", "local", "--layout", str(layout), "--json", "--wait", "0", env=env, timeout=120)
         assert snap.returncode == 0, snap.stderr
         assert "ready to roll" in snap.stdout
         for secret in SECRETS:
@@ -425,7 +425,7 @@ def test_a_python_wrapper_that_does_not_exec_never_hangs_a_snapshot(tmp_path):
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec 3<&0\n"{sys.executable}" "$@" <&3 3<&- &\necho $! > {pidfile}\nwait $!\n')
     wrapper.chmod(0o755)
-    res = run_cli("snapshot", "local", "--python", str(wrapper), "--json", timeout=120)
+    res = run_cli("snapshot", "local", "--python", str(wrapper), "--json", "--wait", "0", timeout=120)
     assert res.returncode == 0, res.stderr
     pid = int(pidfile.read_text())
     for _ in range(200):  # the killed agent reaped by whoever inherited it
@@ -491,7 +491,7 @@ def test_a_host_sending_nan_wrong_types_and_a_costly_frame_keeps_its_link_and_js
     log.write_text("[2026-01-01 00:00:00] Load weight begin.\n")
     layout = tmp_path / "l.yaml"
     layout.write_text(f"name: frames\nengine: sglang\ncommand: [-m, sglang.launch_server]\nlog: {log}\n")
-    res = run_cli("snapshot", "local", "--python", str(wrapper), "--layout", str(layout), "--json", timeout=120)
+    res = run_cli("snapshot", "local", "--python", str(wrapper), "--layout", str(layout), "--json", "--wait", "0", timeout=120)
     assert res.returncode == 0, res.stderr
 
     def refuse(name):

@@ -475,7 +475,7 @@ def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
         assert theirs.name not in res.stdout and theirs.name not in res.stderr and theirs.exists()
         assert f"rm {ours.name}" not in res.stdout and f"left: {ours.name}: cannot tell whose it is" in res.stdout
         assert ours.exists()
-        snap = run_cli("snapshot", *target, "--json", env=env)
+        snap = run_cli("snapshot", *target, "--json", "--wait", "0", env=env)
         assert snap.returncode == 0, snap.stderr
         assert "--api-key" in snap.stdout  # the launcher's command line is there, its key is not
         ledger = next((tmp_path / "state" / "gpu-cockpit" / "ledger").iterdir())

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from cockpit.actions import (DEFAULT_KILL_WAIT_S, describe_clean, describe_kill, describe_shm, kill, plan_kill,
-                             find_run, listed, of_run, shm_audit, shm_clean)
+from cockpit.actions import (describe_clean, describe_kill, describe_shm, find_run, listed, of_run, plan_kill,
+                             shm_audit, shm_clean)
 from cockpit.hosttext import as_text, count, these, visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
@@ -97,12 +97,8 @@ class ActionRunner:
             if not ok:
                 return
             self.progress = "SIGTERM sent, waiting"
-            wait = self.layout.kill_wait_s if self.layout else DEFAULT_KILL_WAIT_S
-            whole_run = not scope.pids  # `K`: the run; `k`: one process (and what it started)
-            with self.monitor.stopping_for(f"{what}: asked by the operator", plan):
-                report = await kill(session, plan, wait, self.layout.ports if self.layout else [])
-                if whole_run and report["verified"]:
-                    self.monitor.run_ended()  # the operator ended it: no run, not a crash to judge
+            # `K`: the run, which then reads no run; `k`: one process (and what it started)
+            report = await self.monitor.stop(plan, f"{what}: asked by the operator", whole_run=not scope.pids)
             result = "verified gone" if report["verified"] else "NOT everything is gone"
             self.done(what, f"stopped by the operator, {result}", good=report["verified"])
             await self.ask(ReportScreen(f"{what}: {result}", describe_kill(report)))
