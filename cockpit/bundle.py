@@ -273,7 +273,8 @@ def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[
     names = []
     with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
         items = dict(members.files)
-        items["manifest.json"] = ((json.dumps(manifest, indent=2) + "\n").encode(), "this list")
+        text = json.dumps(manifest, indent=2) + "\n"
+        items["manifest.json"] = ("\n".join(mask_line(line) for line in text.split("\n")).encode(), "this list")
         for name, (data, _) in sorted(items.items(), key=lambda kv: (kv[0] != "manifest.json", kv[0])):
             if not _MEMBER.fullmatch(name):
                 raise CockpitError(f"bundle: refused a member named {name[:60]!r} (not built from numbers and fixed words)")
