@@ -182,24 +182,7 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
     return result
 
 
-async def _facts(monitor, m: _Members) -> None:
-    """The host's facts; the versions only of the run as the kill finds it (another user's
-    process that matches the layout's titles is never read from)."""
-    from cockpit import actions
-
-    try:
-        plan = await actions.find_run(monitor.session, monitor.layout, verb="bundle")
-        pids = [pid for _, pid in actions.rank_pids(monitor.state, actions.of_run(monitor.state, plan)[0])]
-    except CockpitError as exc:
-        pids = []
-        m.miss("versions of the run's packages", exc)
-    try:
-        facts = await monitor.session.request("host_facts", timeout=150, items=["nvidia_smi", "xid", "versions"],
-                                              pids=pids[:4])
-    except CockpitError as exc:
-        for item in ("nvidia-smi -q", "xid", "versions"):
-            m.miss(item, exc)
-        return
+def _smi_and_xid(facts: dict, m: _Members) -> None:
     smi = facts.get("nvidia_smi") or {}
     if "text" in smi:
         m.add("nvidia-smi-q.txt", smi["text"], "nvidia-smi -q")
@@ -212,6 +195,33 @@ async def _facts(monitor, m: _Members) -> None:
         m.add("xid.txt", head + xid["text"] + ("\n" if xid["text"] else ""), "NVRM Xid lines of the kernel log")
     else:
         m.miss("xid", xid.get("error") or "no answer")
+
+
+async def _facts(monitor, m: _Members, read_only: bool = False) -> None:
+    """The host's facts; the versions only of the run as the kill finds it (another user's
+    process that matches the layout's titles is never read from). Under --read-only nothing runs
+    on the host but the agent: no nvidia-smi, dmesg or journalctl (the versions are read from
+    files)."""
+    from cockpit import actions
+
+    try:
+        plan = await actions.find_run(monitor.session, monitor.layout, verb="bundle")
+        pids = [pid for _, pid in actions.rank_pids(monitor.state, actions.of_run(monitor.state, plan)[0])]
+    except CockpitError as exc:
+        pids = []
+        m.miss("versions of the run's packages", exc)
+    items = ["versions"] if read_only else ["nvidia_smi", "xid", "versions"]
+    try:
+        facts = await monitor.session.request("host_facts", timeout=150, items=items, pids=pids[:4])
+    except CockpitError as exc:
+        for item in ("nvidia-smi -q", "xid", "versions"):
+            m.miss(item, exc)
+        return
+    if read_only:
+        for item in ("nvidia-smi -q", "xid"):
+            m.miss(item, "--read-only: nothing runs on the host but the agent (nvidia-smi, dmesg, journalctl are programs)")
+    else:
+        _smi_and_xid(facts, m)
     versions = (facts.get("versions") or {}).get("data") or {}
     ras_v = monitor.state.ras.latest
     if ras_v is not None and ras_v.nccl_version:
@@ -297,7 +307,7 @@ async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle
     if progress:
         progress("collecting stacks, RAS, flight recorder, host facts and metrics")
     results = await asyncio.gather(_stacks(monitor, m, run, read_only), _ras(monitor, m),
-                                   _flight(monitor, m, read_only), _facts(monitor, m), _metrics(monitor, m),
+                                   _flight(monitor, m, read_only), _facts(monitor, m, read_only), _metrics(monitor, m),
                                    return_exceptions=True)
     for name, res in zip(("stacks", "ras", "flight recorder", "host facts", "metrics"), results):
         if isinstance(res, BaseException):

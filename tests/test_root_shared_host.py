@@ -323,6 +323,8 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
             assert secret not in everything, (secret, [n for n, t in texts.items() if secret in t])
         versions = json.loads(next(t for n, t in texts.items() if n.endswith("/versions.json")))
         assert "6.6.6" not in json.dumps(versions) and str(shared) not in json.dumps(versions)
+        missing = {x["item"]: x["why"] for x in json.loads(res.stdout[res.stdout.index("{"):])["missing"]}
+        assert missing["nvidia-smi -q"].startswith("--read-only: nothing runs on the host but the agent")
     finally:
         end(lookalike)
         ours.kill()
