@@ -53,13 +53,6 @@ def bundle_dir(run: str) -> Path:
     return path
 
 
-def run_name(monitor) -> str:
-    """The run the bundle belongs to: the ledger's run followed, else the layout, else the host."""
-    if monitor.following and monitor.following.get("run_id"):
-        return str(monitor.following["run_id"])
-    return monitor.layout.name if monitor.layout else monitor.target.label
-
-
 class _Members:
     def __init__(self):
         self.files: dict[str, tuple[bytes, str]] = {}
@@ -300,6 +293,8 @@ async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle
     """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
     verdict as it stands after, and write the archive into the run's folder."""
     from cockpit.snapshot import monitor_doc
+
+    from cockpit.runs import run_name
 
     run = run_name(monitor)
     m = _Members()

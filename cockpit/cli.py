@@ -618,8 +618,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
             if not ranks:
                 raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
                                    f"is alive")
-            run = layout.name if layout else session.target.label
-            return await stacks.dump_ranks(session, ranks, run, upload=args.upload_pyspy,
+            from cockpit.runs import run_name
+
+            return await stacks.dump_ranks(session, ranks, run_name(monitor), upload=args.upload_pyspy,
                                            say=lambda line: print(line, file=sys.stderr, flush=True))
 
     result = asyncio.run(go())

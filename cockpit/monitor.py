@@ -276,9 +276,9 @@ class HostMonitor(Monitor):
 
     async def _gather_forensics(self) -> None:
         from cockpit import forensics
-        from cockpit.runs import append_ledger
+        from cockpit.runs import append_ledger, run_name
 
-        run = (self.following or {}).get("run_id") or (self.layout.name if self.layout else self.target.label)
+        run = run_name(self)
         self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
                                 "turns it off)")
         found = await forensics.gather(self, run)

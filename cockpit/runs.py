@@ -65,6 +65,14 @@ def masked(env: dict[str, str]) -> dict[str, str]:
     return mask_env(env)
 
 
+def run_name(monitor) -> str:
+    """The name of the run's folder (`runs/NAME/`: its dumps, bundles, forensics): the ledger's
+    run followed, else the layout, else the host."""
+    if monitor.following and monitor.following.get("run_id"):
+        return str(monitor.following["run_id"])
+    return monitor.layout.name if monitor.layout else monitor.target.label
+
+
 def state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
 

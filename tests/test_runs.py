@@ -120,3 +120,27 @@ def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout):
         assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 10  # a launcher may end some first
     finally:
         del os.environ["XDG_STATE_HOME"]
+
+
+async def test_a_runs_log_follows_xdg_cache_home_as_the_xdg_spec_says(tmp_path, monkeypatch):
+    """A layout's log_dir under ~/.cache/ moves to $XDG_CACHE_HOME on the host when that is an
+    absolute path (a relative one is ignored, as the spec says)."""
+    from cockpit.link.target import parse_target
+    from cockpit.session import HostSession, SessionOptions
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for cache, expect in ((str(tmp_path / "cache"), tmp_path / "cache" / "gpu-cockpit" / "runs" / "x.log"),
+                          ("relative/cache", tmp_path / "home" / ".cache" / "gpu-cockpit" / "runs" / "x.log")):
+        monkeypatch.setenv("XDG_CACHE_HOME", cache)
+        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25))
+        await session.connect()
+        try:
+            run = await session.request("launch", argv=[sys.executable, "-c", "print('hi')"],
+                                        log="~/.cache/gpu-cockpit/runs/x.log")
+            assert run["log"] == str(expect)
+        finally:
+            await session.close()
+        deadline = time.monotonic() + 10
+        while "hi" not in expect.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "hi" in expect.read_text()

@@ -3071,7 +3071,11 @@ class Agent:
         told from a later process that reuses its pid."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv must be a non-empty list of strings")
-        log = os.path.expanduser(log or "~/.cache/gpu-cockpit/runs/run.log")
+        log = log or "~/.cache/gpu-cockpit/runs/run.log"
+        cache = os.environ.get("XDG_CACHE_HOME", "")
+        if log.startswith("~/.cache/") and os.path.isabs(cache):  # the XDG spec: only an absolute path counts
+            log = os.path.join(cache, log[len("~/.cache/"):])
+        log = os.path.expanduser(log)
         fd = open_log(log)
         full_env = dict(os.environ)
         full_env.update(env or {})

@@ -15,7 +15,7 @@ from cockpit.actions import (describe_clean, describe_kill, describe_shm, find_r
 from cockpit.hosttext import as_text, count, these, visible
 from cockpit.errors import CockpitError
 from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
-                          launch_python, plan_relaunch, read_ledger, run_variant, sim_flags)
+                          launch_python, plan_relaunch, read_ledger, run_name, run_variant, sim_flags)
 from cockpit.stacks import dump_ranks, dump_targets
 from cockpit.ui.fmt import say
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
@@ -138,8 +138,8 @@ class ActionRunner:
                 self.notify("no rank to dump", severity="warning")
                 return
             self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
-            run = self.layout.name if self.layout else state.target
-            result = await dump_ranks(self.monitor.session, ranks, run, say=lambda line: self.notify(line))
+            result = await dump_ranks(self.monitor.session, ranks, run_name(self.monitor),
+                                      say=lambda line: self.notify(line))
             groups = len(result.groups)
             self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}, "
                                     f"{result.folder}")
