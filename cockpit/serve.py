@@ -56,12 +56,11 @@ class HideToken(logging.Filter):
 
 def served_command(args: argparse.Namespace) -> list[str]:
     """The cockpit command line that each browser session runs, from `serve`'s own arguments:
-    read-only unless --allow-actions."""
+    read-only unless --allow-actions. `demo` attaches to the running demo (or says none runs),
+    never starts a simulated host and a run of its own per browser tab."""
     argv = [sys.executable, "-m", "cockpit"]
     if args.fleet or args.hosts:
         argv += ["fleet", args.fleet] if args.fleet else ["fleet", "--hosts", args.hosts]
-    elif args.target == "demo":
-        argv += ["demo"]
     else:
         argv += ["open", args.target]
     for flag in ("layout", "python", "interval", "ssh_config", "known_hosts", "sim"):
