@@ -327,9 +327,6 @@ def listed(e: dict) -> dict:
     return {"name": e["name"], "dev": e.get("dev"), "ino": e.get("ino"), "born_ns": e.get("born_ns")}
 
 
-LAUNCHED_RULE = "launched by this cockpit"
-
-
 @dataclass
 class ShmForRun:
     """What a clean after a kill removes (each file tied to the run, and how) and what it
@@ -343,57 +340,48 @@ class ShmForRun:
         return [e["name"] for e in self.remove]
 
 
-def shm_for_run(audit: dict, plan: KillPlan | None) -> ShmForRun:
+def shm_for_run(audit: dict, plan: KillPlan | None, held_before: dict | None = None) -> ShmForRun:
     """The files of the shm folder a clean after this kill will remove: a file named like an
-    inference run's, owned by the run's user, that can be tied to the run, from an audit taken
-    before the kill (while its processes still hold their files):
+    inference run's, owned by the run's user, that can be tied to the run by what its processes
+    did, from an audit taken before the kill (while they still hold their files):
     - mapped or held open only by processes of the plan;
+    - held by the run's processes earlier while it lived (`held_before`: (device, inode) ->
+      when, as the monitor remembered it: `HostMonitor.note_shm_held`);
     - its name carries the pid of a process of the plan (torch_<pid>_…, sgl_shm_…_<pid>_…), and
-      it was created after that process started;
-    - the cockpit launched the run (the plan was found through the ledger) and the file was
-      created (birth time; status-change time where the file system keeps no birth time) after
-      the run's first process started.
+      it was created after that process started.
     Any other such file is left: "cannot tell whose it is" (`cockpit shm --clean` shows it and
-    removes it when asked). Each removal is the file listed (device and inode), checked again by
-    the agent then."""
+    removes it when asked); on a shared machine its creation time proves nothing. Each removal is
+    the file listed (device and inode), checked again by the agent then."""
     out = ShmForRun()
     members = {e["pid"]: e for e in (plan.entries if plan else [])}
-    since = None
-    if members and (plan.rule or "").startswith(LAUNCHED_RULE):
-        since = min(float(e.get("started") or 0.0) for e in members.values())
+    held_before = held_before or {}
     for e in audit["entries"]:
         if e["kind"] != "file" or not e.get("family") or e.get("uid") != audit.get("uid"):
             continue  # never removed by any clean
         held = set(e.get("held_by") or [])
         born = float(e.get("born") or 0.0)
         creator = e.get("creator")
+        seen = held_before.get((e.get("dev"), e.get("ino")))
         tie = None
         if held - set(members):
             out.left.append({"name": e["name"], "why": "held by pid " + ",".join(map(str, sorted(held)))})
             continue
         if held:
             tie = "held by the run's pid " + ",".join(map(str, sorted(held)))
+        elif seen is not None and (not e.get("born") or born <= seen + 1.0):
+            tie = f"held by the run while it lived (seen {when(seen)})"
         elif creator in members and born >= float(members[creator].get("started") or 0.0) - 1.0:
             tie = f"its name carries the run's pid {creator}"
         elif e.get("creator_alive"):
             out.left.append({"name": e["name"], "why": f"its creator pid {creator} is alive"})
             continue
-        elif since is not None and born >= since:
-            tie = (f"created {when(born)} ({e.get('born_how') or 'birth'}), after the run this cockpit launched "
-                   f"started ({when(since)})")
         if tie:
             out.remove.append(dict(listed(e), why=tie))
         else:
-            out.left.append({"name": e["name"], "why": "cannot tell whose it is (not held by the run, no pid of it "
-                                                       "in its name, not made while a run this cockpit launched "
-                                                       "ran): `cockpit shm --clean` shows it and removes it if asked"})
+            out.left.append({"name": e["name"], "why": "cannot tell whose it is (not held by the run while the cockpit "
+                                                       "watched it, no pid of it in its name): `cockpit shm --clean` "
+                                                       "shows it and removes it if asked"})
     return out
-
-
-def shm_after_kill(audit: dict, plan: KillPlan | None) -> list[dict]:
-    """The entries (listed: name, device, inode) a clean after this kill will remove: those tied
-    to the run (shm_for_run)."""
-    return shm_for_run(audit, plan).remove
 
 
 def human_bytes(n: int | float | None) -> str:

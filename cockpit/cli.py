@@ -723,7 +723,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
             session, layout = monitor.session, monitor.layout
             spec = _spec(args, layout)
             argv = runs.build_argv(layout, spec, runs.launch_python(layout, session)) + runs.sim_flags(layout, session)
-            plan, names, lines = await runs.plan_relaunch(session, layout, clean_shm=not args.no_clean_shm)
+            plan, names, lines = await runs.plan_relaunch(session, layout, clean_shm=not args.no_clean_shm,
+                                                          held_before=monitor.shm_held)
             if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes):
                 return None
             return await runs.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
@@ -757,7 +758,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             specs = runs.combinations(monitor.layout, vary)
-            plan, names, lines = await runs.plan_relaunch(monitor.session, monitor.layout)
+            plan, names, lines = await runs.plan_relaunch(monitor.session, monitor.layout, held_before=monitor.shm_held)
             if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
                             f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?", args.yes):
                 return None

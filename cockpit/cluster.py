@@ -383,6 +383,7 @@ class ClusterMonitor(Monitor):
         self.refresh_pids_s = refresh_pids_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
         self._jobs_link: SlurmNodeLink | None = None
+        self.shm_held: dict[tuple, float] = {}  # a run spanning nodes: its nodes' files are not remembered
 
     def by_number(self, k: int) -> Node:
         return self.nodes[k - 1]

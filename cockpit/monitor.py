@@ -22,6 +22,7 @@ from cockpit.model import HISTORY_LEN, HostState
 from cockpit.session import HostSession, SessionOptions, WatchList
 
 PROBE_EVERY_S = 2.0
+SHM_WATCH_S = 30.0  # how often the run's /dev/shm holdings are looked at while it lives
 
 
 @dataclass
@@ -182,6 +183,8 @@ class HostMonitor(Monitor):
         self._forensics_task: asyncio.Task | None = None
         self._forensics_for: tuple | None = None  # the stall they were gathered for
         self._stops_seen: float | None = None  # the ledger's mtime when another cockpit's stop was last looked for
+        self.shm_held: dict[tuple, float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
+        self._shm_look_at = 0.0
 
     @property
     def state(self) -> HostState:
@@ -382,6 +385,7 @@ class HostMonitor(Monitor):
         self.state.metrics = MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
         self.forensics, self._forensics_for = None, None
+        self.shm_held, self._shm_look_at = {}, 0.0
 
     def run_ended(self) -> None:
         """The operator's kill of the whole run, verified: no run until one starts. Its log stays
@@ -484,6 +488,7 @@ class HostMonitor(Monitor):
                             self.probes[(port, path)] = await self.session.request("http", port=port, path=path,
                                                                                    timeout=5)
                     await self._scrape_metrics(ports)
+                    await self.note_shm_held()
                     await self.look_for_new_run()
                     await self._log_of_new_run()
                 except CockpitError:
@@ -550,6 +555,25 @@ class HostMonitor(Monitor):
         self.state.notes.append(f"a new run appeared: {run.get('run_id', f'process group {pgid}')} "
                                 f"(process group {pgid}), started elsewhere; following it and its log")
         self.update()
+
+    async def note_shm_held(self, force: bool = False) -> None:
+        """Remember which /dev/shm files the run's live processes map or hold open (device,
+        inode), every SHM_WATCH_S while it lives: the clean after a kill removes those (and
+        what it still holds then), never a file another job of the same user made meanwhile."""
+        now = time.monotonic()
+        if self.layout is None or (not force and now < self._shm_look_at):
+            return
+        self._shm_look_at = now + SHM_WATCH_S
+        ours = {p.pid for p in self.state.live_procs()}
+        if not ours:
+            return
+        from cockpit import actions
+
+        audit = await actions.shm_audit(self.session)
+        stamp = time.time()
+        for e in audit.get("entries") or []:
+            if set(e.get("held_by") or []) & ours and e.get("dev") is not None:
+                self.shm_held[(e["dev"], e["ino"])] = stamp
 
     async def _scrape_metrics(self, ports: list[int]) -> None:
         """The engine's metrics (tokens, requests, KV cache), filtered on the host to the families

@@ -324,7 +324,7 @@ async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
     return report
 
 
-async def plan_relaunch(session, layout: Layout, clean_shm: bool = True):
+async def plan_relaunch(session, layout: Layout, clean_shm: bool = True, held_before: dict | None = None):
     """What a (re)launch will do before it starts the new run, for the operator to confirm: the
     kill plan of the current run (every pid, user, start time, command, and the rule that found
     it) and the shm entries the clean after it will remove: only files tied to the run, each
@@ -340,7 +340,7 @@ async def plan_relaunch(session, layout: Layout, clean_shm: bool = True):
     names: list[dict] = []
     if clean_shm:
         audit = await actions.shm_audit(session, uid=plan.uid)  # before the kill: the run still holds its files
-        found = actions.shm_for_run(audit, plan)
+        found = actions.shm_for_run(audit, plan, held_before)
         names = found.remove
         lines += actions.describe_shm_for_run(found, audit["folder"])
     return plan, names, lines
@@ -380,7 +380,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
             progress(None, line)
 
     if plan is None:
-        plan, found, lines = await plan_relaunch(session, layout, clean_shm)
+        plan, found, lines = await plan_relaunch(session, layout, clean_shm, monitor.shm_held)
         shm_names = found if shm_names is None else shm_names
         for line in lines:
             say(line)
@@ -393,7 +393,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
         if clean_shm:
             if shm_names is None:  # the plan came without them: only what the kill leaves tied to the run
                 audit = await actions.shm_audit(session, uid=plan.uid)
-                found = actions.shm_for_run(audit, plan)
+                found = actions.shm_for_run(audit, plan, monitor.shm_held)
                 shm_names = found.remove
                 for line in actions.describe_shm_for_run(found, audit["folder"]):
                     say(line)

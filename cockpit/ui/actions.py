@@ -167,7 +167,7 @@ class ActionRunner:
             spec = await self.ask(self._launch_dialog())
             if spec is None:
                 return
-            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout)  # what is killed and removed
+            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout, held_before=self.monitor.shm_held)  # what is killed and removed
             steps = (["Kill this"] if plan.entries else []) + (["clean shm"] if names else []) + ["launch"]
             question = (", ".join(steps[:-1]) + " and " + steps[-1] if len(steps) > 1 else steps[0]).capitalize()
             if not await self.ask(ConfirmScreen("relaunch", lines, question + "?")):
@@ -191,7 +191,7 @@ class ActionRunner:
                 return
             vary = choice.enabled
             specs = combinations(self.layout, vary)
-            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout)
+            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout, held_before=self.monitor.shm_held)
             ok = await self.ask(ConfirmScreen(
                 "ablation", lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
                 f"Run these {len(specs)} launches in turn (each kills the one before)?"))
