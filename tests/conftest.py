@@ -159,3 +159,15 @@ def run_cli(*args: str, timeout: float = 60, env: dict | None = None) -> subproc
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def shared():
+    """A folder other users can reach (pytest's tmp_path is root's only), removed after."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gpu-cockpit-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -26,15 +26,10 @@ NOBODY = 65534
 
 
 @pytest.fixture
-def shared():
-    """A folder another user can reach (pytest's tmp_path is root's only)."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="gpu-cockpit-test-", dir="/tmp"))
-    path.chmod(0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def shared(shared):
+    """conftest's shared folder, writable by another user too (its ranks make their pipes there)."""
+    shared.chmod(0o777)
+    return shared
 
 
 def as_nobody():

@@ -9,7 +9,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,15 +33,6 @@ def users():
     finally:
         for name in names:
             subprocess.run(["userdel", "-f", name], capture_output=True)
-
-
-@pytest.fixture
-def shared():
-    """A folder other users can reach (pytest's tmp_path is root's only)."""
-    path = Path(tempfile.mkdtemp(prefix="gpu-cockpit-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def as_user(uid: int):
