@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.screen import ModalScreen
 
-from cockpit.diagnose import VerdictName
+from cockpit.diagnose import REQUESTS_FROZEN, VerdictName
 from cockpit.hosttext import as_text
 from cockpit.metrics import describe as describe_metrics
 
@@ -45,8 +45,10 @@ def header_text(screen: CockpitScreen) -> Text:
     s = screen.state
     a = s.agent
     sep = Text("  │  " if screen.size.width >= FULL[0] else " │ ", style="grey50")
+    v = screen.verdict
+    said = str(v) + (f": {v.detail}" if v.detail == REQUESTS_FROZEN else "")  # a launch's stop shows in its phase
     verdict = Text("unknown: no connection", style="bold red") if screen.error else \
-        as_text(str(screen.verdict), VERDICT_STYLE.get(screen.verdict.name, "default"))
+        as_text(said, VERDICT_STYLE.get(v.name, "default"))
     head = [Text("verdict ") + verdict,
             Text("phase ") + as_text(str(screen.phase), "bold cyan"),
             as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
