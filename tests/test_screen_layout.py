@@ -127,3 +127,15 @@ async def test_a_notification_never_covers_a_dialog():
         text = save_text(app, None)
         assert "Signal these?" in text and "SOMETHING HAPPENED" not in text
         assert "y Yes, do it" in text.splitlines()[-1]  # the dialog's keys, in its footer
+
+
+async def test_the_header_says_a_stall_with_requests_in_flight_as_such():
+    doc = json.loads((FIXTURES / "demo-serving.json").read_text())
+    doc["verdict"] = {"name": "stalled-idle", "odd_rank": 1, "detail": "requests frozen",
+                      "evidence": ["the engine's stats say 8 requests running at 0 tokens/s since 12-01 22:06:15 (48 s): "
+                                   "requests frozen"]}
+    app = CockpitApp(state=state_from_doc(doc), layout=resolve_layout("demo"))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        first = save_text(app, None).splitlines()[0]
+    assert "verdict stalled-idle (rank 1): requests frozen" in first
