@@ -3,6 +3,8 @@ HostState; nothing here touches the network."""
 
 from __future__ import annotations
 
+import calendar
+import datetime as dt
 import itertools
 import re
 import time
@@ -164,8 +166,6 @@ class Verdict:
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    import datetime as dt
-
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -195,8 +195,6 @@ def _clock(stamp: str | None) -> float | None:
     if not m:
         return None
     year, month, day, hh, mm, ss = m.groups()
-    import calendar
-
     try:
         return float(calendar.timegm((int(year or 2000), int(month or 1), int(day or 1), int(hh), int(mm), int(ss))))
     except (ValueError, OverflowError):
@@ -207,8 +205,6 @@ _NO_YEAR_BEFORE = 978307200.0  # _clock gives a stamp without a year the year 20
 
 
 def _with_year(clock: float, year: int) -> float:
-    import calendar
-
     t = time.gmtime(clock)
     try:
         return float(calendar.timegm((year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec)))
@@ -401,9 +397,6 @@ class Watchdog:
         since_work = age(self._work) if self._work and self._last else quiet_s
         said = silent if since_work - quiet_s < 1 else f"no work in the log for {_duration(since_work)} ({silent})"
         work, frozen, frozen_s = [], None, None
-        window = min(self.idle_s, self.spin_s)
-        if self._work is not None and since_work < window:
-            work.append(f"the log shows work {_duration(since_work)} ago")
         if self._frozen is not None and self._last is not None:
             line, *at = self._frozen
             frozen_s = age(tuple(at))
@@ -411,6 +404,8 @@ class Watchdog:
             frozen = (f"the engine's stats say {running} request{'s' if running != 1 else ''} running at 0 tokens/s "
                       f"since {line.time or '?'} ({_duration(frozen_s)}): requests frozen")
             since_work = max(since_work, frozen_s)
+        elif self._work is not None and since_work < min(self.idle_s, self.spin_s):
+            work.append(f"the log shows work {_duration(since_work)} ago")  # stats lines at 0 tokens/s are no work
         view = state.metrics
         h = view.header() if view is not None else {}
         idle_engine = False
@@ -421,8 +416,6 @@ class Watchdog:
         computing = self._computing(state)
         if computing:
             work.append(computing)
-        if frozen is not None:
-            work = [w for w in work if not w.startswith("the log")]  # stats lines at 0 tokens/s are no work
         return Progress(since_work, said, work, frozen, frozen_s, idle_engine)
 
     @staticmethod

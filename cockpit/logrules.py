@@ -713,6 +713,7 @@ class LogTracker:
         self._read_trace(ll, msg, continues)
         if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self.failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
+        frozen = progress_of(ll) == "frozen"  # the engine's stats: requests running, nothing done
         if ll.kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
@@ -720,7 +721,7 @@ class LogTracker:
                 self._trace.failure = self._trace.failure or self._block
         elif ll.kind == "stall":
             self.stalls.append((self.n, ll))
-        elif progress_of(ll) == "frozen":  # the engine's stats: requests running, nothing done
+        elif frozen:
             self.stalls.append((self.n, ll._replace(kind="stall", cause="requests-frozen")))
         elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
             self._block.evidence.append((self.n, ll.text))  # the traceback's own last word
@@ -729,7 +730,6 @@ class LogTracker:
             self._trace_failure(ll, msg)
         if "HTTP/" in msg and ACCESS_LINE.search(msg):
             self.requests += 1
-        frozen = progress_of(ll) == "frozen"
         if ll.kind != "failure" and (ll.phase or HTTP_OK.search(msg)) and not frozen and not ll.probe:
             self._progress(ll)
         if ll.phase and ll.kind != "failure":

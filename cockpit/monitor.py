@@ -131,7 +131,7 @@ class Monitor:
     async def judging(self):
         yield
 
-    async def forensics_done(self, timeout: float | None = None) -> None:
+    async def forensics_done(self) -> None:
         """Wait for a stall's forensics under way (a monitor that gathers them says how)."""
 
     async def stop(self, plan, why: str, wait: float | None = None, whole_run: bool = True) -> dict:
@@ -241,26 +241,21 @@ class HostMonitor(Monitor):
         if not stalled:
             self._forensics_for = None
             return
+        key = (self.state.generation, id(self.watchdog))
+        if self.forensics_on and key != self._forensics_for and not self.stopping:
+            self._forensics_for = key
+            prior = self._forensics_of_this_stall()
+            if prior is not None:  # another cockpit gathered them already: once per stall, whoever looks
+                self.forensics = prior
+            else:
+                try:
+                    self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics())
+                except RuntimeError:
+                    self._forensics_for = None  # judged outside the event loop (a test feeding states)
         if self.forensics is not None and self.forensics.finding is not None:
             from cockpit.evidence import merge
 
             self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
-        key = (self.state.generation, id(self.watchdog))
-        if not self.forensics_on or key == self._forensics_for or self.stopping:
-            return
-        self._forensics_for = key
-        prior = self._forensics_of_this_stall()
-        if prior is not None:  # another cockpit gathered them already: once per stall, whoever looks
-            self.forensics = prior
-            if prior.finding is not None:
-                from cockpit.evidence import merge
-
-                self.verdict = merge(self.verdict, [prior.finding], self.state)
-            return
-        try:
-            self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics())
-        except RuntimeError:
-            self._forensics_for = None  # judged outside the event loop (a test feeding states): nothing to run
 
     def _forensics_of_this_stall(self):
         """The forensics the ledger already holds for the run followed, gathered since this stall
@@ -296,14 +291,14 @@ class HostMonitor(Monitor):
         self.update()
         self._emit(MonitorEvent("sample"))
 
-    async def forensics_done(self, timeout: float | None = None) -> None:
+    async def forensics_done(self) -> None:
         """Wait for a stall's forensics under way (a one-shot look reports them)."""
         from cockpit.forensics import DEADLINE_S
 
         task = self._forensics_task
         if task is not None and not task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(task), timeout or DEADLINE_S + 40)
+                await asyncio.wait_for(asyncio.shield(task), DEADLINE_S + 40)
             except (asyncio.TimeoutError, CockpitError):
                 pass
 
@@ -556,12 +551,12 @@ class HostMonitor(Monitor):
                                 f"(process group {pgid}), started elsewhere; following it and its log")
         self.update()
 
-    async def note_shm_held(self, force: bool = False) -> None:
+    async def note_shm_held(self) -> None:
         """Remember which /dev/shm files the run's live processes map or hold open (device,
         inode), every SHM_WATCH_S while it lives: the clean after a kill removes those (and
         what it still holds then), never a file another job of the same user made meanwhile."""
         now = time.monotonic()
-        if self.layout is None or (not force and now < self._shm_look_at):
+        if self.layout is None or now < self._shm_look_at:
             return
         self._shm_look_at = now + SHM_WATCH_S
         ours = {p.pid for p in self.state.live_procs()}
@@ -618,9 +613,6 @@ class HostMonitor(Monitor):
     async def watch_for(self, seconds: float) -> None:
         """Judge for `seconds` more: the verdict moves on each sample as it would on screen."""
         deadline = time.monotonic() + seconds
-        probes = asyncio.create_task(self._probe_loop())  # endpoints and metrics, as on screen
-        try:
+        async with self.judging():
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        finally:
-            probes.cancel()

@@ -5,10 +5,12 @@ layout's order, then parameters as `--name value`. Never a shell string."""
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import json
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,9 +296,6 @@ def note_stop(monitor, plan, why: str) -> None:
     run, layout = monitor.following, monitor.layout
     if not run or not layout or not run.get("run_id") or not plan.entries:
         return
-    import getpass
-    import socket
-
     append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {
         "why": why, "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})", "at": time.time(),
         "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries]}})
