@@ -44,8 +44,9 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
     runs = []
 
     async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, sim_state))
-        monitor.following = runs[-1]
+        run = await demo.start_demo(monitor.session, layout, sim_state)
+        runs.append(run.record)
+        monitor.follow(run)
 
     monitor = HostMonitor(parse_target("demo"), SessionOptions(python=sys.executable, interval=0.5, sim_state=sim_state),
                           layout, on_connect=on_connect)

@@ -331,7 +331,7 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
 
         with monitor.stopping_for("launching"):  # as a relaunch does
             monitor.new_run()
-            monitor.following = await launch(monitor.session, layout, default_spec(layout))
+            monitor.follow(await launch(monitor.session, layout, default_spec(layout)))
         pgids.append(monitor.following["pgid"])
         try:
             await until(pilot, lambda: app.cockpit.phase.name == "serving"

@@ -53,7 +53,7 @@ async def live_app(sim_state, tmp_path):
     runs = []
 
     async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
+        runs.append((await demo.start_demo(monitor.session, layout, str(sim_state))).record)
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app, port
@@ -253,8 +253,9 @@ sim: {{speed: 4, seed: 1}}
     runs = []
 
     async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
-        monitor.following = runs[-1]  # as `cockpit demo` does: the ledger gets what was seen of it
+        run = await demo.start_demo(monitor.session, layout, str(sim_state))
+        runs.append(run.record)
+        monitor.follow(run)  # as `cockpit demo` does: the ledger gets what was seen of it
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app
