@@ -184,9 +184,9 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
     watched through the runs it launched only (no process patterns: another demo's processes,
     or anything else on this machine, are not shown or judged); a command other than `demo`
     attaches to the running demo and follows its current run."""
-    from cockpit.runs.layouts import resolve_layout
     from cockpit.link.target import parse_target
     from cockpit.monitor.host import HostMonitor
+    from cockpit.runs.layouts import resolve_layout
 
     target = parse_target("demo" if args.command == "demo" else getattr(args, "target", None) or "demo")
     if layout is None:
@@ -409,8 +409,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         for option, path in (("--svg", args.svg), ("--text", args.text)):
             if path and path != "-":
                 check_output(option, path)
-        from cockpit.runs.layouts import resolve_layout
         from cockpit.host.snapshot import monitor_doc
+        from cockpit.runs.layouts import resolve_layout
         from cockpit.ui.app import CockpitApp
         from cockpit.ui.headless import render
 
@@ -427,7 +427,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
         if args.json:
             monitor = app.cockpit.monitor
-            print_json(monitor_doc(monitor) if monitor else _replay_doc(args.replay))
+            print_json(monitor_doc(monitor) if monitor.live else _replay_doc(args.replay))
         return 0
     doc = _replay_doc(args.replay) if args.replay else asyncio.run(take_snapshot(build_monitor(args), wait=args.wait))
     print_json(doc)

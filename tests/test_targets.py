@@ -150,6 +150,55 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
 
 
+async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):  # noqa: F811
+    """The screen of a `slurm:JOB` run (a ClusterMonitor, the Monitor protocol like one host's):
+    `d` dumps every rank on both nodes, `L` shows the layout's runs, `K` asks with both nodes'
+    processes, stops them through the one stop workflow and reads `no run`, nothing left."""
+    from simhost import until
+
+    from cockpit.host.session import SessionOptions
+    from cockpit.monitor.cluster import ClusterMonitor
+    from cockpit.runs.config import parse_layout
+    from cockpit.ui.app import CockpitApp, save_text
+    from cockpit.ui.screens import ConfirmScreen, ReportScreen
+
+    for key, value in slurm.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    job = start_job(slurm, tmp_path, "--sim-traffic 2")
+    try:
+        path = tmp_path / "layout.yaml"
+        path.write_text(LAYOUT)
+        layout = parse_layout(LAYOUT, str(path))
+        monitor = ClusterMonitor(parse_target(f"slurm:{job}"),
+                                 SessionOptions(python=sys.executable, interval=0.5, sim_state=f"{tmp_path}/%n"), layout)
+        app = CockpitApp(monitor=monitor)
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: len([p for p in app.state.ranks() if p.alive]) == 4, 60)
+            await until(pilot, lambda: app.cockpit.check_action("dump", ()), 20)
+            await pilot.press("d")
+            await until(pilot, lambda: isinstance(app.screen, ReportScreen), 90)
+            report = save_text(app, None)
+            assert "0-3" in report or "ranks 0" in report, report
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, ReportScreen), 10)
+            await until(pilot, lambda: app.cockpit.busy is None, 30)
+            await pilot.press("L")
+            await until(pilot, lambda: isinstance(app.screen, ReportScreen), 10)
+            assert "runs of two-nodes" in save_text(app, None)
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, ReportScreen), 10)
+            await pilot.press("K")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 60)
+            plan = save_text(app, None)
+            assert "[n1]" in plan and "[n2]" in plan, plan  # one plan listing both nodes' processes
+            await pilot.press("y")
+            await until(pilot, lambda: monitor.verdict.name.value == "no run", 90)
+            assert run_procs(str(tmp_path)) == [], "something of the run is left on a node"
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
+
+
 def test_slurm_errors_are_one_line_naming_the_job_and_the_fix(slurm):  # noqa: F811
     res = cli(slurm, "snapshot", "slurm:99999", "--json")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr

@@ -1,7 +1,7 @@
 """A stall's forensics, gathered once, automatically, when the monitor declares a stall on the run
 it follows: every rank's stack (py-spy, grouped as `d` groups them), the flight recorder's dumps
 where the run armed it, and from them the rank that is not where the others are. NCCL's RAS is
-polled by the agent already and reaches the verdict on its own (cockpit/ras.py).
+polled by the agent already and reaches the verdict on its own (cockpit/read/ras.py).
 
 The result is a Finding (source `stacks`) the watchdog's verdict takes in (evidence.merge: the
 odd rank where it had none), the dumps in the run's folder, and a line in the ledger. It runs at

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.common.hosttext import count, these, visible
-from cockpit.host.state import HostState
 from cockpit.common.secrets import mask_text
 from cockpit.host.session import HostSession
+from cockpit.host.state import HostState
 from cockpit.runs.run import Run, Scope, process_scope
 
 DEFAULT_KILL_WAIT_S = 10.0

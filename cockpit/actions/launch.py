@@ -15,7 +15,13 @@ from cockpit.read.stacks import describe_groups
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import append_ledger, masked, read_ledger
 from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run
-from cockpit.runs.spec import RunSpec, build_argv, combinations, new_run_id, run_log_path
+from cockpit.runs.spec import (
+    RunSpec,
+    build_argv,
+    combinations,
+    new_run_id,
+    run_log_path,
+)
 
 
 async def find_live_run(session, layout: Layout) -> Run | None:

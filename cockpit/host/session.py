@@ -17,10 +17,10 @@ from pathlib import Path
 from cockpit.agent import EXIT_TOO_OLD, agent_argv
 from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.common.errors import CockpitError, CommandError, LinkLost
+from cockpit.host.state import HostState
 from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.connect import make_link
 from cockpit.link.target import Target
-from cockpit.host.state import HostState
 
 HELLO_TIMEOUT_S = 20.0
 SILENCE_FLOOR_S = 1.0  # at sub-second refresh, a busy host's scheduler jitter is not a dead link

@@ -6,7 +6,6 @@ support are null, never 0."""
 from __future__ import annotations
 
 import datetime as dt
-
 from collections import deque
 
 from cockpit.host.state import THROTTLE_REASONS, HostState, Proc
@@ -74,7 +73,7 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "gpu_mem_mib": p.gpu_mem_mib,
                 "exit_code": p.exit_code,
                 **({"node": p.node, "node_pid": p.node_pid, "step": getattr(p, "step", None)}
-                   if hasattr(p, "node") else {}),  # a run spanning nodes (cockpit/cluster.py)
+                   if hasattr(p, "node") else {}),  # a run spanning nodes (cockpit/monitor/cluster.py)
             }
             for _, p in state.tree()
         ],
@@ -150,7 +149,7 @@ def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
         doc["link"] = describe()
     extra = getattr(monitor, "doc_extra", None)
-    if extra is not None:  # a run spanning nodes: its nodes (cockpit/cluster.py)
+    if extra is not None:  # a run spanning nodes: its nodes (cockpit/monitor/cluster.py)
         doc.update(extra())
     return doc
 

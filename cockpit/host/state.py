@@ -14,9 +14,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
-from cockpit.read.logrules import LogLine, LogRules
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_argv, mask_line
+from cockpit.read.logrules import LogLine, LogRules
 from cockpit.read.metrics import MetricsView
 from cockpit.read.ras import RasView
 
@@ -207,9 +207,9 @@ class HostState:
         self.generation = 0  # bumped when a new run replaces the last one (see _new_run)
         self.notes: deque = deque(maxlen=20)  # what the operator should be told once
         self.log_ranks: dict[int, int] = {}  # pid -> rank, from log prefixes such as `(VllmWorker TP1 pid=406)`
-        self.ras = RasView()  # NCCL RAS answers the agent polled (cockpit/ras.py)
-        self.metrics = MetricsView()  # the engine's metrics as the monitor scrapes them (cockpit/metrics.py)
-        self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/flightrec.py)
+        self.ras = RasView()  # NCCL RAS answers the agent polled (cockpit/read/ras.py)
+        self.metrics = MetricsView()  # the engine's metrics as the monitor scrapes them (cockpit/read/metrics.py)
+        self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/read/flightrec.py)
         self.dropped: Counter = Counter()  # frame fields of the wrong type, dropped where applied: "gpus.util_pct"
 
     # ------------------------------------------------------------------ frames

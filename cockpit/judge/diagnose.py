@@ -10,10 +10,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from cockpit.read.logrules import LogLine, LogRules, LogTracker, progress_of
 from cockpit.host.state import HostState
 from cockpit.judge.evidence import merge
-from cockpit.judge.verdict import REQUESTS_FROZEN, Phase, Verdict, VerdictName, V
+from cockpit.judge.verdict import REQUESTS_FROZEN, Phase, V, Verdict, VerdictName
+from cockpit.read.logrules import LogLine, LogRules, LogTracker, progress_of
 
 
 def phase_of(state: HostState, log_path: str | None = None) -> Phase:
@@ -213,7 +213,7 @@ class Watchdog:
 
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         phase, verdict = self._judge(state, now, log_path)
-        if self.sources:  # NCCL RAS, the engine's metrics, the flight recorder (cockpit/evidence.py)
+        if self.sources:  # NCCL RAS, the engine's metrics, the flight recorder (cockpit/judge/evidence.py)
             stalled = verdict.name in (V.STALLED_IDLE, V.STALLED_SPINNING)
             verdict = merge(verdict, [f for src in self.sources for f in src(state, now, self, stalled)], state)
         return phase, verdict

@@ -1,5 +1,5 @@
-"""Evidence from sources beyond the processes and GPUs: NCCL's RAS service (cockpit/ras.py), the
-engine's own metrics (cockpit/metrics.py) and torch's flight recorder (cockpit/flightrec.py). Each
+"""Evidence from sources beyond the processes and GPUs: NCCL's RAS service (cockpit/read/ras.py), the
+engine's own metrics (cockpit/read/metrics.py) and torch's flight recorder (cockpit/read/flightrec.py). Each
 source turns what it saw into Findings; `merge` folds them into the watchdog's verdict:
 
 - a verdict that already alerts keeps its name and gains the findings' lines; a finding's rank

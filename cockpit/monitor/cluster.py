@@ -28,15 +28,17 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
-from cockpit.runs.config import Layout
-from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.common.errors import CockpitError, LinkLost
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.host.state import HISTORY_LEN, AgentInfo, HostState, PortState
+from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.connect import carrier_link
 from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
-from cockpit.host.state import HISTORY_LEN, AgentInfo, HostState, PortState
-from cockpit.monitor.host import HostMonitor, Monitor, MonitorEvent, rules_for, watchdog_for
-from cockpit.host.session import SessionOptions, WatchList
+from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
+from cockpit.monitor.host import HostMonitor
+from cockpit.runs.config import Layout
+from cockpit.runs.run import Run
 
 STRIDE = 10_000_000  # above Linux's largest pid_max (2**22)
 GPU_STRIDE = 1000
@@ -376,7 +378,7 @@ class ClusterMonitor(Monitor):
         self.phase = Phase("no run")
         self.verdict: Verdict = NodeVerdict(VerdictName.WATCHING, [])
         self.probes: dict = {}
-        self.following = None
+        self.run = Run(layout)
         self.stopping: str | None = None
         self.nodes: list[Node] = []
         self.job = None
@@ -387,16 +389,6 @@ class ClusterMonitor(Monitor):
 
     def by_number(self, k: int) -> Node:
         return self.nodes[k - 1]
-
-    # ------------------------------------------------------------------ listeners
-
-    def subscribe(self, fn: Callable[[MonitorEvent], None]) -> Callable[[], None]:
-        self._listeners.append(fn)
-        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
-
-    def _emit(self, event: MonitorEvent) -> None:
-        for fn in list(self._listeners):
-            fn(event)
 
     def _on_node_event(self, node: Node, event: MonitorEvent) -> None:
         if event.kind == "sample":
@@ -441,7 +433,7 @@ class ClusterMonitor(Monitor):
         """The operator's kill of the whole job's run, verified on every node: no run."""
         before = self.verdict
         self.new_run()
-        self.following = None
+        self.follow(None)
         self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))
 

@@ -14,14 +14,20 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from cockpit.runs.config import Layout, LayoutError, YamlLoader, compose_yaml, read_config
 from cockpit.common.errors import CockpitError
-from cockpit.runs.layouts import resolve_layout
-from cockpit.link.target import parse_target
-from cockpit.host.state import HostState
-from cockpit.monitor.host import HostMonitor
 from cockpit.host.session import HostSession, SessionOptions, agent_python
 from cockpit.host.snapshot import snapshot_doc
+from cockpit.host.state import HostState
+from cockpit.link.target import parse_target
+from cockpit.monitor.host import HostMonitor
+from cockpit.runs.config import (
+    Layout,
+    LayoutError,
+    YamlLoader,
+    compose_yaml,
+    read_config,
+)
+from cockpit.runs.layouts import resolve_layout
 
 SCHEMA = "gpu-cockpit.fleet/1"
 DEFAULT_CONCURRENCY = 16
@@ -151,7 +157,7 @@ class Member:
         self.opts = opts
         target = parse_target(host.target)
         self.demo_error: str | None = None  # `demo` with no demo running: said in the row, asked again
-        if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/cluster.py)
+        if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/monitor/cluster.py)
             from cockpit.monitor.cluster import ClusterMonitor
 
             self.monitor = ClusterMonitor(target, opts, self.layout, history=FLEET_HISTORY)

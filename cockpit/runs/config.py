@@ -60,7 +60,7 @@ class Layout:
     phases: list[PhaseRule] = field(default_factory=list)
     stall: Stall = field(default_factory=Stall)
     kill_wait_s: float = 10.0
-    auto_dump: bool = True  # a stall's forensics gathered once, automatically (cockpit/forensics.py)
+    auto_dump: bool = True  # a stall's forensics gathered once, automatically (cockpit/actions/forensics.py)
     sim: Sim | None = None
     metrics: str | None = None  # the engine's Prometheus endpoint on the first port (default /metrics for sglang/vllm)
 

@@ -19,7 +19,6 @@ from cockpit.runs.config import Layout
 from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.run import Run
 
-
 SECRET = ENV_WORDS  # the names cockpit.secrets masks (and *_PAT, credentials in URLs)
 
 

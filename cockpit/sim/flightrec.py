@@ -3,7 +3,7 @@ read: armed by the environment torch reads (TORCH_NCCL_TRACE_BUFFER_SIZE or TORC
 TORCH_NCCL_DEBUG_INFO_PIPE_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE), a FIFO per rank created and held
 open by the rank as torch's DumpPipe does (`<stem><rank>.pipe`), polled once a second as torch's
 heartbeat thread does, and on any byte a dump of the last collectives written to
-`<temp stem><rank>` as a pickle of plain containers in torch's layout (cockpit/flightrec.py reads
+`<temp stem><rank>` as a pickle of plain containers in torch's layout (cockpit/read/flightrec.py reads
 it). Without TORCH_NCCL_ENABLE_TIMING torch does not track starts: entries go from `scheduled`
 to `completed`, and `last_started_collective` is -1, as here."""
 

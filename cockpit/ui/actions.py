@@ -12,8 +12,25 @@ from textual.screen import Screen
 
 from cockpit.actions import bundle
 from cockpit.actions.dumps import collect, dump_ranks, dump_targets
-from cockpit.actions.kill import describe_clean, describe_kill, describe_shm, find_run, listed, of_run, plan_kill, shm_audit, shm_clean
-from cockpit.actions.launch import ablate, describe_ablation, launch_python, plan_relaunch, run_variant, sim_flags
+from cockpit.actions.kill import (
+    describe_clean,
+    describe_kill,
+    describe_shm,
+    find_run,
+    listed,
+    of_run,
+    plan_kill,
+    shm_audit,
+    shm_clean,
+)
+from cockpit.actions.launch import (
+    ablate,
+    describe_ablation,
+    launch_python,
+    plan_relaunch,
+    run_variant,
+    sim_flags,
+)
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count, these, visible
 from cockpit.read import flightrec
@@ -21,8 +38,6 @@ from cockpit.runs.ledger import describe_ledger, read_ledger, run_name
 from cockpit.runs.spec import RunSpec, combinations, default_spec
 from cockpit.ui.fmt import say
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
-
-
 
 TOAST_S = 5
 

@@ -15,22 +15,22 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from cockpit.runs.run import process_scope
-from cockpit.runs.config import Layout
-from cockpit.judge.verdict import Phase, Verdict, VerdictName
-from cockpit.judge.diagnose import phase_of
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text
 from cockpit.host.state import HostState
-from cockpit.monitor.host import HostMonitor, MonitorEvent
+from cockpit.judge.verdict import Phase, Verdict
+from cockpit.monitor.base import Monitor, MonitorEvent
+from cockpit.monitor.replay import ReplayMonitor
+from cockpit.runs.config import Layout
+from cockpit.runs.run import process_scope
 from cockpit.ui.actions import ActionRunner
+from cockpit.ui.commands import COCKPIT, bindings
 from cockpit.ui.fmt import say
-from cockpit.ui.header import FULL, header_text
 from cockpit.ui.gpus import GpuList, GpuPane
+from cockpit.ui.header import FULL, header_text
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.commands import COCKPIT, bindings
 from cockpit.ui.screens import HelpScreen, SearchScreen
 
 REDRAW_S = 0.25
@@ -55,16 +55,18 @@ class CockpitScreen(Screen):
     ALLOW_IN_MAXIMIZED_VIEW = "#status, Footer"
     ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bundle", "flightrec")
 
-    def __init__(self, monitor: HostMonitor | None = None, state: HostState | None = None,
+    def __init__(self, monitor: Monitor | None = None, state: HostState | None = None,
                  layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True):
+        """`monitor` watches a host (or a run spanning nodes); without one, `state` is a recorded
+        moment, watched through a ReplayMonitor."""
         super().__init__()
-        self.monitor = monitor
-        self.owns_monitor = owns_monitor and monitor is not None
-        self.state = monitor.state if monitor else (state or HostState())
-        self.profile = monitor.layout if monitor else layout
+        self.monitor = monitor if monitor is not None else ReplayMonitor(state, layout)
+        self.owns_monitor = owns_monitor
+        self.state = self.monitor.state
+        self.profile = self.monitor.layout
         self.read_only = read_only
-        if monitor is not None and read_only:
-            monitor.forensics_on = False  # watch only: not even py-spy attaches
+        if read_only:
+            self.monitor.forensics_on = False  # watch only: not even py-spy attaches
         self.actions = ActionRunner(self)
         self.dirty = True
         self.ready = asyncio.Event()
@@ -75,19 +77,18 @@ class CockpitScreen(Screen):
         self._status_lines = 0
         self._link_seen: tuple | None = None
         self._unsubscribe = None
-        self._replayed = None if monitor else self._replay()
 
     @property
     def session(self):
-        return self.monitor.session if self.monitor else None
+        return self.monitor.session
 
     @property
     def phase(self) -> Phase:
-        return self.monitor.phase if self.monitor else self._replayed[0]
+        return self.monitor.phase
 
     @property
     def verdict(self) -> Verdict:
-        return self.monitor.verdict if self.monitor else self._replayed[1]
+        return self.monitor.verdict
 
     @property
     def busy(self) -> str | None:
@@ -120,20 +121,15 @@ class CockpitScreen(Screen):
         self._fit()
         self.set_interval(REDRAW_S, self._tick)
         self.set_interval(1.0, self._status)
-        if self.monitor is not None:
-            self.ports.probes = self.monitor.probes
-            self._unsubscribe = self.monitor.subscribe(self._on_event)
+        self.ports.probes = self.monitor.probes
+        self._unsubscribe = self.monitor.subscribe(self._on_event)
+        if self.monitor.live:
             self.connect()
         else:
             self._sync_log(full=True)
             self.refresh_panes()
             self.ready.set()
         self.ranks.focus()
-
-    def _replay(self) -> tuple[Phase, Verdict]:
-        """Phase and verdict of a recorded moment, as the snapshot wrote them."""
-        v = self.state.verdict
-        return phase_of(self.state), Verdict(**v) if v else Verdict(VerdictName.WATCHING, [])
 
     def on_resize(self, event) -> None:
         if hasattr(self, "footer"):
@@ -272,7 +268,7 @@ class CockpitScreen(Screen):
     def _empty_gpus(self) -> str:
         if self.error:
             return "no connection: the header says why; q quits"
-        if self.state.seq or self.monitor is None:
+        if self.state.seq or not self.monitor.live:
             return "no GPUs on this host (the agent found neither NVML nor nvidia-smi)"
         return f"connecting to {self.state.target}…"
 
@@ -298,7 +294,7 @@ class CockpitScreen(Screen):
         if action == "ledger":
             return self.profile is not None
         if action == "back":
-            return not self.owns_monitor and self.monitor is not None
+            return not self.owns_monitor
         return True
 
     def action_zoom(self) -> None:

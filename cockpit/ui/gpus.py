@@ -5,13 +5,13 @@ screen is short."""
 
 from __future__ import annotations
 
-from cockpit.common.hosttext import as_text, visible
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
+from cockpit.common.hosttext import as_text, visible
 from cockpit.host.state import Gpu, HostState
 from cockpit.ui.fmt import bar, gib, level_style, num, spark
 

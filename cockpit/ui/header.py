@@ -10,11 +10,10 @@ import time
 from rich.text import Text
 from textual.screen import ModalScreen, Screen
 
-from cockpit.judge.verdict import REQUESTS_FROZEN, VerdictName
 from cockpit.common.hosttext import as_text
-from cockpit.ui.screens import ReportScreen
+from cockpit.judge.verdict import REQUESTS_FROZEN, VerdictName
 from cockpit.read.metrics import describe as describe_metrics
-
+from cockpit.ui.screens import ReportScreen
 
 VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
                  "slow": "yellow", "stopping": "yellow", "stopped": "yellow"}
@@ -25,11 +24,11 @@ def hint(screen: Screen) -> str | None:
     """What to do when there is nothing to show."""
     if screen.error:
         return "q quits (exit status 2); check the host name, or that sshd answers there"
-    if screen.monitor is not None and not screen.state.seq:
+    if screen.monitor.live and not screen.state.seq:
         return None
     if any(p.alive for p in screen.state.procs.values()):
         return None
-    if screen.monitor is None:
+    if not screen.monitor.live:
         return "no run in this snapshot"
     if screen.profile is not None and screen.profile.command and screen.check_action("relaunch", ()):
         return f"no run: press r to launch {screen.profile.name}'s command (flag sets as toggles), L for earlier runs"

@@ -27,12 +27,12 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float | None, svg
             await asyncio.sleep(0.05)
         monitor = app.cockpit.monitor
         start = time.monotonic()
-        if wait is None and monitor is not None:
+        if wait is None and monitor.live:
             while app.is_running and monitor.still_looking(start):
                 await asyncio.sleep(0.1)
         elif wait:
             await asyncio.sleep(wait)
-        if monitor is not None:
+        if monitor.live:
             monitor.looked_s = round(time.monotonic() - (monitor.opened_at or start), 1)
         app.cockpit.dirty = True
         app.cockpit._tick()

@@ -14,8 +14,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from cockpit.common.hosttext import as_text, visible
-from cockpit.read.logrules import LogLine
 from cockpit.host.state import LOG_LINES
+from cockpit.read.logrules import LogLine
 
 MAX_WIDTH = 400
 STYLE_OBJ = {"failure": Style(bold=True, color="bright_red"), "error": Style(bold=True, color="red"),

@@ -1,0 +1,168 @@
+"""What every monitor is: the protocol the screen, the fleet and every command rely on (one host:
+cockpit/monitor/host.py; a run spanning Slurm nodes: cluster.py; a recorded moment: replay.py),
+and what they all do the same way, written once: listeners, the run followed, the one-shot look,
+the one stop workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from cockpit.actions import kill
+from cockpit.judge.diagnose import Watchdog
+from cockpit.judge.evidence import default_sources
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.read.logrules import LogLine, LogRules
+from cockpit.runs.config import Layout
+from cockpit.runs.ledger import (
+    note_stop,
+    record_ended,
+    record_seen,
+    typical_phase_seconds,
+)
+from cockpit.runs.run import Run
+
+# What every kind of monitor gives (attributes and methods), checked for each kind by a test.
+PROTOCOL = ("state", "phase", "verdict", "watchdog", "layout", "session", "target", "run", "following", "follow",
+            "probes", "shm_held", "stopping", "live", "subscribe", "update", "open", "keep", "close", "attached",
+            "look", "decided", "still_looking", "watch_for", "judging", "forensics_done", "stop", "stopping_for",
+            "new_run", "run_ended", "replayed")
+
+
+@dataclass
+class MonitorEvent:
+    """What a listener is told: `sample` (new data), `log` (classified lines of `path`), `verdict`
+    (it changed; `before` is the last one), `link` (the link went down or came back)."""
+
+    kind: str
+    path: str | None = None
+    lines: list[LogLine] | None = None
+    before: Verdict | None = None
+
+
+def watchdog_for(layout: Layout | None) -> Watchdog:
+    """The layout's stall thresholds and its earlier runs' phase times (for `slow`)."""
+    if layout is None:
+        return Watchdog(sources=default_sources())
+    s = layout.stall
+    return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports,
+                    sources=default_sources(), metrics=bool(layout.metrics and layout.ports))
+
+
+def rules_for(layout: Layout | None) -> LogRules:
+    """The layout's engine and phases; without one (or with engine none) the engine is learnt
+    from the log's own lines."""
+    return LogRules(layout.engine if layout else "auto", layout.phases if layout else None)
+
+
+class Monitor:
+    """What every kind of monitor (one host, a run spanning nodes) does the same way, written once:
+
+    - the one-shot look every headless command takes (snapshot in every format, bundle, a fleet's
+      rows): judge until the verdict is a claim (`decided`, `still_looking`), or exactly `wait`
+      seconds;
+    - the one stop workflow (`stop`): the screen's `k`/`K`, `cockpit kill`, a relaunch and an
+      ablation's end all call it and keep only their own confirm and report.
+
+    Every monitor keeps the protocol PROTOCOL names (tests/test_monitor_protocol.py checks each
+    kind); the screen, the fleet and every command rely on nothing else.
+    `run` is the Run it follows; `follow` is its one writer."""
+
+    live = True  # False: a recorded moment (ReplayMonitor), nothing on a host to act on
+    _listeners: list
+
+    def subscribe(self, fn: Callable[[MonitorEvent], None]) -> Callable[[], None]:
+        """Call fn with each MonitorEvent; returns the function that stops it."""
+        self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
+
+    def _emit(self, event: MonitorEvent) -> None:
+        for fn in list(self._listeners):
+            fn(event)
+
+    looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
+    opened_at: float | None = None  # when the connection was asked for (local monotonic)
+    forensics = None  # the current stall's Forensics (cockpit/actions/forensics.py), once gathered
+    run: Run
+
+    @property
+    def following(self) -> dict | None:
+        """The ledger's record of the run followed, if any."""
+        return self.run.record
+
+    def follow(self, run: Run | None) -> None:
+        """Follow `run` from now on (launched, resumed, adopted, the demo's); None: the layout's
+        run as the kill's rules find it on the host. The only place a monitor's run is written."""
+        self.run = run if run is not None else Run(self.layout)
+
+    def metrics_expected(self) -> bool:
+        return bool(self.layout and self.layout.metrics and self.layout.ports)
+
+    def decided(self) -> bool:
+        """Whether the verdict is a claim a first look can stand on: not `watching`, and, where the
+        layout has the engine's metrics and its port is open, two scrapes read together (tokens
+        moving or frozen)."""
+        if not self.state.seq or self.verdict.name == VerdictName.WATCHING:
+            return False
+        if self.verdict.name == VerdictName.OK and self.metrics_expected() and any(
+                pt.listening and pt.port == self.layout.ports[0] for pt in self.state.ports):
+            view = self.state.metrics
+            good = [s for s in view.scrapes if not s.error]
+            return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
+        return True
+
+    def still_looking(self, since: float) -> bool:
+        """Whether a one-shot look begun at `since` (local monotonic) goes on: not decided, the
+        verdict's own `until` (the stall windows from the run's last sign of work, on the host's
+        clock) not passed by two samples, and never past the layout's longest stall window."""
+        if self.decided():
+            return False
+        slack = 2 * self.session.opts.interval + 1.0
+        if time.monotonic() >= since + max(self.watchdog.idle_s, self.watchdog.spin_s) + slack:
+            return False
+        until, ts = self.verdict.until, self.state.sample_ts
+        return until is None or ts is None or ts < until + slack
+
+    async def look(self, wait: float | None = None) -> float:
+        """`wait` None judges while `still_looking`, then waits for a stall's forensics under
+        way; `wait` S judges exactly S seconds (0: the instant look, `watching` when undecided).
+        Returns how long it looked, from the connection on, also kept as `looked_s`."""
+        start = time.monotonic()
+        if wait is not None:
+            if wait > 0:
+                await self.watch_for(wait)
+        else:
+            async with self.judging():
+                while self.still_looking(start):
+                    await asyncio.sleep(0.1)
+                await self.forensics_done()
+        self.looked_s = round(time.monotonic() - (self.opened_at or start), 1)
+        return self.looked_s
+
+    @asynccontextmanager
+    async def judging(self):
+        yield
+
+    async def forensics_done(self) -> None:
+        """Wait for a stall's forensics under way (a monitor that gathers them says how)."""
+
+    async def stop(self, plan, why: str, wait: float | None = None, whole_run: bool = True) -> dict:
+        """Stop the run as `plan` (a confirmed KillPlan) says: the ledger first keeps what was
+        seen of the run and who stops it, from where and when (so every cockpit watching it, in
+        any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
+        kill runs its ranks read `stopping`; a whole run verified gone is `no run`. Returns the
+        kill's report (docs/layouts.md#what-actions-touch)."""
+        record_seen(self)
+        note_stop(self, plan, why)
+        if wait is None:
+            wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
+        with self.stopping_for(why, plan):
+            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            if report["verified"] and not plan.scope.pids:
+                record_ended(self.run, plan)
+            if whole_run and report["verified"]:
+                self.run_ended()
+        return report

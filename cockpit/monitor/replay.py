@@ -1,0 +1,75 @@
+"""A recorded moment watched as a live host is: a snapshot document (`snapshot --replay`, a test's
+fixture) behind the same Monitor protocol, so the screen and every command read it one way. It
+has no link: nothing is sampled, judged again or acted on; its phase and verdict are the ones the
+document was written with."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager, contextmanager
+
+from cockpit.common.errors import CockpitError
+from cockpit.host.state import HostState
+from cockpit.judge.diagnose import phase_of
+from cockpit.judge.verdict import Phase, Verdict, VerdictName
+from cockpit.link.target import parse_target
+from cockpit.monitor.base import Monitor, watchdog_for
+from cockpit.runs.config import Layout
+from cockpit.runs.run import Run
+
+
+class ReplayMonitor(Monitor):
+    live = False
+
+    def __init__(self, state: HostState | None = None, layout: Layout | None = None):
+        self.state = state or HostState()
+        self.layout = layout
+        self.session = None
+        self.target = parse_target("local")
+        self.run = Run(layout)
+        self.watchdog = watchdog_for(None)
+        self.probes: dict = {}
+        self.shm_held: dict = {}
+        self.stopping: str | None = None
+        self._listeners: list = []
+        self.phase, self.verdict = self.replayed()
+        self.looked_s = 0.0
+
+    def replayed(self) -> tuple[Phase, Verdict]:
+        """Phase and verdict as the document was written."""
+        v = self.state.verdict
+        return phase_of(self.state), Verdict(**v) if v else Verdict(VerdictName.WATCHING, [])
+
+    def update(self, now: float | None = None) -> None:
+        """Nothing new arrives: the recorded verdict stands."""
+
+    def decided(self) -> bool:
+        return True
+
+    async def open(self, kept: bool = False) -> None:
+        """No link to open."""
+
+    async def keep(self, retry_first: bool = False) -> None:
+        """No link to keep."""
+
+    async def close(self) -> None:
+        """No link to close."""
+
+    @asynccontextmanager
+    async def attached(self, samples: int = 2):
+        yield self
+
+    async def watch_for(self, seconds: float) -> None:
+        """A recorded moment does not move."""
+
+    async def stop(self, plan, why: str, wait: float | None = None, whole_run: bool = True) -> dict:
+        raise CockpitError("a replayed snapshot has no host to act on: attach to the host itself")
+
+    @contextmanager
+    def stopping_for(self, why: str, plan=None):
+        yield
+
+    def new_run(self, started: float | None = None) -> None:
+        """A recorded moment has one run."""
+
+    def run_ended(self) -> None:
+        """A recorded moment has one run."""
