@@ -223,7 +223,8 @@ class Exporter:
                         on_gpu.setdefault(i, []).append(p.rank)
             for g in s.gpus.values():
                 r = sorted(set(on_gpu.get(g.index, [])))
-                labels = [host, label(getattr(g, "label", None) or g.index), ",".join(str(x) for x in r[:4]) + (",…" if len(r) > 4 else "")]
+                on = ",".join(str(x) for x in r[:4]) + (",…" if len(r) > 4 else "")
+                labels = [host, label(getattr(g, "label", None) or g.index), on]  # a job's GPU: "node:index"
                 if g.util_pct is not None:
                     util.add_metric(labels, g.util_pct / 100)
                 if g.mem_used_mib is not None:

@@ -324,7 +324,8 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
             for r in (doc or {}).get("data", {}).get("result", []):
                 seen_states.add(r["metric"]["state"])
             for p in procs:
-                assert p.poll() is None, (tmp_path / "exporter.log").read_text() + (tmp_path / "prometheus.log").read_text()
+                logs = ("exporter.log", "prometheus.log")
+                assert p.poll() is None, "\n".join((tmp_path / f).read_text() for f in logs)
             return firing()
 
         # generous: the demo's launch stalls within a minute on a loaded 2-core machine
