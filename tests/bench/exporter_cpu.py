@@ -1,7 +1,7 @@
 """The exporter at scale: N hosts (default 64), each a real sshd on loopback in front of an agent
 on a simulated 8-GPU host (as tests/bench/fleet_scale.py makes them), watched by one
 `cockpit exporter` process at a 1 s sampling interval and scraped every S seconds by this script
-(its own CPU not counted). Measures the exporter process's CPU and RSS over the window, each
+(its own CPU not counted), asking as Prometheus asks (OpenMetrics, gzip). Measures the exporter process's CPU and RSS over the window, each
 scrape's time and size, and the series per scrape.
 
     python tests/bench/exporter_cpu.py [--hosts 64] [--seconds 60] [--scrape-every 5] [--json OUT]
@@ -10,7 +10,7 @@ scrape's time and size, and the series per scrape.
 from __future__ import annotations
 
 import argparse
-import os
+import gzip
 import re
 import subprocess
 import sys
@@ -35,11 +35,19 @@ def rss_mib_of(pid: int) -> float:
     return 0.0
 
 
-def scrape(url: str) -> tuple[float, str]:
+# what Prometheus 2.42 sends: OpenMetrics preferred, gzip
+HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "Accept-Encoding": "gzip"}
+
+
+def scrape(url: str) -> tuple[float, str, int]:
+    """(ms until the whole answer arrived, its text, its size on the wire)."""
     t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        body = resp.read().decode()
-    return (time.perf_counter() - t) * 1000, body
+    with urllib.request.urlopen(urllib.request.Request(url, headers=HEADERS), timeout=30) as resp:
+        raw = resp.read()
+        zipped = resp.headers.get("Content-Encoding") == "gzip"
+    ms = (time.perf_counter() - t) * 1000
+    return ms, (gzip.decompress(raw) if zipped else raw).decode(), len(raw)
 
 
 UP = re.compile(r'^gpu_cockpit_link\{host="[^"]*",state="up"\} 1\.0$', re.M)
@@ -72,9 +80,9 @@ def run(n: int, seconds: float, every: float) -> dict:
         rss_start = rss_mib_of(exp.pid)
         next_at = t0
         while time.monotonic() - t0 < seconds:
-            took, body = scrape(url)
+            took, body, wire = scrape(url)
             ms.append(took)
-            sizes.append(len(body))
+            sizes.append((len(body), wire))
             series.append(sum(1 for line in body.splitlines() if line and not line.startswith("#")))
             next_at += every
             time.sleep(max(0.0, next_at - time.monotonic()))
@@ -96,7 +104,7 @@ def run(n: int, seconds: float, every: float) -> dict:
         "simulated_hosts_cpu_pct_of_core": round(100 * hosts / wall, 1),
         "scrape_ms_median": pct(ms, 0.5), "scrape_ms_p99": pct(ms, 0.99), "scrape_ms_max": pct(ms, 1.0),
         "series_per_scrape": max(series) if series else None,
-        "bytes_per_scrape": max(sizes) if sizes else None,
+        "bytes_per_scrape": max(sizes)[0] if sizes else None, "gzip_bytes_per_scrape": max(sizes)[1] if sizes else None,
         "exporter_rss_mib_start": round(rss_start, 1), "exporter_rss_mib_end": round(rss_end, 1),
     }
 
