@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,6 +150,13 @@ def test_listen_is_loopback_unless_told_and_mistakes_are_one_line():
     out = run_cli("exporter", "--hosts", "local", "--on-change", "/no/such/hook --flag")
     assert out.returncode == 2 and "'/no/such/hook' is not an executable file" in out.stderr
     assert "Traceback" not in out.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = run_cli("exporter", "--hosts", "local", "--listen", f"127.0.0.1:{port}")
+    assert out.returncode == 2 and out.stderr.startswith(f"cockpit: --listen 127.0.0.1:{port}: cannot listen there")
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 # ----------------------------------------------------------------------------- --on-change
