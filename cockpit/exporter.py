@@ -127,12 +127,14 @@ class Exporter:
                 m.monitor.subscribe(lambda event, m=m, mon=m.monitor: self._on_event(m, mon, event))
 
     def _on_event(self, member, monitor, event) -> None:
-        if event.kind != "verdict" or member.monitor is not monitor:
-            return
-        name = member.host.name
-        self._since[name] = (str(monitor.verdict), time.monotonic())
-        if self.hook is not None and event.before is not None:
-            self.hook.changed(name, change_env(member, event.before))
+        if event.kind == "verdict" and member.monitor is monitor and event.before is not None:
+            self.verdict_changed(member, event.before)
+
+    def verdict_changed(self, member, before) -> None:
+        """A member's monitor changed its verdict (from `before`): noted, and the hook told."""
+        self._since[member.host.name] = (str(member.verdict), time.monotonic())
+        if self.hook is not None:
+            self.hook.changed(member.host.name, change_env(member, before))
 
     def verdict_seconds(self, member) -> float:
         """Seconds in the current verdict: a stall's own `since` (back-dated from the host's

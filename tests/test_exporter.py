@@ -29,7 +29,6 @@ from cockpit.fleet import Fleet, FleetHost, FleetMonitor
 from cockpit.layouts import resolve_layout
 from cockpit.link.target import parse_target
 from cockpit.model import Gpu
-from cockpit.monitor import MonitorEvent
 from cockpit.session import HostSession, SessionOptions, WatchList
 
 from conftest import free_port, run_cli
@@ -209,7 +208,7 @@ async def test_on_change_runs_the_argv_with_the_change_in_its_environment(tmp_pa
     since = time.time() - 75
     judged(m, Verdict(VerdictName.STALLED_IDLE, ["all 8 ranks alive, CPU < 5 %", "log silent for 75 s"], odd_rank=5,
                       detail="requests frozen", since=since))
-    m.monitor._emit(MonitorEvent("verdict", before=Verdict(VerdictName.OK, [])))  # as HostMonitor.update tells it
+    exp.verdict_changed(m, Verdict(VerdictName.OK, []))  # what the monitor's listener hands on
     [env] = await wait_until(lambda: runs_written(prefix), 20, "the hook's run")
     assert env["GPU_COCKPIT_HOST"] == "gpu-a" and env["GPU_COCKPIT_TARGET"] == "local"
     assert env["GPU_COCKPIT_VERDICT"] == "stalled-idle" and env["GPU_COCKPIT_PREVIOUS"] == "ok"
@@ -232,9 +231,9 @@ async def test_on_change_runs_one_at_a_time_per_host_and_is_bounded(tmp_path):
     steps = [VerdictName.WATCHING, VerdictName.OK, VerdictName.SLOW, VerdictName.STALLED_IDLE]
     for before, now in zip(steps, steps[1:]):  # three changes at once on gpu-a
         judged(a, Verdict(now, []))
-        a.monitor._emit(MonitorEvent("verdict", before=Verdict(before, [])))
+        exp.verdict_changed(a, Verdict(before, []))
     judged(b, Verdict(VerdictName.CRASHED, [], odd_rank=2))
-    b.monitor._emit(MonitorEvent("verdict", before=Verdict(VerdictName.OK, [])))
+    exp.verdict_changed(b, Verdict(VerdictName.OK, []))
     assert set(hook.running) == {"gpu-a", "gpu-b"} and list(hook.pending) == ["gpu-a"]
     started = time.monotonic()
     await wait_until(lambda: not hook.running, 30, "every run to end")
