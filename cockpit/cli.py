@@ -24,9 +24,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from cockpit import __version__
-from cockpit.errors import CockpitError
-from cockpit.hosttext import count, these, visible
-from cockpit.secrets import mask_argv
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import count, these, visible
+from cockpit.common.secrets import mask_argv
 
 
 @dataclass
@@ -165,7 +165,7 @@ def _writable(args: argparse.Namespace) -> None:
 
 def session_options(args: argparse.Namespace, layout=None, target=None, sim_state: str | None = None):
     """The session options of the command line: the one place they are built."""
-    from cockpit.session import SessionOptions, agent_python
+    from cockpit.host.session import SessionOptions, agent_python
 
     named = layout.python if layout else None
     opts = SessionOptions(
@@ -184,9 +184,9 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
     watched through the runs it launched only (no process patterns: another demo's processes,
     or anything else on this machine, are not shown or judged); a command other than `demo`
     attaches to the running demo and follows its current run."""
-    from cockpit.layouts import resolve_layout
+    from cockpit.runs.layouts import resolve_layout
     from cockpit.link.target import parse_target
-    from cockpit.monitor import HostMonitor
+    from cockpit.monitor.host import HostMonitor
 
     target = parse_target("demo" if args.command == "demo" else getattr(args, "target", None) or "demo")
     if layout is None:
@@ -194,11 +194,11 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
         layout = resolve_layout(layout_name) if layout_name else None
     watch = None
     if target.kind == "slurm" and not target.node:  # every node of the job, as one run
-        from cockpit.cluster import ClusterMonitor
+        from cockpit.monitor.cluster import ClusterMonitor
 
         return ClusterMonitor(target, session_options(args, layout, target), layout)
     if target.kind == "demo":
-        from cockpit import demo
+        from cockpit.monitor import demo
 
         if sim_state is None and not args.sim:
             sim_state = demo.need_live_state()  # the demo running now: its folder is prepared
@@ -262,7 +262,7 @@ def cmd_open(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """One demo: a state folder of its own, its run launched on connect, and at the end every run
     it launched (relaunches included) stopped and verified gone, and its folder removed."""
-    from cockpit.layouts import resolve_layout
+    from cockpit.runs.layouts import resolve_layout
 
     _need_terminal(args)
     layout = resolve_layout(args.layout or "demo")
@@ -298,7 +298,7 @@ def _end_on_hangup(app) -> None:
 def demo_app(args: argparse.Namespace, layout):
     """The demo's cockpit: its own folder and port; its run starts once connected and is the one
     the monitor follows (the ledger gets the verdict seen of it when it is stopped)."""
-    from cockpit import demo
+    from cockpit.monitor import demo
     from cockpit.ui.app import CockpitApp
 
     layout = demo.with_free_port(layout)
@@ -307,7 +307,7 @@ def demo_app(args: argparse.Namespace, layout):
 
     async def on_connect(monitor) -> None:
         if not args.no_server:
-            monitor.following = await demo.start_demo(monitor.session, layout, state)
+            monitor.follow(await demo.start_demo(monitor.session, layout, state))
 
     monitor = build_monitor(args, on_connect=on_connect, layout=layout, sim_state=state)
     return CockpitApp(monitor=monitor, read_only=args.read_only), layout, state
@@ -315,8 +315,8 @@ def demo_app(args: argparse.Namespace, layout):
 
 async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[str]:
     """Stop every run the demo launched, verified; remove its folder. Returns what to tell."""
-    from cockpit import demo
-    from cockpit.runs import record_seen
+    from cockpit.monitor import demo
+    from cockpit.runs.ledger import record_seen
 
     monitor = app.cockpit.monitor
     if monitor.state.link_state == "up" or monitor.state.seq:
@@ -334,24 +334,29 @@ async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[st
 
 
 async def _stop_demo_runs(opts, layout, sim_state: str) -> tuple[int, list[str]]:
-    """Every run this demo launched (the first and each relaunch) ends with it, through a session
-    of its own: the screen's is closed by now."""
-    from cockpit import demo
+    """Every run this demo launched (the first and each relaunch) ends with it, through a monitor
+    of its own (the screen's is closed by now) and the one stop workflow."""
+    from cockpit.host.session import WatchList
     from cockpit.link.target import parse_target
-    from cockpit.session import HostSession, WatchList
+    from cockpit.monitor import demo
+    from cockpit.monitor.host import HostMonitor
 
-    session = HostSession(parse_target("demo"), opts, WatchList(patterns=[]))
-    await session.connect()
+    monitor = HostMonitor(parse_target("demo"), opts, layout, watch=WatchList(patterns=[]), on_connect=_no_run)
+    await monitor.session.connect()
     try:
-        return await demo.stop_demo(session, layout, sim_state)
+        return await demo.stop_demo(monitor, sim_state)
     finally:
-        await session.close()
+        await monitor.close()
+
+
+async def _no_run(_monitor) -> None:
+    """A monitor that follows no run until told (the demo's end names each run it stops)."""
 
 
 async def _reap_stale_demos(args: argparse.Namespace, layout) -> list[str]:
     """A demo whose cockpit was killed (its terminal closed) left its runs: the next demo stops
     them and removes the folder."""
-    from cockpit import demo
+    from cockpit.monitor import demo
 
     stale = demo.stale_states()
     left: list[str] = []
@@ -385,12 +390,12 @@ async def _reap_stale_demos(args: argparse.Namespace, layout) -> list[str]:
          arg("--timeout", type=float, default=30.0, metavar="S",
              help="with --fleet/--hosts: give up on hosts not answering after S seconds (default 30)"))
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from cockpit.snapshot import state_from_doc, take_snapshot
+    from cockpit.host.snapshot import state_from_doc, take_snapshot
 
     if not (args.json or args.svg or args.text):
         raise CockpitError("say what to make: --json, --svg FILE or --text")
     if args.fleet or args.hosts:
-        from cockpit.fleet import take_fleet_snapshot
+        from cockpit.monitor.fleet import take_fleet_snapshot
 
         if not args.json or args.svg or args.text or args.target:
             raise CockpitError("a fleet snapshot is --json only, with no target: snapshot --fleet FLEET.yaml --json")
@@ -404,8 +409,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         for option, path in (("--svg", args.svg), ("--text", args.text)):
             if path and path != "-":
                 check_output(option, path)
-        from cockpit.layouts import resolve_layout
-        from cockpit.snapshot import monitor_doc
+        from cockpit.runs.layouts import resolve_layout
+        from cockpit.host.snapshot import monitor_doc
         from cockpit.ui.app import CockpitApp
         from cockpit.ui.headless import render
 
@@ -455,7 +460,7 @@ def _replay_doc(path: str) -> dict:
 
 def _fleet_monitor(args: argparse.Namespace):
     """The fleet named by a file or --hosts, with the command line's options for every host."""
-    from cockpit.fleet import FleetMonitor, fleet_from_hosts, load_fleet
+    from cockpit.monitor.fleet import FleetMonitor, fleet_from_hosts, load_fleet
 
     path = getattr(args, "fleet_file", None) or getattr(args, "fleet", None)
     if bool(path) == bool(args.hosts):
@@ -531,14 +536,15 @@ def cmd_exporter(args: argparse.Namespace) -> int:
          arg("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)"),
          YES, JSON)
 def cmd_kill(args: argparse.Namespace) -> int:
-    from cockpit import actions
+    from cockpit.actions import kill as actions
+    from cockpit.runs.run import process_scope
 
     _writable(args)
 
     async def go() -> dict | None:
         async with attached(args) as monitor:
             session = monitor.session
-            scope = actions.process_scope(args.pid) if args.pid else actions.run_scope(session)
+            scope = process_scope(args.pid) if args.pid else monitor.run.scope(session.watch)
             plan = await actions.plan_kill(session, scope)
             if not plan.entries:
                 why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
@@ -568,7 +574,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                   "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why"),
          YES, arg("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm"), JSON)
 def cmd_shm(args: argparse.Namespace) -> int:
-    from cockpit import actions
+    from cockpit.actions import kill as actions
 
     if args.clean:
         _writable(args)
@@ -623,25 +629,24 @@ def cmd_shm(args: argparse.Namespace) -> int:
                                                      "the run found; how to choose when two runs are found"),
          JSON)
 def cmd_dump(args: argparse.Namespace) -> int:
-    from cockpit import actions, stacks
+    from cockpit.actions import dumps, kill
+    from cockpit.runs.ledger import run_name
 
     _writable(args)
 
     async def go():
         async with attached(args) as monitor:
-            session, layout = monitor.session, monitor.layout
-            plan = await actions.find_run(session, layout, args.pid, "dump")  # as the kill finds it
-            members, left = actions.of_run(session.state, plan)
+            session = monitor.session
+            plan = await kill.find_run(session, monitor.run, args.pid, "dump")  # as the kill finds it
+            members, left = kill.of_run(session.state, plan)
             for line in [f"the run: {plan.rule}"] + left:
                 print(visible(line), file=sys.stderr, flush=True)
-            ranks = stacks.dump_targets(session.state, members)
+            ranks = dumps.dump_targets(session.state, members)
             if not ranks:
                 raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
                                    f"is alive")
-            from cockpit.runs import run_name
-
-            return await stacks.dump_ranks(session, ranks, run_name(monitor), upload=args.upload_pyspy,
-                                           say=lambda line: print(line, file=sys.stderr, flush=True))
+            return await dumps.dump_ranks(session, ranks, run_name(monitor), upload=args.upload_pyspy,
+                                          say=lambda line: print(line, file=sys.stderr, flush=True))
 
     result = asyncio.run(go())
     if args.json:
@@ -658,7 +663,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
              help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
          JSON)
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from cockpit import bundle
+    from cockpit.actions import bundle
 
     async def go():
         async with attached(args) as monitor:
@@ -679,16 +684,17 @@ def cmd_bundle(args: argparse.Namespace) -> int:
                                                      "run found; how to choose when two runs are found"),
          JSON)
 def cmd_flightrec(args: argparse.Namespace) -> int:
-    from cockpit import flightrec
+    from cockpit.actions import dumps
+    from cockpit.read import flightrec
 
     if not args.no_trigger:
         _writable(args)
 
     async def go():
         async with attached(args) as monitor:
-            if not flightrec.rank_pids(monitor.state):
+            if not dumps.recorder_pids(monitor.state):
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
-            return await flightrec.collect(monitor, trigger=not args.no_trigger, root=args.pid)
+            return await dumps.collect(monitor, trigger=not args.no_trigger, root=args.pid)
 
     answer, result = asyncio.run(go())
     if args.json:
@@ -706,7 +712,7 @@ def _on_off(args: argparse.Namespace) -> None:
 
 
 def _spec(args: argparse.Namespace, layout):
-    from cockpit.runs import default_spec
+    from cockpit.runs.spec import default_spec
 
     spec = default_spec(layout)
     _on_off(args)
@@ -731,7 +737,8 @@ def _spec(args: argparse.Namespace, layout):
          arg("--settle", type=float, default=0, metavar="S", help="keep watching S seconds after ready"),
          YES, arg("--json", action="store_true", help="print the run's ledger row as JSON instead of lines"))
 def cmd_launch(args: argparse.Namespace) -> int:
-    from cockpit import runs
+    from cockpit.actions import launch
+    from cockpit.runs.spec import build_argv
 
     _writable(args)
     _on_off(args)
@@ -742,19 +749,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
         async with attached(args) as monitor:
             session, layout = monitor.session, monitor.layout
             spec = _spec(args, layout)
-            argv = runs.build_argv(layout, spec, runs.launch_python(layout, session)) + runs.sim_flags(layout, session)
-            plan, names, lines = await runs.plan_relaunch(session, layout, clean_shm=not args.no_clean_shm,
-                                                          held_before=monitor.shm_held)
+            argv = build_argv(layout, spec, launch.launch_python(layout, session)) + launch.sim_flags(layout, session)
+            plan, names, lines = await launch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
             if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes):
                 return None
-            return await runs.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                          progress=_progress, settle=args.settle, plan=plan, shm_names=names)
+            return await launch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
+                                            progress=_progress, settle=args.settle, plan=plan, shm_names=names)
 
     row = asyncio.run(go())
     if row is None:
         return 1
     if args.json:
-        from cockpit.secrets import mask_record
+        from cockpit.common.secrets import mask_record
 
         print_json(mask_record(row))  # secrets masked, as in the ledger
         return 0
@@ -770,20 +776,21 @@ def cmd_launch(args: argparse.Namespace) -> int:
          arg("--timeout", type=float, default=900, metavar="S", help="per combination"),
          YES, JSON)
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from cockpit import runs
+    from cockpit.actions import launch
+    from cockpit.runs.spec import combinations
 
     _writable(args)
     vary = [v for v in args.vary.split(",") if v]
 
     async def go():
         async with attached(args) as monitor:
-            specs = runs.combinations(monitor.layout, vary)
-            plan, names, lines = await runs.plan_relaunch(monitor.session, monitor.layout, held_before=monitor.shm_held)
+            specs = combinations(monitor.layout, vary)
+            plan, names, lines = await launch.plan_relaunch(monitor)
             if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
                             f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?", args.yes):
                 return None
-            return await runs.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
-                                     first_shm=names)
+            return await launch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
+                                       first_shm=names)
 
     rows = asyncio.run(go())
     if rows is None:
@@ -791,7 +798,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        say("\n".join(runs.describe_ablation(rows, vary)))
+        say("\n".join(launch.describe_ablation(rows, vary)))
     return 0
 
 
@@ -800,8 +807,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
              help="the layout whose runs to list: a .yaml path or a shipped name (demo, sglang-tp8, vllm-tp8)"),
          JSON, READ_ONLY_NOOP, common=False)
 def cmd_runs(args: argparse.Namespace) -> int:
-    from cockpit import runs
-    from cockpit.layouts import resolve_layout
+    from cockpit.runs import ledger as runs
+    from cockpit.runs.layouts import resolve_layout
 
     rows = runs.read_ledger(resolve_layout(args.layout))
     if args.json:
@@ -817,9 +824,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
              help="whose log it is (default: detected from the lines)"),
          JSON, READ_ONLY_NOOP, common=False)
 def cmd_explain(args: argparse.Namespace) -> int:
-    from cockpit import explain
+    from cockpit.judge.explain import SILENT_S, describe, explain, read_log, silence
+    from cockpit.runs.ledger import stall_window_of
 
-    return explain.cmd_explain(args)
+    window = stall_window_of(args.log, SILENT_S) if args.log != "-" else SILENT_S
+    result = explain(read_log(args.log), getattr(args, "engine", None) or "auto", silence(args.log), window)
+    result["window_s"] = window
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2))
+    else:
+        print(visible("\n".join(describe(result)), newlines=True))
+    return 1 if result["verdict"]["name"] == "not a server log" else 0
 
 
 # ----------------------------------------------------------------------------- entry point

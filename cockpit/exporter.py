@@ -32,11 +32,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from cockpit.diagnose import REQUESTS_FROZEN, VerdictName
-from cockpit.errors import CockpitError
-from cockpit.hosttext import visible
-from cockpit.logrules import PHASE_ORDER
-from cockpit.secrets import mask_line
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import visible
+from cockpit.common.secrets import mask_line
+from cockpit.judge.verdict import REQUESTS_FROZEN, VerdictName
+from cockpit.read.logrules import PHASE_ORDER
 
 NS = "gpu_cockpit"
 DEFAULT_LISTEN = "127.0.0.1:9841"

@@ -22,7 +22,7 @@ import shlex
 import socket
 import sys
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 
 TOKEN_BYTES = 24
 

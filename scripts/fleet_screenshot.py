@@ -22,8 +22,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
 from conftest import RANK_SCRIPT, free_port  # noqa: E402
 from fleet_scale import start_hosts  # noqa: E402
 
-from cockpit.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
-from cockpit.session import SessionOptions  # noqa: E402
+from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
+from cockpit.host.session import SessionOptions  # noqa: E402
 from cockpit.ui.fleet import FleetApp  # noqa: E402
 
 HOSTS = 12

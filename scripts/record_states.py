@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from cockpit import demo
-from cockpit.layouts import resolve_layout
+from cockpit.monitor import demo
+from cockpit.runs.layouts import resolve_layout
 from cockpit.link.target import parse_target
-from cockpit.monitor import HostMonitor
-from cockpit.session import SessionOptions, WatchList
-from cockpit.snapshot import monitor_doc
+from cockpit.monitor.host import HostMonitor
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.host.snapshot import monitor_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.host.session import HostSession, SessionOptions, WatchList
 
 
 async def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):

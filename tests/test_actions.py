@@ -12,7 +12,12 @@ import time
 from pathlib import Path
 
 
-from cockpit import actions, stacks
+from cockpit.actions import kill as actions
+from cockpit.actions import dumps
+from cockpit.read import findings
+from cockpit.runs import run as runmod
+from cockpit.runs.run import Run
+from cockpit.read import stacks
 from conftest import free_port, run_cli
 from simhost import SimRun, gone, kill_groups, wait_for
 
@@ -22,7 +27,7 @@ def ready(run):
 
 
 async def kill_everything(run, scope=None, wait_s=3.0):
-    plan = await actions.plan_kill(run.session, scope or actions.run_scope(run.session))
+    plan = await actions.plan_kill(run.session, scope or Run().scope(run.session.watch))
     return plan, await actions.kill(run.session, plan, wait_s, [run.port])
 
 
@@ -63,7 +68,7 @@ async def test_k_kills_only_the_selected_process(sim_state, tmp_path):
     async with SimRun(sim_state, tmp_path, free_port(), []) as run:
         await wait_for(lambda: len(run.ranks()) == 8, 40, "8 ranks")
         victim = run.ranks()[5]
-        plan, report = await kill_everything(run, actions.process_scope(victim.pid), wait_s=2.0)
+        plan, report = await kill_everything(run, runmod.process_scope(victim.pid), wait_s=2.0)
         assert [e["pid"] for e in plan.entries] == [victim.pid]
         assert report["term"] == [victim.pid] and report["remaining"] == []
         await run.session.wait_samples(2)
@@ -140,7 +145,7 @@ async def test_dump_groups_every_rank_and_names_the_odd_one(sim_state, tmp_path,
         await wait_for(lambda: any(p.rank == 3 and p.cpu_pct > 50 for p in run.ranks()), 30, "rank 3 spinning")
         ranks = actions.rank_pids(run.session.state)
         assert [r for r, _ in ranks] == list(range(8))
-        result = await stacks.dump_ranks(run.session, ranks, "test-run")
+        result = await dumps.dump_ranks(run.session, ranks, "test-run")
         assert result.failed == {}
         assert [g.ranks for g in result.groups] == [[0, 1, 2, 4, 5, 6, 7], [3]]
         major, odd = result.groups
@@ -157,8 +162,8 @@ async def test_dump_groups_every_rank_and_names_the_odd_one(sim_state, tmp_path,
 
 
 def test_rank_ranges_and_signature_grouping():
-    assert stacks.rank_ranges([0, 1, 2, 4, 5, 6, 7]) == "0-2,4-7"
-    assert stacks.rank_ranges([3]) == "3" and stacks.rank_ranges([1, 3, 5]) == "1,3,5"
+    assert findings.rank_ranges([0, 1, 2, 4, 5, 6, 7]) == "0-2,4-7"
+    assert findings.rank_ranges([3]) == "3" and findings.rank_ranges([1, 3, 5]) == "1,3,5"
     a = 'Thread 10 (idle): "MainThread"\n    wait (threading.py:320)\n    all_reduce (x.py:10)\n'
     b = 'Thread 11 (idle): "MainThread"\n    wait (threading.py:331)\n    all_reduce (x.py:10)\n'
     c = 'Thread 12 (active): "MainThread"\n    spin (x.py:99)\n'
@@ -228,7 +233,7 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert uploaded.exists() and doc["failed"] == {} and doc["dead"] == []
-        ours = stacks.pyspy_info(stacks.local_pyspy())
+        ours = dumps.pyspy_info(dumps.local_pyspy())
         said = f"uploading py-spy {ours['version']} ({ours['path']}, {ours['size']} bytes, sha256 {ours['sha256']}) " \
                f"to cockpit-test:{Path(os.path.expanduser('~'))}/.cache/gpu-cockpit/py-spy"
         assert said in res.stderr.splitlines()  # said before it is sent
@@ -336,7 +341,7 @@ def test_dump_groups_ranks_by_python_frames_whatever_their_native_addresses():
 
 
 def test_dump_targets_keep_dead_ranks_and_describe_them():
-    from cockpit.model import HostState, Proc
+    from cockpit.host.state import HostState, Proc
 
     state = HostState()
     rows = [Proc(pid=10, rank=0), Proc(pid=11, rank=1, status="Z"), Proc(pid=12, rank=2, alive=False, status="X",
@@ -344,12 +349,12 @@ def test_dump_targets_keep_dead_ranks_and_describe_them():
             Proc(pid=13, rank=3, alive=False, status="X", gone_at=1.0), Proc(pid=14, rank=3),
             Proc(pid=15, rank=None)]
     state.procs = {p.pid: p for p in rows}
-    assert stacks.dump_targets(state) == [(0, 10), (1, 11), (2, 12), (3, 14)]  # rank 3's live process wins
-    assert stacks.DeadRank(2, 12, "gone", -6).describe() == "rank 2: dead (exit code -6, SIGABRT), no stack"
-    assert stacks.DeadRank(1, 11, "Z", 1).describe() == \
+    assert dumps.dump_targets(state) == [(0, 10), (1, 11), (2, 12), (3, 14)]  # rank 3's live process wins
+    assert dumps.DeadRank(2, 12, "gone", -6).describe() == "rank 2: dead (exit code -6, SIGABRT), no stack"
+    assert dumps.DeadRank(1, 11, "Z", 1).describe() == \
         "rank 1: dead (exit code 1; a zombie its parent has not reaped), no stack"
-    assert stacks.DeadRank(4, 16, "gone").describe() == "rank 4: dead (exit code unknown), no stack"
-    assert stacks.DeadRank(None, 17, "gone", -9, during=True).describe() == \
+    assert dumps.DeadRank(4, 16, "gone").describe() == "rank 4: dead (exit code unknown), no stack"
+    assert dumps.DeadRank(None, 17, "gone", -9, during=True).describe() == \
         "pid 17: died during the dump (exit code -9, SIGKILL), no stack"
 
 
@@ -413,7 +418,7 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
     2 is killed and reaped (the agent launched it, so its exit code is known). A py-spy first on
     PATH is not the one used on local: the cockpit's own is."""
     from cockpit.link.target import parse_target
-    from cockpit.session import HostSession, SessionOptions, WatchList
+    from cockpit.host.session import HostSession, SessionOptions, WatchList
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     decoy = tmp_path / "bin" / "py-spy"
@@ -440,9 +445,9 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
         await wait_for(lambda: state.procs[pids[1]].status == "Z", 15, "rank 1 a zombie")
         await wait_for(lambda: not state.procs[pids[2]].alive and state.procs[pids[2]].exit_code == -15, 15,
                        "rank 2 gone, its exit code known")
-        targets = stacks.dump_targets(state)
+        targets = dumps.dump_targets(state)
         assert targets == [(0, pids[0]), (1, pids[1]), (2, pids[2])]
-        result = await stacks.dump_ranks(session, targets, "dead-ranks")
+        result = await dumps.dump_ranks(session, targets, "dead-ranks")
 
         assert result.failed == {}
         assert [g.ranks for g in result.groups] == [[0]]
@@ -458,7 +463,7 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
         assert doc["failed"] == {} and [g["ranks"] for g in doc["groups"]] == [[0]]
         assert (result.folder / f"rank1-pid{pids[1]}.txt").read_text().startswith("rank 1: dead (exit code -9")
         assert "hold_the_line" in (result.folder / f"rank0-pid{pids[0]}.txt").read_text()
-        assert result.pyspy == stacks.local_pyspy() and result.pyspy != str(decoy)
+        assert result.pyspy == dumps.local_pyspy() and result.pyspy != str(decoy)
         assert Path(result.pyspy).parent == Path(sys.executable).parent  # the venv's own
         assert result.check["pyspy"] == result.pyspy and re.match(r"\d+\.\d+", result.check["version"])
         assert not (tmp_path / "decoy-ran").exists()

@@ -7,9 +7,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cockpit.config import LayoutError, parse_layout
-from cockpit.fleet import parse_fleet
-from cockpit.session import decode_frame
+from cockpit.runs.config import LayoutError, parse_layout
+from cockpit.monitor.fleet import parse_fleet
+from cockpit.host.session import decode_frame
 from conftest import free_port, run_cli
 
 GOOD = "command: [-m, sglang.launch_server]\n"

@@ -11,11 +11,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-from cockpit import demo
-from cockpit.config import load_layout
+from cockpit.monitor import demo
+from cockpit.runs.config import load_layout
 from cockpit.link.target import parse_target
-from cockpit.monitor import HostMonitor
-from cockpit.session import SessionOptions
+from cockpit.monitor.host import HostMonitor
+from cockpit.host.session import SessionOptions
 
 from conftest import free_port, run_cli
 from simhost import kill_groups, wait_for
@@ -44,8 +44,9 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
     runs = []
 
     async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, sim_state))
-        monitor.following = runs[-1]
+        run = await demo.start_demo(monitor.session, layout, sim_state)
+        runs.append(run.record)
+        monitor.follow(run)
 
     monitor = HostMonitor(parse_target("demo"), SessionOptions(python=sys.executable, interval=0.5, sim_state=sim_state),
                           layout, on_connect=on_connect)
@@ -88,7 +89,7 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
 
 
 def test_a_reason_shared_by_many_ranks_is_said_once_and_a_long_one_ends_with_an_ellipsis():
-    from cockpit.bundle import _Members, _by_reason
+    from cockpit.actions.bundle import _Members, _by_reason
 
     why = "no TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE: the flight recorder keeps nothing"
     assert _by_reason([f"pid {p}: {why}" for p in (10, 11, 12)] + ["left alone: pid 9 is another user's"]) == \

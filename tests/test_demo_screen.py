@@ -14,9 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cockpit import cli, demo
-from cockpit.layouts import resolve_layout
-from cockpit.runs import read_ledger
+from cockpit import cli
+from cockpit.monitor import demo
+from cockpit.runs.layouts import resolve_layout
+from cockpit.runs.ledger import read_ledger
 from cockpit.ui.app import save_text
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen
 
@@ -177,7 +178,7 @@ def test_other_commands_on_the_demo_without_one_running_say_what_to_do(demo_env)
 
 async def test_a_host_that_does_not_resolve_is_said_on_screen_and_quitting_exits_2():
     from cockpit.link.target import parse_target
-    from cockpit.monitor import HostMonitor
+    from cockpit.monitor.host import HostMonitor
     from cockpit.ui.app import CockpitApp
 
     app = CockpitApp(monitor=HostMonitor(parse_target("nosuchhost.invalid")))
@@ -194,7 +195,7 @@ async def test_a_host_that_does_not_resolve_is_said_on_screen_and_quitting_exits
 async def test_a_fleet_row_for_the_demo_watches_it_as_snapshot_demo_does(demo_env, tmp_path):
     """`--hosts demo` in a fleet: the running demo's simulated GPUs and its run, not this
     machine's other processes; with no demo running, the row says so (and how to start one)."""
-    from cockpit.fleet import FleetMonitor, fleet_from_hosts, take_fleet_snapshot
+    from cockpit.monitor.fleet import FleetMonitor, fleet_from_hosts, take_fleet_snapshot
 
     args, layout, pgids = demo_env
     doc = await take_fleet_snapshot(FleetMonitor(fleet_from_hosts("demo")), timeout=20)
@@ -296,8 +297,8 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
     """`k` on one rank, confirmed: `stopped` (the rank stopped by the operator), never `crashed`,
     also once the kill's own window has closed and the server took its other ranks down. Then a
     launch, `K`, confirmed and verified gone: verdict and phase `no run`, no tokens/s of the dead run."""
-    from cockpit.actions import process_scope
-    from cockpit.metrics import describe as describe_metrics
+    from cockpit.runs.run import process_scope
+    from cockpit.read.metrics import describe as describe_metrics
     from cockpit.ui.screens import ReportScreen
 
     args, layout, pgids = healthy_demo(demo_env, tmp_path)
@@ -325,11 +326,12 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
         assert "verdict stopped" in text and "rank 3 stopped by the operator" in text and "crashed" not in text, text
 
         # a run again, then K: no run
-        from cockpit.runs import default_spec, launch
+        from cockpit.runs.spec import default_spec
+        from cockpit.actions.launch import launch
 
         with monitor.stopping_for("launching"):  # as a relaunch does
             monitor.new_run()
-            monitor.following = await launch(monitor.session, layout, default_spec(layout))
+            monitor.follow(await launch(monitor.session, layout, default_spec(layout)))
         pgids.append(monitor.following["pgid"])
         try:
             await until(pilot, lambda: app.cockpit.phase.name == "serving"

@@ -1,8 +1,8 @@
 """Verdicts from figures seen on real hosts, fed to the watchdog as frames."""
 
-from cockpit.diagnose import Watchdog, phase_of
-from cockpit.logrules import line_rank
-from cockpit.model import HostState
+from cockpit.judge.diagnose import Watchdog, phase_of
+from cockpit.read.logrules import line_rank
+from cockpit.host.state import HostState
 
 
 def host(ranks, gpus, log=()):

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.errors import CockpitError
-from cockpit.explain import cmd_explain, describe, explain, read_log
+from cockpit.common.errors import CockpitError
+from cockpit.cli import cmd_explain
+from cockpit.judge.explain import describe, explain, read_log
 
 CORPUS = Path(__file__).parent / "data" / "real-logs"
 FILES = sorted(CORPUS.glob("*.log"))

@@ -12,11 +12,11 @@ from pathlib import Path
 
 RUN = """\
 import json, resource, sys
-from cockpit.explain import explain, read_log
+from cockpit.judge.explain import explain, read_log
 doc = explain(read_log(sys.argv[1]))
 print(json.dumps({"lines": doc["lines"], "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
-BASELINE = "import resource; import cockpit.explain; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+BASELINE = "import resource; import cockpit.judge.explain; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 
 
 def explain_in_child(arg: str, stdin=None) -> dict:
@@ -60,7 +60,7 @@ def test_a_200_mb_line_without_a_newline_from_a_sparse_file_and_a_pipe(tmp_path)
 
 
 def test_a_cut_line_says_how_much_was_skipped(tmp_path):
-    from cockpit.explain import read_log
+    from cockpit.judge.explain import read_log
 
     log = tmp_path / "cut.log"
     log.write_bytes(b"a" * (70 << 10) + b"\nnext\n")

@@ -23,13 +23,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cockpit import demo, exporter
-from cockpit.diagnose import Verdict, VerdictName
-from cockpit.fleet import Fleet, FleetHost, FleetMonitor
-from cockpit.layouts import resolve_layout
+from cockpit import exporter
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.host.state import Gpu
+from cockpit.judge.verdict import Verdict, VerdictName
 from cockpit.link.target import parse_target
-from cockpit.model import Gpu
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.monitor import demo
+from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
+from cockpit.monitor.host import HostMonitor
+from cockpit.runs.layouts import resolve_layout
 
 from conftest import free_port, run_cli
 from test_demo_screen import FAST_DEMO
@@ -287,13 +289,14 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
     state = demo.new_state()  # owned by this process: the exporter's `demo` host attaches to it
     demo.save_layout(state, layout)
     demo.prepare_host(layout, state)
-    session = HostSession(parse_target("demo"), SessionOptions(python=sys.executable, interval=0.25, sim_state=state),
-                          WatchList(patterns=[]))
-    await session.connect()
+    # a monitor of the demo's own (following no run): it launches the run and stops it at the end
+    monitor = HostMonitor(parse_target("demo"), SessionOptions(python=sys.executable, interval=0.25, sim_state=state),
+                          layout, watch=WatchList(patterns=[]), on_connect=_no_run)
+    await monitor.session.connect()
     procs: list[subprocess.Popen] = []
     try:
-        run = await demo.start_demo(session, layout, state)
-        assert run.get("pgid"), run
+        run = await demo.start_demo(monitor.session, layout, state)
+        assert run.run_id and run.record.get("pgid"), run
         # the test's copy of the shipped rules: a short for: (the shipped one is minutes)
         rules = tmp_path / "rules.yml"
         rules.write_text(re.sub(r"\bfor: \S+", "for: 3s", exporter.RULES.read_text()))
@@ -353,7 +356,7 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
         env = runs[0]
         assert env["GPU_COCKPIT_HOST"] == "demo" and env["GPU_COCKPIT_PREVIOUS"] in exporter.VERDICTS
         assert env["GPU_COCKPIT_DETAIL"] == "launch stopped at 'capturing draft cuda graphs'"
-        assert env["GPU_COCKPIT_RUN"] == run["run_id"]
+        assert env["GPU_COCKPIT_RUN"] == run.run_id
         if CAPTURE:
             Path(CAPTURE).mkdir(parents=True, exist_ok=True)
             Path(CAPTURE, "alerts.json").write_text(json.dumps(alerts, indent=1))
@@ -374,7 +377,11 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
                     p.kill()
                     p.wait()
         try:
-            await demo.stop_demo(session, layout, state)
+            await demo.stop_demo(monitor, state)
         finally:
-            await session.close()
+            await monitor.close()
             demo.remove_state(state)
+
+
+async def _no_run(_monitor) -> None:
+    """The test's monitor follows no run until the demo's end names each one it stops."""

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from cockpit.link.target import parse_target
-from cockpit.monitor import HostMonitor
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.monitor.host import HostMonitor
+from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.ui.app import CockpitApp, save_text
 from conftest import SSHD, Sshd
 from simhost import gone, kill_groups, until
@@ -202,7 +202,7 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
     import asyncio
     import signal
 
-    from cockpit.diagnose import Watchdog
+    from cockpit.judge.diagnose import Watchdog
     from conftest import free_port
     from simhost import wait_for
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from cockpit.config import LayoutError
-from cockpit.fleet import FleetMonitor, parse_fleet
-from cockpit.session import SessionOptions
+from cockpit.runs.config import LayoutError
+from cockpit.monitor.fleet import FleetMonitor, parse_fleet
+from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.fleet import FleetApp, FleetScreen

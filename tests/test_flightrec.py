@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import flightrec
+from cockpit.read import flightrec
 from cockpit.agent.agent import fr_dump, read_fr_dump, slim_fr_dump
-from cockpit.diagnose import Verdict, VerdictName
-from cockpit.evidence import merge
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.judge.evidence import merge
 from cockpit.link.target import parse_target
-from cockpit.model import HostState
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.host.state import HostState
+from cockpit.host.session import HostSession, SessionOptions, WatchList
 
 DATA = Path(__file__).parent / "data" / "flight-recorder"
 
@@ -199,7 +199,7 @@ def test_the_simulated_server_keeps_a_flight_recorder_that_names_its_hung_rank(s
     import sys
     import time
 
-    from cockpit.flightrec import forensics_env
+    from cockpit.read.flightrec import forensics_env
     from conftest import free_port, run_cli
 
     port = free_port()

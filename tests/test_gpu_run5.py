@@ -12,7 +12,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from cockpit import flightrec, ras
+from cockpit.read import flightrec
+from cockpit.read import ras
 from cockpit.agent.agent import read_fr_dump, slim_fr_dump
 
 DATA = Path(__file__).parent / "data"

@@ -9,10 +9,10 @@ import sys
 import asyncssh
 import pytest
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.ssh import SshLink
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions
+from cockpit.host.session import HostSession, SessionOptions
 from conftest import run_cli
 
 

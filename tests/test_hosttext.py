@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from rich.console import Console
 from rich.text import Text
 
-from cockpit.hosttext import as_text, escape_markup, visible
+from cockpit.common.hosttext import as_text, escape_markup, visible
 
 
 def test_osc_52_clipboard_write_is_shown_not_sent():
@@ -73,8 +73,8 @@ def test_nothing_a_terminal_acts_on_survives(data):
 
 
 def test_the_cli_prints_host_text_visibly_in_kill_plans_shm_listings_and_stacks():
-    from cockpit.actions import KillPlan, describe_shm
-    from cockpit.stacks import Group, describe_groups
+    from cockpit.actions.kill import KillPlan, describe_shm
+    from cockpit.read.stacks import Group, describe_groups
 
     evil = "\x1b]52;c;ZXZpbA==\x07\x1b[2J"
     plan = KillPlan(None, [{"pid": 1, "pgid": 1, "sid": 1, "status": "S", "title": "python " + evil}])

@@ -9,7 +9,7 @@ import time
 
 from cockpit.agent import agent
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.host.session import HostSession, SessionOptions, WatchList
 
 WRITER = r"""
 import sys

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from cockpit.logrules import LogRules, LogTracker, PhaseRule, detect_engine, line_rank, parse
+from cockpit.read.logrules import LogRules, LogTracker, PhaseRule, detect_engine, line_rank, parse
 
 # ----------------------------------------------------------------------------- prefixes
 
@@ -647,7 +647,7 @@ def test_a_crash_behind_pipe_fields_is_a_crash():
 
 
 def test_the_engines_stats_lines_say_work_idle_or_frozen():
-    from cockpit.logrules import progress_of
+    from cockpit.read.logrules import progress_of
 
     rules = LogRules("auto")
     v = "INFO 12-01 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: {p} tokens/s, Avg generation " \

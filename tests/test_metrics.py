@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import math
 
-from cockpit import metrics
-from cockpit.diagnose import Verdict, VerdictName
-from cockpit.evidence import merge
-from cockpit.model import HostState
+from cockpit.read import metrics
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.judge.evidence import merge
+from cockpit.host.state import HostState
 
 from conftest import free_port
 from simhost import SimRun, wait_for

@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 
-from cockpit.config import parse_layout
-from cockpit.diagnose import VerdictName, Watchdog, phase_of
-from cockpit.fleet import Fleet, FleetHost, FleetMonitor
-from cockpit.model import HostState
-from cockpit.monitor import rules_for
-from cockpit.session import SessionOptions
+from cockpit.runs.config import parse_layout
+from cockpit.judge.verdict import VerdictName
+from cockpit.judge.diagnose import Watchdog, phase_of
+from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
+from cockpit.host.state import HostState
+from cockpit.monitor.host import rules_for
+from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.fleet import FleetApp
@@ -144,8 +145,8 @@ async def test_a_server_restarted_by_hand_into_another_log_is_followed_there(sim
     import asyncio
 
     from cockpit.link.target import parse_target
-    from cockpit.monitor import HostMonitor
-    from cockpit.session import WatchList
+    from cockpit.monitor.host import HostMonitor
+    from cockpit.host.session import WatchList
     from simhost import wait_for
 
     port = free_port()

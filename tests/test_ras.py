@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import ras
+from cockpit.read import ras
 from cockpit.agent import agent
-from cockpit.diagnose import Verdict, VerdictName, Watchdog
-from cockpit.evidence import default_sources, merge
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.judge.diagnose import Watchdog
+from cockpit.judge.evidence import default_sources, merge
 from cockpit.link.target import parse_target
-from cockpit.model import HostState
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.host.state import HostState
+from cockpit.host.session import HostSession, SessionOptions, WatchList
 
 from conftest import free_port
 from simhost import wait_for

@@ -202,9 +202,9 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     import tarfile
     from types import SimpleNamespace
 
-    from cockpit import bundle
+    from cockpit.actions import bundle
     from cockpit.link.target import parse_target
-    from cockpit.session import HostSession, SessionOptions, WatchList
+    from cockpit.host.session import HostSession, SessionOptions, WatchList
     from test_flightrec_dump_safety import start_rank, stop
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.config import parse_layout
-from cockpit.runs import RunSpec, build_argv, combinations, masked, read_ledger
+from cockpit.runs.config import parse_layout
+from cockpit.runs.spec import RunSpec, build_argv, combinations
+from cockpit.runs.ledger import masked, read_ledger
 from conftest import free_port, run_cli
 
 LAYOUT = """\
@@ -126,7 +127,7 @@ async def test_a_runs_log_follows_xdg_cache_home_as_the_xdg_spec_says(tmp_path, 
     """A layout's log_dir under ~/.cache/ moves to $XDG_CACHE_HOME on the host when that is an
     absolute path (a relative one is ignored, as the spec says)."""
     from cockpit.link.target import parse_target
-    from cockpit.session import HostSession, SessionOptions
+    from cockpit.host.session import HostSession, SessionOptions
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     for cache, expect in ((str(tmp_path / "cache"), tmp_path / "cache" / "gpu-cockpit" / "runs" / "x.log"),

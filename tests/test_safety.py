@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import actions
+from cockpit.actions import kill as actions
+from cockpit.actions import launch
+from cockpit.runs import run as runmod
 from cockpit.agent import agent
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.host.session import HostSession, SessionOptions, WatchList
 from conftest import free_port, run_cli
 from simhost import gone, wait_for
 
@@ -126,8 +128,8 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert not any(f" {pid} " in plan_text for pid in their_procs)
         assert all_alive(their_procs)
 
-        from cockpit.config import parse_layout
-        from cockpit import runs
+        from cockpit.runs.config import parse_layout
+        from cockpit.runs import ledger as runs
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         try:
             ours = runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1]
@@ -350,8 +352,8 @@ def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
         port = free_port()
         layout = layout_file(tmp_path, f"resume{port}", port)
         env = {"XDG_STATE_HOME": str(tmp_path / "state")}
-        from cockpit import runs
-        from cockpit.config import parse_layout
+        from cockpit.runs import ledger as runs
+        from cockpit.runs.config import parse_layout
         lay = parse_layout(layout.read_text(), str(layout))
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         start = agent._start_ticks(proc.pid)
@@ -551,9 +553,9 @@ async def test_a_process_chain_1000_deep_with_non_utf8_names(tmp_path):
             await wait_for(lambda: len(session.state.procs) >= depth + 1, 60, "every process watched")
             tree = session.state.tree()
             assert len(tree) == depth + 1 and max(d for d, _ in tree) == depth
-            from cockpit.snapshot import snapshot_doc
+            from cockpit.host.snapshot import snapshot_doc
             json.dumps(snapshot_doc(session.state))
-            plan = await actions.plan_kill(session, actions.process_scope(chain.pid))
+            plan = await actions.plan_kill(session, runmod.process_scope(chain.pid))
             assert len(plan.entries) == depth + 1
             text = "\n".join(plan.describe())
             assert "\\xff" in text or "\ufffd" in text  # the odd name made visible, never raw bytes
@@ -711,8 +713,8 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
 
 
 def _ledger(layout: Path, tmp_path: Path, *records: dict) -> None:
-    from cockpit import runs
-    from cockpit.config import parse_layout
+    from cockpit.runs import ledger as runs
+    from cockpit.runs.config import parse_layout
 
     lay = parse_layout(layout.read_text(), str(layout))
     os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")
@@ -840,7 +842,6 @@ async def test_an_ablation_step_kills_unasked_only_the_run_it_launched(sim_state
     """An ablation's later steps and its final kill are not confirmed by anyone: a plan that is not
     the run the previous step launched (found by the ledger rule in its own process group) stops
     the ablation with nothing signalled; the launched run itself is killed."""
-    from cockpit import runs
 
     port = free_port()
     theirs = start_by_hand(sim_state, tmp_path, port)
@@ -850,15 +851,15 @@ async def test_an_ablation_step_kills_unasked_only_the_run_it_launched(sim_state
     try:
         procs = session_procs(theirs.pid)
         launched = await session.request("launch", argv=["sleep", "600"], log=str(tmp_path / "ours.log"))
-        found = await actions.plan_kill(session, actions.Scope(ports=[port], command=["-m", "cockpit.sim.server"]))
+        found = await actions.plan_kill(session, runmod.Scope(ports=[port], command=["-m", "cockpit.sim.server"]))
         assert found.entries and found.rule == f"owns port {port}"
         with pytest.raises(CockpitError, match="not the one this ablation launched.*nothing was killed"):
-            runs.refuse_unasked(found, launched)
+            launch.refuse_unasked(found, launched)
         assert all_alive(procs)
-        ours = await actions.plan_kill(session, actions.Scope(launched=[{k: launched[k] for k in actions.LAUNCHED_KEYS
+        ours = await actions.plan_kill(session, runmod.Scope(launched=[{k: launched[k] for k in runmod.LAUNCHED_KEYS
                                                                          if k in launched}]))
         assert ours.rule.startswith("launched by this cockpit (ledger)")
-        runs.refuse_unasked(ours, launched)  # its own run: no question
+        launch.refuse_unasked(ours, launched)  # its own run: no question
         report = await actions.kill(session, ours, wait_s=1.0)
         assert report["verified"] and gone(launched["pid"]) and all_alive(procs)
     finally:

@@ -1,6 +1,7 @@
-"""The help screen lists every key the cockpit binds (generated from the bindings), its wrapped
-lines hang under their description; the command palette offers the cockpit's own actions, each
-only while its key would work, and runs the very action of the key."""
+"""One command table per screen: the cockpit's bindings, footer, help and palette are drawn from
+it, so every key the cockpit binds is in the help; wrapped help lines hang under their
+description; the palette offers the cockpit's own actions, each only while its key would work,
+and runs the very action of the key."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import re
 from pathlib import Path
 
-from cockpit.layouts import resolve_layout
-from cockpit.snapshot import state_from_doc
-from cockpit.ui.app import PALETTE_TITLES, CockpitApp, save_text
+from cockpit.runs.layouts import resolve_layout
+from cockpit.host.snapshot import state_from_doc
+from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.cockpit import CockpitScreen
+from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_name
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.screens import KEY_HELP, HelpScreen, cockpit_bindings, help_plain, key_name
+from cockpit.ui.screens import HelpScreen, help_plain
 from test_ui import live_app  # noqa: F401  (a fixture)
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -22,6 +24,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def replay(name: str = "serving", **kw) -> CockpitApp:
     doc = json.loads((FIXTURES / f"demo-{name}.json").read_text())
     return CockpitApp(state=state_from_doc(doc), layout=resolve_layout("demo"), **kw)
+
+
+PALETTE_TITLES = {c.action: c.palette for c in COCKPIT if c.palette}
 
 
 def keys_section(text: str) -> list[str]:
@@ -38,10 +43,12 @@ def test_every_binding_of_the_cockpit_is_in_the_help():
     for b in bindings:
         for key in b.key.split(","):
             assert key_name(key, b.key_display) in listed, f"{key} ({b.action}) is not in the help"
-        assert b.action in KEY_HELP, f"{b.action} has no description in the help"
     for key in ("b", "F", "K", "?", ":", "ctrl+p", "enter", "o", "esc"):
         assert key in listed
-    assert len(cockpit_bindings()) == len(bindings)
+    table = [*COCKPIT, *RANK_TABLE]
+    assert [(b.key, b.action, b.description, b.show) for b in bindings] == \
+        [(c.key, c.action, c.label, c.show) for c in table]  # the bindings are the table's
+    assert len({c.action for c in table}) == len(table)  # each action described once
 
 
 def test_wrapped_help_lines_hang_under_their_description():
@@ -158,7 +165,7 @@ async def test_c_in_a_report_without_anything_to_clean_says_nothing_to_remove():
 def test_the_help_explains_every_verdict_the_cockpit_gives():
     from rich.text import Text
 
-    from cockpit.diagnose import VerdictName
+    from cockpit.judge.verdict import VerdictName
     from cockpit.ui.screens import VERDICT_HELP
 
     named = {Text.from_markup(name).plain for name, _ in VERDICT_HELP}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from cockpit.secrets import (MASK, MAX_TEXT, is_secret_flag, is_secret_name, mask_argv, mask_env, mask_line, mask_record,
+from cockpit.common.secrets import (MASK, MAX_TEXT, is_secret_flag, is_secret_name, mask_argv, mask_env, mask_line, mask_record,
                              mask_text, mask_url)
 
 

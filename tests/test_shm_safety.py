@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import actions
+from cockpit.actions import kill as actions
+from cockpit.runs import run as runmod
 from cockpit.agent import agent
 from conftest import run_cli
 
@@ -183,7 +184,7 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
         assert [e["pid"] for e in entries] == [run.pid]
         audit = agent.shm_audit()  # before the kill, as plan_relaunch takes it
 
-        found = actions.shm_for_run(audit, actions.KillPlan(actions.Scope(), entries, "launched by this cockpit "
+        found = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "launched by this cockpit "
                                                             "(ledger): process group 1"))
         why = {e["name"]: e["why"] for e in found.remove}
         assert sorted(why) == sorted(p.name for p in ours[:2])
@@ -193,17 +194,17 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
         for path in colleague_files + [older, ours[2]]:  # made after the run started, never held by it: not its
             assert "cannot tell whose it is" in left[path.name]
         made = next(e for e in audit["entries"] if e["name"] == ours[2].name)
-        seen = actions.shm_for_run(audit, actions.KillPlan(actions.Scope(), entries, "owns port 30000"),
+        seen = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "owns port 30000"),
                                    {(made["dev"], made["ino"]): time.time()})  # the monitor saw the run hold it
         assert {e["name"]: e["why"] for e in seen.remove}[ours[2].name].startswith("held by the run while it lived")
         lines = "\n".join(actions.describe_shm_for_run(found, "/dev/shm"))
         assert f"rm {colleague_files[0].name}" not in lines and f"left: {colleague_files[0].name}" in lines
 
         # found by its ports or command: the same rules (what it holds or held, what carries its pid)
-        other = actions.shm_for_run(audit, actions.KillPlan(actions.Scope(), entries, "owns port 30000"))
+        other = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "owns port 30000"))
         assert sorted(other.names) == sorted(p.name for p in ours[:2])
         # no run found: nothing removed, everything said
-        none = actions.shm_for_run(audit, actions.KillPlan(actions.Scope(), [], None))
+        none = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), [], None))
         assert none.remove == [] and {p.name for p in colleague_files + ours} <= {e["name"] for e in none.left}
 
         run.send_signal(signal.SIGKILL)

@@ -9,7 +9,7 @@ import pytest
 from conftest import free_port
 from simhost import SimRun, wait_for
 
-from cockpit import metrics
+from cockpit.read import metrics
 
 
 def generated(body: str) -> float:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions
+from cockpit.host.session import HostSession, SessionOptions
 
 from conftest import run_cli
 

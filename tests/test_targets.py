@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.container import translate_sample
 from cockpit.link.slurm import parse_listpids, parse_scontrol_job
 from cockpit.link.target import parse_target

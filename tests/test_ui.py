@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.config import parse_layout
+from cockpit.runs.config import parse_layout
 from cockpit.link.target import parse_target
-from cockpit.monitor import HostMonitor
-from cockpit.session import SessionOptions, WatchList
-from cockpit.snapshot import state_from_doc
-from cockpit.layouts import resolve_layout
-from cockpit import demo
+from cockpit.monitor.host import HostMonitor
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.host.snapshot import state_from_doc
+from cockpit.runs.layouts import resolve_layout
+from cockpit.monitor import demo
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.screens import HelpScreen
 from cockpit.ui.gpus import GpuPane
@@ -53,7 +53,7 @@ async def live_app(sim_state, tmp_path):
     runs = []
 
     async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
+        runs.append((await demo.start_demo(monitor.session, layout, str(sim_state))).record)
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app, port
@@ -253,8 +253,9 @@ sim: {{speed: 4, seed: 1}}
     runs = []
 
     async def on_connect(monitor):
-        runs.append(await demo.start_demo(monitor.session, layout, str(sim_state)))
-        monitor.following = runs[-1]  # as `cockpit demo` does: the ledger gets what was seen of it
+        run = await demo.start_demo(monitor.session, layout, str(sim_state))
+        runs.append(run.record)
+        monitor.follow(run)  # as `cockpit demo` does: the ledger gets what was seen of it
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app
@@ -274,7 +275,7 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         await until(pilot, lambda: monitor.forensics is not None, 60)
         folder = __import__("pathlib").Path(monitor.forensics.folder)
         assert len(list(folder.glob("rank*-pid*.txt"))) == 8 and (folder / "groups.txt").exists()
-        rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
+        rows = __import__("cockpit.runs.ledger", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
         assert rows[0]["forensics"]["folder"] == str(folder)  # the ledger says where they are
         await pilot.press("d")  # the same stacks, on request
         await until(pilot, lambda: isinstance(app.screen, ReportScreen), 60)
@@ -302,7 +303,7 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         assert save_text(app, None).count("sglang::scheduler_TP") >= 8
         await pilot.press("y")
         await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)
-        rows = __import__("cockpit.runs", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
+        rows = __import__("cockpit.runs.ledger", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
         assert [r["outcome"] for r in rows] == ["stalled-idle", "ready"] and rows[1]["flag_sets"] == []
         assert "--speculative-algorithm" not in " ".join(rows[1]["argv"])
         # K: the confirmation names every pid, then the report says it is verified
@@ -323,7 +324,7 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
 
 
 def test_the_layouts_ports_come_before_the_listeners_the_tree_opened():
-    from cockpit.model import HostState, PortState
+    from cockpit.host.state import HostState, PortState
     from cockpit.ui.ports import PortsTable
 
     state = HostState("h")

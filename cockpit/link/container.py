@@ -21,7 +21,7 @@ import json
 import os
 import time
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.base import AgentStream
 from cockpit.link.exec import ExecLink, ExecStream, first_line
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.base import AgentStream, Link, RunResult
 
 CLOSE_GRACE_S = 2.0  # after stdin closes, the agent ends by itself; then the carrier's process is ended
@@ -113,30 +113,3 @@ class ExecLink(Link):
     def describe(self) -> dict:
         """What the snapshot says about the way in (docs/targets.md)."""
         return {"kind": self.name, "via": self.where}
-
-
-def carrier_link(target, opts) -> Link:
-    """This machine, or the target's `@HOST` over ssh."""
-    from cockpit.link.local import LocalLink
-
-    if not target.remote:
-        return LocalLink()
-    from cockpit.link.ssh import SshLink
-
-    return SshLink(target.carrier(), ssh_config=opts.ssh_config, known_hosts=opts.known_hosts,
-                   accept_new=opts.accept_new)
-
-
-def exec_link(target, opts) -> ExecLink:
-    """The link of a docker:, podman: or slurm: target."""
-    carrier = carrier_link(target, opts)
-    where = target.carrier().label if target.remote else "this machine"
-    if target.kind in ("docker", "podman"):
-        from cockpit.link.container import ContainerLink
-
-        return ContainerLink(carrier, target, where)
-    if target.kind == "slurm" and target.node:
-        from cockpit.link.slurm import SlurmNodeLink
-
-        return SlurmNodeLink(carrier, target, where)
-    raise CockpitError(f"{target.label}: a whole Slurm job is watched node by node (cockpit.cluster), not one link")

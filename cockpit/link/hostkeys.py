@@ -25,7 +25,7 @@ from pathlib import Path
 from cockpit.link.sshlib import asyncssh  # noqa: I001  (first: asyncssh's quick import)
 from asyncssh.config import SSHClientConfig, SSHConfig
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 
 DEFAULT_USER_FILES = ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"]
 DEFAULT_GLOBAL_FILES = ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]

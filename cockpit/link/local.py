@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 
 STREAM_LIMIT = 4 * 1024 * 1024  # how much asyncio buffers before it pauses the pipe; lines: LineReader

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link.exec import ExecLink, first_line
 
 AGENT_STEP = "cockpit-agent"

@@ -9,7 +9,7 @@ import os
 import shlex
 import socket
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 from cockpit.link import hostkeys
 from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 from cockpit.link.sshlib import asyncssh

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cockpit.errors import CockpitError
+from cockpit.common.errors import CockpitError
 
 _SSH = re.compile(
     r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"

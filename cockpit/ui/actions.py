@@ -6,22 +6,22 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
 
 from rich.text import Text
+from textual.screen import Screen
 
-from cockpit.actions import (describe_clean, describe_kill, describe_shm, find_run, listed, of_run, plan_kill,
-                             shm_audit, shm_clean)
-from cockpit.hosttext import as_text, count, these, visible
-from cockpit.errors import CockpitError
-from cockpit.runs import (RunSpec, ablate, combinations, default_spec, describe_ablation, describe_ledger,
-                          launch_python, plan_relaunch, read_ledger, run_name, run_variant, sim_flags)
-from cockpit.stacks import dump_ranks, dump_targets
+from cockpit.actions import bundle
+from cockpit.actions.dumps import collect, dump_ranks, dump_targets
+from cockpit.actions.kill import describe_clean, describe_kill, describe_shm, find_run, listed, of_run, plan_kill, shm_audit, shm_clean
+from cockpit.actions.launch import ablate, describe_ablation, launch_python, plan_relaunch, run_variant, sim_flags
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import as_text, count, these, visible
+from cockpit.read import flightrec
+from cockpit.runs.ledger import describe_ledger, read_ledger, run_name
+from cockpit.runs.spec import RunSpec, combinations, default_spec
 from cockpit.ui.fmt import say
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
 
-if TYPE_CHECKING:
-    from cockpit.ui.cockpit import CockpitScreen
 
 
 TOAST_S = 5
@@ -32,7 +32,7 @@ class ActionRunner:
     last one's result (the header keeps it: a notification is short and may come while a dialog
     hides it)."""
 
-    def __init__(self, screen: CockpitScreen):
+    def __init__(self, screen: Screen):
         self.screen = screen
         self.busy: str | None = None
         self.progress = ""
@@ -132,7 +132,7 @@ class ActionRunner:
             if not go:
                 return
             state = self.screen.state
-            plan = await find_run(self.monitor.session, self.layout)  # as the kill finds it: never another's ranks
+            plan = await find_run(self.monitor.session, self.monitor.run)  # as the kill finds it: never another's ranks
             ranks = dump_targets(state, of_run(state, plan)[0])
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
@@ -167,7 +167,7 @@ class ActionRunner:
             spec = await self.ask(self._launch_dialog())
             if spec is None:
                 return
-            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout, held_before=self.monitor.shm_held)  # what is killed and removed
+            plan, names, lines = await plan_relaunch(self.monitor)  # what is killed and removed
             steps = (["Kill this"] if plan.entries else []) + (["clean shm"] if names else []) + ["launch"]
             question = (", ".join(steps[:-1]) + " and " + steps[-1] if len(steps) > 1 else steps[0]).capitalize()
             if not await self.ask(ConfirmScreen("relaunch", lines, question + "?")):
@@ -191,7 +191,7 @@ class ActionRunner:
                 return
             vary = choice.enabled
             specs = combinations(self.layout, vary)
-            plan, names, lines = await plan_relaunch(self.monitor.session, self.layout, held_before=self.monitor.shm_held)
+            plan, names, lines = await plan_relaunch(self.monitor)
             ok = await self.ask(ConfirmScreen(
                 "ablation", lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
                 f"Run these {len(specs)} launches in turn (each kills the one before)?"))
@@ -203,8 +203,6 @@ class ActionRunner:
             await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
 
     async def bundle(self) -> None:
-        from cockpit import bundle
-
         async with self.exclusive("hang bundle") as go:
             if go:
                 self.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
@@ -212,11 +210,9 @@ class ActionRunner:
                 await self.ask(ReportScreen("hang bundle", bundle.describe(result)))
 
     async def flightrec(self) -> None:
-        from cockpit import flightrec
-
         async with self.exclusive("flight recorder") as go:
             if go:
-                answer, result = await flightrec.collect(self.monitor)
+                answer, result = await collect(self.monitor)
                 await self.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
 
     def ledger(self) -> None:

@@ -6,53 +6,30 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from rich.text import Text
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from cockpit.model import HostState
+from cockpit.host.state import HostState
 from cockpit.ui.cockpit import CockpitScreen
-
-
-# The palette's name for each of the cockpit's own actions (what one types: "kill", "dump", ...);
-# each runs the very action its key runs, offered only while the key would work (check_action).
-PALETTE_TITLES = {
-    "relaunch": "Relaunch with flag sets toggled",
-    "dump": "Dump every rank's stack (py-spy)",
-    "kill_run": "Kill the run",
-    "kill_one": "Kill the selected process",
-    "shm": "Shm: audit /dev/shm (and clean)",
-    "bundle": "Bundle: save the hang bundle",
-    "flightrec": "Flight recorder: dump and compare every rank",
-    "ledger": "Ledger: the runs of this layout",
-    "ablate": "Ablate: each on/off combination of flag sets",
-    "zoom": "Zoom the focused pane",
-    "search": "Search the log",
-    "rank_filter": "Rank: show one rank's log lines",
-    "follow": "Follow the log on / off",
-    "back": "Back to the fleet",
-    "help": "Help: every key, verdict, phase and colour",
-}
+from cockpit.ui.commands import COCKPIT, key_name
 
 
 def cockpit_commands(screen: Screen):
-    """The cockpit's actions as palette commands, for the screen the palette was opened on."""
-    from rich.text import Text
-
-    from cockpit.ui.screens import KEY_HELP, key_name
-
+    """The cockpit's actions as palette commands (its command table's palette titles), for the
+    screen the palette was opened on; each runs the very action its key runs, offered only while
+    the key would work (check_action)."""
     if not isinstance(screen, CockpitScreen):
         return
-    for binding in screen.BINDINGS:
-        action = binding.action
-        if action not in PALETTE_TITLES or not screen.check_action(action, ()):
+    for c in COCKPIT:
+        if c.palette is None or not screen.check_action(c.action, ()):
             continue
-        key = key_name(binding.key, binding.key_display)
-        what = Text.from_markup(KEY_HELP.get(action, binding.description)).plain
+        what = Text.from_markup(c.help).plain
 
-        async def run(action: str = action) -> None:
+        async def run(action: str = c.action) -> None:
             await screen.run_action(action)
 
-        yield SystemCommand(PALETTE_TITLES[action], f"key {key}: {what}", run)
+        yield SystemCommand(c.palette, f"key {key_name(c.key, c.key_display)}: {what}", run)
 
 
 class CockpitApp(App):

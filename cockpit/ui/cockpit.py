@@ -11,18 +11,18 @@ import asyncio
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from cockpit.actions import process_scope, run_scope
-from cockpit.config import Layout
-from cockpit.diagnose import Phase, Verdict, VerdictName, phase_of
-from cockpit.errors import CockpitError
-from cockpit.hosttext import as_text
-from cockpit.model import HostState
-from cockpit.monitor import HostMonitor, MonitorEvent
+from cockpit.runs.run import process_scope
+from cockpit.runs.config import Layout
+from cockpit.judge.verdict import Phase, Verdict, VerdictName
+from cockpit.judge.diagnose import phase_of
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import as_text
+from cockpit.host.state import HostState
+from cockpit.monitor.host import HostMonitor, MonitorEvent
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.fmt import say
 from cockpit.ui.header import FULL, header_text
@@ -30,6 +30,7 @@ from cockpit.ui.gpus import GpuList, GpuPane
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
+from cockpit.ui.commands import COCKPIT, bindings
 from cockpit.ui.screens import HelpScreen, SearchScreen
 
 REDRAW_S = 0.25
@@ -50,27 +51,7 @@ class CockpitScreen(Screen):
 
     # The footer shows these in this order, cut at the terminal's width: help, quit, then the
     # actions of the operator story first, then the view's keys. `?` lists every one.
-    BINDINGS = [
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("q", "app.quit", "Quit"),
-        Binding("escape", "back", "Fleet"),
-        Binding("r", "relaunch", "Relaunch"),
-        Binding("d", "dump", "Stacks"),
-        Binding("K", "kill_run", "Kill run"),
-        Binding("s", "shm", "Shm"),
-        Binding("b", "bundle", "Bundle"),
-        Binding("F", "flightrec", "Flight rec.", show=False),
-        Binding("L", "ledger", "Runs"),
-        Binding("z", "zoom", "Zoom"),
-        Binding("slash", "search", "Find", key_display="/"),
-        Binding("t", "rank_filter", "Rank"),
-        Binding("f", "follow", "Follow"),
-        Binding("k", "kill_one", "Kill pid"),
-        Binding("A", "ablate", "Ablate"),
-        Binding("colon", "app.command_palette", "Commands", show=False),
-        Binding("tab", "app.focus_next", "Next pane", show=False),
-        Binding("shift+tab", "app.focus_previous", "Prev pane", show=False),
-    ]
+    BINDINGS = bindings(COCKPIT)
     ALLOW_IN_MAXIMIZED_VIEW = "#status, Footer"
     ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bundle", "flightrec")
 
@@ -336,7 +317,7 @@ class CockpitScreen(Screen):
         self.run_worker(self.actions.kill(process_scope(pid), f"kill pid {pid}"), group="action")
 
     def action_kill_run(self) -> None:
-        self.run_worker(self.actions.kill(run_scope(self.session, self.profile), "kill the run"), group="action")
+        self.run_worker(self.actions.kill(self.monitor.run.scope(self.session.watch), "kill the run"), group="action")
 
     def action_shm(self) -> None:
         self.run_worker(self.actions.shm(), group="action")

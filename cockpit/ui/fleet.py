@@ -20,9 +20,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Footer, Static
 
-from cockpit.diagnose import ALERTING
-from cockpit.fleet import FleetMonitor, Row
-from cockpit.hosttext import count, visible
+from cockpit.judge.verdict import ALERTING
+from cockpit.monitor.fleet import FleetMonitor, Row
+from cockpit.common.hosttext import count, visible
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.screens import HelpScreen, SearchScreen
 from cockpit.ui.fmt import SPARKS, level_style

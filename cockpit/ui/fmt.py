@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from cockpit.hosttext import visible
+from cockpit.common.hosttext import visible
 
 NA = "n/a"
 SPARKS = "▁▂▃▄▅▆▇█"

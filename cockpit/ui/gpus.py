@@ -5,14 +5,14 @@ screen is short."""
 
 from __future__ import annotations
 
-from cockpit.hosttext import as_text, visible
+from cockpit.common.hosttext import as_text, visible
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
-from cockpit.model import Gpu, HostState
+from cockpit.host.state import Gpu, HostState
 from cockpit.ui.fmt import bar, gib, level_style, num, spark
 
 

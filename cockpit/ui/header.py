@@ -6,24 +6,22 @@ or its outcome, a link's trouble, an error). Host text in it is shown through th
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 
-from cockpit.diagnose import REQUESTS_FROZEN, VerdictName
-from cockpit.hosttext import as_text
-from cockpit.metrics import describe as describe_metrics
+from cockpit.judge.verdict import REQUESTS_FROZEN, VerdictName
+from cockpit.common.hosttext import as_text
+from cockpit.ui.screens import ReportScreen
+from cockpit.read.metrics import describe as describe_metrics
 
-if TYPE_CHECKING:
-    from cockpit.ui.cockpit import CockpitScreen
 
 VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
                  "slow": "yellow", "stopping": "yellow", "stopped": "yellow"}
 FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nvitop's compact view
 
 
-def hint(screen: CockpitScreen) -> str | None:
+def hint(screen: Screen) -> str | None:
     """What to do when there is nothing to show."""
     if screen.error:
         return "q quits (exit status 2); check the host name, or that sshd answers there"
@@ -40,7 +38,7 @@ def hint(screen: CockpitScreen) -> str | None:
     return "no run found: give --layout FILE to watch and launch a server (docs/layouts.md)"
 
 
-def header_text(screen: CockpitScreen) -> Text:
+def header_text(screen: Screen) -> Text:
     """The header's lines, each cut at the width (never wrapped)."""
     s = screen.state
     a = s.agent
@@ -91,10 +89,8 @@ def header_text(screen: CockpitScreen) -> Text:
     return text
 
 
-def doing(screen: CockpitScreen) -> str:
+def doing(screen: Screen) -> str:
     """Where the action under way stands: its dialog waiting on the operator, else its progress."""
-    from cockpit.ui.screens import ReportScreen
-
     try:
         top = screen.app.screen
     except Exception:  # not mounted (a test renders the header alone)
@@ -106,7 +102,7 @@ def doing(screen: CockpitScreen) -> str:
     return screen.actions.progress or "under way"
 
 
-def lasting(screen: CockpitScreen) -> Text | None:
+def lasting(screen: Screen) -> Text | None:
     """The one line of what lasts: the action under way, else a broken link's reason, an
     error, the last action's outcome, or the host's first warning."""
     s = screen.state

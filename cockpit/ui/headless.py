@@ -10,8 +10,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from cockpit.errors import CockpitError
-from cockpit.hosttext import visible
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import visible
 from cockpit.ui.app import CockpitApp, save_text
 
 

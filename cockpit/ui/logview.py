@@ -1,4 +1,4 @@
-"""The run's log, live. Lines arrive classified (cockpit.logrules, once, where they are received:
+"""The run's log, live. Lines arrive classified (cockpit.read.logrules, once, where they are received:
 a failure, an error, a warning, a phase) in a bounded buffer; only the lines on screen are styled
 and rendered (Textual's line API, as toolong does), so a flood of 20,000 lines a second costs what the
 visible window costs. `/` search and the rank filter select from the same buffer."""
@@ -13,9 +13,9 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from cockpit.hosttext import as_text, visible
-from cockpit.logrules import LogLine
-from cockpit.model import LOG_LINES
+from cockpit.common.hosttext import as_text, visible
+from cockpit.read.logrules import LogLine
+from cockpit.host.state import LOG_LINES
 
 MAX_WIDTH = 400
 STYLE_OBJ = {"failure": Style(bold=True, color="bright_red"), "error": Style(bold=True, color="red"),

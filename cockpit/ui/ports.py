@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from cockpit.hosttext import as_text
-from cockpit.model import HostState
-from cockpit.ras import port_label
+from cockpit.common.hosttext import as_text
+from cockpit.host.state import HostState
+from cockpit.read.ras import port_label
 from cockpit.ui.table import LiveTable
 
 COLUMNS = [("port", 5), ("state", 6), ("pid", 7), ("endpoint", 16), ("http", 4), ("ms", 5)]

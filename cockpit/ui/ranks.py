@@ -6,10 +6,10 @@ by a column instead of the tree; the tree comes back after the last column."""
 from __future__ import annotations
 
 from rich.text import Text
-from textual.binding import Binding
 
-from cockpit.hosttext import as_text, visible
-from cockpit.model import HostState, Proc
+from cockpit.common.hosttext import as_text, visible
+from cockpit.host.state import HostState, Proc
+from cockpit.ui.commands import RANK_TABLE, bindings
 from cockpit.ui.fmt import NA, gib, mib
 from cockpit.ui.table import LiveTable
 
@@ -34,8 +34,7 @@ STATUS_STYLE = {"R": "green", "S": "default", "D": "yellow", "Z": "bold red", "T
 
 class RankTable(LiveTable):
     COLUMNS = COLUMNS
-    BINDINGS = [Binding("enter", "toggle_collapse", "Collapse", show=False),
-                Binding("o", "sort", "Sort", show=False)]
+    BINDINGS = bindings(RANK_TABLE)
 
     def __init__(self, **kw):
         super().__init__(**kw)

@@ -17,7 +17,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, Static
 
-from cockpit.hosttext import as_text, visible
+from cockpit.common.hosttext import as_text, visible
+from cockpit.common.secrets import mask_argv
+from cockpit.runs.config import param_flag
+from cockpit.runs.spec import RunSpec, build_argv
+from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_rows
 
 
 def body(lines: list[str]) -> Text:
@@ -144,7 +148,6 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
     def compose(self) -> ComposeResult:
         from textual.widgets import SelectionList
 
-        from cockpit.config import param_flag
 
         with Vertical(classes="dialog"):
             yield Static(as_text(f"{self.title_text}: {self.profile.name}", "bold"))
@@ -176,16 +179,13 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
     def spec(self):
         from textual.widgets import SelectionList
 
-        from cockpit.runs import RunSpec
 
         chosen = self.query_one("#sets", SelectionList).selected
         params = {name: self.query_one(f"#param-{name}", Input).value for name in self.profile.params}
         return RunSpec(enabled=[n for n in self.profile.flag_sets if n in chosen], params=params)
 
     def _show(self) -> None:
-        from cockpit.runs import build_argv
 
-        from cockpit.secrets import mask_argv
 
         new = mask_argv(build_argv(self.profile, self.spec(), self.python) + self.extra)  # secrets never shown
         old = mask_argv(build_argv(self.profile, self.current, self.python) + self.extra)
@@ -227,63 +227,6 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
-
-
-# What each of the cockpit's keys does, by action. The keys themselves come from the bindings
-# (CockpitScreen.BINDINGS and its panes' own): the help lists every one, in the footer's order.
-KEY_HELP = {
-    "help": "this help",
-    "app.quit": "quit (a demo ends every run it launched; on a real host the run keeps running)",
-    "back": "back to the fleet (a host's cockpit opened from it)",
-    "relaunch": "relaunch: flag sets as \\[on]/\\[off] toggles, parameters as fields, the command shown as a diff "
-                "of argument lists; ctrl+r launches (the current run is stopped first)",
-    "dump": "py-spy dump of every rank, identical stacks grouped, the odd one out shown",
-    "kill_run": "kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports",
-    "shm": "/dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe",
-    "bundle": "save the hang bundle: one .tar.gz in the run's folder (stacks, NCCL RAS, flight recorder, "
-              "nvidia-smi -q, Xid lines, log tail, metrics, versions, verdict, manifest)",
-    "flightrec": "flight recorder: trigger torch's dump on every rank and compare their last collectives "
-                 "(the rank that never joined is named)",
-    "ledger": "the ledger of this layout's runs: what the cockpit saw of each one",
-    "zoom": "zoom the focused pane to the full screen and back (or esc)",
-    "search": "search the log (empty search clears it)",
-    "rank_filter": "show one rank's log lines (cycles TP0…TPn, then all)",
-    "follow": "follow the log on / off",
-    "kill_one": "kill the selected process (asks first, names every pid)",
-    "ablate": "ablation: each on/off combination of the chosen flag sets, then a table",
-    "app.command_palette": "command palette: every action here by name (type kill, dump, shm, ...)",
-    "app.focus_next": "move to the next pane: GPUs, ranks, ports, log",
-    "app.focus_previous": "move to the previous pane",
-    "toggle_collapse": "collapse or expand a process subtree (rank tree)",
-    "sort": "sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)",
-}
-KEY_NAMES = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "esc", "space": "space"}
-PALETTE_KEY = "ctrl+p"  # the App's own binding for the palette, beside `:`
-
-
-def key_name(key: str, display: str | None = None) -> str:
-    return display or KEY_NAMES.get(key, key)
-
-
-def cockpit_bindings() -> list[Binding]:
-    """Every binding of the cockpit: the screen's, then its panes'."""
-    from cockpit.ui.cockpit import CockpitScreen
-    from cockpit.ui.ranks import RankTable
-
-    return [b if isinstance(b, Binding) else Binding(*b) for b in [*CockpitScreen.BINDINGS, *RankTable.BINDINGS]]
-
-
-def key_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
-    """(keys, what they do) for each action, in the bindings' order; keys of one action together."""
-    rows: dict[str, list[str]] = {}
-    for b in bindings:
-        for key in b.key.split(","):
-            rows.setdefault(b.action, []).append(key_name(key.strip(), b.key_display))
-    if "app.command_palette" in rows:
-        rows["app.command_palette"].append(PALETTE_KEY)
-    described = {b.action: b.description for b in bindings}
-    return [(" or ".join(f"[b]{k}[/b]" for k in dict.fromkeys(keys)),
-             KEY_HELP.get(action) or described[action]) for action, keys in rows.items()]
 
 
 VERDICT_HELP = [
@@ -335,8 +278,8 @@ def _table(rows: list[tuple[str, str]], indent: int = 2):
     return Padding(table, (0, 0, 0, indent))
 
 
-def help_renderable(bindings: list[Binding] | None = None):
-    """The cockpit's help: the keys from its bindings, then the header, verdicts, phases, colours
+def help_renderable(commands=COCKPIT + RANK_TABLE):
+    """The cockpit's help: the keys from its command tables, then the header, verdicts, phases, colours
     and sizes; every list a two-column table, so wrapped lines hang under their description."""
     from rich.console import Group
 
@@ -346,7 +289,7 @@ def help_renderable(bindings: list[Binding] | None = None):
     return Group(
         para("[b]gpu-cockpit[/b] — keys, verdicts, phases and colours ([b]↑ ↓[/b] scroll, [b]esc[/b] closes)\n"),
         para("[b]Keys[/b]  (the footer shows the most used first, as many as the width allows)"),
-        _table(key_rows(bindings if bindings is not None else cockpit_bindings())),
+        _table(key_rows(commands)),
         para("\n[b]The header[/b] is always on screen: host, phase, verdict, link, the age of the data; then the "
              "verdict's first evidence (or what to do when there is nothing to show); then what lasts: the "
              "action under way, the last action's outcome, or why the link is down.\n"),
@@ -366,14 +309,14 @@ def help_renderable(bindings: list[Binding] | None = None):
     )
 
 
-def help_plain(bindings: list[Binding] | None = None, width: int = 100) -> str:
+def help_plain(commands=COCKPIT + RANK_TABLE, width: int = 100) -> str:
     """The help as plain text at `width` (what the screen shows, without colours)."""
     import io
 
     from rich.console import Console
 
     console = Console(width=width, file=io.StringIO(), color_system=None, record=True)
-    console.print(help_renderable(bindings))
+    console.print(help_renderable(commands))
     return console.export_text()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from cockpit.hosttext import visible
+from cockpit.common.hosttext import visible
 
 
 def _same(a, b) -> bool:

@@ -135,7 +135,7 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: s
     import psutil
 
     from cockpit.link.target import parse_target
-    from cockpit.session import HostSession, SessionOptions
+    from cockpit.host.session import HostSession, SessionOptions
 
     kids = spawn_tree(tree)
     nbytes = 0

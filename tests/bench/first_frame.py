@@ -35,9 +35,9 @@ import asyncio, json, os, sys, time
 t0 = float(os.environ["T0"])
 m = {"interpreter": time.time() - t0}
 from cockpit.link.target import parse_target
-from cockpit.session import HostSession, SessionOptions
+from cockpit.host.session import HostSession, SessionOptions
 from cockpit.link import ssh  # what the first connect imports (asyncssh, cryptography)
-from cockpit import model
+from cockpit.host import state as model
 m["imports"] = time.time() - t0
 c0, s0 = ssh.SshLink.connect, ssh.SshLink.start_agent
 async def connect(self):

@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
 from benchlib import pct, report, rss_mib  # noqa: E402
 from conftest import free_port  # noqa: E402
 
-from cockpit.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
-from cockpit.session import SessionOptions  # noqa: E402
+from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
+from cockpit.host.session import SessionOptions  # noqa: E402
 from cockpit.sim import fakenvml  # noqa: E402
 from cockpit.ui.app import save_text  # noqa: E402
 from cockpit.ui.fleet import HEAP_SETTLE_S, SORTS, FleetApp  # noqa: E402

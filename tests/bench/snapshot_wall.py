@@ -37,7 +37,8 @@ now = lambda: round((time.time() - T0) * 1000, 1)
 m = {"interpreter": now()}
 import cockpit.cli
 m["import_cli"] = now()
-from cockpit import model, session
+from cockpit.host import state as model
+from cockpit.host import session
 c0 = session.HostSession.connect
 async def connect(self):
     m.setdefault("connect", now())

@@ -47,7 +47,7 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None) -> dict:
 
     import cockpit.agent as shipped
     from cockpit.link.target import parse_target
-    from cockpit.session import HostSession, SessionOptions
+    from cockpit.host.session import HostSession, SessionOptions
 
     kids = spawn_tree(tree)
     monitors: dict[str, object] = {}

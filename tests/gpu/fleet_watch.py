@@ -8,7 +8,7 @@ import asyncio
 import sys
 import time
 
-from cockpit.fleet import FleetMonitor, load_fleet
+from cockpit.monitor.fleet import FleetMonitor, load_fleet
 from cockpit.ui.fleet import FleetApp
 
 

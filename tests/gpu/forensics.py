@@ -60,7 +60,7 @@ def show(path):
 
 def fr(folder):
     os.makedirs(folder, exist_ok=True)
-    from cockpit import flightrec
+    from cockpit.read import flightrec
 
     dumps = {}
     for path in sorted(glob.glob("/tmp/fr/trace_rank_*")):

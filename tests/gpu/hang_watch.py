@@ -14,12 +14,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cockpit import actions, stacks  # noqa: E402
-from cockpit.config import parse_layout  # noqa: E402
-from cockpit.diagnose import Watchdog  # noqa: E402
+from cockpit.actions import kill as actions  # noqa: E402
+from cockpit.actions import dumps  # noqa: E402
+from cockpit.runs.run import Run  # noqa: E402
+from cockpit.read import stacks
+from cockpit.runs.config import parse_layout  # noqa: E402
+from cockpit.judge.diagnose import Watchdog  # noqa: E402
 from cockpit.link.target import parse_target  # noqa: E402
-from cockpit.session import HostSession, SessionOptions, WatchList  # noqa: E402
-from cockpit.snapshot import snapshot_doc, state_from_doc  # noqa: E402
+from cockpit.host.session import HostSession, SessionOptions, WatchList  # noqa: E402
+from cockpit.host.snapshot import snapshot_doc, state_from_doc  # noqa: E402
 from cockpit.ui.app import CockpitApp  # noqa: E402
 from cockpit.ui.headless import render  # noqa: E402
 
@@ -68,7 +71,7 @@ async def main():
         print("  evidence:", e)
     await svg(session.state, verdict, out / "step2-hung.svg")
     ranks = actions.rank_pids(session.state)
-    result = await stacks.dump_ranks(session, ranks, "h200-hang")
+    result = await dumps.dump_ranks(session, ranks, "h200-hang")
     print("STACKS (py-spy, grouped):")
     print("\n".join(stacks.describe_groups(result.groups)))
     for r, e in result.failed.items():
@@ -78,7 +81,7 @@ async def main():
         await session.close()
         return
     before = {i: g.mem_used_mib for i, g in session.state.gpus.items()}
-    plan = await actions.plan_kill(session, actions.run_scope(session))
+    plan = await actions.plan_kill(session, Run().scope(session.watch))
     print("KILL PLAN:")
     print("\n".join(plan.describe()))
     t = time.monotonic()

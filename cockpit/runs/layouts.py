@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import cockpit
-from cockpit.config import Layout, LayoutError, load_layout
+from cockpit.runs.config import Layout, LayoutError, load_layout
 
 
 def layouts_dir() -> Path:

@@ -15,14 +15,17 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
-from cockpit.config import Layout
-from cockpit.errors import CockpitError
-from cockpit.runs import append_ledger, default_spec, launch, read_ledger
-from cockpit.session import HostSession
+from cockpit.actions import kill
+from cockpit.actions.launch import launch
+from cockpit.common.errors import CockpitError
+from cockpit.host.session import HostSession, WatchList
+from cockpit.runs.config import Layout
+from cockpit.runs.ledger import read_ledger
+from cockpit.runs.run import Run, Scope
+from cockpit.runs.spec import default_spec
 from cockpit.sim import fakenvml
 
 OWNER = "owner.json"
@@ -147,30 +150,19 @@ def runs_of(layout: Layout, state: str, host: str = "demo") -> list[dict]:
             and (r.get("env") or {}).get("COCKPIT_SIM_STATE") == state]
 
 
-async def start_demo(session: HostSession, layout: Layout, state: str) -> dict:
+async def start_demo(session: HostSession, layout: Layout, state: str) -> Run:
     """Launch the demo's run the way every run is launched (recorded in the ledger first)."""
     return await launch(session, layout, default_spec(layout))
 
 
-async def attach_demo(session: HostSession, run: dict) -> None:
-    from cockpit.actions import remember_run
-
-    remember_run(session, launched=_launched(run), rule=f"the demo's run (process group {run['pgid']})")
-    await session.follow_run(int(run["pgid"]), run.get("log"))
+def _run(layout: Layout, rec: dict) -> Run:
+    return Run(layout, rec, f"the demo's run (process group {rec['pgid']})")
 
 
-def _launched(rec: dict) -> dict:
-    """The record's process group and its leader's start time: what the agent checks before it
-    calls anything the demo's run."""
-    return {k: rec[k] for k in ("pgid", "start", "boot", "uid") if rec.get(k) is not None}
-
-
-async def _members(session: HostSession, run: dict):
+async def _members(session: HostSession, rec: dict):
     """The live processes of a run, found from its process group and its leader's start time, if
     they are still the demo server's (a pgid reused by something else is not touched)."""
-    from cockpit import actions
-
-    plan = await actions.plan_kill(session, actions.Scope(launched=[_launched(run)]), allow_ambiguous=True)
+    plan = await kill.plan_kill(session, Scope(launched=Run(None, rec).launched()), allow_ambiguous=True)
     if not any(_simulated(e.get("title", "")) for e in plan.entries):
         return None
     return plan
@@ -180,45 +172,40 @@ def follower(layout: Layout, state: str):
     """What a cockpit attached to the demo in `state` watches (the demo's port, no process
     patterns: another demo's processes or anything else here are not shown or judged) and the
     hook that finds the demo's current run once connected."""
-    from cockpit.session import WatchList
 
     async def on_connect(monitor) -> None:
         run = await current_run(monitor.session, layout, state)
         if run is not None:
-            monitor.following = run
-            await attach_demo(monitor.session, run)
+            monitor.follow(run)
+            await monitor.session.follow_run(int(run.record["pgid"]), run.record.get("log"))
 
     return WatchList(patterns=[], ports=list(layout.ports)), on_connect
 
 
-async def current_run(session: HostSession, layout: Layout, state: str) -> dict | None:
+async def current_run(session: HostSession, layout: Layout, state: str) -> Run | None:
     """The demo's latest run that still has processes: what a second viewer follows."""
-    for run in reversed(runs_of(layout, state, session.target.label)):
-        if await _members(session, run):
-            return run
+    for rec in reversed(runs_of(layout, state, session.target.label)):
+        if await _members(session, rec):
+            return _run(layout, rec)
     return None
 
 
-async def stop_demo(session: HostSession, layout: Layout, state: str, wait_s: float = 5.0) -> tuple[int, list[str]]:
-    """End every run launched into this demo's folder (the first one and each relaunch), through
-    the session's agent: each run's process group, every pid checked against its start time,
+async def stop_demo(monitor, state: str, wait_s: float = 5.0) -> tuple[int, list[str]]:
+    """End every run launched into this demo's folder (the first one and each relaunch) through
+    the one stop workflow (`Monitor.stop`: the ledger says who stopped each, every cockpit watching
+    reads it as stopped): each run's process group, every pid checked against its start time,
     SIGTERM then SIGKILL, then verified. Returns how many runs were stopped and what was not
     verified gone."""
-    from cockpit import actions
-
     left, stopped = [], 0
-    for run in runs_of(layout, state, session.target.label):
-        plan = await _members(session, run)
+    for rec in runs_of(monitor.layout, state, monitor.target.label):
+        plan = await _members(monitor.session, rec)
         if plan is None:
             continue
-        report = await actions.kill(session, plan, wait_s)
+        monitor.follow(_run(monitor.layout, rec))
+        report = await monitor.stop(plan, "stopped: the demo ended", wait_s)
         stopped += 1
-        if run.get("outcome", "unknown") == "unknown":  # nobody judged it: say how it ended
-            append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": "stopped",
-                                   "evidence": ["stopped when its demo ended"], "phase_times": {}, "dumps": None,
-                                   "time": time.time()})
         if not report["verified"]:
-            left.append(f"{run['run_id']}: " + "; ".join(actions.describe_kill(report)[1:]))
+            left.append(f"{rec['run_id']}: " + "; ".join(kill.describe_kill(report)[1:]))
     return stopped, left
 
 
@@ -232,5 +219,5 @@ def need_live_state(base: Path | None = None) -> str:
 
 
 __all__ = ["prepare_host", "demo_base", "new_state", "live_states", "stale_states", "remove_state",
-           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "attach_demo", "current_run", "stop_demo",
+           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "current_run", "stop_demo",
            "need_live_state"]

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from cockpit.config import Layout, LayoutError, YamlLoader, compose_yaml, read_config
-from cockpit.errors import CockpitError
-from cockpit.layouts import resolve_layout
+from cockpit.runs.config import Layout, LayoutError, YamlLoader, compose_yaml, read_config
+from cockpit.common.errors import CockpitError
+from cockpit.runs.layouts import resolve_layout
 from cockpit.link.target import parse_target
-from cockpit.model import HostState
-from cockpit.monitor import HostMonitor
-from cockpit.session import HostSession, SessionOptions, agent_python
-from cockpit.snapshot import snapshot_doc
+from cockpit.host.state import HostState
+from cockpit.monitor.host import HostMonitor
+from cockpit.host.session import HostSession, SessionOptions, agent_python
+from cockpit.host.snapshot import snapshot_doc
 
 SCHEMA = "gpu-cockpit.fleet/1"
 DEFAULT_CONCURRENCY = 16
@@ -152,7 +152,7 @@ class Member:
         target = parse_target(host.target)
         self.demo_error: str | None = None  # `demo` with no demo running: said in the row, asked again
         if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/cluster.py)
-            from cockpit.cluster import ClusterMonitor
+            from cockpit.monitor.cluster import ClusterMonitor
 
             self.monitor = ClusterMonitor(target, opts, self.layout, history=FLEET_HISTORY)
         elif target.kind == "demo":
@@ -168,7 +168,7 @@ class Member:
     def _demo_monitor(self) -> HostMonitor:
         """The running demo, watched as `cockpit snapshot demo` watches it: its simulated GPUs,
         its port and its current run, nothing else on this machine."""
-        from cockpit import demo
+        from cockpit.monitor import demo
 
         layout = self.layout or resolve_layout("demo")
         try:

@@ -9,7 +9,7 @@ import datetime as dt
 
 from collections import deque
 
-from cockpit.model import THROTTLE_REASONS, HostState, Proc
+from cockpit.host.state import THROTTLE_REASONS, HostState, Proc
 
 SCHEMA = "gpu-cockpit.snapshot/1"
 LOG_LINES = 50

@@ -12,34 +12,17 @@ Pure; the sources read only HostState."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
+
+from cockpit.judge.verdict import REQUESTS_FROZEN, Verdict, VerdictName
+from cockpit.read import flightrec, metrics, ras
+from cockpit.read.findings import Finding
 
 SPIN_GPU_PCT = 90.0
 
 
-@dataclass
-class Finding:
-    source: str  # "RAS", "metrics", "flight recorder"
-    evidence: list[str] = field(default_factory=list)
-    odd_rank: int | None = None
-    stalled: bool = False  # enough on its own to call the run stalled
-    dead: bool = False  # a rank the source considers dead
-    since_s: float | None = None  # how long what it saw has held (a stall it calls)
-    frozen: bool = False  # requests in flight with nothing done
-
-
-def rank_ranges(ranks) -> str:
-    from cockpit.stacks import (
-        rank_ranges as ranges,  # stacks imports the session: not at import time
-    )
-
-    return ranges(list(ranks))
-
-
 def default_sources():
     """The sources every watchdog consults: (state, now, watchdog) -> [Finding]."""
-    from cockpit import flightrec, metrics, ras
-
     def ras_source(state, now, dog, stalled):
         view = getattr(state, "ras", None)
         return ras.findings(view, state.sample_ts, dog.spin_s, stalled) if view is not None else []
@@ -58,10 +41,6 @@ def default_sources():
 
 def merge(verdict, found: list[Finding], state):
     """The watchdog's verdict with the sources' findings folded in (see the module's doc)."""
-    from dataclasses import replace
-
-    from cockpit.diagnose import REQUESTS_FROZEN, Verdict, VerdictName
-
     name = verdict.name
     if not found or name in (VerdictName.NO_RUN, VerdictName.STOPPING, VerdictName.STOPPED):
         return verdict

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from cockpit.evidence import Finding
+from cockpit.read.findings import Finding
 
 MAX_LINES = 200_000
 MAX_LABELS = 32

@@ -8,24 +8,22 @@ tell such as vLLM's shared-memory broadcast warning, with nothing moving after i
 
     cockpit explain LOG [--engine sglang|vllm|auto] [--json]
 
-The CLI (`cockpit explain`, registered in cockpit/cli.py) calls `cmd_explain(args)`; the exit
+`cockpit explain` (cockpit/cli.py) reads the file, takes the run's stall window from the ledger, and calls `explain`; the exit
 status is 0 whenever the log was read and explained (the verdict is in the output), 2 for a log
 that cannot be read (a one-line CockpitError)."""
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
 import os
 import sys
 import time
 import zlib
 from collections.abc import Iterable, Iterator
 
-from cockpit.errors import CockpitError
-from cockpit.hosttext import count, visible
-from cockpit.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import count
+from cockpit.read.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
 DETECT_LINES = 5000  # engine "auto" decides from this many lines before reading on
@@ -243,7 +241,7 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _silence(path: str) -> float | None:
+def silence(path: str) -> float | None:
     """How long ago the file was last written (a saved copy's age is its copy's, so the verdict
     says 'if this is the live log'); None for stdin."""
     if path == "-":
@@ -252,49 +250,3 @@ def _silence(path: str) -> float | None:
         return max(0.0, time.time() - os.stat(path).st_mtime)
     except OSError:
         return None
-
-
-def window_for(path: str) -> float:
-    """The stall window of the run whose log this is (its launch record in a ledger says it, or
-    names its layout), else SILENT_S."""
-    from cockpit.runs import state_home
-
-    real = os.path.realpath(path)
-    try:
-        ledgers = sorted((state_home() / "ledger").glob("*.jsonl"))
-    except OSError:
-        return SILENT_S
-    for ledger in ledgers:
-        try:
-            with open(ledger, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if real not in line and path not in line:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict) and rec.get("log") in (path, real):
-                        from cockpit.layouts import resolve_layout
-
-                        stall = rec.get("stall")
-                        if isinstance(stall, dict) and isinstance(stall.get("idle_s"), (int, float)):
-                            return float(stall["idle_s"])
-                        try:
-                            return float(resolve_layout(rec.get("layout") or ledger.stem).stall.idle_s)
-                        except (CockpitError, OSError, ValueError, TypeError):
-                            return SILENT_S
-        except OSError:
-            continue
-    return SILENT_S
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    window = window_for(args.log) if args.log != "-" else SILENT_S
-    result = explain(read_log(args.log), getattr(args, "engine", None) or "auto", _silence(args.log), window)
-    result["window_s"] = window
-    if getattr(args, "json", False):
-        print(json.dumps(result, indent=2))
-    else:
-        print(visible("\n".join(describe(result)), newlines=True))
-    return 1 if result["verdict"]["name"] == "not a server log" else 0

@@ -14,11 +14,11 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from cockpit.agent.agent import HELLO, LOG, SAMPLE
-from cockpit.logrules import LogLine, LogRules
-from cockpit.hosttext import count
-from cockpit.secrets import mask_argv, mask_line
-from cockpit.metrics import MetricsView
-from cockpit.ras import RasView
+from cockpit.read.logrules import LogLine, LogRules
+from cockpit.common.hosttext import count
+from cockpit.common.secrets import mask_argv, mask_line
+from cockpit.read.metrics import MetricsView
+from cockpit.read.ras import RasView
 
 HISTORY_LEN = 600  # ten minutes at 1 Hz
 LOG_LINES = 5000

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cockpit.evidence import Finding, rank_ranges
+from cockpit.read.findings import Finding, rank_ranges
 
 FORENSICS = "forensics"
 
@@ -174,36 +174,6 @@ def compare(dumps: dict[int, dict]) -> dict:
                          + ", ".join(f"rank {r} {_op(v)}" for r, v in sorted(mismatch.items())))
         groups.append(group)
     return {"groups": groups, "lines": lines, "odd_rank": min(odd) if len(odd) == 1 else None}
-
-
-def rank_pids(state, pids: set[int] | None = None) -> list[int]:
-    """The live ranks' pids (of these: the run's), whose pipes a dump is asked through."""
-    from cockpit.actions import rank_pids as ranks
-
-    return [pid for _, pid in ranks(state, pids)]
-
-
-async def run_rank_pids(monitor, root: int | None = None, verb: str = "flightrec") -> tuple[list[int], list[str]]:
-    """The live ranks of the run, found as the kill finds it (actions.find_run: `root` names it;
-    two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone."""
-    from cockpit import actions
-
-    plan = await actions.find_run(monitor.session, monitor.layout, root, verb)
-    members, left = actions.of_run(monitor.state, plan)
-    return rank_pids(monitor.state, members), left
-
-
-async def collect(monitor, trigger: bool = True, root: int | None = None) -> tuple[dict, dict]:
-    """Ask every live rank of the run for its flight-recorder dump (through the pipe it holds
-    open, with `trigger`) and compare them; an armed run's comparison is kept on the host state
-    for the verdict. Ranks of another run or user are left alone and said so."""
-    pids, left = await run_rank_pids(monitor, root)
-    answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=trigger)
-    answer["problems"] = left + list(answer.get("problems") or [])
-    result = compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
-    if answer.get("armed"):
-        monitor.state.flight = result
-    return answer, result
 
 
 def findings(result: dict) -> list[Finding]:

@@ -28,15 +28,15 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
-from cockpit.config import Layout
-from cockpit.diagnose import Phase, Verdict, VerdictName
-from cockpit.errors import CockpitError, LinkLost
-from cockpit.link.exec import carrier_link
+from cockpit.runs.config import Layout
+from cockpit.judge.verdict import Phase, Verdict, VerdictName
+from cockpit.common.errors import CockpitError, LinkLost
+from cockpit.link.connect import carrier_link
 from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
-from cockpit.model import HISTORY_LEN, AgentInfo, HostState, PortState
-from cockpit.monitor import HostMonitor, Monitor, MonitorEvent, rules_for, watchdog_for
-from cockpit.session import SessionOptions, WatchList
+from cockpit.host.state import HISTORY_LEN, AgentInfo, HostState, PortState
+from cockpit.monitor.host import HostMonitor, Monitor, MonitorEvent, rules_for, watchdog_for
+from cockpit.host.session import SessionOptions, WatchList
 
 STRIDE = 10_000_000  # above Linux's largest pid_max (2**22)
 GPU_STRIDE = 1000

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from cockpit.errors import CockpitError
-from cockpit.logrules import PhaseRule
+from cockpit.common.errors import CockpitError
+from cockpit.read.logrules import PhaseRule
 
 ENGINES = ("sglang", "vllm", "none")
 SIM_MODELS = ("rtx-pro-6000", "h200")

@@ -16,15 +16,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cockpit.errors import CockpitError, LinkLost
-from cockpit.hosttext import count, these, visible
-from cockpit.model import HostState
-from cockpit.secrets import mask_text
-from cockpit.session import HostSession
+from cockpit.common.errors import CockpitError, LinkLost
+from cockpit.common.hosttext import count, these, visible
+from cockpit.host.state import HostState
+from cockpit.common.secrets import mask_text
+from cockpit.host.session import HostSession
+from cockpit.runs.run import Run, Scope, process_scope
 
 DEFAULT_KILL_WAIT_S = 10.0
-LAUNCH_MARKER = "GPU_COCKPIT_RUN"  # in every launched run's environment: its run id (the agent's LAUNCH_MARKER)
-LAUNCHED_KEYS = ("pgid", "start", "boot", "uid", "run_id", "seen_ticks")  # what the agent is told of a launched run
 SHM_DEFAULT = "/dev/shm"
 
 
@@ -34,105 +33,6 @@ class AmbiguousRun(CockpitError):
     def __init__(self, message: str, candidates: list[dict]):
         super().__init__(message)
         self.candidates = candidates
-
-
-@dataclass
-class Scope:
-    """What the agent is asked to find: a launched run (process group + leader start time), the
-    layout's ports, command and model path, the title patterns; or explicit pids (`k`, --pid).
-    `pgids` without a start time are trusted only by the agent that launched them."""
-
-    pgids: list[int] = field(default_factory=list)
-    sids: list[int] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)
-    launched: list[dict] = field(default_factory=list)
-    ports: list[int] = field(default_factory=list)
-    command: list[str] = field(default_factory=list)
-    model: str | None = None
-    patterns: list[str] | None = None
-    default_port: int | None = None
-
-    def args(self) -> dict:
-        if self.pids:
-            return {"pids": self.pids}
-        launched = [dict(r) for r in self.launched]
-        for g in list(self.pgids) + list(self.sids):
-            if all(int(r.get("pgid", -1)) != int(g) for r in launched):
-                launched.append({"pgid": int(g)})
-        out = {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
-               "patterns": self.patterns}
-        if self.default_port is not None:
-            out["default_port"] = self.default_port
-        return out
-
-
-# ----------------------------------------------------------------------------- the run a session follows
-# Kept on the session (until the host monitor owns it): the layout and the launched run's record.
-
-def remember_run(session, layout=None, launched: dict | None = None, rule: str | None = None) -> None:
-    """What this session knows about its run: the layout (ports, command, model) and the record of
-    the run it launched or resumed ({pgid, start, boot, uid}), and the rule that found it."""
-    hints = dict(getattr(session, "cockpit_run", None) or {})
-    if layout is not None:
-        hints["layout"] = layout
-    if launched is not None:
-        hints["launched"] = [{k: launched[k] for k in LAUNCHED_KEYS if launched.get(k) is not None}]
-    if rule is not None:
-        hints["rule"] = rule
-    session.cockpit_run = hints
-
-
-def run_rule(session) -> str | None:
-    """The rule that found the session's run, for the screen ("launched by this cockpit (ledger) …",
-    "owns port 30000", "command matches …"); None until a run was found."""
-    return (getattr(session, "cockpit_run", None) or {}).get("rule")
-
-
-def layout_model(layout) -> str | None:
-    """The model path the layout launches (`--model-path X`, `--model X`, `--model=X`, vLLM's
-    `serve MODEL`), which a run started elsewhere must carry to be this layout's run."""
-    if layout is None:
-        return None
-    flags = list(layout.base_flags)
-    for i, arg in enumerate(flags):
-        if arg in ("--model-path", "--model") and i + 1 < len(flags):
-            return flags[i + 1]
-        for name in ("--model-path=", "--model="):
-            if arg.startswith(name):
-                return arg[len(name):]
-    for name in ("model_path", "model"):
-        value = layout.params.get(name)
-        if isinstance(value, str) and value:
-            return value
-    if layout.command and layout.command[-1].rsplit("/", 1)[-1] == "serve" and flags and not flags[0].startswith("-"):
-        return flags[0]
-    return None
-
-
-# The engines' default ports: a server started without `--port` listens there.
-ENGINE_DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
-
-
-def layout_default_port(layout) -> int | None:
-    return ENGINE_DEFAULT_PORT.get(getattr(layout, "engine", None) or "") if layout is not None else None
-
-
-def run_scope(session: HostSession, layout=None) -> Scope:
-    """The run on screen, as hints the agent resolves on the host (see the module's docstring)."""
-    hints = getattr(session, "cockpit_run", None) or {}
-    layout = layout if layout is not None else hints.get("layout")
-    launched = [dict(r) for r in hints.get("launched") or []]
-    for g in session.watch.pgids:  # runs this session's agent launched: it knows their leaders' start
-        if all(int(r.get("pgid", -1)) != int(g) for r in launched):
-            launched.append({"pgid": int(g)})
-    return Scope(launched=launched, ports=list(layout.ports) if layout else [],
-                 command=list(layout.command) if layout else [], model=layout_model(layout),
-                 patterns=session.watch.patterns, default_port=layout_default_port(layout))
-
-
-def process_scope(pid: int) -> Scope:
-    """One process (and what it started, as its user): the `k` key, `--pid`."""
-    return Scope(pids=[pid])
 
 
 # ----------------------------------------------------------------------------- kill
@@ -193,8 +93,6 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     plan = KillPlan(scope, _masked_plan(data.get("plan") or []), data.get("rule"), data.get("candidates") or [],
                     data.get("notes") or [], data.get("foreign") or [], data.get("sessions") or [],
                     data.get("root"), data.get("uid"), data.get("planned_at"))
-    if plan.entries and plan.rule and not scope.pids:
-        remember_run(session, rule=plan.rule)
     if len(plan.candidates) > 1 and not allow_ambiguous:
         runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
         raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: {runs} — choose "
@@ -204,12 +102,13 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     return plan
 
 
-async def find_run(session: HostSession, layout=None, root: int | None = None, verb: str = "dump") -> KillPlan:
+async def find_run(session: HostSession, run: Run | None = None, root: int | None = None,
+                   verb: str = "dump") -> KillPlan:
     """The run a dump or a flight-recorder read acts on, found exactly as a kill finds it (the
     same plan, nothing signalled): `root` (`--pid ROOT`) names it; else the run on screen
     (run_scope). Two runs or more: AmbiguousRun naming each and how to choose; none: a
     CockpitError saying why (another user's processes are never the run unless named)."""
-    scope = process_scope(root) if root else run_scope(session, layout)
+    scope = process_scope(root) if root else (run or Run()).scope(session.watch)
     plan = await plan_kill(session, scope, allow_ambiguous=True)
     label = session.target.label
     if len(plan.candidates) > 1:
@@ -262,23 +161,7 @@ async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KIL
     for key in ("skipped", "newcomers"):
         report[key] = [dict(s, title=mask_text(s.get("title", ""))) for s in report.get(key) or []]
     report["verified"] = not (report["remaining"] or report["gpu_memory_left"] or report["ports_open"])
-    if report["verified"] and not plan.scope.pids:
-        record_ended(session, plan)
     return report
-
-
-def record_ended(session, plan: KillPlan) -> None:
-    """A launched run killed whole and verified gone is written to the ledger as ended: it is
-    never resumed (followed or planned again) from its record."""
-    from cockpit.runs import append_ledger
-
-    hints = getattr(session, "cockpit_run", None) or {}
-    layout = hints.get("layout")
-    if layout is None:
-        return
-    for rec in hints.get("launched") or []:
-        if rec.get("run_id") and int(rec.get("pgid", -1)) in set(plan.sessions):
-            append_ledger(layout, {"event": "ended", "run_id": rec["run_id"], "ended": time.time(), "how": "killed"})
 
 
 def describe_kill(report: dict) -> list[str]:

@@ -14,8 +14,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from cockpit.evidence import Finding, rank_ranges
-from cockpit.hosttext import count
+from cockpit.read.findings import Finding, rank_ranges
+from cockpit.common.hosttext import count
 
 RAS_PORT = 28028
 MAX_TEXT = 1 << 20  # the agent sends at most this much of one answer

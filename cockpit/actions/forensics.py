@@ -14,10 +14,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from cockpit.errors import CockpitError
-from cockpit.evidence import Finding
-from cockpit.hosttext import visible
-from cockpit.stacks import Group, Thread, dump_ranks, rank_ranges
+from cockpit.actions import dumps, kill
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import visible
+from cockpit.read.findings import Finding, rank_ranges
+from cockpit.read.stacks import Group, Thread
 
 DEADLINE_S = 20.0  # py-spy's own deadline per rank: a look waits at most this (plus the request's slack)
 
@@ -95,22 +96,20 @@ def odd_rank(groups: list[Group]) -> Finding | None:
 async def gather(monitor, run: str) -> Forensics:
     """Every live rank's stack and, where armed, the flight recorder's comparison, for the run as
     the kill finds it (never another user's ranks); the odd rank from them."""
-    from cockpit import actions, flightrec
-
     session = monitor.session
     try:
-        plan = await actions.find_run(session, monitor.layout, verb="dump")
-        members, _left = actions.of_run(monitor.state, plan)
-        ranks = actions.rank_pids(monitor.state, members)
+        plan = await kill.find_run(session, monitor.run, verb="dump")
+        members, _left = kill.of_run(monitor.state, plan)
+        ranks = kill.rank_pids(monitor.state, members)
         if not ranks:
             return Forensics(error="no live rank of the run to dump")
-        dumps = await dump_ranks(session, ranks, run, deadline_s=DEADLINE_S)
+        stacks = await dumps.dump_ranks(session, ranks, run, deadline_s=DEADLINE_S)
     except CockpitError as exc:
         return Forensics(error=str(exc))
-    found = odd_rank(dumps.groups)
-    out = Forensics(found, str(dumps.folder), dumps.report())
+    found = odd_rank(stacks.groups)
+    out = Forensics(found, str(stacks.folder), stacks.report())
     try:
-        answer, result = await flightrec.collect(monitor, trigger=True)
+        answer, result = await dumps.collect(monitor, trigger=True)
         if answer.get("armed"):
             out.lines += [f"flight recorder: {line}" for line in result.get("lines") or []]
     except CockpitError as exc:

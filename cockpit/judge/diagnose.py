@@ -4,25 +4,16 @@ HostState; nothing here touches the network."""
 from __future__ import annotations
 
 import calendar
-import datetime as dt
 import itertools
 import re
 import time
 from collections import deque
 from dataclasses import dataclass
-from enum import Enum
 
-from cockpit.logrules import LogLine, LogRules, LogTracker, progress_of
-from cockpit.model import HostState
-
-@dataclass
-class Phase:
-    name: str
-    detail: str = ""
-    line: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.detail}".strip()
+from cockpit.read.logrules import LogLine, LogRules, LogTracker, progress_of
+from cockpit.host.state import HostState
+from cockpit.judge.evidence import merge
+from cockpit.judge.verdict import REQUESTS_FROZEN, Phase, Verdict, VerdictName, V
 
 
 def phase_of(state: HostState, log_path: str | None = None) -> Phase:
@@ -112,64 +103,6 @@ def _duration(seconds: float) -> str:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
 
-
-
-class VerdictName(str, Enum):
-    """Every verdict the cockpit gives, the one spelling used by the screen, fleet, ledger and JSON."""
-
-    OK = "ok"
-    WATCHING = "watching"  # processes are there, not enough seen yet to judge
-    NO_RUN = "no run"
-    STALLED_IDLE = "stalled-idle"
-    STALLED_SPINNING = "stalled-spinning"
-    CRASHED = "crashed"
-    SLOW = "slow"
-    STOPPING = "stopping"  # the operator's own kill or relaunch is under way: not a crash
-    STOPPED = "stopped"  # ranks the operator killed are gone (and those that went down after them): not a crash
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-
-ALERTING = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED, VerdictName.SLOW)
-V = VerdictName
-
-
-@dataclass
-class Verdict:
-    """A claim with its evidence. `detail` says which kind of stall (requests frozen, or a launch
-    that stopped before serving); `since` (host clock) is when a stall began, back-dated from the
-    host's own history; `until` (host clock) is when a `watching` look will have decided."""
-
-    name: VerdictName
-    evidence: list[str]
-    odd_rank: int | None = None
-    detail: str | None = None
-    since: float | None = None
-    until: float | None = None
-
-    def __post_init__(self) -> None:
-        self.name = VerdictName(self.name)
-
-    def __str__(self) -> str:
-        return self.name if self.odd_rank is None else f"{self.name} (rank {self.odd_rank})"
-
-    @property
-    def alerting(self) -> bool:
-        return self.name in ALERTING
-
-    def doc(self) -> dict:
-        return {"name": self.name.value, "evidence": list(self.evidence), "odd_rank": self.odd_rank,
-                "detail": self.detail, "since": _iso(self.since), "until": _iso(self.until)}
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
-
-
-REQUESTS_FROZEN = "requests frozen"
 
 
 @dataclass
@@ -281,8 +214,6 @@ class Watchdog:
     def update(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         phase, verdict = self._judge(state, now, log_path)
         if self.sources:  # NCCL RAS, the engine's metrics, the flight recorder (cockpit/evidence.py)
-            from cockpit.evidence import merge
-
             stalled = verdict.name in (V.STALLED_IDLE, V.STALLED_SPINNING)
             verdict = merge(verdict, [f for src in self.sources for f in src(state, now, self, stalled)], state)
         return phase, verdict

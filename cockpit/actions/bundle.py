@@ -21,9 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cockpit import __version__
-from cockpit.errors import CockpitError
-from cockpit.hosttext import count
-from cockpit.secrets import mask_line
+from cockpit.actions import dumps, kill
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import count
+from cockpit.common.secrets import mask_line
+from cockpit.host.snapshot import monitor_doc
+from cockpit.read import flightrec, metrics, ras
+from cockpit.runs.ledger import run_name, state_home
 
 LOG_TAIL_LINES = 2000
 # what a member of the archive may be called: a fixed word, maybe in one fixed folder, with numbers
@@ -45,7 +49,6 @@ class Bundle:
 
 
 def bundle_dir(run: str) -> Path:
-    from cockpit.runs import state_home
 
     path = state_home() / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -85,19 +88,17 @@ def _by_reason(problems: list[str]) -> str:
 
 
 async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
-    from cockpit import actions, stacks
-
     if read_only:
         return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
     try:
-        plan = await actions.find_run(monitor.session, monitor.layout, verb="bundle")
+        plan = await kill.find_run(monitor.session, monitor.run, verb="bundle")
     except CockpitError as exc:
         return m.miss("stacks", exc)
-    ranks = actions.rank_pids(monitor.state, actions.of_run(monitor.state, plan)[0])
+    ranks = kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])
     if not ranks:
         return m.miss("stacks", "no live process of the run to dump")
     try:
-        result = await stacks.dump_ranks(monitor.session, ranks, run)
+        result = await dumps.dump_ranks(monitor.session, ranks, run)
     except CockpitError as exc:
         return m.miss("stacks", exc)
     for f in sorted(result.folder.iterdir()):
@@ -108,8 +109,6 @@ async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
 
 
 async def _ras(monitor, m: _Members) -> dict | None:
-    from cockpit import ras
-
     state = monitor.state
     port = state.ras.port or ras.RAS_PORT
     live = {p.pid for p in state.live_procs()}
@@ -144,10 +143,8 @@ def _rank_number(key) -> int:
 
 
 async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
-    from cockpit import flightrec
-
     try:
-        pids, _left = await flightrec.run_rank_pids(monitor, verb="bundle")
+        pids, _left = await dumps.run_rank_pids(monitor, verb="bundle")
     except CockpitError as exc:
         m.miss("flight recorder", exc)
         return None
@@ -164,7 +161,7 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
         m.miss("flight recorder", _by_reason(answer.get("problems") or ["not armed"])
                + ": switch the forensics flag set on and relaunch")
         return None
-    dumps = {}
+    by_rank = {}
     for rank, d in sorted((answer.get("ranks") or {}).items()):
         raw = d.pop("raw_b64", None)
         try:
@@ -177,10 +174,10 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
         if d.get("error"):
             m.miss(f"flight recorder rank {rank}", d["error"])
         else:
-            dumps[int(rank)] = d
+            by_rank[int(rank)] = d
     for why in answer.get("problems") or []:
         m.miss("flight recorder", why)
-    result = flightrec.compare(dumps)
+    result = flightrec.compare(by_rank)
     monitor.state.flight = result
     m.add_json("flight-recorder/comparison.json", result, "last enqueued/started/completed collective per rank")
     return result
@@ -206,11 +203,9 @@ async def _facts(monitor, m: _Members, read_only: bool = False) -> None:
     process that matches the layout's titles is never read from). Under --read-only nothing runs
     on the host but the agent: no nvidia-smi, dmesg or journalctl (the versions are read from
     files)."""
-    from cockpit import actions
-
     try:
-        plan = await actions.find_run(monitor.session, monitor.layout, verb="bundle")
-        pids = [pid for _, pid in actions.rank_pids(monitor.state, actions.of_run(monitor.state, plan)[0])]
+        plan = await kill.find_run(monitor.session, monitor.run, verb="bundle")
+        pids = [pid for _, pid in kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])]
     except CockpitError as exc:
         pids = []
         m.miss("versions of the run's packages", exc)
@@ -242,8 +237,6 @@ async def _metrics(monitor, m: _Members) -> None:
     if not path or not ports:
         return m.miss("metrics", "the layout names no metrics endpoint and port" if layout else
                       "no layout: which port serves metrics is unknown (--layout)")
-    from cockpit import metrics
-
     scrapes = []
     for n in (1, 2):
         if n == 2:
@@ -303,9 +296,7 @@ def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[
 async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle:
     """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
     verdict as it stands after, and write the archive into the run's folder."""
-    from cockpit.snapshot import monitor_doc
 
-    from cockpit.runs import run_name
 
     run = run_name(monitor)
     m = _Members()

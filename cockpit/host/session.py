@@ -16,11 +16,11 @@ from pathlib import Path
 
 from cockpit.agent import EXIT_TOO_OLD, agent_argv
 from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
-from cockpit.errors import CockpitError, CommandError, LinkLost
+from cockpit.common.errors import CockpitError, CommandError, LinkLost
 from cockpit.link.base import AgentStream, FrameTooLong, Link
-from cockpit.link.local import LocalLink
-from cockpit.link.target import EXEC_KINDS, Target
-from cockpit.model import HostState
+from cockpit.link.connect import make_link
+from cockpit.link.target import Target
+from cockpit.host.state import HostState
 
 HELLO_TIMEOUT_S = 20.0
 SILENCE_FLOOR_S = 1.0  # at sub-second refresh, a busy host's scheduler jitter is not a dead link
@@ -101,18 +101,6 @@ def decode_frame(line: bytes) -> dict | None:
     return frame
 
 
-def make_link(target: Target, opts: SessionOptions) -> Link:
-    if target.kind in ("local", "demo"):
-        return LocalLink()
-    if target.kind in EXEC_KINDS:  # docker:, podman:, slurm:JOB/NODE: the argv primitive on a carrier
-        from cockpit.link.exec import exec_link
-
-        return exec_link(target, opts)
-    from cockpit.link.ssh import SshLink  # asyncssh is only loaded when a host needs it
-
-    return SshLink(target, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts, accept_new=opts.accept_new)
-
-
 class HostSession:
     def __init__(self, target: Target, opts: SessionOptions | None = None, watch: WatchList | None = None,
                  on_frame: Callable[[dict], None] | None = None, state: HostState | None = None):
@@ -133,7 +121,6 @@ class HostSession:
         self.reconnects = 0
         self.ever_up = False
         self.errors: list[str] = []
-        self.cockpit_run: dict | None = None  # what this session knows of its run (actions.remember_run)
         self.first_sample = asyncio.Event()
         self.closed = asyncio.Event()
 

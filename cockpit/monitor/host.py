@@ -12,14 +12,22 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
-from cockpit.config import Layout
-from cockpit.diagnose import Phase, Verdict, VerdictName, Watchdog, phase_of
-from cockpit.errors import CockpitError, LinkLost
-from cockpit.hosttext import count
+from cockpit.actions import forensics, kill
+from cockpit.actions.launch import find_live_run, resume, watch_only
+from cockpit.common.errors import CockpitError, LinkLost
+from cockpit.common.hosttext import count
+from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.host.state import HISTORY_LEN, HostState
+from cockpit.judge.diagnose import Watchdog, phase_of
+from cockpit.judge.evidence import default_sources, merge
+from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
-from cockpit.logrules import LogLine, LogRules
-from cockpit.model import HISTORY_LEN, HostState
-from cockpit.session import HostSession, SessionOptions, WatchList
+from cockpit.monitor import demo
+from cockpit.read import metrics
+from cockpit.read.logrules import LogLine, LogRules
+from cockpit.runs.config import Layout
+from cockpit.runs.ledger import append_ledger, ledger_path, note_stop, read_ledger, record_ended, record_seen, run_name, stops_of, typical_phase_seconds
+from cockpit.runs.run import Run
 
 PROBE_EVERY_S = 2.0
 SHM_WATCH_S = 30.0  # how often the run's /dev/shm holdings are looked at while it lives
@@ -38,12 +46,8 @@ class MonitorEvent:
 
 def watchdog_for(layout: Layout | None) -> Watchdog:
     """The layout's stall thresholds and its earlier runs' phase times (for `slow`)."""
-    from cockpit.evidence import default_sources
-
     if layout is None:
         return Watchdog(sources=default_sources())
-    from cockpit.runs import typical_phase_seconds
-
     s = layout.stall
     return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports,
                     sources=default_sources(), metrics=bool(layout.metrics and layout.ports))
@@ -76,12 +80,24 @@ class Monitor:
     - the one stop workflow (`stop`): the screen's `k`/`K`, `cockpit kill`, a relaunch and an
       ablation's end all call it and keep only their own confirm and report.
 
-    A monitor gives `state`, `verdict`, `watchdog`, `layout`, `session`, `following`,
-    `watch_for`, `judging` (what runs while it judges), `stopping_for` and `run_ended`."""
+    A monitor gives `state`, `verdict`, `watchdog`, `layout`, `session`, `run` (the Run it
+    follows: `follow` is its one writer), `watch_for`, `judging` (what runs while it judges),
+    `stopping_for` and `run_ended`."""
 
     looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
     opened_at: float | None = None  # when the connection was asked for (local monotonic)
-    forensics = None  # the current stall's Forensics (cockpit/forensics.py), once gathered
+    forensics = None  # the current stall's Forensics (cockpit/actions/forensics.py), once gathered
+    run: Run
+
+    @property
+    def following(self) -> dict | None:
+        """The ledger's record of the run followed, if any."""
+        return self.run.record
+
+    def follow(self, run: Run | None) -> None:
+        """Follow `run` from now on (launched, resumed, adopted, the demo's); None: the layout's
+        run as the kill's rules find it on the host. The only place a monitor's run is written."""
+        self.run = run if run is not None else Run(self.layout)
 
     def metrics_expected(self) -> bool:
         return bool(self.layout and self.layout.metrics and self.layout.ports)
@@ -140,15 +156,14 @@ class Monitor:
         any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
         kill runs its ranks read `stopping`; a whole run verified gone is `no run`. Returns the
         kill's report (docs/layouts.md#what-actions-touch)."""
-        from cockpit import actions
-        from cockpit.runs import note_stop, record_seen
-
         record_seen(self)
         note_stop(self, plan, why)
         if wait is None:
-            wait = self.layout.kill_wait_s if self.layout else actions.DEFAULT_KILL_WAIT_S
+            wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
         with self.stopping_for(why, plan):
-            report = await actions.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            if report["verified"] and not plan.scope.pids:
+                record_ended(self.run, plan)
             if whole_run and report["verified"]:
                 self.run_ended()
         return report
@@ -167,7 +182,7 @@ class HostMonitor(Monitor):
         self.phase = Phase("no run")
         self.verdict = Verdict(VerdictName.WATCHING, [])
         self.probes: dict[tuple[int, str], dict] = {}
-        self.following: dict | None = None  # the ledger's record of the run followed, if any
+        self.run = Run(layout)
         self.stopping: str | None = None  # the operator's own kill is under way, and why
         self.operator_kills: dict[int, OperatorKill] = {}  # pid -> what the operator killed, until a new run
         self._ledger_seen: float | None = None  # the ledger's mtime when a new run was last looked for
@@ -253,29 +268,21 @@ class HostMonitor(Monitor):
                 except RuntimeError:
                     self._forensics_for = None  # judged outside the event loop (a test feeding states)
         if self.forensics is not None and self.forensics.finding is not None:
-            from cockpit.evidence import merge
-
             self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
 
     def _forensics_of_this_stall(self):
         """The forensics the ledger already holds for the run followed, gathered since this stall
         began (by this cockpit or another one looking at the same run)."""
-        run_id = (self.following or {}).get("run_id")
+        run_id = self.run.run_id
         since = self.verdict.since
         if self.layout is None or not run_id or since is None:
             return None
-        from cockpit.forensics import Forensics
-        from cockpit.runs import read_ledger
-
         rec = next((r.get("forensics") for r in read_ledger(self.layout) if r.get("run_id") == run_id), None)
         if not isinstance(rec, dict) or not isinstance(rec.get("at"), (int, float)) or rec["at"] < since - 5:
             return None
-        return Forensics.from_doc(rec)
+        return forensics.Forensics.from_doc(rec)
 
     async def _gather_forensics(self) -> None:
-        from cockpit import forensics
-        from cockpit.runs import append_ledger, run_name
-
         run = run_name(self)
         self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
                                 "turns it off)")
@@ -285,20 +292,18 @@ class HostMonitor(Monitor):
             self.state.notes.append(f"stall forensics: {'; '.join(found.finding.evidence)} ({found.folder})")
         elif found.error:
             self.state.notes.append(f"stall forensics: none gathered: {found.error}")
-        if self.layout is not None and (self.following or {}).get("run_id"):
-            append_ledger(self.layout, {"event": "forensics", "run_id": self.following["run_id"],
+        if self.layout is not None and self.run.run_id:
+            append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id,
                                         "forensics": found.doc()})
         self.update()
         self._emit(MonitorEvent("sample"))
 
     async def forensics_done(self) -> None:
         """Wait for a stall's forensics under way (a one-shot look reports them)."""
-        from cockpit.forensics import DEADLINE_S
-
         task = self._forensics_task
         if task is not None and not task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(task), DEADLINE_S + 40)
+                await asyncio.wait_for(asyncio.shield(task), forensics.DEADLINE_S + 40)
             except (asyncio.TimeoutError, CockpitError):
                 pass
 
@@ -342,11 +347,9 @@ class HostMonitor(Monitor):
         """Another cockpit's stop of the run followed (`cockpit kill` in another terminal, another
         screen's `K`): the ledger says who stopped which processes and when (runs.note_stop);
         their deaths are the operator's here too. Read when the ledger changed."""
-        run_id = (self.following or {}).get("run_id")
+        run_id = self.run.run_id
         if self.layout is None or not run_id:
             return
-        from cockpit.runs import ledger_path, stops_of
-
         try:
             mtime = ledger_path(self.layout).stat().st_mtime
         except OSError:
@@ -371,13 +374,11 @@ class HostMonitor(Monitor):
     def new_run(self, started: float | None = None) -> None:
         """A run starts (launched, or found replacing the last one): the last run's phases, crash
         and stall clocks, dead ranks, log lines, metrics and the operator's kills are history."""
-        from cockpit.metrics import MetricsView
-
         self.watchdog = watchdog_for(self.layout)
         self.state.forget_dead()
         self.watchdog.begin(self.state, started if started is not None else time.monotonic())
         self.operator_kills = {}
-        self.state.metrics = MetricsView()
+        self.state.metrics = metrics.MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
         self.forensics, self._forensics_for = None, None
         self.shm_held, self._shm_look_at = {}, 0.0
@@ -387,7 +388,7 @@ class HostMonitor(Monitor):
         on screen as history; nothing of it is judged or shown as current."""
         self.new_run()
         self.watchdog.started = None
-        self.following = None
+        self.follow(None)
         before = self.verdict
         self.phase, self.verdict = Phase("no run"), Verdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))
@@ -427,12 +428,10 @@ class HostMonitor(Monitor):
             if self.on_connect is not None:
                 await self.on_connect(self)
             elif self.layout is not None:
-                from cockpit.runs import resume
-
-                self.following = await resume(self.session, self.layout)
-                if self.following is not None:
-                    self.state.agent.warnings.insert(
-                        0, f"following {self.following['run_id']} (launched earlier, still running)")
+                found = await resume(self.session, self.layout)
+                if found is not None:
+                    self.follow(found)
+                    self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")
             if self.following is None and not self.session.watch.logs:
                 await self._find_log()
         except LinkLost:
@@ -490,7 +489,7 @@ class HostMonitor(Monitor):
                     pass
             await asyncio.sleep(self.probe_every_s)
 
-    async def look_for_new_run(self) -> dict | None:
+    async def look_for_new_run(self) -> Run | None:
         """A run of the layout started elsewhere (another terminal's `cockpit launch`, a relaunch
         by hand) once every process of the run followed is gone: followed as a new run (its
         process group and log, a new watchdog), not read as the old one's crash. Looked for when
@@ -500,8 +499,6 @@ class HostMonitor(Monitor):
             return None
         if any(p.alive and p.status != "Z" for p in self.state.procs.values()):
             return None  # the run followed (or part of it) lives: a new run cannot have replaced it
-        from cockpit.runs import ledger_path
-
         try:
             mtime = ledger_path(self.layout).stat().st_mtime
         except OSError:
@@ -515,39 +512,33 @@ class HostMonitor(Monitor):
         run = await self._find_run()
         if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
             return None
-        if self.following is not None and str(self.following.get("pgid")) == str(run.get("pgid")) \
-                and self.following.get("run_id") == run.get("run_id"):
+        if self.following is not None and str(self.following.get("pgid")) == str(run.record.get("pgid")) \
+                and self.run.run_id == run.run_id:
             return None
         await self.adopt(run)
         return run
 
-    async def _find_run(self) -> dict | None:
+    async def _find_run(self) -> Run | None:
         """The layout's live run as a fresh look finds it: the demo's latest run, else the
         ledger's (what `cockpit snapshot` follows)."""
         if self.target.kind == "demo" and self.session.opts.sim_state:
-            from cockpit import demo
-
             return await demo.current_run(self.session, self.layout, self.session.opts.sim_state)
-        from cockpit.runs import find_live_run
-
         return await find_live_run(self.session, self.layout)
 
-    async def adopt(self, run: dict) -> None:
+    async def adopt(self, run: Run) -> None:
         """Follow `run` from now on: its process group and its own log, a new watchdog whose
         phase clock starts at the run's leader's start."""
-        from cockpit.actions import remember_run
-        from cockpit.runs import watch_only
-
-        pgid = int(run["pgid"])
-        remember_run(self.session, self.layout, launched=run,
-                     rule=run.get("rule") or f"the layout's run in the ledger: process group {pgid}")
+        rec = run.record
+        pgid = int(rec["pgid"])
+        if run.rule is None:
+            run.rule = f"the layout's run in the ledger: process group {pgid}"
         self.new_run()
-        self.following = run
-        await watch_only(self.session, pgid, run.get("log"))
-        leader = self.state.procs.get(int(run.get("pid") or pgid))
+        self.follow(run)
+        await watch_only(self.session, pgid, rec.get("log"))
+        leader = self.state.procs.get(int(rec.get("pid") or pgid))
         if leader is not None and leader.started and self.state.sample_ts:
             self.watchdog.started = time.monotonic() - max(0.0, self.state.sample_ts - leader.started)
-        self.state.notes.append(f"a new run appeared: {run.get('run_id', f'process group {pgid}')} "
+        self.state.notes.append(f"a new run appeared: {rec.get('run_id', f'process group {pgid}')} "
                                 f"(process group {pgid}), started elsewhere; following it and its log")
         self.update()
 
@@ -562,9 +553,7 @@ class HostMonitor(Monitor):
         ours = {p.pid for p in self.state.live_procs()}
         if not ours:
             return
-        from cockpit import actions
-
-        audit = await actions.shm_audit(self.session)
+        audit = await kill.shm_audit(self.session)
         stamp = time.time()
         for e in audit.get("entries") or []:
             if set(e.get("held_by") or []) & ours and e.get("dev") is not None:
@@ -573,8 +562,6 @@ class HostMonitor(Monitor):
     async def _scrape_metrics(self, ports: list[int]) -> None:
         """The engine's metrics (tokens, requests, KV cache), filtered on the host to the families
         the header and the stall evidence use; a 404 (metrics off) is asked again a minute later."""
-        from cockpit import metrics
-
         path = self.layout.metrics if self.layout else None
         view = self.state.metrics
         if not path or not ports or not view.due(time.monotonic()):

@@ -1,0 +1,175 @@
+"""The ledger: one JSONL file per layout, appended and fsynced, of every launch, its outcome, what
+the cockpit saw of a run before it was stopped, who stopped it, its forensics and its end. Shared by
+every cockpit of the user that runs the layout; secrets are masked before anything is written."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+from cockpit.common.errors import CockpitError
+from cockpit.common.secrets import ENV_WORDS, mask_env, mask_record
+from cockpit.judge.verdict import ALERTING
+from cockpit.runs.config import Layout
+from cockpit.runs.layouts import resolve_layout
+from cockpit.runs.run import Run
+
+
+SECRET = ENV_WORDS  # the names cockpit.secrets masks (and *_PAT, credentials in URLs)
+
+
+def masked(env: dict[str, str]) -> dict[str, str]:
+    """Environment as recorded: values of names that look secret never reach the disk (see
+    cockpit.secrets: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, *PASSWD*, *AUTH*, *_PAT, URL credentials)."""
+    return mask_env(env)
+
+
+def run_name(monitor) -> str:
+    """The name of the run's folder (`runs/NAME/`: its dumps, bundles, forensics): the ledger's
+    run followed, else the layout, else the host."""
+    if monitor.following and monitor.following.get("run_id"):
+        return str(monitor.following["run_id"])
+    return monitor.layout.name if monitor.layout else monitor.target.label
+
+
+def state_home() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
+
+
+def ledger_path(layout: Layout) -> Path:
+    return state_home() / "ledger" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', layout.name)}.jsonl"
+
+
+def append_ledger(layout: Layout, record: dict) -> None:
+    """One line, appended and fsynced before the caller goes on: a cockpit killed at any moment
+    loses no row (a torn last line is skipped on reading). Secrets are masked here, whatever the
+    caller passed: env values, argv values after --api-key and the like, URL credentials."""
+    record = mask_record(record)
+    path = ledger_path(layout)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_ledger(layout: Layout) -> list[dict]:
+    """Runs, oldest first: each launch record merged with its outcome (if one was written)."""
+    runs: dict[str, dict] = {}
+    try:
+        text = ledger_path(layout).read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or "run_id" not in rec:
+            continue
+        runs.setdefault(rec["run_id"], {"outcome": "unknown"}).update(
+            {k: v for k, v in rec.items() if k != "event"})
+    return list(runs.values())
+
+
+def typical_phase_seconds(layout: Layout) -> dict[str, float]:
+    """Median seconds each phase lasted in earlier runs that reached ready: what `slow` compares."""
+    spans: dict[str, list[float]] = {}
+    for run in read_ledger(layout):
+        times = sorted((run.get("phase_times") or {}).items(), key=lambda kv: kv[1])
+        for (name, at), (_, nxt) in zip(times, times[1:]):
+            spans.setdefault(name, []).append(nxt - at)
+    return {k: sorted(v)[len(v) // 2] for k, v in spans.items() if v}
+
+
+def describe_ledger(runs: list[dict]) -> list[str]:
+    lines = [f"{'run':<28} {'outcome':<17} {'ready':>7}  flag sets / params"]
+    for r in runs:
+        ready = (r.get("phase_times") or {}).get("ready")
+        sets = ",".join(r.get("flag_sets") or []) or "-"
+        params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
+        lines.append(f"{r['run_id']:<28} {r.get('outcome', '?'):<17} {'' if ready is None else f'{ready:.0f}s':>7}  "
+                     f"{sets} {params}")
+    return lines
+
+
+def record_seen(monitor) -> None:
+    """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
+    stopped: a stalled run stays recorded as stalled, not as killed."""
+    run, layout = monitor.following, monitor.layout
+    if not run or not layout or not run.get("run_id") or run.get("outcome_written") \
+            or run.get("outcome", "unknown") != "unknown":  # the ledger already has how it ended (its launcher's)
+        return
+    verdict = monitor.verdict
+    outcome = verdict.name.value if verdict.name in ALERTING else (
+        "ready" if monitor.phase.name in ("ready", "serving") else "stopped")
+    append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
+                           "phase_times": monitor.watchdog.phase_times(), "evidence": verdict.evidence,
+                           "dumps": None, "time": time.time()})
+    run["outcome_written"] = True
+
+
+def note_stop(monitor, plan, why: str) -> None:
+    """The ledger's word that the operator stops the run followed: who (the action), from where
+    (user, host, process), when, and the processes planned (pid, start time). Written before the
+    first signal, so another cockpit watching the run reads their deaths as the operator's."""
+    run, layout = monitor.following, monitor.layout
+    if not run or not layout or not run.get("run_id") or not plan.entries:
+        return
+    append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {
+        "why": why, "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})", "at": time.time(),
+        "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries]}})
+
+
+def stops_of(layout: Layout, run_id: str) -> dict | None:
+    """The operator's last stop of a ledger run (note_stop), if any."""
+    rec = next((r.get("stop") for r in read_ledger(layout) if r.get("run_id") == run_id), None)
+    return rec if isinstance(rec, dict) and isinstance(rec.get("processes"), list) else None
+
+
+def record_ended(run: Run, plan) -> None:
+    """A launched run killed whole and verified gone is written to the ledger as ended: it is
+    never resumed (followed or planned again) from its record."""
+    if run.layout is None:
+        return
+    for rec in run.launched():
+        if rec.get("run_id") and int(rec.get("pgid", -1)) in set(plan.sessions):
+            append_ledger(run.layout, {"event": "ended", "run_id": rec["run_id"], "ended": time.time(), "how": "killed"})
+
+
+def stall_window_of(path: str, default: float) -> float:
+    """The stall window of the run whose log this is (its launch record in a ledger says it, or
+    names its layout), else `default`."""
+    real = os.path.realpath(path)
+    try:
+        ledgers = sorted((state_home() / "ledger").glob("*.jsonl"))
+    except OSError:
+        return default
+    for ledger in ledgers:
+        try:
+            with open(ledger, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if real not in line and path not in line:
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict) and rec.get("log") in (path, real):
+                        stall = rec.get("stall")
+                        if isinstance(stall, dict) and isinstance(stall.get("idle_s"), (int, float)):
+                            return float(stall["idle_s"])
+                        try:
+                            return float(resolve_layout(rec.get("layout") or ledger.stem).stall.idle_s)
+                        except (CockpitError, OSError, ValueError, TypeError):
+                            return default
+        except OSError:
+            continue
+    return default

@@ -1,0 +1,112 @@
+"""What a run is: the layout it was launched from, the ledger's record of it (run id, process group,
+its leader's start time and boot, user, log) and the rule that found it. A `Run` is followed by one
+monitor, its only writer (launch, resume, adopt and the demo hand it over); everything that acts on
+the run asks the monitor for it. `scope` turns it into the hints the agent's `find_runs` resolves on
+the host (the kill's rules: cockpit/actions/kill.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cockpit.runs.config import Layout
+
+LAUNCH_MARKER = "GPU_COCKPIT_RUN"  # in every launched run's environment: its run id (the agent's LAUNCH_MARKER)
+LAUNCHED_KEYS = ("pgid", "start", "boot", "uid", "run_id", "seen_ticks")  # what the agent is told of a launched run
+
+
+@dataclass
+class Scope:
+    """What the agent is asked to find: a launched run (process group + leader start time), the
+    layout's ports, command and model path, the title patterns; or explicit pids (`k`, --pid).
+    `pgids` without a start time are trusted only by the agent that launched them."""
+
+    pgids: list[int] = field(default_factory=list)
+    sids: list[int] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    launched: list[dict] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    model: str | None = None
+    patterns: list[str] | None = None
+    default_port: int | None = None
+
+    def args(self) -> dict:
+        if self.pids:
+            return {"pids": self.pids}
+        launched = [dict(r) for r in self.launched]
+        for g in list(self.pgids) + list(self.sids):
+            if all(int(r.get("pgid", -1)) != int(g) for r in launched):
+                launched.append({"pgid": int(g)})
+        out = {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
+               "patterns": self.patterns}
+        if self.default_port is not None:
+            out["default_port"] = self.default_port
+        return out
+
+
+def layout_model(layout) -> str | None:
+    """The model path the layout launches (`--model-path X`, `--model X`, `--model=X`, vLLM's
+    `serve MODEL`), which a run started elsewhere must carry to be this layout's run."""
+    if layout is None:
+        return None
+    flags = list(layout.base_flags)
+    for i, arg in enumerate(flags):
+        if arg in ("--model-path", "--model") and i + 1 < len(flags):
+            return flags[i + 1]
+        for name in ("--model-path=", "--model="):
+            if arg.startswith(name):
+                return arg[len(name):]
+    for name in ("model_path", "model"):
+        value = layout.params.get(name)
+        if isinstance(value, str) and value:
+            return value
+    if layout.command and layout.command[-1].rsplit("/", 1)[-1] == "serve" and flags and not flags[0].startswith("-"):
+        return flags[0]
+    return None
+
+
+# The engines' default ports: a server started without `--port` listens there.
+ENGINE_DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
+
+
+def layout_default_port(layout) -> int | None:
+    return ENGINE_DEFAULT_PORT.get(getattr(layout, "engine", None) or "") if layout is not None else None
+
+
+def process_scope(pid: int) -> Scope:
+    """One process (and what it started, as its user): the `k` key, `--pid`."""
+    return Scope(pids=[pid])
+
+
+@dataclass
+class Run:
+    """The run a monitor follows. `record` is the ledger's record of a run launched, resumed or
+    adopted (None: the layout's run, found on the host by the kill's rules); `rule` says how it
+    was found."""
+
+    layout: Layout | None = None
+    record: dict | None = None
+    rule: str | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return str(self.record["run_id"]) if self.record and self.record.get("run_id") else None
+
+    def launched(self) -> list[dict]:
+        """What the agent is told of the launched run: its process group and its leader's start."""
+        rec = self.record
+        if not rec or rec.get("pgid") is None:
+            return []
+        return [{k: rec[k] for k in LAUNCHED_KEYS if rec.get(k) is not None}]
+
+    def scope(self, watch) -> Scope:
+        """The run as hints the agent resolves on the host; `watch` is the session's WatchList,
+        whose process groups the agent launched itself (it knows their leaders' start)."""
+        layout = self.layout
+        launched = self.launched()
+        for g in watch.pgids:
+            if all(int(r.get("pgid", -1)) != int(g) for r in launched):
+                launched.append({"pgid": int(g)})
+        return Scope(launched=launched, ports=list(layout.ports) if layout else [],
+                     command=list(layout.command) if layout else [], model=layout_model(layout),
+                     patterns=watch.patterns, default_port=layout_default_port(layout))
