@@ -1,0 +1,483 @@
+"""`cockpit exporter`: the fleet's verdicts where the team already looks, as Prometheus metrics.
+
+One long-lived process holds a FleetMonitor (one HostMonitor per host: the same judging as the
+screen and the fleet's rows) and serves the Prometheus text format over HTTP with
+prometheus-client. A custom Collector reads the monitors' current state at scrape time: nothing is
+copied in the background. The monitors live on the asyncio loop; prometheus-client serves from its
+own thread, so a scrape hands the reading to the loop (`call_soon_threadsafe`) and waits for it.
+
+Labels are bounded (docs/exporter.md): `host` is the fleet's name for the host (masked, control
+characters made visible, cut at LABEL_MAX characters), `state` one of a fixed set per metric,
+`gpu` a GPU index, `rank` a rank number. No pid, command line or free text is ever a label.
+
+`--on-change CMD` runs CMD (split once with shlex, never through a shell) on each verdict change,
+the change in GPU_COCKPIT_* environment variables, at most one at a time per host (a change that
+comes while it runs is kept, the latest only, and run after it), each run bounded by a timeout,
+its output discarded. Nothing here knows Textual."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as dt
+import functools
+import ipaddress
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import visible
+from cockpit.common.secrets import mask_line
+from cockpit.judge.verdict import REQUESTS_FROZEN, VerdictName
+from cockpit.read.logrules import PHASE_ORDER
+
+NS = "gpu_cockpit"
+DEFAULT_LISTEN = "127.0.0.1:9841"
+LABEL_MAX = 64  # characters of a host name in a label
+ENV_MAX = 1000  # characters of one GPU_COCKPIT_* variable
+SCRAPE_TIMEOUT_S = 10.0  # a scrape waits this long for the event loop to read the monitors
+HOOK_TIMEOUT_S = 30.0
+RULES = Path(__file__).resolve().parent / "alerts" / "gpu-cockpit-rules.yml"
+
+VERDICTS = tuple(v.value for v in VerdictName)
+LINK_STATES = ("up", "connecting", "down", "lost")
+STALL_KINDS = ("requests_frozen", "serving_stopped", "launch_stopped", "other")
+BASE_PHASES = ("no run", *PHASE_ORDER, "crashed", "exited", "stopped")
+STALLED = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING)
+MIB = 1024 * 1024
+
+
+# ----------------------------------------------------------------------------- label values
+
+@functools.lru_cache(maxsize=4096)
+def label(text, limit: int = LABEL_MAX) -> str:
+    """Host text as a label value: secrets masked, control characters made visible, at most
+    `limit` characters (the last one an ellipsis when cut). prometheus-client escapes the rest
+    (backslash, quote, newline) in the exposition."""
+    text = visible(mask_line(str(text)))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def link_kind(link_state: str) -> str:
+    """The session's link text (`up`, `waiting`, `connecting`, `down, retrying (3)`, `lost,
+    retrying (1)`) as one of LINK_STATES."""
+    if link_state == "up":
+        return "up"
+    if link_state.startswith("lost"):
+        return "lost"
+    if link_state.startswith("down"):
+        return "down"
+    return "connecting"
+
+
+def stall_kind(verdict) -> str | None:
+    """What the stall's evidence is, as one of STALL_KINDS; None when the run is not stalled."""
+    if verdict.name not in STALLED:
+        return None
+    detail = verdict.detail or ""
+    if detail == REQUESTS_FROZEN:
+        return "requests_frozen"
+    if detail == "serving stopped":
+        return "serving_stopped"
+    if detail.startswith("launch stopped"):
+        return "launch_stopped"
+    return "other"
+
+
+def phases_of(monitor) -> list[str]:
+    """The phase states a host's series cover: the engines' phases and the layout's own."""
+    layout = getattr(monitor, "layout", None)
+    own = [label(rule.phase) for rule in (layout.phases if layout is not None else [])]
+    return list(dict.fromkeys([*BASE_PHASES, *own]))
+
+
+def _iso(ts: float | None) -> str:
+    ts = time.time() if ts is None else ts
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ----------------------------------------------------------------------------- the exporter
+
+class Exporter:
+    """The fleet's monitors, read at scrape time; each verdict change noted (for the seconds in
+    the current verdict) and handed to the --on-change hook."""
+
+    def __init__(self, fleet, hook: OnChange | None = None):
+        self.fleet = fleet
+        self.hook = hook
+        self._subscribed: dict[str, object] = {}  # host -> the monitor listened to
+        self._since: dict[str, tuple[str, float]] = {}  # host -> (verdict, local monotonic time it began)
+        self.scrapes = 0
+        self.scrape_s = 0.0
+
+    def watch(self) -> None:
+        """Listen to every member's monitor (again when a member's monitor is replaced: a demo
+        row that found its demo)."""
+        for m in self.fleet.members:
+            name = m.host.name
+            if self._subscribed.get(name) is not m.monitor:
+                self._subscribed[name] = m.monitor
+                m.monitor.subscribe(lambda event, m=m, mon=m.monitor: self._on_event(m, mon, event))
+
+    def _on_event(self, member, monitor, event) -> None:
+        if event.kind == "verdict" and member.monitor is monitor and event.before is not None:
+            self.verdict_changed(member, event.before)
+
+    def verdict_changed(self, member, before) -> None:
+        """A member's monitor changed its verdict (from `before`): noted, and the hook told."""
+        self._since[member.host.name] = (str(member.verdict), time.monotonic())
+        if self.hook is not None:
+            self.hook.changed(member.host.name, change_env(member, before))
+
+    def verdict_seconds(self, member) -> float:
+        """Seconds in the current verdict: a stall's own `since` (back-dated from the host's
+        history, on the host's clock: no clock skew), else since this exporter saw it begin."""
+        v, s = member.verdict, member.state
+        if v.since is not None and s.sample_ts is not None:
+            return max(0.0, s.sample_ts - v.since + (s.age_s() or 0.0))
+        key = str(v)
+        seen = self._since.get(member.host.name)
+        if seen is None or seen[0] != key:
+            seen = self._since[member.host.name] = (key, time.monotonic())
+        return time.monotonic() - seen[1]
+
+    def families(self) -> list:
+        """Every metric family, read from the monitors now (on the event loop's thread)."""
+        from prometheus_client.core import GaugeMetricFamily as G
+
+        t0 = time.perf_counter()
+        self.watch()
+        H, HS = ["host"], ["host", "state"]
+        verdict = G(f"{NS}_verdict", "The run's verdict: 1 for the current state, 0 for the others", labels=HS)
+        phase = G(f"{NS}_phase", "The run's phase: 1 for the current state, 0 for the others", labels=HS)
+        link = G(f"{NS}_link", "The link to the host: 1 for the current state (up, connecting, down, lost)",
+                 labels=HS)
+        seconds = G(f"{NS}_verdict_seconds", "Seconds in the current verdict (a stall's from its host-side start)",
+                    labels=H)
+        odd = G(f"{NS}_odd_rank", "The rank the verdict names (the odd one out of a stall, the crashed one); "
+                                  "absent when none", labels=H)
+        dead = G(f"{NS}_dead_ranks", "Ranks of the run that are gone or zombies", labels=H)
+        ranks = G(f"{NS}_ranks", "Ranks of the run seen (alive or not)", labels=H)
+        stall = G(f"{NS}_stall_evidence", "While stalled, what the stall's evidence is: 1 for the current kind "
+                                          "(requests_frozen, serving_stopped, launch_stopped, other)", labels=HS)
+        tokens = G(f"{NS}_tokens_per_second", "Generation tokens per second, from the engine's metrics", labels=H)
+        running = G(f"{NS}_requests_running", "Requests running, from the engine's metrics", labels=H)
+        waiting = G(f"{NS}_requests_waiting", "Requests waiting, from the engine's metrics", labels=H)
+        rtt = G(f"{NS}_link_rtt_seconds", "Round-trip time of the link to the agent", labels=H)
+        age = G(f"{NS}_sample_age_seconds", "Seconds since the host's last sample arrived", labels=H)
+        run = G(f"{NS}_run_info", "The run followed on the host (1): its ledger id and layout", labels=["host", "run",
+                                                                                                       "layout"])
+        GL = ["host", "gpu", "rank"]
+        util = G(f"{NS}_gpu_utilization_ratio", "GPU utilization, 0 to 1", labels=GL)
+        used = G(f"{NS}_gpu_memory_used_bytes", "GPU memory used", labels=GL)
+        total = G(f"{NS}_gpu_memory_total_bytes", "GPU memory in all", labels=GL)
+        power = G(f"{NS}_gpu_power_watts", "GPU power draw", labels=GL)
+        temp = G(f"{NS}_gpu_temperature_celsius", "GPU temperature", labels=GL)
+        ecc = G(f"{NS}_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors (volatile count) where NVML has it",
+                labels=GL)
+        for m in self.fleet.members:
+            mon, s = m.monitor, m.state
+            host = label(m.host.name)
+            for st in LINK_STATES:
+                link.add_metric([host, st], 1.0 if link_kind(s.link_state) == st else 0.0)
+            if s.rtt_ms is not None:
+                rtt.add_metric([host], s.rtt_ms / 1000)
+            if not s.seq:
+                continue  # never sampled: no verdict, no phase to tell (the link says why)
+            a = s.age_s()
+            if a is not None:
+                age.add_metric([host], a)
+            v = m.verdict
+            for st in VERDICTS:
+                verdict.add_metric([host, st], 1.0 if v.name.value == st else 0.0)
+            current = label(m.phase.name)
+            names = phases_of(mon)
+            for st in names if current in names else [*names, current]:
+                phase.add_metric([host, st], 1.0 if st == current else 0.0)
+            seconds.add_metric([host], self.verdict_seconds(m))
+            if v.odd_rank is not None:
+                odd.add_metric([host], float(v.odd_rank))
+            rs = s.ranks()
+            ranks.add_metric([host], float(len(rs)))
+            dead.add_metric([host], float(sum(1 for p in rs if not p.alive or p.status == "Z")))
+            kind = stall_kind(v)
+            for st in STALL_KINDS:
+                stall.add_metric([host, st], 1.0 if kind == st else 0.0)
+            head = s.metrics.header() if s.metrics.scrapes else {}
+            for fam, key in ((tokens, "tokens_per_s"), (running, "running"), (waiting, "waiting")):
+                if head.get(key) is not None:
+                    fam.add_metric([host], float(head[key]))
+            following = getattr(mon, "following", None) or {}
+            layout = getattr(mon, "layout", None)
+            if following.get("run_id") or layout is not None:
+                run.add_metric([host, label(following.get("run_id") or ""), label(layout.name if layout else "")], 1.0)
+            on_gpu: dict = {}
+            for p in rs:
+                if p.alive and p.status != "Z":
+                    for i in p.gpus:
+                        on_gpu.setdefault(i, []).append(p.rank)
+            for g in s.gpus.values():
+                r = sorted(set(on_gpu.get(g.index, [])))
+                on = ",".join(str(x) for x in r[:4]) + (",…" if len(r) > 4 else "")
+                labels = [host, label(getattr(g, "label", None) or g.index), on]  # a job's GPU: "node:index"
+                if g.util_pct is not None:
+                    util.add_metric(labels, g.util_pct / 100)
+                if g.mem_used_mib is not None:
+                    used.add_metric(labels, float(g.mem_used_mib) * MIB)
+                if g.mem_total_mib is not None:
+                    total.add_metric(labels, float(g.mem_total_mib) * MIB)
+                if g.power_w is not None:
+                    power.add_metric(labels, float(g.power_w))
+                if g.temp_c is not None:
+                    temp.add_metric(labels, float(g.temp_c))
+                if g.ecc_uncorrected is not None:
+                    ecc.add_metric(labels, float(g.ecc_uncorrected))
+        hosts = G(f"{NS}_hosts", "Hosts in the fleet this exporter watches")
+        hosts.add_metric([], float(len(self.fleet.members)))
+        out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, running, waiting, rtt, age, run,
+               util, used, total, power, temp, ecc, hosts]
+        if self.hook is not None:
+            hook = G(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
+                                             "coalesced: a change replaced by a later one while the hook ran)",
+                     labels=["result"])
+            for result in OnChange.RESULTS:
+                hook.add_metric([result], float(self.hook.results[result]))
+            out.append(hook)
+        self.scrapes += 1
+        self.scrape_s += time.perf_counter() - t0
+        return out
+
+
+def change_env(member, before) -> dict[str, str]:
+    """The GPU_COCKPIT_* variables of a verdict change (docs/exporter.md)."""
+    mon, v = member.monitor, member.verdict
+    s = member.state
+    since = v.since
+    if since is None:
+        since = s.sample_ts if s.sample_ts is not None else time.time()
+    following = getattr(mon, "following", None) or {}
+
+    def clip(text) -> str:
+        return label(text or "", ENV_MAX).replace("\x00", "")
+
+    return {
+        "GPU_COCKPIT_HOST": label(member.host.name),
+        "GPU_COCKPIT_TARGET": clip(member.host.target),
+        "GPU_COCKPIT_VERDICT": v.name.value,
+        "GPU_COCKPIT_PREVIOUS": before.name.value,
+        "GPU_COCKPIT_RANK": "" if v.odd_rank is None else str(v.odd_rank),
+        "GPU_COCKPIT_PREVIOUS_RANK": "" if before.odd_rank is None else str(before.odd_rank),
+        "GPU_COCKPIT_SINCE": _iso(since),
+        "GPU_COCKPIT_DETAIL": clip(v.detail),
+        "GPU_COCKPIT_PHASE": clip(str(member.phase)),
+        "GPU_COCKPIT_EVIDENCE": clip(" | ".join(v.evidence[:4])),
+        "GPU_COCKPIT_RUN": clip(following.get("run_id")),
+    }
+
+
+class OnChange:
+    """The --on-change hook: an argv run with the change in its environment; one run at a time
+    per host, the latest change waiting while one runs (older waiting ones are dropped and
+    counted as `coalesced`), each bounded by `timeout_s` (then its process group is killed), its
+    output discarded; a failure is one line on stderr."""
+
+    RESULTS = ("ok", "failed", "timeout", "error", "coalesced")
+
+    def __init__(self, argv: list[str], timeout_s: float = HOOK_TIMEOUT_S, err=None):
+        self.argv = argv
+        self.timeout_s = timeout_s
+        self.err = err or sys.stderr
+        self.running: dict[str, asyncio.Task] = {}
+        self.pending: dict[str, dict] = {}
+        self.results: Counter = Counter()
+
+    @classmethod
+    def parse(cls, text: str, timeout_s: float = HOOK_TIMEOUT_S) -> OnChange:
+        try:
+            argv = shlex.split(text)
+        except ValueError as exc:
+            raise CockpitError(f"--on-change: {exc}: quote it as a shell would (it is split once, never run "
+                               f"by a shell)") from None
+        if not argv:
+            raise CockpitError("--on-change: name a command, e.g. --on-change '/usr/local/bin/page-oncall --team gpu'")
+        exe = argv[0]
+        found = shutil.which(exe) if os.sep not in exe else (exe if os.access(exe, os.X_OK) else None)
+        if not found or os.path.isdir(found):
+            raise CockpitError(f"--on-change: {exe!r} is not an executable file (or not on PATH)")
+        if not timeout_s > 0 or timeout_s == float("inf"):
+            raise CockpitError("--on-change-timeout: more than 0 seconds")
+        return cls(argv, timeout_s)
+
+    def changed(self, host: str, env: dict[str, str]) -> None:
+        if host in self.running:
+            if host in self.pending:
+                self.results["coalesced"] += 1
+            self.pending[host] = env
+            return
+        self.running[host] = asyncio.get_running_loop().create_task(self._run(host, env))
+
+    async def _run(self, host: str, env: dict[str, str] | None) -> None:
+        try:
+            while env is not None:
+                await self._once(env)
+                env = self.pending.pop(host, None)
+        finally:
+            self.running.pop(host, None)
+
+    def _say(self, text: str) -> None:
+        print(visible(f"cockpit exporter: --on-change: {text}"), file=self.err, flush=True)
+
+    async def _once(self, env: dict[str, str]) -> None:
+        what = f"{env['GPU_COCKPIT_HOST']} {env['GPU_COCKPIT_PREVIOUS']} -> {env['GPU_COCKPIT_VERDICT']}"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv, env={**os.environ, **env}, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            self.results["error"] += 1
+            self._say(f"{what}: cannot run {self.argv[0]}: {exc.strerror or exc}")
+            return
+        try:
+            rc = await asyncio.wait_for(proc.wait(), self.timeout_s)
+        except asyncio.TimeoutError:
+            self._kill(proc)
+            await proc.wait()
+            self.results["timeout"] += 1
+            self._say(f"{what}: still running after {self.timeout_s:g} s: killed")
+            return
+        except asyncio.CancelledError:
+            self._kill(proc)
+            raise
+        if rc == 0:
+            self.results["ok"] += 1
+        else:
+            self.results["failed"] += 1
+            self._say(f"{what}: exit status {rc}")
+
+    @staticmethod
+    def _kill(proc) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the hook and what it started
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def close(self, wait_s: float = 5.0) -> None:
+        """Let runs under way finish for up to `wait_s`, then kill them."""
+        tasks = list(self.running.values())
+        if tasks:
+            _done, left = await asyncio.wait(tasks, timeout=wait_s)
+            for t in left:
+                t.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+
+class LoopCollector:
+    """prometheus-client's Collector: builds the families on the event loop that owns the
+    monitors, at scrape time (prometheus-client calls `collect` from its server thread)."""
+
+    def __init__(self, exporter: Exporter, loop: asyncio.AbstractEventLoop):
+        self.exporter = exporter
+        self.loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def collect(self):
+        if threading.get_ident() == self._loop_thread:
+            return self.exporter.families()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def build() -> None:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(self.exporter.families())
+                except BaseException as exc:  # handed to the scrape, which answers 500
+                    fut.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(build)
+        try:
+            return fut.result(SCRAPE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+
+# ----------------------------------------------------------------------------- the command
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`ADDR:PORT`, `[V6ADDR]:PORT` or `:PORT` (loopback)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CockpitError(f"--listen {text}: give ADDR:PORT, e.g. --listen 127.0.0.1:9841")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    host = host or "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise CockpitError(f"--listen {text}: the address must be an IP address (or localhost)") from None
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def start_server(exporter: Exporter, loop, host: str, port: int):
+    """prometheus-client's HTTP server on host:port (its own thread), the registry holding only
+    the cockpit's collector. Returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LoopCollector(exporter, loop))
+    try:
+        return start_http_server(port, host, registry)
+    except OSError as exc:
+        raise CockpitError(f"--listen {host}:{port}: cannot listen there: {exc.strerror or exc}") from None
+
+
+async def serve(fleet, host: str, port: int, hook: OnChange | None = None, out=None) -> None:
+    """Watch the fleet and serve its metrics until SIGINT/SIGTERM."""
+    out = out or sys.stdout
+    loop = asyncio.get_running_loop()
+    exporter = Exporter(fleet, hook)
+    server, _thread = start_server(exporter, loop, host, port)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    fleet.start()
+    exporter.watch()
+    shown = f"[{host}]" if ":" in host else host
+    print(f"cockpit exporter: {len(fleet.members)} host(s); metrics on http://{shown}:{port}/metrics"
+          + ("" if is_loopback(host) else " (plain HTTP, no authentication: keep it on a trusted network)"),
+          file=out, flush=True)
+    try:
+        while not stop.is_set():
+            exporter.watch()
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()
+        if hook is not None:
+            await hook.close()
+        await fleet.close()
+
+
+def cmd_exporter(args, fleet) -> int:
+    """`cockpit exporter`: the fleet built by the command line, served until SIGINT/SIGTERM."""
+    host, port = parse_listen(args.listen)
+    hook = OnChange.parse(args.on_change, args.on_change_timeout) if args.on_change else None
+    for m in fleet.members:
+        m.monitor.forensics_on = False  # the exporter watches: it attaches py-spy to no run
+    asyncio.run(serve(fleet, host, port, hook))
+    return 0
