@@ -562,7 +562,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     else:
-        say("\n".join(actions.describe_kill(report)))
+        say("\n".join([report["summary"]] + actions.describe_kill(report)))
     return 0 if report["verified"] else 3
 
 
@@ -611,7 +611,8 @@ def cmd_shm(args: argparse.Namespace) -> int:
 
     audit, cleaned = asyncio.run(go())
     if args.json:
-        print_json({"audit": audit, "clean": cleaned})
+        print_json({"audit": audit, "clean": cleaned,
+                    "summary": actions.summarize_clean(cleaned) if cleaned is not None else None})
     elif cleaned is None:
         if not args.clean:
             say("\n".join(actions.describe_shm(audit)))
@@ -754,7 +755,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes):
                 return None
             return await launch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                            progress=_progress, settle=args.settle, plan=plan, shm_names=names)
+                                            progress=_progress, settle=args.settle, plan=plan, shm=names)
 
     row = asyncio.run(go())
     if row is None:
@@ -764,6 +765,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         print_json(mask_record(row))  # secrets masked, as in the ledger
         return 0
+    say(row["summary"])
     say(f"{row['run_id']}: {row['outcome']}")
     for line in row["evidence"]:
         say(f"  {line}")

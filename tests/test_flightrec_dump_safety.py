@@ -17,6 +17,7 @@ import pytest
 
 from cockpit.actions import kill as actions
 from cockpit.actions import dumps
+from cockpit.runs.run import Run
 from cockpit.read import flightrec
 from cockpit.agent.agent import fr_dump
 from cockpit.link.target import parse_target
@@ -159,7 +160,7 @@ def test_with_another_users_run_beside_ours_only_ours_is_dumped_and_asked(tmp_pa
     async def go():
         session = await watched(["sglang::*"])
         try:
-            monitor = SimpleNamespace(session=session, layout=None, state=session.state)
+            monitor = SimpleNamespace(session=session, layout=None, state=session.state, run=Run())
             their_pids = {kid(p) for p in theirs}
             # our two ranks are two runs by title (two launchers): the operator chooses
             with pytest.raises(actions.AmbiguousRun, match="cockpit dump local --pid ROOT"):
@@ -196,7 +197,7 @@ def test_without_a_choice_another_users_ranks_are_never_dumped(tmp_path, shared)
             members, _left = actions.of_run(session.state, plan)
             assert dumps.dump_targets(session.state, members) == [(0, kid(ours))]
             assert not {kid(p) for p in theirs} & members
-            monitor = SimpleNamespace(session=session, layout=None, state=session.state)
+            monitor = SimpleNamespace(session=session, layout=None, state=session.state, run=Run())
             answer, _ = await dumps.collect(monitor)
             assert answer["poked"] == [str(tmp_path / "pipe_rank_0.pipe")]
         finally:

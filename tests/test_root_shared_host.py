@@ -203,6 +203,7 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     from types import SimpleNamespace
 
     from cockpit.actions import bundle
+    from cockpit.runs.run import Run
     from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions, WatchList
     from test_flightrec_dump_safety import start_rank, stop
@@ -221,7 +222,7 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
         await session.connect()
         try:
             await session.wait_samples(3)
-            monitor = SimpleNamespace(session=session, layout=None, state=session.state)
+            monitor = SimpleNamespace(session=session, layout=None, state=session.state, run=Run())
             m = bundle._Members()
             await bundle._flight(monitor, m, read_only=False)
             return m

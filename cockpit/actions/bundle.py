@@ -77,16 +77,6 @@ class _Members:
         self.missing.append({"item": item, "why": why if len(why) <= 500 else why[:499] + "\u2026"})
 
 
-def _by_reason(problems: list[str]) -> str:
-    """`pid N: why` lines with the same why said once, with their pids."""
-    by: dict[str, list[str]] = {}
-    for line in problems:
-        m = re.match(r"pid (\d+): (.*)\Z", line, re.S)
-        by.setdefault(m.group(2) if m else line, []).extend([m.group(1)] if m else [])
-    return "; ".join(f"{'pids' if len(pids) > 1 else 'pid'} {', '.join(pids)}: {why}" if pids else why
-                     for why, pids in by.items())
-
-
 async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
     if read_only:
         return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
@@ -158,7 +148,7 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
         m.miss("flight recorder", exc)
         return None
     if not answer.get("armed"):
-        m.miss("flight recorder", _by_reason(answer.get("problems") or ["not armed"])
+        m.miss("flight recorder", "; ".join(flightrec.by_reason(answer.get("problems") or ["not armed"]))
                + ": switch the forensics flag set on and relaunch")
         return None
     by_rank = {}

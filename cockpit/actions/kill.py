@@ -45,6 +45,15 @@ def when(epoch) -> str:
         return "?"
 
 
+TITLE_SHOWN = 400  # a command line shown whole up to this, its length said past it
+
+
+def elide(text: str, limit: int) -> str:
+    """The text whole, or its first `limit` characters and how many more there are: never a word
+    silently cut."""
+    return text if len(text) <= limit else f"{text[:limit]}… (+{len(text) - limit} characters)"
+
+
 def describe_candidate(n: int, c: dict) -> str:
     return (f"[{n}] pid {c['root']} ({c['user']}, started {when(c.get('started'))}, {c.get('processes', '?')} processes, "
             f"{c['rule']}): {visible(mask_text(c.get('title', '')))[:80]}")
@@ -70,7 +79,7 @@ class KillPlan:
         lines.append(f"{'pid':>7} {'user':<8} {'started':<19} {'pgid':>7} st  command")
         for e in self.entries:
             lines.append(f"{e['pid']:>7} {str(e.get('user', '?'))[:8]:<8} {when(e.get('started')):<19} {e['pgid']:>7} "
-                         f"{e['status']:<3} {visible(e['title'])[:90]}")
+                         f"{e['status']:<3} {elide(visible(e['title']), TITLE_SHOWN)}")
         for f in self.foreign:
             lines.append(f"left alone: pid {f['root']} ({f['rule']}): {f['why']}")
         for note in self.notes:
@@ -162,6 +171,29 @@ async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KIL
         report[key] = [dict(s, title=mask_text(s.get("title", ""))) for s in report.get(key) or []]
     report["verified"] = not (report["remaining"] or report["gpu_memory_left"] or report["ports_open"])
     return report
+
+
+def summarize_kill(plan: KillPlan, report: dict) -> str:
+    """The kill in one line: how many processes were stopped, how long it took, and whether that
+    is verified (what is left, when it is not)."""
+    took = f" in {report['seconds']:.1f} s" if report.get("seconds") is not None else ""
+    line = f"stopped {count(len(plan.entries), 'process', 'processes')}{took}"
+    if report["verified"]:
+        return line + ", verified gone"
+    left = [f"{count(len(report['remaining']), 'process', 'processes')} alive"] if report["remaining"] else []
+    left += [f"GPU memory held on {count(len(report['gpu_memory_left']), 'GPU')}"] if report["gpu_memory_left"] else []
+    left += [f"port {', '.join(map(str, report['ports_open']))} open"] if report["ports_open"] else []
+    return line + ", NOT verified: " + "; ".join(left)
+
+
+def summarize_clean(done: dict, left: int = 0) -> str:
+    """A /dev/shm clean in one line: removed, kept at the last check, left (not tied to the run)."""
+    line = f"removed {count(len(done['removed']), '/dev/shm entry', '/dev/shm entries')}"
+    if done.get("skipped"):
+        line += f", kept {len(done['skipped'])} (changed since listed)"
+    if left:
+        line += f", left {left} (not tied to this run)"
+    return line
 
 
 def describe_kill(report: dict) -> list[str]:
@@ -278,13 +310,19 @@ def human_bytes(n: int | float | None) -> str:
 
 
 def describe_shm(audit: dict) -> list[str]:
-    lines = [f"{'name':<44} {'size':>10} {'age':>8} {'owner':<8} held by / creator"]
+    """A line per entry: the name column as wide as the longest name (at most 44), then size, age,
+    owner, removable or kept, its holders and creator. Why an entry is kept is said once, as a
+    numbered note under the list: many entries share one reason."""
+    width = min(44, max((len(visible(e["name"])) for e in audit["entries"]), default=4))
+    notes: dict[str, int] = {}
+    lines = [f"{'name':<{width}} {'size':>10} {'age':>8} {'owner':<8} removable?"]
     for e in audit["entries"]:
-        held = ",".join(map(str, e["held_by"])) if e["held_by"] else "-"
+        held = f"  held by {','.join(map(str, e['held_by']))}" if e["held_by"] else ""
         creator = "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
-        mark = "removable" if e["removable"] else f"keep: {e.get('why') or 'kept'}"
-        lines.append(f"{visible(e['name'])[:44]:<44} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
-                     f"{visible(e['owner'])[:8]:<8} {held}{creator}  [{mark}]")
+        mark = "removable" if e["removable"] else f"kept ({notes.setdefault(e.get('why') or 'kept', len(notes) + 1)})"
+        lines.append(f"{visible(e['name'])[:44]:<{width}} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
+                     f"{visible(e['owner'])[:8]:<8} {mark}{held}{creator}")
+    lines += [f"({n}) kept: {why}" for why, n in notes.items()]
     removable = [e for e in audit["entries"] if e["removable"]]
     lines.append(f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "
                  f"({human_bytes(sum(e['bytes'] for e in removable))}), free {human_bytes(audit['free_bytes'])} "

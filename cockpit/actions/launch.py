@@ -163,21 +163,20 @@ async def plan_relaunch(monitor, clean_shm: bool = True):
     """What a (re)launch will do before it starts the new run, for the operator to confirm: the
     kill plan of the current run (every pid, user, start time, command, and the rule that found
     it) and the shm entries the clean after it will remove: only files tied to the run, each
-    as listed (name, device, inode; actions.shm_for_run), the others said as left. Returns
-    (plan, shm entries, lines).
+    as listed (name, device, inode; kill.shm_for_run), the others said as left. Returns
+    (plan, the ShmForRun or None when shm is left alone, lines).
     Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
     session = monitor.session
     plan = await kill.plan_kill(session, monitor.run.scope(session.watch))
     lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
              if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
     lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
-    names: list[dict] = []
+    found = None
     if clean_shm:
         audit = await kill.shm_audit(session, uid=plan.uid)  # before the kill: the run still holds its files
         found = kill.shm_for_run(audit, plan, monitor.shm_held)
-        names = found.remove
         lines += kill.describe_shm_for_run(found, audit["folder"])
-    return plan, names, lines
+    return plan, found, lines
 
 
 def refuse_unasked(plan, launched: dict | None) -> None:
@@ -200,12 +199,13 @@ def refuse_unasked(plan, launched: dict | None) -> None:
 
 async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
                       dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
-                      shm_names: list[dict] | None = None) -> dict:
+                      shm=None) -> dict:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
 
-    `plan` and `shm_names` (from plan_relaunch) are what the operator confirmed: exactly that is
+    `plan` and `shm` (from plan_relaunch) are what the operator confirmed: exactly that is
     carried out. Without them (an ablation's later steps) they are made here and said through
-    `progress(None, line)` before anything is signalled or removed."""
+    `progress(None, line)` before anything is signalled or removed. The row returned (and kept in
+    the ledger) says the stop and clean in one line, `summary`."""
     session, layout = monitor.session, monitor.layout
 
     def say(line: str) -> None:
@@ -214,27 +214,30 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
 
     if plan is None:
         plan, found, lines = await plan_relaunch(monitor, clean_shm)
-        shm_names = found if shm_names is None else shm_names
+        shm = found if shm is None else shm
         for line in lines:
             say(line)
         refuse_unasked(plan, monitor.following)
     killed = [{"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]}
               for e in plan.entries]
     removed: list[str] = []
+    said = []
     with monitor.stopping_for("stopped for relaunch"):  # until the new run replaces the dead ranks
-        await stop_run(monitor, plan, "stopped for relaunch", say)
+        stopped = await stop_run(monitor, plan, "stopped for relaunch", say)
+        said.append(stopped["summary"] if stopped else "no run to stop")
         if clean_shm:
-            if shm_names is None:  # the plan came without them: only what the kill leaves tied to the run
+            if shm is None:  # the plan came without it: only what the kill leaves tied to the run
                 audit = await kill.shm_audit(session, uid=plan.uid)
-                found = kill.shm_for_run(audit, plan, monitor.shm_held)
-                shm_names = found.remove
-                for line in kill.describe_shm_for_run(found, audit["folder"]):
+                shm = kill.shm_for_run(audit, plan, monitor.shm_held)
+                for line in kill.describe_shm_for_run(shm, audit["folder"]):
                     say(line)
-            if shm_names:
-                done = await kill.shm_clean(session, shm_names, uid=plan.uid)
+            done = {"removed": [], "skipped": []}
+            if shm.remove:
+                done = await kill.shm_clean(session, shm.remove, uid=plan.uid)
                 removed = done["removed"]
                 for line in kill.describe_clean(done):
                     say(line)
+            said.append(kill.summarize_clean(done, len(shm.left)))
         monitor.new_run()
         run = await launch(session, layout, spec)
     monitor.follow(run)
@@ -253,14 +256,14 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
             evidence = evidence + [f"no stack dump: {exc}"]
     row = {"event": "outcome", "run_id": run.run_id, "outcome": outcome,
            "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": folder, "time": time.time(),
-           "killed_before": killed, "shm_removed": removed}
+           "killed_before": killed, "shm_removed": removed, "summary": ", ".join(said)}
     append_ledger(layout, row)
     run.record["outcome_written"] = True
     return {**run.record, **row, "flag_sets": list(spec.enabled)}
 
 
 async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_plan=None,
-                 first_shm: list[dict] | None = None) -> list[dict]:
+                 first_shm=None) -> list[dict]:
     """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
     operator confirmed them; each later step (and the final kill) says its plan before acting."""
     rows = []
@@ -268,7 +271,7 @@ async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_
         if progress:
             progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
         plan, names = (first_plan, first_shm) if n == 0 else (None, None)
-        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm_names=names))
+        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names))
     plan = await kill.plan_kill(monitor.session, monitor.run.scope(monitor.session.watch))
     if plan.entries and progress:
         for line in ["the last run is killed:"] + plan.describe():

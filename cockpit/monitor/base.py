@@ -154,13 +154,16 @@ class Monitor:
         seen of the run and who stops it, from where and when (so every cockpit watching it, in
         any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
         kill runs its ranks read `stopping`; a whole run verified gone is `no run`. Returns the
-        kill's report (docs/layouts.md#what-actions-touch)."""
+        kill's report (docs/layouts.md#what-actions-touch), with its one-line `summary`."""
         record_seen(self)
         note_stop(self, plan, why)
         if wait is None:
             wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
         with self.stopping_for(why, plan):
+            began = time.monotonic()
             report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            report["seconds"] = round(time.monotonic() - began, 1)
+            report["summary"] = kill.summarize_kill(plan, report)
             if report["verified"] and not plan.scope.pids:
                 record_ended(self.run, plan)
             if whole_run and report["verified"]:

@@ -20,6 +20,7 @@ newest entry is `scheduled` has then enqueued that collective and waits in it or
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from cockpit.read.findings import Finding, rank_ranges
@@ -176,6 +177,17 @@ def compare(dumps: dict[int, dict]) -> dict:
     return {"groups": groups, "lines": lines, "odd_rank": min(odd) if len(odd) == 1 else None}
 
 
+def by_reason(problems: list[str]) -> list[str]:
+    """`pid N: why` lines with the same why said once, with their pids (eight ranks not armed for
+    the same reason are one line)."""
+    by: dict[str, list[str]] = {}
+    for line in problems:
+        m = re.match(r"pid (\d+): (.*)\Z", line, re.S)
+        by.setdefault(m.group(2) if m else line, []).extend([m.group(1)] if m else [])
+    return [f"{'pids' if len(pids) > 1 else 'pid'} {', '.join(pids)}: {why}" if pids else why
+            for why, pids in by.items()]
+
+
 def findings(result: dict) -> list[Finding]:
     """The last comparison (state.flight) as evidence."""
     lines = result.get("lines") or []
@@ -192,7 +204,7 @@ def describe(answer: dict, result: dict) -> list[str]:
             out.append(f"rank {rank}: no dump ({d['error']})")
         else:
             out.append(f"rank {rank}: {d.get('entries_total', 0)} entries, dump {d.get('file')}")
-    for why in answer.get("problems") or []:
+    for why in by_reason(answer.get("problems") or []):
         out.append(why if why.startswith("left alone") else f"not armed: {why}")
     for g in result.get("groups") or []:
         untracked = not all((g.get("starts_tracked") or {}).values())

@@ -22,6 +22,7 @@ from cockpit.actions.kill import (
     plan_kill,
     shm_audit,
     shm_clean,
+    summarize_clean,
 )
 from cockpit.actions.launch import (
     ablate,
@@ -53,6 +54,7 @@ class ActionRunner:
         self.progress = ""
         self.spec: RunSpec | None = None
         self.outcome: Text | None = None
+        self.report: tuple[str, list[str]] | None = None  # the last action's full report (`v`)
 
     @property
     def monitor(self):
@@ -67,11 +69,19 @@ class ActionRunner:
         kw.setdefault("timeout", TOAST_S)
         say(self.screen, message, **kw)
 
-    def done(self, what: str, result: str, good: bool = True) -> None:
-        """An action's result, kept in the header until the next one."""
+    def done(self, what: str, result: str, good: bool = True, report: list[str] | None = None) -> None:
+        """An action's result in one line, kept in the header until the next one; its full report
+        stays a key away (`v`)."""
         stamp = time.strftime("%H:%M:%S")
         self.outcome = as_text(f"{stamp} {what}: ", "bold") + as_text(result, "green" if good else "bold red")
+        if report is not None:
+            self.report = (f"{stamp} {what}: {result}", report)
+            self.screen.refresh_bindings()
         self.screen.dirty = True
+
+    def show_report(self) -> None:
+        if self.report is not None:
+            self.screen.app.push_screen(ReportScreen(*self.report))
 
     async def ask(self, screen):
         return await self.screen.app.push_screen_wait(screen)
@@ -114,9 +124,9 @@ class ActionRunner:
             self.progress = "SIGTERM sent, waiting"
             # `K`: the run, which then reads no run; `k`: one process (and what it started)
             report = await self.monitor.stop(plan, f"{what}: asked by the operator", whole_run=not scope.pids)
-            result = "verified gone" if report["verified"] else "NOT everything is gone"
-            self.done(what, f"stopped by the operator, {result}", good=report["verified"])
-            await self.ask(ReportScreen(f"{what}: {result}", describe_kill(report)))
+            lines = describe_kill(report)
+            self.done(what, report["summary"], good=report["verified"], report=lines)
+            await self.ask(ReportScreen(f"{what}: {report['summary']}", lines))
 
     async def shm(self) -> None:
         async with self.exclusive("shm audit") as go:
@@ -139,8 +149,8 @@ class ActionRunner:
                 return
             done = await shm_clean(session, [listed(e) for e in removable], audit["folder"])
             lines = describe_clean(done)
-            self.done("shm clean", lines[0])
-            await self.ask(ReportScreen("shm cleaned", lines))
+            self.done("shm clean", summarize_clean(done), report=lines)
+            await self.ask(ReportScreen(f"shm clean: {summarize_clean(done)}", lines))
 
     async def dump(self) -> None:
         async with self.exclusive("stack dump") as go:
@@ -156,8 +166,10 @@ class ActionRunner:
             result = await dump_ranks(self.monitor.session, ranks, run_name(self.monitor),
                                       say=lambda line: self.notify(line))
             groups = len(result.groups)
-            self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}, "
-                                    f"{result.folder}")
+            odd = next((g for g in result.groups if g.odd), None)
+            self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
+                      + (f", odd one out: rank {','.join(map(str, odd.ranks))}" if odd else "") + f", {result.folder}",
+                      report=result.report() + [f"raw dumps: {result.folder}"])
             title = f"stacks of {count(len(ranks), 'rank')}"
             keys = {"n": "native frames"} if result.groups else {}
             tail = [f"raw dumps: {result.folder}"]
@@ -183,7 +195,7 @@ class ActionRunner:
             if spec is None:
                 return
             plan, names, lines = await plan_relaunch(self.monitor)  # what is killed and removed
-            steps = (["Kill this"] if plan.entries else []) + (["clean shm"] if names else []) + ["launch"]
+            steps = (["Kill this"] if plan.entries else []) + (["clean shm"] if names and names.remove else []) + ["launch"]
             question = (", ".join(steps[:-1]) + " and " + steps[-1] if len(steps) > 1 else steps[0]).capitalize()
             if not await self.ask(ConfirmScreen("relaunch", lines, question + "?")):
                 return
@@ -191,10 +203,12 @@ class ActionRunner:
             sets = ",".join(spec.enabled) or "no flag sets"
             self.progress = f"stopping the current run, then launching with {sets}"
             row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress,
-                                    plan=plan, shm_names=names)
+                                    plan=plan, shm=names)
             good = row["outcome"] == "ready"
-            self.done(f"relaunch with {sets}", f"{row['run_id']} {row['outcome']}"
-                      + (f": {row['evidence'][0]}" if row["evidence"] else ""), good=good)
+            report = lines + [row["summary"], f"{row['run_id']}: {row['outcome']}"] + \
+                [f"  {line}" for line in row["evidence"]] + [f"log: {row['log']}"]
+            self.done(f"relaunch with {sets}", f"{row['summary']}; {row['run_id']} {row['outcome']}"
+                      + (f": {row['evidence'][0]}" if row["evidence"] else ""), good=good, report=report)
             self.notify(f"{row['run_id']}: {row['outcome']}", severity="information" if good else "error")
 
     async def ablate(self) -> None:
@@ -214,21 +228,31 @@ class ActionRunner:
                 return
             rows = await ablate(self.monitor, vary, timeout=self.layout.stall.idle_s * 10 + 600,
                                 progress=self._progress, first_plan=plan, first_shm=names)
-            self.done("ablation", ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows))
-            await self.ask(ReportScreen("ablation", describe_ablation(rows, vary)))
+            table = describe_ablation(rows, vary)
+            self.done("ablation", ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows),
+                      report=table)
+            await self.ask(ReportScreen("ablation", table))
 
     async def bundle(self) -> None:
         async with self.exclusive("hang bundle") as go:
             if go:
                 self.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
                 result = await bundle.make_bundle(self.monitor, read_only=self.screen.read_only)
-                await self.ask(ReportScreen("hang bundle", bundle.describe(result)))
+                lines = bundle.describe(result)
+                self.done("hang bundle", lines[0], report=lines)
+                await self.ask(ReportScreen("hang bundle", lines))
 
     async def flightrec(self) -> None:
         async with self.exclusive("flight recorder") as go:
             if go:
                 answer, result = await collect(self.monitor)
-                await self.ask(ReportScreen("flight recorder", flightrec.describe(answer, result)))
+                lines = flightrec.describe(answer, result)
+                odd = result.get("odd_rank")
+                self.done("flight recorder", f"{count(len(answer.get('ranks') or {}), 'rank')} read"
+                          + (f", rank {odd} never joined" if odd is not None else "")
+                          + ("" if answer.get("armed") else ", not armed"), good=bool(answer.get("armed")),
+                          report=lines)
+                await self.ask(ReportScreen("flight recorder", lines))
 
     def ledger(self) -> None:
         self.screen.app.push_screen(ReportScreen(f"runs of {self.layout.name}",

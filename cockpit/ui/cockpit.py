@@ -13,7 +13,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text
@@ -26,12 +26,13 @@ from cockpit.runs.run import process_scope
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.commands import COCKPIT, bindings
 from cockpit.ui.fmt import say
+from cockpit.ui.footer import FittedFooter
 from cockpit.ui.gpus import GpuList, GpuPane
 from cockpit.ui.header import FULL, header_text
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.screens import HelpScreen, SearchScreen
+from cockpit.ui.screens import HelpScreen, ReportScreen, SearchScreen
 
 REDRAW_S = 0.25
 NARROW = 100  # below this many columns the rank table's columns narrow and the footer is compact
@@ -52,7 +53,7 @@ class CockpitScreen(Screen):
     # The footer shows these in this order, cut at the terminal's width: help, quit, then the
     # actions of the operator story first, then the view's keys. `?` lists every one.
     BINDINGS = bindings(COCKPIT)
-    ALLOW_IN_MAXIMIZED_VIEW = "#status, Footer"
+    ALLOW_IN_MAXIMIZED_VIEW = "#status, FittedFooter"
     ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bundle", "flightrec")
 
     def __init__(self, monitor: Monitor | None = None, state: HostState | None = None,
@@ -105,7 +106,7 @@ class CockpitScreen(Screen):
             yield RankTable(id="ranks")
             yield PortsTable(id="ports")
         yield LogView(id="log")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         # Kept, not queried: a modal screen on top must not hide the cockpit's widgets from updates.
@@ -116,7 +117,7 @@ class CockpitScreen(Screen):
         self.status = self.query_one("#status", Static)
         self.grid = self.query_one("#gpus", Grid)
         self.gpu_list = self.query_one(GpuList)
-        self.footer = self.query_one(Footer)
+        self.footer = self.query_one(FittedFooter)
         self.panes: list[GpuPane] = []
         self._fit()
         self.set_interval(REDRAW_S, self._tick)
@@ -293,6 +294,8 @@ class CockpitScreen(Screen):
             return not self.read_only and self.session is not None and self.state.link_state == "up"
         if action == "ledger":
             return self.profile is not None
+        if action == "report":
+            return self.actions.report is not None
         if action == "back":
             return not self.owns_monitor
         return True
@@ -338,6 +341,18 @@ class CockpitScreen(Screen):
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
+
+    def action_evidence(self) -> None:
+        """The verdict with every line of its evidence, wrapped: what the header can only begin."""
+        v = self.verdict
+        lines = [f"phase: {self.phase}"]
+        lines += [f"{key}: {value}" for key, value in (("detail", v.detail), ("since", v.doc()["since"]),
+                                                       ("decided by", v.doc()["until"])) if value]
+        lines += [f"▸ {line}" for line in v.evidence] or ["no evidence beyond the verdict itself"]
+        self.app.push_screen(ReportScreen(f"why: {v}", lines))
+
+    def action_report(self) -> None:
+        self.actions.show_report()
 
     def action_search(self) -> None:
         view = self.view

@@ -31,6 +31,8 @@ COCKPIT = (
             key_display="?"),
     Command("q", "app.quit", "Quit", "quit (a demo ends every run it launched; on a real host the run keeps running)"),
     Command("escape", "back", "Fleet", "back to the fleet (a host's cockpit opened from it)", "Back to the fleet"),
+    Command("e", "evidence", "Why", "the verdict's whole evidence, every line wrapped (the header shows the first "
+            "as it fits)", "Why: the verdict's whole evidence"),
     Command("r", "relaunch", "Relaunch", "relaunch: flag sets as \\[on]/\\[off] toggles, parameters as fields, the "
             "command shown as a diff of argument lists; ctrl+r launches (the current run is stopped first)",
             "Relaunch with flag sets toggled"),
@@ -48,6 +50,8 @@ COCKPIT = (
             show=False),
     Command("L", "ledger", "Runs", "the ledger of this layout's runs: what the cockpit saw of each one",
             "Ledger: the runs of this layout"),
+    Command("v", "report", "Report", "the last action's full report again (its one-line summary stays in the header)",
+            "Report: the last action's full report"),
     Command("z", "zoom", "Zoom", "zoom the focused pane to the full screen and back (or esc)", "Zoom the focused pane"),
     Command("slash", "search", "Find", "search the log (empty search clears it)", "Search the log", key_display="/"),
     Command("t", "rank_filter", "Rank", "show one rank's log lines (cycles TP0…TPn, then all)",

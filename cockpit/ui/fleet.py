@@ -18,13 +18,14 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from cockpit.common.hosttext import count, visible
 from cockpit.judge.verdict import ALERTING
 from cockpit.monitor.fleet import FleetMonitor, Row
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.fmt import SPARKS, level_style
+from cockpit.ui.footer import FittedFooter
 from cockpit.ui.screens import HelpScreen, SearchScreen
 
 FLEET_HELP = """\
@@ -74,8 +75,31 @@ RED, BOLD_RED, GREEN, YELLOW, DIM = (Style(color="red"), Style(color="red", bold
 HEADER = Style(bold=True)
 CURSOR_BLURRED = Style(bgcolor="grey23")
 CURSOR = Style(bgcolor="#264f78")  # a background, not reverse: the bars keep their colours
-COLUMNS = [("host", 18), ("link", 20), ("ms", 5), ("util/GPU", 10), ("mem/GPU", 10), ("phase", 18),
-           ("verdict", 26), ("alerts", 0)]  # 0: the rest of the width
+COLUMNS = ["host", "link", "ms", "util/GPU", "mem/GPU", "phase", "verdict", "alerts"]
+LEAST = {"host": 8, "link": 6, "ms": 4, "util/GPU": 9, "mem/GPU": 8, "phase": 10, "verdict": 12, "alerts": 12}
+SHRINKS = ("alerts", "phase", "verdict", "link", "host")  # what gives way first on a narrow screen, in turn
+
+
+def column_widths(cells: list[list[list[Segment]]], width: int) -> list[int]:
+    """Each column as wide as what it holds (one space between columns), the alerts taking what is
+    left; on a narrow screen the widest of the columns that can give way narrows first, never
+    below its least width."""
+    want = [len(name) + 1 for name in COLUMNS]
+    for row in cells:
+        for i, cell in enumerate(row):
+            want[i] = max(want[i], sum(len(s.text) for s in cell) + 1)
+    widths = [max(LEAST[name], w) for name, w in zip(COLUMNS, want)]
+    over = sum(widths) - width
+    shrinkable = [COLUMNS.index(name) for name in SHRINKS]
+    while over > 0:
+        i = max(shrinkable, key=lambda k: widths[k] - LEAST[COLUMNS[k]])
+        if widths[i] <= LEAST[COLUMNS[i]]:
+            break
+        widths[i] -= 1
+        over -= 1
+    if over < 0:
+        widths[-1] -= over  # the alerts column takes the rest
+    return widths
 
 
 def _cell(segments: list[Segment], width: int) -> list[Segment]:
@@ -104,11 +128,13 @@ class FleetTable(ScrollView, can_focus=True):
         super().__init__(**kw)
         self.rows: list[Row] = []
         self.cursor = 0
-        self._strips: dict[str, tuple[tuple, int, Strip]] = {}
+        self._strips: dict[str, tuple[tuple, tuple, Strip]] = {}
+        self._widths: tuple = ()
 
     def show(self, rows: list[Row]) -> None:
         selected = self.selected_key()
         self.rows = rows
+        self._fit()
         names = [r.name for r in rows]
         self.cursor = names.index(selected) if selected in names else min(self.cursor, max(0, len(rows) - 1))
         self.virtual_size = Size(self.size.width, len(rows) + 1)
@@ -131,10 +157,20 @@ class FleetTable(ScrollView, can_focus=True):
             if event.chain == 2:
                 self.post_message(self.Selected(self.rows[index].name))
 
+    def _fit(self) -> None:
+        self._widths = tuple(column_widths([self._cells(r) for r in self.rows],
+                                           self.scrollable_content_region.width))
+
+    def on_resize(self) -> None:
+        self._fit()
+        self.refresh()
+
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
+        if len(self._widths) != len(COLUMNS):
+            self._fit()
         if y == 0:
-            return self._line([[Segment(name, HEADER)] for name, _ in COLUMNS], width)
+            return self._line([[Segment(name, HEADER)] for name in COLUMNS], width)
         index = self.scroll_offset.y + y - 1
         if index >= len(self.rows):
             return Strip.blank(width, self.rich_style)
@@ -142,23 +178,20 @@ class FleetTable(ScrollView, can_focus=True):
         sig = (row.link, row.error, None if row.rtt_ms is None else round(row.rtt_ms), tuple(row.gpus), row.phase,
                row.verdict, tuple(row.alerts), index == self.cursor)
         cached = self._strips.get(row.name)
-        if cached is not None and cached[0] == sig and cached[1] == width:
+        if cached is not None and cached[0] == sig and cached[1] == (width, self._widths):
             return cached[2]
         strip = self._line(self._cells(row), width)
         if index == self.cursor:
             over = CURSOR if self.has_focus else CURSOR_BLURRED  # laid over each cell's own style
             strip = Strip([Segment(seg.text, (seg.style or Style()) + over, seg.control) for seg in strip],
                           strip.cell_length)
-        self._strips[row.name] = (sig, width, strip)
+        self._strips[row.name] = (sig, (width, self._widths), strip)
         return strip
 
     def _line(self, cells: list[list[Segment]], width: int) -> Strip:
         out: list[Segment] = []
-        used = 0
-        for (_, w), cell in zip(COLUMNS, cells):
-            w = w or max(1, width - used)
+        for w, cell in zip(self._widths, cells):
             out += _cell(cell, w)
-            used += w
         return Strip(out).crop(0, width).extend_cell_length(width).apply_style(self.rich_style)
 
     @staticmethod
@@ -209,7 +242,7 @@ class FleetScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-status")
         yield FleetTable(id="fleet")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self.table = self.query_one(FleetTable)

@@ -30,11 +30,19 @@ def hint(screen: Screen) -> str | None:
         return None
     if not screen.monitor.live:
         return "no run in this snapshot"
-    if screen.profile is not None and screen.profile.command and screen.check_action("relaunch", ()):
-        return f"no run: press r to launch {screen.profile.name}'s command (flag sets as toggles), L for earlier runs"
+    if screen.profile is not None and screen.profile.command and screen.check_action("relaunch", ()) \
+            and shows(screen, "relaunch"):
+        earlier = ", L for earlier runs" if shows(screen, "ledger") else ""
+        return f"no run: press r to launch {screen.profile.name}'s command (flag sets as toggles){earlier}"
     if screen.profile is not None:
         return f"no run: `cockpit launch {screen.state.target} --layout {screen.profile.name}` starts one"
     return "no run found: give --layout FILE to watch and launch a server (docs/layouts.md)"
+
+
+def shows(screen: Screen, action: str) -> bool:
+    """Whether the footer shows this action's key: a hint names only keys on screen."""
+    footer = getattr(screen, "footer", None)
+    return footer is None or footer.shows(action)
 
 
 def header_text(screen: Screen) -> Text:
@@ -69,11 +77,17 @@ def header_text(screen: Screen) -> Text:
     if screen.verdict.evidence and screen.verdict.name != VerdictName.OK:
         red = "red" if screen.verdict.alerting else "yellow"
         evidence = screen.verdict.evidence
-        # a large screen has room for a second line of evidence; a small one shows the first
+        # a large screen has room for a second line of evidence; a small one shows the first. What
+        # does not fit is a key away: `e` shows every line, and the header says so
         split = 2 if not screen.has_class("compact") and len(evidence) > 2 else len(evidence)
-        lines.append(Text("▸ ", style=red) + as_text("  ·  ".join(evidence[:split]), red))
-        if evidence[split:]:
-            lines.append(Text("  ") + as_text("  ·  ".join(evidence[split:]), red))
+        shown = ["  ·  ".join(evidence[:split])] + (["  ·  ".join(evidence[split:])] if evidence[split:] else [])
+        room = max(10, screen.size.width - 4)
+        if any(len(line) > room for line in shown) and shows(screen, "evidence"):
+            lines.append(Text("▸ ", style=red) + Text(f"e: all {len(evidence)} ", style="bold") + as_text(shown[0], red))
+        else:
+            lines.append(Text("▸ ", style=red) + as_text(shown[0], red))
+        if shown[1:]:
+            lines.append(Text("  ") + as_text(shown[1], red))
     elif hint(screen):
         lines.append(as_text("▸ " + hint(screen), "yellow"))
     last = lasting(screen)

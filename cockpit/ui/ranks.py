@@ -56,7 +56,20 @@ class RankTable(LiveTable):
             self.border_subtitle = as_text(subtitle)
 
     def set_narrow(self, narrow: bool) -> None:
-        self.set_columns(NARROW if narrow else COLUMNS)
+        self.narrow = narrow
+        self.fit()
+
+    def fit(self) -> None:
+        """The columns for the pane's width (fewer when narrow), the process column taking what the
+        others leave: a zoomed pane shows whole titles, not the narrow pane's cut ones."""
+        columns = NARROW if getattr(self, "narrow", False) else COLUMNS
+        others = sum(w + 2 for _, w in columns[1:])  # each cell has one cell of padding a side
+        room = self.size.width - others - 2 - 2  # its own padding, and the vertical scrollbar
+        name, least = columns[0]
+        self.set_columns([(name, max(least, room))] + columns[1:])
+
+    def on_resize(self) -> None:
+        self.fit()
 
     def selected_pid(self) -> int | None:
         key = self.selected_key()

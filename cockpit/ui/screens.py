@@ -24,10 +24,38 @@ from cockpit.runs.spec import RunSpec, build_argv
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_rows
 
 
-def body(lines: list[str]) -> Text:
-    """A dialog's lines as one Text: each line `visible()` (its own newlines, carriage returns and
+class Hanging:
+    """A dialog's lines, each wrapped at the dialog's width with its continuation lines indented
+    under it (a table row's command goes on under the row, never cut); a word longer than the
+    width is folded, not cut. Each line is `visible()` (its own newlines, carriage returns and
     escape sequences shown, never acted on), no markup parsed."""
-    return Text("\n".join(visible(line) for line in lines))
+
+    def __init__(self, lines: list[str], style: str = ""):
+        self.lines = [visible(line) for line in lines]
+        self.style = style
+
+    def __rich_console__(self, console, options):
+        width = max(8, options.max_width)
+        for line in self.lines:
+            lead = len(line) - len(line.lstrip(" "))
+            indent = min(lead + 4, width // 2)
+            text = Text(line, style=self.style)
+            first, *rest = text.wrap(console, width, overflow="fold") or [Text("")]
+            yield first
+            if rest:
+                tail = Text(line[len(first.plain):].lstrip(" "), style=self.style)
+                for piece in tail.wrap(console, width - indent, overflow="fold"):
+                    yield Text(" " * indent) + piece
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        longest = max((len(line) for line in self.lines), default=1)
+        return Measurement(min(longest, 8), min(longest, options.max_width))
+
+
+def body(lines: list[str]) -> Hanging:
+    return Hanging(lines)
 
 
 class ConfirmScreen(ModalScreen[bool]):
