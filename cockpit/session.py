@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cockpit.agent import EXIT_TOO_OLD, agent_argv
-from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
+from cockpit.agent.protocol import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.errors import CockpitError, CommandError, LinkLost
 from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.local import LocalLink

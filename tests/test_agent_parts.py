@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from cockpit.agent import agent
+from cockpit.agent import agent, kill
+from cockpit.agent import procs as procs_mod
 from cockpit.sim import fakenvml
 
 
@@ -233,7 +234,8 @@ def test_kill_run_survives_a_rank_that_exits_between_two_reads(monkeypatch):
                 row = real(pid)
         return row
 
-    monkeypatch.setattr(agent, "_proc_stat", stat_then_die)
+    for owner in (kill, procs_mod):  # the kill's own reads and those of the helpers it calls
+        monkeypatch.setattr(owner, "_proc_stat", stat_then_die)
     report = agent.kill_run(plan, wait_s=2.0, pids=[child.pid])
     assert report["term"] == [child.pid]
     assert report["remaining"] == []
@@ -308,8 +310,8 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     if not agent._HAVE_PROC:
         pytest.skip("needs /proc")
     newest = [1000]
-    monkeypatch.setattr(agent, "_last_pid", lambda: newest[0])
-    monkeypatch.setattr(agent, "SCAN_EVERY_S", 0.0)
+    monkeypatch.setattr(procs_mod, "_last_pid", lambda: newest[0])
+    monkeypatch.setattr(procs_mod, "SCAN_EVERY_S", 0.0)
     procs = agent.Procs(psutil)
     procs.configure(patterns=["gpu-cockpit-test-matches-nothing"])
     scans = []
@@ -350,9 +352,9 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         return real_read(path)
 
     cursor = [old.pid - 1]
-    monkeypatch.setattr(agent, "_read_proc", counting)
-    monkeypatch.setattr(agent, "_last_pid", lambda: cursor[0])
-    monkeypatch.setattr(agent, "SETTLE_S", 0.0)  # every process here counts as settled
+    monkeypatch.setattr(procs_mod, "_read_proc", counting)
+    monkeypatch.setattr(procs_mod, "_last_pid", lambda: cursor[0])
+    monkeypatch.setattr(procs_mod, "SETTLE_S", 0.0)  # every process here counts as settled
     procs = agent.Procs(psutil)
     try:
         procs.configure(patterns=["sglang::*"])
@@ -375,7 +377,7 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         procs.scan()
         assert old.pid in reads and 1 in reads and old.pid in procs.watched
 
-        monkeypatch.setattr(agent, "SETTLE_S", 3600.0)  # now every process counts as young
+        monkeypatch.setattr(procs_mod, "SETTLE_S", 3600.0)  # now every process counts as young
         reads.clear()
         procs.scan()
         assert old.pid in reads and os.getpid() not in reads

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from cockpit import actions
-from cockpit.agent import agent
+from cockpit.agent import agent, kill
+from cockpit.agent import procs as procs_mod
 from cockpit.errors import CockpitError
 from cockpit.link.target import parse_target
 from cockpit.session import HostSession, SessionOptions, WatchList
@@ -225,7 +226,8 @@ def test_the_sigkill_pass_checks_the_start_time_again(monkeypatch):
                 row["_start"] += 1  # from now on the pid reads as another process
             return row
 
-        monkeypatch.setattr(agent, "_proc_stat", stat)
+        for owner in (kill, procs_mod):  # the kill's own reads and those of the helpers it calls
+            monkeypatch.setattr(owner, "_proc_stat", stat)
         threading.Timer(0.5, reused.set).start()
         report = agent.kill_run(plan, wait_s=1.5)
         assert report["term"] == [proc.pid] and report["killed"] == []
@@ -295,7 +297,7 @@ def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch)
             taken["new"] = _take_pid(old.pid)
         return why
 
-    monkeypatch.setattr(agent, "_still", still)
+    monkeypatch.setattr(kill, "_still", still)
     report = agent.kill_run(plan, wait_s=0.5)
     new = taken.get("new")
     if new is None:

@@ -17,6 +17,7 @@ import pytest
 
 from cockpit import actions
 from cockpit.agent import agent
+from cockpit.agent import shm as shm_mod
 from conftest import run_cli
 
 SHM = Path("/dev/shm")
@@ -249,7 +250,7 @@ def test_an_entry_swapped_between_the_check_and_the_unlink_is_kept(tmp_path, mon
             (shm / "nccl-b").write_bytes(b"theirs")
         return out
 
-    monkeypatch.setattr(agent, "shm_audit", audit_then_swap)
+    monkeypatch.setattr(shm_mod, "shm_audit", audit_then_swap)
     done = agent.shm_clean(str(shm), ["nccl-b"], other_dir=True)
     assert done["removed"] == [] and "changed since it was checked" in done["skipped"][0]["why"]
     assert os.path.lexists(shm / "nccl-b") and victim.read_text() == "precious"
