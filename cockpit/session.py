@@ -183,6 +183,7 @@ class HostSession:
             return configured, await self._read_hello()
         except PythonUnusable:
             self._pending.pop(configured[0], None)
+            await self.stream.aclose()  # its process has ended: only the channel is left
             raise
 
     async def _other_python(self, why: str) -> str:
