@@ -9,6 +9,7 @@ import ast
 import asyncio
 import io
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -195,11 +196,14 @@ def fake_libnvml(tmp_path_factory):
     return where
 
 
-def test_the_agent_on_a_bare_venv_samples_gpus_through_ctypes_nvml(bare_python, fake_libnvml, monkeypatch):
+@pytest.mark.parametrize("which", ["bare venv", "python 3.8"])
+def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python_3_8(which, bare_python, fake_libnvml,
+                                                                                     monkeypatch):
+    python = bare_python if which == "bare venv" else _interpreter("3.8")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_libnvml))
 
     async def look():
-        session = HostSession(parse_target("local"), SessionOptions(python=str(bare_python), python_named=True))
+        session = HostSession(parse_target("local"), SessionOptions(python=str(python), python_named=True))
         await session.connect()
         try:
             await session.wait_samples(2)
@@ -209,6 +213,7 @@ def test_the_agent_on_a_bare_venv_samples_gpus_through_ctypes_nvml(bare_python, 
             await session.close()
 
     state, facts = asyncio.run(look())
+    assert which == "bare venv" or state.agent.python.startswith("3.8.")
     assert (state.agent.gpu_source, state.agent.nvml, state.agent.driver) == ("nvml-ctypes", "nvml-ctypes", "999.1.2")
     g0, g1 = state.gpus[0], state.gpus[1]
     assert (g0.name, g0.uuid, g1.uuid, g0.mem_total_mib, g0.power_limit_w) == ("NVIDIA H200", "GPU-a", "GPU-b", 153600,
@@ -220,10 +225,15 @@ def test_the_agent_on_a_bare_venv_samples_gpus_through_ctypes_nvml(bare_python, 
     assert facts["versions"]["data"]["cuda_driver"] == "13.0"
 
 
-def _fake_python(folder: Path, name: str, body: str) -> None:
-    path = folder / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
+def _interpreter(version: str) -> str:
+    """A real Python of that version (on PATH, else pyenv's), or the test is skipped."""
+    found = next(iter(sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))), None) or \
+        shutil.which("python" + version)
+    if found and "/shims/" in str(found):
+        found = None  # pyenv's shim runs only the versions selected
+    if not found:
+        pytest.skip(f"no Python {version} on this machine")
+    return str(found)
 
 
 def _connect(folder: Path, monkeypatch, opts: SessionOptions):
@@ -241,19 +251,19 @@ def _connect(folder: Path, monkeypatch, opts: SessionOptions):
 
 
 def test_without_a_named_interpreter_another_python_is_found_when_python3_is_too_old(tmp_path, monkeypatch):
-    """python3 here is 3.6 (as on an old host); python3.11 is a real one: the agent runs on it and
-    says so. The bootstrap's own too-old check answers for python3 (it runs under `sh`)."""
-    _fake_python(tmp_path, "python3", "echo 'gpu-cockpit: Python 3.6 is too old, need >= 3.8' >&2; exit 4")
-    _fake_python(tmp_path, "python3.12", "echo 3.6; exit 0")  # answers the version probe with an old one
-    os.symlink(sys.executable, tmp_path / "python3.11")
+    """python3 is a real 3.7 (as on an old host), python3.12 a real 3.6 (the version probe says
+    so), python3.11 a real 3.8: the agent runs on that one and says so."""
+    os.symlink(_interpreter("3.7"), tmp_path / "python3")
+    os.symlink(_interpreter("3.6"), tmp_path / "python3.12")
+    os.symlink(_interpreter("3.8"), tmp_path / "python3.11")
     python, warnings = _connect(tmp_path, monkeypatch, SessionOptions())
     assert python == "python3.11"
-    assert warnings[0].startswith("python3 cannot run the agent here (Python 3.6 is too old, need >= 3.8): using "
+    assert warnings[0].startswith("python3 cannot run the agent here (Python 3.7 is too old, need >= 3.8): using "
                                   "python3.11; name one with --python")
 
 
 def test_with_no_usable_interpreter_every_one_tried_is_said_with_how_to_name_one(tmp_path, monkeypatch):
-    _fake_python(tmp_path, "python3.9", "echo 3.7; exit 0")
+    os.symlink(_interpreter("3.7"), tmp_path / "python3.9")
     with pytest.raises(CockpitError) as err:
         _connect(tmp_path, monkeypatch, SessionOptions())
     msg = str(err.value)
