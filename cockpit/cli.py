@@ -170,6 +170,7 @@ def session_options(args: argparse.Namespace, layout=None, target=None, sim_stat
     named = layout.python if layout else None
     opts = SessionOptions(
         python=args.python or (agent_python(target, named) if target is not None else named or "python3"),
+        python_named=bool(args.python or named),
         interval=args.interval or 1.0,
         ssh_config=args.ssh_config,
         known_hosts=args.known_hosts,

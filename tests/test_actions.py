@@ -128,8 +128,8 @@ def test_shm_in_the_real_dev_shm_with_our_own_names(tmp_path):
         by = {e["name"]: e for e in json.loads(res.stdout)["audit"]["entries"]}
         assert by[held.name]["held_by"] == [holder.pid] and not by[held.name]["removable"]
         assert by[free.name]["removable"] and by[free.name]["bytes"] >= 8192
-        from cockpit.agent import agent
-        done = agent.shm_clean("/dev/shm", [held.name, free.name])
+        from cockpit.agent import shm as agent_shm
+        done = agent_shm.shm_clean("/dev/shm", [held.name, free.name])
         assert done["removed"] == [free.name] and held.exists() and not free.exists()
         assert done["freed_bytes"] >= 8192
     finally:
@@ -361,7 +361,7 @@ def test_dump_targets_keep_dead_ranks_and_describe_them():
 def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(tmp_path):
     """A child that exited and was not reaped (a real zombie), a pid that is gone, and a process
     that dies while py-spy reads it: dead, with the kernel's exit code, never a py-spy error."""
-    from cockpit.agent import agent
+    from cockpit.agent import pyspy as agent_pyspy
 
     calls = tmp_path / "calls"
     fake = tmp_path / "py-spy"  # records each call; kills its target, then fails the way py-spy does on the dead
@@ -375,12 +375,12 @@ def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(t
     try:
         zombie.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # not waited for: it stays a zombie of this process
-        assert agent.pyspy_target(zombie.pid) == {"status": "Z", "exit_code": -15}
+        assert agent_pyspy.pyspy_target(zombie.pid) == {"status": "Z", "exit_code": -15}
         reaped.kill()
         reaped.wait()
-        assert agent.pyspy_target(reaped.pid) == {"status": "gone", "exit_code": None}
-        assert agent.pyspy_target(dying.pid) is None
-        out = agent.pyspy_dump([zombie.pid, reaped.pid, dying.pid], str(fake), deadline_s=10)
+        assert agent_pyspy.pyspy_target(reaped.pid) == {"status": "gone", "exit_code": None}
+        assert agent_pyspy.pyspy_target(dying.pid) is None
+        out = agent_pyspy.pyspy_dump([zombie.pid, reaped.pid, dying.pid], str(fake), deadline_s=10)
         d = out["dumps"]
         assert out["check"]["pyspy"] == str(fake) and out["check"]["version"] == "9.9.9"
         assert {k: (v["ok"], v["dead"], v["status"], v["exit_code"]) for k, v in d.items()} == {

@@ -7,13 +7,14 @@ import threading
 
 import pytest
 
-from cockpit.agent import agent
+from cockpit.agent import kill, facts as agent_facts, gpus as agent_gpus, kill as agent_kill, logs as agent_logs, main as agent_main, ports as agent_ports, procs as agent_procs, web as agent_web
+from cockpit.agent import procs as procs_mod
 from cockpit.sim import fakenvml
 
 
 def test_log_tail_follows_growth_rotation_truncation_and_waits_for_missing(tmp_path):
     path = tmp_path / "server.log"
-    tail = agent.LogTail(str(path))
+    tail = agent_logs.LogTail(str(path))
     assert tail.poll() == ("missing", [])
     assert tail.poll() == (None, [])
     path.write_text("one\ntwo\npart")
@@ -36,15 +37,15 @@ def test_log_tail_starts_near_the_end_and_reads_bounded_bytes(tmp_path):
     path = tmp_path / "big.log"
     line = "x" * 99 + "\n"
     path.write_text(line * 10_000)  # 1 MB
-    tail = agent.LogTail(str(path))
+    tail = agent_logs.LogTail(str(path))
     event, lines = tail.poll()
     assert event == "opened"
-    assert 0 < len(lines) <= agent.LOG_INITIAL_BYTES // 100 + 1
+    assert 0 < len(lines) <= agent_logs.LOG_INITIAL_BYTES // 100 + 1
     assert all(l == "x" * 99 for l in lines)
     with open(path, "a") as fh:
         fh.write(line * 2000)  # 200 KB at once: read in bounded slices
     _, first = tail.poll()
-    assert len(first) * 100 <= agent.LOG_MAX_BYTES_PER_FRAME
+    assert len(first) * 100 <= agent_logs.LOG_MAX_BYTES_PER_FRAME
     total = len(first)
     while True:
         _, more = tail.poll()
@@ -60,9 +61,9 @@ def test_listening_ports_finds_a_real_listener_and_its_owner():
     srv.listen()
     port = srv.getsockname()[1]
     try:
-        listening = agent.listening_ports()
+        listening = agent_ports.listening_ports()
         assert port in listening
-        ports = agent.Ports()
+        ports = agent_ports.Ports()
         ports.configured = [port, 1]
         rows = {r["port"]: r for r in ports.sample([os.getpid()])}
         assert rows[port] == {"port": port, "listening": True, "pid": os.getpid()}
@@ -85,13 +86,13 @@ def test_http_get_reports_status_and_latency_of_a_real_server():
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         port = srv.server_address[1]
-        health = agent.http_get(port, "/health")
+        health = agent_web.http_get(port, "/health")
         assert health["status"] == 503 and health["ms"] >= 0
-        models = agent.http_get(port, "/v1/models")
+        models = agent_web.http_get(port, "/v1/models")
         assert models["status"] == 200 and models["body"] == '{"ok": 1}'
     finally:
         srv.shutdown()
-    closed = agent.http_get(port, "/health", timeout=0.5)
+    closed = agent_web.http_get(port, "/health", timeout=0.5)
     assert closed["status"] is None and closed["error"]
 
 
@@ -104,7 +105,7 @@ def test_nvml_sampler_reports_not_supported_fields_as_absent_and_stops_asking(si
         raise fakenvml.NVMLError_NotSupported("Not Supported")
 
     monkeypatch.setattr(fakenvml, "nvmlDeviceGetPowerUsage", no_power)
-    gpus = agent.NvmlGpus(fakenvml)
+    gpus = agent_gpus.NvmlGpus(fakenvml)
     assert gpus.source == "sim" and len(gpus.static()) == 8
     first = gpus.sample(slow=True)
     second = gpus.sample(slow=False)
@@ -125,12 +126,12 @@ def test_a_gpus_process_list_is_asked_again_only_when_something_moved(sim_state,
     monkeypatch.setattr(fakenvml, "nvmlDeviceGetComputeRunningProcesses",
                         lambda h: (asked.append(h), real(h))[1])
     clock = [1000.0]
-    monkeypatch.setattr(agent.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(agent_gpus.time, "monotonic", lambda: clock[0])
     a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         fakenvml.register(str(sim_state), a.pid, 0, 1000, "busy")
-        gpus = agent.NvmlGpus(fakenvml)
+        gpus = agent_gpus.NvmlGpus(fakenvml)
         assert gpus.sample(slow=False)[0]["processes"] == [[a.pid, 1000]] and len(asked) == 8
         clock[0] += 1
         assert gpus.sample(slow=False)[0]["processes"] == [[a.pid, 1000]] and len(asked) == 8  # nothing moved
@@ -143,7 +144,7 @@ def test_a_gpus_process_list_is_asked_again_only_when_something_moved(sim_state,
         os.unlink(os.path.join(sim_state, "procs", "%d.json" % a.pid))
         clock[0] += 1
         assert gpus.sample(slow=False)[0]["processes"] == [[b.pid, 3000]] and asked[9:] == [0]
-        clock[0] += agent.GPU_PROCS_EVERY_S
+        clock[0] += agent_gpus.GPU_PROCS_EVERY_S
         gpus.sample(slow=False)
         assert len(asked) == 10 + 8  # and every GPU at least every GPU_PROCS_EVERY_S
     finally:
@@ -155,7 +156,7 @@ def test_a_gpus_process_list_is_asked_again_only_when_something_moved(sim_state,
 def test_process_sampler_watches_titled_trees_and_their_children(ranks, sim_state):
     psutil = pytest.importorskip("psutil")
     p = ranks.spawn("sglang::scheduler_TP5", gpu=5, mib=1000)
-    procs = agent.Procs(psutil)
+    procs = agent_procs.Procs(psutil)
     procs.configure(patterns=["sglang::*"])
     import time
     rows = procs.sample(time.monotonic())
@@ -195,7 +196,7 @@ def test_without_pynvml_one_long_lived_nvidia_smi_per_query(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import pynvml fails
     warnings = []
-    gpus = agent.open_gpus(0.1, warnings)
+    gpus = agent_gpus.open_gpus(0.1, warnings)
     try:
         assert gpus.source == "nvidia-smi" and gpus.driver == "580.159.04"
         assert any("pynvml is not installed" in w for w in warnings)
@@ -219,9 +220,9 @@ def test_kill_run_survives_a_rank_that_exits_between_two_reads(monkeypatch):
     import sys
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    plan = agent.kill_plan(pids=[child.pid])
+    plan = agent_kill.kill_plan(pids=[child.pid])
     assert [e["pid"] for e in plan] == [child.pid]
-    real = agent._proc_stat
+    real = agent_procs._proc_stat
     reads = []
 
     def stat_then_die(pid):
@@ -233,8 +234,9 @@ def test_kill_run_survives_a_rank_that_exits_between_two_reads(monkeypatch):
                 row = real(pid)
         return row
 
-    monkeypatch.setattr(agent, "_proc_stat", stat_then_die)
-    report = agent.kill_run(plan, wait_s=2.0, pids=[child.pid])
+    for owner in (kill, procs_mod):  # the kill's own reads and those of the helpers it calls
+        monkeypatch.setattr(owner, "_proc_stat", stat_then_die)
+    report = agent_kill.kill_run(plan, wait_s=2.0, pids=[child.pid])
     assert report["term"] == [child.pid]
     assert report["remaining"] == []
     assert child.returncode == -15
@@ -253,7 +255,7 @@ def test_the_runs_own_package_folders_are_found_behind_a_virtualenvs_symlink():
     try:
         assert proc.stdout.readline().strip() == "up"
         time.sleep(0.1)
-        assert sysconfig.get_paths()["purelib"] in agent._site_dirs(proc.pid)
+        assert sysconfig.get_paths()["purelib"] in agent_facts._site_dirs(proc.pid)
     finally:
         proc.kill()
         proc.wait()
@@ -271,7 +273,7 @@ def test_a_new_child_of_a_watched_process_is_adopted_on_the_next_tick(sim_state)
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess,sys,time\nsys.stdin.readline()\n"
                                "subprocess.Popen(['sleep','60'])\nprint('started',flush=True)\ntime.sleep(60)"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    procs = agent.Procs(psutil)
+    procs = agent_procs.Procs(psutil)
     try:
         procs.configure(patterns=[], pids=[parent.pid])
         procs.sample(time.monotonic())
@@ -287,7 +289,7 @@ def test_a_new_child_of_a_watched_process_is_adopted_on_the_next_tick(sim_state)
         again = {r["pid"]: r for r in procs.sample(time.monotonic())}
         kid = kids[0]["pid"]
         assert again[kid] is first[kid] and again[kid]["cpu_pct"] == 0.0  # sleep's stat never moved
-        assert agent.Agent._delta({kid: first[kid]}, [again[kid]], "pid") == [{"pid": kid}]
+        assert agent_main.Agent._delta({kid: first[kid]}, [again[kid]], "pid") == [{"pid": kid}]
     finally:
         for p in psutil.Process(parent.pid).children():
             p.kill()
@@ -305,12 +307,12 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     psutil = pytest.importorskip("psutil")
     import time
 
-    if not agent._HAVE_PROC:
+    if not agent_procs._HAVE_PROC:
         pytest.skip("needs /proc")
     newest = [1000]
-    monkeypatch.setattr(agent, "_last_pid", lambda: newest[0])
-    monkeypatch.setattr(agent, "SCAN_EVERY_S", 0.0)
-    procs = agent.Procs(psutil)
+    monkeypatch.setattr(procs_mod, "_last_pid", lambda: newest[0])
+    monkeypatch.setattr(procs_mod, "SCAN_EVERY_S", 0.0)
+    procs = agent_procs.Procs(psutil)
     procs.configure(patterns=["gpu-cockpit-test-matches-nothing"])
     scans = []
     real = procs.scan
@@ -323,7 +325,7 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     newest[0] += 1
     procs.sample(time.monotonic())
     assert len(scans) == 2  # a birth: the scan runs
-    procs.sample(time.monotonic() + agent.SCAN_QUIET_MAX_S + 1)
+    procs.sample(time.monotonic() + agent_procs.SCAN_QUIET_MAX_S + 1)
     assert len(scans) == 3  # and never waits longer than SCAN_QUIET_MAX_S
     procs.close()
 
@@ -336,13 +338,13 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
     import subprocess
     import sys
 
-    if not agent._HAVE_PROC:
+    if not agent_procs._HAVE_PROC:
         pytest.skip("needs /proc")
     code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
             "print('retitled', flush=True)\nsys.stdin.readline()")
     old = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     reads: list[int] = []
-    real_read = agent._read_proc
+    real_read = agent_procs._read_proc
 
     def counting(path):
         if path.endswith("/stat"):
@@ -350,10 +352,10 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         return real_read(path)
 
     cursor = [old.pid - 1]
-    monkeypatch.setattr(agent, "_read_proc", counting)
-    monkeypatch.setattr(agent, "_last_pid", lambda: cursor[0])
-    monkeypatch.setattr(agent, "SETTLE_S", 0.0)  # every process here counts as settled
-    procs = agent.Procs(psutil)
+    monkeypatch.setattr(procs_mod, "_read_proc", counting)
+    monkeypatch.setattr(procs_mod, "_last_pid", lambda: cursor[0])
+    monkeypatch.setattr(procs_mod, "SETTLE_S", 0.0)  # every process here counts as settled
+    procs = agent_procs.Procs(psutil)
     try:
         procs.configure(patterns=["sglang::*"])
         procs.scan()
@@ -371,11 +373,11 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         procs.scan()  # settled, not passed by the cursor: its row is kept, the retitle not seen yet
         assert old.pid not in reads and old.pid not in procs.watched
 
-        procs._reread_at -= agent.REREAD_EVERY_S
+        procs._reread_at -= agent_procs.REREAD_EVERY_S
         procs.scan()
         assert old.pid in reads and 1 in reads and old.pid in procs.watched
 
-        monkeypatch.setattr(agent, "SETTLE_S", 3600.0)  # now every process counts as young
+        monkeypatch.setattr(procs_mod, "SETTLE_S", 3600.0)  # now every process counts as young
         reads.clear()
         procs.scan()
         assert old.pid in reads and os.getpid() not in reads

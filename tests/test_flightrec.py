@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.read import flightrec
-from cockpit.agent.agent import fr_dump, read_fr_dump, slim_fr_dump
+from cockpit.agent.flightrec import fr_dump, read_fr_dump, slim_fr_dump
 from cockpit.judge.verdict import Verdict, VerdictName
 from cockpit.judge.evidence import merge
 from cockpit.link.target import parse_target

@@ -19,7 +19,7 @@ from cockpit.actions import kill as actions
 from cockpit.actions import dumps
 from cockpit.runs.run import Run
 from cockpit.read import flightrec
-from cockpit.agent.agent import fr_dump
+from cockpit.agent.flightrec import fr_dump
 from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 

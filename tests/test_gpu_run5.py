@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cockpit.read import flightrec
 from cockpit.read import ras
-from cockpit.agent.agent import read_fr_dump, slim_fr_dump
+from cockpit.agent.flightrec import read_fr_dump, slim_fr_dump
 
 DATA = Path(__file__).parent / "data"
 RUN5 = DATA / "gpu-run5"

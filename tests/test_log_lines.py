@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from cockpit.agent import agent
+from cockpit.agent import logs as agent_logs
 from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 
@@ -47,7 +47,7 @@ class Writer:
 def test_a_log_that_never_writes_a_newline_holds_at_most_one_capped_line(tmp_path):
     path = tmp_path / "progress.log"
     path.write_bytes(b"")
-    tail = agent.LogTail(str(path))
+    tail = agent_logs.LogTail(str(path))
     assert tail.poll() == ("opened", [])
     write = Writer(path)
     try:
@@ -57,7 +57,7 @@ def test_a_log_that_never_writes_a_newline_holds_at_most_one_capped_line(tmp_pat
             write("chunk")
             event, lines = tail.poll()
             assert event is None and lines == []
-            assert len(tail.partial) <= agent.LOG_LINE_MAX
+            assert len(tail.partial) <= agent_logs.LOG_LINE_MAX
         assert tail.partial_skipped == 47 * 65536
         write("newline")
         write("line after")
@@ -71,7 +71,7 @@ def test_a_log_that_never_writes_a_newline_holds_at_most_one_capped_line(tmp_pat
 def test_a_long_line_split_across_polls_and_one_within_a_poll_are_capped_the_same(tmp_path):
     path = tmp_path / "server.log"
     path.write_bytes(b"")
-    tail = agent.LogTail(str(path))
+    tail = agent_logs.LogTail(str(path))
     tail.poll()
     with open(path, "ab") as fh:
         fh.write(b"a" * 70000 + b"\r\nshort\n" + "é".encode() * 40000 + b"\n")  # 150 KB: three polls; the \r is skipped too

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.read import ras
-from cockpit.agent import agent
+from cockpit.agent import ras as agent_ras
 from cockpit.judge.verdict import Verdict, VerdictName
 from cockpit.judge.diagnose import Watchdog
 from cockpit.judge.evidence import default_sources, merge
@@ -196,7 +196,7 @@ def test_nccl_2_28_9_json_with_a_missing_rank_is_malformed_and_read_as_text():
 
 def test_the_agent_meets_nccl_2_28_9s_malformed_json_and_falls_back_to_the_text(fake_ras):
     server = fake_ras("json", json_file="h200-dead-malformed.json.txt", text_file="h200-dead.txt")
-    got = agent.ras_query("127.0.0.1", server.port, "json", timeout=10)
+    got = agent_ras.ras_query("127.0.0.1", server.port, "json", timeout=10)
     assert got["format"] == "text" and got["json_error"].startswith("Expecting ',' delimiter: line 44 column 11")
     assert got["text"] == answer("h200-dead.txt")
     rep = ras.parse(got)

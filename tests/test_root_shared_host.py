@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.agent import agent
+from cockpit.agent import agent_source, facts as agent_facts, logs as agent_logs, main as agent_main, shm as agent_shm
 
 PY = "/usr/bin/python3"  # the system python: this test's venv is root's, another user cannot run it
 
@@ -91,7 +91,7 @@ def test_versions_are_read_from_metadata_files_and_nothing_of_another_users_runs
                             preexec_fn=as_user(evil), cwd="/")
     try:
         assert proc.stdout.readline().strip() == "ok"
-        facts = agent.host_facts(["versions"], [proc.pid])
+        facts = agent_facts.host_facts(["versions"], [proc.pid])
         assert not mark.exists(), f"another user's file ran as uid {mark.read_text()}"
         run = facts["versions"]["data"]["run"]
         assert run["torch"] == "9.9.9" and run["python"] == "3.99" and run["read_from"] == "package metadata"
@@ -106,7 +106,7 @@ def test_versions_are_read_from_metadata_files_and_nothing_of_another_users_runs
 # ----------------------------------------------------------------------------- 2: logs
 
 
-def _poll(tail: agent.LogTail):
+def _poll(tail: agent_logs.LogTail):
     """tail.poll() in a thread: a poll that blocks (in open() on a FIFO) fails the test, not hangs it."""
     out = []
     t = threading.Thread(target=lambda: out.append(tail.poll()), daemon=True)
@@ -134,11 +134,11 @@ def test_a_log_its_owner_swaps_for_a_symlink_a_fifo_or_anothers_file_is_refused_
             if log.exists() and log.read_text():
                 break
             threading.Event().wait(0.05)
-        probe = agent.Agent.__new__(agent.Agent)
+        probe = agent_main.Agent.__new__(agent_main.Agent)
         probe.log_owners = {}
         found = probe.cmd_stdout_of([proc.pid])
         assert found == {str(proc.pid): str(log)} and probe.log_owners[str(log)] == {owner}
-        tail = agent.LogTail(str(log), probe.log_owners[str(log)])
+        tail = agent_logs.LogTail(str(log), probe.log_owners[str(log)])
         event, lines = _poll(tail)
         assert event == "opened" and lines == ["line-one"]
 
@@ -165,7 +165,7 @@ def test_a_log_its_owner_swaps_for_a_symlink_a_fifo_or_anothers_file_is_refused_
         event, lines = _poll(tail)
         assert event == "created" and lines == ["line-two"]
 
-        root_default = agent.LogTail(str(log))  # a layout's log: root's or the agent's user's only
+        root_default = agent_logs.LogTail(str(log))  # a layout's log: root's or the agent's user's only
         event, lines = _poll(root_default)
         assert event.startswith("refused: ") and "owned by" in event and lines == []
     finally:
@@ -268,7 +268,6 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
     a file in a folder holding a csv.py: nothing of that user runs (no mark file), the versions
     are not read from that user's process, and no secret is in the archive nor the snapshot."""
     import json
-    import sys
     import tarfile
 
     from conftest import run_cli
@@ -325,7 +324,7 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
 # ----------------------------------------------------------------------------- 7: shm holders unreadable
 
 def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld(users, shared):
-    """The agent runs as a throwaway user (the system python, the agent file copied where that
+    """The agent runs as a throwaway user (the system python, the agent's zip written where that
     user can read it); another throwaway user maps that user's `psm_…` file. The agent cannot read
     the other's /proc/PID/maps: the file is "cannot tell who holds it", not removable, and a clean
     keeps it. Once the holder is gone the same entry is still kept (root's processes stay unread)."""
@@ -339,18 +338,18 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
     victim.chmod(0o666)
     chown_tree(folder, agent_user)
     os.chmod(shared, 0o755)
-    shutil.copy(agent.__file__, shared / "agent.py")
-    os.chmod(shared / "agent.py", 0o644)
+    (shared / "agent.zip").write_bytes(agent_source())  # the bytes that travel to a host
+    os.chmod(shared / "agent.zip", 0o644)
     code = ("import mmap, sys, time\nf = open(sys.argv[1], 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\nf.close()\n"
             "print('ok', flush=True)\ntime.sleep(120)\n")
     holder = subprocess.Popen([PY, "-S", "-c", code, str(victim)], stdout=subprocess.PIPE, text=True,
                               preexec_fn=as_user(holder_user), cwd="/")
-    run = ("import json, sys\nsys.path.insert(0, sys.argv[1])\nimport agent\n"
-           "audit = agent.shm_audit(sys.argv[2])\nclean = agent.shm_clean(sys.argv[2], ['psm_gck_victim'], other_dir=True)\n"
+    run = ("import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom cockpit_agent import shm as agent\n"
+           "audit = agent_shm.shm_audit(sys.argv[2])\nclean = agent_shm.shm_clean(sys.argv[2], ['psm_gck_victim'], other_dir=True)\n"
            "print(json.dumps({'audit': audit, 'clean': clean}))\n")
     try:
         assert holder.stdout.readline().strip() == "ok"
-        out = subprocess.run([PY, "-S", "-c", run, str(shared), str(folder)], capture_output=True, text=True,
+        out = subprocess.run([PY, "-S", "-c", run, str(shared / "agent.zip"), str(folder)], capture_output=True, text=True,
                              preexec_fn=as_user(agent_user), cwd="/", timeout=120)
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
@@ -361,7 +360,7 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
         assert doc["clean"]["skipped"][0]["why"].startswith("cannot tell who holds it")
     finally:
         end(holder)
-    as_root = agent.shm_audit(str(folder))  # root reads every process: unheld and ours is removable as before
+    as_root = agent_shm.shm_audit(str(folder))  # root reads every process: unheld and ours is removable as before
     assert as_root["unreadable"] == 0
 
 
@@ -510,6 +509,6 @@ def test_a_newline_inside_a_target_name_is_refused_in_one_line():
         res = run_cli("snapshot", target, "--json", timeout=60)
         assert res.returncode == 2 and "malformed target" in res.stderr, (target, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
-    from cockpit.agent.agent import _INTERPRETER, _SUBCOMMAND
+    from cockpit.agent.kill import _INTERPRETER, _SUBCOMMAND
 
     assert not _INTERPRETER.match("python3\n") and not _SUBCOMMAND.match("serve\n")

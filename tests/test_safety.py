@@ -20,9 +20,10 @@ import pytest
 
 from cockpit.actions import kill as actions
 from cockpit.actions import launch
-from cockpit.runs import run as runmod
-from cockpit.agent import agent
+from cockpit.agent import kill, kill as agent_kill, logs as agent_logs, ports as agent_ports, procs as agent_procs, protocol as agent_protocol, shm as agent_shm
+from cockpit.agent import procs as procs_mod
 from cockpit.common.errors import CockpitError
+from cockpit.runs import run as runmod
 from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from conftest import free_port, run_cli
@@ -39,14 +40,14 @@ def session_procs(sid: int) -> dict[int, int]:
     out = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            row = agent._proc_stat(int(name))
+            row = agent_procs._proc_stat(int(name))
             if row is not None and row["sid"] == sid and row["status"] != "Z":
                 out[row["pid"]] = row["_start"]
     return out
 
 
 def all_alive(procs: dict[int, int]) -> bool:
-    return all(agent._start_ticks(pid) == start and not gone(pid) for pid, start in procs.items())
+    return all(agent_procs._start_ticks(pid) == start and not gone(pid) for pid, start in procs.items())
 
 
 def wait_ready(log: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -197,10 +198,10 @@ def test_a_pid_that_no_longer_matches_its_planned_start_is_skipped_and_reported(
     it is not signalled, in either pass, and the report says why."""
     proc = sleeper()
     try:
-        plan = agent.run_plan(pids=[proc.pid])["plan"]
+        plan = agent_kill.run_plan(pids=[proc.pid])["plan"]
         assert [e["pid"] for e in plan] == [proc.pid] and plan[0]["uid"] == os.geteuid()
         plan[0]["start"] -= 7  # planned for an earlier process that had this pid
-        report = agent.kill_run(plan, wait_s=1.0)
+        report = agent_kill.kill_run(plan, wait_s=1.0)
         assert report["term"] == [] and report["killed"] == [] and report["remaining"] == []
         assert report["skipped"][0]["pid"] == proc.pid and "pid reused" in report["skipped"][0]["why"]
         assert proc.poll() is None
@@ -217,8 +218,8 @@ def test_the_sigkill_pass_checks_the_start_time_again(monkeypatch):
                             start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "ok"
-        plan = agent.run_plan(pids=[proc.pid])["plan"]
-        real = agent._proc_stat
+        plan = agent_kill.run_plan(pids=[proc.pid])["plan"]
+        real = agent_procs._proc_stat
         reused = threading.Event()
 
         def stat(pid):
@@ -227,9 +228,10 @@ def test_the_sigkill_pass_checks_the_start_time_again(monkeypatch):
                 row["_start"] += 1  # from now on the pid reads as another process
             return row
 
-        monkeypatch.setattr(agent, "_proc_stat", stat)
+        for owner in (kill, procs_mod):  # the kill's own reads and those of the helpers it calls
+            monkeypatch.setattr(owner, "_proc_stat", stat)
         threading.Timer(0.5, reused.set).start()
-        report = agent.kill_run(plan, wait_s=1.5)
+        report = agent_kill.kill_run(plan, wait_s=1.5)
         assert report["term"] == [proc.pid] and report["killed"] == []
         assert "pid reused" in report["skipped"][0]["why"]
         assert proc.poll() is None  # SIGTERM ignored, SIGKILL never sent
@@ -263,14 +265,14 @@ def test_a_really_reused_pid_is_not_signalled():
     """The real thing: the planned process exits, a new process gets its pid, then the plan is
     carried out. The newcomer lives; the report names the pid as reused."""
     old = sleeper()
-    plan = agent.run_plan(pids=[old.pid])["plan"]
+    plan = agent_kill.run_plan(pids=[old.pid])["plan"]
     old.kill()
     old.wait()
     new = _take_pid(old.pid)
     if new is None:
         pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")
     try:
-        report = agent.kill_run(plan, wait_s=1.0)
+        report = agent_kill.kill_run(plan, wait_s=1.0)
         assert report["term"] == [] and "pid reused" in report["skipped"][0]["why"]
         assert new.poll() is None
     finally:
@@ -285,8 +287,8 @@ def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch)
     if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
         pytest.skip("no pidfd on this Python/kernel: the check and the signal are then separate system calls")
     old = sleeper()
-    plan = agent.run_plan(pids=[old.pid])["plan"]
-    real = agent._still
+    plan = agent_kill.run_plan(pids=[old.pid])["plan"]
+    real = agent_kill._still
     taken: dict = {}
 
     def still(entry, protected):
@@ -297,8 +299,8 @@ def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch)
             taken["new"] = _take_pid(old.pid)
         return why
 
-    monkeypatch.setattr(agent, "_still", still)
-    report = agent.kill_run(plan, wait_s=0.5)
+    monkeypatch.setattr(kill, "_still", still)
+    report = agent_kill.kill_run(plan, wait_s=0.5)
     new = taken.get("new")
     if new is None:
         pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")
@@ -312,10 +314,10 @@ def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch)
 
 def test_the_agent_and_its_ancestors_are_never_planned_nor_signalled():
     me = os.getpid()  # the agent's functions run in this process here: it is "the agent"
-    found = agent.run_plan(pids=[me])
+    found = agent_kill.run_plan(pids=[me])
     assert found["plan"] == [] and "never signalled" in found["rule"]
-    entry = {"pid": me, "start": agent._start_ticks(me), "uid": os.geteuid()}
-    report = agent.kill_run([entry, dict(entry, pid=os.getppid(), start=agent._start_ticks(os.getppid()))], wait_s=0)
+    entry = {"pid": me, "start": agent_procs._start_ticks(me), "uid": os.geteuid()}
+    report = agent_kill.kill_run([entry, dict(entry, pid=os.getppid(), start=agent_procs._start_ticks(os.getppid()))], wait_s=0)
     assert report["term"] == [] and all("never signalled" in s["why"] for s in report["skipped"])
 
 
@@ -327,7 +329,7 @@ def test_a_process_that_appears_after_the_plan_is_reported_not_signalled(tmp_pat
                               start_new_session=True)
     child = None
     try:
-        plan = agent.run_plan(pids=[parent.pid])["plan"]
+        plan = agent_kill.run_plan(pids=[parent.pid])["plan"]
         assert [e["pid"] for e in plan] == [parent.pid]
         trigger.write_text("")
         deadline = time.monotonic() + 10
@@ -336,7 +338,7 @@ def test_a_process_that_appears_after_the_plan_is_reported_not_signalled(tmp_pat
             kids = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
             child = int(kids[0]) if kids else None
             time.sleep(0.05)
-        report = agent.kill_run(plan, wait_s=2.0, sessions=[parent.pid])
+        report = agent_kill.kill_run(plan, wait_s=2.0, sessions=[parent.pid])
         assert report["term"] == [parent.pid]
         assert [n["pid"] for n in report["newcomers"]] == [child] and "not signalled" in report["newcomers"][0]["why"]
         assert child in report["remaining"] and not gone(child)  # honest: the run is not fully gone
@@ -356,11 +358,11 @@ def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
         from cockpit.runs.config import parse_layout
         lay = parse_layout(layout.read_text(), str(layout))
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-        start = agent._start_ticks(proc.pid)
+        start = agent_procs._start_ticks(proc.pid)
         try:
             runs.append_ledger(lay, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]})
             runs.append_ledger(lay, {"event": "started", "run_id": "r1", "pid": proc.pid, "pgid": proc.pid,
-                                     "start": start - 50, "boot": agent._boot_time(), "uid": os.geteuid()})
+                                     "start": start - 50, "boot": agent_procs._boot_time(), "uid": os.geteuid()})
         finally:
             del os.environ["XDG_STATE_HOME"]
         target = ["local", "--sim", str(sim_state), "--layout", str(layout)]
@@ -370,7 +372,7 @@ def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
         try:
             runs.append_ledger(lay, {"event": "launch", "run_id": "r2", "host": "local", "argv": ["x"]})
             runs.append_ledger(lay, {"event": "started", "run_id": "r2", "pid": proc.pid, "pgid": proc.pid,
-                                     "start": start, "boot": agent._boot_time(), "uid": os.geteuid()})
+                                     "start": start, "boot": agent_procs._boot_time(), "uid": os.geteuid()})
         finally:
             del os.environ["XDG_STATE_HOME"]
         res = run_cli("kill", *target, "--yes", "--wait", "1", env=env)
@@ -440,10 +442,10 @@ def test_another_users_file_in_the_real_dev_shm_is_kept():
         assert res.returncode == 0, res.stderr
         entry = next(e for e in json.loads(res.stdout)["audit"]["entries"] if e["name"] == theirs.name)
         assert not entry["removable"] and entry["owner"] == "nobody" and "not the run's user" in entry["why"]
-        done = agent.shm_clean("/dev/shm", [theirs.name])
+        done = agent_shm.shm_clean("/dev/shm", [theirs.name])
         assert done["removed"] == [] and theirs.exists()
-        with pytest.raises(agent.Refused):
-            agent.shm_clean("/tmp", ["x"])  # another folder, not confirmed
+        with pytest.raises(agent_protocol.Refused):
+            agent_shm.shm_clean("/tmp", ["x"])  # another folder, not confirmed
     finally:
         theirs.unlink(missing_ok=True)
 
@@ -499,7 +501,7 @@ def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
 
 
 def test_the_run_log_is_created_0600_and_never_through_a_symlink(tmp_path):
-    fd = agent.open_log(str(tmp_path / "logs" / "a.log"))
+    fd = agent_logs.open_log(str(tmp_path / "logs" / "a.log"))
     os.close(fd)
     assert oct((tmp_path / "logs" / "a.log").stat().st_mode & 0o777) == "0o600"
     victim = tmp_path / "victim"
@@ -507,13 +509,13 @@ def test_the_run_log_is_created_0600_and_never_through_a_symlink(tmp_path):
     shared = tmp_path / "shared-logs"
     shared.mkdir(mode=0o1777)
     (shared / "run.log").symlink_to(victim)
-    with pytest.raises(agent.Refused, match="symbolic link"):
-        agent.open_log(str(shared / "run.log"))
+    with pytest.raises(agent_protocol.Refused, match="symbolic link"):
+        agent_logs.open_log(str(shared / "run.log"))
     theirs = shared / "theirs.log"
     theirs.write_text("their log")
     os.chown(theirs, NOBODY, NOBODY)
-    with pytest.raises(agent.Refused, match="belongs to nobody"):
-        agent.open_log(str(theirs))
+    with pytest.raises(agent_protocol.Refused, match="belongs to nobody"):
+        agent_logs.open_log(str(theirs))
 
     async def through_the_agent():
         session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
@@ -543,7 +545,7 @@ async def test_a_process_chain_1000_deep_with_non_utf8_names(tmp_path):
     chain = subprocess.Popen([str(script), str(depth), odd], start_new_session=True)
     try:
         await wait_for(lambda: len(session_procs(chain.pid)) >= depth + 1, 120, "the chain")
-        found = agent.run_plan(patterns=[f"*{script}*"])
+        found = agent_kill.run_plan(patterns=[f"*{script}*"])
         assert len(found["candidates"]) == 1 and found["root"] == chain.pid and len(found["plan"]) == depth + 1
 
         session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
@@ -582,7 +584,7 @@ def sim_argv(port: int | None, model: str) -> list[str]:
 
 def wait_listening(port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while port not in agent.listening_ports():
+    while port not in agent_ports.listening_ports():
         assert time.monotonic() < deadline, f"nothing listens on {port}"
         time.sleep(0.2)
 
@@ -606,7 +608,7 @@ def test_a_shared_tmux_server_and_its_other_sessions_are_never_the_run(sim_state
         wait_listening(port)
         tmux = int(subprocess.run(["tmux", "-L", sock, "display", "-p", "#{pid}"], capture_output=True, text=True,
                                   check=True).stdout)
-        assert "cockpit.sim.server" in " ".join(agent._read_cmdline(tmux))  # the trap: tmux's argv names it
+        assert "cockpit.sim.server" in " ".join(agent_procs._read_cmdline(tmux))  # the trap: tmux's argv names it
         panes = subprocess.run(["tmux", "-L", sock, "list-panes", "-a", "-F", "#{session_name} #{pane_pid}"],
                                capture_output=True, text=True, check=True).stdout.split("\n")
         pane = {line.split()[0]: int(line.split()[1]) for line in panes if line.strip()}
@@ -616,7 +618,7 @@ def test_a_shared_tmux_server_and_its_other_sessions_are_never_the_run(sim_state
                     {"command": command, "model": model, "ports": [port], "default_port": 30000},
                     {"command": command, "model": model},  # command matches
                     {}):  # no layout: title matches (other servers of this machine may be found too)
-            found = agent.find_runs(**how)
+            found = agent_kill.find_runs(**how)
             members = {e["pid"] for run in found["runs"] for e in run["members"]}
             assert not members & set(bystanders), (how, found)
             assert server in [run["root"] for run in found["runs"]], (how, found)
@@ -640,13 +642,13 @@ def test_a_setsid_bash_wrapper_and_the_job_it_also_started_are_not_the_run(sim_s
     wrapper = subprocess.Popen(["setsid", "bash", "-c", script], env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)))
     try:
         wait_ready(log, wrapper)
-        kids = {agent._read_cmdline(p)[0].rsplit("/", 1)[-1]: p for p in
+        kids = {agent_procs._read_cmdline(p)[0].rsplit("/", 1)[-1]: p for p in
                 map(int, Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split())}
-        assert agent._proc_stat(wrapper.pid)["sid"] == wrapper.pid  # setsid exec'd bash: it leads its session
+        assert agent_procs._proc_stat(wrapper.pid)["sid"] == wrapper.pid  # setsid exec'd bash: it leads its session
         server, job = next(p for n, p in kids.items() if n.startswith("python")), kids["sleep"]
         for how in ({"ports": [port], "command": ["-m", "cockpit.sim.server"], "model": model},
                     {"command": ["-m", "cockpit.sim.server"], "model": model}, {}):
-            found = agent.find_runs(**how)
+            found = agent_kill.find_runs(**how)
             roots = [run["root"] for run in found["runs"]]
             members = {e["pid"] for run in found["runs"] for e in run["members"]}
             assert server in roots and wrapper.pid not in roots and not {wrapper.pid, job} & members, (how, found)
@@ -672,12 +674,12 @@ def test_a_same_model_server_on_the_engines_default_port_is_not_the_layouts(sim_
             wait_ready(log, theirs)
         except AssertionError:
             pytest.skip(f"port 30000 is taken on {host} here: the colleague's server needs it")
-        assert 30000 in agent._listens(theirs.pid)
+        assert 30000 in agent_kill._listens(theirs.pid)
         procs = session_procs(theirs.pid)
         port = free_port()
-        found = agent.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
+        found = agent_kill.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
         assert found["runs"] == [] and f"no process listens on port {port}" in found["notes"], found
-        found = agent.find_runs(command=["-m", "cockpit.sim.server"], model=model)  # no ports named: it is one
+        found = agent_kill.find_runs(command=["-m", "cockpit.sim.server"], model=model)  # no ports named: it is one
         assert [r["root"] for r in found["runs"]] == [theirs.pid]
         layout = layout_file(tmp_path, f"dflt{port}", port, ["--model-path", model])
         res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes",
@@ -702,8 +704,8 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
         except AssertionError:
             pytest.skip("cannot make a network namespace here (unshare -n needs CAP_SYS_ADMIN)")
         procs = session_procs(proc.pid)
-        assert port not in agent.listening_ports() and port in agent._listens(proc.pid)
-        found = agent.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
+        assert port not in agent_ports.listening_ports() and port in agent_kill._listens(proc.pid)
+        found = agent_kill.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
         assert found["runs"] == [], found
         assert f"no process listens on port {port}" in found["notes"]
         assert any("another network namespace" in n and str(proc.pid) in n for n in found["notes"]), found["notes"]
@@ -735,13 +737,13 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
     carries our launch marker. Then the real thing for contrast: a leader killed alone, its rank
     left (started while the leader was seen alive, or carrying the marker) is the run."""
     ours = sleeper()
-    start = agent._start_ticks(ours.pid)
-    seen = agent._now_ticks()
+    start = agent_procs._start_ticks(ours.pid)
+    seen = agent_kill._now_ticks()
     port = free_port()
     layout = layout_file(tmp_path, f"reuse{port}", port)
     _ledger(layout, tmp_path, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]},
             {"event": "started", "run_id": "r1", "pid": ours.pid, "pgid": ours.pid, "start": start,
-             "boot": agent._boot_time(), "uid": os.geteuid()}, {"event": "seen", "run_id": "r1", "seen_ticks": seen})
+             "boot": agent_procs._boot_time(), "uid": os.geteuid()}, {"event": "seen", "run_id": "r1", "seen_ticks": seen})
     os.killpg(ours.pid, signal.SIGKILL)
     ours.wait()
     time.sleep(0.1)
@@ -761,7 +763,7 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
         res = run_cli("kill", *target, "--yes", env={"XDG_STATE_HOME": str(tmp_path / "state")})
         assert res.returncode == 2 and "nothing to kill" in res.stderr, res.stdout + res.stderr
         assert all_alive(theirs)
-        found = agent.find_runs(launched=[{"pgid": ours.pid, "start": start, "boot": agent._boot_time(),
+        found = agent_kill.find_runs(launched=[{"pgid": ours.pid, "start": start, "boot": agent_procs._boot_time(),
                                            "uid": os.geteuid(), "run_id": "r1", "seen_ticks": seen}])
         assert found["runs"] == [] and any("may have been reused" in n for n in found["notes"]), found
     finally:
@@ -779,9 +781,9 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
         rank = next(p for p in session_procs(leader.pid) if p != leader.pid)
         recs = [{"event": "launch", "run_id": run_id, "host": "local", "argv": ["x"]},
                 {"event": "started", "run_id": run_id, "pid": leader.pid, "pgid": leader.pid,
-                 "start": agent._start_ticks(leader.pid), "boot": agent._boot_time(), "uid": os.geteuid()}]
+                 "start": agent_procs._start_ticks(leader.pid), "boot": agent_procs._boot_time(), "uid": os.geteuid()}]
         if proof == "seen":
-            recs.append({"event": "seen", "run_id": run_id, "seen_ticks": agent._now_ticks()})
+            recs.append({"event": "seen", "run_id": run_id, "seen_ticks": agent_kill._now_ticks()})
         _ledger(layout, tmp_path, *recs)
         time.sleep(0.05)
         leader.kill()
@@ -805,7 +807,7 @@ def test_a_run_recorded_as_ended_is_never_resumed(sim_state, tmp_path):
         layout = layout_file(tmp_path, f"ended{port}", port)
         _ledger(layout, tmp_path, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]},
                 {"event": "started", "run_id": "r1", "pid": proc.pid, "pgid": proc.pid,
-                 "start": agent._start_ticks(proc.pid), "boot": agent._boot_time(), "uid": os.geteuid()},
+                 "start": agent_procs._start_ticks(proc.pid), "boot": agent_procs._boot_time(), "uid": os.geteuid()},
                 {"event": "ended", "run_id": "r1", "ended": time.time(), "how": "killed"})
         res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes",
                       env={"XDG_STATE_HOME": str(tmp_path / "state")})

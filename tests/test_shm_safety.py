@@ -17,7 +17,8 @@ import pytest
 
 from cockpit.actions import kill as actions
 from cockpit.runs import run as runmod
-from cockpit.agent import agent
+from cockpit.agent import kill as agent_kill, protocol as agent_protocol, shm as agent_shm
+from cockpit.agent import shm as shm_mod
 from conftest import run_cli
 
 SHM = Path("/dev/shm")
@@ -69,9 +70,9 @@ def test_a_file_mapped_through_a_bind_mount_in_another_mount_namespace_is_held(t
     try:
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert f"/dev/shm/{path.name}" not in maps and str(tmp_path / "shm-bind" / path.name) in maps
-        entry = next(e for e in agent.shm_audit()["entries"] if e["name"] == path.name)
+        entry = next(e for e in agent_shm.shm_audit()["entries"] if e["name"] == path.name)
         assert entry["held_by"] == [proc.pid] and not entry["removable"]
-        done = agent.shm_clean("/dev/shm", [path.name])
+        done = agent_shm.shm_clean("/dev/shm", [path.name])
         assert done["removed"] == [] and path.exists()
         res = run_cli("shm", "local", "--clean", "--yes")
         assert res.returncode == 0, res.stderr
@@ -87,9 +88,9 @@ def test_names_that_maps_prints_otherwise_are_held(name):
     mapped = holder(str(path))
     try:
         assert "\\012" in Path(f"/proc/{mapped.pid}/maps").read_text() or "\n" not in name
-        entry = next(e for e in agent.shm_audit()["entries"] if e["name"] == name)
+        entry = next(e for e in agent_shm.shm_audit()["entries"] if e["name"] == name)
         assert entry["held_by"] == [mapped.pid] and "held by pid" in entry["why"]
-        assert agent.shm_clean("/dev/shm", [name])["removed"] == [] and path.exists()
+        assert agent_shm.shm_clean("/dev/shm", [name])["removed"] == [] and path.exists()
     finally:
         end(mapped)
         path.unlink(missing_ok=True)
@@ -99,9 +100,9 @@ def test_a_file_only_held_open_is_held():
     path = make(f"nccl-{TAG}-fd")
     proc = holder(str(path), fd_only=True)
     try:
-        entry = next(e for e in agent.shm_audit()["entries"] if e["name"] == path.name)
+        entry = next(e for e in agent_shm.shm_audit()["entries"] if e["name"] == path.name)
         assert entry["held_by"] == [proc.pid]
-        assert agent.shm_clean("/dev/shm", [path.name])["removed"] == [] and path.exists()
+        assert agent_shm.shm_clean("/dev/shm", [path.name])["removed"] == [] and path.exists()
     finally:
         end(proc)
         path.unlink(missing_ok=True)
@@ -113,7 +114,7 @@ def test_dev_shm_spelled_otherwise_is_dev_shm_and_its_held_files_are_kept(spelle
     loose = make(f"psm_{TAG}-loose")
     proc = holder(str(held))
     try:
-        audit = agent.shm_audit(spelled)
+        audit = agent_shm.shm_audit(spelled)
         assert audit["folder"] == "/dev/shm" and audit["default"]
         res = run_cli("shm", "local", "--dir", spelled, "--clean", "--yes")  # no --yes-other-dir: it is /dev/shm
         assert res.returncode == 0, res.stderr
@@ -131,10 +132,10 @@ def test_a_folder_that_resolves_elsewhere_needs_the_other_folder_confirmation(tm
     (real / "nccl-x").write_bytes(b"x")
     link = tmp_path / "looks-like-shm"
     link.symlink_to(real)
-    with pytest.raises(agent.Refused):
-        agent.shm_clean(str(link), ["nccl-x"])
-    with pytest.raises(agent.Refused):
-        agent.shm_clean("/dev/shm/../../" + str(real).lstrip("/"), ["nccl-x"])
+    with pytest.raises(agent_protocol.Refused):
+        agent_shm.shm_clean(str(link), ["nccl-x"])
+    with pytest.raises(agent_protocol.Refused):
+        agent_shm.shm_clean("/dev/shm/../../" + str(real).lstrip("/"), ["nccl-x"])
     res = run_cli("shm", "local", "--dir", str(link), "--clean", "--yes")
     assert res.returncode == 2 and "--yes-other-dir" in res.stderr and (real / "nccl-x").exists()
 
@@ -180,9 +181,9 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
     ours = [SHM / f"psm_{TAG}-run-held", SHM / f"torch_{run.pid}_1_{TAG}", SHM / f"psm_{TAG}-run-made"]
     try:
         assert run.stdout.readline().strip() == "ok"
-        entries = agent.run_plan(pids=[run.pid])["plan"]
+        entries = agent_kill.run_plan(pids=[run.pid])["plan"]
         assert [e["pid"] for e in entries] == [run.pid]
-        audit = agent.shm_audit()  # before the kill, as plan_relaunch takes it
+        audit = agent_shm.shm_audit()  # before the kill, as plan_relaunch takes it
 
         found = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "launched by this cockpit "
                                                             "(ledger): process group 1"))
@@ -209,7 +210,7 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
 
         run.send_signal(signal.SIGKILL)
         run.wait(10)
-        done = agent.shm_clean("/dev/shm", seen.remove)
+        done = agent_shm.shm_clean("/dev/shm", seen.remove)
         assert sorted(done["removed"]) == sorted(p.name for p in ours)
         assert all(p.exists() for p in colleague_files + [older]) and not any(p.exists() for p in ours)
     finally:
@@ -225,10 +226,10 @@ def test_a_file_replaced_after_it_was_listed_is_kept(tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
     (shm / "nccl-a").write_bytes(b"x" * 4096)
-    shown = [actions.listed(e) for e in agent.shm_audit(str(shm))["entries"]]
+    shown = [actions.listed(e) for e in agent_shm.shm_audit(str(shm))["entries"]]
     (shm / "nccl-a").unlink()
     (shm / "nccl-a").write_bytes(b"new")  # another file under the name, after the operator saw the list
-    done = agent.shm_clean(str(shm), shown, other_dir=True)
+    done = agent_shm.shm_clean(str(shm), shown, other_dir=True)
     assert done["removed"] == [] and "replaced since" in done["skipped"][0]["why"] and (shm / "nccl-a").exists()
 
 
@@ -239,7 +240,7 @@ def test_an_entry_swapped_between_the_check_and_the_unlink_is_kept(tmp_path, mon
     victim = tmp_path / "victim"
     victim.write_text("precious")
     (shm / "nccl-b").write_bytes(b"x" * 4096)
-    real_audit = agent.shm_audit
+    real_audit = agent_shm.shm_audit
 
     def audit_then_swap(folder, uid=None):
         out = real_audit(folder, uid)
@@ -250,8 +251,8 @@ def test_an_entry_swapped_between_the_check_and_the_unlink_is_kept(tmp_path, mon
             (shm / "nccl-b").write_bytes(b"theirs")
         return out
 
-    monkeypatch.setattr(agent, "shm_audit", audit_then_swap)
-    done = agent.shm_clean(str(shm), ["nccl-b"], other_dir=True)
+    monkeypatch.setattr(shm_mod, "shm_audit", audit_then_swap)
+    done = agent_shm.shm_clean(str(shm), ["nccl-b"], other_dir=True)
     assert done["removed"] == [] and "changed since it was checked" in done["skipped"][0]["why"]
     assert os.path.lexists(shm / "nccl-b") and victim.read_text() == "precious"
     if swap == "symlink":

@@ -154,14 +154,18 @@ def test_missing_python_on_the_host(sshd):
     assert "--python" in line
 
 
-def test_host_python_without_psutil(sshd, tmp_path):
-    """A host Python that cannot import psutil, whatever this machine has installed: the system
-    Python without its site packages (-S)."""
+def test_host_python_without_any_package_runs_the_agent_over_ssh(sshd, tmp_path, ranks):
+    """A host Python that can import neither psutil nor pynvml, whatever this machine has
+    installed (the system Python without its site packages, -S): nothing to install, processes
+    from /proc."""
     bare = tmp_path / "python3"
     bare.write_text('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')
     bare.chmod(0o755)
-    fails("snapshot", "cockpit-test", "--json", "--python", str(bare), *sshd.cli_args(),
-          expect="psutil is not installed")
+    rank = ranks.spawn("sglang::scheduler_TP0", gpu=-1, mib=0)
+    doc = snapshot("cockpit-test", "--python", str(bare), *sshd.cli_args())
+    assert (doc["agent"]["procs_source"], doc["agent"]["psutil"]) == ("proc", None)
+    assert doc["agent"]["gpu_source"] in ("none", "nvidia-smi", "nvml-ctypes")
+    assert rank.pid in [p["pid"] for p in doc["processes"]]
 
 
 @pytest.mark.parametrize("target, expect", [

@@ -13,3 +13,11 @@ class CommandError(CockpitError):
 
 class LinkLost(CockpitError):
     """The connection to the agent ended; a command in flight has an unknown outcome."""
+
+
+class PythonUnusable(CockpitError):
+    """The host's interpreter cannot run the agent: not there, or older than 3.8 (`reason`)."""
+
+    def __init__(self, msg: str, reason: str):
+        super().__init__(msg)
+        self.reason = reason

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cockpit.agent import EXIT_TOO_OLD, agent_argv
-from cockpit.agent.agent import ERROR, FATAL, HELLO, PROTOCOL, RESULT
-from cockpit.common.errors import CockpitError, CommandError, LinkLost
+from cockpit.agent.protocol import ERROR, FATAL, HELLO, PROTOCOL, RESULT
+from cockpit.common.errors import CockpitError, CommandError, LinkLost, PythonUnusable
 from cockpit.host.state import HostState
 from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.connect import make_link
@@ -50,9 +50,15 @@ class WatchList:
         return out
 
 
+# Tried in order when no interpreter is named and python3 cannot run the agent (missing, too old).
+PYTHON_CANDIDATES = ("python3", "python3.13", "python3.12", "python3.11", "python3.10", "python3.9", "python3.8",
+                     "/usr/libexec/platform-python", "python")
+
+
 @dataclass
 class SessionOptions:
     python: str = "python3"
+    python_named: bool = False  # --python or the layout's python: used as given, never another
     interval: float = 1.0
     sim_state: str | None = None  # the simulated NVML's state folder on the host
     ssh_config: str | None = None
@@ -134,11 +140,16 @@ class HostSession:
     async def connect(self) -> None:
         self.link = make_link(self.target, self.opts)
         await self.link.connect()
-        argv, payload = agent_argv(self.opts.python, self.opts.interval, self.opts.sim_state)
-        self.stream = await self.link.start_agent(argv)
-        self.stream.write(payload)
-        configured = self._send("config", self.watch.args())  # queued behind the source: the first sample uses it
-        hello = await self._read_hello()
+        try:
+            configured, hello = await self._start_agent(self.opts.python)
+        except PythonUnusable as exc:
+            if self.opts.python_named or self.opts.python != "python3":
+                raise CockpitError(str(exc)) from None
+            python = await self._other_python(exc.reason)
+            configured, hello = await self._start_agent(python)
+            self.opts.python = python  # a reconnect starts with the one that worked
+            hello.setdefault("warnings", []).insert(0, f"python3 cannot run the agent here ({exc.reason}): using "
+                                                       f"{python}; name one with --python or python: in the layout")
         self.state.apply(hello)
         self.state.agent.warnings[:0] = self.trust_warnings  # e.g. host keys not checked: said first
         self.state.link_state = "up"
@@ -147,6 +158,42 @@ class HostSession:
         self.lost_reason = None
         self._reader = asyncio.create_task(self._read_loop())
         await self._answer("config", configured, 30.0)
+
+    async def _start_agent(self, python: str) -> tuple[tuple[int, asyncio.Future], dict]:
+        """The agent started with `python`: the config command sent (queued behind the source, so
+        the first sample uses it) and the hello. PythonUnusable when that interpreter cannot run it."""
+        argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state)
+        self.stream = await self.link.start_agent(argv)
+        self.stream.write(payload)
+        configured = self._send("config", self.watch.args())
+        try:
+            return configured, await self._read_hello()
+        except PythonUnusable:
+            self._pending.pop(configured[0], None)
+            await self.stream.aclose()  # its process has ended: only the channel is left
+            raise
+
+    async def _other_python(self, why: str) -> str:
+        """The first of PYTHON_CANDIDATES after python3 that runs and is >= 3.8, asked one by one
+        (argv, no shell); else a CockpitError naming each one tried and how to name another."""
+        tried = [f"python3 ({why})"]
+        probe = "import sys;print('%d.%d'%sys.version_info[:2])"
+        for python in PYTHON_CANDIDATES[1:]:
+            try:
+                res = await self.link.run([python, "-c", probe], timeout=10.0)
+            except FileNotFoundError:
+                tried.append(f"{python} (not found)")
+                continue
+            except (OSError, CockpitError) as exc:
+                tried.append(f"{python} ({exc})")
+                continue
+            version = res.stdout.decode(errors="replace").strip()
+            if res.rc == 0 and tuple(int(x) for x in version.split(".") if x.isdigit()) >= (3, 8):
+                return python
+            tried.append(f"{python} (" + (f"Python {version}" if res.rc == 0 else
+                                          "not found" if res.rc in (None, 127) else f"exit {res.rc}") + ")")
+        raise CockpitError(f"{self.target.label}: no Python >= 3.8 to run the agent; tried {', '.join(tried)}. "
+                           f"Name one with --python PATH (or python: in the layout)")
 
     async def _read_hello(self) -> dict:
         where = self.target.label
@@ -163,7 +210,7 @@ class HostSession:
                 self.errors.append(str(exc))
                 continue
             if not line:
-                raise await self._agent_failed()
+                raise await self._agent_failed()  # PythonUnusable when the interpreter is missing or old
             try:
                 frame = decode_frame(line)
             except FrameTooCostly as exc:
@@ -183,12 +230,12 @@ class HostSession:
         last = err.splitlines()[-1] if err else ""
         py = self.opts.python
         if rc == 127 or "No such file" in err or "not found" in err:
-            return CockpitError(
+            return PythonUnusable(
                 f"{py} not found on {self.target.label}: install Python >= 3.8 there or name the "
-                f"interpreter with --python (or python: in the layout)"
-            )
+                f"interpreter with --python (or python: in the layout)", "not found")
         if rc == EXIT_TOO_OLD:
-            return CockpitError(f"{self.target.label}: {last.removeprefix('gpu-cockpit: ')}; name a newer one with --python")
+            why = last.removeprefix("gpu-cockpit: ")
+            return PythonUnusable(f"{self.target.label}: {why}; name a newer one with --python", why)
         return CockpitError(f"the agent on {self.target.label} exited with status {rc}: {last or 'no message'}")
 
     async def _read_loop(self) -> None:

@@ -33,6 +33,8 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             "nvml": a.nvml,
             "driver": a.driver,
             "psutil": a.psutil,
+            "gpu_source": a.gpu_source,
+            "procs_source": a.procs_source,
             "warnings": a.warnings + [n for n in [state.dropped_note()] if n],
             "dropped_fields": dict(state.dropped),
         },
@@ -102,7 +104,8 @@ def state_from_doc(doc: dict) -> HostState:
     a = doc.get("agent") or {}
     state.apply({"t": "hello", "agent": a.get("version"), "python": a.get("python"), "executable": a.get("executable"),
                  "hostname": a.get("hostname"), "nvml": a.get("nvml"), "driver": a.get("driver"),
-                 "psutil": a.get("psutil"), "warnings": a.get("warnings") or [], "gpus": doc.get("gpus") or []})
+                 "psutil": a.get("psutil"), "gpu_source": a.get("gpu_source"),
+                 "procs_source": a.get("procs_source"), "warnings": a.get("warnings") or [], "gpus": doc.get("gpus") or []})
     procs = []
     for p in doc.get("processes") or []:
         if p.get("alive", True):

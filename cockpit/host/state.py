@@ -13,7 +13,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from cockpit.agent.agent import HELLO, LOG, SAMPLE
+from cockpit.agent.protocol import HELLO, LOG, SAMPLE
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_argv, mask_line
 from cockpit.read.logrules import LogLine, LogRules
@@ -151,6 +151,8 @@ class AgentInfo:
     nvml: str | None = None
     driver: str | None = None
     psutil: str | None = None
+    gpu_source: str | None = None  # pynvml | nvml-ctypes | nvidia-smi | none: what the agent samples GPUs with
+    procs_source: str | None = None  # proc | psutil | none
     pid: int | None = None
     interval: float = 1.0
     warnings: list[str] = field(default_factory=list)
@@ -265,6 +267,8 @@ class HostState:
             version=f.get("agent", "?"), python=f.get("python", "?"), executable=f.get("executable", "?"),
             hostname=f.get("hostname", "?"), home=f.get("home"), arch=f.get("arch", "?"), nvml=f.get("nvml"),
             driver=f.get("driver"), psutil=f.get("psutil"), pid=f.get("pid"),
+            gpu_source=f["gpu_source"] if isinstance(f.get("gpu_source"), str) else None,
+            procs_source=f["procs_source"] if isinstance(f.get("procs_source"), str) else None,
             interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
             utc_offset=f["utc_offset"] if isinstance(f.get("utc_offset"), int) else None,
         )

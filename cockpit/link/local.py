@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 
-from cockpit.common.errors import CockpitError
+from cockpit.common.errors import PythonUnusable
 from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 
 STREAM_LIMIT = 4 * 1024 * 1024  # how much asyncio buffers before it pauses the pipe; lines: LineReader
@@ -72,9 +72,9 @@ class LocalLink(Link):
                 start_new_session=True,
             )
         except FileNotFoundError:
-            raise CockpitError(
-                f"{argv[0]} not found on this machine: install Python >= 3.8 or name the interpreter with --python"
-            ) from None
+            raise PythonUnusable(
+                f"{argv[0]} not found on this machine: install Python >= 3.8 or name the interpreter with --python",
+                "not found") from None
         return LocalStream(proc)
 
     async def run(self, argv, input=None, timeout=30.0) -> RunResult:

@@ -262,7 +262,8 @@ class FleetMonitor:
         self.members: list[Member] = []
         for host in fleet.hosts:
             python = agent_python(parse_target(host.target), host.python or base.python)
-            opts = SessionOptions(python=python, interval=fleet.interval or base.interval,
+            opts = SessionOptions(python=python, python_named=bool(host.python) or base.python_named,
+                                  interval=fleet.interval or base.interval,
                                   sim_state=host.sim or base.sim_state, ssh_config=base.ssh_config,
                                   known_hosts=base.known_hosts, accept_new=base.accept_new)
             self.members.append(Member(host, opts))

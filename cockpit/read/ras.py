@@ -2,7 +2,7 @@
 report before that or when the JSON is broken) and judged over time. The collective library itself
 says which rank is behind: counts are launch counts, so the rank with the lower count never
 launched the collective its peers wait in. Pure functions and a small history; the agent does the
-talking (cockpit/agent/agent.py: RasPoller, ras_query).
+talking (cockpit/agent/ras.py: RasPoller, ras_query).
 
 Text from the host is hostile: every field is bounded and typed here, nothing is rendered as
 markup, and a report that cannot be read says so in one line."""

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cockpit.agent import agent  # noqa: E402
+from cockpit.agent import gpus as agent_gpus, ports as agent_ports, procs as agent_procs  # noqa: E402
 
 
 def spawn_tree(n: int) -> list[subprocess.Popen]:
@@ -90,9 +90,9 @@ def sample_cost(tree: int, reps: int) -> dict:
     import psutil
 
     warnings: list[str] = []
-    gpus = agent.open_gpus(1.0, warnings)
-    procs = agent.Procs(psutil)
-    ports = agent.Ports()
+    gpus = agent_gpus.open_gpus(1.0, warnings)
+    procs = agent_procs.Procs(psutil)
+    ports = agent_ports.Ports()
     kids = spawn_tree(tree)
     time.sleep(1.5)
     try:
@@ -113,7 +113,7 @@ def sample_cost(tree: int, reps: int) -> dict:
         procs.scan()
         scan_cost = time.process_time() - scan_t
         n_gpus = len(g)
-        floor = nvml_floor(gpus.nvml, gpus.handles, 200) if isinstance(gpus, agent.NvmlGpus) else None
+        floor = nvml_floor(gpus.nvml, gpus.handles, 200) if isinstance(gpus, agent_gpus.NvmlGpus) else None
     finally:
         kill_tree(kids)
         gpus.close()
@@ -169,6 +169,28 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: s
             "wire_bytes_per_s": round(nbytes / wall), "watched_processes": watched}
 
 
+def agent_at(rev: str) -> bytes:
+    """The bytes that travelled at `rev`: its zip of the agent's modules, or, before the split,
+    its one agent.py (the bootstrap runs either)."""
+    def git(*argv: str) -> bytes:
+        return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, check=True).stdout
+
+    names = git("ls-tree", "--name-only", rev, "cockpit/agent/").decode().split()
+    if "cockpit/agent/memimport.py" not in names:
+        return git("show", f"{rev}:cockpit/agent/agent.py")
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("cockpit_agent/__init__.py", b"")
+        for name in names:
+            base = name.rsplit("/", 1)[1]
+            if base.endswith(".py") and base not in ("__init__.py", "agent.py"):
+                zf.writestr("cockpit_agent/" + base, git("show", f"{rev}:{name}"))
+    return buf.getvalue()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sim", action="store_true", help="the simulated 8-GPU host")
@@ -192,8 +214,7 @@ def main() -> None:
     if args.compare:
         import cockpit.agent as shipped
 
-        old = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.compare}:cockpit/agent/agent.py"],
-                             capture_output=True, check=True).stdout
+        old = agent_at(args.compare)
         now = shipped.agent_source
         shipped.agent_source = lambda: old  # what agent_argv sends
         try:

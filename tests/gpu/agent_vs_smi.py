@@ -1,11 +1,12 @@
 """The agent beside `nvidia-smi --query-gpu ... -l 1`, side by side in one window (issue 21).
 
-    python tests/gpu/agent_vs_smi.py [--seconds 60] [--tree 50] [--before FILE] [--json OUT]
+    python tests/gpu/agent_vs_smi.py [--seconds 60] [--tree 50] [--before FILE] [--bare PYTHON] [--json OUT]
 
 1. CPU, % of one core over the same wall-clock window, at a 1 s refresh: `nvidia-smi
    --query-gpu=... --format=csv -l 1`, the gpu-cockpit agent as the cockpit runs it (local link,
    watching a tree of --tree real processes titled like TP ranks), and with --before FILE, an
-   older agent's source (FILE) running at the same time on the same tree.
+   older agent's source (FILE) running at the same time on the same tree; with --bare PYTHON, the
+   agent once more on that interpreter (e.g. `python3 -S -E`: no pynvml, so NVML through ctypes).
 2. Wall time of one-shot looks, interleaved, median of --runs: `nvidia-smi --query-gpu=...
    --format=csv` against `python3 -m cockpit snapshot local --json`.
 
@@ -42,7 +43,7 @@ def cpu_s(proc) -> float | None:
         return None
 
 
-async def side_by_side(seconds: float, tree: int, before: bytes | None) -> dict:
+async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: str | None = None) -> dict:
     import psutil
 
     import cockpit.agent as shipped
@@ -68,10 +69,19 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None) -> dict:
                 shipped.agent_source = now
             sessions.append(old)
             monitors["gpu-cockpit agent, before (--before)"] = psutil.Process(old.state.agent.pid)
+        sources = {}
+        if bare:
+            other = HostSession(parse_target("local"), SessionOptions(python=bare, python_named=True, interval=1.0))
+            await other.connect()
+            sessions.append(other)
+            label = f"gpu-cockpit agent, bare python ({other.state.agent.gpu_source})"
+            monitors[label] = psutil.Process(other.state.agent.pid)
+            sources[label] = [other.state.agent.gpu_source, other.state.agent.procs_source]
         new = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
         await new.connect()
         sessions.append(new)
         monitors["gpu-cockpit agent"] = psutil.Process(new.state.agent.pid)
+        sources["gpu-cockpit agent"] = [new.state.agent.gpu_source, new.state.agent.procs_source]
         await asyncio.gather(*(s.wait_samples(6) for s in sessions))  # past the warm-up scans
         c0 = {k: cpu_s(p) for k, p in monitors.items()}
         t0 = time.monotonic()
@@ -90,12 +100,15 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None) -> dict:
         kill_tree(kids)
     pct = {k: (None if c0[k] is None or c1[k] is None else round(100 * (c1[k] - c0[k]) / wall, 3)) for k in monitors}
     out = {"seconds": round(wall, 1), "watched_processes": watched, "gpus": gpus, "nvml": nvml,
-           "cpu_pct_of_core": pct}
+           "sources": sources, "cpu_pct_of_core": pct}
     base = pct.get("nvidia-smi --query-gpu=... --format=csv -l 1")
     if base:
         out["agent_to_smi_ratio"] = round(pct["gpu-cockpit agent"] / base, 2)
         if "gpu-cockpit agent, before (--before)" in pct:
             out["before_to_smi_ratio"] = round(pct["gpu-cockpit agent, before (--before)"] / base, 2)
+        for k in pct:
+            if k.startswith("gpu-cockpit agent, bare python") and pct[k] is not None:
+                out["bare_to_smi_ratio"] = round(pct[k] / base, 2)
     return out
 
 
@@ -128,6 +141,7 @@ def main() -> None:
     ap.add_argument("--tree", type=int, default=50)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--before", help="an older agent.py to run beside the current one")
+    ap.add_argument("--bare", metavar="PYTHON", help="also the agent on this interpreter (one without pynvml)")
     ap.add_argument("--json")
     args = ap.parse_args()
     before = None
@@ -137,8 +151,9 @@ def main() -> None:
         raw = Path(args.before).read_bytes()
         before = gzip.decompress(raw) if args.before.endswith(".gz") else raw
     res = {"host": os.uname().nodename, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
-    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before))
-    res["one_shot"] = one_shots(args.runs)
+    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before, args.bare))
+    if args.runs:
+        res["one_shot"] = one_shots(args.runs)
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

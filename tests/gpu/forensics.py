@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 
-from cockpit.agent import agent
+from cockpit.agent import flightrec as agent_flightrec, ras as agent_ras
 
 
 def header(what, fmt):
@@ -33,7 +33,7 @@ def header(what, fmt):
 def record_ras(folder, label, what):
     os.makedirs(folder, exist_ok=True)
     for fmt in ("json", "text"):
-        ans = agent.ras_query("127.0.0.1", agent.RAS_PORT, fmt, timeout=30)
+        ans = agent_ras.ras_query("127.0.0.1", agent_ras.RAS_PORT, fmt, timeout=30)
         ext = "json.txt" if fmt == "json" else "txt"
         path = os.path.join(folder, f"ras-{label}.{ext}")
         with open(path, "w") as fh:
@@ -67,7 +67,7 @@ def fr(folder):
         rank = int(path.rsplit("_", 1)[1])
         shutil.copy(path, os.path.join(folder, f"fr-rank{rank}.pickle"))
         data = open(path, "rb").read()
-        dumps[rank] = agent.slim_fr_dump(agent.read_fr_dump(data))
+        dumps[rank] = agent_flightrec.slim_fr_dump(agent_flightrec.read_fr_dump(data))
         print(f"rank {rank}: {len(data)} bytes, version {dumps[rank]['version']}, "
               f"{dumps[rank]['entries_total']} entries, pg_status {dumps[rank]['pg_status']}")
         for e in dumps[rank]["entries"][-3:]:

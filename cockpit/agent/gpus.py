@@ -1,0 +1,302 @@
+"""GPU samplers: NVML (pynvml, else the ctypes shim over libnvidia-ml.so.1; the simulated NVML is
+installed as `pynvml`), else one long-lived nvidia-smi per query, else none.
+"""
+
+import subprocess
+import sys
+import threading
+import time
+
+from .procs import _alive
+
+GPU_PROCS_EVERY_S = 5.0  # a GPU's process list is asked again at least this often, else on a memory change
+SMI_FIELDS = (
+    "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+    "power.draw,power.limit,clocks.sm,clocks_event_reasons.active"
+)
+
+
+class NoGpus:
+    """No NVML and no nvidia-smi: the host is watched without GPU data."""
+
+    kind = "none"
+    source = None
+    driver = None
+
+    def static(self):
+        return []
+
+    def sample(self, slow):
+        return []
+
+    def close(self):
+        pass
+
+
+class NvmlGpus:
+    """GPU sampler over pynvml, the ctypes shim (nvml.py) or the simulated module: one interface.
+
+    Calls that a device does not support are remembered and never repeated; slow calls
+    (PCIe throughput, process utilization, energy) are not made at all.
+    """
+
+    def __init__(self, nvml):
+        self.nvml = nvml
+        nvml.nvmlInit()
+        sim = getattr(nvml, "SIMULATED", False)
+        version = getattr(nvml, "__version__", None)
+        if not version:
+            try:
+                from importlib import metadata
+
+                version = metadata.version("nvidia-ml-py")
+            except Exception:
+                version = "?"
+        self.kind = "nvml-ctypes" if getattr(nvml, "CTYPES", False) else "pynvml"
+        self.source = "sim" if sim else "nvml-ctypes" if self.kind == "nvml-ctypes" else "pynvml " + str(version)
+        self.driver = self._text(self._call(None, "driver", nvml.nvmlSystemGetDriverVersion))
+        count = nvml.nvmlDeviceGetCount()
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.unsupported = [set() for _ in self.handles]
+        self.ecc = [None] * count
+        self._procs = [None] * count  # (memory used, process rows, when asked) per GPU
+        self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        self._mem = self._memory_info()
+        self._static = []
+        for i, h in enumerate(self.handles):
+            mem = self._call(i, "mem", self._mem, h)
+            limit = self._call(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+            self._static.append(
+                {
+                    "index": i,
+                    "uuid": self._text(self._call(i, "uuid", nvml.nvmlDeviceGetUUID, h)),
+                    "name": self._text(self._call(i, "name", nvml.nvmlDeviceGetName, h)),
+                    "mem_total_mib": None if mem is None else mem.total // 1048576,
+                    "power_limit_w": None if limit is None else round(limit / 1000.0, 1),
+                }
+            )
+
+    def _memory_info(self):
+        """Memory as nvidia-smi reports it: v2 leaves the driver's reserved memory out of `used`
+        (v1 counts it: about 600 MiB more on an H200)."""
+        nvml = self.nvml
+        v2 = getattr(nvml, "nvmlMemory_v2", None)
+        if v2 is not None and self.handles:
+            try:
+                nvml.nvmlDeviceGetMemoryInfo(self.handles[0], version=v2)
+                return lambda h: nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
+            except (TypeError, nvml.NVMLError):
+                pass
+        return nvml.nvmlDeviceGetMemoryInfo
+
+    @staticmethod
+    def _text(value):
+        return value.decode() if isinstance(value, bytes) else value
+
+    def _call(self, i, field, fn, *args):
+        if i is not None and field in self.unsupported[i]:
+            return None
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
+            if i is not None and not_supported is not None and isinstance(exc, not_supported):
+                self.unsupported[i].add(field)
+            return None
+
+    def static(self):
+        return self._static
+
+    def sample(self, slow):
+        nvml = self.nvml
+        out = []
+        for i, h in enumerate(self.handles):
+            util = self._call(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
+            mem = self._call(i, "mem", self._mem, h)
+            power = self._call(i, "power", nvml.nvmlDeviceGetPowerUsage, h)
+            reasons = self._call(i, "reasons", self._reasons, h) if self._reasons else None
+            if slow:
+                self.ecc[i] = self._call(
+                    i,
+                    "ecc",
+                    nvml.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    nvml.NVML_VOLATILE_ECC,
+                )
+            procs = self._gpu_procs(i, h, mem)
+            out.append(
+                {
+                    "index": i,
+                    "util_pct": None if util is None else util.gpu,
+                    "mem_used_mib": None if mem is None else mem.used // 1048576,
+                    "mem_total_mib": None if mem is None else mem.total // 1048576,
+                    "temp_c": self._call(
+                        i, "temp", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU
+                    ),
+                    "power_w": None if power is None else round(power / 1000.0, 1),
+                    "power_limit_w": self._static[i]["power_limit_w"],
+                    "sm_clock_mhz": self._call(
+                        i, "clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM
+                    ),
+                    "throttle": reasons,
+                    "ecc_uncorrected": self.ecc[i],
+                    "processes": procs,
+                }
+            )
+        return out
+
+    def _gpu_procs(self, i, h, mem):
+        """The GPU's processes and their memory: the costliest NVML call of a sample (0.3 ms on an
+        H200, most of the agent's per-second cost), so asked again only when the GPU's memory use
+        moved (a process came, went, or grew), one of its processes ended, or every GPU_PROCS_EVERY_S."""
+        now = time.monotonic()
+        used = None if mem is None else mem.used
+        last = self._procs[i]
+        if (last is not None and used is not None and last[0] == used and now - last[2] < GPU_PROCS_EVERY_S
+                and all(_alive(row[0]) for row in last[1])):
+            return last[1]
+        procs = self._call(i, "procs", self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        rows = [[p.pid, None if p.usedGpuMemory is None else p.usedGpuMemory // 1048576] for p in procs]
+        self._procs[i] = (used, rows, now)
+        return rows
+
+    def close(self):
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+class SmiGpus:
+    """Fallback without pynvml: one long-lived `nvidia-smi -lms` process per query, never one per
+    sample. Its rows are read by threads and the latest row per GPU is kept."""
+
+    kind = source = "nvidia-smi"
+
+    def __init__(self, interval):
+        ms = str(max(100, int(interval * 1000)))
+        self.latest = {}
+        self.apps = {}
+        self._apps_pending = {}
+        self.driver = None
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,index,uuid,name,memory.total,power.limit",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20,
+        )
+        if out.returncode != 0:
+            raise OSError(out.stderr.strip() or "nvidia-smi failed")
+        self._static = []
+        for row in self._rows(out.stdout):
+            self.driver = row[0]
+            self._static.append(
+                {
+                    "index": int(row[1]),
+                    "uuid": row[2],
+                    "name": row[3],
+                    "mem_total_mib": _num(row[4], int),
+                    "power_limit_w": _num(row[5], float),
+                }
+            )
+        self.procs = [
+            subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=" + SMI_FIELDS, "--format=csv,noheader,nounits", "-lms", ms],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            ),
+            subprocess.Popen(
+                ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
+                 "--format=csv,noheader,nounits", "-lms", ms],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            ),
+        ]
+        for target, proc in ((self._read_gpus, self.procs[0]), (self._read_apps, self.procs[1])):
+            threading.Thread(target=target, args=(proc,), daemon=True).start()
+
+    @staticmethod
+    def _rows(text):
+        return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
+
+    def _read_gpus(self, proc):
+        for line in proc.stdout:
+            row = [c.strip() for c in line.split(",")]
+            if len(row) == 11 and row[0].isdigit():
+                self.latest[int(row[0])] = row
+
+    def _read_apps(self, proc):
+        for line in proc.stdout:
+            row = [c.strip() for c in line.split(",")]
+            if len(row) == 3 and row[1].isdigit():
+                self.apps.setdefault(row[0], {})[int(row[1])] = _num(row[2], int)
+
+    def static(self):
+        return self._static
+
+    def sample(self, slow):
+        out = []
+        for st in self._static:
+            row = self.latest.get(st["index"])
+            if row is None:
+                continue
+            reasons = row[10]
+            apps = self.apps.get(st["uuid"], {})
+            out.append(
+                {
+                    "index": st["index"],
+                    "util_pct": _num(row[3], int),
+                    "mem_used_mib": _num(row[4], int),
+                    "mem_total_mib": _num(row[5], int),
+                    "temp_c": _num(row[6], int),
+                    "power_w": _num(row[7], float),
+                    "power_limit_w": _num(row[8], float),
+                    "sm_clock_mhz": _num(row[9], int),
+                    "throttle": int(reasons, 16) if reasons.startswith("0x") else None,
+                    "ecc_uncorrected": None,
+                    "processes": [[pid, mib] for pid, mib in sorted(apps.items())],
+                }
+            )
+        self.apps = {}
+        return out
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+
+
+def _num(text, kind):
+    try:
+        return kind(float(text)) if kind is int else kind(text)
+    except (TypeError, ValueError):
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def open_gpus(interval, warnings):
+    """The best GPU source the host has, with nothing installed: pynvml (nvidia-ml-py, or the
+    simulated NVML installed under its name), else NVML through ctypes (the driver's own
+    library), else nvidia-smi, else none. Each step down is said in `warnings`."""
+    try:
+        import pynvml  # the simulated module is installed under this name too
+    except ImportError:
+        pynvml = None
+    if pynvml is None:
+        from . import nvml as pynvml  # the same interface over libnvidia-ml.so.1
+    try:
+        return NvmlGpus(pynvml)
+    except Exception as exc:
+        msg = str(exc) or type(exc).__name__
+        if "Driver Not Loaded" in msg or (not getattr(pynvml, "CTYPES", False) and (
+                "LibraryNotFound" in type(exc).__name__ or "not found" in msg.lower())):
+            warnings.append("no NVIDIA driver on this host (" + msg + "): no GPU data")
+            return NoGpus()
+        if getattr(pynvml, "CTYPES", False):
+            warnings.append("pynvml is not installed for " + sys.executable + " and NVML cannot load (" + msg
+                            + "): trying nvidia-smi")
+        else:
+            warnings.append("pynvml failed (" + msg + "): trying nvidia-smi")
+    try:
+        return SmiGpus(interval)
+    except (OSError, subprocess.SubprocessError) as exc:
+        warnings.append("no GPUs: neither NVML nor nvidia-smi works here (" + str(exc).strip()[:120] + ")")
+        return NoGpus()

@@ -1,0 +1,526 @@
+"""Processes from /proc: one read of /proc/PID/stat per watched process and tick, the process table
+scanned whole only when a pid was born; psutil only where there is no /proc (not Linux).
+"""
+
+import fnmatch
+import os
+import time
+
+DEFAULT_PATTERNS = [
+    "sglang::*",
+    "VLLM::*",
+    "*sglang.launch_server*",
+    "*vllm serve*",
+    "*vllm.entrypoints*",
+    "*cockpit.sim.server*",
+]
+
+
+NEWCOMERS_MAX = 256  # pids born in one tick beyond which every watched process's children are read
+STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks
+SETTLE_S = 60.0  # a process younger than this may still retitle itself: each scan reads it afresh
+REREAD_EVERY_S = 30.0  # every process's stat is read afresh at least this often (late retitles)
+SCAN_EVERY_S = 5.0
+SCAN_QUIET_MAX_S = 30.0  # while no pid is born the full scan waits, but never longer than this  # full process-table scans are the costly part: not every tick
+
+_STATUS = {
+    "running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
+    "zombie": "Z", "dead": "X", "idle": "I", "wake-kill": "K", "waking": "W", "parked": "P",
+}
+
+
+_HAVE_PROC = os.path.isdir("/proc/self/task")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_BOOT = None
+
+
+def _boot_time():
+    global _BOOT
+    if _BOOT is None:
+        try:
+            with open("/proc/stat") as fh:
+                _BOOT = next(float(l.split()[1]) for l in fh if l.startswith("btime"))
+        except (OSError, StopIteration):
+            _BOOT = 0.0
+    return _BOOT
+
+
+def _alive(pid):
+    """Whether a process with this pid exists here (one that cannot be seen from this pid
+    namespace reads as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _read_proc(path):
+    """A small /proc file's bytes, through the bare system calls (a third of the cost of open()'s
+    buffered file object, which a tick pays for every watched process): None when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _last_pid():
+    """The most recently created pid (threads included), the last field of /proc/loadavg: while
+    it stands still no process was born, so no watched process can have a new child."""
+    data = _read_proc("/proc/loadavg")
+    try:
+        return int(data.rsplit(None, 1)[1])
+    except (AttributeError, IndexError, ValueError):
+        return None
+
+
+def _proc_stat(pid, data=None):
+    """Everything a tick needs from one read of /proc/PID/stat (psutil would read three files
+    and make two more system calls per process): None when the process is gone."""
+    if data is None:
+        data = _read_proc("/proc/%d/stat" % pid)
+    if not data:
+        return None
+    lpar, rpar = data.find(b"("), data.rfind(b")")
+    f = data[rpar + 2:].split()
+    if len(f) < 22:
+        return None
+    state = f[0].decode()
+    if state in ("X", "x"):
+        return None
+    start = int(f[19])
+    return {
+        "pid": pid,
+        "ppid": int(f[1]),
+        "name": data[lpar + 1:rpar].decode("utf-8", "replace"),
+        "status": state,
+        "rss_mib": round(int(f[21]) * _PAGE / 1048576.0, 1),
+        "threads": int(f[17]),
+        "started": round(_boot_time() + start / _CLK_TCK, 2),
+        "pgid": int(f[2]),
+        "sid": int(f[3]),
+        "_start": start,
+        "_ticks": int(f[11]) + int(f[12]),
+    }
+
+
+def _stat_ids(data):
+    """(start, ppid, pgid, comm) from /proc/PID/stat's bytes: what a scan needs, parsed no
+    further. None when the process is gone."""
+    if not data:
+        return None
+    lpar, rpar = data.find(b"("), data.rfind(b")")
+    f = data[rpar + 2:].split(None, 21)
+    if len(f) < 21 or f[0] in (b"X", b"x"):
+        return None
+    return int(f[19]), int(f[1]), int(f[2]), data[lpar + 1:rpar].decode("utf-8", "replace")
+
+
+def _swept(pid, before, newest):
+    """Whether the kernel's pid cursor passed `pid` between two readings of the newest pid (so
+    the pid may belong to a process born since). Unknown readings: it may have."""
+    if before is None or newest is None:
+        return True
+    if newest >= before:
+        return before < pid <= newest
+    return pid > before or pid <= newest  # the cursor wrapped
+
+
+def _trim(argv):
+    argv = list(argv or [])
+    while argv and not argv[-1]:
+        argv.pop()  # setproctitle pads the old argv area with NULs
+    return argv
+
+
+def _read_cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return []
+    return _trim(data.decode("utf-8", "replace").split("\0"))
+
+
+class Procs:
+    """Watches process trees: roots found by title patterns, process groups or pids, plus every
+    descendant. The whole process table is scanned every SCAN_EVERY_S; each tick only samples the
+    processes already watched."""
+
+    def __init__(self, psutil=None):
+        self.ps = psutil  # only where there is no /proc
+        self.patterns = list(DEFAULT_PATTERNS)
+        self.pgids = set()
+        self.pids = set()
+        self.watched = {}  # pid -> psutil.Process
+        self.cmdlines = {}
+        self.names = {}
+        self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
+        self._rows = {}  # pid -> (start, ppid, pgid, comm, argv) from the last scan
+        self._reread_at = 0.0  # when every process's stat was last read afresh
+        self.sent_cmdline = set()
+        self.last_scan = 0.0
+        self.last_pid = None  # /proc/loadavg's newest pid when children were last looked for
+        self.scan_pid = None  # ... and when the process table was last scanned whole
+        self.last_full = 0.0
+        self._match = {}  # pid -> (comm, argv, matched) from the last scan: argv is the cached list
+        self._stat = {}  # pid -> (its /proc/PID/stat bytes, the row they gave) from the last tick
+        self._fds = {}  # pid -> an open /proc/PID/stat, read again with pread each tick
+
+    def _read_stat(self, pid):
+        """/proc/PID/stat through a descriptor kept open while the process is watched: pread at
+        offset 0 makes the kernel write it afresh, at half the cost of open, read and close. The
+        descriptor belongs to that process: once it has gone (whoever has its pid now) the read
+        fails and the row is gone."""
+        fd = self._fds.get(pid)
+        if fd is None:
+            if len(self._fds) >= STAT_FDS_MAX:
+                return _read_proc("/proc/%d/stat" % pid)
+            try:
+                fd = self._fds[pid] = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
+            except OSError:
+                return None
+        try:
+            return os.pread(fd, 4096, 0)
+        except OSError:
+            self._close_stat(pid)
+            return None
+
+    def _close_stat(self, pid):
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self):
+        for pid in list(self._fds):
+            self._close_stat(pid)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def configure(self, patterns=None, pgids=None, pids=None):
+        if patterns is not None:
+            self.patterns = list(patterns)
+        if pgids is not None:
+            self.pgids = set(int(p) for p in pgids)
+        if pids is not None:
+            self.pids = set(int(p) for p in pids)
+        self.last_scan = 0.0
+        self._match = {}
+
+    def _matches(self, name, cmd):
+        for pat in self.patterns:
+            if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(cmd, pat):
+                return True
+        return False
+
+    def _table(self, before=None, newest=None):
+        """(pid, ppid, pgid, comm, argv) of every process. On Linux: the stat of a process not
+        seen before, young, or whose pid may have been reused (the kernel's pid cursor passed it
+        since the last scan, from `before` to `newest`) is read; an older one keeps its row from
+        the last scan, and every row is read afresh every REREAD_EVERY_S. The command line is
+        read only for a process not seen before or retitled since (the costly part)."""
+        me = os.getpid()
+        if not _HAVE_PROC:
+            if self.ps is None:
+                return  # said in the hello's warnings
+            for p in self.ps.process_iter(["pid", "ppid", "name", "cmdline"]):
+                if p.info["pid"] != me:
+                    try:
+                        pgid = os.getpgid(p.info["pid"])
+                    except OSError:
+                        pgid = None
+                    yield p.info["pid"], p.info["ppid"], pgid, p.info["name"] or "", _trim(p.info["cmdline"])
+            return
+        now = time.time()
+        reread = before is None or newest is None or now - self._reread_at >= REREAD_EVERY_S
+        if reread:
+            self._reread_at = now
+        settled_before = (now - _boot_time() - SETTLE_S) * _CLK_TCK  # started before this: settled
+        last = self._rows
+        seen = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid == me:
+                continue
+            row = last.get(pid)
+            if row is None or reread or row[0] > settled_before or _swept(pid, before, newest):
+                ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
+                if ids is None:
+                    continue
+                start, ppid, pgid, comm = ids
+                argv = row[4] if row is not None and row[0] == start and row[3] == comm else _read_cmdline(pid)
+                row = (start, ppid, pgid, comm, argv)
+            seen[pid] = row
+            yield pid, row[1], row[2], row[3], row[4]
+        self._rows = seen
+
+    def scan(self):
+        before = self.scan_pid
+        self.last_pid = self.scan_pid = _last_pid() if _HAVE_PROC else None  # a pid born after this: the next tick
+        self.last_full = time.monotonic()
+        children = {}
+        roots = set()
+        alive = set()
+        memo, self._match = self._match, {}
+        for pid, ppid, pgid, comm, argv in self._table(before, self.scan_pid):
+            alive.add(pid)
+            children.setdefault(ppid, []).append(pid)
+            self.cmdlines[pid] = argv
+            last = memo.get(pid)
+            if last is not None and last[0] == comm and last[1] is argv:
+                matched = last[2]  # the same title and command line as at the last scan
+            else:
+                matched = self._matches(comm, " ".join(argv))
+            self._match[pid] = (comm, argv, matched)
+            if pid in self.pids or pgid in self.pgids or matched:
+                roots.add(pid)
+        watched = {}
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid in watched or pid not in alive:
+                continue
+            watched[pid] = self.watched.get(pid) or self._handle(pid)
+            stack.extend(children.get(pid, ()))
+        for pid in list(self.cmdlines):
+            if pid not in watched:
+                del self.cmdlines[pid]
+        self.watched = watched
+        self.last_scan = time.monotonic()
+
+    def _handle(self, pid):
+        """A psutil handle where there is no /proc to read directly."""
+        if _HAVE_PROC or self.ps is None:
+            return pid
+        try:
+            return self.ps.Process(pid)
+        except self.ps.Error:
+            return None
+
+    def adopt_children(self):
+        """New children of watched processes, found each tick rather than at the next full scan.
+        Only pids born since the last look can be new children: /proc/loadavg names the newest,
+        each newcomer's stat names its parent, and only a watched parent's
+        /proc/PID/task/PID/children is read. Nothing born (the usual tick): one small read in all.
+        Too many newcomers, or pids that wrapped: every watched process's children, as before."""
+        stack = list(self.watched)
+        newest = _last_pid() if _HAVE_PROC else None
+        first, self.last_pid = self.last_pid, newest
+        if newest is not None and first is not None and 0 <= newest - first <= NEWCOMERS_MAX:
+            if newest == first:
+                return
+            parents = set()
+            for pid in range(first + 1, newest + 1):
+                row = _proc_stat(pid)  # a thread's own id reads too; its "parent" is checked below
+                if row is not None and row["ppid"] in self.watched:
+                    parents.add(row["ppid"])
+            stack = list(parents)
+        while stack:
+            pid = stack.pop()
+            try:
+                kids = [int(k) for k in (_read_proc("/proc/%d/task/%d/children" % (pid, pid)) or b"").split()]
+            except ValueError:
+                continue
+            for kid in kids:
+                if kid in self.watched:
+                    continue
+                self.watched[kid] = self._handle(kid)
+                self.cmdlines[kid] = _read_cmdline(kid)
+                stack.append(kid)
+
+    def sample(self, now, force_scan=False):
+        if force_scan or now - self.last_scan >= SCAN_EVERY_S:
+            if (not force_scan and self.scan_pid is not None and now - self.last_full < SCAN_QUIET_MAX_S
+                    and _last_pid() == self.scan_pid):
+                # no process was born on the host since the last full scan: no new tree can have
+                # appeared (a process that retitles itself into a pattern without any birth
+                # waits for the next scan, at most SCAN_QUIET_MAX_S)
+                self.last_scan = now
+                self.adopt_children()
+            else:
+                self.scan()
+        else:
+            self.adopt_children()
+        wall = time.monotonic()
+        out = []
+        gone = []
+        stat = self._stat
+        for pid, proc in self.watched.items():
+            data = self._read_stat(pid) if _HAVE_PROC else None
+            last = stat.get(pid)
+            if last is not None and last[0] == data and pid in self.sent_cmdline:
+                # not a byte of its stat moved (an idle process): the same row, no CPU since
+                prev = self.cpu[pid]
+                self.cpu[pid] = (prev[0], prev[1], wall)
+                out.append(last[1])
+                continue
+            row = _proc_stat(pid, data) if data else None
+            if row is None:
+                row = self._psutil_row(pid, proc) if not _HAVE_PROC else None
+                if row is None:
+                    gone.append(pid)
+                    continue
+            start = row.pop("_start", None)
+            ticks = row.pop("_ticks", None)
+            if ticks is not None:
+                prev = self.cpu.get(pid)
+                if prev is not None and prev[0] != start:
+                    gone.append(pid)  # the pid was reused: not our process any more
+                    continue
+                row["cpu_pct"] = 0.0 if prev is None else round(
+                    100.0 * (ticks - prev[1]) / _CLK_TCK / max(1e-3, wall - prev[2]), 1)
+                self.cpu[pid] = (start, ticks, wall)
+            comm = row["name"]
+            if self.names.get(pid) != comm:  # a new title (setproctitle): its argv changed too
+                self.names[pid] = comm
+                self.cmdlines[pid] = _read_cmdline(pid) if _HAVE_PROC else _trim(self._psutil_argv(proc))
+                self.sent_cmdline.discard(pid)
+            argv = self.cmdlines.get(pid) or []
+            if len(argv) == 1 and argv[0].startswith(comm):
+                row["name"] = argv[0]  # the full title, past the kernel's 15 characters
+            if pid not in self.sent_cmdline:
+                row["cmdline"] = argv
+                self.sent_cmdline.add(pid)
+            if data is not None and row["cpu_pct"] == 0.0 and "cmdline" not in row:
+                stat[pid] = (data, row)  # what an idle next tick can reuse whole
+            else:
+                stat.pop(pid, None)
+            out.append(row)
+        for pid in gone:
+            self.watched.pop(pid, None)
+            self.names.pop(pid, None)
+            self.cmdlines.pop(pid, None)
+            self.cpu.pop(pid, None)
+            self.sent_cmdline.discard(pid)
+            stat.pop(pid, None)
+            self._close_stat(pid)
+        for pid in [p for p in stat if p not in self.watched]:
+            del stat[pid]
+        for pid in [p for p in self._fds if p not in self.watched]:
+            self._close_stat(pid)
+        return out
+
+    def _psutil_argv(self, proc):
+        try:
+            return proc.cmdline()
+        except (self.ps.Error, AttributeError):
+            return []
+
+    def _psutil_row(self, pid, proc):
+        """Where there is no /proc (not Linux): psutil's portable way."""
+        ps = self.ps
+        try:
+            with proc.oneshot():
+                return {
+                    "pid": pid,
+                    "ppid": proc.ppid(),
+                    "name": proc.name(),
+                    "status": _STATUS.get(proc.status(), "?"),
+                    "cpu_pct": round(proc.cpu_percent(None), 1),
+                    "rss_mib": round(proc.memory_info().rss / 1048576.0, 1),
+                    "threads": proc.num_threads(),
+                    "started": round(proc.create_time(), 2),
+                    "pgid": os.getpgid(pid),
+                    "sid": os.getsid(pid),
+                }
+        except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+            return None
+
+    def resend_cmdlines(self):
+        self.sent_cmdline.clear()
+
+
+def _environ(pid, limit=1 << 20):
+    """A process's environment as a dict ({} when unreadable), bounded."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            data = fh.read(limit)
+    except OSError:
+        return {}
+    out = {}
+    for item in data.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq and key:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+def environ_of(pid, hops=4):
+    """The environment a process was started with: its own, or, where setproctitle has wiped it
+    (SGLang's and vLLM's ranks retitle themselves, which zeroes /proc/PID/environ), that of its
+    nearest ancestor that still has one (the launcher, which passed it down)."""
+    for _ in range(hops + 1):
+        env = _environ(pid)
+        if env:
+            return env
+        row = _proc_stat(pid)
+        if row is None or row["ppid"] <= 1:
+            return {}
+        pid = row["ppid"]
+    return {}
+
+
+def _start_ticks(pid):
+    row = _proc_stat(pid)
+    return None if row is None else row["_start"]
+
+
+def _uid(pid):
+    """The process's real uid (who started it), from /proc/PID/status."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _user(uid):
+    import pwd
+
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return str(uid)
+
+
+def _when(epoch):
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(epoch)))
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+
+
+def _protected():
+    """The agent itself and its ancestors (the ssh session, the shell): never signalled."""
+    out = set()
+    pid = os.getpid()
+    while pid > 1:
+        out.add(pid)
+        row = _proc_stat(pid)
+        if row is None:
+            break
+        pid = row["ppid"]
+    out.add(1)
+    out.add(0)
+    return out
