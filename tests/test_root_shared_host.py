@@ -344,7 +344,7 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
             "print('ok', flush=True)\ntime.sleep(120)\n")
     holder = subprocess.Popen([PY, "-S", "-c", code, str(victim)], stdout=subprocess.PIPE, text=True,
                               preexec_fn=as_user(holder_user), cwd="/")
-    run = ("import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom cockpit_agent import shm as agent\n"
+    run = ("import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom cockpit_agent import shm as agent_shm\n"
            "audit = agent_shm.shm_audit(sys.argv[2])\nclean = agent_shm.shm_clean(sys.argv[2], ['psm_gck_victim'], other_dir=True)\n"
            "print(json.dumps({'audit': audit, 'clean': clean}))\n")
     try:
