@@ -83,7 +83,9 @@ def header_text(screen: Screen) -> Text:
         shown = ["  ·  ".join(evidence[:split])] + (["  ·  ".join(evidence[split:])] if evidence[split:] else [])
         room = max(10, screen.size.width - 4)
         if any(len(line) > room for line in shown) and shows(screen, "evidence"):
-            lines.append(Text("▸ ", style=red) + Text(f"e: all {len(evidence)} ", style="bold") + as_text(shown[0], red))
+            more = f"  e: all {len(evidence)}"
+            first = shown[0] if len(shown[0]) <= room - len(more) else shown[0][:room - len(more) - 1] + "…"
+            lines.append(Text("▸ ", style=red) + as_text(first, red) + Text(more, style="bold"))
         else:
             lines.append(Text("▸ ", style=red) + as_text(shown[0], red))
         if shown[1:]:

@@ -66,7 +66,11 @@ class RankTable(LiveTable):
         others = sum(w + 2 for _, w in columns[1:])  # each cell has one cell of padding a side
         room = self.size.width - others - 2 - 2  # its own padding, and the vertical scrollbar
         name, least = columns[0]
-        self.set_columns([(name, max(least, room))] + columns[1:])
+        wanted = [(name, max(least, room))] + columns[1:]
+        if wanted != getattr(self, "_visible_columns", None):
+            self.set_columns(wanted)
+            if self.state is not None:  # the rows again, in the new columns (a replay gets no new sample)
+                self.sync(self._rows(self.state))
 
     def on_resize(self) -> None:
         self.fit()
