@@ -2,6 +2,7 @@
 recorded states (loading weights, the EAGLE-3 deadlock, serving)."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -320,7 +321,9 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         # the operator's own kill is named as such, in the header, and is never judged a crash
         await pilot.pause(1.0)
         assert app.cockpit.verdict.name.value in ("no run", "watching")  # not crashed
-        assert "kill the run: stopped by the operator, verified gone" in save_text(app, None)
+        assert re.search(r"kill the run: stopped \d+ processes in [\d.]+ s, verified gone", save_text(app, None))
+        await pilot.press("v")  # the kill's full report, a key away
+        await until(pilot, lambda: isinstance(app.screen, ReportScreen) and "SIGTERM" in save_text(app, None), 10)
 
 
 def test_the_layouts_ports_come_before_the_listeners_the_tree_opened():
