@@ -165,6 +165,7 @@ async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):
     for key, value in slurm.env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # py-spy on the nodes
     job = start_job(slurm, tmp_path, "--sim-traffic 2")
     try:
         path = tmp_path / "layout.yaml"
@@ -177,8 +178,9 @@ async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):
             await until(pilot, lambda: len([p for p in app.state.ranks() if p.alive]) == 4, 60)
             await until(pilot, lambda: app.cockpit.check_action("dump", ()), 20)
             await pilot.press("d")
-            await until(pilot, lambda: isinstance(app.screen, ReportScreen), 90)
+            await until(pilot, lambda: isinstance(app.screen, ReportScreen) or app.cockpit.busy is None, 90)
             report = save_text(app, None)
+            assert isinstance(app.screen, ReportScreen), (app.cockpit.actions.outcome, report)
             assert "0-3" in report or "ranks 0" in report, report
             await pilot.press("escape")
             await until(pilot, lambda: not isinstance(app.screen, ReportScreen), 10)
