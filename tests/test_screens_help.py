@@ -170,3 +170,16 @@ def test_the_help_explains_every_verdict_the_cockpit_gives():
 
     named = {Text.from_markup(name).plain for name, _ in VERDICT_HELP}
     assert {v.value for v in VerdictName} <= named
+
+
+def test_the_fleet_screen_draws_its_keys_and_help_from_its_one_table():
+    from rich.text import Text
+
+    from cockpit.ui.commands import FLEET
+    from cockpit.ui.fleet import FleetScreen, fleet_help
+
+    assert [(b.key, b.action, b.description) for b in FleetScreen.BINDINGS] == \
+        [(c.key, c.action, c.label) for c in FLEET]
+    text = Text.from_markup(fleet_help()).plain
+    for c in FLEET:
+        assert key_name(c.key, c.key_display) in text and Text.from_markup(c.help).plain in text

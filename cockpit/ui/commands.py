@@ -67,6 +67,17 @@ COCKPIT = (
     Command("shift+tab", "app.focus_previous", "Prev pane", "move to the previous pane", show=False),
 )
 
+FLEET = (
+    Command("q", "app.quit", "Quit", "quit"),
+    Command("enter", "open", "Open host", "open the host's cockpit (on the fleet's own connection); "
+            "[b]escape[/b] there comes back"),
+    Command("o", "sort", "Sort", "sort: problems first, name, utilization, memory, link"),
+    Command("slash", "filter", "Filter", "filter by any text of a row (empty clears it)", key_display="/"),
+    Command("question_mark", "help", "Help", "this help", key_display="?"),
+    Command("colon", "app.command_palette", "Commands", "command palette: a host's actions once it is open",
+            show=False),
+)
+
 RANK_TABLE = (
     Command("enter", "toggle_collapse", "Collapse", "collapse or expand a process subtree (rank tree)", show=False),
     Command("o", "sort", "Sort", "sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)",

@@ -24,26 +24,26 @@ from cockpit.common.hosttext import count, visible
 from cockpit.judge.verdict import ALERTING
 from cockpit.monitor.fleet import FleetMonitor, Row
 from cockpit.ui.cockpit import CockpitScreen
+from cockpit.ui.commands import FLEET, bindings, key_rows
 from cockpit.ui.fmt import SPARKS, level_style
 from cockpit.ui.footer import FittedFooter
 from cockpit.ui.screens import HelpScreen, SearchScreen
 
-FLEET_HELP = """\
-[b]gpu-cockpit fleet[/b] — keys
-
-  [b]↑ ↓[/b] pgup pgdn   move between hosts
-  [b]enter[/b]          open the host's cockpit (on the fleet's own connection); [b]escape[/b] there comes back
-  [b]o[/b]              sort: problems first, name, utilization, memory, link
-  [b]/[/b]              filter by any text of a row (empty clears it)
-  [b]:[/b] or [b]ctrl+p[/b]     command palette
-  [b]q[/b]              quit
-
+FLEET_ABOUT = """
 Each row: the link and round-trip time, one bar per GPU for utilization and one for memory (its
 height the value, red from 90 %), the run's phase and verdict with the host's layout, and alerts:
 a stall or crash, a GPU at 85 °C or more, ECC errors, hardware or thermal throttling, no GPUs,
 the agent's warning, or why the host cannot be reached. A host that is down is retried with
-backoff; none waits on another.
+backoff; none waits on another. The columns are as wide as what they hold; the alerts take the rest.
 """
+
+
+def fleet_help() -> str:
+    """The fleet's help as markup: its keys from its command table, then what a row says."""
+    rows = [("[b]↑ ↓[/b] pgup pgdn", "move between hosts")] + key_rows(FLEET)
+    width = max(len(Text.from_markup(keys).plain) for keys, _ in rows) + 2
+    lines = [f"  {keys}{' ' * (width - len(Text.from_markup(keys).plain))}{what}" for keys, what in rows]
+    return "[b]gpu-cockpit fleet[/b] — keys\n\n" + "\n".join(lines) + "\n" + FLEET_ABOUT
 REDRAW_S = 0.5
 HEAP_SETTLE_S = 15.0
 PROBLEMS = tuple(v.value for v in ALERTING)
@@ -222,14 +222,7 @@ class FleetTable(ScrollView, can_focus=True):
 
 
 class FleetScreen(Screen):
-    BINDINGS = [
-        Binding("q", "app.quit", "Quit"),
-        Binding("enter", "open", "Open host"),
-        Binding("o", "sort", "Sort"),
-        Binding("slash", "filter", "Filter"),
-        Binding("question_mark", "help", "Help"),
-        Binding("colon", "app.command_palette", "Commands", show=False),
-    ]
+    BINDINGS = bindings(FLEET)
 
     def __init__(self, watch: FleetMonitor, read_only: bool = False):
         super().__init__()
@@ -272,7 +265,7 @@ class FleetScreen(Screen):
         self.status.update(Text("  │  ").join(parts))
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(FLEET_HELP))
+        self.app.push_screen(HelpScreen(fleet_help()))
 
     def action_sort(self) -> None:
         names = list(SORTS)
