@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from cockpit import cli
 from cockpit.monitor import demo
 from cockpit.runs.layouts import resolve_layout
-from cockpit.runs.ledger import read_ledger
+from cockpit.runs.ledger import describe_ledger, read_ledger
 from cockpit.ui.app import save_text
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen
 
@@ -368,6 +369,15 @@ async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_t
         pgids.append(monitor.following["pgid"])
         monitor.subscribe(lambda e: verdicts.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
         await until(pilot, lambda: app.cockpit.phase.name == "serving", 90)
+        await until(pilot, lambda: monitor.verdict.name.value == "ok", 30)
+        # the live run's history: `cockpit runs` reads its current verdict, since when, for how long
+        listed = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cockpit", "runs", "--layout", layout.path,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(listed.communicate(), 60)
+        live = out.decode()
+        assert f"{monitor.following['run_id']}" in live and "now ok" in live, (live, err)
+        assert re.search(r"\d\d:\d\d:\d\d ok for \d+ s so far", live) and "running for" in live, live
         killer = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "cockpit", "kill", "demo", "--layout", layout.path, "--yes",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -381,5 +391,9 @@ async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_t
         run = read_ledger(layout)[-1]
         assert run["stop"]["why"] == "cockpit kill: asked by the operator" and "@" in run["stop"]["by"]
         assert run["stop"]["processes"] and abs(run["stop"]["at"] - time.time()) < 120
+        assert [h["verdict"] for h in run["verdicts"]][:1] == ["ok"] and run["verdicts"][-1]["verdict"] in (
+            "stopped", "no run"), run["verdicts"]  # each verdict of the run, in turn, with its time
+        history = "\n".join(describe_ledger([run]))
+        assert "stopped" in history and "by " in history and "cockpit kill: asked by the operator" in history, history
         await pilot.press("q")
     await cli.end_demo(args, app, layout, state)

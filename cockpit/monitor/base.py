@@ -19,6 +19,7 @@ from cockpit.read.logrules import LogLine, LogRules
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import (
     note_stop,
+    note_verdict,
     record_ended,
     record_seen,
     typical_phase_seconds,
@@ -80,6 +81,8 @@ class Monitor:
         return lambda: self._listeners.remove(fn) if fn in self._listeners else None
 
     def _emit(self, event: MonitorEvent) -> None:
+        if event.kind == "verdict":
+            note_verdict(self)  # the run's history in the ledger, whoever listens
         for fn in list(self._listeners):
             fn(event)
 

@@ -60,7 +60,9 @@ def append_ledger(layout: Layout, record: dict) -> None:
 
 
 def read_ledger(layout: Layout) -> list[dict]:
-    """Runs, oldest first: each launch record merged with its outcome (if one was written)."""
+    """Runs, oldest first: each launch record merged with its outcome (if one was written); its
+    verdict changes in order under `verdicts` (each with `verdict`, `at`, `since`, `odd_rank`,
+    `evidence`, `by`), a verdict said again by another cockpit merged into its first saying."""
     runs: dict[str, dict] = {}
     try:
         text = ledger_path(layout).read_text()
@@ -73,9 +75,33 @@ def read_ledger(layout: Layout) -> list[dict]:
             continue
         if not isinstance(rec, dict) or "run_id" not in rec:
             continue
-        runs.setdefault(rec["run_id"], {"outcome": "unknown"}).update(
-            {k: v for k, v in rec.items() if k != "event"})
+        run = runs.setdefault(rec["run_id"], {"outcome": "unknown"})
+        if rec.get("event") == "verdict":
+            history = run.setdefault("verdicts", [])
+            if isinstance(rec.get("verdict"), str) and (not history or history[-1]["verdict"] != rec["verdict"]):
+                history.append({k: rec.get(k) for k in VERDICT_KEYS})
+            continue
+        run.update({k: v for k, v in rec.items() if k != "event"})
     return list(runs.values())
+
+
+VERDICT_KEYS = ("verdict", "at", "since", "odd_rank", "detail", "evidence", "by")
+QUIET = ("watching", "stopping")  # a look still deciding, a stop under way: not a verdict of the run's
+
+
+def note_verdict(monitor) -> None:
+    """A verdict change of the run the monitor follows, kept with its time and evidence: the run's
+    history (`cockpit runs`, `L`). A verdict the ledger already holds as the run's last (another
+    cockpit watching the same run said it) is not written again."""
+    run_id, layout, v = monitor.run.run_id, monitor.layout, monitor.verdict
+    if not run_id or layout is None or v.name.value in QUIET:
+        return
+    last = next((r.get("verdicts") or [None] for r in read_ledger(layout) if r.get("run_id") == run_id), [None])[-1]
+    if last is not None and last["verdict"] == v.name.value:
+        return
+    append_ledger(layout, {"event": "verdict", "run_id": run_id, "verdict": v.name.value, "at": time.time(),
+                           "since": v.since, "odd_rank": v.odd_rank, "detail": v.detail, "evidence": v.evidence[:4],
+                           "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"})
 
 
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
@@ -88,14 +114,45 @@ def typical_phase_seconds(layout: Layout) -> dict[str, float]:
     return {k: sorted(v)[len(v) // 2] for k, v in spans.items() if v}
 
 
-def describe_ledger(runs: list[dict]) -> list[str]:
+def _clock(ts) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def describe_ledger(runs: list[dict], now: float | None = None) -> list[str]:
+    """A line per run (a live one, with no outcome yet, reads its current verdict), then its
+    verdicts in turn with when each began and how long it lasted, and who stopped it."""
+    now = time.time() if now is None else now
     lines = [f"{'run':<28} {'outcome':<17} {'ready':>7}  flag sets / params"]
     for r in runs:
         ready = (r.get("phase_times") or {}).get("ready")
         sets = ",".join(r.get("flag_sets") or []) or "-"
         params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
-        lines.append(f"{r['run_id']:<28} {r.get('outcome', '?'):<17} {'' if ready is None else f'{ready:.0f}s':>7}  "
-                     f"{sets} {params}")
+        history = r.get("verdicts") or []
+        outcome = r.get("outcome", "?")
+        if outcome == "unknown" and history and not r.get("ended"):
+            outcome = f"now {history[-1]['verdict']}"
+        lines.append(f"{r['run_id']:<28} {outcome:<17} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
+        began = r.get("time")
+        if history:
+            spans = []
+            for n, h in enumerate(history):
+                start = h.get("since") if isinstance(h.get("since"), (int, float)) else h.get("at")
+                end = history[n + 1].get("at") if n + 1 < len(history) else (r.get("ended") or None)
+                last = end is None and r.get("outcome", "unknown") == "unknown"
+                rank = f" (rank {h['odd_rank']})" if h.get("odd_rank") is not None else ""
+                took = _span(max(0.0, (end or now) - start)) if isinstance(start, (int, float)) else "?"
+                spans.append(f"{_clock(start)} {h['verdict']}{rank} {'for ' + took + ' so far' if last else took}")
+            lines.append("    " + ", then ".join(spans))
+        if isinstance(began, (int, float)):
+            live = r.get("outcome") == "unknown" and not r.get("ended")
+            lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
+        stop = r.get("stop")
+        if isinstance(stop, dict):
+            lines.append(f"    stopped {_clock(stop.get('at'))} by {stop.get('by') or '?'}: {stop.get('why') or ''}")
     return lines
 
 
