@@ -89,11 +89,14 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
 
 
 def test_a_reason_shared_by_many_ranks_is_said_once_and_a_long_one_ends_with_an_ellipsis():
-    from cockpit.actions.bundle import _Members, _by_reason
+    from cockpit.actions.bundle import _Members
+    from cockpit.read.flightrec import by_reason, describe
 
     why = "no TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE: the flight recorder keeps nothing"
-    assert _by_reason([f"pid {p}: {why}" for p in (10, 11, 12)] + ["left alone: pid 9 is another user's"]) == \
-        f"pids 10, 11, 12: {why}; left alone: pid 9 is another user's"
+    problems = [f"pid {p}: {why}" for p in (10, 11, 12)] + ["left alone: pid 9 is another user's"]
+    assert by_reason(problems) == [f"pids 10, 11, 12: {why}", "left alone: pid 9 is another user's"]
+    said = describe({"ranks": {}, "problems": problems}, {})  # what F shows: each reason once
+    assert said[:2] == [f"not armed: pids 10, 11, 12: {why}", "left alone: pid 9 is another user's"]
     m = _Members()
     m.miss("x", "y" * 600)
     assert len(m.missing[0]["why"]) == 500 and m.missing[0]["why"].endswith("\u2026")
