@@ -15,7 +15,7 @@ from cockpit.monitor.fleet import FleetMonitor, parse_fleet
 from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
-from cockpit.ui.fleet import FleetApp, FleetScreen
+from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen
 from conftest import free_port, run_cli
 from simhost import until
 
@@ -157,6 +157,15 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
         assert "fleet-slow" in text and "connecting" in text  # the hung host holds up no one
         names = [r.name for r in screen.shown]
         assert names[-1] == "gpu-a"  # sorted by problems: the hosts that are not up come first
+        for size in ((80, 24), (100, 30), (160, 40)):  # the columns share the width by what they hold
+            await pilot.resize_terminal(*size)
+            await pilot.pause(0.5)
+            lines = save_text(app, None).splitlines()
+            head = next(line for line in lines if "util/GPU" in line)
+            assert all(name in head.split() for name in COLUMNS), (size, head)
+            row, shown = next(line for line in lines if " gpu-a " in line), next(r for r in screen.shown if r.name == "gpu-a")
+            assert f" {shown.phase} " in row and f" {shown.verdict} " in row, (size, row)  # whole, not cut
+        await pilot.resize_terminal(160, 40)
         await pilot.press("question_mark")
         await until(pilot, lambda: "sort: problems first, name" in save_text(app, None), 3)
         await pilot.press("escape")

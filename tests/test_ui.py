@@ -158,6 +158,12 @@ def test_eagle3_deadlock_at_80x24_snapshot(snap_compare):
     assert snap_compare(replay("eagle3-deadlock"), terminal_size=(80, 24))
 
 
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_stalls_whole_evidence_snapshot(snap_compare, size):
+    """`e` on the stalled demo: every evidence line, wrapped, at each size."""
+    assert snap_compare(replay("eagle3-deadlock"), terminal_size=size, press=["e"])
+
+
 async def test_panes_show_what_each_state_means():
     app = replay("eagle3-deadlock")
     async with app.run_test(size=(160, 50)) as pilot:
