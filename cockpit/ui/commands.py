@@ -101,7 +101,7 @@ def key_rows(table) -> list[tuple[str, str]]:
     helps: dict[str, str] = {}
     for c in table:
         for key in c.key.split(","):
-        rows.setdefault(c.action, []).append(key_name(key.strip(), c.key_display))
+            rows.setdefault(c.action, []).append(key_name(key.strip(), c.key_display))
         helps.setdefault(c.action, c.help)
     if "app.command_palette" in rows:
         rows["app.command_palette"].append(PALETTE_KEY)
