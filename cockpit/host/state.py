@@ -37,6 +37,7 @@ THROTTLE_REASONS = {
 }
 HW_SLOWDOWN = ("hw-slowdown", "hw-thermal", "hw-power-brake")
 XID_KEPT = 32
+XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row say it
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
 _ENGINE_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")
@@ -317,6 +318,26 @@ class HostState:
             return None
         parts = ", ".join(f"{name} ×{n}" for name, n in self.dropped.most_common(6))
         return f"the host sent {count(sum(self.dropped.values()), 'field')} of the wrong type, dropped: {parts}"
+
+    def recent_xid(self, index: int | None = None) -> list[XidEvent]:
+        """The Xid events of the last XID_RECENT_S (host clock), of one GPU or all."""
+        since = None if self.sample_ts is None else self.sample_ts - XID_RECENT_S
+        return [e for e in self.xid if (since is None or e.ts >= since) and (index is None or e.gpu == index)]
+
+    def gpu_flags(self, index: int) -> list[str]:
+        """What GPU `index` says is wrong, in short words for a pane, a line and a fleet row:
+        lost, its recent Xids, a row remap pending or failed, retired pages, uncorrected ECC, the
+        hardware holding its clocks down."""
+        g = self.gpus.get(index)
+        if g is None:
+            return []
+        flags = ["LOST"] if g.lost else []
+        flags += [f"Xid {c}" for c in dict.fromkeys(e.code for e in self.recent_xid(index))]
+        flags += [n for n, on in (("remap failed", g.remap_failure), ("remap pending", g.remap_pending),
+                                  ("pages pending", g.retired_pending)) if on]
+        if g.ecc_uncorrected:
+            flags.append(f"ECC {g.ecc_uncorrected}")
+        return flags + g.hw_slowdown
 
     def _xid(self, rows) -> None:
         """The agent's recent Xid events, whole: [gpu, ts, code, pid], each checked."""
