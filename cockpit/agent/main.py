@@ -37,6 +37,9 @@ class Agent:
         self.interval = interval
         self.warnings = []
         self.gpus = open_gpus(interval, self.warnings)
+        xid = getattr(self.gpus, "xid", None)
+        if xid is not None and xid.source is None:  # said once: a rank's death will not name its GPU's Xid
+            self.warnings.append("no Xid events on this host (%s)" % xid.why)
         self.procs = None
         self.ports = Ports()
         self.logs = {}
