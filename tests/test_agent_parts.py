@@ -458,3 +458,17 @@ def test_the_simulated_nvml_reports_events_a_lost_gpu_and_health_through_the_sam
         assert [(e[0], e[2]) for e in events] == [(1, 79)] and sampler.events() is None  # sent once
     finally:
         sampler.close()
+
+
+def test_a_gpu_lost_before_the_agent_starts_is_said_lost_and_the_others_still_watched(tmp_path, monkeypatch):
+    fakenvml.write_host(str(tmp_path), gpus=3, model="h200", seed=3)
+    fakenvml.fault(str(tmp_path), 1, lost=True)
+    monkeypatch.setenv("COCKPIT_SIM_STATE", str(tmp_path))
+    sampler = agent_gpus.NvmlGpus(fakenvml)
+    try:
+        assert sampler.kind == "pynvml" and sampler.lost == [False, True, False]
+        assert sampler.static()[1] == {"index": 1, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None}
+        rows = {r["index"]: r for r in sampler.sample(True)}
+        assert rows[1]["lost"] is True and rows[0]["util_pct"] is not None and rows[2]["mem_total_mib"] == 143771
+    finally:
+        sampler.close()

@@ -64,10 +64,15 @@ class NvmlGpus:
         self.source = "sim" if sim else "nvml-ctypes" if self.kind == "nvml-ctypes" else "pynvml " + str(version)
         self.driver = self._text(self._call(None, "driver", nvml.nvmlSystemGetDriverVersion))
         count = nvml.nvmlDeviceGetCount()
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.handles = []
+        for i in range(count):  # a GPU already lost is said so; the others are still watched through NVML
+            try:
+                self.handles.append(nvml.nvmlDeviceGetHandleByIndex(i))
+            except nvml.NVMLError:
+                self.handles.append(None)
         self.unsupported = [set() for _ in self.handles]
         self.ecc = [None] * count
-        self.lost = [False] * count  # NVML said GPU_IS_LOST, or its handle stopped answering: for good
+        self.lost = [h is None for h in self.handles]  # NVML said GPU_IS_LOST, or its handle stopped answering: for good
         self.health = [{} for _ in range(count)]  # the slow clock's fields (HEALTH_FIELDS)
         self._links = [None] * count  # the GPU's active NVLinks, asked once
         self._procs = [None] * count  # (memory used, process rows, when asked) per GPU
@@ -77,6 +82,9 @@ class NvmlGpus:
         self._mem = self._memory_info()
         self._static = []
         for i, h in enumerate(self.handles):
+            if self.lost[i]:
+                self._static.append({"index": i, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None})
+                continue
             mem = self._call(i, "mem", self._mem, h)
             limit = self._call(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
             self._static.append(
@@ -90,6 +98,8 @@ class NvmlGpus:
             )
         buses = {}
         for i, h in enumerate(self.handles):
+            if self.lost[i]:
+                continue
             pci = self._call(i, "pci", getattr(nvml, "nvmlDeviceGetPciInfo", _none), h)
             if pci is not None:
                 buses[bus_key(pci.busId)] = i
@@ -107,9 +117,10 @@ class NvmlGpus:
         (v1 counts it: about 600 MiB more on an H200)."""
         nvml = self.nvml
         v2 = getattr(nvml, "nvmlMemory_v2", None)
-        if v2 is not None and self.handles:
+        first = next((h for h in self.handles if h is not None), None)
+        if v2 is not None and first is not None:
             try:
-                nvml.nvmlDeviceGetMemoryInfo(self.handles[0], version=v2)
+                nvml.nvmlDeviceGetMemoryInfo(first, version=v2)
                 return lambda h: nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
             except (TypeError, nvml.NVMLError):
                 pass
