@@ -253,3 +253,11 @@ def test_growing_nvlink_replays_read_slow_and_stopped_ones_do_not():
     assert verdict.name == "slow" and verdict.odd_rank == 1 and "NVLink replays growing: +240" in verdict.evidence[0]
     _more(st, 4, [{"index": 1, "nvlink_replay": 250}])
     assert dog.update(st, 100.0, "/l")[1].name == "ok"  # no growth for longer than the window
+
+
+def test_xid_events_survive_a_reconnected_agent_and_bad_rows_are_dropped():
+    st = _xid_host(xid=[(3, 999_990.0, 79, None)])
+    st.apply({"t": "sample", "seq": 3, "xid": []})  # a new agent after a reconnect: it heard nothing yet
+    st.apply({"t": "sample", "seq": 4, "xid": [[1, 999_995.0, 13, 77], ["x", 1, 2, 3], [1, 999_995.2, 13, 77],
+                                             [3, 999_990.4, 79, None]]})  # the kernel log read again by the new agent
+    assert [(e.gpu, e.code, e.pid) for e in st.xid] == [(3, 79, None), (1, 13, 77)] and st.dropped["xid"] == 1

@@ -340,15 +340,19 @@ class HostState:
         return flags + g.hw_slowdown
 
     def _xid(self, rows) -> None:
-        """The agent's recent Xid events, whole: [gpu, ts, code, pid], each checked."""
-        events = []
+        """The agent's recent Xid events, whole: [gpu, ts, code, pid], each checked, merged into
+        those known (a reconnected agent hears only new ones: what the last one heard stays)."""
+        events = list(self.xid)
         for row in rows if isinstance(rows, list) else [None]:
             if (isinstance(row, list) and len(row) == 4 and _is(row[0], "int?") and _is(row[1], "num")
                     and _is(row[2], "int") and _is(row[3], "int?")):
-                events.append(XidEvent(*row))
+                event = XidEvent(*row)
+                if not any(e.gpu == event.gpu and e.code == event.code and e.pid == event.pid
+                           and abs(e.ts - event.ts) < 1.0 for e in events):  # the kernel log read again
+                    events.append(event)
             else:
                 self.dropped["xid"] += 1
-        self.xid = events[-XID_KEPT:]
+        self.xid = sorted(events, key=lambda e: e.ts)[-XID_KEPT:]
 
     def _hello(self, f: dict) -> None:
         self.agent = AgentInfo(
