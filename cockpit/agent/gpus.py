@@ -12,8 +12,6 @@ from .xid import XidWatch, bus_key
 
 NVML_ERROR_GPU_IS_LOST = 15
 NVLINK_COUNTERS = (("nvlink_replay", 0), ("nvlink_recovery", 1), ("nvlink_crc", 2))  # NVML_NVLINK_ERROR_DL_*
-HEALTH_FIELDS = ("ecc_aggregate", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure",
-                 "retired_pending", "nvlink_replay", "nvlink_recovery", "nvlink_crc", "pcie_replay")
 GPU_PROCS_EVERY_S = 5.0  # a GPU's process list is asked again at least this often, else on a memory change
 SMI_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,"
@@ -73,7 +71,7 @@ class NvmlGpus:
         self.unsupported = [set() for _ in self.handles]
         self.ecc = [None] * count
         self.lost = [h is None for h in self.handles]  # NVML said GPU_IS_LOST, or its handle stopped answering: for good
-        self.health = [{} for _ in range(count)]  # the slow clock's fields (HEALTH_FIELDS)
+        self.health = [{} for _ in range(count)]  # the slow clock's fields (state.GPU_HEALTH on the other side)
         self._links = [None] * count  # the GPU's active NVLinks, asked once
         self._procs = [None] * count  # (memory used, process rows, when asked) per GPU
         self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
