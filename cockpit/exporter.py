@@ -182,6 +182,13 @@ class Exporter:
         temp = G(f"{NS}_gpu_temperature_celsius", "GPU temperature", labels=GL)
         ecc = G(f"{NS}_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors (volatile count) where NVML has it",
                 labels=GL)
+        lost = G(f"{NS}_gpu_lost", "1 when NVML reports the GPU lost (fallen off the bus), else 0", labels=GL)
+        remap = G(f"{NS}_gpu_row_remap_pending", "1 while a remapped row waits for a GPU reset, where the GPU remaps rows",
+                  labels=GL)
+        xid = G(f"{NS}_gpu_xid_recent", "The code of the GPU's latest Xid event in the last 5 minutes (docs/xid.md)",
+                labels=GL)
+        hw = G(f"{NS}_gpu_hw_slowdown", "1 while the hardware holds the GPU's clocks down (HW slowdown, thermal, "
+                                        "power brake), else 0", labels=GL)
         for m in self.fleet.members:
             mon, s = m.monitor, m.state
             host = label(m.host.name)
@@ -239,10 +246,17 @@ class Exporter:
                     temp.add_metric(labels, float(g.temp_c))
                 if g.ecc_uncorrected is not None:
                     ecc.add_metric(labels, float(g.ecc_uncorrected))
+                lost.add_metric(labels, 1.0 if g.lost else 0.0)
+                hw.add_metric(labels, 1.0 if g.hw_slowdown else 0.0)
+                if g.remap_pending is not None:
+                    remap.add_metric(labels, 1.0 if g.remap_pending else 0.0)
+                recent = s.recent_xid(g.index)
+                if recent:
+                    xid.add_metric(labels, float(recent[-1].code))
         hosts = G(f"{NS}_hosts", "Hosts in the fleet this exporter watches")
         hosts.add_metric([], float(len(self.fleet.members)))
         out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, running, waiting, rtt, age, run,
-               util, used, total, power, temp, ecc, hosts]
+               util, used, total, power, temp, ecc, lost, remap, xid, hw, hosts]
         if self.hook is not None:
             hook = G(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
                                              "coalesced: a change replaced by a later one while the hook ran)",

@@ -129,6 +129,10 @@ def test_the_ctypes_nvml_shim_has_nvml_h_layouts_and_fails_cleanly_without_the_l
 
     assert nvml.nvmlMemory_v2 == 0x02000028 and ctypes.sizeof(nvml.c_nvmlMemory_v2_t) == 40
     assert ctypes.sizeof(nvml.c_nvmlProcessInfo_t) == 24 and ctypes.sizeof(nvml.c_nvmlUtilization_t) == 8
+    # nvml.h: nvmlPciInfo_t is 16 + 5 * 4 + 32 bytes; nvmlEventData_t a pointer, two 64-bit words, two ints
+    assert ctypes.sizeof(nvml.c_nvmlPciInfo_t) == 68 and nvml.c_nvmlPciInfo_t.busId.offset == 36
+    assert ctypes.sizeof(nvml.c_nvmlEventData_t) == 32 and nvml.c_nvmlEventData_t.eventData.offset == 16
+    assert nvml.c_nvmlEventData_t.gpuInstanceId.offset == 24
     try:
         ctypes.CDLL("libnvidia-ml.so.1")
         pytest.skip("this machine has NVIDIA's driver: tests/gpu covers it")
@@ -183,6 +187,28 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned int *n, proc_t *p)
   if (*n < want) { *n = want; return 7; }
   for (i = 0; i < want; i++) { p[i].pid = 100 + i; p[i].used = i == 2 ? ~0ULL : (i + 1) * (256ULL << 20); }
   *n = want; return 0; }
+/* the GPU's own word (issue 28): nvml.h's layouts, GPU 1 with a row remap pending and one Xid 79 */
+#include <unistd.h>
+typedef struct { char legacy[16]; unsigned int domain, bus, device, devid, subsys; char busId[32]; } pci_t;
+typedef struct { void *device; unsigned long long type, data; unsigned int gi, ci; } event_t;
+int nvmlDeviceGetIndex(void *h, unsigned int *i) { *i = idx(h); return 0; }
+int nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) {
+  memset(p, 0, sizeof *p); p->bus = 0x3b + idx(h); strcpy(p->busId, idx(h) ? "00000000:3C:00.0" : "00000000:3B:00.0");
+  return 0; }
+int nvmlDeviceGetRemappedRows(void *h, unsigned int *c, unsigned int *u, unsigned int *p, unsigned int *f) {
+  *c = 2; *u = idx(h); *p = idx(h); *f = 0; return 0; }
+int nvmlDeviceGetRetiredPagesPendingStatus(void *h, unsigned int *p) { return 3; }
+int nvmlDeviceGetNvLinkState(void *h, unsigned int l, unsigned int *on) { if (l >= 4) return 3; *on = l < 2; return 0; }
+int nvmlDeviceGetNvLinkErrorCounter(void *h, unsigned int l, int c, unsigned long long *v) { *v = c == 0 ? 5 : 0; return 0; }
+int nvmlDeviceGetPcieReplayCounter(void *h, unsigned int *v) { *v = 7; return 0; }
+int nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *t) { *t = 0x1f; return 0; }
+static int sent;
+int nvmlEventSetCreate(void **s) { *s = (void *)0x5e7; return 0; }
+int nvmlDeviceRegisterEvents(void *h, unsigned long long t, void *s) { return s == (void *)0x5e7 && (t & 8) ? 0 : 2; }
+int nvmlEventSetWait_v2(void *s, event_t *e, unsigned int ms) {
+  if (!sent) { sent = 1; e->device = (void *)0x1001; e->type = 8; e->data = 79; e->gi = e->ci = ~0U; return 0; }
+  usleep(ms * 1000); return 10; }
+int nvmlEventSetFree(void *s) { return 0; }
 """
 
 
@@ -209,6 +235,10 @@ def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python
         await session.connect()
         try:
             await session.wait_samples(2)
+            for _ in range(50):  # the Xid comes from the event thread: within a sample or two
+                if session.state.xid:
+                    break
+                await asyncio.sleep(0.1)
             facts = await session.request("host_facts", items=["versions"])
             return session.state, facts
         finally:
@@ -225,6 +255,12 @@ def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python
     assert sorted(tuple(p) for p in g1.processes) == [(100, 256), (101, 512), (102, None)]  # no rights to its memory: None
     assert list(g0.processes) == []
     assert facts["versions"]["data"]["cuda_driver"] == "13.0"
+    # the slow clock's health fields and the event set, through the same library
+    assert (g1.remap_corrected, g1.remap_uncorrected, g1.remap_pending, g1.remap_failure) == (2, 1, True, False)
+    assert (g0.remap_pending, g1.retired_pending, g1.pcie_replay) == (False, None, 7)
+    assert (g1.nvlink_replay, g1.nvlink_crc) == (10, 0)  # two active links of four, 5 replays each
+    assert state.agent.xid_source == "nvml" and state.agent.health_ms is not None
+    assert [(e.gpu, e.code, e.pid) for e in state.xid] == [(1, 79, None)]
 
 
 def _interpreter(version: str) -> str:

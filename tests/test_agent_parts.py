@@ -385,3 +385,90 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         procs.close()
         old.kill()
         old.wait()
+
+
+# ----------------------------------------------------------------------------- Xid lines (issue 28)
+
+from cockpit.agent import xid as agent_xid  # noqa: E402
+
+
+@pytest.mark.parametrize("line, want", [
+    # the shapes NVIDIA's docs and users' reports show, with and without the kernel's own prefix
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", ("0000:3b:00", 79, 1234)),
+    ("[ 8123.45] NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to "
+     "activate.", ("0000:10:1c", 63, 1896)),
+    ("Nov 22 18:29:55 hostname kernel: [  966.503025] NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, "
+     "intr 10000000", ("0000:01:00", 31, None)),
+    ("NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000005 intr 00008000", ("0000:01:00", 32, None)),
+    ("NVRM: Xid (PCI:0000:C1:00): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No",
+     ("0000:c1:00", 94, None)),
+    ("NVRM: Xid (PCI:00000000:9A:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+     ("0000:9a:00", 154, None)),
+    ("NVRM: GPU at PCI:0000:01:00: GPU-bc0fa0b9-cac2-f507-b715-9bebdb69c71e", None),
+    ("nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link 51 egress non-posted PRIV error", None),
+])
+def test_kernel_log_xid_lines_parse_to_bus_code_and_pid(line, want):
+    assert agent_xid.parse_xid(line) == want
+
+
+def test_nvml_bus_ids_and_kmsg_records_meet_the_kernel_lines():
+    assert agent_xid.bus_key("00000000:3B:00.0") == agent_xid.bus_key(b"00000000:3b:00.0") == "0000:3b:00"
+    since, msg = agent_xid.kmsg_record("3,1047,8123450000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=9, name=x, GPU has "
+                                       "fallen off the bus.\n SUBSYSTEM=pci")
+    assert since == 8123.45 and agent_xid.parse_xid(msg) == ("0000:3b:00", 79, 9)
+
+
+def test_xid_watch_falls_back_to_the_kernel_log_and_keeps_only_recent_events():
+    class NoEvents:  # an NVML binding without the event API
+        class NVMLError(Exception):
+            pass
+
+    watch = agent_xid.XidWatch(NoEvents, [0], {"0000:3b:00": 0})
+    try:
+        assert watch.source in ("kmsg", None)
+        assert watch.source == "kmsg" or "kernel log" in watch.why
+        for n in range(agent_xid.MAX_EVENTS + 5):
+            watch._add(0, 1000.0 + n, 79, None)
+        events = watch.events()
+        assert len(events) == agent_xid.MAX_EVENTS and events[-1] == [0, 1000.0 + agent_xid.MAX_EVENTS + 4, 79, None]
+    finally:
+        watch.close()
+
+
+def test_the_simulated_nvml_reports_events_a_lost_gpu_and_health_through_the_sampler(tmp_path, monkeypatch):
+    fakenvml.write_host(str(tmp_path), gpus=4, model="h200", seed=3)
+    monkeypatch.setenv("COCKPIT_SIM_STATE", str(tmp_path))
+    sampler = agent_gpus.NvmlGpus(fakenvml)
+    try:
+        assert sampler.xid.source == "nvml" and sampler.health_ms is not None
+        assert sampler.health[0]["nvlink_replay"] == 0 and sampler._links[0] == list(range(18))
+        fakenvml.fault(str(tmp_path), 2, throttle=0x8, remap_pending=True, ecc_uncorrected=1)
+        fakenvml.xid(str(tmp_path), 1, 79)
+        fakenvml.fault(str(tmp_path), 1, lost=True)
+        import time
+        time.sleep(0.3)
+        rows = {r["index"]: r for r in sampler.sample(True)}
+        assert rows[1]["lost"] is True and rows[1]["util_pct"] is None
+        assert rows[2]["throttle"] & 0x8 and rows[2]["remap_pending"] is True and rows[2]["ecc_uncorrected"] == 1
+        for _ in range(30):
+            if sampler.xid.events():
+                break
+            time.sleep(0.1)
+        events = sampler.events()
+        assert [(e[0], e[2]) for e in events] == [(1, 79)] and sampler.events() is None  # sent once
+    finally:
+        sampler.close()
+
+
+def test_a_gpu_lost_before_the_agent_starts_is_said_lost_and_the_others_still_watched(tmp_path, monkeypatch):
+    fakenvml.write_host(str(tmp_path), gpus=3, model="h200", seed=3)
+    fakenvml.fault(str(tmp_path), 1, lost=True)
+    monkeypatch.setenv("COCKPIT_SIM_STATE", str(tmp_path))
+    sampler = agent_gpus.NvmlGpus(fakenvml)
+    try:
+        assert sampler.kind == "pynvml" and sampler.lost == [False, True, False]
+        assert sampler.static()[1] == {"index": 1, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None}
+        rows = {r["index"]: r for r in sampler.sample(True)}
+        assert rows[1]["lost"] is True and rows[0]["util_pct"] is not None and rows[2]["mem_total_mib"] == 143771
+    finally:
+        sampler.close()

@@ -64,7 +64,7 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
         stacks = sorted(n for n in names if n.startswith("stacks/rank"))
         assert [n.split("-")[0] for n in stacks] == [f"stacks/rank{r}" for r in range(8)], stacks
         for needed in ("manifest.json", "stacks/groups.txt", "log-tail.txt", "metrics-1.txt", "metrics-2.txt",
-                       "metrics-summary.json", "verdict.json", "snapshot.json", "versions.json"):
+                       "metrics-summary.json", "verdict.json", "snapshot.json", "versions.json", "gpu-health.json"):
             assert needed in names, (needed, names)
         with tarfile.open(path) as tar:
             members = tar.getnames()
@@ -74,6 +74,9 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
             metrics_text = tar.extractfile(f"{root}/metrics-2.txt").read().decode()
             tail = tar.extractfile(f"{root}/log-tail.txt").read().decode()
             stack = tar.extractfile(f"{root}/{stacks[3]}").read().decode()
+            health = json.load(tar.extractfile(f"{root}/gpu-health.json"))
+        assert health["xid_source"] == "nvml" and health["xid"] == [] and len(health["gpus"]) == 8
+        assert health["gpus"][0]["lost"] is False and health["gpus"][0]["remap_pending"] is False
         assert "sglang:generation_tokens_total" in metrics_text and "sglang:num_running_reqs" in metrics_text
         assert "ready to roll" in tail
         assert "event_loop" in stack or "all_reduce" in stack  # the simulated rank's own frames

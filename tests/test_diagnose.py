@@ -186,3 +186,78 @@ def test_a_frozen_stats_line_under_fresh_probe_lines_dates_from_its_own_clock():
         p.started = stamp_local + 30  # the run is younger than the line would be: the clock is not believed
     _, v = Watchdog(spin_s=15, idle_s=20, ports=[8000]).update(st, 0.0, "/l")
     assert v.name != "stalled-idle", v
+
+
+# ----------------------------------------------------------------------------- the GPU's own word (issue 28)
+
+
+def _xid_host(xid=(), gpu_extra=None, dead=(), ts=1_000_000.0):
+    st = host([(r, 30.0) for r in range(4)], [(90, 500.0, 80000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1"])
+    st.apply({"t": "sample", "seq": 2, "ts": ts, "gpus": [dict({"index": i}, **(gpu_extra or {}).get(i, {})) for i in range(4)],
+              "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
+                        for r in range(4) if r not in dead],
+              "xid": [list(x) for x in xid]})
+    return st
+
+
+def _more(st, seq, gpus):
+    st.apply({"t": "sample", "seq": seq, "gpus": gpus,
+              "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
+                        for r in range(4)]})
+
+
+def test_a_rank_dead_after_an_xid_on_its_gpu_is_crashed_naming_the_xid():
+    st = _xid_host(xid=[(3, 1_000_000.0 - 20, 79, None)], dead=(3,))
+    _, verdict = Watchdog().update(st, 1.0, "/l")
+    assert verdict.name == "crashed" and verdict.odd_rank == 3
+    assert verdict.evidence[0].startswith("rank 3 died: GPU 3 Xid 79 (fallen off the bus) at ")
+
+
+def test_an_old_xid_is_not_the_cause():
+    st = _xid_host(xid=[(3, 1_000_000.0 - 3600, 13, 4242)], dead=(3,))
+    _, verdict = Watchdog().update(st, 1.0, "/l")
+    assert verdict.name == "crashed" and "Xid" not in verdict.evidence[0]
+
+
+def test_a_rank_dead_on_a_lost_gpu_is_crashed_naming_the_loss():
+    st = _xid_host(gpu_extra={2: {"lost": True, "util_pct": None}}, dead=(2,))
+    _, verdict = Watchdog().update(st, 1.0, "/l")
+    assert verdict.name == "crashed" and verdict.odd_rank == 2
+    assert verdict.evidence[0] == "rank 2 died: GPU 2 lost (fallen off the bus: NVML answers GPU_IS_LOST)"
+
+
+def test_a_pending_row_remap_is_evidence_not_a_crash():
+    st = _xid_host(gpu_extra={1: {"remap_pending": True, "ecc_uncorrected": 1}})
+    _, verdict = Watchdog().update(st, 1.0, "/l")
+    assert verdict.name in ("ok", "watching")
+    assert "GPU 1: row remap pending, uncorrected ECC 1" in verdict.evidence
+
+
+def test_a_gpu_held_down_by_the_hardware_is_slow_naming_gpu_and_rank():
+    st = _xid_host(gpu_extra={2: {"throttle": 0x8, "sm_clock_mhz": 1089}, 0: {"sm_clock_mhz": 1980}})
+    dog = Watchdog()
+    assert dog.update(st, 0.0, "/l")[1].name != "slow"  # not at the first sight
+    _, verdict = dog.update(st, 6.0, "/l")
+    assert verdict.name == "slow" and verdict.odd_rank == 2
+    assert verdict.evidence[0].startswith("GPU 2 (rank 2) held down by the hardware: hw-slowdown, SM 1089 MHz")
+    _more(st, 3, [{"index": 2, "throttle": 0}])
+    assert dog.update(st, 7.0, "/l")[1].name == "ok"
+
+
+def test_growing_nvlink_replays_read_slow_and_stopped_ones_do_not():
+    st = _xid_host(gpu_extra={1: {"nvlink_replay": 10}})
+    dog = Watchdog()
+    assert dog.update(st, 0.0, "/l")[1].name != "slow"
+    _more(st, 3, [{"index": 1, "nvlink_replay": 250}])
+    _, verdict = dog.update(st, 10.0, "/l")
+    assert verdict.name == "slow" and verdict.odd_rank == 1 and "NVLink replays growing: +240" in verdict.evidence[0]
+    _more(st, 4, [{"index": 1, "nvlink_replay": 250}])
+    assert dog.update(st, 100.0, "/l")[1].name == "ok"  # no growth for longer than the window
+
+
+def test_xid_events_survive_a_reconnected_agent_and_bad_rows_are_dropped():
+    st = _xid_host(xid=[(3, 999_990.0, 79, None)])
+    st.apply({"t": "sample", "seq": 3, "xid": []})  # a new agent after a reconnect: it heard nothing yet
+    st.apply({"t": "sample", "seq": 4, "xid": [[1, 999_995.0, 13, 77], ["x", 1, 2, 3], [1, 999_995.2, 13, 77],
+                                             [3, 999_990.4, 79, None]]})  # the kernel log read again by the new agent
+    assert [(e.gpu, e.code, e.pid) for e in st.xid] == [(3, 79, None), (1, 13, 77)] and st.dropped["xid"] == 1

@@ -25,7 +25,7 @@ from cockpit.actions import dumps, kill
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_line
-from cockpit.host.snapshot import monitor_doc
+from cockpit.host.snapshot import gpu_health_doc, monitor_doc
 from cockpit.read import flightrec, metrics, ras
 from cockpit.runs.ledger import run_name, state_home
 
@@ -306,6 +306,8 @@ async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle
                                                                     "detail": monitor.phase.detail}},
                "the verdict and its evidence")
     m.add_json("snapshot.json", monitor_doc(monitor, log_lines=200), "the cockpit's JSON snapshot of the host")
+    m.add_json("gpu-health.json", gpu_health_doc(monitor.state),
+               "the GPUs' own word: Xid events with their meaning, lost GPUs, ECC, row remap, NVLink and PCIe replays")
     found = getattr(monitor, "forensics", None)
     if found is not None:
         m.add_json("forensics.json", found.doc(), "the stall's own forensics, gathered when it was declared")

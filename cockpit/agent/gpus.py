@@ -8,7 +8,10 @@ import threading
 import time
 
 from .procs import _alive
+from .xid import XidWatch, bus_key
 
+NVML_ERROR_GPU_IS_LOST = 15
+NVLINK_COUNTERS = (("nvlink_replay", 0), ("nvlink_recovery", 1), ("nvlink_crc", 2))  # NVML_NVLINK_ERROR_DL_*
 GPU_PROCS_EVERY_S = 5.0  # a GPU's process list is asked again at least this often, else on a memory change
 SMI_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,"
@@ -28,6 +31,9 @@ class NoGpus:
 
     def sample(self, slow):
         return []
+
+    def events(self):
+        return None
 
     def close(self):
         pass
@@ -56,9 +62,17 @@ class NvmlGpus:
         self.source = "sim" if sim else "nvml-ctypes" if self.kind == "nvml-ctypes" else "pynvml " + str(version)
         self.driver = self._text(self._call(None, "driver", nvml.nvmlSystemGetDriverVersion))
         count = nvml.nvmlDeviceGetCount()
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.handles = []
+        for i in range(count):  # a GPU already lost is said so; the others are still watched through NVML
+            try:
+                self.handles.append(nvml.nvmlDeviceGetHandleByIndex(i))
+            except nvml.NVMLError:
+                self.handles.append(None)
         self.unsupported = [set() for _ in self.handles]
         self.ecc = [None] * count
+        self.lost = [h is None for h in self.handles]  # NVML said GPU_IS_LOST, or its handle stopped answering: for good
+        self.health = [{} for _ in range(count)]  # the slow clock's fields (state.GPU_HEALTH on the other side)
+        self._links = [None] * count  # the GPU's active NVLinks, asked once
         self._procs = [None] * count  # (memory used, process rows, when asked) per GPU
         self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
@@ -66,6 +80,9 @@ class NvmlGpus:
         self._mem = self._memory_info()
         self._static = []
         for i, h in enumerate(self.handles):
+            if self.lost[i]:
+                self._static.append({"index": i, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None})
+                continue
             mem = self._call(i, "mem", self._mem, h)
             limit = self._call(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
             self._static.append(
@@ -77,15 +94,31 @@ class NvmlGpus:
                     "power_limit_w": None if limit is None else round(limit / 1000.0, 1),
                 }
             )
+        buses = {}
+        for i, h in enumerate(self.handles):
+            if self.lost[i]:
+                continue
+            pci = self._call(i, "pci", getattr(nvml, "nvmlDeviceGetPciInfo", _none), h)
+            if pci is not None:
+                buses[bus_key(pci.busId)] = i
+        started = time.perf_counter()
+        self._health_round()  # the first round finds the active links and what is not supported
+        self.health_first_ms = round((time.perf_counter() - started) * 1000, 2)
+        started = time.perf_counter()
+        self._health_round()
+        self.health_ms = round((time.perf_counter() - started) * 1000, 2)  # what each slow round costs
+        self.xid = XidWatch(nvml, [h for i, h in enumerate(self.handles) if not self.lost[i]], buses)
+        self._sent_xid = -1
 
     def _memory_info(self):
         """Memory as nvidia-smi reports it: v2 leaves the driver's reserved memory out of `used`
         (v1 counts it: about 600 MiB more on an H200)."""
         nvml = self.nvml
         v2 = getattr(nvml, "nvmlMemory_v2", None)
-        if v2 is not None and self.handles:
+        first = next((h for h in self.handles if h is not None), None)
+        if v2 is not None and first is not None:
             try:
-                nvml.nvmlDeviceGetMemoryInfo(self.handles[0], version=v2)
+                nvml.nvmlDeviceGetMemoryInfo(first, version=v2)
                 return lambda h: nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
             except (TypeError, nvml.NVMLError):
                 pass
@@ -104,7 +137,71 @@ class NvmlGpus:
             not_supported = getattr(self.nvml, "NVMLError_NotSupported", None)
             if i is not None and not_supported is not None and isinstance(exc, not_supported):
                 self.unsupported[i].add(field)
+            elif i is not None and _is_lost(exc):
+                self.lost[i] = True
             return None
+
+    def _health_round(self):
+        """The slow clock's fields (every SLOW_EVERY_S, as ECC is): uncorrected ECC since the
+        last reset and over the GPU's life, row remapping (or, before Ampere, retired pages
+        pending), NVLink replay/recovery/CRC errors summed over the active links, PCIe replays.
+        A call a GPU does not support is remembered and never asked again. A handle that stops
+        answering is a GPU lost."""
+        nvml = self.nvml
+        for i, h in enumerate(self.handles):
+            if self.lost[i]:
+                continue
+            try:
+                nvml.nvmlDeviceGetHandleByIndex(i)
+            except nvml.NVMLError as exc:
+                not_supported = getattr(nvml, "NVMLError_NotSupported", None)
+                if not (not_supported is not None and isinstance(exc, not_supported)):
+                    self.lost[i] = True
+                    continue
+            out = {}
+            self.ecc[i] = self._call(i, "ecc", nvml.nvmlDeviceGetTotalEccErrors, h,
+                                     nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+            out["ecc_aggregate"] = self._call(i, "ecc_aggregate", nvml.nvmlDeviceGetTotalEccErrors, h,
+                                              nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                              getattr(nvml, "NVML_AGGREGATE_ECC", 1))
+            rows = self._call(i, "remap", getattr(nvml, "nvmlDeviceGetRemappedRows", _none), h)
+            if rows is not None:
+                out["remap_corrected"], out["remap_uncorrected"] = int(rows[0]), int(rows[1])
+                out["remap_pending"], out["remap_failure"] = bool(rows[2]), bool(rows[3])
+            else:
+                pending = self._call(i, "retired", getattr(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", _none), h)
+                out["retired_pending"] = None if pending is None else bool(pending)
+            links = self._active_links(i, h)
+            counter = getattr(nvml, "nvmlDeviceGetNvLinkErrorCounter", _none)
+            for name, code in NVLINK_COUNTERS if links else ():
+                values = [self._call(i, name, counter, h, link, code) for link in links]
+                out[name] = None if all(v is None for v in values) else sum(v or 0 for v in values)
+            out["pcie_replay"] = self._call(i, "pcie_replay", getattr(nvml, "nvmlDeviceGetPcieReplayCounter", _none), h)
+            if self.lost[i]:
+                continue
+            self.health[i] = {k: v for k, v in out.items() if v is not None}
+
+    def _active_links(self, i, h):
+        """The GPU's active NVLinks, asked once (NVML_NVLINK_MAX_LINKS of them at most)."""
+        if self._links[i] is None:
+            nvml = self.nvml
+            state = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
+            links = []
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)) if state else ():
+                on = self._call(i, "nvlink_state", state, h, link)
+                if on is None:
+                    break  # not supported, or past the GPU's last link
+                if on:
+                    links.append(link)
+            self._links[i] = links
+        return self._links[i]
+
+    def events(self):
+        """The recent Xid events, when they changed since last asked, else None."""
+        if self.xid.version == self._sent_xid:
+            return None
+        self._sent_xid = self.xid.version
+        return self.xid.events()
 
     def static(self):
         return self._static
@@ -112,23 +209,23 @@ class NvmlGpus:
     def sample(self, slow):
         nvml = self.nvml
         out = []
+        if slow:
+            self._health_round()
         for i, h in enumerate(self.handles):
+            if self.lost[i]:
+                out.append(self._lost_row(i))
+                continue
             util = self._call(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
             mem = self._call(i, "mem", self._mem, h)
             power = self._call(i, "power", nvml.nvmlDeviceGetPowerUsage, h)
             reasons = self._call(i, "reasons", self._reasons, h) if self._reasons else None
-            if slow:
-                self.ecc[i] = self._call(
-                    i,
-                    "ecc",
-                    nvml.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                    nvml.NVML_VOLATILE_ECC,
-                )
             procs = self._gpu_procs(i, h, mem)
+            if self.lost[i]:  # it went during this sample
+                out.append(self._lost_row(i))
+                continue
             out.append(
                 {
+                    **self.health[i],
                     "index": i,
                     "util_pct": None if util is None else util.gpu,
                     "mem_used_mib": None if mem is None else mem.used // 1048576,
@@ -148,6 +245,11 @@ class NvmlGpus:
             )
         return out
 
+    def _lost_row(self, i):
+        """A GPU NVML reports lost: said so, not left as a missing sample."""
+        return {"index": i, "lost": True, "util_pct": None, "mem_used_mib": None, "temp_c": None, "power_w": None,
+                "sm_clock_mhz": None, "throttle": None, "processes": []}
+
     def _gpu_procs(self, i, h, mem):
         """The GPU's processes and their memory: the costliest NVML call of a sample (0.3 ms on an
         H200, most of the agent's per-second cost), so asked again only when the GPU's memory use
@@ -164,6 +266,7 @@ class NvmlGpus:
         return rows
 
     def close(self):
+        self.xid.close()
         try:
             self.nvml.nvmlShutdown()
         except Exception:
@@ -260,9 +363,21 @@ class SmiGpus:
         self.apps = {}
         return out
 
+    def events(self):
+        return None  # nvidia-smi has no Xid events: the bundle's kernel-log grep still has them
+
     def close(self):
         for p in self.procs:
             p.kill()
+
+
+def _none(*_args):
+    return None  # a call this binding does not have: nothing to say
+
+
+def _is_lost(exc):
+    """NVML_ERROR_GPU_IS_LOST, as pynvml, the ctypes shim and the simulated NVML raise it."""
+    return getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST or type(exc).__name__ == "NVMLError_GpuIsLost"
 
 
 def _num(text, kind):

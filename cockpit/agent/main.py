@@ -37,6 +37,9 @@ class Agent:
         self.interval = interval
         self.warnings = []
         self.gpus = open_gpus(interval, self.warnings)
+        xid = getattr(self.gpus, "xid", None)
+        if xid is not None and xid.source is None:  # said once: a rank's death will not name its GPU's Xid
+            self.warnings.append("no Xid events on this host (%s)" % xid.why)
         self.procs = None
         self.ports = Ports()
         self.logs = {}
@@ -68,6 +71,8 @@ class Agent:
             "gpus": self.gpus.static(),
             "psutil": getattr(psutil, "__version__", None),
             "gpu_source": self.gpus.kind,  # pynvml | nvml-ctypes | nvidia-smi | none
+            "xid_source": getattr(getattr(self.gpus, "xid", None), "source", None),  # nvml | kmsg | None
+            "health_ms": getattr(self.gpus, "health_ms", None),  # one slow-clock round of health calls, all GPUs
             "procs_source": "proc" if _HAVE_PROC else "psutil" if psutil else "none",
             "interval": self.interval,
             "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump", "ras", "metrics", "fr_dump", "host_facts"],
@@ -110,6 +115,9 @@ class Agent:
             frame["ports"] = self.sent_ports = ports
         if exits:
             frame["exits"] = exits
+        xid = self.gpus.events()
+        if xid is not None:
+            frame["xid"] = xid  # the recent Xid events, whole, when they changed
         ras = self.ras.poll(ports, procs)
         if ras is not None:
             frame["ras"] = ras

@@ -15,6 +15,8 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 
@@ -22,6 +24,17 @@ NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE = 32
+NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE = 16
+nvmlEventTypeSingleBitEccError = 0x1
+nvmlEventTypeDoubleBitEccError = 0x2
+nvmlEventTypeXidCriticalError = 0x8
 NVML_VALUE_NOT_AVAILABLE_ulonglong = 0xFFFFFFFFFFFFFFFF
 NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96
 NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96
@@ -66,7 +79,16 @@ class NVMLError_DriverNotLoaded(NVMLError):
     pass
 
 
+class NVMLError_Timeout(NVMLError):
+    pass
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    pass
+
+
 _ERRORS = {NVML_ERROR_NOT_SUPPORTED: NVMLError_NotSupported, NVML_ERROR_DRIVER_NOT_LOADED: NVMLError_DriverNotLoaded,
+           NVML_ERROR_TIMEOUT: NVMLError_Timeout, NVML_ERROR_GPU_IS_LOST: NVMLError_GpuIsLost,
            NVML_ERROR_LIBRARY_NOT_FOUND: NVMLError_LibraryNotFound,
            NVML_ERROR_FUNCTION_NOT_FOUND: NVMLError_FunctionNotFound}
 
@@ -93,6 +115,22 @@ class c_nvmlProcessInfo_t(ctypes.Structure):
     """nvmlProcessInfo_v2_t, which the _v3 process queries fill."""
 
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class c_nvmlPciInfo_t(ctypes.Structure):
+    """nvmlPciInfo_t (the _v3 call): busId is "00000000:3B:00.0", the kernel log's is shorter."""
+
+    _fields_ = [("busIdLegacy", ctypes.c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE), ("domain", ctypes.c_uint),
+                ("bus", ctypes.c_uint), ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint),
+                ("pciSubSystemId", ctypes.c_uint), ("busId", ctypes.c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE)]
+
+
+class c_nvmlEventData_t(ctypes.Structure):
+    """nvmlEventData_t: which device, the event's type bit, its data (the Xid code for an Xid
+    event) and, since CUDA 11, the MIG instance ids."""
+
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
@@ -250,3 +288,72 @@ def nvmlDeviceGetComputeRunningProcesses(handle):
             _check(ret)
             return [ProcessInfo(r.pid, r.usedGpuMemory) for r in rows[:count.value]]
     _check(ret)
+
+
+def _ulonglong(name, *args):
+    out = ctypes.c_ulonglong()
+    _call(name, *(args + (ctypes.byref(out),)))
+    return out.value
+
+
+def nvmlDeviceGetIndex(handle):
+    return _uint("nvmlDeviceGetIndex", handle)
+
+
+def nvmlDeviceGetPciInfo(handle):
+    info = c_nvmlPciInfo_t()
+    try:
+        fn = _fn("nvmlDeviceGetPciInfo_v3")
+    except NVMLError_FunctionNotFound:
+        fn = _fn("nvmlDeviceGetPciInfo_v2")
+    _check(fn(handle, ctypes.byref(info)))
+    return info
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    """(corrected rows, uncorrected rows, remap pending, remap failed): Ampere and later."""
+    out = [ctypes.c_uint() for _ in range(4)]
+    _call("nvmlDeviceGetRemappedRows", handle, *[ctypes.byref(v) for v in out])
+    return tuple(v.value for v in out)
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle):
+    """Page retirement (before Ampere): 1 while retired pages wait for a reset."""
+    return _uint("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+
+
+def nvmlDeviceGetNvLinkState(handle, link):
+    return _uint("nvmlDeviceGetNvLinkState", handle, ctypes.c_uint(link))
+
+
+def nvmlDeviceGetNvLinkErrorCounter(handle, link, counter):
+    return _ulonglong("nvmlDeviceGetNvLinkErrorCounter", handle, ctypes.c_uint(link), ctypes.c_int(counter))
+
+
+def nvmlDeviceGetPcieReplayCounter(handle):
+    return _uint("nvmlDeviceGetPcieReplayCounter", handle)
+
+
+def nvmlDeviceGetSupportedEventTypes(handle):
+    return _ulonglong("nvmlDeviceGetSupportedEventTypes", handle)
+
+
+def nvmlEventSetCreate():
+    eventset = ctypes.c_void_p()  # nvmlEventSet_t: an opaque pointer
+    _call("nvmlEventSetCreate", ctypes.byref(eventset))
+    return eventset
+
+
+def nvmlDeviceRegisterEvents(handle, event_types, eventset):
+    _call("nvmlDeviceRegisterEvents", handle, ctypes.c_ulonglong(event_types), eventset)
+
+
+def nvmlEventSetWait_v2(eventset, timeout_ms):
+    """Blocks in the driver up to timeout_ms for one event (NVMLError_Timeout when none came)."""
+    data = c_nvmlEventData_t()
+    _call("nvmlEventSetWait_v2", eventset, ctypes.byref(data), ctypes.c_uint(timeout_ms))
+    return data
+
+
+def nvmlEventSetFree(eventset):
+    _call("nvmlEventSetFree", eventset)

@@ -35,6 +35,9 @@ THROTTLE_REASONS = {
     0x80: "hw-power-brake",
     0x100: "display-clocks",
 }
+HW_SLOWDOWN = ("hw-slowdown", "hw-thermal", "hw-power-brake")
+XID_KEPT = 32
+XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row say it
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
 _ENGINE_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")
@@ -80,12 +83,57 @@ class Gpu:
     throttle: int | None = None
     ecc_uncorrected: int | None = None
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # the GPU's own word, on the agent's slow clock (None: not supported, or not asked yet)
+    lost: bool = False  # NVML answers GPU_IS_LOST (fallen off the bus): no figure from it any more
+    ecc_aggregate: int | None = None  # uncorrected ECC errors over the GPU's life
+    remap_corrected: int | None = None
+    remap_uncorrected: int | None = None
+    remap_pending: bool | None = None  # a remapped row waits for a GPU reset
+    remap_failure: bool | None = None  # a row could not be remapped: the GPU wants replacing
+    retired_pending: bool | None = None  # before Ampere: retired pages wait for a reset
+    nvlink_replay: int | None = None  # summed over the active links
+    nvlink_recovery: int | None = None
+    nvlink_crc: int | None = None
+    pcie_replay: int | None = None
 
     @property
     def throttle_reasons(self) -> list[str]:
         if not self.throttle:
             return []
         return [name for bit, name in THROTTLE_REASONS.items() if self.throttle & bit]
+
+    @property
+    def hw_slowdown(self) -> list[str]:
+        """The clock event reasons that mean the hardware holds the clocks down (not a cap set by
+        software, not idleness): HW slowdown, HW thermal, HW power brake."""
+        return [r for r in self.throttle_reasons if r in HW_SLOWDOWN]
+
+    def health_notes(self) -> list[str]:
+        """What the GPU says is wrong with its memory: each a short phrase, for the pane, the
+        fleet row and the verdict's evidence."""
+        notes = []
+        if self.lost:
+            notes.append("lost (fallen off the bus)")
+        if self.remap_failure:
+            notes.append("row remap failed")
+        if self.remap_pending:
+            notes.append("row remap pending")
+        if self.retired_pending:
+            notes.append("retired pages pending")
+        if self.ecc_uncorrected:
+            notes.append(f"uncorrected ECC {self.ecc_uncorrected}")
+        return notes
+
+
+@dataclass
+class XidEvent:
+    """An Xid the driver reported: its GPU (None: a bus the agent could not map), when (host
+    epoch), its code and, from the kernel log, the pid it names."""
+
+    gpu: int | None
+    ts: float
+    code: int
+    pid: int | None = None
 
 
 @dataclass
@@ -105,6 +153,7 @@ class Proc:
     rank: int | None = None
     gpus: list[int] = field(default_factory=list)
     gpu_mem_mib: int | None = None
+    last_gpus: list[int] = field(default_factory=list)  # the GPUs it last held: still known once it died
     alive: bool = True
     exit_code: int | None = None
     gone_at: float | None = None
@@ -157,6 +206,8 @@ class AgentInfo:
     interval: float = 1.0
     warnings: list[str] = field(default_factory=list)
     utc_offset: int | None = None  # the host's local time minus UTC, seconds (log lines carry local time)
+    xid_source: str | None = None  # nvml | kmsg | None: where the agent hears Xid events
+    health_ms: float | None = None  # one slow-clock round of the GPU health calls, on the host
 
 
 def _is(value, kind: str) -> bool:
@@ -181,7 +232,12 @@ def _is(value, kind: str) -> bool:
 
 GPU_FIELDS = {"uuid": "str?", "name": "str?", "util_pct": "num?", "mem_used_mib": "num?", "mem_total_mib": "num?",
               "temp_c": "num?", "power_w": "num?", "power_limit_w": "num?", "sm_clock_mhz": "num?", "throttle": "int?",
-              "ecc_uncorrected": "int?", "processes": "pairs"}
+              "ecc_uncorrected": "int?", "processes": "pairs", "lost": "bool?", "ecc_aggregate": "int?",
+              "remap_corrected": "int?", "remap_uncorrected": "int?", "remap_pending": "bool?",
+              "remap_failure": "bool?", "retired_pending": "bool?", "nvlink_replay": "int?",
+              "nvlink_recovery": "int?", "nvlink_crc": "int?", "pcie_replay": "int?"}
+GPU_HEALTH = ("lost", "ecc_aggregate", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure",
+              "retired_pending", "nvlink_replay", "nvlink_recovery", "nvlink_crc", "pcie_replay")
 PROC_FIELDS = {"ppid": "int", "name": "str", "status": "str", "cpu_pct": "num", "rss_mib": "num", "threads": "int",
                "pgid": "int?", "sid": "int?", "started": "num?", "cmdline": "strs?"}
 
@@ -213,6 +269,7 @@ class HostState:
         self.metrics = MetricsView()  # the engine's metrics as the monitor scrapes them (cockpit/read/metrics.py)
         self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/read/flightrec.py)
         self.dropped: Counter = Counter()  # frame fields of the wrong type, dropped where applied: "gpus.util_pct"
+        self.xid: list[XidEvent] = []  # the recent Xid events the agent heard, oldest first (at most XID_KEPT)
 
     # ------------------------------------------------------------------ frames
 
@@ -262,6 +319,41 @@ class HostState:
         parts = ", ".join(f"{name} ×{n}" for name, n in self.dropped.most_common(6))
         return f"the host sent {count(sum(self.dropped.values()), 'field')} of the wrong type, dropped: {parts}"
 
+    def recent_xid(self, index: int | None = None) -> list[XidEvent]:
+        """The Xid events of the last XID_RECENT_S (host clock), of one GPU or all."""
+        since = None if self.sample_ts is None else self.sample_ts - XID_RECENT_S
+        return [e for e in self.xid if (since is None or e.ts >= since) and (index is None or e.gpu == index)]
+
+    def gpu_flags(self, index: int) -> list[str]:
+        """What GPU `index` says is wrong, in short words for a pane, a line and a fleet row:
+        lost, its recent Xids, a row remap pending or failed, retired pages, uncorrected ECC, the
+        hardware holding its clocks down."""
+        g = self.gpus.get(index)
+        if g is None:
+            return []
+        flags = ["LOST"] if g.lost else []
+        flags += [f"Xid {c}" for c in dict.fromkeys(e.code for e in self.recent_xid(index))]
+        flags += [n for n, on in (("remap failed", g.remap_failure), ("remap pending", g.remap_pending),
+                                  ("pages pending", g.retired_pending)) if on]
+        if g.ecc_uncorrected:
+            flags.append(f"ECC {g.ecc_uncorrected}")
+        return flags + g.hw_slowdown
+
+    def _xid(self, rows) -> None:
+        """The agent's recent Xid events, whole: [gpu, ts, code, pid], each checked, merged into
+        those known (a reconnected agent hears only new ones: what the last one heard stays)."""
+        events = list(self.xid)
+        for row in rows if isinstance(rows, list) else [None]:
+            if (isinstance(row, list) and len(row) == 4 and _is(row[0], "int?") and _is(row[1], "num")
+                    and _is(row[2], "int") and _is(row[3], "int?")):
+                event = XidEvent(*row)
+                if not any(e.gpu == event.gpu and e.code == event.code and e.pid == event.pid
+                           and abs(e.ts - event.ts) < 1.0 for e in events):  # the kernel log read again
+                    events.append(event)
+            else:
+                self.dropped["xid"] += 1
+        self.xid = sorted(events, key=lambda e: e.ts)[-XID_KEPT:]
+
     def _hello(self, f: dict) -> None:
         self.agent = AgentInfo(
             version=f.get("agent", "?"), python=f.get("python", "?"), executable=f.get("executable", "?"),
@@ -271,6 +363,8 @@ class HostState:
             procs_source=f["procs_source"] if isinstance(f.get("procs_source"), str) else None,
             interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
             utc_offset=f["utc_offset"] if isinstance(f.get("utc_offset"), int) else None,
+            xid_source=f["xid_source"] if isinstance(f.get("xid_source"), str) else None,
+            health_ms=f["health_ms"] if _is(f.get("health_ms"), "num") else None,
         )
         for g in self._rows(f.get("gpus"), "index", GPU_FIELDS, "hello.gpus"):
             gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
@@ -286,9 +380,9 @@ class HostState:
         for g in self._rows(f.get("gpus"), "index", GPU_FIELDS, "gpus"):
             gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
             for key in ("util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "power_limit_w",
-                        "sm_clock_mhz", "throttle", "ecc_uncorrected"):
+                        "sm_clock_mhz", "throttle", "ecc_uncorrected", *GPU_HEALTH):
                 if key in g:
-                    setattr(gpu, key, g[key])
+                    setattr(gpu, key, bool(g[key]) if key == "lost" else g[key])
             if "processes" in g:
                 gpu.processes = [(int(p[0]), p[1]) for p in g["processes"] or []]
             for pid, mib in gpu.processes:
@@ -316,6 +410,8 @@ class HostState:
             on = pid_gpus.get(pid, [])
             proc.gpus = [i for i, _ in on]
             proc.gpu_mem_mib = sum(m or 0 for _, m in on) if on else None
+            if proc.gpus:
+                proc.last_gpus = list(proc.gpus)
             self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(proc.cpu_pct)
         for pid, proc in self.procs.items():
             if proc.alive and pid not in seen:
@@ -327,6 +423,8 @@ class HostState:
                 continue
             if row[0] in self.procs:
                 self.procs[row[0]].exit_code = row[1]
+        if "xid" in f:
+            self._xid(f["xid"])
         self._infer_ranks()
         self._new_run()
         self._forget_old_dead()

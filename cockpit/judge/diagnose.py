@@ -14,6 +14,7 @@ from cockpit.host.state import HostState
 from cockpit.judge.evidence import merge
 from cockpit.judge.verdict import REQUESTS_FROZEN, Phase, V, Verdict, VerdictName
 from cockpit.read.logrules import LogLine, LogRules, LogTracker, progress_of
+from cockpit.read.xid import LOST, meaning
 
 
 def phase_of(state: HostState, log_path: str | None = None) -> Phase:
@@ -94,6 +95,10 @@ SPIN_POWER_SHARE = 0.3  # of the power limit: a kernel polling a flag draws litt
 COMPUTE_GPU_PCT = 50.0  # busy and drawing more than SPIN_POWER_SHARE of its limit: computing
 RESIDENT_SHARE = 0.10  # of GPU memory: the model is loaded
 SPAWN_GRACE_S = 20.0  # ranks all spawn within this of each other: fewer after it means one is gone
+XID_BEFORE_S = 300.0  # an Xid this long before a rank's death (or just after it) names the cause
+XID_AFTER_S = 30.0
+HW_SLOW_S = 5.0  # the hardware holds a GPU's clocks down this long: the run is slow
+REPLAY_WINDOW_S = 60.0  # NVLink or PCIe replays that grew within this: the link is retrying
 
 
 def _duration(seconds: float) -> str:
@@ -172,6 +177,7 @@ class Watchdog:
         self._generation = 0
         self._reset_progress()
         self.progress: Progress | None = None  # the last judgement's reading of the run's progress
+        self._replays: dict[tuple[int, str], tuple[int, int, float | None]] = {}  # (gpu, counter) -> (first, last, grew at)
 
     def _reset_progress(self) -> None:
         # (line's own clock, local arrival) of the last line that showed work, of the last line,
@@ -189,6 +195,7 @@ class Watchdog:
         self._phase_line, self._shards = None, None
         self._errors.clear()
         self._reset_progress()
+        self._replays = {}
 
     def begin(self, state: HostState, started: float | None = None) -> None:
         """A run starts now (launched, or found replacing the last one): the lines the logs hold
@@ -216,6 +223,10 @@ class Watchdog:
         if self.sources:  # NCCL RAS, the engine's metrics, the flight recorder (cockpit/judge/evidence.py)
             stalled = verdict.name in (V.STALLED_IDLE, V.STALLED_SPINNING)
             verdict = merge(verdict, [f for src in self.sources for f in src(state, now, self, stalled)], state)
+        if verdict.name != VerdictName.NO_RUN:
+            more = [e for e in gpu_evidence(state) if not any(e in said for said in verdict.evidence)]
+            if more:
+                verdict.evidence = verdict.evidence + more  # a new list: the evidence may be the progress's own
         return phase, verdict
 
     def _judge(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
@@ -274,7 +285,7 @@ class Watchdog:
                 ev.append("the port still answers: health alone does not prove progress")
             return phase, Verdict("stalled-spinning" if busy else "stalled-idle", ev, detail=REQUESTS_FROZEN,
                                   since=self._since_host(state, prog.idle_s))  # from the last work seen
-        slow = self._slow(phase, now)
+        slow = self._slow(phase, now) or self._gpu_slow(state, alive, now)
         if slow:
             return phase, slow
         if prog.work:
@@ -554,7 +565,55 @@ class Watchdog:
             ev += [f"log: {text.strip()[:160]}" for _, text in first.evidence[:3]]
         ev += [f"log: {line.strip()[:160]}" for line in self._errors if first is None or
                all(line != text for _, text in first.evidence)][:3]
+        cause = _gpu_cause(state, dead)
+        if cause is not None:  # the GPU's own word comes first: the log's failure is its consequence
+            rank, line = cause
+            ev.insert(0, line)
         return Verdict(VerdictName.CRASHED, ev, rank)
+
+    def _gpu_slow(self, state: HostState, alive, now: float) -> Verdict | None:
+        """Every rank alive, and the GPU of one held down by the hardware (HW slowdown, thermal,
+        power brake) for HW_SLOW_S, or its NVLink or PCIe link retrying (replay counters that grew
+        within REPLAY_WINDOW_S): the run goes at that GPU's pace."""
+        on = {}
+        for p in alive:
+            for i in p.gpus or p.last_gpus:
+                if i in state.gpus:
+                    on.setdefault(i, p.rank)
+        found = []
+        for i, rank in sorted(on.items()):
+            g = state.gpus[i]
+            held = self._held(f"hw{i}", bool(g.hw_slowdown), now)
+            if g.hw_slowdown and held >= HW_SLOW_S:
+                clocks = [x.sm_clock_mhz for j, x in state.gpus.items() if j != i and j in on and x.sm_clock_mhz]
+                vs = f" against {max(clocks)} MHz on the others" if clocks and g.sm_clock_mhz else ""
+                found.append((rank, f"GPU {i} (rank {rank}) held down by the hardware: {'/'.join(g.hw_slowdown)}"
+                                    f"{f', SM {g.sm_clock_mhz} MHz' if g.sm_clock_mhz else ''}{vs} for {held:.0f} s"))
+            for name, what in (("nvlink_replay", "NVLink replays"), ("nvlink_recovery", "NVLink recoveries"),
+                               ("pcie_replay", "PCIe replays")):
+                grew = self._grew(i, name, getattr(g, name), now)
+                if grew:
+                    found.append((rank, f"GPU {i} (rank {rank}) {what} growing: +{grew} in the last "
+                                        f"{REPLAY_WINDOW_S:.0f} s"))
+        if not found:
+            return None
+        ranks = {r for r, _ in found}
+        return Verdict(VerdictName.SLOW, [line for _, line in found], next(iter(ranks)) if len(ranks) == 1 else None)
+
+    def _grew(self, gpu: int, name: str, value: int | None, now: float) -> int:
+        """How much a replay counter grew since the first look, while it last grew within
+        REPLAY_WINDOW_S (a counter that stopped growing is history, not slowness)."""
+        if value is None:
+            return 0
+        had = self._replays.get((gpu, name))
+        if had is None or value < had[1]:  # first look, or the counter was reset
+            self._replays[(gpu, name)] = (value, value, None)
+            return 0
+        base, last, at = had
+        if value > last:
+            at = now
+        self._replays[(gpu, name)] = (base, value, at)
+        return value - base if at is not None and now - at <= REPLAY_WINDOW_S else 0
 
     def _slow(self, phase: Phase, now: float) -> Verdict | None:
         typical = self.earlier.get(phase.name)
@@ -574,3 +633,64 @@ class Watchdog:
             return {}
         return {name: round(max(0.0, at - self.started), 1)
                 for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])}
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _rank_gpus(state: HostState, p) -> list[int]:
+    """The GPUs a rank held (known after its death), else the GPU of its number where no rank
+    of this host was ever seen on a GPU (a plain local TP layout)."""
+    if p.gpus or p.last_gpus:
+        return list(p.gpus or p.last_gpus)
+    if p.rank is not None and p.rank in state.gpus and not any(q.last_gpus for q in state.procs.values()):
+        return [p.rank]
+    return []
+
+
+def _death_ts(state: HostState, p) -> float | None:
+    """When a dead rank was seen gone, on the host's clock."""
+    if state.sample_ts is None:
+        return None
+    if p.gone_at is not None and state.received_at is not None:
+        return state.sample_ts - max(0.0, state.received_at - p.gone_at)
+    return state.sample_ts
+
+
+def _gpu_cause(state: HostState, dead) -> tuple[int, str] | None:
+    """A dead rank whose GPU raised an Xid shortly before (or at) its death, or fell off the bus:
+    that rank, and the line that says so. The earliest such Xid wins (the first fault is the cause)."""
+    best = None
+    for p in dead:
+        if p.rank is None:
+            continue
+        died = _death_ts(state, p)
+        for i in _rank_gpus(state, p):
+            for ev in state.xid:
+                if ev.gpu != i or died is None or not died - XID_BEFORE_S <= ev.ts <= died + XID_AFTER_S:
+                    continue
+                if best is None or ev.ts < best[0]:
+                    best = (ev.ts, p.rank, f"rank {p.rank} died: GPU {i} Xid {meaning(ev.code)} at {_stamp(ev.ts)}"
+                            + (f" (pid {ev.pid})" if ev.pid else ""))
+            g = state.gpus.get(i)
+            if best is None and g is not None and g.lost:
+                best = (float("inf"), p.rank, f"rank {p.rank} died: GPU {i} lost ({LOST}: NVML answers GPU_IS_LOST)")
+    return None if best is None else (best[1], best[2])
+
+
+def gpu_evidence(state: HostState) -> list[str]:
+    """What the GPUs say of themselves, for any verdict's evidence: a GPU lost, recent Xids, a
+    row remap pending or failed, uncorrected ECC. Evidence, not a verdict: a pending remap only
+    asks for a reset when the run ends."""
+    out = []
+    recent = state.sample_ts - XID_BEFORE_S if state.sample_ts is not None else None
+    for ev in state.xid:
+        if recent is None or ev.ts >= recent:
+            where = f"GPU {ev.gpu}" if ev.gpu is not None else "a GPU"
+            out.append(f"{where} Xid {meaning(ev.code)} at {_stamp(ev.ts)}" + (f" (pid {ev.pid})" if ev.pid else ""))
+    for g in sorted(state.gpus.values(), key=lambda g: g.index):
+        notes = g.health_notes()
+        if notes:
+            out.append(f"GPU {g.index}: {', '.join(notes)}")
+    return out[-6:]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.host.session import SessionOptions, WatchList
-from cockpit.host.state import HISTORY_LEN, AgentInfo, HostState, PortState
+from cockpit.host.state import HISTORY_LEN, XID_KEPT, AgentInfo, HostState, PortState
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.connect import carrier_link
 from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
@@ -108,6 +108,7 @@ class ClusterState(HostState):
 
     def rebuild(self, nodes: list[Node]) -> None:
         procs, gpus, ports, logs, cpu_hist, gpu_hist = {}, {}, [], {}, {}, {}
+        xid: list = []
         warnings: list[str] = []
         live = [n for n in nodes if n.monitor is not None and n.monitor.state.seq]
         for n in nodes:
@@ -124,6 +125,7 @@ class ClusterState(HostState):
                 q.pgid = base + p.pgid if p.pgid else p.pgid
                 q.sid = base + p.sid if p.sid else p.sid
                 q.gpus = [k * GPU_STRIDE + i for i in p.gpus]
+                q.last_gpus = [k * GPU_STRIDE + i for i in p.last_gpus]
                 q.node, q.node_pid = n.name, pid
                 q.step = steps.get(pid) or steps.get(p.ppid)
                 if q.step is not None:
@@ -140,6 +142,7 @@ class ClusterState(HostState):
                 self.gpu_labels[h.index] = h.label
                 if i in st.gpu_history:
                     gpu_hist[h.index] = st.gpu_history[i]
+            xid += [dataclasses.replace(e, gpu=None if e.gpu is None else k * GPU_STRIDE + e.gpu) for e in st.xid]
             ports += [PortState(pt.port, pt.listening, base + pt.pid if pt.pid else None) for pt in st.ports]
             for path, log in st.logs.items():
                 if path in n.monitor.session.watch.logs:  # the one it follows now (not one it followed first)
@@ -149,6 +152,7 @@ class ClusterState(HostState):
             warnings += [f"node {n.name}: {w}" for w in st.agent.warnings]
         self._global_ranks(procs, live)
         self.procs, self.gpus, self.ports, self.logs = procs, gpus, ports, logs
+        self.xid = sorted(xid, key=lambda e: e.ts)[-XID_KEPT:]  # each node's Xids, on the job's GPU numbers
         self.proc_cpu_history, self.gpu_history = cpu_hist, gpu_hist
         if live:
             first = live[0].monitor.state

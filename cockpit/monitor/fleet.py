@@ -148,6 +148,24 @@ class Row:
         return used / total if total else -1.0
 
 
+def alerts_of(s, verdict) -> list[str]:
+    """A fleet row's alerts: why the verdict alerts, then what each GPU says of itself (lost, its
+    recent Xids, row remap, ECC, the hardware holding its clocks down; docs/xid.md), heat, and
+    the absence of GPUs."""
+    alerts: list[str] = []
+    if verdict.alerting and verdict.evidence:
+        alerts.append(verdict.evidence[0])  # the verdict has its own column: here, why
+    for g in sorted(s.gpus.values(), key=lambda g: g.index):
+        if g.temp_c is not None and g.temp_c >= HOT_C:
+            alerts.append(f"GPU{g.index} {g.temp_c}°C")
+        flags = s.gpu_flags(g.index) + [r for r in g.throttle_reasons if r == "sw-thermal"]
+        if flags:
+            alerts.append(f"GPU{g.index} {'/'.join(flags)}")
+    if s.seq and not s.gpus:
+        alerts.append("no GPUs")
+    return alerts
+
+
 class Member:
     """One host of the fleet: its monitor (kept up or retried on its own) and its layout."""
 
@@ -232,19 +250,7 @@ class Member:
 
     def row(self) -> Row:
         s = self.state
-        alerts: list[str] = []
-        if self.verdict.alerting and self.verdict.evidence:
-            alerts.append(self.verdict.evidence[0])  # the verdict has its own column: here, why
-        for g in sorted(s.gpus.values(), key=lambda g: g.index):
-            if g.temp_c is not None and g.temp_c >= HOT_C:
-                alerts.append(f"GPU{g.index} {g.temp_c}°C")
-            if g.ecc_uncorrected:
-                alerts.append(f"GPU{g.index} ECC {g.ecc_uncorrected}")
-            slow = [r for r in g.throttle_reasons if r in ("hw-slowdown", "hw-thermal", "hw-power-brake", "sw-thermal")]
-            if slow:
-                alerts.append(f"GPU{g.index} {'/'.join(slow)}")
-        if s.seq and not s.gpus:
-            alerts.append("no GPUs")
+        alerts = alerts_of(s, self.verdict)
         alerts += s.agent.warnings[:1]
         link = s.link_state
         return Row(name=self.host.name, link=link, error=self.session.link_error, rtt_ms=s.rtt_ms,

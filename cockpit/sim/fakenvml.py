@@ -24,8 +24,14 @@ NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_NVLINK_MAX_LINKS = 18
 nvmlClocksEventReasonGpuIdle = 0x1
 nvmlClocksEventReasonSwPowerCap = 0x4
+nvmlClocksEventReasonHwSlowdown = 0x8
+nvmlEventTypeSingleBitEccError = 0x1
+nvmlEventTypeDoubleBitEccError = 0x2
+nvmlEventTypeXidCriticalError = 0x8
 
 MODELS = {
     "rtx-pro-6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "mem_total_mib": 97887,
@@ -46,20 +52,30 @@ ACTIVITY = {
 
 
 class NVMLError(Exception):
+    value = 999  # NVML_ERROR_UNKNOWN; each subclass has its code, as pynvml's do
+
     def __str__(self):
         return self.args[0] if self.args else "NVML error"
 
 
 class NVMLError_NotSupported(NVMLError):
-    pass
+    value = 3
 
 
 class NVMLError_Uninitialized(NVMLError):
-    pass
+    value = 1
 
 
 class NVMLError_InvalidArgument(NVMLError):
-    pass
+    value = 2
+
+
+class NVMLError_Timeout(NVMLError):
+    value = 10
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    value = 15
 
 
 class _Obj:
@@ -67,7 +83,7 @@ class _Obj:
         self.__dict__.update(kw)
 
 
-_state = {"dir": None, "host": None, "procs": [], "read_at": -1.0}
+_state = {"dir": None, "host": None, "procs": [], "faults": {}, "read_at": -1.0}
 
 
 def _dir():
@@ -112,6 +128,24 @@ def _refresh():
         if _alive(pid):
             procs.append(entry)
     _state["procs"] = procs
+    faults = {}
+    folder = os.path.join(_dir(), "faults")
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        try:
+            with open(os.path.join(folder, name)) as fh:
+                faults[int(name.split(".")[0])] = json.load(fh)
+        except (OSError, ValueError):
+            continue
+    _state["faults"] = faults
+
+
+def _fault(handle):
+    """What a scenario made of this GPU (`<state>/faults/<gpu>.json`); a lost GPU answers nothing."""
+    _refresh()
+    fault = _state["faults"].get(handle, {})
+    if fault.get("lost"):
+        raise NVMLError_GpuIsLost("GPU is lost")
+    return fault
 
 
 def _noise(index, salt, span):
@@ -175,10 +209,16 @@ def nvmlDeviceGetCount():
 def nvmlDeviceGetHandleByIndex(index):
     if not 0 <= index < nvmlDeviceGetCount():
         raise NVMLError_InvalidArgument("Invalid Argument")
+    _fault(index)
     return index
 
 
+def nvmlDeviceGetIndex(handle):
+    return handle
+
+
 def nvmlDeviceGetName(handle):
+    _fault(handle)
     return _model()["name"]
 
 
@@ -191,6 +231,7 @@ nvmlMemory_v2 = 0x02000028
 
 
 def nvmlDeviceGetMemoryInfo(handle, version=None):
+    _fault(handle)
     total = _model()["mem_total_mib"] * 1048576
     used = (512 + sum(int(p.get("used_mib", 0)) for p in _users(handle))) * 1048576
     used = min(used, total)
@@ -198,6 +239,7 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
 
 
 def nvmlDeviceGetUtilizationRates(handle):
+    _fault(handle)
     util, _, _ = ACTIVITY[_activity(handle)]
     if 0 < util < 100:
         util = int(max(1, min(99, util + _noise(handle, "u", 6))))
@@ -205,6 +247,7 @@ def nvmlDeviceGetUtilizationRates(handle):
 
 
 def nvmlDeviceGetPowerUsage(handle):
+    _fault(handle)
     m = _model()
     _, share, _ = ACTIVITY[_activity(handle)]
     watts = m["idle_w"] + share * (m["power_limit_w"] - m["idle_w"]) + _noise(handle, "p", 2.5)
@@ -216,21 +259,123 @@ def nvmlDeviceGetEnforcedPowerLimit(handle):
 
 
 def nvmlDeviceGetTemperature(handle, sensor):
+    _fault(handle)
     _, share, _ = ACTIVITY[_activity(handle)]
     return int(31 + 45 * share + _noise(handle, "t", 1.5))
 
 
 def nvmlDeviceGetClockInfo(handle, clock):
     _, _, clk = ACTIVITY[_activity(handle)]
+    if _fault(handle).get("throttle", 0) & 0xE8:  # held down by the hardware: about half the clock
+        clk *= 0.55
     return int(_model()["max_sm_mhz"] * clk)
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle):
-    return nvmlClocksEventReasonGpuIdle if _activity(handle) in ("idle", "blocked") else 0
+    extra = int(_fault(handle).get("throttle", 0))
+    return extra | (nvmlClocksEventReasonGpuIdle if _activity(handle) in ("idle", "blocked") else 0)
 
 
 def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
-    return 0
+    fault = _fault(handle)
+    return int(fault.get("ecc_aggregate" if counter_type == NVML_AGGREGATE_ECC else "ecc_uncorrected",
+                         fault.get("ecc_uncorrected", 0)))
+
+
+def nvmlDeviceGetPciInfo(handle):
+    _fault(handle)
+    bus = 0x18 + 0x10 * handle
+    return _Obj(busId=("00000000:%02X:00.0" % bus).encode(), bus=bus, domain=0, device=0)
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    """(corrected, uncorrected, pending, failure): Ampere and later remap rows, as these GPUs do."""
+    f = _fault(handle)
+    return (int(f.get("remap_corrected", 0)), int(f.get("remap_uncorrected", 0)),
+            int(bool(f.get("remap_pending"))), int(bool(f.get("remap_failure"))))
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle):
+    raise NVMLError_NotSupported("Not Supported")  # page retirement is pre-Ampere; these remap rows
+
+
+def _nvlinks():
+    return int(_state["host"].get("nvlinks", 18 if _state["host"].get("model") == "h200" else 0))
+
+
+def nvmlDeviceGetNvLinkState(handle, link):
+    _fault(handle)
+    if link >= _nvlinks():
+        raise NVMLError_NotSupported("Not Supported")  # an RTX PRO 6000 has no NVLink
+    return 1
+
+
+def nvmlDeviceGetNvLinkErrorCounter(handle, link, counter):
+    f = _fault(handle)
+    if link >= _nvlinks():
+        raise NVMLError_NotSupported("Not Supported")
+    name = {0: "nvlink_replay", 1: "nvlink_recovery", 2: "nvlink_crc"}.get(counter)
+    return int(f.get(name, 0)) if link == 0 and name else 0
+
+
+def nvmlDeviceGetPcieReplayCounter(handle):
+    return int(_fault(handle).get("pcie_replay", 0))
+
+
+def nvmlDeviceGetSupportedEventTypes(handle):
+    _fault(handle)
+    return nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError
+
+
+class _EventSet:
+    def __init__(self, path):
+        self.path = path
+        self.handles = {}
+        try:
+            self.offset = os.path.getsize(path)  # like the driver: only events from now on
+        except OSError:
+            self.offset = 0
+
+
+def nvmlEventSetCreate():
+    return _EventSet(os.path.join(_dir(), "events.jsonl"))
+
+
+def nvmlDeviceRegisterEvents(handle, event_types, eventset):
+    _fault(handle)
+    eventset.handles[handle] = event_types
+
+
+def nvmlEventSetWait_v2(eventset, timeout_ms):
+    """The next event a scenario wrote to `<state>/events.jsonl` for a registered GPU, else
+    NVMLError_Timeout after timeout_ms (the file is looked at every 50 ms meanwhile)."""
+    deadline = time.monotonic() + timeout_ms / 1000.0
+    while True:
+        try:
+            with open(eventset.path, "rb") as fh:
+                fh.seek(eventset.offset)
+                chunk = fh.read()
+        except OSError:
+            chunk = b""
+        end = chunk.rfind(b"\n") + 1
+        for line in chunk[:end].splitlines(True):
+            eventset.offset += len(line)
+            try:
+                ev = json.loads(line)
+                gpu, kind = int(ev["gpu"]), int(ev.get("type", nvmlEventTypeXidCriticalError))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if eventset.handles.get(gpu, 0) & kind:
+                return _Obj(device=gpu, eventType=kind, eventData=int(ev.get("data", 0)),
+                            gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NVMLError_Timeout("Timeout")
+        time.sleep(min(0.05, left))
+
+
+def nvmlEventSetFree(eventset):
+    eventset.handles = {}
 
 
 def nvmlDeviceGetFanSpeed(handle):
@@ -238,6 +383,7 @@ def nvmlDeviceGetFanSpeed(handle):
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle):
+    _fault(handle)
     return [
         _Obj(pid=int(p["pid"]), usedGpuMemory=int(p.get("used_mib", 0)) * 1048576)
         for p in _users(handle)
@@ -256,6 +402,33 @@ def register(state_dir, pid, gpu, used_mib, activity):
     with open(tmp, "w") as fh:
         json.dump({"pid": pid, "gpu": gpu, "used_mib": int(used_mib), "activity": activity}, fh)
     os.replace(tmp, path)
+
+
+def fault(state_dir, gpu, **fields):
+    """Called by a scenario: what goes wrong with GPU `gpu` (lost, throttle bits, remap_pending,
+    ecc_uncorrected, nvlink_replay, pcie_replay...), merged into what was there, atomically."""
+    folder = os.path.join(state_dir, "faults")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "%d.json" % gpu)
+    try:
+        with open(path) as fh:
+            now = json.load(fh)
+    except (OSError, ValueError):
+        now = {}
+    now.update(fields)
+    with open(path + ".tmp", "w") as fh:
+        json.dump(now, fh)
+    os.replace(path + ".tmp", path)
+
+
+def xid(state_dir, gpu, code):
+    """Called by a scenario: the driver reports Xid `code` on GPU `gpu` (one appended line)."""
+    line = json.dumps({"gpu": gpu, "type": nvmlEventTypeXidCriticalError, "data": int(code)}) + "\n"
+    fd = os.open(os.path.join(state_dir, "events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def write_host(state_dir, gpus=8, model="rtx-pro-6000", seed=0, driver="580.95.05"):

@@ -10,6 +10,13 @@ and reproduces failures from the field, chosen by flags:
                                    wait in an all-reduce: their GPUs at 100 % and idle power,
                                    rank K's GPU idle, tokens frozen (as measured on H200s)
   --sim-crash-rank K               rank K dies (SIGKILL, exit -9) while loading weights
+  --sim-xid-rank K [--sim-xid N]   once serving, the GPU of rank K reports Xid N (79 by default:
+                                   fallen off the bus, and the GPU is then lost); rank K dies
+  --sim-lost-rank K                once serving, the GPU of rank K is lost (NVML answers
+                                   GPU_IS_LOST, no event) and rank K dies
+  --sim-remap-rank K               the GPU of rank K has an uncorrected ECC error and a row
+                                   remap pending (a reset applies it); the run goes on
+  --sim-slowdown-rank K            the GPU of rank K is held down by the hardware (HW slowdown)
   --sim-leak-shm                   leaves nccl-, psm_ and sgl_shm_ entries in the shm folder
   --sim-orphans                    workers outlive a SIGKILLed parent and keep their GPU memory
 
@@ -68,6 +75,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a folder the nodes share: a rank hung on one node stalls the collective on all")
     p.add_argument("--sim-hang-rank", type=int, default=None)
     p.add_argument("--sim-crash-rank", type=int, default=None)
+    p.add_argument("--sim-xid-rank", type=int, default=None)
+    p.add_argument("--sim-xid", type=int, default=79)
+    p.add_argument("--sim-lost-rank", type=int, default=None)
+    p.add_argument("--sim-remap-rank", type=int, default=None)
+    p.add_argument("--sim-slowdown-rank", type=int, default=None)
     p.add_argument("--sim-leak-shm", action="store_true")
     p.add_argument("--sim-orphans", action="store_true")
     p.add_argument("--sim-traffic", type=float, default=0.0, metavar="REQ_S",
@@ -296,7 +308,24 @@ def run_scheduler_process(args, rank, shared, ready) -> None:
     ready.put(rank)
     r.publish(activity="idle")
     watch_spin(r)
+    if rank in (args.sim_xid_rank, args.sim_lost_rank):
+        threading.Thread(target=gpu_falls, args=(r,), daemon=True).start()
     r.event_loop()
+
+
+def gpu_falls(rank: Rank) -> None:
+    """The GPU of this rank fails once the server serves: the driver's Xid (and, for 79, the GPU
+    lost), the CUDA error the rank then hits, and its death."""
+    args = rank.args
+    rank.clock.sleep(3.0)
+    if args.sim_state:
+        if rank.rank == args.sim_xid_rank:
+            fakenvml.xid(args.sim_state, rank.gpu, args.sim_xid)
+        if rank.rank == args.sim_lost_rank or args.sim_xid == 79:
+            fakenvml.fault(args.sim_state, rank.gpu, lost=True)
+    time.sleep(0.5)
+    rank.log("Scheduler hit an exception: RuntimeError: CUDA error: unspecified launch failure", level="ERROR")
+    os._exit(1)
 
 
 def watch_spin(rank: Rank) -> None:
@@ -437,6 +466,7 @@ class Server:
 
     def start(self) -> int:
         args = self.args
+        self.gpu_faults()
         self.log(f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, "
                  f"mem_fraction_static={args.mem_fraction}, host='{args.host}', port={args.port}, "
                  f"speculative_algorithm={args.speculative_algorithm!r}, disable_cuda_graph={args.disable_cuda_graph})")
@@ -465,6 +495,24 @@ class Server:
                 if dead:
                     return self.child_died(dead[0])
         return self.serve()
+
+    def gpu_faults(self) -> None:
+        """This run's GPUs start sound, but for what the scenario says is wrong from the start."""
+        state = self.args.sim_state
+        if not state:
+            return
+        gpus = {r: self.args.base_gpu_id + r - self.args.first_rank
+                for r in range(self.args.first_rank, self.args.first_rank + self.args.local_tp)}
+        for gpu in gpus.values():
+            try:
+                os.unlink(os.path.join(state, "faults", f"{gpu}.json"))
+            except FileNotFoundError:
+                pass
+        if self.args.sim_remap_rank in gpus:
+            fakenvml.fault(state, gpus[self.args.sim_remap_rank], remap_pending=True, remap_uncorrected=1,
+                           ecc_uncorrected=1, ecc_aggregate=1)
+        if self.args.sim_slowdown_rank in gpus:
+            fakenvml.fault(state, gpus[self.args.sim_slowdown_rank], throttle=fakenvml.nvmlClocksEventReasonHwSlowdown)
 
     def child_died(self, child) -> int:
         rank = child.name.rsplit("TP", 1)[-1] if "TP" in child.name else child.name

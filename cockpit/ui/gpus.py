@@ -43,7 +43,7 @@ class GpuPane(Widget):
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
             label = getattr(gpu, "label", None) or f"GPU{self.index}"  # node:index across nodes
-            titles = (f"{label} {name}", " ".join(gpu.throttle_reasons[:1]))
+            titles = (f"{label} {name}", "LOST" if gpu.lost else " ".join((gpu.hw_slowdown or gpu.throttle_reasons)[:1]))
             if titles != self._titles:  # setting a title repaints the pane, changed or not
                 self._titles = titles
                 self.border_title = as_text(titles[0])  # the board's name and a node's name: host text
@@ -94,10 +94,13 @@ class GpuPane(Widget):
             return Text("waiting for data", style="grey50")
         compact = self.has_class("compact")
         lines = [self._util(gpu, width), self._mem(gpu, width), self._power(gpu, width)]
+        word = self._word(state, gpu)
         if not compact:
             hist = state.gpu_history.get(self.index, {}).get("util_pct", [])
-            lines.insert(1, spark(hist, width, style="green"))
+            lines.insert(1, word or spark(hist, width, style="green"))  # the GPU's own word before its history
             lines.append(self._misc(gpu))
+        elif word is not None:
+            lines[2] = word
         lines.extend(self._ranks(gpu, width, 1 if compact else 2))
         return Text("\n").join(lines)
 
@@ -119,6 +122,13 @@ class GpuPane(Widget):
     def _power(self, gpu: Gpu, width: int) -> Text:
         text = f"{num(gpu.power_w)}/{num(gpu.power_limit_w, 'W')}"
         return self._meter("pwr", gpu.power_w, gpu.power_limit_w, text, "cyan", width)
+
+    @staticmethod
+    def _word(state: HostState, gpu: Gpu) -> Text | None:
+        """What the GPU says is wrong with itself (docs/xid.md): lost, Xids, row remap, ECC,
+        the hardware holding its clocks down; None when nothing is."""
+        flags = state.gpu_flags(gpu.index)
+        return Text(" ".join(["!", *flags]), style="bold red") if flags else None
 
     def _misc(self, gpu: Gpu) -> Text:
         temp = num(gpu.temp_c, "°C")
@@ -201,8 +211,9 @@ class GpuList(Static):
         pw, tw = (9, 5) if wide else (5, 4)
         tail = Text(f" {num(gpu.util_pct, '%'):>4} ") + Text(f"{mem:>7}", style="magenta") + \
             Text(f" {power:>{pw}} {temp:>{tw}} ") + Text(who, style="bold" if ranks else "grey42")
-        if gpu.ecc_uncorrected:
-            tail.append(" ECC", style="bold red")
+        flags = state.gpu_flags(index)
+        if flags:
+            tail.append(" " + flags[0] + ("+" if len(flags) > 1 else ""), style="bold red")
         head = Text(f"GPU{index}" if width >= 44 else f"{index:<2}", style="bold")
         room = width - len(head) - len(tail) - 1
         return head + Text(" ") + bar(util, max(3, min(room, 30)), level_style(util)) + tail
