@@ -141,8 +141,10 @@ def print_json(doc) -> None:
     sys.stdout.write("\n")
 
 
-def _confirm(lines: list[str], question: str, yes: bool) -> bool:
-    say("\n".join(lines))
+def _confirm(lines: list[str], question: str, yes: bool, json_out: bool = False) -> bool:
+    """The plan said, then asked (or taken under --yes). With --json the plan goes to stderr:
+    stdout carries the one JSON document only."""
+    say("\n".join(lines), file=sys.stderr if json_out else sys.stdout)
     if yes:
         return True
     if not sys.stdin.isatty():
@@ -552,7 +554,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
                 raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
                                    + (f" ({why})" if why else "")
                                    if not args.pid else f"no process {args.pid} on {session.target.label}")
-            if not _confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes):
+            if not _confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes,
+                            args.json):
                 return None
             return await monitor.stop(plan, "cockpit kill: asked by the operator", args.wait, whole_run=not args.pid)
 
@@ -602,7 +605,8 @@ def cmd_shm(args: argparse.Namespace) -> int:
             if not chosen:
                 return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
             if not _confirm([f"  rm {visible(e['name'])}" for e in chosen],
-                            f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?", args.yes):
+                            f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?", args.yes,
+                            args.json):
                 return audit, None
             if other_dir and not args.yes_other_dir and not _confirm(
                     [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
@@ -753,7 +757,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
             spec = _spec(args, layout)
             argv = build_argv(layout, spec, launch.launch_python(layout, session)) + launch.sim_flags(layout, session)
             plan, names, lines = await launch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
-            if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes):
+            if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes,
+                            args.json):
                 return None
             return await launch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
                                             progress=_progress, settle=args.settle, plan=plan, shm=names)
@@ -790,7 +795,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             specs = combinations(monitor.layout, vary)
             plan, names, lines = await launch.plan_relaunch(monitor)
             if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
-                            f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?", args.yes):
+                            f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
+                            args.yes, args.json):
                 return None
             return await launch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
                                        first_shm=names)

@@ -81,6 +81,8 @@ def read_ledger(layout: Layout) -> list[dict]:
             if isinstance(rec.get("verdict"), str) and (not history or history[-1]["verdict"] != rec["verdict"]):
                 history.append({k: rec.get(k) for k in VERDICT_KEYS})
             continue
+        if rec.get("event") == "launch" and isinstance(rec.get("time"), (int, float)):
+            run["launched"] = rec["time"]  # `time` is each record's own: the outcome's overwrites it
         run.update({k: v for k, v in rec.items() if k != "event"})
     return list(runs.values())
 
@@ -122,33 +124,43 @@ def _span(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def _spans(history: list[dict], end: float, live: bool) -> list[str]:
+    """Each verdict with when it began (a stall from its own start, as the host's history dates it)
+    and how long it lasted: until the next one began, never past it."""
+    starts = [h["since"] if isinstance(h.get("since"), (int, float)) else h.get("at") for h in history]
+    for n in range(1, len(starts)):  # a stall dated back before the verdict it replaced began
+        if isinstance(starts[n], (int, float)) and isinstance(starts[n - 1], (int, float)):
+            starts[n] = max(starts[n], starts[n - 1])
+    out = []
+    for n, h in enumerate(history):
+        start, stop = starts[n], starts[n + 1] if n + 1 < len(starts) else end
+        rank = f" (rank {h['odd_rank']})" if h.get("odd_rank") is not None else ""
+        took = _span(max(0.0, stop - start)) if isinstance(start, (int, float)) and isinstance(stop, (int, float)) else "?"
+        last = n + 1 == len(history) and live
+        out.append(f"{_clock(start)} {h['verdict']}{rank} {'for ' + took + ' so far' if last else took}")
+    return out
+
+
 def describe_ledger(runs: list[dict], now: float | None = None) -> list[str]:
     """A line per run (a live one, with no outcome yet, reads its current verdict), then its
     verdicts in turn with when each began and how long it lasted, and who stopped it."""
     now = time.time() if now is None else now
-    lines = [f"{'run':<28} {'outcome':<17} {'ready':>7}  flag sets / params"]
+    lines = [f"{'run':<28} {'outcome':<24} {'ready':>7}  flag sets / params"]
     for r in runs:
         ready = (r.get("phase_times") or {}).get("ready")
         sets = ",".join(r.get("flag_sets") or []) or "-"
         params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
         history = r.get("verdicts") or []
+        ended = r.get("ended") if isinstance(r.get("ended"), (int, float)) else None
+        live = ended is None and (not history or history[-1]["verdict"] not in ("no run", "stopped"))
         outcome = r.get("outcome", "?")
-        if outcome == "unknown" and history and not r.get("ended"):
-            outcome = f"now {history[-1]['verdict']}"
-        lines.append(f"{r['run_id']:<28} {outcome:<17} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
-        began = r.get("time")
+        if history and live and history[-1]["verdict"] != outcome:  # a run the ledger still sees live
+            outcome = f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
+        lines.append(f"{r['run_id']:<28} {outcome:<24} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
         if history:
-            spans = []
-            for n, h in enumerate(history):
-                start = h.get("since") if isinstance(h.get("since"), (int, float)) else h.get("at")
-                end = history[n + 1].get("at") if n + 1 < len(history) else (r.get("ended") or None)
-                last = end is None and r.get("outcome", "unknown") == "unknown"
-                rank = f" (rank {h['odd_rank']})" if h.get("odd_rank") is not None else ""
-                took = _span(max(0.0, (end or now) - start)) if isinstance(start, (int, float)) else "?"
-                spans.append(f"{_clock(start)} {h['verdict']}{rank} {'for ' + took + ' so far' if last else took}")
-            lines.append("    " + ", then ".join(spans))
+            lines.append("    " + ", then ".join(_spans(history, ended if ended is not None else now, live)))
+        began = r.get("launched")
         if isinstance(began, (int, float)):
-            live = r.get("outcome") == "unknown" and not r.get("ended")
             lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
         stop = r.get("stop")
         if isinstance(stop, dict):
