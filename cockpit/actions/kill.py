@@ -342,8 +342,11 @@ def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
         lines += [f"  rm {visible(e['name'])}  ({e['why']})" for e in found.remove]
     else:
         lines.append(f"nothing to remove from {folder}")
-    for e in found.left:
-        lines.append(f"  left: {visible(e['name'])}: {e['why']}")
+    by: dict[str, list[str]] = {}
+    for e in found.left:  # many files share one reason: it is said once, with their names
+        by.setdefault(e["why"], []).append(visible(e["name"]))
+    for why, names in by.items():
+        lines.append(f"  left ({count(len(names), 'entry', 'entries')}): {why}: {', '.join(names)}")
     return lines
 
 

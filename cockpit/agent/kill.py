@@ -15,6 +15,15 @@ from .procs import (DEFAULT_PATTERNS, _CLK_TCK, _boot_time, _environ, _proc_stat
 _SIGNALS = {"TERM": 15, "KILL": 9}
 
 
+
+TITLE_MAX = 2000  # characters of a command line in a plan: a bound on the frame, said when reached
+
+
+def _shown(text):
+    """A command line as a plan shows it: whole up to TITLE_MAX, else cut with how much is left
+    out (never silently)."""
+    return text if len(text) <= TITLE_MAX else "%s… (+%d characters)" % (text[:TITLE_MAX], len(text) - TITLE_MAX)
+
 def _matches(patterns, name, text):
     for pat in patterns or ():
         if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(text, pat):
@@ -65,7 +74,7 @@ class _Table:
         r = self.rows[pid]
         return {"pid": pid, "start": r["_start"], "started": r["started"], "uid": r["uid"], "user": _user(r["uid"]),
                 "ppid": r["ppid"], "pgid": r["pgid"], "sid": r["sid"], "status": r["status"], "name": r["name"],
-                "title": self.text(pid)[:300]}
+                "title": _shown(self.text(pid))}
 
     def climb(self, pid, member, protected, memo=None):
         """From a process of the run up to the highest ancestor that is of the run too (same user,
@@ -267,7 +276,7 @@ def _candidate(table, root, rule, protected, extra=()):
     uid = row["uid"]
     members = table.tree([root] + list(extra), uid, protected)
     return {"rule": rule, "root": root, "root_start": row["_start"], "uid": uid, "user": _user(uid),
-            "started": row["started"], "title": table.text(root)[:300], "sessions": [],
+            "started": row["started"], "title": _shown(table.text(root)), "sessions": [],
             "members": [table.entry(p) for p in sorted(members)]}
 
 

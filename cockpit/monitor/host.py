@@ -82,6 +82,7 @@ class HostMonitor(Monitor):
         self._forensics_task: asyncio.Task | None = None
         self._forensics_for: tuple | None = None  # the stall they were gathered for
         self._stops_seen: float | None = None  # the ledger's mtime when another cockpit's stop was last looked for
+        self._ended_seen: float | None = None  # ... and when the run's end was last looked for
         self.shm_held: dict[tuple, float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
 
@@ -118,6 +119,9 @@ class HostMonitor(Monitor):
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
         self.phase, self.verdict = self._operators(self.phase, self.verdict)
+        if self.verdict.name == VerdictName.STOPPED and self._ended_elsewhere():
+            self.run_ended()  # another cockpit killed the whole run and verified it gone: no run
+            return
         self._stall_forensics()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
@@ -239,6 +243,21 @@ class HostMonitor(Monitor):
             if isinstance(item, list) and item and isinstance(item[0], int) and item[0] not in self.operator_kills:
                 started = item[1] if len(item) > 1 and isinstance(item[1], (int, float)) else None
                 self.operator_kills[item[0]] = OperatorKill(item[0], started, at, why, False)
+
+    def _ended_elsewhere(self) -> bool:
+        """Whether the ledger says the run followed was killed whole and verified gone (another
+        cockpit's stop: `cockpit kill`, another screen's `K`) and none of its ranks lives."""
+        run_id = self.run.run_id
+        if self.layout is None or not run_id or any(p.alive and p.status != "Z" for p in self.state.ranks()):
+            return False
+        try:
+            mtime = ledger_path(self.layout).stat().st_mtime
+        except OSError:
+            return False
+        if mtime == self._ended_seen:  # read again only when the ledger changed
+            return False
+        self._ended_seen = mtime
+        return any(r.get("run_id") == run_id and r.get("ended") for r in read_ledger(self.layout))
 
     def _killed(self, proc) -> bool:
         k = self.operator_kills.get(proc.pid)
