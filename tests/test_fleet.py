@@ -163,8 +163,9 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
             lines = save_text(app, None).splitlines()
             head = next(line for line in lines if "util/GPU" in line)
             assert all(name in head.split() for name in COLUMNS), (size, head)
-            row, shown = next(line for line in lines if " gpu-a " in line), next(r for r in screen.shown if r.name == "gpu-a")
-            assert f" {shown.phase} " in row and f" {shown.verdict} " in row, (size, row)  # whole, not cut
+            row = next(line for line in lines if line.split()[:1] == ["gpu-a"])
+            shown = next(r for r in screen.shown if r.name == "gpu-a")
+            assert f" {shown.phase} " in row and f" {shown.verdict} " in f"{row} ", (size, row)  # whole, not cut
         await pilot.resize_terminal(160, 40)
         await pilot.press("question_mark")
         await until(pilot, lambda: "sort: problems first, name" in save_text(app, None), 3)
