@@ -49,7 +49,6 @@ class Bundle:
 
 
 def bundle_dir(run: str) -> Path:
-
     path = state_home() / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)
@@ -286,8 +285,6 @@ def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[
 async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle:
     """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
     verdict as it stands after, and write the archive into the run's folder."""
-
-
     run = run_name(monitor)
     m = _Members()
     started = time.time()

@@ -408,7 +408,6 @@ class Watchdog:
             else "none seen")
         return [f"ready and idle: port open, GPUs idle, no request in flight ({how})"]
 
-
     def _quiet(self, state: HostState, log, now: float) -> tuple[float, str]:
         """How long the log has been silent, and that said for the evidence. From the file's own
         modification time on the host where the agent reports it, so a cockpit opened twenty

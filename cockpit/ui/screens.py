@@ -176,11 +176,10 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
     def compose(self) -> ComposeResult:
         from textual.widgets import SelectionList
 
-
         with Vertical(classes="dialog"):
             yield Static(as_text(f"{self.title_text}: {self.profile.name}", "bold"))
-            yield Label("flag sets (space switches the highlighted one on or off, tab goes to the fields):",
-                        classes="field-label")
+            yield Static("flag sets (space switches the highlighted one on or off, tab goes to the fields):",
+                         classes="field-label")
             yield SelectionList(*[(self._prompt(name, name in self.current.enabled), name, name in self.current.enabled)
                                   for name in self.profile.flag_sets], id="sets", compact=True)
             for name, value in self.profile.params.items():
@@ -207,14 +206,11 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
     def spec(self):
         from textual.widgets import SelectionList
 
-
         chosen = self.query_one("#sets", SelectionList).selected
         params = {name: self.query_one(f"#param-{name}", Input).value for name in self.profile.params}
         return RunSpec(enabled=[n for n in self.profile.flag_sets if n in chosen], params=params)
 
     def _show(self) -> None:
-
-
         new = mask_argv(build_argv(self.profile, self.spec(), self.python) + self.extra)  # secrets never shown
         old = mask_argv(build_argv(self.profile, self.current, self.python) + self.extra)
         shown, removed = arg_diff(old, new)
