@@ -109,20 +109,27 @@ class RankTable(LiveTable):
         if self.sort_by != "tree":
             key, largest_first = SORTS[self.sort_by]
             procs = sorted((p for _, p in state.tree()), key=key, reverse=largest_first != self.reverse)
-            return [(str(p.pid), self._cells(0, p, False)) for p in procs]
+            return [(str(p.pid), self._cells(0, p, False, self._title_width())) for p in procs]
         out = []
         hidden_below: int | None = None
         for depth, proc in state.tree():
             if hidden_below is not None and depth > hidden_below:
                 continue
             hidden_below = depth if proc.pid in self.collapsed else None
-            out.append((str(proc.pid), self._cells(depth, proc, proc.pid in self.collapsed)))
+            out.append((str(proc.pid), self._cells(depth, proc, proc.pid in self.collapsed, self._title_width())))
         return out
 
+    def _title_width(self) -> int:
+        columns = getattr(self, "_visible_columns", None)
+        return columns[0][1] if columns else COLUMNS[0][1]
+
     @staticmethod
-    def _cells(depth: int, p: Proc, collapsed: bool) -> list:
+    def _cells(depth: int, p: Proc, collapsed: bool, width: int = 0) -> list:
         mark = "▸ " if collapsed else ""
         title = ("  " * depth) + ("└ " if depth else "") + mark + visible(p.title)  # host text: shown, never acted on
+        if width and len(title) > width:  # cut in the middle: the end names the rank (…_TP3) or the port
+            keep = min(8, width // 3)
+            title = title[:width - keep - 1] + "…" + title[-keep:]
         if not p.alive:
             exit_text = f" exit {p.exit_code}" if p.exit_code is not None else " gone"
             name = Text(title[:22], style="strike grey62") + Text(exit_text, style="bold red")
