@@ -238,6 +238,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
                 for line in kill.describe_clean(done):
                     say(line)
             said.append(kill.summarize_clean(done, len(shm.left)))
+            say(said[-1])  # the clean in one line, last: what a screen's progress keeps
         monitor.new_run()
         run = await launch(session, layout, spec)
     monitor.follow(run)

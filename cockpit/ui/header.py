@@ -73,7 +73,13 @@ def header_text(screen: Screen) -> Text:
     figures = describe_metrics(s.metrics)  # the engine's own: tokens/s, requests, KV cache
     if figures:
         head.append(as_text(figures))
-    lines = [sep.join(head)]
+    room = max(20, screen.size.width - 2)
+    fields = head[:2]  # the verdict and the phase always; then whole fields, as many as fit
+    for field in head[2:]:
+        if len(sep.join(fields + [field]).plain) > room:
+            break
+        fields.append(field)
+    lines = [sep.join(fields)]
     if screen.verdict.evidence and screen.verdict.name != VerdictName.OK:
         red = "red" if screen.verdict.alerting else "yellow"
         evidence = screen.verdict.evidence
@@ -94,6 +100,10 @@ def header_text(screen: Screen) -> Text:
         lines.append(as_text("▸ " + hint(screen), "yellow"))
     last = lasting(screen)
     if last is not None:
+        room = max(10, screen.size.width - 2)
+        if last is screen.actions.outcome and len(last.plain) > room and shows(screen, "report"):
+            more = "  v: all"
+            last = last[:room - len(more) - 1] + Text("…") + Text(more, style="bold")
         lines.append(last)
     for line in lines:
         line.no_wrap = True
