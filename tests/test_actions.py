@@ -203,9 +203,9 @@ def test_cli_kill_over_ssh_finds_the_run_by_the_port_it_owns(sim_state, tmp_path
         assert no.returncode == 2 and "--yes" in no.stderr and proc.poll() is None
         res = run_cli("kill", *common, "--yes", "--json")
         assert res.returncode == 0, res.stderr
-        report = json.loads(res.stdout[res.stdout.index("{"):])
+        report = json.loads(res.stdout)  # stdout is the one JSON document
         assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 6  # launcher, 4 ranks, detok., tracker
-        assert "the run: owns port" in res.stdout  # the rule that found it, printed with the plan under --yes
+        assert "the run: owns port" in res.stderr  # the rule that found it, printed with the plan under --yes
         assert proc.wait(5) is not None
     finally:
         try:

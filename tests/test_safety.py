@@ -143,7 +143,8 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert killed.returncode == 0, killed.stderr
         report = json_tail(killed.stdout)
         assert report["verified"] and report["skipped"] == [] and report["newcomers"] == []
-        assert "the run: launched by this cockpit (ledger)" in killed.stdout
+        assert "the run: launched by this cockpit (ledger)" in killed.stderr  # the plan; stdout is the JSON alone
+        assert json.loads(killed.stdout)["summary"].startswith("stopped ")
         assert all(gone(pid) for pid in our_procs) and session_procs(int(ours["pgid"])) == {}
         assert all_alive(their_procs)
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
@@ -179,7 +180,7 @@ def test_two_runs_of_one_layout_are_listed_never_merged(sim_state, tmp_path):
 
         res = run_cli("kill", *target, "--yes", "--json", env=env)  # one run left: found by its command
         assert res.returncode == 0, res.stderr
-        assert "the run: command matches: -m cockpit.sim.server with " + model in res.stdout
+        assert "the run: command matches: -m cockpit.sim.server with " + model in res.stderr
         assert all(gone(p) for p in procs_b)
     finally:
         end_session(a)
@@ -627,7 +628,7 @@ def test_a_shared_tmux_server_and_its_other_sessions_are_never_the_run(sim_state
         res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes", "--json",
                       env={"XDG_STATE_HOME": str(tmp_path / "state")})
         assert res.returncode == 0, res.stderr
-        assert f"the run: owns port {port}" in res.stdout and json_tail(res.stdout)["verified"]
+        assert f"the run: owns port {port}" in res.stderr and json_tail(res.stdout)["verified"]
         assert gone(server) and alive_pids(bystanders)
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"])
@@ -793,7 +794,7 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
             res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes", "--json",
                           "--wait", "1", env={"XDG_STATE_HOME": str(tmp_path / "state")})
             assert res.returncode == 0, res.stdout + res.stderr
-            assert f"process group {leader.pid}, its leader gone" in res.stdout and gone(rank)
+            assert f"process group {leader.pid}, its leader gone" in res.stderr and gone(rank)
         finally:
             if not gone(rank):
                 os.kill(rank, signal.SIGKILL)
