@@ -144,11 +144,12 @@ async def test_no_dialog_cuts_a_word_at_any_size(demo_env):
                 for key in ("K", "s"):
                     await pilot.press(key)
                     await until(pilot, lambda: isinstance(app.screen, (ConfirmScreen, ReportScreen)), 60)
-                    await pilot.pause(0.3)
                     dialog = app.screen
+                    await until(pilot, lambda: visible(dialog.title_text) in " ".join(dialog_rows(app)), 10)
                     known = set(words(" ".join(visible(line) for line in dialog.lines + [dialog.title_text]))) \
                         | set(words(getattr(dialog, "question", ""))) | {"y", "yes", "·", "n", "no"}
                     seen = words(" ".join(dialog_rows(app)))
+                    assert len(seen) > 20, (size, key, seen)  # the dialog is drawn, with its list
                     cut = [w for w in seen if w not in known and not re.fullmatch(r"[▁▂▃▄▅▆▇█]+", w)]
                     assert cut == [], (size, key, cut)
                     await pilot.press("escape")

@@ -179,19 +179,21 @@ async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):
             await until(pilot, lambda: app.cockpit.check_action("dump", ()), 20)
             await pilot.press("d")
             await until(pilot, lambda: isinstance(app.screen, ReportScreen) or app.cockpit.busy is None, 90)
+            assert isinstance(app.screen, ReportScreen), (app.cockpit.actions.outcome, save_text(app, None))
+            await until(pilot, lambda: "stacks of 4 ranks" in save_text(app, None), 10)  # drawn on the next refresh
             report = save_text(app, None)
-            assert isinstance(app.screen, ReportScreen), (app.cockpit.actions.outcome, report)
             assert "0-3" in report or "ranks 0" in report, report
             await pilot.press("escape")
             await until(pilot, lambda: not isinstance(app.screen, ReportScreen), 10)
             await until(pilot, lambda: app.cockpit.busy is None, 30)
             await pilot.press("L")
             await until(pilot, lambda: isinstance(app.screen, ReportScreen), 10)
-            assert "runs of two-nodes" in save_text(app, None)
+            await until(pilot, lambda: "runs of two-nodes" in save_text(app, None), 10)
             await pilot.press("escape")
             await until(pilot, lambda: not isinstance(app.screen, ReportScreen), 10)
             await pilot.press("K")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 60)
+            await until(pilot, lambda: "[n2]" in save_text(app, None), 10)
             plan = save_text(app, None)
             assert "[n1]" in plan and "[n2]" in plan, plan  # one plan listing both nodes' processes
             await pilot.press("y")
