@@ -22,6 +22,7 @@ from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.commands import COCKPIT, key_name
 from cockpit.ui.fleet import COLUMNS, column_widths
 from cockpit.ui.screens import ConfirmScreen, Hanging, ReportScreen
+from simhost import until  # noqa: E402
 from test_demo_screen import demo_env  # noqa: F401  (the fast demo's fixture)
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -80,7 +81,7 @@ async def test_every_evidence_line_of_the_stall_is_a_key_away(size):
 async def test_the_footer_drops_whole_entries_and_zoom_uses_the_width(size):
     app = replay()
     async with app.run_test(size=size) as pilot:
-        await pilot.pause(0.3)
+        await until(pilot, lambda: save_text(app, None).splitlines()[-1].strip(), 10)  # the footer composed
         footer = save_text(app, None).splitlines()[-1]
         shown = [c for c in COCKPIT if app.cockpit.footer.shows(c.action)]
         expected = " ".join(f"{key_name(c.key, c.key_display)} {c.label}" for c in shown).split()
@@ -128,8 +129,6 @@ def test_each_action_says_itself_in_one_line():
 async def test_no_dialog_cuts_a_word_at_any_size(demo_env):
     """On the live stalled demo: the kill plan (K) and the shm audit (s) at each size show only
     whole words of what they list, and the kill's title names every process it will signal."""
-    from simhost import until
-
     from cockpit import cli
 
     args, layout, pgids = demo_env

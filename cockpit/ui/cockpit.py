@@ -78,6 +78,7 @@ class CockpitScreen(Screen):
         self._status_lines = 0
         self._link_seen: tuple | None = None
         self._unsubscribe = None
+        self._opened_seq: int | None = None  # the sample count when the monitor was open (its run found)
 
     @property
     def session(self):
@@ -157,6 +158,7 @@ class CockpitScreen(Screen):
         """Open the monitor, then keep it (the session reconnects with backoff; the screen only
         shows where it stands). A fleet's monitor is already open and kept."""
         if not self.owns_monitor:
+            self._opened_seq = self.state.seq
             self.refresh_bindings()
             return
         try:
@@ -169,6 +171,7 @@ class CockpitScreen(Screen):
             self.dirty = True
             self.ready.set()
             return
+        self._opened_seq = self.state.seq  # ready once a sample judged after the run was found
         self.refresh_bindings()
         await self.monitor.keep()
 
@@ -216,8 +219,8 @@ class CockpitScreen(Screen):
         if self.dirty:
             self.dirty = False
             self.refresh_panes()
-            if self.state.seq and not self.ready.is_set():
-                self.ready.set()
+            if self._opened_seq is not None and self.state.seq > self._opened_seq and not self.ready.is_set():
+                self.ready.set()  # a first look never stands on a sample taken before its run was followed
 
     def _sync_log(self, full: bool = False) -> None:
         path = next(iter(self.state.logs), None)
