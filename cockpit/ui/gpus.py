@@ -28,7 +28,7 @@ class GpuPane(Widget):
     compare."""
 
     def __init__(self, index: int, **kw):
-        super().__init__(id=f"gpu{index}", classes="gpu", **kw)
+        super().__init__(classes="gpu", **kw)  # no id: a rebuild mounts new panes while the old ones are still being removed
         self.index = index
         self.state: HostState | None = None
         self.border_title = f"GPU{index}"
