@@ -6,7 +6,6 @@ Prometheus scraping the exporter that watches the demo host stalling, its stall 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layouts import resolve_layout
 
 from conftest import free_port, run_cli
+from simhost import wait_for
 from test_demo_screen import FAST_DEMO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,16 +188,6 @@ def runs_written(prefix: Path) -> list[dict]:
     return out
 
 
-async def wait_until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_on_change_runs_the_argv_with_the_change_in_its_environment(tmp_path):
     folder = tmp_path / "a dir; rm -rf ~"  # a space and a semicolon: split once, never a shell
     folder.mkdir()
@@ -211,14 +201,14 @@ async def test_on_change_runs_the_argv_with_the_change_in_its_environment(tmp_pa
     judged(m, Verdict(VerdictName.STALLED_IDLE, ["all 8 ranks alive, CPU < 5 %", "log silent for 75 s"], odd_rank=5,
                       detail="requests frozen", since=since))
     exp.verdict_changed(m, Verdict(VerdictName.OK, []))  # what the monitor's listener hands on
-    [env] = await wait_until(lambda: runs_written(prefix), 20, "the hook's run")
+    [env] = await wait_for(lambda: runs_written(prefix), 20, "the hook's run")
     assert env["GPU_COCKPIT_HOST"] == "gpu-a" and env["GPU_COCKPIT_TARGET"] == "local"
     assert env["GPU_COCKPIT_VERDICT"] == "stalled-idle" and env["GPU_COCKPIT_PREVIOUS"] == "ok"
     assert env["GPU_COCKPIT_RANK"] == "5" and env["GPU_COCKPIT_DETAIL"] == "requests frozen"
     assert abs(__import__("datetime").datetime.fromisoformat(env["GPU_COCKPIT_SINCE"]).timestamp() - since) < 1.5
     assert env["GPU_COCKPIT_EVIDENCE"] == "all 8 ranks alive, CPU < 5 % | log silent for 75 s"
     assert env["argc"] == "2"  # the quoted folder stayed one argument
-    await wait_until(lambda: not hook.running, 20, "the run to end")
+    await wait_for(lambda: not hook.running, 20, "the run to end")
     assert hook.results["ok"] == 1
 
 
@@ -238,7 +228,7 @@ async def test_on_change_runs_one_at_a_time_per_host_and_is_bounded(tmp_path):
     exp.verdict_changed(b, Verdict(VerdictName.OK, []))
     assert set(hook.running) == {"gpu-a", "gpu-b"} and list(hook.pending) == ["gpu-a"]
     started = time.monotonic()
-    await wait_until(lambda: not hook.running, 30, "every run to end")
+    await wait_for(lambda: not hook.running, 30, "every run to end")
     took = time.monotonic() - started
     runs = runs_written(prefix)
     got = sorted((r["GPU_COCKPIT_HOST"], r["GPU_COCKPIT_VERDICT"]) for r in runs)
@@ -339,7 +329,7 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
             return firing()
 
         # generous: the demo's launch stalls within a minute on a loaded 2-core machine
-        alerts = await wait_until(lambda: watch_states(), 240, "the stall alert to fire")
+        alerts = await wait_for(lambda: watch_states(), 240, "the stall alert to fire")
         stalled = next(a for a in alerts["data"]["alerts"] if a["labels"]["alertname"] == "GpuCockpitRunStalled")
         assert stalled["labels"]["host"] == "demo" and stalled["labels"]["severity"] == "critical"
         assert stalled["annotations"]["summary"] == "demo: the run is stalled"
@@ -351,7 +341,7 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
             metrics = resp.read().decode()
         assert re.search(r'gpu_cockpit_stall_evidence\{host="demo",state="launch_stopped"\} 1\.0', metrics), metrics
         # the hook was told of the stall, with the change in its environment
-        runs = await wait_until(lambda: [r for r in runs_written(prefix) if r.get("GPU_COCKPIT_VERDICT", "")
+        runs = await wait_for(lambda: [r for r in runs_written(prefix) if r.get("GPU_COCKPIT_VERDICT", "")
                                          .startswith("stalled-")], 30, "the hook's run for the stall")
         env = runs[0]
         assert env["GPU_COCKPIT_HOST"] == "demo" and env["GPU_COCKPIT_PREVIOUS"] in exporter.VERDICTS
