@@ -1,5 +1,3 @@
-import sys
+from cockpit.cli import entry
 
-from cockpit.cli import main
-
-sys.exit(main())
+entry()

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import io
+import json
+import marshal
 import os
+import platform
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,8 @@ import pytest
 import cockpit.agent as shipped
 from cockpit.agent import gpus, nvml
 from cockpit.common.errors import CockpitError
-from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
 
 AGENT = Path(shipped.__file__).parent
 OPTIONAL = {"pynvml", "psutil"}  # imported inside functions only, and only when present
@@ -48,15 +49,41 @@ def test_every_module_that_travels_imports_only_the_standard_library_and_parses_
         assert not isinstance(node, ast.AnnAssign) and not getattr(node, "returns", None), node.lineno  # no X | Y
 
 
-def test_the_payload_is_one_zip_of_the_agents_modules_and_the_bootstrap_imports_it_from_memory():
+def test_the_payload_is_a_marshalled_table_of_the_agents_modules_that_the_bootstrap_imports_from_memory():
+    """What travels to a host: every module's source (the operator side's __init__ stays here),
+    in marshal's format 2 (read by every Python >= 3.8), no code objects (the host's Python may
+    be another); the same bytes every time."""
     argv, payload = shipped.agent_argv("python3", 1.0, None)
-    names = zipfile.ZipFile(io.BytesIO(payload)).namelist()
-    assert argv[4] == str(len(payload)) and "cockpit_agent/memimport.py" in names
-    assert "cockpit_agent/main.py" in names and "cockpit_agent/nvml.py" in names
-    sent = sorted(n.split("/")[1] for n in names if n != "cockpit_agent/__init__.py")
-    here = sorted(f.name for f in Path(shipped.__file__).parent.glob("*.py") if f.name != "__init__.py")
-    assert sent == here  # every module of the package travels, the operator side's __init__ stays here
-    assert shipped.agent_source() == payload  # the same bytes every time (fixed timestamps)
+    table = marshal.loads(payload)
+    assert argv[4] == str(len(payload)) and payload[:1] == b"{"
+    assert table["python"] == "" and table["code"] == b""
+    here = sorted(f.stem for f in Path(shipped.__file__).parent.glob("*.py") if f.name != "__init__.py")
+    assert sorted(table["modules"]) == here and "memimport" in here and "nvml" in here
+    assert table["modules"]["main"] == (Path(shipped.__file__).parent / "main.py").read_bytes()
+    assert shipped.agent_source() == payload
+
+
+def test_the_local_agent_gets_its_modules_compiled_for_this_python_and_a_host_of_another_compiles_them(monkeypatch):
+    """The cockpit's own interpreter (the `local` target) gets the modules' code from Python's
+    own cache (written there first where missing, as an import would), tagged with this
+    sys.version: the agent runs it without compiling. An agent whose Python is another build
+    (here: the table's version string altered) ignores the code and compiles the sources: both
+    answer with a hello."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # the test machine's shell may turn it off
+    shipped.agent_source.cache_clear()
+    argv, payload = shipped.agent_argv(sys.executable, 1.0, None)
+    shipped.agent_source.cache_clear()
+    table = marshal.loads(payload)
+    assert table["python"] == sys.version
+    code = marshal.loads(table["code"])
+    assert set(code) == set(table["modules"])  # every module had (or was given) its cache entry
+    assert marshal.loads(code["main"]).co_filename.endswith("main.py")
+    other = dict(table, python=sys.version + " (another build)")
+    for sent in (payload, marshal.dumps(other, 2)):
+        args = [sys.executable, "-u", "-c", shipped.BOOTSTRAP, str(len(sent)), "--interval", "1.0"]
+        out = subprocess.run(args, input=sent, capture_output=True, timeout=60)
+        hello = json.loads(out.stdout.splitlines()[0])
+        assert hello["t"] == "hello" and hello["python"] == platform.python_version(), out.stderr[-500:]
 
 
 @pytest.fixture(scope="module")

@@ -472,3 +472,32 @@ def test_a_gpu_lost_before_the_agent_starts_is_said_lost_and_the_others_still_wa
         assert rows[1]["lost"] is True and rows[0]["util_pct"] is not None and rows[2]["mem_total_mib"] == 143771
     finally:
         sampler.close()
+
+
+def test_the_first_sample_measures_cpu_from_the_agents_start():
+    """The agent reads every process's CPU time once at its start (`Procs.prime`): the first
+    sample of a busy process says how busy it was since then, instead of 0 until a second
+    sample. A process seen only later starts at 0, as before."""
+    import subprocess
+    import sys
+    import time
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # running, and settled into its loop
+        primed = agent_procs.Procs()
+        primed.prime()
+        cold = agent_procs.Procs()
+        time.sleep(0.3)
+        for procs in (primed, cold):
+            procs.configure(patterns=[], pids=[busy.pid])
+        first = {r["pid"]: r for r in primed.sample(time.monotonic(), force_scan=True)}
+        unprimed = {r["pid"]: r for r in cold.sample(time.monotonic(), force_scan=True)}
+        assert first[busy.pid]["cpu_pct"] >= 50, first[busy.pid]  # one core's worth, in 10 ms ticks
+        assert unprimed[busy.pid]["cpu_pct"] == 0.0
+        time.sleep(0.2)
+        again = {r["pid"]: r for r in primed.sample(time.monotonic())}
+        assert again[busy.pid]["cpu_pct"] >= 50  # later samples measure from the last one, as ever
+    finally:
+        busy.kill()
+        busy.wait()

@@ -137,10 +137,11 @@ def test_the_readme_names_exactly_the_commands_that_take_json_and_read_only():
 def test_the_schema_doc_says_how_long_a_snapshot_looks():
     from pathlib import Path
 
-    from cockpit.agent.main import FIRST_GAP_S
+    from cockpit.agent.main import FIRST_WINDOW_S
 
     doc = " ".join((Path(__file__).parent.parent / "docs" / "snapshot-schema.md").read_text().split())
-    assert f"`FIRST_GAP_S` = {FIRST_GAP_S:g} s" in doc and f"two samples {FIRST_GAP_S:g} s apart" in doc
+    assert f"`FIRST_WINDOW_S` = {FIRST_WINDOW_S:g} s" in doc and f"at least {FIRST_WINDOW_S:g} s) and GPUs" in doc
+    assert "FIRST_GAP_S" not in doc
     assert "about two seconds" not in doc and "at least two ticks" not in doc
     assert "unknown: no connection" in doc
 

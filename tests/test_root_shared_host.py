@@ -324,8 +324,8 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
 # ----------------------------------------------------------------------------- 7: shm holders unreadable
 
 def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld(users, shared):
-    """The agent runs as a throwaway user (the system python, the agent's zip written where that
-    user can read it); another throwaway user maps that user's `psm_…` file. The agent cannot read
+    """The agent runs as a throwaway user (the system python, the agent's table of modules written
+    where that user can read it, imported from memory as on a host); another throwaway user maps that user's `psm_…` file. The agent cannot read
     the other's /proc/PID/maps: the file is "cannot tell who holds it", not removable, and a clean
     keeps it. Once the holder is gone the same entry is still kept (root's processes stay unread)."""
     import json
@@ -338,18 +338,20 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
     victim.chmod(0o666)
     chown_tree(folder, agent_user)
     os.chmod(shared, 0o755)
-    (shared / "agent.zip").write_bytes(agent_source())  # the bytes that travel to a host
-    os.chmod(shared / "agent.zip", 0o644)
+    (shared / "agent.bin").write_bytes(agent_source())  # the bytes that travel to a host
+    os.chmod(shared / "agent.bin", 0o644)
     code = ("import mmap, sys, time\nf = open(sys.argv[1], 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\nf.close()\n"
             "print('ok', flush=True)\ntime.sleep(120)\n")
     holder = subprocess.Popen([PY, "-S", "-c", code, str(victim)], stdout=subprocess.PIPE, text=True,
                               preexec_fn=as_user(holder_user), cwd="/")
-    run = ("import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom cockpit_agent import shm as agent_shm\n"
+    run = ("import json, marshal, sys\na = marshal.loads(open(sys.argv[1], 'rb').read())\ng = {}\n"
+           "exec(compile(a['modules']['memimport'], 'memimport.py', 'exec'), g)\n"
+           "sys.meta_path.insert(0, g['TableImporter'](a['modules'], {}))\nfrom cockpit_agent import shm as agent_shm\n"
            "audit = agent_shm.shm_audit(sys.argv[2])\nclean = agent_shm.shm_clean(sys.argv[2], ['psm_gck_victim'], other_dir=True)\n"
            "print(json.dumps({'audit': audit, 'clean': clean}))\n")
     try:
         assert holder.stdout.readline().strip() == "ok"
-        out = subprocess.run([PY, "-S", "-c", run, str(shared / "agent.zip"), str(folder)], capture_output=True, text=True,
+        out = subprocess.run([PY, "-S", "-c", run, str(shared / "agent.bin"), str(folder)], capture_output=True, text=True,
                              preexec_fn=as_user(agent_user), cwd="/", timeout=120)
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)

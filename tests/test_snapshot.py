@@ -180,3 +180,29 @@ def test_bad_targets(target, expect):
 def test_unreachable_port():
     from conftest import free_port
     fails("snapshot", f"root@127.0.0.1:{free_port()}", "--json", expect="connection refused")
+
+
+def test_a_local_snapshot_starts_its_agent_before_the_monitor_and_the_session_takes_that_one(monkeypatch, sim_state):
+    """`snapshot local --json` starts the agent before the monitor's modules load; the session
+    then takes that very process over (one agent started, no second), and the document is the
+    same kind of document as ever."""
+    import argparse
+    import asyncio
+
+    from cockpit import cli
+    from cockpit.link import local
+
+    started = []
+    spawn = local._spawn
+
+    async def counted(argv, payload, env=None):
+        proc = await spawn(argv, payload, env)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(local, "_spawn", counted)
+    args = cli.parse_args(["snapshot", "local", "--sim", str(sim_state), "--json"])
+    assert isinstance(args, argparse.Namespace)
+    doc = asyncio.run(cli._snapshot_doc(args))
+    assert len(started) == 1 and not local._early  # started early, then taken over: not started again
+    assert doc["schema"].startswith("gpu-cockpit.snapshot/") and len(doc["gpus"]) == 8

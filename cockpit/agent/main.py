@@ -25,7 +25,7 @@ from .ras import RAS_TIMEOUT_S, RasPoller, ras_query
 from .shm import SHM_DEFAULT, shm_audit, shm_clean
 from .web import METRICS_MAX_BYTES, http_body, http_get
 
-FIRST_GAP_S = 0.2  # between the first two samples
+FIRST_WINDOW_S = 0.05  # the least time between the start's CPU reading and the first sample
 SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
@@ -33,14 +33,14 @@ class Agent:
     THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http",
                 "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
 
-    def __init__(self, interval):
+    def __init__(self, interval, procs):
         self.interval = interval
+        self.procs = procs
         self.warnings = []
         self.gpus = open_gpus(interval, self.warnings)
         xid = getattr(self.gpus, "xid", None)
         if xid is not None and xid.source is None:  # said once: a rank's death will not name its GPU's Xid
             self.warnings.append("no Xid events on this host (%s)" % xid.why)
-        self.procs = None
         self.ports = Ports()
         self.logs = {}
         self.seq = 0
@@ -317,6 +317,7 @@ class Agent:
 
     def run(self):
         buf = b""
+        first = (self.procs.primed_at or time.monotonic()) + FIRST_WINDOW_S  # CPU % over at least this
         next_tick = time.monotonic() + 2.0  # the first sample waits for the first config, briefly
         while True:
             wait = max(0.0, next_tick - time.monotonic())
@@ -331,16 +332,13 @@ class Agent:
                     if line.strip():
                         self.handle(line.decode("utf-8", "replace"))
                 if self.force_scan:
-                    next_tick = time.monotonic()
+                    next_tick = max(time.monotonic(), first) if self.seq == 0 else time.monotonic()
             now = time.monotonic()
             if now >= next_tick:
                 self.tick()
-                # the second sample comes soon after the first: CPU % needs two, and a one-shot
-                # look (`cockpit snapshot`) should not wait a whole interval for it
-                step = min(self.interval, FIRST_GAP_S) if self.seq == 1 else self.interval
-                next_tick += step
+                next_tick += self.interval
                 if next_tick < now:
-                    next_tick = now + step
+                    next_tick = now + self.interval
 
 
 def install_sim_nvml(nbytes):
@@ -382,8 +380,9 @@ def main(argv):
             import psutil
         except ImportError:
             pass
-    agent = Agent(interval)
-    agent.procs = Procs(psutil)
+    procs = Procs(psutil)
+    procs.prime()  # first: the first sample's CPU window starts here, while NVML opens
+    agent = Agent(interval, procs)
     if psutil is None and not _HAVE_PROC:
         agent.warnings.append("no /proc and no psutil for %s: processes are not watched" % sys.executable)
     emit(agent.hello(psutil))

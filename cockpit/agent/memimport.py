@@ -1,52 +1,61 @@
-"""Imports the agent's modules from the zip the bootstrap read from stdin, in memory. zipimport
-needs a file, and the agent writes nothing on the host: no file, no folder, no __pycache__.
-The bootstrap executes this module's source itself and calls `run`."""
+"""Imports the agent's modules from the table the bootstrap read from stdin, in memory: no file, no
+folder, no __pycache__ on the host. The bootstrap executes this module itself and calls `run`.
+Only what every Python has built in is used here (`importlib.machinery` is part of the import
+system already loaded), so the agent's start costs no import of its own."""
 
-import importlib.abc
-import importlib.util
+import importlib.machinery
+import marshal
 import sys
 
 PACKAGE = "cockpit_agent"
 ORIGIN = "<cockpit-agent>/"
 
 
-class ZipImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """A meta-path finder and loader over an in-memory zipfile.ZipFile: the package and its
-    modules, nothing else (every other import goes to the host's own Python)."""
+class TableImporter:
+    """A meta-path finder and loader over {module: source} and, where the cockpit sent them for
+    this very Python, {module: marshalled code}: the package and its modules, nothing else (every
+    other import goes to the host's own Python)."""
 
-    def __init__(self, zf):
-        self.zf = zf
-        self.names = set(zf.namelist())
+    def __init__(self, sources, code):
+        self.sources = sources
+        self.code = code
 
-    def _path(self, fullname):
-        base = fullname.replace(".", "/")
-        for path in (base + "/__init__.py", base + ".py"):
-            if path in self.names:
-                return path
+    def _name(self, fullname):
+        if fullname == PACKAGE:
+            return ""
+        if fullname.startswith(PACKAGE + ".") and fullname[len(PACKAGE) + 1:] in self.sources:
+            return fullname[len(PACKAGE) + 1:]
         return None
 
     def find_spec(self, fullname, path=None, target=None):
-        found = self._path(fullname)
-        if found is None:
+        name = self._name(fullname)
+        if name is None:
             return None
-        return importlib.util.spec_from_loader(fullname, self, origin=ORIGIN + found,
-                                               is_package=found.endswith("/__init__.py"))
+        return importlib.machinery.ModuleSpec(fullname, self, origin=ORIGIN + fullname.replace(".", "/") + ".py",
+                                              is_package=name == "")
 
     def create_module(self, spec):
         return None  # the default module
 
     def exec_module(self, module):
-        found = self._path(module.__name__)
-        exec(compile(self.zf.read(found), ORIGIN + found, "exec"), module.__dict__)
+        name = self._name(module.__name__)
+        if not name:
+            return  # the package itself: nothing to run
+        code = self.code.get(name)
+        if code is not None:
+            code = marshal.loads(code)
+        else:
+            code = compile(self.sources[name], module.__spec__.origin, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
 
     def get_source(self, fullname):
         """For tracebacks: linecache asks the module's loader for its source."""
-        found = self._path(fullname)
-        return None if found is None else self.zf.read(found).decode("utf-8")
+        name = self._name(fullname)
+        return None if not name else self.sources[name].decode("utf-8")
 
 
-def run(zf, argv):
-    """Makes the zip importable and runs the agent's main; its exit status."""
-    sys.meta_path.insert(0, ZipImporter(zf))
-    main = importlib.import_module(PACKAGE + ".main")
+def run(sources, code, argv):
+    """Makes the table importable and runs the agent's main; its exit status."""
+    sys.meta_path.insert(0, TableImporter(sources, code))
+    main = __import__(PACKAGE + ".main", fromlist=["main"])
     return main.main(argv)

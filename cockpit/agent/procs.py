@@ -114,15 +114,15 @@ def _proc_stat(pid, data=None):
 
 
 def _stat_ids(data):
-    """(start, ppid, pgid, comm) from /proc/PID/stat's bytes: what a scan needs, parsed no
-    further. None when the process is gone."""
+    """(start, ppid, pgid, comm, CPU ticks) from /proc/PID/stat's bytes: what a scan needs,
+    parsed no further. None when the process is gone."""
     if not data:
         return None
     lpar, rpar = data.find(b"("), data.rfind(b")")
     f = data[rpar + 2:].split(None, 21)
     if len(f) < 21 or f[0] in (b"X", b"x"):
         return None
-    return int(f[19]), int(f[1]), int(f[2]), data[lpar + 1:rpar].decode("utf-8", "replace")
+    return int(f[19]), int(f[1]), int(f[2]), data[lpar + 1:rpar].decode("utf-8", "replace"), int(f[11]) + int(f[12])
 
 
 def _swept(pid, before, newest):
@@ -175,6 +175,20 @@ class Procs:
         self._match = {}  # pid -> (comm, argv, matched) from the last scan: argv is the cached list
         self._stat = {}  # pid -> (its /proc/PID/stat bytes, the row they gave) from the last tick
         self._fds = {}  # pid -> an open /proc/PID/stat, read again with pread each tick
+        self._priming = None  # the CPU ticks `prime`'s scan is reading
+        self._primed = None  # pid -> (start ticks, CPU ticks, when) read by `prime`, until the first sample
+        self.primed_at = None
+
+    def prime(self):
+        """The process table scanned whole at the agent's start, each process's CPU ticks kept: the
+        first sample measures CPU % from here, so a one-shot look needs one sample, not two a
+        gap apart. The first sample's scan then rereads only what is young or new."""
+        if not _HAVE_PROC:
+            return
+        self._priming = {}
+        self.scan()
+        self._primed, self._priming = self._priming, None
+        self.primed_at = time.monotonic()
 
     def _read_stat(self, pid):
         """/proc/PID/stat through a descriptor kept open while the process is watched: pread at
@@ -265,7 +279,9 @@ class Procs:
                 ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
                 if ids is None:
                     continue
-                start, ppid, pgid, comm = ids
+                start, ppid, pgid, comm, ticks = ids
+                if self._priming is not None:
+                    self._priming[pid] = (start, ticks, time.monotonic())
                 argv = row[4] if row is not None and row[0] == start and row[3] == comm else _read_cmdline(pid)
                 row = (start, ppid, pgid, comm, argv)
             seen[pid] = row
@@ -382,6 +398,8 @@ class Procs:
             ticks = row.pop("_ticks", None)
             if ticks is not None:
                 prev = self.cpu.get(pid)
+                if prev is None and self._primed and self._primed.get(pid, (None,))[0] == start:
+                    prev = self._primed[pid]
                 if prev is not None and prev[0] != start:
                     gone.append(pid)  # the pid was reused: not our process any more
                     continue
@@ -416,6 +434,7 @@ class Procs:
             del stat[pid]
         for pid in [p for p in self._fds if p not in self.watched]:
             self._close_stat(pid)
+        self._primed = None
         return out
 
     def _psutil_argv(self, proc):

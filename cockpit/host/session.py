@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,14 +65,6 @@ class SessionOptions:
     accept_new: bool = False
 
 
-def agent_python(target: Target, named: str | None) -> str:
-    """The interpreter the agent runs with: the one named, else python3 on a host and, on this
-    machine, the cockpit's own (it has psutil)."""
-    if named and named != "python3":
-        return named
-    return sys.executable if target.kind in ("local", "demo") else "python3"
-
-
 FRAME_CONTAINERS_MAX = 1_000_000  # objects and arrays in one frame: ~100 MB decoded at most
 
 
@@ -128,6 +119,10 @@ class HostSession:
         self.ever_up = False
         self.errors: list[str] = []
         self.first_sample = asyncio.Event()
+        self.sampled = asyncio.Event()  # set (and replaced) on each sample and when the link drops
+        self._config_ids: set[int] = set()  # watch changes sent, not yet answered
+        self.samples = 0  # samples read on this session, across reconnects
+        self.watch_seq = 0  # `samples` when the agent answered the last watch change
         self.closed = asyncio.Event()
 
     @property
@@ -163,13 +158,13 @@ class HostSession:
         """The agent started with `python`: the config command sent (queued behind the source, so
         the first sample uses it) and the hello. PythonUnusable when that interpreter cannot run it."""
         argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state)
-        self.stream = await self.link.start_agent(argv)
-        self.stream.write(payload)
+        self.stream = await self.link.start_agent(argv, payload)
         configured = self._send("config", self.watch.args())
         try:
             return configured, await self._read_hello()
         except PythonUnusable:
             self._pending.pop(configured[0], None)
+            self._config_ids.discard(configured[0])
             await self.stream.aclose()  # its process has ended: only the channel is left
             raise
 
@@ -262,6 +257,9 @@ class HostSession:
                     continue
                 kind = frame["t"]
                 if kind == RESULT:
+                    if frame.get("id") in self._config_ids:  # in force from the agent's next tick on
+                        self._config_ids.discard(frame.get("id"))
+                        self.watch_seq = self.samples
                     fut = self._pending.pop(frame.get("id"), None)
                     if fut is not None and not fut.done():
                         fut.set_result(frame)
@@ -270,7 +268,9 @@ class HostSession:
                 else:
                     self.state.apply(frame)
                     if kind == "sample":
+                        self.samples += 1
                         self.first_sample.set()
+                        self._wake_samplers()
                 if self.on_frame is not None:
                     self.on_frame(frame)
         finally:
@@ -279,7 +279,13 @@ class HostSession:
                 if not fut.done():
                     fut.set_exception(LinkLost("the link dropped: the command's outcome is unknown"))
             self._pending.clear()
+            self._config_ids.clear()  # a new agent is configured anew on reconnection
             self.closed.set()
+            self._wake_samplers()
+
+    def _wake_samplers(self) -> None:
+        done, self.sampled = self.sampled, asyncio.Event()
+        done.set()
 
     def watch_silence(self) -> None:
         """End this connection when it goes silent (see _watch_silence). Only for a link that is
@@ -369,6 +375,8 @@ class HostSession:
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[cid] = fut
+        if cmd == "config":
+            self._config_ids.add(cid)
         self.stream.write((json.dumps({"id": cid, "cmd": cmd, "args": args}) + "\n").encode())
         return cid, fut
 
@@ -378,6 +386,7 @@ class HostSession:
             frame = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             self._pending.pop(cid, None)
+            self._config_ids.discard(cid)
             raise CommandError(f"{cmd}: no answer from the agent in {timeout:.0f} s") from None
         if not frame.get("ok"):
             raise CommandError(f"{cmd}: {frame.get('error')}")
@@ -407,16 +416,26 @@ class HostSession:
         self.state.rtt_ms = (time.monotonic() - start) * 1000.0
         return self.state.rtt_ms
 
+    def watch_current(self) -> bool:
+        """Whether what is watched now (processes, logs) is what the samples show: every watch
+        change answered, and a sample since (the agent's tick reads the logs first, so that
+        sample comes after the new log's lines). A first look is not decided before."""
+        return not self._config_ids and self.samples > self.watch_seq
+
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
-        """Wait until n samples have arrived since now."""
+        """Wait until n samples have arrived since now: woken by each one, not polling for it."""
         start = self.state.seq
         deadline = time.monotonic() + timeout
         while self.state.seq < start + n:
             if self.closed.is_set():
                 raise LinkLost(f"the link to {self.target.label} dropped")
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise CockpitError(f"no sample from {self.target.label} in {timeout:.0f} s")
-            await asyncio.sleep(0.02)
+            try:
+                await asyncio.wait_for(self.sampled.wait(), left)
+            except asyncio.TimeoutError:
+                pass
 
 
 def default_sim_state() -> str:

@@ -187,7 +187,7 @@ def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
 
 
 async def take_snapshot(monitor, wait: float | None = None) -> dict:
-    """Connect, let the agent sample (two samples at least, so CPU % is measured over an interval),
+    """Connect, let the agent sample (its first sample measures CPU % from the agent's start),
     take the monitor's one-shot look (`HostMonitor.look`: until decided, or `wait` seconds), and
     return the document."""
     async with monitor.attached():

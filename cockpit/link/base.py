@@ -111,7 +111,8 @@ class Link(abc.ABC):
     async def connect(self) -> None: ...
 
     @abc.abstractmethod
-    async def start_agent(self, argv: list[str], env: dict[str, str] | None = None) -> AgentStream: ...
+    async def start_agent(self, argv: list[str], payload: bytes = b"", env: dict[str, str] | None = None) -> AgentStream:
+        """The agent started with `argv`, `payload` (its modules: agent_argv) written to its stdin first."""
 
     @abc.abstractmethod
     async def run(self, argv: list[str], input: bytes | None = None, timeout: float = 30.0) -> RunResult: ...

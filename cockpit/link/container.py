@@ -143,8 +143,8 @@ class ContainerLink(ExecLink):
                 f"pids are not mapped (the engine is reached over ssh), so GPU processes NVML reports with host "
                 f"pids stay unmatched"]
 
-    async def start_agent(self, argv, env=None) -> AgentStream:
-        return ContainerStream(await self.carrier.start_agent(self.wrap(list(argv), env, agent=True)), self)
+    async def start_agent(self, argv, payload=b"", env=None) -> AgentStream:
+        return ContainerStream(await self.carrier.start_agent(self.wrap(list(argv), env, agent=True), payload), self)
 
     def describe(self) -> dict:
         return {"kind": self.engine, "container": self.container, "via": self.where,

@@ -101,8 +101,8 @@ class ExecLink(Link):
             raise CockpitError(f"{self.label}: `{' '.join(argv[:3])}` did not answer in {timeout:.0f} s on {self.where}")
         return res
 
-    async def start_agent(self, argv, env=None) -> AgentStream:
-        return ExecStream(await self.carrier.start_agent(self.wrap(list(argv), env, agent=True)))
+    async def start_agent(self, argv, payload=b"", env=None) -> AgentStream:
+        return ExecStream(await self.carrier.start_agent(self.wrap(list(argv), env, agent=True), payload))
 
     async def run(self, argv, input=None, timeout=30.0) -> RunResult:
         return await self.carrier.run(self.wrap(list(argv)), input=input, timeout=timeout)

@@ -196,13 +196,15 @@ class SshLink(Link):
             except (asyncio.TimeoutError, asyncssh.Error, OSError):
                 pass
 
-    async def start_agent(self, argv, env=None) -> AgentStream:
+    async def start_agent(self, argv, payload=b"", env=None) -> AgentStream:
         assert self.conn is not None
         try:
             proc = await self.conn.create_process(remote_command(argv, env), encoding=None)
         except (asyncssh.Error, OSError) as exc:
             raise CockpitError(f"cannot start the agent on {self.where}: {exc}") from None
-        return SshStream(proc)
+        stream = SshStream(proc)
+        stream.write(payload)
+        return stream
 
     async def run(self, argv, input=None, timeout=30.0) -> RunResult:
         assert self.conn is not None

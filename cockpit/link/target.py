@@ -7,6 +7,7 @@ user@host[:port]) to reach the engine or the Slurm login host over ssh."""
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from cockpit.common.errors import CockpitError
@@ -91,3 +92,12 @@ def parse_target(text: str) -> Target:
         return _engine(kind, rest, text)
     host, user, port = _ssh(text, text)
     return Target("ssh", host=host, user=user, port=port, text=text)
+
+
+def agent_python(target: Target, named: str | None) -> str:
+    """The interpreter the agent runs with: the one named, else python3 on a host and, on this
+    machine, the cockpit's own (certainly there, and the agent then starts from
+    its compiled modules: cockpit/agent/__init__.py)."""
+    if named and named != "python3":
+        return named
+    return sys.executable if target.kind in ("local", "demo") else "python3"

@@ -108,7 +108,7 @@ class Monitor:
         """Whether the verdict is a claim a first look can stand on: not `watching`, and, where the
         layout has the engine's metrics and its port is open, two scrapes read together (tokens
         moving or frozen)."""
-        if not self.state.seq or self.verdict.name == VerdictName.WATCHING:
+        if not self.state.seq or self.verdict.name == VerdictName.WATCHING or not self.session.watch_current():
             return False
         if self.verdict.name == VerdictName.OK and self.metrics_expected() and any(
                 pt.listening and pt.port == self.layout.ports[0] for pt in self.state.ports):

@@ -346,6 +346,9 @@ class ClusterSession:
                 out["dumps"][str(k * STRIDE + int(pid))] = d
         return out
 
+    def watch_current(self) -> bool:
+        return all(n.monitor.session.watch_current() for n in self._up())
+
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
         start = self.state.seq
         deadline = time.monotonic() + timeout
@@ -564,7 +567,7 @@ class ClusterMonitor(Monitor):
             await self._jobs_link.carrier.close()
 
     @asynccontextmanager
-    async def attached(self, samples: int = 2):
+    async def attached(self, samples: int = 1):
         await self.open()
         try:
             await self.session.wait_samples(samples)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field, replace
 import yaml
 
 from cockpit.common.errors import CockpitError
-from cockpit.host.session import HostSession, SessionOptions, agent_python
+from cockpit.host.session import HostSession, SessionOptions
 from cockpit.host.snapshot import snapshot_doc
 from cockpit.host.state import HostState
-from cockpit.link.target import parse_target
+from cockpit.link.target import agent_python, parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.config import (
     Layout,

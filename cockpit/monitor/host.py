@@ -469,9 +469,9 @@ class HostMonitor(Monitor):
         await self.session.close()
 
     @asynccontextmanager
-    async def attached(self, samples: int = 2):
-        """Open, wait for `samples` samples (CPU % needs two), yield, close: every one-shot
-        command's lifecycle."""
+    async def attached(self, samples: int = 1):
+        """Open, wait for `samples` samples (the first measures CPU % from the agent's start), yield,
+        close: every one-shot command's lifecycle."""
         await self.open()
         try:
             if self.state.seq < samples:

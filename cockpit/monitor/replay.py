@@ -55,7 +55,7 @@ class ReplayMonitor(Monitor):
         """No link to close."""
 
     @asynccontextmanager
-    async def attached(self, samples: int = 2):
+    async def attached(self, samples: int = 1):
         yield self
 
     async def watch_for(self, seconds: float) -> None:
