@@ -7,7 +7,8 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cockpit.runs.config import LayoutError, parse_layout
+from cockpit.runs.config import LayoutError
+from cockpit.runs.layoutfile import parse_layout
 from cockpit.monitor.fleet import parse_fleet
 from cockpit.host.session import decode_frame
 from conftest import free_port, run_cli

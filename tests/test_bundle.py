@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 
 from cockpit.monitor import demo
-from cockpit.runs.config import load_layout
+from cockpit.runs.layoutfile import load_layout
 from cockpit.link.target import parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.host.session import SessionOptions

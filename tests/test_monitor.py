@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from cockpit.runs.config import parse_layout
+from cockpit.runs.layoutfile import parse_layout
 from cockpit.judge.verdict import VerdictName
 from cockpit.judge.diagnose import Watchdog, phase_of
 from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.runs.config import parse_layout
+from cockpit.runs.layoutfile import parse_layout
 from cockpit.runs.spec import RunSpec, build_argv, combinations
 from cockpit.runs.ledger import masked, read_ledger
 from conftest import free_port, run_cli

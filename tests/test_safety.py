@@ -129,7 +129,7 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert not any(f" {pid} " in plan_text for pid in their_procs)
         assert all_alive(their_procs)
 
-        from cockpit.runs.config import parse_layout
+        from cockpit.runs.layoutfile import parse_layout
         from cockpit.runs import ledger as runs
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         try:
@@ -356,7 +356,7 @@ def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
         layout = layout_file(tmp_path, f"resume{port}", port)
         env = {"XDG_STATE_HOME": str(tmp_path / "state")}
         from cockpit.runs import ledger as runs
-        from cockpit.runs.config import parse_layout
+        from cockpit.runs.layoutfile import parse_layout
         lay = parse_layout(layout.read_text(), str(layout))
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         start = agent_procs._start_ticks(proc.pid)
@@ -718,7 +718,7 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
 
 def _ledger(layout: Path, tmp_path: Path, *records: dict) -> None:
     from cockpit.runs import ledger as runs
-    from cockpit.runs.config import parse_layout
+    from cockpit.runs.layoutfile import parse_layout
 
     lay = parse_layout(layout.read_text(), str(layout))
     os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")

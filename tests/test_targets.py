@@ -158,7 +158,7 @@ async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):
 
     from cockpit.host.session import SessionOptions
     from cockpit.monitor.cluster import ClusterMonitor
-    from cockpit.runs.config import parse_layout
+    from cockpit.runs.layoutfile import parse_layout
     from cockpit.ui.app import CockpitApp, save_text
     from cockpit.ui.screens import ConfirmScreen, ReportScreen
 

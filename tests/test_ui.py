@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.runs.config import parse_layout
+from cockpit.runs.layoutfile import parse_layout
 from cockpit.link.target import parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.host.session import SessionOptions, WatchList

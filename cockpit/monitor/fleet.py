@@ -20,13 +20,8 @@ from cockpit.host.snapshot import snapshot_doc
 from cockpit.host.state import HostState
 from cockpit.link.target import agent_python, parse_target
 from cockpit.monitor.host import HostMonitor
-from cockpit.runs.config import (
-    Layout,
-    LayoutError,
-    YamlLoader,
-    compose_yaml,
-    read_config,
-)
+from cockpit.runs.config import Layout, LayoutError
+from cockpit.runs.layoutfile import YamlLoader, compose_yaml, read_config
 from cockpit.runs.layouts import resolve_layout
 
 SCHEMA = "gpu-cockpit.fleet/1"

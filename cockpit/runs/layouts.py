@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import cockpit
-from cockpit.runs.config import Layout, LayoutError, load_layout
+from cockpit.runs.config import Layout, LayoutError
 
 
 def layouts_dir() -> Path:
@@ -17,7 +17,11 @@ def layouts_dir() -> Path:
 
 
 def resolve_layout(name_or_path: str) -> Layout:
-    """A path to a YAML file, or the name of a shipped layout (`demo`, `sglang-tp8`)."""
+    """A path to a YAML file, or the name of a shipped layout (`demo`, `sglang-tp8`). The file
+    reader (and PyYAML) is imported here, when a layout is named: the ledger imports this module
+    on every command."""
+    from cockpit.runs.layoutfile import load_layout
+
     path = Path(name_or_path).expanduser()
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in name_or_path:
         return load_layout(path)

@@ -170,25 +170,20 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: s
 
 
 def agent_at(rev: str) -> bytes:
-    """The bytes that travelled at `rev`: its zip of the agent's modules, or, before the split,
-    its one agent.py (the bootstrap runs either)."""
+    """The agent of `rev` as today's bootstrap runs it: its modules in today's table (with today's
+    importer, which reads that table), or, before the split, its one agent.py."""
     def git(*argv: str) -> bytes:
         return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, check=True).stdout
 
     names = git("ls-tree", "--name-only", rev, "cockpit/agent/").decode().split()
     if "cockpit/agent/memimport.py" not in names:
         return git("show", f"{rev}:cockpit/agent/agent.py")
-    import io
-    import zipfile
+    from cockpit.agent import agent_modules, pack_agent
 
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr("cockpit_agent/__init__.py", b"")
-        for name in names:
-            base = name.rsplit("/", 1)[1]
-            if base.endswith(".py") and base not in ("__init__.py", "agent.py"):
-                zf.writestr("cockpit_agent/" + base, git("show", f"{rev}:{name}"))
-    return buf.getvalue()
+    sources = {name.rsplit("/", 1)[1][:-3]: git("show", f"{rev}:{name}") for name in names
+               if name.endswith(".py") and not name.endswith(("/__init__.py", "/agent.py"))}
+    sources["memimport"] = next(p for p in agent_modules() if p.stem == "memimport").read_bytes()
+    return pack_agent(sources)
 
 
 def main() -> None:
@@ -216,7 +211,7 @@ def main() -> None:
 
         old = agent_at(args.compare)
         now = shipped.agent_source
-        shipped.agent_source = lambda: old  # what agent_argv sends
+        shipped.agent_source = lambda compiled=False: old  # what agent_argv sends
         try:
             out["live_" + args.compare] = asyncio.run(live_cost(args.seconds, sim_state, args.tree))
         finally:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 from agent_cost import kill_tree, spawn_tree  # noqa: E402
 from benchlib import pct, report, rss_mib  # noqa: E402
 
-from cockpit.runs.config import parse_layout  # noqa: E402
+from cockpit.runs.layoutfile import parse_layout  # noqa: E402
 from cockpit.link.target import parse_target  # noqa: E402
 from cockpit.monitor.host import HostMonitor
 from cockpit.host.session import SessionOptions, WatchList  # noqa: E402

@@ -61,7 +61,7 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
     try:
         if before is not None:
             now = shipped.agent_source
-            shipped.agent_source = lambda: before  # what agent_argv sends
+            shipped.agent_source = lambda compiled=False: before  # what agent_argv sends
             try:
                 old = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
                 await old.connect()

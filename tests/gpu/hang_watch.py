@@ -18,7 +18,7 @@ from cockpit.actions import kill as actions  # noqa: E402
 from cockpit.actions import dumps  # noqa: E402
 from cockpit.runs.run import Run  # noqa: E402
 from cockpit.read import stacks
-from cockpit.runs.config import parse_layout  # noqa: E402
+from cockpit.runs.layoutfile import parse_layout  # noqa: E402
 from cockpit.judge.diagnose import Watchdog  # noqa: E402
 from cockpit.link.target import parse_target  # noqa: E402
 from cockpit.host.session import HostSession, SessionOptions, WatchList  # noqa: E402
