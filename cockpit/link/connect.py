@@ -1,15 +1,12 @@
 """Which link reaches a target: this machine (local, demo), ssh, or the argv primitive of
-cockpit/link/exec.py on a carrier (docker:, podman:, slurm:JOB/NODE). asyncssh is imported only
-when a target needs ssh."""
+cockpit/link/exec.py on a carrier (docker:, podman:, slurm:JOB/NODE). Each link's module is
+imported only when a target needs it (asyncssh with ssh)."""
 
 from __future__ import annotations
 
 from cockpit.common.errors import CockpitError
 from cockpit.link.base import Link
-from cockpit.link.container import ContainerLink
-from cockpit.link.exec import ExecLink
 from cockpit.link.local import LocalLink
-from cockpit.link.slurm import SlurmNodeLink
 from cockpit.link.target import EXEC_KINDS, Target
 
 
@@ -24,8 +21,11 @@ def carrier_link(target: Target, opts) -> Link:
     return _ssh(target.carrier(), opts) if target.remote else LocalLink()
 
 
-def exec_link(target: Target, opts) -> ExecLink:
+def exec_link(target: Target, opts) -> Link:
     """The link of a docker:, podman: or slurm: target."""
+    from cockpit.link.container import ContainerLink
+    from cockpit.link.slurm import SlurmNodeLink
+
     carrier = carrier_link(target, opts)
     where = target.carrier().label if target.remote else "this machine"
     if target.kind in ("docker", "podman"):

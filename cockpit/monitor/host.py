@@ -22,7 +22,6 @@ from cockpit.judge.diagnose import phase_of
 from cockpit.judge.evidence import merge
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
-from cockpit.monitor import demo
 from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
 from cockpit.read import metrics
 from cockpit.runs.config import Layout
@@ -414,6 +413,8 @@ class HostMonitor(Monitor):
         """The layout's live run as a fresh look finds it: the demo's latest run, else the
         ledger's (what `cockpit snapshot` follows)."""
         if self.target.kind == "demo" and self.session.opts.sim_state:
+            from cockpit.monitor import demo  # the simulated host's tools, loaded only for it
+
             return await demo.current_run(self.session, self.layout, self.session.opts.sim_state)
         return await find_live_run(self.session, self.layout)
 
