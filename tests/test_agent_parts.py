@@ -72,6 +72,48 @@ def test_listening_ports_finds_a_real_listener_and_its_owner():
         srv.close()
 
 
+def test_listeners_one_dump_for_both_families_equals_one_per_family_and_sees_each_change():
+    """The kept netlink socket answers each sample afresh: a listener opened or closed between two
+    asks shows in the next; the one old-style dump finds what the two per-family dumps find."""
+    if not agent_ports._DIAG.ok:
+        pytest.skip("no netlink sock_diag here")
+    v4 = socket.socket()
+    v4.bind(("127.0.0.1", 0))
+    v4.listen()
+    v6 = None
+    if socket.has_ipv6:
+        try:
+            v6 = socket.socket(socket.AF_INET6)
+            v6.bind(("::1", 0))
+            v6.listen()
+        except OSError:
+            v6 = None
+    try:
+        diag = agent_ports._Diag()
+        both = diag.listeners()
+        assert diag.compat and diag.sock is not None  # one dump, and the socket kept for the next
+        kept = diag.sock
+        per_family = agent_ports._Diag()
+        per_family.compat = False
+        ours = [v4.getsockname()[1]] + ([v6.getsockname()[1]] if v6 else [])
+        assert all(p in both for p in ours)
+        assert {p: both[p] for p in ours} == {p: per_family.listeners()[p] for p in ours}
+        late = socket.socket()
+        late.bind(("127.0.0.1", 0))
+        late.listen()
+        v4.close()
+        try:
+            again = diag.listeners()
+            assert diag.sock is kept
+            assert ours[0] not in again and late.getsockname()[1] in again
+        finally:
+            late.close()
+    finally:
+        v4.close()
+        if v6 is not None:
+            v6.close()
+
+
 def test_http_get_reports_status_and_latency_of_a_real_server():
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
