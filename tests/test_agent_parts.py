@@ -358,7 +358,7 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     procs.configure(patterns=["gpu-cockpit-test-matches-nothing"])
     scans = []
     real = procs.scan
-    monkeypatch.setattr(procs, "scan", lambda: (scans.append(1), real())[1])
+    monkeypatch.setattr(procs, "scan", lambda **kw: (scans.append(1), real(**kw))[1])
     procs.sample(time.monotonic())
     assert len(scans) == 1
     procs.sample(time.monotonic())
@@ -427,6 +427,70 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         procs.close()
         old.kill()
         old.wait()
+
+
+def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(monkeypatch):
+    """The 5 s scan after a birth (a thread, as a busy job makes every second) lists /proc and,
+    when the same processes stand with the same start, parent, group and title (young ones and
+    pids the cursor passed read afresh), keeps the tree without walking every row. A new process
+    matching a pattern, a young process's retitle, a death or a new pattern: the whole scan."""
+    psutil = pytest.importorskip("psutil")
+    import subprocess
+    import sys
+    import time
+
+    if not agent_procs._HAVE_PROC:
+        pytest.skip("needs /proc")
+    code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
+            "print('retitled', flush=True)\nsys.stdin.readline()")
+    young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    born = None
+    walks = []
+    procs = agent_procs.Procs(psutil)
+    real_table = procs._table
+    monkeypatch.setattr(procs, "_table", lambda *a: (walks.append(1), real_table(*a))[1])
+    cursor = [agent_procs._last_pid()]
+    monkeypatch.setattr(procs_mod, "_last_pid", lambda: cursor[0])
+    try:
+        procs.configure(patterns=["sglang::*"])
+        procs.sample(time.monotonic(), force_scan=True)
+        assert walks == [1] and young.pid not in procs.watched
+        for _ in range(2):
+            cursor[0] += 1  # a thread was born somewhere: the scan is due, the table stands
+            procs.scan(quick=True)
+        assert walks == [1]
+
+        young.stdin.write("go\n")
+        young.stdin.flush()
+        assert young.stdout.readline().strip() == "retitled"
+        cursor[0] += 1
+        procs.scan(quick=True)  # young: read afresh, its new title seen now
+        assert walks == [1, 1] and young.pid in procs.watched
+
+        born = subprocess.Popen([sys.executable, "-c", "import sys\nopen('/proc/self/comm', 'w').write('sglang::born')\n"
+                                 "print('up', flush=True)\nsys.stdin.readline()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert born.stdout.readline().strip() == "up"
+        cursor[0] = max(cursor[0] + 1, born.pid)
+        procs.scan(quick=True)
+        assert len(walks) == 3 and born.pid in procs.watched
+
+        procs.scan(quick=True)
+        assert len(walks) == 3
+        young.kill()
+        young.wait()
+        procs.scan(quick=True)
+        assert len(walks) == 4 and set(procs.watched) == {born.pid}
+        procs.configure(patterns=["nothing-matches-this"])
+        procs.scan(quick=True)
+        assert len(walks) == 5 and not procs.watched
+    finally:
+        procs.close()
+        young.kill()
+        young.wait()
+        if born is not None:
+            born.kill()
+            born.wait()
 
 
 # ----------------------------------------------------------------------------- Xid lines (issue 28)
