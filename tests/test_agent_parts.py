@@ -445,6 +445,10 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
             "print('retitled', flush=True)\nsys.stdin.readline()")
     young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     born = None
+    ours = {1, os.getpid(), young.pid}  # the table the scans see: other processes come and go on a shared machine
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path=".": [n for n in real_listdir(path)
+                                                         if path != "/proc" or not n.isdigit() or int(n) in ours])
     walks = []
     procs = agent_procs.Procs(psutil)
     real_table = procs._table
@@ -471,6 +475,7 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
                                  "print('up', flush=True)\nsys.stdin.readline()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert born.stdout.readline().strip() == "up"
+        ours.add(born.pid)
         cursor[0] = max(cursor[0] + 1, born.pid)
         procs.scan(quick=True)
         assert len(walks) == 3 and born.pid in procs.watched
