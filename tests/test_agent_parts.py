@@ -114,6 +114,40 @@ def test_listeners_one_dump_for_both_families_equals_one_per_family_and_sees_eac
             v6.close()
 
 
+def test_a_kernel_refusing_the_old_request_gets_one_dump_per_family_and_a_timeout_changes_nothing(monkeypatch):
+    if not agent_ports._DIAG.ok:
+        pytest.skip("no netlink sock_diag here")
+    real = agent_ports._dump
+    kinds = []
+
+    def refusing(sock, kind, req, seq, ports):
+        kinds.append(kind)
+        if kind == agent_ports.TCPDIAG_GETSOCK:
+            raise agent_ports.Refused("sock_diag refused")
+        return real(sock, kind, req, seq, ports)
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    try:
+        monkeypatch.setattr(agent_ports, "_dump", refusing)
+        diag = agent_ports._Diag()
+        assert srv.getsockname()[1] in diag.listeners()
+        assert not diag.compat and kinds == [agent_ports.TCPDIAG_GETSOCK, agent_ports.SOCK_DIAG_BY_FAMILY,
+                                             agent_ports.SOCK_DIAG_BY_FAMILY]
+
+        def timing_out(*_a):
+            raise socket.timeout("timed out")
+
+        monkeypatch.setattr(agent_ports, "_dump", timing_out)
+        diag = agent_ports._Diag()
+        with pytest.raises(OSError):
+            diag.listeners()
+        assert diag.compat and diag.sock is None  # a slow answer is no refusal; the socket is not reused
+    finally:
+        srv.close()
+
+
 def test_http_get_reports_status_and_latency_of_a_real_server():
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

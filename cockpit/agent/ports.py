@@ -14,6 +14,10 @@ _HEADER = struct.Struct("=IHHII")
 _MSG = struct.Struct("=IH")
 
 
+class Refused(OSError):
+    """The kernel answered a sock_diag request with an error."""
+
+
 def _dump(sock, kind, req, seq, ports):
     """One sock_diag dump of listening TCP sockets into `ports` ({port: inode})."""
     sock.send(_HEADER.pack(16 + len(req), kind, 0x301, seq, 0) + req)  # NLM_F_REQUEST | NLM_F_DUMP
@@ -25,7 +29,7 @@ def _dump(sock, kind, req, seq, ports):
             if msg == 3:  # NLMSG_DONE
                 return
             if msg == 2 or length < 16:  # NLMSG_ERROR
-                raise OSError("sock_diag refused")
+                raise Refused("sock_diag refused")
             body = off + 16
             ports.setdefault((data[body + 4] << 8) | data[body + 5], struct.unpack_from("=I", data, body + 68)[0])
             off += (length + 3) & ~3
@@ -58,9 +62,9 @@ class _Diag:
                 self.sock = None
                 try:
                     ports = self._ask(sock)
-                except OSError:
+                except OSError as exc:
                     sock.close()  # a dump broken off may leave replies behind: never read them as ours
-                    if not self.compat:
+                    if not (self.compat and isinstance(exc, Refused)):
                         raise
                     self.compat = False  # a kernel without the old request: one dump per family
                     continue
