@@ -72,6 +72,82 @@ def test_listening_ports_finds_a_real_listener_and_its_owner():
         srv.close()
 
 
+def test_listeners_one_dump_for_both_families_equals_one_per_family_and_sees_each_change():
+    """The kept netlink socket answers each sample afresh: a listener opened or closed between two
+    asks shows in the next; the one old-style dump finds what the two per-family dumps find."""
+    if not agent_ports._DIAG.ok:
+        pytest.skip("no netlink sock_diag here")
+    v4 = socket.socket()
+    v4.bind(("127.0.0.1", 0))
+    v4.listen()
+    v6 = None
+    if socket.has_ipv6:
+        try:
+            v6 = socket.socket(socket.AF_INET6)
+            v6.bind(("::1", 0))
+            v6.listen()
+        except OSError:
+            v6 = None
+    try:
+        diag = agent_ports._Diag()
+        both = diag.listeners()
+        assert diag.compat and diag.sock is not None  # one dump, and the socket kept for the next
+        kept = diag.sock
+        per_family = agent_ports._Diag()
+        per_family.compat = False
+        ours = [v4.getsockname()[1]] + ([v6.getsockname()[1]] if v6 else [])
+        assert all(p in both for p in ours)
+        assert {p: both[p] for p in ours} == {p: per_family.listeners()[p] for p in ours}
+        late = socket.socket()
+        late.bind(("127.0.0.1", 0))
+        late.listen()
+        v4.close()
+        try:
+            again = diag.listeners()
+            assert diag.sock is kept
+            assert ours[0] not in again and late.getsockname()[1] in again
+        finally:
+            late.close()
+    finally:
+        v4.close()
+        if v6 is not None:
+            v6.close()
+
+
+def test_a_kernel_refusing_the_old_request_gets_one_dump_per_family_and_a_timeout_changes_nothing(monkeypatch):
+    if not agent_ports._DIAG.ok:
+        pytest.skip("no netlink sock_diag here")
+    real = agent_ports._dump
+    kinds = []
+
+    def refusing(sock, kind, req, seq, ports):
+        kinds.append(kind)
+        if kind == agent_ports.TCPDIAG_GETSOCK:
+            raise agent_ports.Refused("sock_diag refused")
+        return real(sock, kind, req, seq, ports)
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    try:
+        monkeypatch.setattr(agent_ports, "_dump", refusing)
+        diag = agent_ports._Diag()
+        assert srv.getsockname()[1] in diag.listeners()
+        assert not diag.compat and kinds == [agent_ports.TCPDIAG_GETSOCK, agent_ports.SOCK_DIAG_BY_FAMILY,
+                                             agent_ports.SOCK_DIAG_BY_FAMILY]
+
+        def timing_out(*_a):
+            raise socket.timeout("timed out")
+
+        monkeypatch.setattr(agent_ports, "_dump", timing_out)
+        diag = agent_ports._Diag()
+        with pytest.raises(OSError):
+            diag.listeners()
+        assert diag.compat and diag.sock is None  # a slow answer is no refusal; the socket is not reused
+    finally:
+        srv.close()
+
+
 def test_http_get_reports_status_and_latency_of_a_real_server():
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -316,7 +392,7 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     procs.configure(patterns=["gpu-cockpit-test-matches-nothing"])
     scans = []
     real = procs.scan
-    monkeypatch.setattr(procs, "scan", lambda: (scans.append(1), real())[1])
+    monkeypatch.setattr(procs, "scan", lambda **kw: (scans.append(1), real(**kw))[1])
     procs.sample(time.monotonic())
     assert len(scans) == 1
     procs.sample(time.monotonic())
@@ -385,6 +461,75 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
         procs.close()
         old.kill()
         old.wait()
+
+
+def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(monkeypatch):
+    """The 5 s scan after a birth (a thread, as a busy job makes every second) lists /proc and,
+    when the same processes stand with the same start, parent, group and title (young ones and
+    pids the cursor passed read afresh), keeps the tree without walking every row. A new process
+    matching a pattern, a young process's retitle, a death or a new pattern: the whole scan."""
+    psutil = pytest.importorskip("psutil")
+    import subprocess
+    import sys
+    import time
+
+    if not agent_procs._HAVE_PROC:
+        pytest.skip("needs /proc")
+    code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
+            "print('retitled', flush=True)\nsys.stdin.readline()")
+    young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    born = None
+    ours = {1, os.getpid(), young.pid}  # the table the scans see: other processes come and go on a shared machine
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path=".": [n for n in real_listdir(path)
+                                                         if path != "/proc" or not n.isdigit() or int(n) in ours])
+    walks = []
+    procs = agent_procs.Procs(psutil)
+    real_table = procs._table
+    monkeypatch.setattr(procs, "_table", lambda *a: (walks.append(1), real_table(*a))[1])
+    cursor = [agent_procs._last_pid()]
+    monkeypatch.setattr(procs_mod, "_last_pid", lambda: cursor[0])
+    try:
+        procs.configure(patterns=["sglang::*"])
+        procs.sample(time.monotonic(), force_scan=True)
+        assert walks == [1] and young.pid not in procs.watched
+        for _ in range(2):
+            cursor[0] += 1  # a thread was born somewhere: the scan is due, the table stands
+            procs.scan(quick=True)
+        assert walks == [1]
+
+        young.stdin.write("go\n")
+        young.stdin.flush()
+        assert young.stdout.readline().strip() == "retitled"
+        cursor[0] += 1
+        procs.scan(quick=True)  # young: read afresh, its new title seen now
+        assert walks == [1, 1] and young.pid in procs.watched
+
+        born = subprocess.Popen([sys.executable, "-c", "import sys\nopen('/proc/self/comm', 'w').write('sglang::born')\n"
+                                 "print('up', flush=True)\nsys.stdin.readline()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert born.stdout.readline().strip() == "up"
+        ours.add(born.pid)
+        cursor[0] = max(cursor[0] + 1, born.pid)
+        procs.scan(quick=True)
+        assert len(walks) == 3 and born.pid in procs.watched
+
+        procs.scan(quick=True)
+        assert len(walks) == 3
+        young.kill()
+        young.wait()
+        procs.scan(quick=True)
+        assert len(walks) == 4 and set(procs.watched) == {born.pid}
+        procs.configure(patterns=["nothing-matches-this"])
+        procs.scan(quick=True)
+        assert len(walks) == 5 and not procs.watched
+    finally:
+        procs.close()
+        young.kill()
+        young.wait()
+        if born is not None:
+            born.kill()
+            born.wait()
 
 
 # ----------------------------------------------------------------------------- Xid lines (issue 28)

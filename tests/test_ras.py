@@ -402,3 +402,30 @@ async def test_a_silent_ras_never_stalls_the_samples(fake_ras):
         assert st.seq - seq >= 3
     finally:
         await session.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_a_numeric_ras_address_is_connected_to_without_a_name_lookup(host, monkeypatch):
+    """A numeric host never goes through getaddrinfo (glibc asks the kernel for every interface's
+    addresses first); a name still does."""
+    import socket
+
+    family = socket.AF_INET6 if host == "::1" else socket.AF_INET
+    try:
+        srv = socket.socket(family)
+        srv.bind(("::1" if host == "::1" else "127.0.0.1", 0))
+    except OSError:
+        pytest.skip("no %s loopback here" % host)
+    srv.listen()
+    lookups = []
+    real = socket.create_connection
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: (lookups.append(a[0]), real(*a, **k))[1])
+    try:
+        sock = agent_ras._connect(host, srv.getsockname()[1], 2.0)
+        peer, _ = srv.accept()
+        assert sock.getpeername()[1] == srv.getsockname()[1]
+        assert lookups == ([] if host != "localhost" else [("localhost", srv.getsockname()[1])])
+        peer.close()
+        sock.close()
+    finally:
+        srv.close()

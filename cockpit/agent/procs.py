@@ -175,6 +175,7 @@ class Procs:
         self._match = {}  # pid -> (comm, argv, matched) from the last scan: argv is the cached list
         self._stat = {}  # pid -> (its /proc/PID/stat bytes, the row they gave) from the last tick
         self._fds = {}  # pid -> an open /proc/PID/stat, read again with pread each tick
+        self._dirty = True  # what the tree is built from changed (patterns, groups, pids): the next scan is whole
         self._priming = None  # the CPU ticks `prime`'s scan is reading
         self._primed = None  # pid -> (start ticks, CPU ticks, when) read by `prime`, until the first sample
         self.primed_at = None
@@ -236,6 +237,7 @@ class Procs:
             self.pids = set(int(p) for p in pids)
         self.last_scan = 0.0
         self._match = {}
+        self._dirty = True
 
     def _matches(self, name, cmd):
         for pat in self.patterns:
@@ -288,10 +290,14 @@ class Procs:
             yield pid, row[1], row[2], row[3], row[4]
         self._rows = seen
 
-    def scan(self):
+    def scan(self, quick=False):
         before = self.scan_pid
         self.last_pid = self.scan_pid = _last_pid() if _HAVE_PROC else None  # a pid born after this: the next tick
         self.last_full = time.monotonic()
+        if quick and _HAVE_PROC and not self._dirty and self._unchanged(before, self.scan_pid):
+            self.last_scan = time.monotonic()
+            return
+        self._dirty = False
         children = {}
         roots = set()
         alive = set()
@@ -322,6 +328,33 @@ class Procs:
         self.watched = watched
         self.last_scan = time.monotonic()
 
+    def _unchanged(self, before, newest):
+        """Whether the process table is the one the last scan built the tree from: the same pids
+        (listed, not read), and of those whose row may have moved (young ones that may still
+        retitle, pids the kernel's cursor passed: perhaps reused) the same start, parent, group
+        and title. Then the watched tree is what it was (deaths and new children are the ticks'
+        work), and the scan need not walk every process's row: on a host where a thread is born
+        every second (a busy PyTorch job, kernel workers) that walk was most of its cost."""
+        last = self._rows
+        if not last or time.time() - self._reread_at >= REREAD_EVERY_S or before is None or newest is None:
+            return False
+        me = os.getpid()
+        pids = set(int(n) for n in os.listdir("/proc") if n.isdigit())
+        pids.discard(me)
+        if len(pids) != len(last) or not pids.issuperset(last):
+            return False
+        settled_before = (time.time() - _boot_time() - SETTLE_S) * _CLK_TCK
+        if newest >= before:
+            check = [pid for pid, row in last.items() if row[0] > settled_before or before < pid <= newest]
+        else:  # the cursor wrapped
+            check = [pid for pid, row in last.items() if row[0] > settled_before or pid > before or pid <= newest]
+        for pid in check:
+            row = last[pid]
+            ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
+            if ids is None or ids[:4] != row[:4]:  # (start, parent, group, title): its CPU may move
+                return False
+        return True
+
     def _handle(self, pid):
         """A psutil handle where there is no /proc to read directly."""
         if _HAVE_PROC or self.ps is None:
@@ -345,9 +378,9 @@ class Procs:
                 return
             parents = set()
             for pid in range(first + 1, newest + 1):
-                row = _proc_stat(pid)  # a thread's own id reads too; its "parent" is checked below
-                if row is not None and row["ppid"] in self.watched:
-                    parents.add(row["ppid"])
+                ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))  # a thread's own id reads too; its "parent" is checked below
+                if ids is not None and ids[1] in self.watched:
+                    parents.add(ids[1])
             stack = list(parents)
         while stack:
             pid = stack.pop()
@@ -372,7 +405,7 @@ class Procs:
                 self.last_scan = now
                 self.adopt_children()
             else:
-                self.scan()
+                self.scan(quick=not force_scan)
         else:
             self.adopt_children()
         wall = time.monotonic()

@@ -13,7 +13,8 @@ import time
 from collections import deque
 
 MAX_EVENTS = 32  # recent events kept and sent: a flapping GPU cannot grow the frame
-WAIT_MS = 1000  # one wait in the driver; the thread checks its stop flag between waits
+WAIT_MS = 10000  # one wait in the driver, which returns at once on an event: the thread checks its stop flag
+# between waits and otherwise wakes only this often (each wake costs the interpreter a timeout exception)
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.
 # NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, ...      (older drivers: no "PCI:", no pid)
