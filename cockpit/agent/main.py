@@ -18,7 +18,7 @@ from .gpus import open_gpus
 from .kill import _now_ticks, find_runs, kill_run, run_plan
 from .logs import LogTail, open_log
 from .ports import Ports, listening_ports
-from .procs import _HAVE_PROC, Procs, _boot_time, _start_ticks, _uid, _user
+from .procs import _HAVE_PROC, _boot_time, _start_ticks, _uid, _user
 from .protocol import AGENT_VERSION, ERROR, FATAL, HELLO, LOG, RESULT, SAMPLE, emit
 from .pyspy import pyspy_check, pyspy_dump
 from .ras import RAS_TIMEOUT_S, RasPoller, ras_query
@@ -358,7 +358,8 @@ def install_sim_nvml(nbytes):
     sys.modules["pynvml"] = mod
 
 
-def main(argv):
+def main(argv, procs):
+    """The agent's life, `procs` primed by start.py: arguments, the hello, the loop."""
     interval = 1.0
     args = list(argv)
     while args:
@@ -380,8 +381,7 @@ def main(argv):
             import psutil
         except ImportError:
             pass
-    procs = Procs(psutil)
-    procs.prime()  # first: the first sample's CPU window starts here, while NVML opens
+    procs.ps = psutil
     agent = Agent(interval, procs)
     if psutil is None and not _HAVE_PROC:
         agent.warnings.append("no /proc and no psutil for %s: processes are not watched" % sys.executable)

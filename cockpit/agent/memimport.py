@@ -55,7 +55,8 @@ class TableImporter:
 
 
 def run(sources, code, argv):
-    """Makes the table importable and runs the agent's main; its exit status."""
+    """Makes the table importable and runs the agent from its first step (start.py); its exit
+    status."""
     sys.meta_path.insert(0, TableImporter(sources, code))
-    main = __import__(PACKAGE + ".main", fromlist=["main"])
-    return main.main(argv)
+    start = __import__(PACKAGE + ".start", fromlist=["start"])
+    return start.start(argv)
