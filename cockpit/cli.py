@@ -13,7 +13,6 @@ status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -165,6 +164,14 @@ def _writable(args: argparse.Namespace) -> None:
         raise CockpitError(f"{args.command}: refused, --read-only disables every action")
 
 
+def run_async(coro):
+    """`asyncio.run`, asyncio imported on the first call: a one-shot `snapshot local` starts its
+    agent before that import (cockpit/link/early.py)."""
+    import asyncio
+
+    return asyncio.run(coro)
+
+
 def session_options(args: argparse.Namespace, layout=None, target=None, sim_state: str | None = None):
     """The session options of the command line: the one place they are built."""
     from cockpit.host.session import SessionOptions
@@ -270,14 +277,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     _need_terminal(args)
     layout = resolve_layout(args.layout or "demo")
-    for line in asyncio.run(_reap_stale_demos(args, layout)):
+    for line in run_async(_reap_stale_demos(args, layout)):
         say(f"cockpit: an earlier demo's run is not fully stopped: {line}", file=sys.stderr)
     app, layout, state = demo_app(args, layout)
     _end_on_hangup(app)
     try:
         app.run()
     finally:
-        for line in asyncio.run(end_demo(args, app, layout, state)):
+        for line in run_async(end_demo(args, app, layout, state)):
             try:
                 say(f"cockpit: {line}", file=sys.stderr)
             except OSError:
@@ -401,7 +408,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
         if not args.json or args.svg or args.text or args.target:
             raise CockpitError("a fleet snapshot is --json only, with no target: snapshot --fleet FLEET.yaml --json")
-        print_json(asyncio.run(take_fleet_snapshot(_fleet_monitor(args), args.timeout)))
+        print_json(run_async(take_fleet_snapshot(_fleet_monitor(args), args.timeout)))
         return 0
     if args.replay is None and not args.target:
         raise CockpitError("name a target (local, demo, an ssh alias, user@host[:port]) or --replay FILE.json")
@@ -424,7 +431,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             app = CockpitApp(state=state_from_doc(_replay_doc(args.replay)), layout=layout)
         else:
             app = CockpitApp(monitor=build_monitor(args))
-        text = asyncio.run(render(app, size, args.wait, args.svg, args.text))
+        text = run_async(render(app, size, args.wait, args.svg, args.text))
         if app.error:
             raise CockpitError(app.error)
         if args.text == "-":
@@ -433,23 +440,30 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             monitor = app.cockpit.monitor
             print_json(monitor_doc(monitor) if monitor.live else _replay_doc(args.replay))
         return 0
-    print_json(_replay_doc(args.replay) if args.replay else asyncio.run(_snapshot_doc(args)))
+    if args.replay:
+        print_json(_replay_doc(args.replay))
+        return 0
+    start_agent_early(args)
+    print_json(run_async(_snapshot_doc(args)))
     return 0
 
 
-async def _snapshot_doc(args: argparse.Namespace) -> dict:
-    """`snapshot TARGET --json`. On this machine without a layout the agent is started before the
-    monitor's modules are imported: its start and its first CPU window pass while they load
+def start_agent_early(args: argparse.Namespace) -> None:
+    """On this machine, without a layout: the agent started before asyncio and the monitor's
+    modules are imported, so its start and its first CPU window pass while they load
     (docs/BENCHMARKS.md). With a layout the interpreter may be the layout's: the session starts
-    the agent as usual, and so it does whenever this guess differs from what the session asks."""
+    the agent as usual, as it does whenever this guess differs from what it asks for."""
     from cockpit.link.target import agent_python, parse_target
 
     target = parse_target(args.target)
     if target.kind == "local" and not args.layout:
         from cockpit.agent import agent_argv
-        from cockpit.link.local import start_early
+        from cockpit.link import early
 
-        await start_early(*agent_argv(args.python or agent_python(target, None), args.interval or 1.0, args.sim))
+        early.start(*agent_argv(args.python or agent_python(target, None), args.interval or 1.0, args.sim))
+
+
+async def _snapshot_doc(args: argparse.Namespace) -> dict:
     from cockpit.host.snapshot import take_snapshot
 
     return await take_snapshot(build_monitor(args), wait=args.wait)
@@ -577,7 +591,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                 return None
             return await monitor.stop(plan, "cockpit kill: asked by the operator", args.wait, whole_run=not args.pid)
 
-    report = asyncio.run(go())
+    report = run_async(go())
     if report is None:
         print("nothing was signalled")
         return 1
@@ -632,7 +646,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
                 return audit, None
             return audit, await actions.shm_clean(session, chosen, audit["folder"], other_dir=other_dir)
 
-    audit, cleaned = asyncio.run(go())
+    audit, cleaned = run_async(go())
     if args.json:
         print_json({"audit": audit, "clean": cleaned,
                     "summary": actions.summarize_clean(cleaned) if cleaned is not None else None})
@@ -672,7 +686,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
             return await dumps.dump_ranks(session, ranks, run_name(monitor), upload=args.upload_pyspy,
                                           say=lambda line: print(line, file=sys.stderr, flush=True))
 
-    result = asyncio.run(go())
+    result = run_async(go())
     if args.json:
         print_json(result.as_json())
     else:
@@ -694,7 +708,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             await monitor.look(args.wait)
             return await bundle.make_bundle(monitor, read_only=args.read_only)
 
-    result = asyncio.run(go())
+    result = run_async(go())
     if args.json:
         print_json(result.doc())
     else:
@@ -720,7 +734,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
             return await dumps.collect(monitor, trigger=not args.no_trigger, root=args.pid)
 
-    answer, result = asyncio.run(go())
+    answer, result = run_async(go())
     if args.json:
         print_json({"ranks": {r: {k: v for k, v in d.items() if k != "entries"} for r, d in answer["ranks"].items()},
                     "problems": answer.get("problems"), "comparison": result})
@@ -781,7 +795,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             return await launch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
                                             progress=_progress, settle=args.settle, plan=plan, shm=names)
 
-    row = asyncio.run(go())
+    row = run_async(go())
     if row is None:
         return 1
     if args.json:
@@ -819,7 +833,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             return await launch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
                                        first_shm=names)
 
-    rows = asyncio.run(go())
+    rows = run_async(go())
     if rows is None:
         return 1
     if args.json:

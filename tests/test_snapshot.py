@@ -183,26 +183,25 @@ def test_unreachable_port():
 
 
 def test_a_local_snapshot_starts_its_agent_before_the_monitor_and_the_session_takes_that_one(monkeypatch, sim_state):
-    """`snapshot local --json` starts the agent before the monitor's modules load; the session
-    then takes that very process over (one agent started, no second), and the document is the
-    same kind of document as ever."""
-    import argparse
+    """`snapshot local --json` starts the agent before asyncio and the monitor's modules load
+    (cockpit/link/early.py); the local link then takes that very process over (the link starts
+    none of its own), and the document is the same kind of document as ever."""
     import asyncio
 
     from cockpit import cli
-    from cockpit.link import local
+    from cockpit.link import early, local
 
-    started = []
+    spawned = []
     spawn = local._spawn
 
     async def counted(argv, payload, env=None):
-        proc = await spawn(argv, payload, env)
-        started.append(proc.pid)
-        return proc
+        spawned.append(argv)
+        return await spawn(argv, payload, env)
 
     monkeypatch.setattr(local, "_spawn", counted)
     args = cli.parse_args(["snapshot", "local", "--sim", str(sim_state), "--json"])
-    assert isinstance(args, argparse.Namespace)
+    cli.start_agent_early(args)
+    assert len(early._started) == 1
     doc = asyncio.run(cli._snapshot_doc(args))
-    assert len(started) == 1 and not local._early  # started early, then taken over: not started again
+    assert spawned == [] and early._started == {}  # taken over, not started again
     assert doc["schema"].startswith("gpu-cockpit.snapshot/") and len(doc["gpus"]) == 8

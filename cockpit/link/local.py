@@ -1,21 +1,18 @@
-"""The agent as a subprocess of the cockpit: the `local` and `demo` targets. A one-shot command
-may start it early (`start_early`), before its own imports, so the agent's start and its first
-CPU window pass while the cockpit is still loading; the link then takes that process over."""
+"""The agent as a subprocess of the cockpit: the `local` and `demo` targets. An agent started
+before the event loop (cockpit/link/early.py) is taken over with the loop's pipes around it."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import signal
+import subprocess
 
 from cockpit.common.errors import PythonUnusable
+from cockpit.link import early
 from cockpit.link.base import AgentStream, LineReader, Link, RunResult
 
 STREAM_LIMIT = 4 * 1024 * 1024  # how much asyncio buffers before it pauses the pipe; lines: LineReader
-PIPE_MAX = 1 << 20  # the most an unprivileged process may ask a pipe to hold (fs.pipe-max-size's default)
-
-_early: dict[tuple, asyncio.subprocess.Process] = {}  # (argv, payload) -> an agent started before it was asked for
 
 
 class LocalStream(AgentStream):
@@ -78,20 +75,41 @@ async def _spawn(argv: list[str], payload: bytes, env: dict[str, str] | None = N
         raise PythonUnusable(
             f"{argv[0]} not found on this machine: install Python >= 3.8 or name the interpreter with --python",
             "not found") from None
-    if len(payload) > 65536:
-        pipe = proc.stdin.transport.get_extra_info("pipe")
-        try:
-            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, min(PIPE_MAX, len(payload) + 65536))
-        except (OSError, AttributeError, ValueError):
-            pass  # the default size: the rest of the payload goes as the agent reads
+    early.fit_pipe(proc.stdin.transport.get_extra_info("pipe").fileno(), len(payload))
     proc.stdin.write(payload)
     return proc
 
 
-async def start_early(argv: list[str], payload: bytes) -> None:
-    """Start the agent that `LocalLink.start_agent(argv, payload)` will ask for, now. One that is
-    never asked for ends by itself when this process does (its stdin closes)."""
-    _early[(tuple(argv), payload)] = await _spawn(argv, payload)
+class _Adopted:
+    """An agent that early.py started (a Popen), read and written through the event loop's pipes:
+    what LocalStream uses of an asyncio subprocess."""
+
+    def __init__(self, popen: subprocess.Popen, stdout, stderr, stdin):
+        self.popen, self.pid = popen, popen.pid
+        self.stdout, self.stderr, self.stdin = stdout, stderr, stdin
+
+    @classmethod
+    async def around(cls, popen: subprocess.Popen) -> _Adopted:
+        loop = asyncio.get_running_loop()
+        readers = []
+        for pipe in (popen.stdout, popen.stderr):
+            reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+            await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
+            readers.append(reader)
+        stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, popen.stdin)  # write, is_closing, close
+        return cls(popen, readers[0], readers[1], stdin)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+    async def wait(self) -> int:
+        """Its exit status, reaped by a thread (the event loop's child watcher knows only the
+        processes it started)."""
+        return await asyncio.to_thread(self.popen.wait)
 
 
 class LocalLink(Link):
@@ -101,10 +119,8 @@ class LocalLink(Link):
         return None
 
     async def start_agent(self, argv, payload=b"", env=None) -> AgentStream:
-        proc = None if env else _early.pop((tuple(argv), payload), None)
-        if proc is None:
-            proc = await _spawn(argv, payload, env)
-        return LocalStream(proc)
+        started = None if env else early.take(argv, payload)
+        return LocalStream(await _Adopted.around(started) if started else await _spawn(argv, payload, env))
 
     async def run(self, argv, input=None, timeout=30.0) -> RunResult:
         proc = await asyncio.create_subprocess_exec(
