@@ -169,10 +169,6 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: s
             "wire_bytes_per_s": round(nbytes / wall), "watched_processes": watched}
 
 
-# today's importer starts the agent at start.py; an agent from before it had only main(argv)
-OLD_START = b"from .main import main\n\n\ndef start(argv):\n    return main(argv)\n"
-
-
 def agent_at(rev: str) -> bytes:
     """The agent of `rev` as today's bootstrap runs it: its modules in today's table (with today's
     importer, which reads that table), or, before the split, its one agent.py."""
@@ -182,13 +178,10 @@ def agent_at(rev: str) -> bytes:
     names = git("ls-tree", "--name-only", rev, "cockpit/agent/").decode().split()
     if "cockpit/agent/memimport.py" not in names:
         return git("show", f"{rev}:cockpit/agent/agent.py")
-    from cockpit.agent import agent_modules, pack_agent
+    from benchlib import pack_old_agent
 
-    sources = {name.rsplit("/", 1)[1][:-3]: git("show", f"{rev}:{name}") for name in names
-               if name.endswith(".py") and not name.endswith(("/__init__.py", "/agent.py"))}
-    sources["memimport"] = next(p for p in agent_modules() if p.stem == "memimport").read_bytes()
-    sources.setdefault("start", OLD_START)
-    return pack_agent(sources)
+    return pack_old_agent({name.rsplit("/", 1)[1][:-3]: git("show", f"{rev}:{name}") for name in names
+                           if name.endswith(".py") and not name.endswith(("/__init__.py", "/agent.py"))})
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""What the benchmarks share: percentiles, the process's RSS, and printing/saving a result."""
+"""What the benchmarks share: percentiles, the process's RSS, printing/saving a result, and an older
+agent packed for today's bootstrap."""
 
 from __future__ import annotations
 
@@ -26,3 +27,18 @@ def report(result: dict, json_path: str | None) -> None:
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1))
     os._exit(0)
+
+
+# today's importer starts the agent at start.py; an agent from before it had only main(argv)
+OLD_START = b"from .main import main\n\n\ndef start(argv):\n    return main(argv)\n"
+
+
+def pack_old_agent(sources: dict[str, bytes]) -> bytes:
+    """An older agent's modules ({name: source}) as today's bootstrap runs them: in today's table,
+    with today's importer (which reads that table) and, where it had none, a start.py."""
+    from cockpit.agent import agent_modules, pack_agent
+
+    sources = dict(sources)
+    sources["memimport"] = next(p for p in agent_modules() if p.stem == "memimport").read_bytes()
+    sources.setdefault("start", OLD_START)
+    return pack_agent(sources)

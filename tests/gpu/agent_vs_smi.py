@@ -194,14 +194,12 @@ def main() -> None:
             import io
             import zipfile
 
-            from cockpit.agent import agent_modules, pack_agent
+            sys.path.insert(0, str(ROOT / "tests" / "bench"))
+            from benchlib import pack_old_agent
 
             with zipfile.ZipFile(io.BytesIO(before)) as zf:
-                sources = {n.rsplit("/", 1)[1][:-3]: zf.read(n) for n in zf.namelist()
-                           if n.endswith(".py") and not n.endswith("/__init__.py")}
-            sources["memimport"] = next(p for p in agent_modules() if p.stem == "memimport").read_bytes()
-            sources.setdefault("start", b"from .main import main\n\n\ndef start(argv):\n    return main(argv)\n")
-            before = pack_agent(sources)  # run by today's bootstrap and importer
+                before = pack_old_agent({n.rsplit("/", 1)[1][:-3]: zf.read(n) for n in zf.namelist()
+                                         if n.endswith(".py") and not n.endswith("/__init__.py")})
     res = {"host": os.uname().nodename, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
     res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before, args.bare, watch))
     if args.runs:
