@@ -17,7 +17,11 @@ GOOD = "command: [-m, sglang.launch_server]\n"
 
 
 @pytest.mark.parametrize("text, line, expect", [
-    ("command: [-m, x\n", 2, "invalid YAML"),
+    ("command: [-m, x\n", 1, "invalid YAML: a flow sequence opened on this line is not closed"),
+    ("name: x\ncommand: [-m, x\nports: [1]\n", 2, "a flow sequence opened on this line is not closed "
+                                                 "(expected ',' or ']', but got ':' on line 3)"),
+    ('name: "x\ncommand: [-m, x]\n', 1, "a quoted scalar opened on this line is not closed"),
+    ("command: [-m, x]\n ports: [1]\n", 2, "check this line's indentation"),
     (GOOD + "flag_set:\n  a: [--x]\n", 2, "did you mean 'flag_sets'?"),
     (GOOD + "ports: 8000\n", 2, "ports must be a list"),
     ("base_flags: [--x]\n", 1, "missing command"),

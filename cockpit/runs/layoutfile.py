@@ -228,7 +228,14 @@ def compose_yaml(text: str, path: str):
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
-        raise LayoutError(f"{path}:{line}: invalid YAML: {exc.problem or exc.context}") from None
+        opened = exc.context_mark.line + 1 if exc.context_mark else line
+        what = (exc.context or "").replace("while parsing ", "").replace("while scanning ", "")
+        if what in ("a flow sequence", "a flow mapping", "a quoted scalar") and opened < line:
+            # a bracket or quote left open: PyYAML notices on a later line; said where it opened
+            raise LayoutError(f"{path}:{opened}: invalid YAML: {what} opened on this line is not closed "
+                              f"({exc.problem} on line {line})") from None
+        hint = " (check this line's indentation)" if "block" in (exc.problem or "") else ""
+        raise LayoutError(f"{path}:{line}: invalid YAML: {exc.problem or exc.context}{hint}") from None
     except yaml.YAMLError as exc:
         raise LayoutError(f"{path}:1: invalid YAML: {exc}") from None
     except RecursionError:
