@@ -75,6 +75,7 @@ async def test_help_screen_shows_the_generated_keys_at_80x24():
         assert isinstance(app.screen, HelpScreen)
         text = save_text(app, None)
         assert "hang bundle" in text and "flight recorder" in text
+        assert "back to the fleet" not in text  # no fleet opened this cockpit: no esc back to one
         assert "unknown: no connection" in help_plain()
 
 

@@ -24,7 +24,7 @@ from cockpit.monitor.replay import ReplayMonitor
 from cockpit.runs.config import Layout
 from cockpit.runs.run import process_scope
 from cockpit.ui.actions import ActionRunner
-from cockpit.ui.commands import COCKPIT, bindings
+from cockpit.ui.commands import COCKPIT, RANK_TABLE, bindings
 from cockpit.ui.fmt import say
 from cockpit.ui.footer import FittedFooter
 from cockpit.ui.gpus import GpuList, GpuPane
@@ -32,7 +32,7 @@ from cockpit.ui.header import FULL, header_text
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.screens import HelpScreen, ReportScreen, SearchScreen
+from cockpit.ui.screens import HelpScreen, ReportScreen, SearchScreen, help_renderable
 
 REDRAW_S = 0.25
 NARROW = 100  # below this many columns the rank table's columns narrow and the footer is compact
@@ -343,7 +343,9 @@ class CockpitScreen(Screen):
         self.actions.ledger()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen())
+        """The keys of this screen: `esc` back to the fleet only where one opened it."""
+        keys = tuple(k for k in COCKPIT + RANK_TABLE if k.action != "back" or not self.owns_monitor)
+        self.app.push_screen(HelpScreen(help_renderable(keys)))
 
     def action_evidence(self) -> None:
         """The verdict with every line of its evidence, wrapped: what the header can only begin."""

@@ -347,9 +347,9 @@ def help_plain(commands=COCKPIT + RANK_TABLE, width: int = 100) -> str:
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", key_display="esc")]
 
-    def __init__(self, text: str | None = None):
+    def __init__(self, text=None):
         super().__init__()
-        self.text = text  # a screen's own help as markup (the fleet's); None: the cockpit's
+        self.text = text  # a screen's own help (markup or a renderable); None: every key of the cockpit's
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
