@@ -139,3 +139,23 @@ async def test_the_header_says_a_stall_with_requests_in_flight_as_such():
         await pilot.pause(0.3)
         first = save_text(app, None).splitlines()[0]
     assert "verdict stalled-idle (rank 1): requests frozen" in first
+
+
+async def test_the_ablation_dialog_says_what_ctrl_r_does_there():
+    """The same dialog serves relaunch and ablation; what ctrl+r does is said for each."""
+    from cockpit.runs.spec import default_spec
+    from cockpit.ui.screens import RelaunchScreen
+
+    layout = resolve_layout("demo")
+    app = replay("serving")
+    async with app.run_test(size=(160, 50)) as pilot:
+        for note in (RelaunchScreen.RELAUNCH, RelaunchScreen.ABLATE):
+            app.push_screen(RelaunchScreen(layout, default_spec(layout), "python3", [], note=note))
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if isinstance(app.screen, RelaunchScreen) and "ctrl+r:" in save_text(app, None):
+                    break
+            text = " ".join(save_text(app, None).split())
+            assert ("every on/off combination" in text) == (note is RelaunchScreen.ABLATE), text[-600:]
+            assert ("then this runs" in text) == (note is RelaunchScreen.RELAUNCH)
+            app.pop_screen()

@@ -215,7 +215,8 @@ class ActionRunner:
         async with self.exclusive("ablation") as go:
             if not go:
                 return
-            choice = await self.ask(self._launch_dialog(title="ablate: the chosen flag sets are switched on and off"))
+            choice = await self.ask(self._launch_dialog(title="ablate: the chosen flag sets are switched on and off",
+                                                        note=RelaunchScreen.ABLATE))
             if choice is None or not choice.enabled:
                 return
             vary = choice.enabled

@@ -169,9 +169,16 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
                 Binding("tab", "focus_next", "Next field", show=False),
                 Binding("escape", "cancel", "Cancel", key_display="esc")]
 
-    def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch"):
+    RELAUNCH = "ctrl+r: the current run is killed and verified gone, /dev/shm cleaned, then this runs"
+    ABLATE = ("ctrl+r: the flag sets switched on here are varied, every on/off combination of them launched in "
+              "turn (the current run stopped first, each launch killing the one before); the list is shown "
+              "to confirm first")
+
+    def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch",
+                 note: str = RELAUNCH):
         super().__init__()
         self.profile, self.current, self.python, self.extra, self.title_text = layout, current, python, extra, title
+        self.note = note
 
     def compose(self) -> ComposeResult:
         from textual.widgets import SelectionList
@@ -187,8 +194,7 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
                     yield Label(as_text(f"{name} ({param_flag(name)}):"), classes="field-label")
                     yield Input(value=str(self.current.params.get(name, value)), id=f"param-{name}", compact=True)
             yield Static(id="cmd")
-            yield Static(Text("ctrl+r: the current run is killed and verified gone, /dev/shm cleaned, then this runs",
-                              style="yellow"))
+            yield Static(Text(self.note, style="yellow"))
         yield Footer()
 
     def _prompt(self, name: str, on: bool) -> Text:
