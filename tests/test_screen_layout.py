@@ -142,20 +142,28 @@ async def test_the_header_says_a_stall_with_requests_in_flight_as_such():
 
 
 async def test_the_ablation_dialog_says_what_ctrl_r_does_there():
-    """The same dialog serves relaunch and ablation; what ctrl+r does is said for each."""
+    """The same dialog serves relaunch and ablation; what ctrl+r does is said for each. The
+    command, wrapped, hangs under its first argument, never under the label."""
     from cockpit.runs.spec import default_spec
     from cockpit.ui.screens import RelaunchScreen
 
     layout = resolve_layout("demo")
     app = replay("serving")
-    async with app.run_test(size=(160, 50)) as pilot:
+    async with app.run_test(size=(100, 40)) as pilot:
         for note in (RelaunchScreen.RELAUNCH, RelaunchScreen.ABLATE):
             app.push_screen(RelaunchScreen(layout, default_spec(layout), "python3", [], note=note))
             for _ in range(50):
                 await pilot.pause(0.1)
                 if isinstance(app.screen, RelaunchScreen) and "ctrl+r:" in save_text(app, None):
                     break
-            text = " ".join(save_text(app, None).split())
+            lines = save_text(app, None).splitlines()
+            first = next(i for i, line in enumerate(lines) if "command:" in line)
+            label = lines[first].index("command:")
+            more = lines[first + 1:next(i for i in range(first + 1, len(lines)) if "ctrl+r:" in lines[i])]
+            assert more, "the demo's command wraps at 100 columns"
+            for line in more:
+                assert line[label:label + 8].strip() == "" or line[label:].startswith(("added:", "removed:")), line
+            text = " ".join(" ".join(lines).split())
             assert ("every on/off combination" in text) == (note is RelaunchScreen.ABLATE), text[-600:]
             assert ("then this runs" in text) == (note is RelaunchScreen.RELAUNCH)
             app.pop_screen()

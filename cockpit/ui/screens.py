@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 
+from rich.table import Table
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -220,14 +221,15 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         new = mask_argv(build_argv(self.profile, self.spec(), self.python) + self.extra)  # secrets never shown
         old = mask_argv(build_argv(self.profile, self.current, self.python) + self.extra)
         shown, removed = arg_diff(old, new)
-        text = Text("command: ", style="bold")
-        text.append_text(Text(" ").join(as_text(item, "bold green" if changed else "") for item, changed in shown))
+        grid = Table.grid(padding=(0, 1, 0, 0))  # a wrapped command hangs under its first argument
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(ratio=1)
+        grid.add_row("command:", Text(" ").join(as_text(item, "bold green" if changed else "") for item, changed in shown))
         added = [item for item, changed in shown if changed]
-        for label, items, style in (("added", added, "bold green"), ("removed", removed, "red")):
+        for label, items, style in (("added:", added, "bold green"), ("removed:", removed, "red")):
             if items:
-                text.append(f"\n{label}: ", style="bold")
-                text.append_text(Text(" · ").join(as_text(item, style) for item in items))
-        self.query_one("#cmd", Static).update(text)
+                grid.add_row(label, Text(" · ").join(as_text(item, style) for item in items))
+        self.query_one("#cmd", Static).update(grid)
 
     def on_selection_list_selected_changed(self, event) -> None:
         sets = event.selection_list
@@ -294,8 +296,6 @@ COLOUR_HELP = [
 def _table(rows: list[tuple[str, str]], indent: int = 2):
     """Two columns: a wrapped description continues under itself (a hanging indent), never at
     column 1."""
-    from rich.table import Table
-
     table = Table.grid(padding=(0, 2, 0, 0))
     table.add_column(no_wrap=True)
     table.add_column(ratio=1)
