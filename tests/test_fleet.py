@@ -11,11 +11,11 @@ import time
 import pytest
 
 from cockpit.runs.config import LayoutError
-from cockpit.monitor.fleet import FleetMonitor, parse_fleet
+from cockpit.monitor.fleet import FleetMonitor, Row, parse_fleet
 from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
-from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen
+from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen, FleetTable
 from conftest import free_port, run_cli
 from simhost import until
 
@@ -215,3 +215,52 @@ async def test_connections_open_concurrently_behind_the_limit(tmp_path):
         await watch.close()
         for h in holes:
             h.close()
+
+
+class StillFleet:
+    """A fleet whose rows are set by the test: no host, no connection."""
+
+    def __init__(self, n: int):
+        self.members = [None] * n
+        self.row_list = [Row(name=f"host{i:02d}", link="up", error=None, rtt_ms=1.0, age_s=0.1,
+                             gpus=[(0, 0, 98304)] * 8, phase="serving", verdict="ok") for i in range(n)]
+
+    def start(self):
+        pass
+
+    async def close(self):
+        pass
+
+    def rows(self) -> list[Row]:
+        return [Row(**vars(r)) for r in self.row_list]  # new objects, as the monitor makes them
+
+
+async def test_a_fleet_redraw_repaints_only_the_rows_that_changed(monkeypatch):
+    """Redraws over unchanged hosts build no row's cells and repaint no line; a host whose GPU
+    moved repaints its own line alone, and the screen shows it."""
+    painted, built = [], []
+    real_line, real_cells = FleetTable.render_line, FleetTable._cells
+    monkeypatch.setattr(FleetTable, "render_line", lambda self, y: painted.append(y) or real_line(self, y))
+    monkeypatch.setattr(FleetTable, "_cells", staticmethod(lambda r: built.append(r.name) or real_cells(r)))
+    watch = StillFleet(12)
+    app = FleetApp(watch)
+    async with app.run_test(size=(160, 30)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "12 up" in save_text(app, None), 5)
+        for _ in range(50):  # the screen settles: the table gets its size, the footer its width
+            painted.clear()
+            screen.redraw()
+            await pilot.pause(0.1)
+            if not painted:
+                break
+        built.clear()
+        for _ in range(3):
+            screen.redraw()
+            await pilot.pause()
+        assert painted == [] and built == []
+        watch.row_list[4].gpus = [(100, 0, 98304)] + [(0, 0, 98304)] * 7
+        screen.redraw()
+        await pilot.pause()
+        line = 1 + [r.name for r in screen.shown].index("host04")
+        assert set(painted) == {line} and built == ["host04"]
+        assert "█▁▁▁▁▁▁▁" in save_text(app, None)
