@@ -11,7 +11,10 @@ import time
 import pytest
 
 from cockpit.runs.config import LayoutError
-from cockpit.monitor.fleet import FleetMonitor, Row, parse_fleet
+from cockpit.host.state import Gpu
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.monitor import fleet as fleet_monitor
+from cockpit.monitor.fleet import FleetHost, FleetMonitor, Member, Row, parse_fleet
 from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
@@ -264,3 +267,20 @@ async def test_a_fleet_redraw_repaints_only_the_rows_that_changed(monkeypatch):
         line = 1 + [r.name for r in screen.shown].index("host04")
         assert set(painted) == {line} and built == ["host04"]
         assert "█▁▁▁▁▁▁▁" in save_text(app, None)
+
+
+def test_a_hosts_alerts_are_read_again_only_when_its_sample_or_verdict_changed(monkeypatch):
+    """The table asks for the rows twice a second and a host samples once: a row's alerts are
+    read from the host's state again only for a new sample or a new verdict, and say what they say."""
+    reads = []
+    real = fleet_monitor.alerts_of
+    monkeypatch.setattr(fleet_monitor, "alerts_of", lambda s, v: reads.append(s.seq) or real(s, v))
+    member = Member(FleetHost(target="local", name="gpu-a"), SessionOptions())
+    s = member.state
+    s.seq, s.sample_ts, s.gpus = 1, 1000.0, {0: Gpu(index=0, temp_c=60)}
+    assert member.row().alerts == [] and member.row().alerts == []
+    assert reads == [1]
+    s.seq, s.sample_ts, s.gpus[0].temp_c = 2, 1001.0, 90
+    assert member.row().alerts == ["GPU0 90°C"] and reads == [1, 2]
+    member.monitor.verdict = Verdict(VerdictName.CRASHED, ["rank 3 exited with 1"])
+    assert member.row().alerts == ["rank 3 exited with 1", "GPU0 90°C"] and reads == [1, 2, 2]

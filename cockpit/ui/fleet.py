@@ -81,13 +81,21 @@ SHRINKS = ("alerts", "phase", "verdict", "link", "host")  # what gives way first
 
 
 def column_widths(cells: list[list[list[Segment]]], width: int) -> list[int]:
+    return fit_widths([cell_widths(row) for row in cells], width)
+
+
+def cell_widths(row: list[list[Segment]]) -> list[int]:
+    """What each of a row's cells needs, one space after it included."""
+    return [sum(len(s.text) for s in cell) + 1 for cell in row]
+
+
+def fit_widths(wants: list[list[int]], width: int) -> list[int]:
     """Each column as wide as what it holds (one space between columns), the alerts taking what is
     left; on a narrow screen the widest of the columns that can give way narrows first, never
     below its least width."""
     want = [len(name) + 1 for name in COLUMNS]
-    for row in cells:
-        for i, cell in enumerate(row):
-            want[i] = max(want[i], sum(len(s.text) for s in cell) + 1)
+    for row in wants:
+        want = [max(a, b) for a, b in zip(want, row)]
     widths = [max(LEAST[name], w) for name, w in zip(COLUMNS, want)]
     over = sum(widths) - width
     shrinkable = [COLUMNS.index(name) for name in SHRINKS]
@@ -131,7 +139,7 @@ class FleetTable(ScrollView, can_focus=True):
         self.rows: list[Row] = []
         self.cursor = 0
         self._strips: dict[str, tuple[tuple, tuple, Strip]] = {}
-        self._cells_of: dict[str, tuple[tuple, list[list[Segment]]]] = {}  # name -> (sig, its cells)
+        self._cells_of: dict[str, tuple[tuple, list[list[Segment]], list[int]]] = {}  # name -> (sig, cells, widths)
         self._widths: tuple = ()
         self._lines: list[tuple] = []  # what each line of the table showed at the last redraw
 
@@ -165,7 +173,7 @@ class FleetTable(ScrollView, can_focus=True):
         if cached is not None and cached[0] == sig:
             return cached[1]
         cells = self._cells(row)
-        self._cells_of[row.name] = (sig, cells)
+        self._cells_of[row.name] = (sig, cells, cell_widths(cells))
         return cells
 
     def selected_key(self) -> str | None:
@@ -186,8 +194,11 @@ class FleetTable(ScrollView, can_focus=True):
                 self.post_message(self.Selected(self.rows[index].name))
 
     def _fit(self) -> None:
-        self._widths = tuple(column_widths([self._row_cells(r) for r in self.rows],
-                                           self.scrollable_content_region.width))
+        """The columns' widths, from each row's cell widths (kept with its cells)."""
+        for r in self.rows:
+            self._row_cells(r)
+        wants = [self._cells_of[r.name][2] for r in self.rows]
+        self._widths = tuple(fit_widths(wants, self.scrollable_content_region.width))
         if len(self._cells_of) > 2 * len(self.rows):  # hosts filtered out or gone: what they held
             shown = {r.name for r in self.rows}
             self._cells_of = {k: v for k, v in self._cells_of.items() if k in shown}
