@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,8 @@ from cockpit.monitor.fleet import FleetHost, FleetMonitor, Member, Row, parse_fl
 from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
-from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen, FleetTable
+from cockpit.ui import fleet as fleet_ui
+from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen, FleetTable, HeapSettler
 from conftest import free_port, run_cli
 from simhost import until
 
@@ -284,3 +286,18 @@ def test_a_hosts_alerts_are_read_again_only_when_its_sample_or_verdict_changed(m
     assert member.row().alerts == ["GPU0 90°C"] and reads == [1, 2]
     member.monitor.verdict = Verdict(VerdictName.CRASHED, ["rank 3 exited with 1"])
     assert member.row().alerts == ["rank 3 exited with 1", "GPU0 90°C"] and reads == [1, 2, 2]
+
+
+def test_the_heap_is_settled_again_as_late_hosts_come_up(monkeypatch):
+    """The heap is frozen once hosts are up, again each time more of them came up since, and the
+    settling stops once no host is left to wait for (a host that failed its first try is not)."""
+    settled = []
+    monkeypatch.setattr(fleet_ui, "settle_heap", lambda: settled.append(1))
+    members = [SimpleNamespace(state=SimpleNamespace(seq=0), tried=threading.Event()) for _ in range(3)]
+    settler = HeapSettler(SimpleNamespace(members=members))
+    members[0].state.seq = 5
+    assert settler() and len(settled) == 1
+    assert settler() and len(settled) == 1  # no host came up since
+    members[1].state.seq = 1
+    members[2].tried.set()  # down: not waited for
+    assert not settler() and len(settled) == 2

@@ -345,6 +345,26 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+class HeapSettler:
+    """Settles the heap HEAP_SETTLE_S after the start, then again each HEAP_SETTLE_S for as long as
+    hosts keep coming up: at 256 hosts on a starved machine many connect after the first settling,
+    and what they built (their sessions, states, history) was left for every full pass to walk."""
+
+    def __init__(self, watch: FleetMonitor):
+        self.watch = watch
+        self.settled_at = -1  # hosts up at the last settling
+
+    def __call__(self) -> bool:
+        """Settle if more hosts are up than at the last settling; False once there is no host left
+        to wait for."""
+        members = self.watch.members
+        up = sum(1 for m in members if m.state.seq > 0)
+        if up > self.settled_at:
+            self.settled_at = up
+            settle_heap()
+        return not all(m.state.seq > 0 or m.tried.is_set() for m in members)
+
+
 class FleetApp(App):
     CSS_PATH = "cockpit.tcss"
     TITLE = "gpu-cockpit fleet"
@@ -365,7 +385,13 @@ class FleetApp(App):
 
     def on_mount(self) -> None:
         self.watch.start()
-        self.set_timer(HEAP_SETTLE_S, settle_heap)
+        settler = HeapSettler(self.watch)
+
+        def settle() -> None:
+            if not settler():
+                timer.stop()
+
+        timer = self.set_interval(HEAP_SETTLE_S, settle)
 
     async def on_unmount(self) -> None:
         await self.watch.close()
