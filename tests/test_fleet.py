@@ -289,15 +289,21 @@ def test_a_hosts_alerts_are_read_again_only_when_its_sample_or_verdict_changed(m
 
 
 def test_the_heap_is_settled_again_as_late_hosts_come_up(monkeypatch):
-    """The heap is frozen once hosts are up, again each time more of them came up since, and the
-    settling stops once no host is left to wait for (a host that failed its first try is not)."""
+    """The heap is frozen once at the start, again once an eighth of the fleet more came up, and a
+    last time when no host is left to wait for (a host that failed its first try is not waited for);
+    not for each host that trickles in."""
     settled = []
     monkeypatch.setattr(fleet_ui, "settle_heap", lambda: settled.append(1))
-    members = [SimpleNamespace(state=SimpleNamespace(seq=0), tried=threading.Event()) for _ in range(3)]
+    members = [SimpleNamespace(state=SimpleNamespace(seq=0), tried=threading.Event()) for _ in range(16)]
     settler = HeapSettler(SimpleNamespace(members=members))
     members[0].state.seq = 5
     assert settler() and len(settled) == 1
-    assert settler() and len(settled) == 1  # no host came up since
     members[1].state.seq = 1
-    members[2].tried.set()  # down: not waited for
-    assert not settler() and len(settled) == 2
+    assert settler() and len(settled) == 1  # one more host: an eighth of 16 is two
+    members[2].state.seq = 1
+    assert settler() and len(settled) == 2
+    for m in members[3:15]:
+        m.state.seq = 1
+    members[15].tried.set()  # down: not waited for
+    assert not settler() and len(settled) == 3
+    assert not settler() and len(settled) == 3

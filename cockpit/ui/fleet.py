@@ -346,23 +346,26 @@ def settle_heap() -> None:
 
 
 class HeapSettler:
-    """Settles the heap HEAP_SETTLE_S after the start, then again each HEAP_SETTLE_S for as long as
-    hosts keep coming up: at 256 hosts on a starved machine many connect after the first settling,
-    and what they built (their sessions, states, history) was left for every full pass to walk."""
+    """Settles the heap HEAP_SETTLE_S after the start, then, checked each HEAP_SETTLE_S, again once
+    an eighth of the fleet more came up since, and a last time when no host is left to wait for:
+    at 256 hosts on a starved machine most connect after the first settling, and what they built
+    (sessions, states, history) was left for every full pass to walk. Each settling is a full pass
+    itself, so not one per host trickling in."""
 
     def __init__(self, watch: FleetMonitor):
         self.watch = watch
         self.settled_at = -1  # hosts up at the last settling
 
     def __call__(self) -> bool:
-        """Settle if more hosts are up than at the last settling; False once there is no host left
-        to wait for."""
+        """Settle if it is due; False once there is no host left to wait for."""
         members = self.watch.members
         up = sum(1 for m in members if m.state.seq > 0)
-        if up > self.settled_at:
+        waiting = not all(m.state.seq > 0 or m.tried.is_set() for m in members)
+        step = max(1, len(members) // 8)
+        if self.settled_at < 0 or up >= self.settled_at + step or (not waiting and up > self.settled_at):
             self.settled_at = up
             settle_heap()
-        return not all(m.state.seq > 0 or m.tried.is_set() for m in members)
+        return waiting
 
 
 class FleetApp(App):

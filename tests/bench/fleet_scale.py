@@ -40,6 +40,7 @@ from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
 from cockpit.host.session import SessionOptions  # noqa: E402
 from cockpit.sim import fakenvml  # noqa: E402
 from cockpit.ui.app import save_text  # noqa: E402
+from cockpit.ui import fleet as fleet_ui  # noqa: E402
 from cockpit.ui.fleet import HEAP_SETTLE_S, SORTS, FleetApp  # noqa: E402
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -121,8 +122,28 @@ class GcPauses:
             self.gen.append(info["generation"])
 
 
+class Settles:
+    """The cockpit's heap settlings (gc.collect then gc.freeze), each a full pass the keys wait on:
+    when, and how long."""
+
+    def __init__(self):
+        self.at: list[tuple[float, float]] = []  # (monotonic start, ms)
+        real = fleet_ui.settle_heap
+
+        def timed() -> None:
+            t, w = time.monotonic(), time.perf_counter()
+            real()
+            self.at.append((t, (time.perf_counter() - w) * 1000))
+
+        fleet_ui.settle_heap = timed  # before the app is made: it finds the module's name when it settles
+
+    def since(self, t0: float) -> list[float]:
+        return [round(ms, 1) for t, ms in self.at if t >= t0]
+
+
 async def run(n: int, seconds: float) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="cockpit-fleet-"))
+    settles = Settles()
     procs, ssh_config, known_hosts = start_hosts(tmp, n)
     fleet = Fleet(hosts=[FleetHost(target=f"host{i:02d}", name=f"host{i:02d}", python=sys.executable,
                                    sim=str(tmp / f"sim{i}")) for i in range(1, n + 1)], interval=1.0)
@@ -201,6 +222,8 @@ async def run(n: int, seconds: float) -> dict:
         "redraw_ms_median": pct(redraw_ms, 0.5), "redraw_ms_p99": pct(redraw_ms, 0.99),
         "key_to_screen_ms_median": pct(keys, 0.5), "key_to_screen_ms_p90": pct(keys, 0.9),
         "key_to_screen_ms_max": pct(keys, 1.0), "keys_missed": missed,
+        "heap_settles_before_window": len(settles.at) - len(settles.since(t0)),
+        "heap_settles_in_window_ms": settles.since(t0),
         "gc_frozen_objects": frozen, "gc_frozen_objects_end": frozen_end, "gc_tracked_objects_end": live_objects, "gc_passes": len(pauses.ms), "gc_pause_ms_max": pct(pauses.ms, 1.0),
         "gc_full_passes": pauses.gen.count(2),
         "gc_pause_ms_max_by_generation": {g: pct([m for m, k in zip(pauses.ms, pauses.gen) if k == g], 1.0)
