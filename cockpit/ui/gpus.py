@@ -97,9 +97,13 @@ class GpuPane(Widget):
         return strip
 
     def _strip(self, line: Text, width: int) -> Strip:
-        """One line, over the pane's own colours (wider than the pane: cut)."""
-        return (Strip(line.render(self.app.console)).crop(0, width).extend_cell_length(width)
-                .apply_style(self.visual_style.rich_style))
+        """One line, over its own style (Text.render leaves a Text's base style to its caller: "no
+        processes" is grey, a rank bold) and the pane's colours; wider than the pane: cut."""
+        console = self.app.console
+        strip = Strip(line.render(console))
+        if line.style:
+            strip = strip.apply_style(console.get_style(line.style))
+        return strip.crop(0, width).extend_cell_length(width).apply_style(self.visual_style.rich_style)
 
     def _specs(self) -> list[tuple[tuple, Callable[[], Text]]]:
         """Each line as (the values it prints, how to build it): a line whose values did not
