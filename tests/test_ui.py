@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.text import Text
 
 from cockpit.runs.config import parse_layout
 from cockpit.link.target import parse_target
@@ -18,7 +20,8 @@ from cockpit.monitor import demo
 from cockpit.ui import cockpit as cockpit_screen
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.screens import HelpScreen
-from cockpit.ui.gpus import GpuPane
+from cockpit.ui.fmt import bar
+from cockpit.ui.gpus import GpuPane, _segments
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
@@ -245,6 +248,17 @@ async def test_a_gpu_pane_builds_only_the_lines_whose_values_changed(monkeypatch
         await pilot.pause()
         assert built == [(5, "_power")]
         assert "123/600W" in save_text(app, None)
+
+
+def test_a_lines_segments_are_richs_own_for_a_line_of_a_shape_seen_before():
+    """A changed line's segments are Rich's render of it, whether its shape (length, style,
+    spans) was seen before (a new power figure) or not."""
+    console = Console()
+    lines = [Text("pwr  ") + bar(w / 600, 24, "cyan") + Text(f" {w}/600W") for w in (63, 64, 64, 390)]
+    lines += [Text("no processes", style="grey42"), Text(" 31°C  SM 392MHz") + Text("  ECC 2", style="bold red"),
+              Text("")]
+    for line in lines:
+        assert _segments(line, console) == list(line.render(console)), line
 
 
 async def test_the_header_is_drawn_with_each_sample_and_by_the_tick_only_when_none_came(monkeypatch):

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
@@ -20,6 +23,28 @@ from cockpit.ui.fmt import bar, gib, level_style, num, spark
 
 def _same(a: Text | None, b: Text) -> bool:
     return a is not None and a.plain == b.plain and a.style == b.style and a.spans == b.spans
+
+
+_RUNS: dict[tuple, list[tuple[int, int, Style | None]]] = {}  # a line's shape -> its style runs
+
+
+def _segments(line: Text, console: Console) -> list[Segment]:
+    """Rich's `Text.render`, its style runs remembered by the line's shape (length, style, spans):
+    a new figure on a power line ("64/600W" for "63/600W") has the shape of the last one, and the
+    runs are sliced from its text instead of working out the spans' styles again (most of a changed
+    line's cost on a quiet host)."""
+    key = (len(line.plain), line.style, tuple(line.spans))
+    runs = _RUNS.get(key)
+    if runs is None:
+        runs, at = [], 0
+        for seg in line.render(console):
+            runs.append((at, at + len(seg.text), seg.style))
+            at += len(seg.text)
+        if len(_RUNS) >= 4096:
+            _RUNS.clear()
+        _RUNS[key] = runs
+    plain = line.plain
+    return [Segment(plain[a:b], style) for a, b, style in runs]
 
 
 class GpuPane(Widget):
@@ -100,7 +125,7 @@ class GpuPane(Widget):
         """One line, over its own style (Text.render leaves a Text's base style to its caller: "no
         processes" is grey, a rank bold) and the pane's colours; wider than the pane: cut."""
         console = self.app.console
-        strip = Strip(line.render(console))
+        strip = Strip(_segments(line, console))
         if line.style:
             strip = strip.apply_style(console.get_style(line.style))
         return strip.crop(0, width).extend_cell_length(width).apply_style(self.visual_style.rich_style)
