@@ -7,15 +7,20 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from cockpit.runs.config import LayoutError
-from cockpit.monitor.fleet import FleetMonitor, parse_fleet
+from cockpit.host.state import Gpu
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.monitor import fleet as fleet_monitor
+from cockpit.monitor.fleet import FleetHost, FleetMonitor, Member, Row, parse_fleet
 from cockpit.host.session import SessionOptions
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
-from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen
+from cockpit.ui import fleet as fleet_ui
+from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen, FleetTable, HeapSettler
 from conftest import free_port, run_cli
 from simhost import until
 
@@ -215,3 +220,90 @@ async def test_connections_open_concurrently_behind_the_limit(tmp_path):
         await watch.close()
         for h in holes:
             h.close()
+
+
+class StillFleet:
+    """A fleet whose rows are set by the test: no host, no connection."""
+
+    def __init__(self, n: int):
+        self.members = [None] * n
+        self.row_list = [Row(name=f"host{i:02d}", link="up", error=None, rtt_ms=1.0, age_s=0.1,
+                             gpus=[(0, 0, 98304)] * 8, phase="serving", verdict="ok") for i in range(n)]
+
+    def start(self):
+        pass
+
+    async def close(self):
+        pass
+
+    def rows(self) -> list[Row]:
+        return [Row(**vars(r)) for r in self.row_list]  # new objects, as the monitor makes them
+
+
+async def test_a_fleet_redraw_repaints_only_the_rows_that_changed(monkeypatch):
+    """Redraws over unchanged hosts build no row's cells and repaint no line; a host whose GPU
+    moved repaints its own line alone, and the screen shows it."""
+    painted, built = [], []
+    real_line, real_cells = FleetTable.render_line, FleetTable._cells
+    monkeypatch.setattr(FleetTable, "render_line", lambda self, y: painted.append(y) or real_line(self, y))
+    monkeypatch.setattr(FleetTable, "_cells", staticmethod(lambda r: built.append(r.name) or real_cells(r)))
+    watch = StillFleet(12)
+    app = FleetApp(watch)
+    async with app.run_test(size=(160, 30)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: "12 up" in save_text(app, None), 5)
+        for _ in range(50):  # the screen settles: the table gets its size, the footer its width
+            painted.clear()
+            screen.redraw()
+            await pilot.pause(0.1)
+            if not painted:
+                break
+        built.clear()
+        for _ in range(3):
+            screen.redraw()
+            await pilot.pause()
+        assert painted == [] and built == []
+        watch.row_list[4].gpus = [(100, 0, 98304)] + [(0, 0, 98304)] * 7
+        screen.redraw()
+        await pilot.pause()
+        line = 1 + [r.name for r in screen.shown].index("host04")
+        assert set(painted) == {line} and built == ["host04"]
+        assert "█▁▁▁▁▁▁▁" in save_text(app, None)
+
+
+def test_a_hosts_alerts_are_read_again_only_when_its_sample_or_verdict_changed(monkeypatch):
+    """The table asks for the rows twice a second and a host samples once: a row's alerts are
+    read from the host's state again only for a new sample or a new verdict, and say what they say."""
+    reads = []
+    real = fleet_monitor.alerts_of
+    monkeypatch.setattr(fleet_monitor, "alerts_of", lambda s, v: reads.append(s.seq) or real(s, v))
+    member = Member(FleetHost(target="local", name="gpu-a"), SessionOptions())
+    s = member.state
+    s.seq, s.sample_ts, s.gpus = 1, 1000.0, {0: Gpu(index=0, temp_c=60)}
+    assert member.row().alerts == [] and member.row().alerts == []
+    assert reads == [1]
+    s.seq, s.sample_ts, s.gpus[0].temp_c = 2, 1001.0, 90
+    assert member.row().alerts == ["GPU0 90°C"] and reads == [1, 2]
+    member.monitor.verdict = Verdict(VerdictName.CRASHED, ["rank 3 exited with 1"])
+    assert member.row().alerts == ["rank 3 exited with 1", "GPU0 90°C"] and reads == [1, 2, 2]
+
+
+def test_the_heap_is_settled_again_as_late_hosts_come_up(monkeypatch):
+    """The heap is frozen once at the start, again once an eighth of the fleet more came up, and a
+    last time when no host is left to wait for (a host that failed its first try is not waited for);
+    not for each host that trickles in."""
+    settled = []
+    monkeypatch.setattr(fleet_ui, "settle_heap", lambda: settled.append(1))
+    members = [SimpleNamespace(state=SimpleNamespace(seq=0), tried=threading.Event()) for _ in range(16)]
+    settler = HeapSettler(SimpleNamespace(members=members))
+    members[0].state.seq = 5
+    assert settler() and len(settled) == 1
+    members[1].state.seq = 1
+    assert settler() and len(settled) == 1  # one more host: an eighth of 16 is two
+    members[2].state.seq = 1
+    assert settler() and len(settled) == 2
+    for m in members[3:15]:
+        m.state.seq = 1
+    members[15].tried.set()  # down: not waited for
+    assert not settler() and len(settled) == 3
+    assert not settler() and len(settled) == 3

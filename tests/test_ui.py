@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.text import Text
 
 from cockpit.runs.layoutfile import parse_layout
 from cockpit.link.target import parse_target
@@ -15,9 +17,11 @@ from cockpit.host.session import SessionOptions, WatchList
 from cockpit.host.snapshot import state_from_doc
 from cockpit.runs.layouts import resolve_layout
 from cockpit.monitor import demo
+from cockpit.ui import cockpit as cockpit_screen
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.screens import HelpScreen
-from cockpit.ui.gpus import GpuPane
+from cockpit.ui.fmt import bar
+from cockpit.ui.gpus import GpuPane, _segments
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
@@ -220,6 +224,62 @@ async def test_a_gpu_pane_whose_data_did_not_change_is_not_rendered_again(monkey
         assert before[3] < renders[3] <= before[3] + 2  # its utilization line (and its history's)
         assert all(renders[i] == before[i] for i in range(8) if i != 3)
         assert "    7%" in save_text(app, None)
+
+
+async def test_a_gpu_pane_builds_only_the_lines_whose_values_changed(monkeypatch):
+    """A pane's line is built again only when a value it prints moved: a sample that changes one
+    GPU's power builds that pane's power line alone, and the screen shows the new figure."""
+    built = []
+    for name in ("_util", "_mem", "_power", "_misc"):
+        real = getattr(GpuPane, name)
+        monkeypatch.setattr(GpuPane, name, lambda self, gpu, *a, _real=real, _name=name:
+                            built.append((self.index, _name)) or _real(self, gpu, *a))
+    app = replay("serving")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        await pilot.pause(0.3)
+        built.clear()
+        screen.refresh_panes()
+        await pilot.pause()
+        assert built == []
+        screen.state.gpus[5].power_w = 123.0
+        screen.refresh_panes()
+        await pilot.pause()
+        assert built == [(5, "_power")]
+        assert "123/600W" in save_text(app, None)
+
+
+def test_a_lines_segments_are_richs_own_for_a_line_of_a_shape_seen_before():
+    """A changed line's segments are Rich's render of it, whether its shape (length, style,
+    spans) was seen before (a new power figure) or not."""
+    console = Console()
+    lines = [Text("pwr  ") + bar(w / 600, 24, "cyan") + Text(f" {w}/600W") for w in (63, 64, 64, 390)]
+    lines += [Text("no processes", style="grey42"), Text(" 31°C  SM 392MHz") + Text("  ECC 2", style="bold red"),
+              Text("")]
+    for line in lines:
+        assert _segments(line, console) == list(line.render(console)), line
+
+
+async def test_the_header_is_drawn_with_each_sample_and_by_the_tick_only_when_none_came(monkeypatch):
+    """The header's age changes in the frame that draws a sample's panes; the tick draws it alone
+    only once HEADER_S went by without a sample, so the age still counts up when samples stop."""
+    drawn = []
+    real = cockpit_screen.header_text
+    monkeypatch.setattr(cockpit_screen, "header_text", lambda screen: drawn.append(1) or real(screen))
+    app = replay("serving")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        screen.dirty = True
+        screen._tick()
+        assert len(drawn) >= 1
+        drawn.clear()
+        screen._tick()  # no sample since: too soon for the header alone
+        assert drawn == []
+        screen._status_at -= cockpit_screen.HEADER_S
+        screen._tick()
+        assert drawn == [1]
 
 
 async def test_not_supported_fields_read_na_never_zero():

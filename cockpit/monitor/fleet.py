@@ -183,6 +183,7 @@ class Member:
         self.task: asyncio.Task | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
         self.up_at = time.monotonic()  # when the first connection came up (or failed): a look is timed from it
+        self._alerts: tuple | None = None  # (the verdict, the sample, the count of GPUs they were read from, alerts)
 
     def _demo_monitor(self) -> HostMonitor:
         """The running demo, watched as `cockpit snapshot demo` watches it: its simulated GPUs,
@@ -245,13 +246,21 @@ class Member:
 
     def row(self) -> Row:
         s = self.state
-        alerts = alerts_of(s, self.verdict)
-        alerts += s.agent.warnings[:1]
+        alerts = self._alerts_now() + s.agent.warnings[:1]
         link = s.link_state
         return Row(name=self.host.name, link=link, error=self.session.link_error, rtt_ms=s.rtt_ms,
                    age_s=s.age_s() if s.seq else None,
                    gpus=[(g.util_pct, g.mem_used_mib, g.mem_total_mib) for g in sorted(s.gpus.values(), key=lambda g: g.index)],
                    phase=str(self.phase) if s.seq else "-", verdict=str(self.verdict) if s.seq else "-", alerts=alerts)
+
+    def _alerts_now(self) -> list[str]:
+        """The row's alerts, read again only when the verdict (a new one with each judgement) or
+        the sample changed: the table asks twice a second, a host samples once."""
+        s, verdict = self.state, self.verdict
+        seen = self._alerts
+        if seen is None or seen[0] is not verdict or seen[1:4] != (s.seq, s.sample_ts, len(s.gpus)):
+            seen = self._alerts = (verdict, s.seq, s.sample_ts, len(s.gpus), alerts_of(s, verdict))
+        return list(seen[4])
 
 
 class FleetMonitor:

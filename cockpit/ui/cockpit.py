@@ -8,6 +8,7 @@ screen waits on the network."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from textual import work
 from textual.app import ComposeResult
@@ -35,6 +36,8 @@ from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import HelpScreen, ReportScreen, SearchScreen, help_renderable
 
 REDRAW_S = 0.25
+HEADER_S = 1.0 + REDRAW_S  # the header (its age, an action's progress) is drawn at least this often: a tick
+# more than a 1 s refresh, so a sample a little late is not preceded by a header-only repaint
 NARROW = 100  # below this many columns the rank table's columns narrow and the footer is compact
 TOAST_S = 5  # notifications are short; what lasts is in the header
 
@@ -76,6 +79,7 @@ class CockpitScreen(Screen):
         self._gpu_count = -1
         self._status_text = ""
         self._status_lines = 0
+        self._status_at = 0.0
         self._link_seen: tuple | None = None
         self._unsubscribe = None
         self._opened_seq: int | None = None  # the sample count when the monitor was open (its run found)
@@ -122,7 +126,6 @@ class CockpitScreen(Screen):
         self.panes: list[GpuPane] = []
         self._fit()
         self.set_interval(REDRAW_S, self._tick)
-        self.set_interval(1.0, self._status)
         self.ports.probes = self.monitor.probes
         self._unsubscribe = self.monitor.subscribe(self._on_event)
         if self.monitor.live:
@@ -221,6 +224,8 @@ class CockpitScreen(Screen):
             self.refresh_panes()
             if self._opened_seq is not None and self.state.seq > self._opened_seq and not self.ready.is_set():
                 self.ready.set()  # a first look never stands on a sample taken before its run was followed
+        elif time.monotonic() - self._status_at >= HEADER_S:
+            self._status()
 
     def _sync_log(self, full: bool = False) -> None:
         path = next(iter(self.state.logs), None)
@@ -277,6 +282,10 @@ class CockpitScreen(Screen):
         return f"connecting to {self.state.target}…"
 
     def _status(self) -> None:
+        """Drawn with each sample, and by the tick when HEADER_S went by without one: the header's
+        age changes in the same frame as the panes, one repaint a second rather than two on a
+        quiet host, and still counts up when samples stop."""
+        self._status_at = time.monotonic()
         text = header_text(self)
         if text.markup != self._status_text:
             self._status_text = text.markup

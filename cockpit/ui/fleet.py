@@ -81,13 +81,21 @@ SHRINKS = ("alerts", "phase", "verdict", "link", "host")  # what gives way first
 
 
 def column_widths(cells: list[list[list[Segment]]], width: int) -> list[int]:
+    return fit_widths([cell_widths(row) for row in cells], width)
+
+
+def cell_widths(row: list[list[Segment]]) -> list[int]:
+    """What each of a row's cells needs, one space after it included."""
+    return [sum(len(s.text) for s in cell) + 1 for cell in row]
+
+
+def fit_widths(wants: list[list[int]], width: int) -> list[int]:
     """Each column as wide as what it holds (one space between columns), the alerts taking what is
     left; on a narrow screen the widest of the columns that can give way narrows first, never
     below its least width."""
     want = [len(name) + 1 for name in COLUMNS]
-    for row in cells:
-        for i, cell in enumerate(row):
-            want[i] = max(want[i], sum(len(s.text) for s in cell) + 1)
+    for row in wants:
+        want = [max(a, b) for a, b in zip(want, row)]
     widths = [max(LEAST[name], w) for name, w in zip(COLUMNS, want)]
     over = sum(widths) - width
     shrinkable = [COLUMNS.index(name) for name in SHRINKS]
@@ -109,9 +117,11 @@ def _cell(segments: list[Segment], width: int) -> list[Segment]:
 
 
 class FleetTable(ScrollView, can_focus=True):
-    """A row per host, drawn with the line API: only the rows on screen are built, and a row whose
-    content did not change reuses its strip. At 64 hosts a DataTable re-rendered every row on each
-    cell update (~90 ms), which is what a key then waited for."""
+    """A row per host, drawn with the line API: only the rows on screen are built, a row's cells
+    are built again only when what it shows changed, and a redraw repaints only the lines whose
+    row changed (or moved). At 64 hosts a DataTable re-rendered every row on each cell update
+    (~90 ms), which is what a key then waited for; rebuilding every row's cells and repainting the
+    whole table twice a second was, later, most of the fleet's CPU."""
 
     BINDINGS = [
         Binding("up", "move(-1)", show=False), Binding("down", "move(1)", show=False),
@@ -129,16 +139,42 @@ class FleetTable(ScrollView, can_focus=True):
         self.rows: list[Row] = []
         self.cursor = 0
         self._strips: dict[str, tuple[tuple, tuple, Strip]] = {}
+        self._cells_of: dict[str, tuple[tuple, list[list[Segment]], list[int]]] = {}  # name -> (sig, cells, widths)
         self._widths: tuple = ()
+        self._lines: list[tuple] = []  # what each line of the table showed at the last redraw
 
     def show(self, rows: list[Row]) -> None:
         selected = self.selected_key()
         self.rows = rows
-        self._fit()
         names = [r.name for r in rows]
         self.cursor = names.index(selected) if selected in names else min(self.cursor, max(0, len(rows) - 1))
+        widths = self._widths
+        self._fit()
         self.virtual_size = Size(self.size.width, len(rows) + 1)
-        self.refresh()
+        lines = [(r.name, self._sig(r), i == self.cursor) for i, r in enumerate(rows)]
+        old, self._lines = self._lines, lines
+        if widths != self._widths or len(old) != len(lines):
+            self.refresh()
+            return
+        top, height = self.scroll_offset.y, self.size.height
+        for i, (was, now) in enumerate(zip(old, lines)):
+            if was != now and top <= i + 1 < top + height:
+                self.refresh_lines(i + 1)
+
+    @staticmethod
+    def _sig(row: Row) -> tuple:
+        """What a row shows: its cells are built again only when this changed."""
+        return (row.name, row.link, row.error, None if row.rtt_ms is None else round(row.rtt_ms), tuple(row.gpus),
+                row.phase, row.verdict, tuple(row.alerts))
+
+    def _row_cells(self, row: Row) -> list[list[Segment]]:
+        sig = self._sig(row)
+        cached = self._cells_of.get(row.name)
+        if cached is not None and cached[0] == sig:
+            return cached[1]
+        cells = self._cells(row)
+        self._cells_of[row.name] = (sig, cells, cell_widths(cells))
+        return cells
 
     def selected_key(self) -> str | None:
         return self.rows[self.cursor].name if 0 <= self.cursor < len(self.rows) else None
@@ -158,8 +194,14 @@ class FleetTable(ScrollView, can_focus=True):
                 self.post_message(self.Selected(self.rows[index].name))
 
     def _fit(self) -> None:
-        self._widths = tuple(column_widths([self._cells(r) for r in self.rows],
-                                           self.scrollable_content_region.width))
+        """The columns' widths, from each row's cell widths (kept with its cells)."""
+        for r in self.rows:
+            self._row_cells(r)
+        wants = [self._cells_of[r.name][2] for r in self.rows]
+        self._widths = tuple(fit_widths(wants, self.scrollable_content_region.width))
+        if len(self._cells_of) > 2 * len(self.rows):  # hosts filtered out or gone: what they held
+            shown = {r.name for r in self.rows}
+            self._cells_of = {k: v for k, v in self._cells_of.items() if k in shown}
 
     def on_resize(self) -> None:
         self._fit()
@@ -175,12 +217,11 @@ class FleetTable(ScrollView, can_focus=True):
         if index >= len(self.rows):
             return Strip.blank(width, self.rich_style)
         row = self.rows[index]
-        sig = (row.link, row.error, None if row.rtt_ms is None else round(row.rtt_ms), tuple(row.gpus), row.phase,
-               row.verdict, tuple(row.alerts), index == self.cursor)
+        sig = (self._sig(row), index == self.cursor)
         cached = self._strips.get(row.name)
         if cached is not None and cached[0] == sig and cached[1] == (width, self._widths):
             return cached[2]
-        strip = self._line(self._cells(row), width)
+        strip = self._line(self._row_cells(row), width)
         if index == self.cursor:
             over = CURSOR if self.has_focus else CURSOR_BLURRED  # laid over each cell's own style
             strip = Strip([Segment(seg.text, (seg.style or Style()) + over, seg.control) for seg in strip],
@@ -231,6 +272,7 @@ class FleetScreen(Screen):
         self.sort = "problems"
         self.filter: str | None = None
         self.shown: list[Row] = []
+        self._status_shown = ""
 
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-status")
@@ -262,7 +304,10 @@ class FleetScreen(Screen):
                  Text(f"{gpus} GPUs"), Text(f"{bad} in trouble", "bold red" if bad else ""), Text(f"sort: {self.sort}")]
         if self.filter:
             parts.append(Text(f"filter: {visible(self.filter)} ({len(rows)} shown)"))  # typed, maybe pasted: text
-        self.status.update(Text("  │  ").join(parts))
+        status = Text("  │  ").join(parts)
+        if status.markup != self._status_shown:  # an update lays the screen out: only when the line changed
+            self._status_shown = status.markup
+            self.status.update(status)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(fleet_help()))
@@ -300,6 +345,29 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+class HeapSettler:
+    """Settles the heap HEAP_SETTLE_S after the start, then, checked each HEAP_SETTLE_S, again once
+    an eighth of the fleet more came up since, and a last time when no host is left to wait for:
+    at 256 hosts on a starved machine most connect after the first settling, and what they built
+    (sessions, states, history) was left for every full pass to walk. Each settling is a full pass
+    itself, so not one per host trickling in."""
+
+    def __init__(self, watch: FleetMonitor):
+        self.watch = watch
+        self.settled_at = -1  # hosts up at the last settling
+
+    def __call__(self) -> bool:
+        """Settle if it is due; False once there is no host left to wait for."""
+        members = self.watch.members
+        up = sum(1 for m in members if m.state.seq > 0)
+        waiting = not all(m.state.seq > 0 or m.tried.is_set() for m in members)
+        step = max(1, len(members) // 8)
+        if self.settled_at < 0 or up >= self.settled_at + step or (not waiting and up > self.settled_at):
+            self.settled_at = up
+            settle_heap()
+        return waiting
+
+
 class FleetApp(App):
     CSS_PATH = "cockpit.tcss"
     TITLE = "gpu-cockpit fleet"
@@ -320,7 +388,13 @@ class FleetApp(App):
 
     def on_mount(self) -> None:
         self.watch.start()
-        self.set_timer(HEAP_SETTLE_S, settle_heap)
+        settler = HeapSettler(self.watch)
+
+        def settle() -> None:
+            if not settler():
+                timer.stop()
+
+        timer = self.set_interval(HEAP_SETTLE_S, settle)
 
     async def on_unmount(self) -> None:
         await self.watch.close()

@@ -5,6 +5,11 @@ screen is short."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
@@ -20,12 +25,34 @@ def _same(a: Text | None, b: Text) -> bool:
     return a is not None and a.plain == b.plain and a.style == b.style and a.spans == b.spans
 
 
+_RUNS: dict[tuple, list[tuple[int, int, Style | None]]] = {}  # a line's shape -> its style runs
+
+
+def _segments(line: Text, console: Console) -> list[Segment]:
+    """Rich's `Text.render`, its style runs remembered by the line's shape (length, style, spans):
+    a new figure on a power line ("64/600W" for "63/600W") has the shape of the last one, and the
+    runs are sliced from its text instead of working out the spans' styles again (most of a changed
+    line's cost on a quiet host)."""
+    key = (len(line.plain), line.style, tuple(line.spans))
+    runs = _RUNS.get(key)
+    if runs is None:
+        runs, at = [], 0
+        for seg in line.render(console):
+            runs.append((at, at + len(seg.text), seg.style))
+            at += len(seg.text)
+        if len(_RUNS) >= 4096:
+            _RUNS.clear()
+        _RUNS[key] = runs
+    plain = line.plain
+    return [Segment(plain[a:b], style) for a, b, style in runs]
+
+
 class GpuPane(Widget):
     """A pane is drawn line by line (Textual's line API): a sample repaints only the lines whose
     text changed (a watt more on the power line: one line), and a line is turned into a strip only
-    when its text or the pane's width changed. On a quiet host most panes stand still from one
-    second to the next, and Textual's repaint of a pane costs far more than building its text to
-    compare."""
+    when its text or the pane's width changed. Each line is rebuilt only when the values it prints
+    changed (its key): on an idle board a sample moves the power and temperature lines, and the
+    other lines are neither built nor compared."""
 
     def __init__(self, index: int, **kw):
         super().__init__(classes="gpu", **kw)  # no id: a rebuild mounts new panes while the old ones are still being removed
@@ -34,6 +61,7 @@ class GpuPane(Widget):
         self.border_title = f"GPU{index}"
         self._titles: tuple[str, str] | None = None
         self._lines: list[Text] = []  # what the pane shows, a Text per line
+        self._keys: list[tuple] = []  # what each line was built from
         self._built_for: tuple | None = None  # the size and view the lines were built for
         self._strips: dict[int, tuple[Text, int, Strip]] = {}  # line -> (its text, width, its strip)
 
@@ -49,18 +77,30 @@ class GpuPane(Widget):
                 self.border_title = as_text(titles[0])  # the board's name and a node's name: host text
                 self.border_subtitle = as_text(titles[1]) if titles[1] else None
         old = self._lines
-        self._build()
+        changed = self._build()
         width = self.size.width
         if len(old) != len(self._lines) or not width:
             self.refresh()
             return
-        changed = [y for y, (a, b) in enumerate(zip(old, self._lines)) if not _same(a, b)]
+        changed = [y for y in changed if not _same(old[y], self._lines[y])]
         if changed:
             self.refresh(*[Region(0, y, width, 1) for y in changed])
 
-    def _build(self) -> None:
-        self._lines = self._content().split("\n", allow_blank=True)
+    def _build(self) -> list[int]:
+        """Rebuild the lines whose key changed; returns their numbers."""
+        specs = self._specs()
+        keys, lines, changed = [], [], []
+        old_keys, old_lines = self._keys, self._lines
+        for y, (key, make) in enumerate(specs):
+            if y < len(old_keys) and old_keys[y] == key:
+                lines.append(old_lines[y])
+            else:
+                lines.append(make())
+                changed.append(y)
+            keys.append(key)
+        self._keys, self._lines = keys, lines
         self._built_for = self._view()
+        return changed
 
     def _view(self) -> tuple:
         """What the lines depend on besides the data: the bars are as wide as the pane, and a
@@ -82,27 +122,42 @@ class GpuPane(Widget):
         return strip
 
     def _strip(self, line: Text, width: int) -> Strip:
-        """One line, over the pane's own colours (wider than the pane: cut)."""
-        return (Strip(line.render(self.app.console)).crop(0, width).extend_cell_length(width)
-                .apply_style(self.rich_style))
+        """One line, over its own style (Text.render leaves a Text's base style to its caller: "no
+        processes" is grey, a rank bold) and the pane's colours; wider than the pane: cut."""
+        console = self.app.console
+        strip = Strip(_segments(line, console))
+        if line.style:
+            strip = strip.apply_style(console.get_style(line.style))
+        return strip.crop(0, width).extend_cell_length(width).apply_style(self.visual_style.rich_style)
 
-    def _content(self) -> Text:
+    def _specs(self) -> list[tuple[tuple, Callable[[], Text]]]:
+        """Each line as (the values it prints, how to build it): a line whose values did not
+        change is not built again."""
         state = self.state
         gpu = state.gpus.get(self.index) if state else None
         width = max(10, self.size.width)
         if gpu is None:
-            return Text("waiting for data", style="grey50")
+            return [(("waiting",), lambda: Text("waiting for data", style="grey50"))]
         compact = self.has_class("compact")
-        lines = [self._util(gpu, width), self._mem(gpu, width), self._power(gpu, width)]
-        word = self._word(state, gpu)
+        flags = state.gpu_flags(gpu.index)
+        specs = [(("util", gpu.util_pct, width), lambda: self._util(gpu, width)),
+                 (("mem", gpu.mem_used_mib, gpu.mem_total_mib, width), lambda: self._mem(gpu, width)),
+                 (("pwr", gpu.power_w, gpu.power_limit_w, width), lambda: self._power(gpu, width))]
         if not compact:
-            hist = state.gpu_history.get(self.index, {}).get("util_pct", [])
-            lines.insert(1, word or spark(hist, width, style="green"))  # the GPU's own word before its history
-            lines.append(self._misc(gpu))
-        elif word is not None:
-            lines[2] = word
-        lines.extend(self._ranks(gpu, width, 1 if compact else 2))
-        return Text("\n").join(lines)
+            if flags:
+                specs.insert(1, (("word", *flags), lambda: self._word(flags)))  # the GPU's own word before its history
+            else:
+                hist = state.gpu_history.get(self.index, {}).get("util_pct", [])
+                recent = tuple(list(hist)[-width:])
+                specs.insert(1, (("spark", recent, width), lambda: spark(recent, width, style="green")))
+            specs.append((("misc", gpu.temp_c, gpu.sm_clock_mhz, gpu.ecc_uncorrected), lambda: self._misc(gpu)))
+        elif flags:
+            specs[2] = (("word", *flags), lambda: self._word(flags))
+        room = 1 if compact else 2
+        procs = tuple((pid, mib, self._who(state, pid)) for pid, mib in gpu.processes)
+        shown = min(len(procs), room) or 1
+        specs.extend((("ranks", procs, room, y), lambda y=y: self._ranks(procs, room)[y]) for y in range(shown))
+        return specs
 
     def _util(self, gpu: Gpu, width: int) -> Text:
         frac = None if gpu.util_pct is None else gpu.util_pct / 100
@@ -124,11 +179,10 @@ class GpuPane(Widget):
         return self._meter("pwr", gpu.power_w, gpu.power_limit_w, text, "cyan", width)
 
     @staticmethod
-    def _word(state: HostState, gpu: Gpu) -> Text | None:
+    def _word(flags: list[str]) -> Text:
         """What the GPU says is wrong with itself (docs/xid.md): lost, Xids, row remap, ECC,
-        the hardware holding its clocks down; None when nothing is."""
-        flags = state.gpu_flags(gpu.index)
-        return Text(" ".join(["!", *flags]), style="bold red") if flags else None
+        the hardware holding its clocks down."""
+        return Text(" ".join(["!", *flags]), style="bold red")
 
     def _misc(self, gpu: Gpu) -> Text:
         temp = num(gpu.temp_c, "°C")
@@ -136,19 +190,22 @@ class GpuPane(Widget):
         ecc = "" if not gpu.ecc_uncorrected else f"  ECC {gpu.ecc_uncorrected}"
         return Text(f"{temp:>5}  SM {clock}") + Text(ecc, style="bold red")
 
-    def _ranks(self, gpu: Gpu, width: int, room: int) -> list[Text]:
-        state = self.state
-        rows = []
-        for pid, mib in gpu.processes:
-            proc = state.procs.get(pid) if state else None
-            who = f"TP{proc.rank}" if proc and proc.rank is not None else (proc.role if proc and proc.role else "pid")
-            rows.append(Text(f"{visible(who):<4} {pid:<7} {gib(mib)}", style="bold" if proc else "grey62"))
+    @staticmethod
+    def _who(state: HostState, pid: int) -> tuple[str, bool]:
+        """How a process on the GPU is named (its rank, else its role), and whether it is known."""
+        proc = state.procs.get(pid)
+        who = f"TP{proc.rank}" if proc and proc.rank is not None else (proc.role if proc and proc.role else "pid")
+        return who, proc is not None
+
+    @staticmethod
+    def _ranks(procs: tuple, room: int) -> list[Text]:
+        rows = [Text(f"{visible(who):<4} {pid:<7} {gib(mib)}", style="bold" if known else "grey62")
+                for pid, mib, (who, known) in procs]
         if not rows:
             return [Text("no processes", style="grey42")]
         if len(rows) > room:
-            rows = rows[: room - 1] + [Text(f"+{len(gpu.processes) - room + 1} more", style="grey62")]
+            rows = rows[: room - 1] + [Text(f"+{len(procs) - room + 1} more", style="grey62")]
         return rows
-
 
 
 class GpuList(Static):
