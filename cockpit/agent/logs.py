@@ -30,6 +30,9 @@ class LogTail:
         self.partial_skipped = 0  # bytes of that line beyond LOG_LINE_MAX, dropped
         self.state = None
         self.mtime = None  # when the file was last written (host clock): how long the run has been silent
+        # opened when the watch is asked for, so its recent tail is the one at that moment, whenever
+        # the first poll comes; a file missing or refused now is retried (and said) by poll
+        self._open(initial=True)
 
     def _feed(self, data):
         """Whole lines out of `data` after what came before; the unfinished one is kept, bounded."""
@@ -105,6 +108,8 @@ class LogTail:
             self.pos = 0
             self.partial, self.partial_skipped = b"", 0
             event = "truncated"
+        if event is None and self.state is None:
+            event = "opened"  # opened when the watch was asked for
         self.state = "open"
         behind = st.st_size - self.pos
         if behind > 4 * LOG_MAX_BYTES_PER_FRAME:
