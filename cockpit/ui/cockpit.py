@@ -140,6 +140,10 @@ class CockpitScreen(Screen):
         if hasattr(self, "footer"):
             self._fit()
 
+    def on_fitted_footer_fitted(self, event) -> None:
+        """The header's hints name only keys the footer shows: drawn again when those change."""
+        self._status()
+
     def _fit(self) -> None:
         """The layout for the terminal's size: GPU panes or a line per GPU (two to a line when
         short), narrower rank columns and a compact footer on a narrow screen."""

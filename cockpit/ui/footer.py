@@ -4,10 +4,14 @@ says whether an action's key is on screen, so a hint names only keys the operato
 
 from __future__ import annotations
 
+from textual.message import Message
 from textual.widgets import Footer
 
 
 class FittedFooter(Footer):
+    class Fitted(Message):
+        """The keys on screen changed: a hint that names keys is drawn again (the header's)."""
+
     def compose(self):
         width = self.app.size.width if self.size.width == 0 else self.size.width
         palette, entries = None, []
@@ -18,6 +22,7 @@ class FittedFooter(Footer):
                 entries.append(widget)
         if palette is not None:
             width -= len(palette.key_display) + len(palette.description) + (3 if self.compact else 4)
+        before = getattr(self, "shown", None)
         used, self.shown = 0, set()
         for widget in entries:
             need = _width(widget, self.compact)
@@ -28,6 +33,8 @@ class FittedFooter(Footer):
             yield widget
         if palette is not None and width > 0:
             yield palette
+        if self.shown != before:
+            self.post_message(self.Fitted())
 
     def shows(self, action: str) -> bool:
         return action in getattr(self, "shown", ())
