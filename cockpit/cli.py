@@ -75,12 +75,16 @@ READ_ONLY_NOOP = arg("--read-only", action="store_true",
                      help="accepted as by every command; this one never acts on a host anyway")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's parser, or with `only` that one's alone (a one-shot command starts its
+    work the sooner: building them all is most of the parsing's cost)."""
     parser = argparse.ArgumentParser(prog="cockpit", description="A terminal cockpit for multi-GPU inference hosts.")
     parser.add_argument("--version", action="version", version=f"gpu-cockpit {__version__}")
     sub = parser.add_subparsers(dest="command")
     parser.subcommands = {}
     for cmd in COMMANDS.values():
+        if only is not None and cmd.name != only:
+            continue
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         for names, kw in cmd.arguments:
             p.add_argument(*names, **kw)
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line; an argument the subcommand does not take is refused with that
     subcommand's usage (not the top level's), exit status 2."""
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args, extra = parser.parse_known_args(argv)
     sub = parser.subcommands.get(args.command) if args.command else None
     if extra:

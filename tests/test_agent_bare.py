@@ -143,7 +143,7 @@ def test_the_agent_on_a_bare_venv_reports_processes_ports_cpu_memory_and_a_log_a
         server.wait()
     a = state.agent
     assert (a.executable, a.procs_source, a.gpu_source, a.psutil) == (str(bare_python), "proc", "none", None)
-    assert any("NVML cannot load" in w for w in a.warnings)
+    assert any(w.startswith("no NVIDIA driver on this host") for w in a.warnings)  # no libnvidia-ml.so.1 here
     proc = state.procs[server.pid]
     assert proc.cmdline[:2] == [sys.executable, "-c"] and proc.rss_mib > 1 and proc.cpu_pct > 0
     assert any(p.port == port and p.listening and p.pid == server.pid for p in state.ports)
@@ -175,7 +175,8 @@ def test_the_ctypes_nvml_shim_has_nvml_h_layouts_and_fails_cleanly_without_the_l
     warnings = []
     found = gpus.open_gpus(1.0, warnings)
     assert found.kind == "none" and found.static() == [] and found.sample(True) == []
-    assert "NVML cannot load" in warnings[0] and "neither NVML nor nvidia-smi" in warnings[1]
+    assert warnings[0].startswith("no NVIDIA driver on this host (NVML Shared Library Not Found")
+    assert "trying nvidia-smi" in warnings[0] and "neither NVML nor nvidia-smi" in warnings[1]
 
 
 FAKE_NVML = r"""

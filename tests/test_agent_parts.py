@@ -275,7 +275,7 @@ def test_without_pynvml_one_long_lived_nvidia_smi_per_query(tmp_path, monkeypatc
     gpus = agent_gpus.open_gpus(0.1, warnings)
     try:
         assert gpus.source == "nvidia-smi" and gpus.driver == "580.159.04"
-        assert any("pynvml is not installed" in w for w in warnings)
+        assert any("trying nvidia-smi" in w for w in warnings)  # no pynvml, or (here) no driver's library
         import time
         deadline = time.monotonic() + 30  # the streams' first rows, however loaded the machine
         while len(rows := gpus.sample(False)) < 2 or not rows[0].get("processes"):

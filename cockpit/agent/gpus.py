@@ -390,13 +390,21 @@ def _num(text, kind):
 def open_gpus(interval, warnings):
     """The best GPU source the host has, with nothing installed: pynvml (nvidia-ml-py, or the
     simulated NVML installed under its name), else NVML through ctypes (the driver's own
-    library), else nvidia-smi, else none. Each step down is said in `warnings`."""
-    try:
-        import pynvml  # the simulated module is installed under this name too
-    except ImportError:
-        pynvml = None
+    library), else nvidia-smi, else none. Each step down is said in `warnings`. Where the driver's
+    library is missing nvidia-ml-py cannot work either and is not imported (a large module: a
+    tenth of a one-shot look's wait on a host without GPUs)."""
+    from . import nvml
+
+    simulated = sys.modules.get("pynvml") is not None  # the simulated NVML is installed under that name
+    missing = None if simulated else nvml.library()
+    pynvml = None
+    if not missing:
+        try:
+            import pynvml
+        except ImportError:
+            pass
     if pynvml is None:
-        from . import nvml as pynvml  # the same interface over libnvidia-ml.so.1
+        pynvml = nvml  # the same interface over libnvidia-ml.so.1
     try:
         return NvmlGpus(pynvml)
     except Exception as exc:
@@ -405,7 +413,9 @@ def open_gpus(interval, warnings):
                 "LibraryNotFound" in type(exc).__name__ or "not found" in msg.lower())):
             warnings.append("no NVIDIA driver on this host (" + msg + "): no GPU data")
             return NoGpus()
-        if getattr(pynvml, "CTYPES", False):
+        if missing:
+            warnings.append("no NVIDIA driver on this host (" + msg + "): trying nvidia-smi")
+        elif getattr(pynvml, "CTYPES", False):
             warnings.append("pynvml is not installed for " + sys.executable + " and NVML cannot load (" + msg
                             + "): trying nvidia-smi")
         else:

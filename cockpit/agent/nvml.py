@@ -174,16 +174,24 @@ def _text(name, size, *args):
     return buf.value.decode("utf-8", "replace")
 
 
-def nvmlInit():
-    """Loads libnvidia-ml.so.1 (the driver's: present wherever the driver is) and initialises it."""
+def library():
+    """Loads libnvidia-ml.so.1 (the driver's: present wherever the driver is) once; None, or
+    why it cannot be loaded (pynvml loads the same file by the same name)."""
     global _lib
     with _lock:
         if _lib is None:
             try:
                 _lib = ctypes.CDLL("libnvidia-ml.so.1")
             except OSError as exc:
-                raise NVMLError_LibraryNotFound(NVML_ERROR_LIBRARY_NOT_FOUND,
-                                                "NVML Shared Library Not Found (%s)" % exc) from None
+                return "NVML Shared Library Not Found (%s)" % exc
+    return None
+
+
+def nvmlInit():
+    """Loads libnvidia-ml.so.1 and initialises it."""
+    missing = library()
+    if missing:
+        raise NVMLError_LibraryNotFound(NVML_ERROR_LIBRARY_NOT_FOUND, missing)
     _call("nvmlInit_v2")
 
 
