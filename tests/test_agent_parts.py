@@ -648,3 +648,46 @@ def test_the_first_sample_measures_cpu_from_the_agents_start():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_the_listeners_are_read_again_when_the_sockets_in_use_move_and_not_while_they_stand(monkeypatch):
+    """A listener opened shows in the very next sample (it moves /proc/net/sockstat's count); while
+    nothing moves the last reading serves, up to LISTENERS_MAX_AGE_S."""
+    ports = agent_ports.Ports()
+    dumps = []
+    real = agent_ports.listening_ports
+
+    def counted():
+        dumps.append(1)
+        return real()
+
+    monkeypatch.setattr(agent_ports, "listening_ports", counted)
+    monkeypatch.setattr(agent_ports, "tcp_inuse", lambda: counts[0])
+    counts = [(4, 0)]
+    ports.sample([os.getpid()])
+    ports.sample([os.getpid()])
+    assert len(dumps) == 1  # nothing moved: no second dump
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    try:
+        counts[0] = (5, 0)  # what the kernel's count does on listen(): checked for real below
+        rows = {r["port"]: r for r in ports.sample([os.getpid()])}
+        assert len(dumps) == 2 and rows[srv.getsockname()[1]]["listening"] is True
+        monkeypatch.setattr(agent_ports, "LISTENERS_MAX_AGE_S", 0.0)
+        ports.sample([os.getpid()])
+        assert len(dumps) == 3  # the reading is not kept past its age
+    finally:
+        srv.close()
+    monkeypatch.undo()
+    moved = []
+    for _ in range(3):  # listen() moves the real count (another socket closing at that instant may hide it)
+        again = socket.socket()
+        again.bind(("127.0.0.1", 0))
+        before = agent_ports.tcp_inuse()
+        again.listen()
+        moved.append(agent_ports.tcp_inuse() != before)
+        again.close()
+        if moved[-1]:
+            break
+    assert before is not None and moved[-1], moved

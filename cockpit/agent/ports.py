@@ -6,6 +6,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 TCPDIAG_GETSOCK = 18  # the old inet_diag request: the kernel dumps IPv4 and IPv6 in one walk
 SOCK_DIAG_BY_FAMILY = 20
@@ -108,6 +109,28 @@ def listening_ports():
     return ports
 
 
+LISTENERS_MAX_AGE_S = 5.0  # while the sockets in use stand still, the listeners are read this often
+
+
+def tcp_inuse():
+    """TCP sockets in use, IPv4 and IPv6, from /proc/net/sockstat{,6}: a socket that starts or
+    stops listening moves it (listeners are counted there), so while it stands still the
+    listening sockets need not be asked for again. Two small reads against a dump in which the
+    kernel walks its listening hash (~250 µs a second on an H200 host). None where unreadable."""
+    counts = []
+    for name, tag in (("/proc/net/sockstat", b"TCP: inuse "), ("/proc/net/sockstat6", b"TCP6: inuse ")):
+        try:
+            fd = os.open(name, os.O_RDONLY)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            counts.append(int(data.split(tag, 1)[1].split(None, 1)[0]))
+        except (OSError, IndexError, ValueError):
+            counts.append(None)  # no IPv6, say: the other count still moves
+    return None if counts == [None, None] else tuple(counts)
+
+
 def _proc_net_listeners(base="/proc/net"):
     """(port, socket inode) of each listening TCP socket, from /proc/net/tcp and tcp6 (`base`
     /proc/PID/net: that process's network namespace)."""
@@ -150,9 +173,22 @@ class Ports:
         self.owner = {}  # inode -> pid
         self.foreign = set()  # listening inodes no watched process held when last looked
         self._watched = frozenset()
+        self._listening = None  # {port: inode} as last read, with the sockets in use then
+        self._inuse = None
+        self._read_at = 0.0
+
+    def listening(self):
+        """{port: inode}: read again when the count of TCP sockets in use moved (a listener opened
+        or closed moves it: seen in the same sample as ever), or LISTENERS_MAX_AGE_S passed (one
+        opened while another closed), else the last reading."""
+        inuse, now = tcp_inuse(), time.monotonic()
+        if inuse is None or inuse != self._inuse or self._listening is None \
+                or now - self._read_at >= LISTENERS_MAX_AGE_S:
+            self._listening, self._inuse, self._read_at = listening_ports(), inuse, now
+        return self._listening
 
     def sample(self, watched_pids):
-        listening = listening_ports()
+        listening = self.listening()
         watched = frozenset(watched_pids)
         inodes = set(listening.values())
         fresh = inodes - set(self.owner) - self.foreign
