@@ -205,3 +205,35 @@ def test_a_local_snapshot_starts_its_agent_before_the_monitor_and_the_session_ta
     doc = asyncio.run(cli._snapshot_doc(args))
     assert spawned == [] and early._started == {}  # taken over, not started again
     assert doc["schema"].startswith("gpu-cockpit.snapshot/") and len(doc["gpus"]) == 8
+
+
+def test_the_watch_is_current_only_after_a_sample_that_follows_the_agents_answer(sim_state, tmp_path):
+    """A look is decided only on samples taken under the watch asked for: after a watch change
+    (a log followed) `watch_current` is false until the agent answered it and sent a sample since
+    (its tick reads the new log before that sample)."""
+    import asyncio
+
+    from cockpit.host.session import HostSession, SessionOptions, WatchList
+    from cockpit.link.target import parse_target
+
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-02 10:00:00] The server is fired up and ready to roll!\n")
+
+    async def go():
+        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5,
+                                                                    sim_state=str(sim_state)), WatchList())
+        await session.connect()
+        try:
+            await session.wait_samples(1)
+            assert session.watch_current()
+            changed = asyncio.create_task(session.follow_log(str(log)))
+            await asyncio.sleep(0)  # sent, not yet answered
+            assert not session.watch_current()
+            await changed  # answered: current from the next sample on
+            await session.wait_samples(1)
+            assert session.watch_current()
+            assert any("ready to roll" in line.text for line in session.state.logs[str(log)].lines)
+        finally:
+            await session.close()
+
+    asyncio.run(go())
