@@ -176,7 +176,6 @@ class Procs:
         self._stat = {}  # pid -> (its /proc/PID/stat bytes, the row they gave) from the last tick
         self._fds = {}  # pid -> an open /proc/PID/stat, read again with pread each tick
         self._dirty = True  # what the tree is built from changed (patterns, groups, pids): the next scan is whole
-        self._priming = None  # the CPU ticks `prime`'s scan is reading
         self._primed = None  # pid -> (start ticks, CPU ticks, when) read by `prime`, until the first sample
         self.primed_at = None
 
@@ -186,9 +185,8 @@ class Procs:
         gap apart. The first sample's scan then rereads only what is young or new."""
         if not _HAVE_PROC:
             return
-        self._priming = {}
-        self.scan()
-        self._primed, self._priming = self._priming, None
+        self._primed = {}
+        self.scan(ticks=self._primed)
         self.primed_at = time.monotonic()
 
     def _read_stat(self, pid):
@@ -245,12 +243,13 @@ class Procs:
                 return True
         return False
 
-    def _table(self, before=None, newest=None):
+    def _table(self, before=None, newest=None, ticks=None):
         """(pid, ppid, pgid, comm, argv) of every process. On Linux: the stat of a process not
         seen before, young, or whose pid may have been reused (the kernel's pid cursor passed it
         since the last scan, from `before` to `newest`) is read; an older one keeps its row from
         the last scan, and every row is read afresh every REREAD_EVERY_S. The command line is
-        read only for a process not seen before or retitled since (the costly part)."""
+        read only for a process not seen before or retitled since (the costly part). `ticks`, when
+        given, gets each process read's (start, CPU ticks, when)."""
         me = os.getpid()
         if not _HAVE_PROC:
             if self.ps is None:
@@ -281,16 +280,16 @@ class Procs:
                 ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
                 if ids is None:
                     continue
-                start, ppid, pgid, comm, ticks = ids
-                if self._priming is not None:
-                    self._priming[pid] = (start, ticks, time.monotonic())
+                start, ppid, pgid, comm, cpu = ids
+                if ticks is not None:
+                    ticks[pid] = (start, cpu, time.monotonic())
                 argv = row[4] if row is not None and row[0] == start and row[3] == comm else _read_cmdline(pid)
                 row = (start, ppid, pgid, comm, argv)
             seen[pid] = row
             yield pid, row[1], row[2], row[3], row[4]
         self._rows = seen
 
-    def scan(self, quick=False):
+    def scan(self, quick=False, ticks=None):
         before = self.scan_pid
         self.last_pid = self.scan_pid = _last_pid() if _HAVE_PROC else None  # a pid born after this: the next tick
         self.last_full = time.monotonic()
@@ -302,7 +301,7 @@ class Procs:
         roots = set()
         alive = set()
         memo, self._match = self._match, {}
-        for pid, ppid, pgid, comm, argv in self._table(before, self.scan_pid):
+        for pid, ppid, pgid, comm, argv in self._table(before, self.scan_pid, ticks):
             alive.add(pid)
             children.setdefault(ppid, []).append(pid)
             self.cmdlines[pid] = argv
