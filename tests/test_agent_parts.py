@@ -650,9 +650,10 @@ def test_the_first_sample_measures_cpu_from_the_agents_start():
         busy.wait()
 
 
-def test_the_listeners_are_read_again_when_the_sockets_in_use_move_and_not_while_they_stand(monkeypatch):
-    """A listener opened shows in the very next sample (it moves /proc/net/sockstat's count); while
-    nothing moves the last reading serves, up to LISTENERS_MAX_AGE_S."""
+def test_the_listeners_are_read_each_tick_only_while_a_port_is_awaited_or_the_watch_changed(monkeypatch):
+    """Read each tick while a configured port is not listening (seen in the very next sample) or
+    the watched processes changed; otherwise every LISTENERS_EVERY_S, so a port an old process
+    opens later is seen that much later, never lost."""
     ports = agent_ports.Ports()
     dumps = []
     real = agent_ports.listening_ports
@@ -662,32 +663,83 @@ def test_the_listeners_are_read_again_when_the_sockets_in_use_move_and_not_while
         return real()
 
     monkeypatch.setattr(agent_ports, "listening_ports", counted)
-    monkeypatch.setattr(agent_ports, "tcp_inuse", lambda: counts[0])
-    counts = [(4, 0)]
-    ports.sample([os.getpid()])
-    ports.sample([os.getpid()])
-    assert len(dumps) == 1  # nothing moved: no second dump
+    me = os.getpid()
+    t = 1000.0
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
-    srv.listen()
+    port = srv.getsockname()[1]
+    ports.configured = [port]
     try:
-        counts[0] = (5, 0)  # what the kernel's count does on listen(): checked for real below
-        rows = {r["port"]: r for r in ports.sample([os.getpid()])}
-        assert len(dumps) == 2 and rows[srv.getsockname()[1]]["listening"] is True
-        monkeypatch.setattr(agent_ports, "LISTENERS_MAX_AGE_S", 0.0)
-        ports.sample([os.getpid()])
-        assert len(dumps) == 3  # the reading is not kept past its age
+        rows = {r["port"]: r for r in ports.sample([me], t)}
+        assert rows[port]["listening"] is False and len(dumps) == 1
+        ports.sample([me], t + 1)
+        assert len(dumps) == 2  # awaited: asked again each tick
+        srv.listen()
+        rows = {r["port"]: r for r in ports.sample([me], t + 2)}
+        assert rows[port] == {"port": port, "listening": True, "pid": me} and len(dumps) == 3
+        ports.sample([me], t + 3)
+        ports.sample([me], t + 4)
+        assert len(dumps) == 3  # nothing awaited, the same processes: the last reading serves
+        other = socket.socket()
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        try:
+            rows = {r["port"]: r for r in ports.sample([me], t + 5)}
+            assert other.getsockname()[1] not in rows  # not yet: up to LISTENERS_EVERY_S late
+            rows = {r["port"]: r for r in ports.sample([me], t + 2 + agent_ports.LISTENERS_EVERY_S)}
+            assert rows[other.getsockname()[1]]["pid"] == me and len(dumps) == 4
+            ports.sample([me, 1], t + 8)
+            assert len(dumps) == 5  # the watched processes changed
+        finally:
+            other.close()
     finally:
         srv.close()
-    monkeypatch.undo()
-    moved = []
-    for _ in range(3):  # listen() moves the real count (another socket closing at that instant may hide it)
-        again = socket.socket()
-        again.bind(("127.0.0.1", 0))
-        before = agent_ports.tcp_inuse()
-        again.listen()
-        moved.append(agent_ports.tcp_inuse() != before)
-        again.close()
-        if moved[-1]:
-            break
-    assert before is not None and moved[-1], moved
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd in this Python")
+def test_a_still_process_is_read_every_few_seconds_its_exit_at_the_next_tick_its_wakeup_within_them():
+    """A watched process whose stat stood still for STILL_AFTER reads is read every STILL_EVERY_S:
+    its exit still shows at the very next sample (a pidfd), its CPU once it wakes within that."""
+    import subprocess
+    import sys
+    import time
+
+    idle = subprocess.Popen(["sleep", "60"])
+    waker = subprocess.Popen([sys.executable, "-c", "import sys,time\nprint(flush=True)\nsys.stdin.readline()\n"
+                              "t=time.time()\nwhile time.time()-t<30: pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    waker.stdout.readline()  # up, and about to wait on its stdin
+    procs = agent_procs.Procs()
+    procs.configure(patterns=[], pids=[idle.pid, waker.pid])
+    reads = []
+    real = procs._read_stat
+    procs._read_stat = lambda pid: reads.append(pid) or real(pid)
+    try:
+        t = time.monotonic()
+        for i in range(30):  # a tick a (pretended) second until a sample reads neither
+            reads.clear()
+            rows = {r["pid"]: r for r in procs.sample(t + i, force_scan=i == 0)}
+            if i and not reads:
+                break
+            time.sleep(0.05)
+        assert reads == [] and set(rows) == {idle.pid, waker.pid}, (i, reads)  # both still, neither due: not read
+        assert i >= agent_procs.STILL_AFTER + 1  # not before STILL_AFTER unchanged reads
+        idle.kill()
+        idle.wait()
+        rows = {r["pid"]: r for r in procs.sample(t + i + 1)}
+        assert idle.pid not in rows and reads == [idle.pid]  # its pidfd said it exited: read, gone
+        waker.stdin.write(b"go\n")
+        waker.stdin.flush()
+        time.sleep(0.5)
+        now = t + i + 1.5
+        assert procs.sample(now)[0]["cpu_pct"] == 0.0  # woke, not yet due: its last row
+        due = now + agent_procs.STILL_EVERY_S
+        row = procs.sample(due)[0]
+        assert row["pid"] == waker.pid and row["cpu_pct"] > 0  # due: read, and its CPU since its last read
+        reads.clear()
+        procs.sample(due + 1)
+        assert reads == [waker.pid]  # it moves: read each tick again
+    finally:
+        for p in (idle, waker):
+            p.kill()
+            p.wait()
+        procs.close()

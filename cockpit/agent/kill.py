@@ -10,7 +10,7 @@ import time
 
 from .ports import _proc_net_listeners, socket_inodes
 from .procs import (DEFAULT_PATTERNS, _CLK_TCK, _boot_time, _environ, _proc_stat, _protected, _read_cmdline, _read_proc,
-                    _start_ticks, _uid, _user, _when)
+                    _start_ticks, _uid, _user, _when, pidfd)
 
 _SIGNALS = {"TERM": 15, "KILL": 9}
 
@@ -523,16 +523,6 @@ def run_members(pgids=(), sids=(), pids=()):
     return kill_plan(pgids, sids, pids)
 
 
-def _pidfd(pid):
-    fn = getattr(os, "pidfd_open", None)
-    if fn is None:
-        return None
-    try:
-        return fn(pid)
-    except OSError:
-        return None
-
-
 def _still(entry, protected):
     """None while the pid is still the planned process (same start time, same user, not exited),
     else why not: 'gone', 'exited', or a reason to skip it."""
@@ -569,7 +559,7 @@ def _signal_all(entries, sig, protected):
     SIGTERM does not race the rest of the pass). Returns (signalled pids, [(entry, why not)])."""
     sent, missed, ready = [], [], []
     for entry in entries:
-        fd = _pidfd(entry["pid"])
+        fd = pidfd(entry["pid"])
         why = _still(entry, protected)
         if why is not None:
             if fd is not None:

@@ -109,26 +109,7 @@ def listening_ports():
     return ports
 
 
-LISTENERS_MAX_AGE_S = 5.0  # while the sockets in use stand still, the listeners are read this often
-
-
-def tcp_inuse():
-    """TCP sockets in use, IPv4 and IPv6, from /proc/net/sockstat{,6}: a socket that starts or
-    stops listening moves it (listeners are counted there), so while it stands still the
-    listening sockets need not be asked for again. Two small reads against a dump in which the
-    kernel walks its listening hash (~250 µs a second on an H200 host). None where unreadable."""
-    counts = []
-    for name, tag in (("/proc/net/sockstat", b"TCP: inuse "), ("/proc/net/sockstat6", b"TCP6: inuse ")):
-        try:
-            fd = os.open(name, os.O_RDONLY)
-            try:
-                data = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            counts.append(int(data.split(tag, 1)[1].split(None, 1)[0]))
-        except (OSError, IndexError, ValueError):
-            counts.append(None)  # no IPv6, say: the other count still moves
-    return None if counts == [None, None] else tuple(counts)
+LISTENERS_EVERY_S = 5.0  # the listeners are read this often while nothing is awaited and the watch stands
 
 
 def _proc_net_listeners(base="/proc/net"):
@@ -173,23 +154,26 @@ class Ports:
         self.owner = {}  # inode -> pid
         self.foreign = set()  # listening inodes no watched process held when last looked
         self._watched = frozenset()
-        self._listening = None  # {port: inode} as last read, with the sockets in use then
-        self._inuse = None
+        self._listening = None  # {port: inode} as last read
         self._read_at = 0.0
 
-    def listening(self):
-        """{port: inode}: read again when the count of TCP sockets in use moved (a listener opened
-        or closed moves it: seen in the same sample as ever), or LISTENERS_MAX_AGE_S passed (one
-        opened while another closed), else the last reading."""
-        inuse, now = tcp_inuse(), time.monotonic()
-        if inuse is None or inuse != self._inuse or self._listening is None \
-                or now - self._read_at >= LISTENERS_MAX_AGE_S:
-            self._listening, self._inuse, self._read_at = listening_ports(), inuse, now
+    def listening(self, watched, now=None):
+        """{port: inode}, read again each tick while a configured port is not listening (a server
+        coming up, a port taken by someone else) or when the watched processes changed (one that
+        started may listen, one that exited closed its sockets), else every LISTENERS_EVERY_S:
+        in the dump the kernel walks its whole listening hash (~250 µs on an H200 host), and on a
+        serving host TCP connections come and go every second, so no cheaper count tells that a
+        listener opened. A port that an old process opens later is seen up to that much later."""
+        now = time.monotonic() if now is None else now
+        last = self._listening
+        if last is None or watched != self._watched or now - self._read_at >= LISTENERS_EVERY_S \
+                or any(port not in last for port in self.configured):
+            self._listening, self._read_at = listening_ports(), now
         return self._listening
 
-    def sample(self, watched_pids):
-        listening = self.listening()
+    def sample(self, watched_pids, now=None):
         watched = frozenset(watched_pids)
+        listening = self.listening(watched, now)
         inodes = set(listening.values())
         fresh = inodes - set(self.owner) - self.foreign
         if fresh or watched != self._watched:

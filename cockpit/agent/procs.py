@@ -4,6 +4,7 @@ scanned whole only when a pid was born; psutil only where there is no /proc (not
 
 import fnmatch
 import os
+import select
 import time
 
 DEFAULT_PATTERNS = [
@@ -21,6 +22,9 @@ STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between 
 SETTLE_S = 60.0  # a process younger than this may still retitle itself: each scan reads it afresh
 REREAD_EVERY_S = 30.0  # every process's stat is read afresh at least this often (late retitles)
 SCAN_EVERY_S = 5.0
+STILL_AFTER = 3  # unchanged reads of a watched process's stat after which it is read only every STILL_EVERY_S
+STILL_EVERY_S = 5.0  # ... its exit still seen at the next tick, through a pidfd
+PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each
 SCAN_QUIET_MAX_S = 30.0  # while no pid is born the full scan waits, but never longer than this  # full process-table scans are the costly part: not every tick
 
 _STATUS = {
@@ -56,6 +60,18 @@ def _alive(pid):
     except OSError:
         return True
     return True
+
+
+def pidfd(pid):
+    """A pidfd on the process (Linux >= 5.3, Python >= 3.9): it names that process, not whoever
+    has the pid later, and polls readable once it exits. None where there is none."""
+    fn = getattr(os, "pidfd_open", None)
+    if fn is None:
+        return None
+    try:
+        return fn(pid)
+    except OSError:
+        return None
 
 
 def _read_proc(path):
@@ -178,6 +194,10 @@ class Procs:
         self._dirty = True  # what the tree is built from changed (patterns, groups, pids): the next scan is whole
         self._primed = None  # pid -> (start ticks, CPU ticks, when) read by `prime`, until the first sample
         self.primed_at = None
+        self._unchanged_reads = {}  # pid -> reads in a row that found its stat unchanged
+        self._still = {}  # pid -> when its stat is read next: it stood still, its pidfd tells of an exit
+        self._pidfds = {}  # pid -> the pidfd registered with _exits
+        self._exits = None  # an epoll of the still processes' pidfds: readable ones have exited
 
     def prime(self):
         """The process table scanned whole at the agent's start, each process's CPU ticks kept: the
@@ -219,6 +239,65 @@ class Procs:
     def close(self):
         for pid in list(self._fds):
             self._close_stat(pid)
+        for pid in list(self._pidfds):
+            self._stir(pid)
+        if self._exits is not None:
+            self._exits.close()
+            self._exits = None
+
+    def _stood_still(self, pid, now, row):
+        """Another read found the stat unchanged: after STILL_AFTER of them the process is read
+        every STILL_EVERY_S instead of each tick, once a pidfd watches for its exit (a helper
+        waiting on a queue, an idle rank: on a real host most of a tree). Its CPU, state and
+        memory reach the screen up to STILL_EVERY_S late when it wakes; its exit does not."""
+        n = self._unchanged_reads.get(pid, 0) + 1
+        self._unchanged_reads[pid] = n
+        if n < STILL_AFTER or row["status"] == "Z":
+            return
+        if pid not in self._pidfds and not self._watch_exit(pid):
+            return
+        self._still[pid] = now + STILL_EVERY_S
+
+    def _watch_exit(self, pid):
+        if len(self._pidfds) >= PIDFDS_MAX or pid not in self._fds or not hasattr(select, "epoll"):
+            return False
+        fd = pidfd(pid)
+        if fd is None:
+            return False
+        try:
+            os.pread(self._fds[pid], 4096, 0)  # still the process the kept stat names, not a reused pid
+            if self._exits is None:
+                self._exits = select.epoll()
+            self._exits.register(fd, select.EPOLLIN)
+        except OSError:
+            os.close(fd)
+            return False
+        self._pidfds[pid] = fd
+        return True
+
+    def _stir(self, pid):
+        """Read the process each tick again: its stat moved, it exited, or it is watched no more."""
+        self._unchanged_reads.pop(pid, None)
+        self._still.pop(pid, None)
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            try:
+                self._exits.unregister(fd)
+            except (OSError, ValueError):
+                pass
+            os.close(fd)
+
+    def _exited(self):
+        """The still processes whose pidfd says they exited since the last tick (one syscall)."""
+        if not self._pidfds:
+            return ()
+        fds = set(fd for fd, _ in self._exits.poll(0))
+        if not fds:
+            return ()
+        out = [pid for pid, fd in self._pidfds.items() if fd in fds]
+        for pid in out:
+            self._stir(pid)
+        return out
 
     def __del__(self):
         try:
@@ -411,15 +490,23 @@ class Procs:
         out = []
         gone = []
         stat = self._stat
+        still = self._still
+        self._exited()
         for pid, proc in self.watched.items():
-            data = self._read_stat(pid) if _HAVE_PROC else None
             last = stat.get(pid)
+            if last is not None and still.get(pid, 0.0) > now:
+                out.append(last[1])  # still, not yet due: its last row (its CPU % is measured from its last read)
+                continue
+            data = self._read_stat(pid) if _HAVE_PROC else None
             if last is not None and last[0] == data and pid in self.sent_cmdline:
                 # not a byte of its stat moved (an idle process): the same row, no CPU since
                 prev = self.cpu[pid]
                 self.cpu[pid] = (prev[0], prev[1], wall)
                 out.append(last[1])
+                self._stood_still(pid, now, last[1])
                 continue
+            if pid in self._unchanged_reads:
+                self._stir(pid)
             row = _proc_stat(pid, data) if data else None
             if row is None:
                 row = self._psutil_row(pid, proc) if not _HAVE_PROC else None
@@ -462,10 +549,13 @@ class Procs:
             self.sent_cmdline.discard(pid)
             stat.pop(pid, None)
             self._close_stat(pid)
+            self._stir(pid)
         for pid in [p for p in stat if p not in self.watched]:
             del stat[pid]
         for pid in [p for p in self._fds if p not in self.watched]:
             self._close_stat(pid)
+        for pid in [p for p in self._unchanged_reads if p not in self.watched]:
+            self._stir(pid)
         self._primed = None
         return out
 
