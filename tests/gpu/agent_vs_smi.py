@@ -1,7 +1,7 @@
 """The agent beside `nvidia-smi --query-gpu ... -l 1`, side by side in one window (issue 21).
 
     python tests/gpu/agent_vs_smi.py [--seconds 60] [--tree 50] [--before FILE] [--bare PYTHON]
-        [--watch LABEL=PID ...] [--json OUT]
+        [--ras-every S] [--watch LABEL=PID ...] [--json OUT]
 
 1. CPU, % of one core over the same wall-clock window, at a 1 s refresh: `nvidia-smi
    --query-gpu=... --format=csv -l 1`, the gpu-cockpit agent as the cockpit runs it (local link,
@@ -72,7 +72,7 @@ def sched_delta_s(a: dict[int, int] | None, b: dict[int, int] | None) -> float |
 
 
 async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: str | None = None,
-                       watch: dict[str, int] | None = None) -> dict:
+                       watch: dict[str, int] | None = None, ras_every: float | None = None) -> dict:
     import psutil
 
     import cockpit.agent as shipped
@@ -106,6 +106,12 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
             label = f"gpu-cockpit agent, bare python ({other.state.agent.gpu_source})"
             monitors[label] = psutil.Process(other.state.agent.pid)
             sources[label] = [other.state.agent.gpu_source, other.state.agent.procs_source]
+        if ras_every:
+            slow = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
+            await slow.connect()
+            said = await slow.request("ras_config", every_s=ras_every)
+            sessions.append(slow)
+            monitors[f"gpu-cockpit agent, NCCL RAS polled every {said['every_s']:g} s"] = psutil.Process(slow.state.agent.pid)
         new = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
         await new.connect()
         sessions.append(new)
@@ -181,6 +187,8 @@ def main() -> None:
     ap.add_argument("--bare", metavar="PYTHON", help="also the agent on this interpreter (one without pynvml)")
     ap.add_argument("--watch", action="append", default=[], metavar="LABEL=PID",
                     help="also measure this process in the same window (nvitop, say)")
+    ap.add_argument("--ras-every", type=float, metavar="S",
+                    help="also the current agent told to poll NCCL's RAS every S seconds (ras_config)")
     ap.add_argument("--json")
     args = ap.parse_args()
     watch = {w.rsplit("=", 1)[0]: int(w.rsplit("=", 1)[1]) for w in args.watch}
@@ -201,7 +209,8 @@ def main() -> None:
                 before = pack_old_agent({n.rsplit("/", 1)[1][:-3]: zf.read(n) for n in zf.namelist()
                                          if n.endswith(".py") and not n.endswith("/__init__.py")})
     res = {"host": os.uname().nodename, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
-    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before, args.bare, watch))
+    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before, args.bare, watch,
+                                                      args.ras_every))
     if args.runs:
         res["one_shot"] = one_shots(args.runs)
     print(json.dumps(res, indent=1))

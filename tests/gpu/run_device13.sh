@@ -7,14 +7,16 @@
 # and on a bare `python3 -S -E`: NVML through ctypes) and the agent before the issue-27 cost work
 # (tests/gpu/agent_before_run13.zip.gz: e24aaa4's modules as the zip that travels). Then the current
 # agent alone under cProfile for 30 s (what is left; NO_PROFILE=1 skips it). Under 6 minutes. RUN=13b
-# names the output files of a second run.
+# names the output files of a second run; BEFORE=FILE runs another older agent as "before", and EXTRA
+# adds agent_vs_smi.py options (run 15: BEFORE=tests/gpu/agent_before_run15.zip.gz, ad56e3c's
+# modules, and EXTRA="--ras-every 10": the current agent once more, polling NCCL's RAS every 10 s).
 #   run(kind="nvidia-h200", carry=[".whl"], command="bash tests/gpu/run_device13.sh")
 # .whl: nvitop (1.7.2, pure Python: the host has psutil and nvidia-ml-py) and setproctitle, for
 # Python 3.12.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-WINDOW=${WINDOW:-150}; RUN=${RUN:-13}
+WINDOW=${WINDOW:-150}; RUN=${RUN:-13}; BEFORE=${BEFORE:-tests/gpu/agent_before_run13.zip.gz}; EXTRA=${EXTRA:-}
 exec > >(tee "$OUT/run$RUN.txt") 2>&1
 date -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
@@ -47,15 +49,15 @@ else
 fi
 echo "== 1. CPU, one $WINDOW s window: nvidia-smi -l 1, nvitop, the agent (pynvml, bare), the agent before"
 timeout $((WINDOW + 150)) python3 tests/gpu/agent_vs_smi.py --seconds $WINDOW --tree 50 --runs 0 --bare $BARE \
-  --before tests/gpu/agent_before_run13.zip.gz "${WATCH[@]}" --json "$OUT/agent_vs_smi$RUN.json"
+  --before "$BEFORE" $EXTRA "${WATCH[@]}" --json "$OUT/agent_vs_smi$RUN.json"
 [ -n "$NVITOP" ] && tmux capture-pane -p -t nvitop > "$OUT/nvitop_screen_end$RUN.txt" 2>/dev/null
 tmux kill-server 2>/dev/null
 nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 if [ -z "${NO_PROFILE:-}" ]; then
 echo "== 2. the current agent alone under cProfile (30 s)"
-timeout 150 python3 tests/bench/agent_cost.py --tree 50 --seconds 30 --profile "$OUT/agent13.prof" \
-  --json "$OUT/agent_cost13.json" > /dev/null
-python3 - "$OUT/agent13.prof" "$OUT/agent_cost13.json" <<'PY'
+timeout 150 python3 tests/bench/agent_cost.py --tree 50 --seconds 30 --profile "$OUT/agent$RUN.prof" \
+  --json "$OUT/agent_cost$RUN.json" > /dev/null
+python3 - "$OUT/agent$RUN.prof" "$OUT/agent_cost$RUN.json" <<'PY'
 import json, pstats, sys
 print(json.dumps(json.load(open(sys.argv[2])), indent=1))
 pstats.Stats(sys.argv[1]).sort_stats("tottime").print_stats(22)
