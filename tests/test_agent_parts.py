@@ -651,8 +651,8 @@ def test_the_first_sample_measures_cpu_from_the_agents_start():
 
 
 def test_the_listeners_are_read_each_tick_only_while_a_port_is_awaited_or_the_watch_changed(monkeypatch):
-    """Read each tick while a configured port is not listening (seen in the very next sample) or
-    the watched processes changed; otherwise every LISTENERS_EVERY_S, so a port an old process
+    """Read each tick while a configured port, or one a watched command line names (`--port N`),
+    is not listening (seen in the very next sample) or the watched processes changed; otherwise every LISTENERS_EVERY_S, so a port an old process
     opens later is seen that much later, never lost."""
     ports = agent_ports.Ports()
     dumps = []
@@ -670,30 +670,44 @@ def test_the_listeners_are_read_each_tick_only_while_a_port_is_awaited_or_the_wa
     port = srv.getsockname()[1]
     ports.configured = [port]
     try:
-        rows = {r["port"]: r for r in ports.sample([me], t)}
+        rows = {r["port"]: r for r in ports.sample([me], now=t)}
         assert rows[port]["listening"] is False and len(dumps) == 1
-        ports.sample([me], t + 1)
+        ports.sample([me], now=t + 1)
         assert len(dumps) == 2  # awaited: asked again each tick
         srv.listen()
-        rows = {r["port"]: r for r in ports.sample([me], t + 2)}
+        rows = {r["port"]: r for r in ports.sample([me], now=t + 2)}
         assert rows[port] == {"port": port, "listening": True, "pid": me} and len(dumps) == 3
-        ports.sample([me], t + 3)
-        ports.sample([me], t + 4)
+        ports.sample([me], now=t + 3)
+        ports.sample([me], now=t + 4)
         assert len(dumps) == 3  # nothing awaited, the same processes: the last reading serves
         other = socket.socket()
         other.bind(("127.0.0.1", 0))
         other.listen()
         try:
-            rows = {r["port"]: r for r in ports.sample([me], t + 5)}
+            rows = {r["port"]: r for r in ports.sample([me], now=t + 5)}
             assert other.getsockname()[1] not in rows  # not yet: up to LISTENERS_EVERY_S late
-            rows = {r["port"]: r for r in ports.sample([me], t + 2 + agent_ports.LISTENERS_EVERY_S)}
+            rows = {r["port"]: r for r in ports.sample([me], now=t + 2 + agent_ports.LISTENERS_EVERY_S)}
             assert rows[other.getsockname()[1]]["pid"] == me and len(dumps) == 4
-            ports.sample([me, 1], t + 8)
+            ports.sample([me, 1], now=t + 8)
             assert len(dumps) == 5  # the watched processes changed
         finally:
             other.close()
     finally:
         srv.close()
+    named = socket.socket()
+    named.bind(("127.0.0.1", 0))
+    port = named.getsockname()[1]
+    ports = agent_ports.Ports()  # nothing configured: the run's command line says which port it opens
+    try:
+        ports.sample([me], {me: ["python", "-m", "sglang.launch_server", "--port", str(port)]}, now=t)
+        ports.sample([me], now=t + 1)
+        named.listen()
+        rows = {r["port"]: r for r in ports.sample([me], now=t + 2)}
+        assert rows[port] == {"port": port, "listening": True, "pid": me} and len(dumps) == 8
+    finally:
+        named.close()
+    assert agent_ports.port_value(["vllm", "serve", "m", "--port=8001"]) == 8001
+    assert agent_ports.port_value(["x", "--port", "eighty"]) is None and agent_ports.port_value(["x", "--port"]) is None
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd in this Python")

@@ -8,7 +8,7 @@ import re
 import signal
 import time
 
-from .ports import _proc_net_listeners, socket_inodes
+from .ports import _proc_net_listeners, port_value, socket_inodes
 from .procs import (DEFAULT_PATTERNS, _CLK_TCK, _boot_time, _environ, _proc_stat, _protected, _read_cmdline, _read_proc,
                     _start_ticks, _uid, _user, _when, pidfd)
 
@@ -125,21 +125,6 @@ def _port_owners(table, ports):
     return {pid: sorted(p) for pid, p in owners.items()}
 
 
-def _port_value(argv):
-    for i, a in enumerate(argv):
-        value = None
-        if a == "--port" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif a.startswith("--port="):
-            value = a[7:]
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
 # Programs that run another program named in their arguments (a module, a script, a string):
 # their command line's first words are the interpreter, its options and what it runs.
 _INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|node|bash|sh|dash|zsh|ksh)[0-9.]*(-dbg)?\Z")
@@ -230,7 +215,7 @@ def command_matches(argv, command, model=None, ports=(), default_port=None):
         return False
     if model and model not in words and not any(a.endswith("=" + model) for a in words):
         return False
-    port = _port_value(words)
+    port = port_value(words)
     if port is None:
         port = default_port
     if ports and port is not None and int(port) not in set(int(p) for p in ports):
@@ -375,7 +360,7 @@ def _off_port(table, cand, ports, notes):
     if mine is not None and theirs is not None and mine != theirs:
         return ("pid %d (%s) runs the layout's command in another network namespace: its port is not this "
                 "host's port %s" % (root, cand["user"], ", ".join(map(str, sorted(want)))))
-    if _port_value(_words(table.argv(root))) is None:
+    if port_value(_words(table.argv(root))) is None:
         held = set()
         for e in cand["members"]:
             held |= _listens(e["pid"])

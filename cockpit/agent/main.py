@@ -87,7 +87,7 @@ class Agent:
         gpus = self.gpus.sample(slow)
         procs = self.procs.sample(now, self.force_scan)
         self.force_scan = False
-        ports = self.ports.sample([p["pid"] for p in procs])
+        ports = self.ports.sample([p["pid"] for p in procs], self.procs.cmdlines)
         exits = []
         for pid, popen in list(self.launched.items()):
             ticks = _now_ticks()  # read before the check: the leader was alive at this time

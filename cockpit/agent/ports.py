@@ -127,6 +127,22 @@ def _proc_net_listeners(base="/proc/net"):
             continue
 
 
+def port_value(argv):
+    """The port a command line names with `--port N` or `--port=N` (SGLang's, vLLM's); None."""
+    for i, a in enumerate(argv or ()):
+        value = None
+        if a == "--port" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--port="):
+            value = a[7:]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 def socket_inodes(pid):
     inodes = set()
     try:
@@ -156,23 +172,30 @@ class Ports:
         self._watched = frozenset()
         self._listening = None  # {port: inode} as last read
         self._read_at = 0.0
+        self._named = ()  # ports the watched processes' command lines name (`--port N`)
 
     def listening(self, watched, now=None):
-        """{port: inode}, read again each tick while a configured port is not listening (a server
-        coming up, a port taken by someone else) or when the watched processes changed (one that
-        started may listen, one that exited closed its sockets), else every LISTENERS_EVERY_S:
+        """{port: inode}, read again each tick while a port is awaited (configured, or named by a
+        watched process's `--port`, and not listening: a server coming up, a port taken by someone
+        else) or when the watched processes changed (one that started may listen, one that exited
+        closed its sockets), else every LISTENERS_EVERY_S:
         in the dump the kernel walks its whole listening hash (~250 µs on an H200 host), and on a
         serving host TCP connections come and go every second, so no cheaper count tells that a
         listener opened. A port that an old process opens later is seen up to that much later."""
         now = time.monotonic() if now is None else now
         last = self._listening
         if last is None or watched != self._watched or now - self._read_at >= LISTENERS_EVERY_S \
-                or any(port not in last for port in self.configured):
+                or any(port not in last for port in self.configured) or any(port not in last for port in self._named):
             self._listening, self._read_at = listening_ports(), now
         return self._listening
 
-    def sample(self, watched_pids, now=None):
+    def sample(self, watched_pids, cmdlines=None, now=None):
+        """Rows of the configured ports and those the watched processes listen on; `cmdlines`
+        ({pid: argv}) say which ports the run means to open."""
         watched = frozenset(watched_pids)
+        if watched != self._watched:
+            named = (port_value((cmdlines or {}).get(pid)) for pid in watched)
+            self._named = tuple(set(p for p in named if p is not None))
         listening = self.listening(watched, now)
         inodes = set(listening.values())
         fresh = inodes - set(self.owner) - self.foreign

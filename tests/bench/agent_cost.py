@@ -6,6 +6,12 @@
    over a wall-clock window, with bytes on the wire per second.
 
     python tests/bench/agent_cost.py [--sim] [--tree 50] [--seconds 60] [--compare REV] [--profile OUT] [--json OUT]
+    python tests/bench/agent_cost.py --phases [--warmup 70] [--seconds 120] [--tree 50] [--json OUT]
+
+3. With --phases: where a steady second goes. The agent runs in this process (its frames to
+   /dev/null) at a real 1 s refresh, after --warmup seconds (the tree settled, past its young
+   minute), each step of its tick timed on the thread's CPU clock, and every thread of the process
+   (the Xid wait, RAS polls) from schedstat over the same window.
 
 With --sim it runs the simulated 8-GPU host; without, whatever GPUs the machine has.
 """
@@ -169,6 +175,74 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: s
             "wire_bytes_per_s": round(nbytes / wall), "watched_processes": watched}
 
 
+def phases(seconds: float, warmup: float, tree: int) -> dict:
+    from cockpit.agent import main as agent_main
+
+    kids = spawn_tree(tree)
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # the frames: written and flushed as ever, read by nobody
+    spent: dict[str, int] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t = time.thread_time_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0) + time.thread_time_ns() - t
+        return wrapper
+
+    def threads() -> dict[str, int]:
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                    ns = int(fh.read().split()[0])
+                with open(f"/proc/self/task/{tid}/comm") as fh:
+                    name = fh.read().strip()
+            except (OSError, ValueError):
+                continue
+            out[f"{name}:{tid}"] = ns
+        return out
+
+    try:
+        procs = agent_procs.Procs()
+        procs.prime()
+        agent = agent_main.Agent(1.0, procs)
+        agent.cmd_config(patterns=list(agent_procs.DEFAULT_PATTERNS))
+        agent.gpus.sample = timed("gpus.sample (NVML)", agent.gpus.sample)
+        agent.procs.sample = timed("procs.sample", agent.procs.sample)
+        agent.ports.sample = timed("ports.sample", agent.ports.sample)
+        agent.ras.poll = timed("ras.poll (starts the thread)", agent.ras.poll)
+        agent._delta = timed("_delta", agent._delta)
+        emit = agent_main.emit
+        agent_main.emit = timed("emit (JSON, write)", emit)
+        tick = timed("tick, whole", agent.tick)
+        end = time.monotonic() + warmup
+        while time.monotonic() < end:
+            tick()
+            time.sleep(1.0)
+        spent.clear()
+        n0, t0, ticks = threads(), time.monotonic(), 0
+        while time.monotonic() - t0 < seconds:
+            tick()
+            ticks += 1
+            time.sleep(max(0.0, t0 + ticks - time.monotonic()))
+        n1, wall = threads(), time.monotonic() - t0
+        watched = len(procs.watched)
+        agent.gpus.close()
+    finally:
+        os.dup2(saved, 1)
+        kill_tree(kids)
+    per = {k: round(v / 1000 / ticks, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    per["other (tick minus the steps)"] = round(per["tick, whole"] - sum(v for k, v in per.items() if k != "tick, whole"), 1)
+    by_thread = {k: round((ns - n0.get(k, 0)) / 1000 / wall, 1) for k, ns in n1.items() if ns - n0.get(k, 0) > 0}
+    return {"seconds": round(wall, 1), "ticks": ticks, "watched_processes": watched, "gpus": len(agent.gpus.sample(False)),
+            "us_per_tick_thread_cpu": per, "us_per_second_by_thread_schedstat": by_thread,
+            "note": "the main thread also runs this benchmark's loop (sleep, the clock)"}
+
+
 def agent_at(rev: str) -> bytes:
     """The agent of `rev` as today's bootstrap runs it: its modules in today's table (with today's
     importer, which reads that table), or, before the split, its one agent.py."""
@@ -193,6 +267,8 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--compare", metavar="REV", help="also run REV's agent live, in the same run (before/after)")
     ap.add_argument("--profile", metavar="OUT", help="the live agent under cProfile: its stats to OUT (pstats)")
+    ap.add_argument("--phases", action="store_true", help="where a steady second goes (in-process agent, real ticks)")
+    ap.add_argument("--warmup", type=float, default=70.0, help="with --phases: seconds before the window")
     args = ap.parse_args()
     sim_state = None
     if args.sim:
@@ -203,6 +279,12 @@ def main() -> None:
         os.environ["COCKPIT_SIM_STATE"] = sim_state
         sys.modules["pynvml"] = fakenvml
     out = {"host": os.uname().nodename, "python": sys.version.split()[0], "tree": args.tree}
+    if args.phases:
+        out["phases"] = phases(args.seconds, args.warmup, args.tree)
+        print(json.dumps(out, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return
     out["sample"] = sample_cost(args.tree, args.reps)
     if args.compare:
         import cockpit.agent as shipped
