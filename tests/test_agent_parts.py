@@ -235,12 +235,12 @@ def test_process_sampler_watches_titled_trees_and_their_children(ranks, sim_stat
     procs = agent_procs.Procs(psutil)
     procs.configure(patterns=["sglang::*"])
     import time
-    rows = procs.sample(time.monotonic())
+    rows, gone = procs.sample(time.monotonic())
     row = next(r for r in rows if r["pid"] == p.pid)
     assert row["name"].startswith("sglang::") and row["cmdline"] == ["sglang::scheduler_TP5"]
-    assert row["status"] in "RS" and row["threads"] >= 1 and row["rss_mib"] > 1
-    again = procs.sample(time.monotonic())
-    assert "cmdline" not in next(r for r in again if r["pid"] == p.pid)  # sent once per connection
+    assert row["status"] in "RS" and row["threads"] >= 1 and row["rss_mib"] > 1 and gone == []
+    procs.sample(time.monotonic())
+    assert "cmdline" not in procs.rows[p.pid]  # sent once per connection
     assert os.getpid() not in {r["pid"] for r in rows}
 
 
@@ -360,21 +360,22 @@ def test_a_new_child_of_a_watched_process_is_adopted_on_the_next_tick(sim_state)
         parent.stdin.flush()
         assert parent.stdout.readline().strip() == "started"
         time.sleep(0.1)
-        rows = procs.sample(time.monotonic())  # not a full scan: the last one was just now
+        rows, _ = procs.sample(time.monotonic())  # not a full scan: the last one was just now
         kids = [r for r in rows if r["ppid"] == parent.pid]
         assert len(kids) == 1 and kids[0]["cmdline"] == ["sleep", "60"]
-        first = {r["pid"]: r for r in procs.sample(time.monotonic())}
-        again = {r["pid"]: r for r in procs.sample(time.monotonic())}
         kid = kids[0]["pid"]
-        assert again[kid] is first[kid] and again[kid]["cpu_pct"] == 0.0  # sleep's stat never moved
-        assert agent_main.Agent._delta({kid: first[kid]}, [again[kid]], "pid") == [{"pid": kid}]
+        procs.sample(time.monotonic())
+        first = procs.rows[kid]
+        rows, _ = procs.sample(time.monotonic())
+        assert kid not in {r["pid"] for r in rows}  # sleep's stat never moved: no row, the last one stands
+        assert procs.rows[kid] is first and first["cpu_pct"] == 0.0
     finally:
         for p in psutil.Process(parent.pid).children():
             p.kill()
         parent.kill()
         parent.wait()
-    rows = procs.sample(time.monotonic())
-    assert parent.pid not in {r["pid"] for r in rows} and parent.pid not in procs._fds  # its stat closed
+    rows, gone = procs.sample(time.monotonic())
+    assert parent.pid in gone and parent.pid not in procs.rows and parent.pid not in procs._fds  # its stat closed
     procs.close()
     assert not procs._fds
 
@@ -638,12 +639,13 @@ def test_the_first_sample_measures_cpu_from_the_agents_start():
         time.sleep(1.0)
         for procs in (primed, cold):
             procs.configure(patterns=[], pids=[busy.pid])
-        first = {r["pid"]: r for r in primed.sample(time.monotonic(), force_scan=True)}
-        unprimed = {r["pid"]: r for r in cold.sample(time.monotonic(), force_scan=True)}
+        first = {r["pid"]: r for r in primed.sample(time.monotonic(), force_scan=True)[0]}
+        unprimed = {r["pid"]: r for r in cold.sample(time.monotonic(), force_scan=True)[0]}
         assert first[busy.pid]["cpu_pct"] > 0, first[busy.pid]  # a core's worth on a quiet machine, less on a loaded one
         assert unprimed[busy.pid]["cpu_pct"] == 0.0
         time.sleep(1.0)
-        again = {r["pid"]: r for r in primed.sample(time.monotonic())}
+        primed.sample(time.monotonic())
+        again = primed.rows
         assert again[busy.pid]["cpu_pct"] > 0  # later samples measure from the last one, as ever
     finally:
         busy.kill()
@@ -731,23 +733,24 @@ def test_a_still_process_is_read_every_few_seconds_its_exit_at_the_next_tick_its
         t = time.monotonic()
         for i in range(30):  # a tick a (pretended) second until a sample reads neither
             reads.clear()
-            rows = {r["pid"]: r for r in procs.sample(t + i, force_scan=i == 0)}
+            rows, gone = procs.sample(t + i, force_scan=i == 0)
             if i and not reads:
                 break
             time.sleep(0.05)
-        assert reads == [] and set(rows) == {idle.pid, waker.pid}, (i, reads)  # both still, neither due: not read
+        assert reads == [] and rows == [] and gone == [], (i, reads)  # both still, neither due: not read
+        assert set(procs.rows) == {idle.pid, waker.pid}  # their last rows stand
         assert i >= agent_procs.STILL_AFTER + 1  # not before STILL_AFTER unchanged reads
         idle.kill()
         idle.wait()
-        rows = {r["pid"]: r for r in procs.sample(t + i + 1)}
-        assert idle.pid not in rows and reads == [idle.pid]  # its pidfd said it exited: read, gone
+        rows, gone = procs.sample(t + i + 1)
+        assert gone == [idle.pid] and rows == [] and reads == [idle.pid]  # its pidfd said it exited: read, gone
         waker.stdin.write(b"go\n")
         waker.stdin.flush()
         time.sleep(0.5)
         now = t + i + 1.5
-        assert procs.sample(now)[0]["cpu_pct"] == 0.0  # woke, not yet due: its last row
+        assert procs.sample(now) == ([], []) and procs.rows[waker.pid]["cpu_pct"] == 0.0  # woke, not yet due
         due = now + agent_procs.STILL_EVERY_S
-        row = procs.sample(due)[0]
+        (row,), _ = procs.sample(due)
         assert row["pid"] == waker.pid and row["cpu_pct"] > 0  # due: read, and its CPU since its last read
         reads.clear()
         procs.sample(due + 1)

@@ -87,7 +87,7 @@ def test_a_traceback_with_no_header_is_a_crash_only_when_the_processes_say_so():
     st = host([(0, 10.0), (1, 10.0)], [(0, 45.0, 30000)] * 2, lines)
     _, verdict = settle(Watchdog(), st, 1)
     assert verdict.name == "ok"
-    st.apply({"t": "sample", "seq": 2, "procs": [
+    st.apply({"t": "sample", "seq": 2, "gone": [101], "procs": [
         {"pid": 100, "ppid": 1, "name": "sglang::scheduler_TP0", "cmdline": ["sglang::scheduler_TP0"], "status": "S",
          "cpu_pct": 0.0}]})
     _, verdict = settle(Watchdog(), st, 2)
@@ -196,7 +196,7 @@ def _xid_host(xid=(), gpu_extra=None, dead=(), ts=1_000_000.0):
     st.apply({"t": "sample", "seq": 2, "ts": ts, "gpus": [dict({"index": i}, **(gpu_extra or {}).get(i, {})) for i in range(4)],
               "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
                         for r in range(4) if r not in dead],
-              "xid": [list(x) for x in xid]})
+              "gone": [100 + r for r in dead], "xid": [list(x) for x in xid]})
     return st
 
 

@@ -455,6 +455,7 @@ for line in p.stdout:
         procs.append({{"pid": "x"}})
         f["procs"] = procs
         f["exits"] = [["a", 1]]
+        f["gone"] = f.get("gone", []) + ["x", None, 1.5, -1, 2 ** 70]
         line = (json.dumps(f) + "\\n").encode()
         if not bombed:
             bombed = True

@@ -47,6 +47,7 @@ class Agent:
         self.force_scan = False
         self.last_slow = 0.0
         self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None
+        self.held = None  # after a config: the pids the other side held, until the next sample
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
         self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
         self.leader_seen = {}  # pgid -> clock ticks when its leader was last seen alive (each tick)
@@ -85,9 +86,10 @@ class Agent:
         if slow:
             self.last_slow = now
         gpus = self.gpus.sample(slow)
-        procs = self.procs.sample(now, self.force_scan)
+        rows, gone = self.procs.sample(now, self.force_scan)
         self.force_scan = False
-        ports = self.ports.sample([p["pid"] for p in procs], self.procs.cmdlines)
+        watched = self.procs.watched
+        ports = self.ports.sample(watched, self.procs.cmdlines, generation=self.procs.generation)
         exits = []
         for pid, popen in list(self.launched.items()):
             ticks = _now_ticks()  # read before the check: the leader was alive at this time
@@ -110,7 +112,13 @@ class Agent:
         self.seq += 1
         frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3),
                  "gpus": self._delta(self.sent_gpus, gpus, "index"),
-                 "procs": self._delta(self.sent_procs, procs, "pid")}
+                 "procs": self._moved(rows)}
+        gone = [pid for pid in gone if self.sent_procs.pop(pid, None) is not None]
+        if self.held is not None:  # the first sample after a config: whoever is no longer watched
+            gone += [pid for pid in self.held if pid not in self.sent_procs and pid not in gone]
+            self.held = None
+        if gone:
+            frame["gone"] = gone
         if ports != self.sent_ports:
             frame["ports"] = self.sent_ports = ports
         if exits:
@@ -118,16 +126,35 @@ class Agent:
         xid = self.gpus.events()
         if xid is not None:
             frame["xid"] = xid  # the recent Xid events, whole, when they changed
-        ras = self.ras.poll(ports, procs)
+        ras = self.ras.poll(ports, watched)
         if ras is not None:
             frame["ras"] = ras
         emit(frame)
 
+    def _moved(self, rows):
+        """The fields of each moved process row that changed since it was last sent (its pid
+        always; a row new to this connection whole); a row whose sent fields all stand is left
+        out. The other side keeps every row it holds until the frame's `gone` names it."""
+        sent = self.sent_procs
+        out = []
+        for row in rows:
+            pid = row["pid"]
+            last = sent.get(pid)
+            sent[pid] = row
+            if last is None:
+                out.append(row)
+                continue
+            moved = {f: v for f, v in row.items() if last.get(f) != v}
+            if moved:
+                moved["pid"] = pid
+                out.append(moved)
+        return out
+
     @staticmethod
     def _delta(sent, rows, key):
-        """Rows with only the fields that changed since they were last sent (the key always):
-        the stream is ordered and a new connection starts a new agent, so the other end holds
-        the rest. A row missing from `rows` is a process that is gone."""
+        """The GPU rows with only the fields that changed since they were last sent (the key
+        always): the stream is ordered and a new connection starts a new agent, so the other end
+        holds the rest."""
         out = []
         live = set()
         for row in rows:
@@ -187,10 +214,11 @@ class Agent:
                 if path not in self.logs:
                     self.logs[path] = LogTail(path, self.log_owners.get(path))
         if ports is not None:
-            self.ports.configured = [int(p) for p in ports]
+            self.ports.configure(ports)
         if interval is not None:
             self.interval = max(0.1, float(interval))
         self.procs.resend_cmdlines()
+        self.held = set(self.sent_procs) if self.held is None else self.held  # told gone if not watched now
         self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None  # next sample in full
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
@@ -291,8 +319,7 @@ class Agent:
 
     def cmd_ras(self, host=None, port=None, fmt="json", verbose=True, timeout=RAS_TIMEOUT_S):
         """One RAS status now (the bundle's), at the polled address unless told otherwise."""
-        procs = [{"pid": pid} for pid in self.procs.watched] if self.procs else []
-        h, p = self.ras.target(procs)
+        h, p = self.ras.target(list(self.procs.watched) if self.procs else [])
         return ras_query(host or h, int(port or p), fmt, verbose, float(timeout))
 
     def cmd_ras_config(self, every_s=None, host=None, port=None, enabled=None, timeout=None):

@@ -2,7 +2,9 @@
 scanned whole only when a pid was born; psutil only where there is no /proc (not Linux).
 """
 
+import bisect
 import fnmatch
+import heapq
 import os
 import select
 import time
@@ -20,12 +22,12 @@ DEFAULT_PATTERNS = [
 NEWCOMERS_MAX = 256  # pids born in one tick beyond which every watched process's children are read
 STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks
 SETTLE_S = 60.0  # a process younger than this may still retitle itself: each scan reads it afresh
-REREAD_EVERY_S = 30.0  # every process's stat is read afresh at least this often (late retitles)
+REREAD_EVERY_S = 120.0  # every process's stat is read afresh at least this often (late retitles, reparenting)
 SCAN_EVERY_S = 5.0
 STILL_AFTER = 3  # unchanged reads of a watched process's stat after which it is read only every STILL_EVERY_S
 STILL_EVERY_S = 5.0  # ... its exit still seen at the next tick, through a pidfd
 PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each
-SCAN_QUIET_MAX_S = 30.0  # while no pid is born the full scan waits, but never longer than this  # full process-table scans are the costly part: not every tick
+SCAN_QUIET_MAX_S = 120.0  # while no pid is born the full scan waits, but never longer than this (a whole scan of a host costs ms)
 
 _STATUS = {
     "running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
@@ -89,10 +91,18 @@ def _read_proc(path):
         os.close(fd)
 
 
+_LOADAVG = []  # /proc/loadavg kept open: pread at 0 has the kernel write it afresh
+
+
 def _last_pid():
     """The most recently created pid (threads included), the last field of /proc/loadavg: while
     it stands still no process was born, so no watched process can have a new child."""
-    data = _read_proc("/proc/loadavg")
+    try:
+        if not _LOADAVG:
+            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY))
+        data = os.pread(_LOADAVG[0], 128, 0)
+    except OSError:
+        data = None
     try:
         return int(data.rsplit(None, 1)[1])
     except (AttributeError, IndexError, ValueError):
@@ -182,6 +192,9 @@ class Procs:
         self.names = {}
         self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
         self._rows = {}  # pid -> (start, ppid, pgid, comm, argv) from the last scan
+        self._names = None  # the last scan's listing of /proc, as listed
+        self._pids = []  # its pids, sorted
+        self._young = []  # its pids that were younger than SETTLE_S
         self._reread_at = 0.0  # when every process's stat was last read afresh
         self.sent_cmdline = set()
         self.last_scan = 0.0
@@ -198,6 +211,12 @@ class Procs:
         self._still = {}  # pid -> when its stat is read next: it stood still, its pidfd tells of an exit
         self._pidfds = {}  # pid -> the pidfd registered with _exits
         self._exits = None  # an epoll of the still processes' pidfds: readable ones have exited
+        self._still_heap = []  # (when, pid) of the still processes' next reads
+        self._active = set()  # watched pids read each tick: not still
+        self._tree = None  # the watched dict _active was built from, and its size then
+        self._tree_size = 0
+        self.rows = {}  # pid -> its last row: what the other side holds
+        self.generation = 0  # moves whenever the watched set changes
 
     def prime(self):
         """The process table scanned whole at the agent's start, each process's CPU ticks kept: the
@@ -256,7 +275,10 @@ class Procs:
             return
         if pid not in self._pidfds and not self._watch_exit(pid):
             return
-        self._still[pid] = now + STILL_EVERY_S
+        when = now + STILL_EVERY_S
+        self._still[pid] = when
+        heapq.heappush(self._still_heap, (when, pid))
+        self._active.discard(pid)
 
     def _watch_exit(self, pid):
         if len(self._pidfds) >= PIDFDS_MAX or pid not in self._fds or not hasattr(select, "epoll"):
@@ -278,7 +300,8 @@ class Procs:
     def _stir(self, pid):
         """Read the process each tick again: its stat moved, it exited, or it is watched no more."""
         self._unchanged_reads.pop(pid, None)
-        self._still.pop(pid, None)
+        if self._still.pop(pid, None) is not None and pid in self.watched:
+            self._active.add(pid)
         fd = self._pidfds.pop(pid, None)
         if fd is not None:
             try:
@@ -348,7 +371,8 @@ class Procs:
         settled_before = (now - _boot_time() - SETTLE_S) * _CLK_TCK  # started before this: settled
         last = self._rows
         seen = {}
-        for name in os.listdir("/proc"):
+        names = self._names = os.listdir("/proc")
+        for name in names:
             if not name.isdigit():
                 continue
             pid = int(name)
@@ -367,6 +391,9 @@ class Procs:
             seen[pid] = row
             yield pid, row[1], row[2], row[3], row[4]
         self._rows = seen
+        self._pids = sorted(seen)
+        young_after = settled_before
+        self._young = [pid for pid, row in seen.items() if row[0] > young_after]
 
     def scan(self, quick=False, ticks=None):
         before = self.scan_pid
@@ -407,26 +434,26 @@ class Procs:
         self.last_scan = time.monotonic()
 
     def _unchanged(self, before, newest):
-        """Whether the process table is the one the last scan built the tree from: the same pids
-        (listed, not read), and of those whose row may have moved (young ones that may still
-        retitle, pids the kernel's cursor passed: perhaps reused) the same start, parent, group
-        and title. Then the watched tree is what it was (deaths and new children are the ticks'
-        work), and the scan need not walk every process's row: on a host where a thread is born
-        every second (a busy PyTorch job, kernel workers) that walk was most of its cost."""
+        """Whether the process table is the one the last scan built the tree from: the same
+        listing of /proc (compared whole, not parsed), and of the rows that may have moved (young
+        ones that may still retitle, pids the kernel's cursor passed: perhaps reused) the same
+        start, parent, group and title. Then the watched tree is what it was (deaths and new
+        children are the ticks' work), and the scan need not walk every process's row: on a host
+        where a thread is born every second (a busy PyTorch job, kernel workers) that walk was
+        most of its cost."""
         last = self._rows
         if not last or time.time() - self._reread_at >= REREAD_EVERY_S or before is None or newest is None:
             return False
-        me = os.getpid()
-        pids = set(int(n) for n in os.listdir("/proc") if n.isdigit())
-        pids.discard(me)
-        if len(pids) != len(last) or not pids.issuperset(last):
+        if os.listdir("/proc") != self._names:
             return False
         settled_before = (time.time() - _boot_time() - SETTLE_S) * _CLK_TCK
+        pids = self._pids
         if newest >= before:
-            check = [pid for pid, row in last.items() if row[0] > settled_before or before < pid <= newest]
+            swept = pids[bisect.bisect_right(pids, before):bisect.bisect_right(pids, newest)]
         else:  # the cursor wrapped
-            check = [pid for pid, row in last.items() if row[0] > settled_before or pid > before or pid <= newest]
-        for pid in check:
+            swept = pids[bisect.bisect_right(pids, before):] + pids[:bisect.bisect_right(pids, newest)]
+        self._young = [pid for pid in self._young if last[pid][0] > settled_before]
+        for pid in set(swept).union(self._young):
             row = last[pid]
             ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
             if ids is None or ids[:4] != row[:4]:  # (start, parent, group, title): its CPU may move
@@ -448,9 +475,9 @@ class Procs:
         each newcomer's stat names its parent, and only a watched parent's
         /proc/PID/task/PID/children is read. Nothing born (the usual tick): one small read in all.
         Too many newcomers, or pids that wrapped: every watched process's children, as before."""
-        stack = list(self.watched)
         newest = _last_pid() if _HAVE_PROC else None
         first, self.last_pid = self.last_pid, newest
+        stack = None
         if newest is not None and first is not None and 0 <= newest - first <= NEWCOMERS_MAX:
             if newest == first:
                 return
@@ -460,6 +487,8 @@ class Procs:
                 if ids is not None and ids[1] in self.watched:
                     parents.add(ids[1])
             stack = list(parents)
+        if stack is None:
+            stack = list(self.watched)
         while stack:
             pid = stack.pop()
             try:
@@ -474,6 +503,10 @@ class Procs:
                 stack.append(kid)
 
     def sample(self, now, force_scan=False):
+        """(rows, gone): the rows of the processes whose stat moved since their last row (new
+        ones whole), and the pids no longer watched (exited, reused, out of the tree). A process
+        that did not move is not in `rows`: its last row stands (`self.rows`). Each tick reads the
+        processes that moved lately and those due; one that stood still waits STILL_EVERY_S."""
         if force_scan or now - self.last_scan >= SCAN_EVERY_S:
             if (not force_scan and self.scan_pid is not None and now - self.last_full < SCAN_QUIET_MAX_S
                     and _last_pid() == self.scan_pid):
@@ -487,22 +520,19 @@ class Procs:
         else:
             self.adopt_children()
         wall = time.monotonic()
-        out = []
-        gone = []
-        stat = self._stat
-        still = self._still
+        rows, gone = [], []
+        if self.watched is not self._tree or len(self.watched) != self._tree_size:
+            gone = self._retree()
         self._exited()
-        for pid, proc in self.watched.items():
+        stat = self._stat
+        for pid in list(self._active) + self._due(now):
+            proc = self.watched[pid]
             last = stat.get(pid)
-            if last is not None and still.get(pid, 0.0) > now:
-                out.append(last[1])  # still, not yet due: its last row (its CPU % is measured from its last read)
-                continue
             data = self._read_stat(pid) if _HAVE_PROC else None
             if last is not None and last[0] == data and pid in self.sent_cmdline:
-                # not a byte of its stat moved (an idle process): the same row, no CPU since
+                # not a byte of its stat moved (an idle process): its row stands, no CPU since
                 prev = self.cpu[pid]
                 self.cpu[pid] = (prev[0], prev[1], wall)
-                out.append(last[1])
                 self._stood_still(pid, now, last[1])
                 continue
             if pid in self._unchanged_reads:
@@ -540,23 +570,52 @@ class Procs:
                 stat[pid] = (data, row)  # what an idle next tick can reuse whole
             else:
                 stat.pop(pid, None)
-            out.append(row)
+            self.rows[pid] = row
+            rows.append(row)
         for pid in gone:
             self.watched.pop(pid, None)
-            self.names.pop(pid, None)
-            self.cmdlines.pop(pid, None)
-            self.cpu.pop(pid, None)
-            self.sent_cmdline.discard(pid)
-            stat.pop(pid, None)
-            self._close_stat(pid)
-            self._stir(pid)
-        for pid in [p for p in stat if p not in self.watched]:
-            del stat[pid]
-        for pid in [p for p in self._fds if p not in self.watched]:
-            self._close_stat(pid)
-        for pid in [p for p in self._unchanged_reads if p not in self.watched]:
-            self._stir(pid)
+            self._forget(pid)
+        self._tree_size = len(self.watched)
         self._primed = None
+        return rows, gone
+
+    def _retree(self):
+        """The watched set changed (a scan, a child adopted): who is read each tick, and the pids
+        that left it, forgotten."""
+        watched = self.watched
+        self._tree = watched
+        still = self._still
+        self._active = set(pid for pid in watched if pid not in still)
+        gone = [pid for pid in self.rows if pid not in watched]
+        for pid in gone:
+            self._forget(pid)
+        for pid in [p for p in self._fds if p not in watched]:
+            self._close_stat(pid)
+        for pid in [p for p in self._unchanged_reads if p not in watched]:
+            self._stir(pid)
+        self.generation += 1
+        return gone
+
+    def _forget(self, pid):
+        self.rows.pop(pid, None)
+        self.names.pop(pid, None)
+        self.cmdlines.pop(pid, None)
+        self.cpu.pop(pid, None)
+        self.sent_cmdline.discard(pid)
+        self._stat.pop(pid, None)
+        self._close_stat(pid)
+        self._stir(pid)
+        self._active.discard(pid)
+        self.generation += 1
+
+    def _due(self, now):
+        """The still processes whose next read has come (a heap of (when, pid); stale entries,
+        of processes stirred or rescheduled since, are dropped)."""
+        heap, still, out = self._still_heap, self._still, []
+        while heap and heap[0][0] <= now:
+            when, pid = heapq.heappop(heap)
+            if still.get(pid) == when and pid in self.watched:
+                out.append(pid)
         return out
 
     def _psutil_argv(self, proc):
@@ -586,7 +645,10 @@ class Procs:
             return None
 
     def resend_cmdlines(self):
+        """Every row whole at the next sample, command lines included: the still are read too."""
         self.sent_cmdline.clear()
+        for pid in list(self._still):
+            self._stir(pid)
 
 
 def _environ(pid, limit=1 << 20):

@@ -147,32 +147,30 @@ class RasPoller:
         self.text_only = False
         self.lock = threading.Lock()
 
-    def target(self, procs):
+    def target(self, pids):
         if self.addr:
             return self.addr
-        for row in procs:
-            pid = row["pid"]
+        for pid in pids:
             if pid not in self.env_addr:
                 self.env_addr[pid] = ras_addr(environ_of(pid).get("NCCL_RAS_ADDR"))
             if self.env_addr[pid]:
                 return self.env_addr[pid]
         return ("127.0.0.1", RAS_PORT)
 
-    def poll(self, ports, procs):
-        """Starts a query when one is due; returns the last finished answer once."""
-        live = set(row["pid"] for row in procs)
-        for pid in list(self.env_addr):
-            if pid not in live:
-                del self.env_addr[pid]
+    def poll(self, ports, watched):
+        """Starts a query when one is due; returns the last finished answer once. `watched`: the
+        watched pids (a dict or set)."""
+        for pid in [p for p in self.env_addr if p not in watched]:
+            del self.env_addr[pid]
         with self.lock:
             done, self.result = self.result, None
         if not self.enabled:
             return done
-        if not self.addr and not any(p.get("pid") in live for p in ports):
+        owners = [p.get("pid") for p in ports if p.get("pid") in watched]
+        if not self.addr and not owners:
             return done  # no watched process listens anywhere: no RAS to ask, no environment to read
-        owners = set(p.get("pid") for p in ports)
-        host, port = self.target([row for row in procs if row["pid"] in owners])  # only a listener's environment
-        listening = any(p["port"] == port and p.get("pid") in live for p in ports)
+        host, port = self.target(owners)  # only a listener's environment
+        listening = any(p["port"] == port and p.get("pid") in watched for p in ports)
         now = time.monotonic()
         if listening and now - self.last >= self.every_s and (self.thread is None or not self.thread.is_alive()):
             self.last = now

@@ -392,10 +392,15 @@ class HostState:
             )
             for key, buf in hist.items():
                 buf.append(getattr(gpu, key))
-        seen = set()
+        gone = f.get("gone")
+        # Each process that left, before the rows (a reused pid comes back whole); the others stand.
+        for pid in gone if isinstance(gone, list) else []:
+            proc = self.procs.get(pid) if _is(pid, "int") else None
+            if proc is not None and proc.alive:
+                proc.alive, proc.status, proc.gone_at = False, "X", now
+                proc.cpu_pct, proc.gpus, proc.gpu_mem_mib = 0.0, [], None
         for p in self._rows(f.get("procs"), "pid", PROC_FIELDS, "procs"):
             pid = p["pid"]
-            seen.add(pid)
             proc = self.procs.get(pid)
             if proc is None or not proc.alive or (p.get("started") and proc.started and p["started"] != proc.started):
                 proc = self.procs[pid] = Proc(pid=pid)
@@ -407,16 +412,15 @@ class HostState:
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
             elif proc.role is None:
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
+        for pid, proc in self.procs.items():
+            if not proc.alive:
+                continue
             on = pid_gpus.get(pid, [])
             proc.gpus = [i for i, _ in on]
             proc.gpu_mem_mib = sum(m or 0 for _, m in on) if on else None
             if proc.gpus:
                 proc.last_gpus = list(proc.gpus)
             self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(proc.cpu_pct)
-        for pid, proc in self.procs.items():
-            if proc.alive and pid not in seen:
-                proc.alive, proc.status, proc.gone_at = False, "X", now
-                proc.cpu_pct, proc.gpus, proc.gpu_mem_mib = 0.0, [], None
         for row in f.get("exits") or [] if isinstance(f.get("exits"), list) else []:
             if not (isinstance(row, list) and len(row) == 2 and _is(row[0], "int") and _is(row[1], "int?")):
                 self.dropped["exits"] += 1

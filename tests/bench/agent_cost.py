@@ -213,6 +213,8 @@ def phases(seconds: float, warmup: float, tree: int) -> dict:
         agent.cmd_config(patterns=list(agent_procs.DEFAULT_PATTERNS))
         agent.gpus.sample = timed("gpus.sample (NVML)", agent.gpus.sample)
         agent.procs.sample = timed("procs.sample", agent.procs.sample)
+        agent.procs.scan = timed("  of it: procs.scan (every 5 s)", agent.procs.scan)
+        agent.procs.adopt_children = timed("  of it: procs.adopt_children", agent.procs.adopt_children)
         agent.ports.sample = timed("ports.sample", agent.ports.sample)
         agent.ras.poll = timed("ras.poll (starts the thread)", agent.ras.poll)
         agent._delta = timed("_delta", agent._delta)
@@ -236,7 +238,8 @@ def phases(seconds: float, warmup: float, tree: int) -> dict:
         os.dup2(saved, 1)
         kill_tree(kids)
     per = {k: round(v / 1000 / ticks, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
-    per["other (tick minus the steps)"] = round(per["tick, whole"] - sum(v for k, v in per.items() if k != "tick, whole"), 1)
+    per["other (tick minus the steps)"] = round(per["tick, whole"] - sum(v for k, v in per.items()
+                                                                      if k != "tick, whole" and not k.startswith(" ")), 1)
     by_thread = {k: round((ns - n0.get(k, 0)) / 1000 / wall, 1) for k, ns in n1.items() if ns - n0.get(k, 0) > 0}
     return {"seconds": round(wall, 1), "ticks": ticks, "watched_processes": watched, "gpus": len(agent.gpus.sample(False)),
             "us_per_tick_thread_cpu": per, "us_per_second_by_thread_schedstat": by_thread,
