@@ -469,8 +469,9 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
 def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(monkeypatch):
     """The 5 s scan after a birth (a thread, as a busy job makes every second) lists /proc and,
     when the same processes stand with the same start, parent, group and title (young ones and
-    pids the cursor passed read afresh), keeps the tree without walking every row. A new process
-    matching a pattern, a young process's retitle, a death or a new pattern: the whole scan."""
+    pids the cursor passed read afresh), keeps the tree without walking every row; a process born
+    that is no root, or one that died (the ticks drop it), changes nothing more. A new process
+    matching a pattern, a young process's retitle or a new pattern: the whole scan."""
     psutil = pytest.importorskip("psutil")
     import subprocess
     import sys
@@ -481,7 +482,7 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
     code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
             "print('retitled', flush=True)\nsys.stdin.readline()")
     young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    born = None
+    born = other = None
     ours = {1, os.getpid(), young.pid}  # the table the scans see: other processes come and go on a shared machine
     real_listdir = os.listdir
     monkeypatch.setattr(os, "listdir", lambda path=".": [n for n in real_listdir(path)
@@ -522,17 +523,26 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
         young.kill()
         young.wait()
         procs.scan(quick=True)
-        assert len(walks) == 4 and set(procs.watched) == {born.pid}
+        assert len(walks) == 3  # a death: no walk
+        _, gone = procs.sample(time.monotonic())
+        assert gone == [young.pid] and set(procs.watched) == {born.pid}  # the tick's work
+        other = subprocess.Popen(["sleep", "60"])
+        ours.add(other.pid)
+        cursor[0] = max(cursor[0] + 1, other.pid)
+        procs.scan(quick=True)
+        assert len(walks) == 3 and other.pid not in procs.watched  # born, no root: read, no walk
+        assert procs._rows[other.pid][3] == "sleep"
         procs.configure(patterns=["nothing-matches-this"])
         procs.scan(quick=True)
-        assert len(walks) == 5 and not procs.watched
+        assert len(walks) == 4 and not procs.watched
     finally:
         procs.close()
         young.kill()
         young.wait()
-        if born is not None:
-            born.kill()
-            born.wait()
+        for p in (born, other):
+            if p is not None:
+                p.kill()
+                p.wait()
 
 
 # ----------------------------------------------------------------------------- Xid lines (issue 28)
@@ -760,3 +770,44 @@ def test_a_still_process_is_read_every_few_seconds_its_exit_at_the_next_tick_its
             p.kill()
             p.wait()
         procs.close()
+
+
+def test_a_sample_carries_only_the_processes_that_moved_and_names_those_that_left(capfd):
+    """Protocol 2: a process whose row stands is left out (the other side keeps it), one that
+    exited is named in `gone`; after a config every watched row comes whole, and a process no
+    longer watched is named gone."""
+    import json
+    import subprocess
+    import time
+
+    a, b, c = (subprocess.Popen(["sleep", "60"]) for _ in range(3))
+    agent = agent_main.Agent(1.0, agent_procs.Procs())
+
+    def tick():
+        capfd.readouterr()
+        agent.tick()
+        [frame] = [json.loads(line) for line in capfd.readouterr().out.splitlines()
+                   if json.loads(line)["t"] == "sample"]
+        return {r["pid"]: r for r in frame["procs"]}, frame.get("gone", [])
+
+    try:
+        agent.cmd_config(patterns=[], pids=[a.pid, b.pid, c.pid])
+        rows, gone = tick()
+        assert set(rows) == {a.pid, b.pid, c.pid} and gone == []
+        assert all(r["cmdline"] == ["sleep", "60"] and r["name"] == "sleep" for r in rows.values())
+        time.sleep(0.2)
+        rows, gone = tick()
+        assert rows == {} and gone == []  # sleep's rows stand: nothing sent
+        a.kill()
+        a.wait()
+        rows, gone = tick()
+        assert rows == {} and gone == [a.pid]
+        agent.cmd_config(patterns=[], pids=[b.pid])
+        rows, gone = tick()
+        assert set(rows) == {b.pid} and rows[b.pid]["cmdline"] == ["sleep", "60"] and gone == [c.pid]
+        assert tick() == ({}, [])
+    finally:
+        for p in (a, b, c):
+            p.kill()
+            p.wait()
+        agent.procs.close()

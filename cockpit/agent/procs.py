@@ -434,30 +434,60 @@ class Procs:
         self.last_scan = time.monotonic()
 
     def _unchanged(self, before, newest):
-        """Whether the process table is the one the last scan built the tree from: the same
-        listing of /proc (compared whole, not parsed), and of the rows that may have moved (young
-        ones that may still retitle, pids the kernel's cursor passed: perhaps reused) the same
-        start, parent, group and title. Then the watched tree is what it was (deaths and new
-        children are the ticks' work), and the scan need not walk every process's row: on a host
-        where a thread is born every second (a busy PyTorch job, kernel workers) that walk was
-        most of its cost."""
+        """Whether the watched tree is the one the last scan built, told from what changed in
+        /proc's listing (compared whole, then as sets) rather than by walking every process's
+        row: the processes born since are read (none is a new root: no pid, group or title the
+        watch asks for), those gone are dropped, and of the rest the rows that may have moved
+        (young ones that may still retitle, pids the kernel's cursor passed: perhaps reused)
+        read the same start, parent, group and title. Deaths and new children of watched
+        processes are the ticks' work. On a real host kernel workers and short commands come and
+        go all the time: the walk of every row was most of a scan's cost."""
         last = self._rows
         if not last or time.time() - self._reread_at >= REREAD_EVERY_S or before is None or newest is None:
             return False
-        if os.listdir("/proc") != self._names:
-            return False
+        names = os.listdir("/proc")
         settled_before = (time.time() - _boot_time() - SETTLE_S) * _CLK_TCK
+        born = {}
+        died = ()
+        if names != self._names:
+            listed, was = set(names), set(self._names)
+            new = [int(n) for n in listed - was if n.isdigit()]
+            if len(new) > NEWCOMERS_MAX:
+                return False
+            me = os.getpid()
+            for pid in new:
+                ids = _stat_ids(_read_proc("/proc/%d/stat" % pid)) if pid != me else None
+                if ids is None:
+                    continue
+                start, ppid, pgid, comm, _ = ids
+                argv = _read_cmdline(pid)
+                if pid in self.pids or pgid in self.pgids or self._matches(comm, " ".join(argv)):
+                    return False  # a new root: the tree is built again
+                born[pid] = (start, ppid, pgid, comm, argv)
+                self._match[pid] = (comm, argv, False)
+            died = [int(n) for n in was - listed if n.isdigit()]
         pids = self._pids
         if newest >= before:
             swept = pids[bisect.bisect_right(pids, before):bisect.bisect_right(pids, newest)]
         else:  # the cursor wrapped
             swept = pids[bisect.bisect_right(pids, before):] + pids[:bisect.bisect_right(pids, newest)]
-        self._young = [pid for pid in self._young if last[pid][0] > settled_before]
-        for pid in set(swept).union(self._young):
-            row = last[pid]
+        young = [pid for pid in self._young if pid in last and last[pid][0] > settled_before]
+        for pid in set(swept).union(young).difference(died):
+            row = last.get(pid)
+            if row is None:
+                continue
             ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))
             if ids is None or ids[:4] != row[:4]:  # (start, parent, group, title): its CPU may move
                 return False
+        if born or died:
+            for pid in died:
+                last.pop(pid, None)
+                self._match.pop(pid, None)
+            last.update(born)
+            self._pids = sorted(last)
+            young.extend(born)
+        self._names = names
+        self._young = young
         return True
 
     def _handle(self, pid):

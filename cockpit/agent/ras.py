@@ -9,7 +9,7 @@ import time
 from .procs import environ_of
 
 RAS_PORT = 28028
-RAS_EVERY_S = 5.0  # at most this often, and only while a watched process listens on the RAS port
+RAS_EVERY_S = 10.0  # at most this often, and only while a watched process listens on the RAS port (a sixth of the stall threshold)
 RAS_TIMEOUT_S = 15.0  # a whole conversation; RAS itself waits for unresponsive peers
 RAS_MAX_BYTES = 1 << 20
 
