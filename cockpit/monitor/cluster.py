@@ -105,6 +105,7 @@ class ClusterState(HostState):
         super().__init__(target, history, rules)
         self.node_names: dict[int, str] = {}
         self.gpu_labels: dict[int, str] = {}
+        self.rebuilt = asyncio.Event()  # set (and replaced) by each rebuild: what waits for samples wakes on
 
     def rebuild(self, nodes: list[Node]) -> None:
         procs, gpus, ports, logs, cpu_hist, gpu_hist = {}, {}, [], {}, {}, {}
@@ -168,6 +169,8 @@ class ClusterState(HostState):
         up = [n for n in nodes if n.status == "up"]
         self.link_state = "up" if up else ("lost" if any(n.monitor and n.monitor.session.ever_up for n in nodes)
                                            else "connecting")
+        done, self.rebuilt = self.rebuilt, asyncio.Event()
+        done.set()
 
     @staticmethod
     def _global_ranks(procs: dict, live: list[Node]) -> None:
@@ -355,9 +358,13 @@ class ClusterSession:
         while self.state.seq < start + n * max(1, len(self._up())):
             if not self._up():
                 raise LinkLost(f"no node of {self.target.label} is connected")
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise CockpitError(f"no sample from {self.target.label} in {timeout:.0f} s")
-            await asyncio.sleep(0.02)
+            try:  # woken by each node's sample; a node lost wakes nothing, so the nodes are looked at each second
+                await asyncio.wait_for(self.state.rebuilt.wait(), min(left, 1.0))
+            except asyncio.TimeoutError:
+                pass
 
     async def ping(self) -> float:
         return 0.0
