@@ -482,7 +482,7 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
     code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
             "print('retitled', flush=True)\nsys.stdin.readline()")
     young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    born = other = None
+    born = other = child = None
     ours = {1, os.getpid(), young.pid}  # the table the scans see: other processes come and go on a shared machine
     real_listdir = os.listdir
     monkeypatch.setattr(os, "listdir", lambda path=".": [n for n in real_listdir(path)
@@ -509,8 +509,9 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
         procs.scan(quick=True)  # young: read afresh, its new title seen now
         assert walks == [1, 1] and young.pid in procs.watched
 
-        born = subprocess.Popen([sys.executable, "-c", "import sys\nopen('/proc/self/comm', 'w').write('sglang::born')\n"
-                                 "print('up', flush=True)\nsys.stdin.readline()"],
+        born = subprocess.Popen([sys.executable, "-c", "import subprocess,sys\nopen('/proc/self/comm', 'w').write('sglang::born')\n"
+                                 "print('up', flush=True)\nsys.stdin.readline()\n"
+                                 "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\nsys.stdin.readline()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert born.stdout.readline().strip() == "up"
         ours.add(born.pid)
@@ -520,21 +521,28 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
 
         procs.scan(quick=True)
         assert len(walks) == 3
+        born.stdin.write("fork\n")
+        born.stdin.flush()
+        child = int(born.stdout.readline())
+        ours.add(child)
+        cursor[0] = max(cursor[0] + 1, child)  # the scan moves the ticks' cursor past the child:
+        procs.scan(quick=True)  # so a watched process's new child is a walk, not left to the ticks
+        assert len(walks) == 4 and child in procs.watched
         young.kill()
         young.wait()
         procs.scan(quick=True)
-        assert len(walks) == 3  # a death: no walk
+        assert len(walks) == 4  # a death: no walk
         _, gone = procs.sample(time.monotonic())
-        assert gone == [young.pid] and set(procs.watched) == {born.pid}  # the tick's work
+        assert gone == [young.pid] and set(procs.watched) == {born.pid, child}  # the tick's work
         other = subprocess.Popen(["sleep", "60"])
         ours.add(other.pid)
         cursor[0] = max(cursor[0] + 1, other.pid)
         procs.scan(quick=True)
-        assert len(walks) == 3 and other.pid not in procs.watched  # born, no root: read, no walk
+        assert len(walks) == 4 and other.pid not in procs.watched  # born, no root: read, no walk
         assert procs._rows[other.pid][3] == "sleep"
         procs.configure(patterns=["nothing-matches-this"])
         procs.scan(quick=True)
-        assert len(walks) == 4 and not procs.watched
+        assert len(walks) == 5 and not procs.watched
     finally:
         procs.close()
         young.kill()
@@ -543,6 +551,8 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
             if p is not None:
                 p.kill()
                 p.wait()
+        if child is not None:
+            os.kill(child, 9)
 
 
 # ----------------------------------------------------------------------------- Xid lines (issue 28)
@@ -774,40 +784,94 @@ def test_a_still_process_is_read_every_few_seconds_its_exit_at_the_next_tick_its
 
 def test_a_sample_carries_only_the_processes_that_moved_and_names_those_that_left(capfd):
     """Protocol 2: a process whose row stands is left out (the other side keeps it), one that
-    exited is named in `gone`; after a config every watched row comes whole, and a process no
-    longer watched is named gone."""
+    exited is named in `gone`; the first sample of an agent and the first after a config are
+    `full`: every watched row, whole, and the other side drops whatever it held that is not there
+    (a process no longer watched, one that died while the link was down and a new agent came)."""
     import json
     import subprocess
     import time
 
-    a, b, c = (subprocess.Popen(["sleep", "60"]) for _ in range(3))
-    agent = agent_main.Agent(1.0, agent_procs.Procs())
+    from cockpit.host.state import HostState
 
-    def tick():
+    a, b, c, d = (subprocess.Popen(["sleep", "60"]) for _ in range(4))
+    agent = agent_main.Agent(1.0, agent_procs.Procs())
+    state = HostState("t")
+    state.apply({"t": "hello", "v": 2})
+    seq = [0]
+
+    def tick(which=None):
+        which = which or agent
         capfd.readouterr()
-        agent.tick()
+        which.tick()
         [frame] = [json.loads(line) for line in capfd.readouterr().out.splitlines()
                    if json.loads(line)["t"] == "sample"]
-        return {r["pid"]: r for r in frame["procs"]}, frame.get("gone", [])
+        seq[0] += 1
+        state.apply(dict(frame, seq=seq[0]))
+        return {r["pid"]: r for r in frame["procs"]}, frame.get("gone", []), frame.get("full", False)
 
+    def alive():
+        return {pid for pid, p in state.procs.items() if p.alive}
+
+    again = None
     try:
-        agent.cmd_config(patterns=[], pids=[a.pid, b.pid, c.pid])
-        rows, gone = tick()
-        assert set(rows) == {a.pid, b.pid, c.pid} and gone == []
+        agent.cmd_config(patterns=[], pids=[a.pid, b.pid, c.pid, d.pid])
+        rows, gone, full = tick()
+        assert set(rows) == {a.pid, b.pid, c.pid, d.pid} and gone == [] and full
         assert all(r["cmdline"] == ["sleep", "60"] and r["name"] == "sleep" for r in rows.values())
         time.sleep(0.2)
-        rows, gone = tick()
-        assert rows == {} and gone == []  # sleep's rows stand: nothing sent
+        assert tick() == ({}, [], False)  # sleep's rows stand: nothing sent
+        assert alive() == {a.pid, b.pid, c.pid, d.pid}
         a.kill()
         a.wait()
-        rows, gone = tick()
-        assert rows == {} and gone == [a.pid]
-        agent.cmd_config(patterns=[], pids=[b.pid])
-        rows, gone = tick()
-        assert set(rows) == {b.pid} and rows[b.pid]["cmdline"] == ["sleep", "60"] and gone == [c.pid]
-        assert tick() == ({}, [])
+        assert tick() == ({}, [a.pid], False) and alive() == {b.pid, c.pid, d.pid}
+        agent.cmd_config(patterns=[], pids=[b.pid, d.pid])
+        rows, gone, full = tick()
+        assert set(rows) == {b.pid, d.pid} and rows[b.pid]["cmdline"] == ["sleep", "60"] and full
+        assert alive() == {b.pid, d.pid}  # c is watched no more: left out of a full sample
+        assert tick() == ({}, [], False)
+        d.kill()  # dies while the link is down: a new agent never knew it
+        d.wait()
+        again = agent_main.Agent(1.0, agent_procs.Procs())
+        again.cmd_config(patterns=[], pids=[b.pid, d.pid])
+        rows, gone, full = tick(again)
+        assert set(rows) == {b.pid} and full and alive() == {b.pid}
     finally:
-        for p in (a, b, c):
+        for p in (a, b, c, d):
             p.kill()
             p.wait()
         agent.procs.close()
+        if again is not None:
+            again.procs.close()
+
+
+def test_out_of_descriptors_a_live_process_is_never_reported_gone(tmp_path):
+    """The kept stat files and pidfds stay within a share of the descriptor limit; and where none
+    is left at all, a live process's row stands for that tick instead of being called gone."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fds.py"
+    script.write_text(
+        "import os, resource, subprocess, sys, time\n"
+        "from cockpit.agent.procs import Procs\n"
+        "kids = [subprocess.Popen(['sleep', '60']) for _ in range(40)]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "p = Procs(); p.configure(patterns=[], pids=[k.pid for k in kids])\n"
+        "rows, gone = p.sample(time.monotonic(), force_scan=True)\n"
+        "print(len(rows), len(gone), len(p._fds))\n"
+        "held = []\n"
+        "try:\n"
+        "    while True: held.append(os.open('/dev/null', os.O_RDONLY))\n"
+        "except OSError: pass\n"
+        "p._fds.clear()\n"  # forgotten (left open): each stat is to be opened again, and none can be
+        "rows, gone = p.sample(time.monotonic() + 1)\n"
+        "print(len(gone), len(p.watched))\n"
+        "for k in kids: k.kill()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         cwd=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    rows, gone, fds = map(int, first.split())
+    assert (rows, gone) == (40, 0) and fds <= 64 // 4
+    gone, watched = map(int, second.split())
+    assert (gone, watched) == (0, 40)  # no descriptor to open: every row stands

@@ -47,7 +47,7 @@ class Agent:
         self.force_scan = False
         self.last_slow = 0.0
         self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None
-        self.held = None  # after a config: the pids the other side held, until the next sample
+        self.full = True  # the next sample carries every watched row (the first, and after a config)
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
         self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
         self.leader_seen = {}  # pgid -> clock ticks when its leader was last seen alive (each tick)
@@ -114,11 +114,11 @@ class Agent:
                  "gpus": self._delta(self.sent_gpus, gpus, "index"),
                  "procs": self._moved(rows)}
         gone = [pid for pid in gone if self.sent_procs.pop(pid, None) is not None]
-        if self.held is not None:  # the first sample after a config: whoever is no longer watched
-            gone += [pid for pid in self.held if pid not in self.sent_procs and pid not in gone]
-            self.held = None
         if gone:
             frame["gone"] = gone
+        if self.full:  # every watched process's row is in this one: the other side drops the rest
+            frame["full"] = True
+            self.full = False
         if ports != self.sent_ports:
             frame["ports"] = self.sent_ports = ports
         if exits:
@@ -218,8 +218,8 @@ class Agent:
         if interval is not None:
             self.interval = max(0.1, float(interval))
         self.procs.resend_cmdlines()
-        self.held = set(self.sent_procs) if self.held is None else self.held  # told gone if not watched now
         self.sent_gpus, self.sent_procs, self.sent_ports = {}, {}, None  # next sample in full
+        self.full = True
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
 

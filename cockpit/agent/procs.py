@@ -3,6 +3,7 @@ scanned whole only when a pid was born; psutil only where there is no /proc (not
 """
 
 import bisect
+import errno
 import fnmatch
 import heapq
 import os
@@ -20,13 +21,14 @@ DEFAULT_PATTERNS = [
 
 
 NEWCOMERS_MAX = 256  # pids born in one tick beyond which every watched process's children are read
-STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks
+STAT_FDS_MAX = 512  # watched processes whose /proc/PID/stat stays open between ticks (and a quarter of the fd limit)
 SETTLE_S = 60.0  # a process younger than this may still retitle itself: each scan reads it afresh
 REREAD_EVERY_S = 120.0  # every process's stat is read afresh at least this often (late retitles, reparenting)
 SCAN_EVERY_S = 5.0
 STILL_AFTER = 3  # unchanged reads of a watched process's stat after which it is read only every STILL_EVERY_S
 STILL_EVERY_S = 5.0  # ... its exit still seen at the next tick, through a pidfd
-PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each
+PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each (and an eighth of the fd limit)
+UNREAD = object()  # a live process's stat that could not be read this tick (no descriptor left): its row stands
 SCAN_QUIET_MAX_S = 120.0  # while no pid is born the full scan waits, but never longer than this (a whole scan of a host costs ms)
 
 _STATUS = {
@@ -62,6 +64,18 @@ def _alive(pid):
     except OSError:
         return True
     return True
+
+
+def _fd_limit():
+    """The soft limit on open descriptors (1024 where it cannot be read): the kept stat files and
+    pidfds stay well inside it, leaving NVML, the logs and a kill's pidfds their share."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return soft if soft > 0 else 1 << 20
+    except (ImportError, OSError, ValueError):
+        return 1024
 
 
 def pidfd(pid):
@@ -212,6 +226,9 @@ class Procs:
         self._pidfds = {}  # pid -> the pidfd registered with _exits
         self._exits = None  # an epoll of the still processes' pidfds: readable ones have exited
         self._still_heap = []  # (when, pid) of the still processes' next reads
+        limit = _fd_limit() if _HAVE_PROC else 1024
+        self._stat_fds_max = min(STAT_FDS_MAX, limit // 4)
+        self._pidfds_max = min(PIDFDS_MAX, limit // 8)
         self._active = set()  # watched pids read each tick: not still
         self._tree = None  # the watched dict _active was built from, and its size then
         self._tree_size = 0
@@ -235,12 +252,16 @@ class Procs:
         fails and the row is gone."""
         fd = self._fds.get(pid)
         if fd is None:
-            if len(self._fds) >= STAT_FDS_MAX:
-                return _read_proc("/proc/%d/stat" % pid)
             try:
+                if len(self._fds) >= self._stat_fds_max:
+                    fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
+                    try:
+                        return os.read(fd, 4096)
+                    finally:
+                        os.close(fd)
                 fd = self._fds[pid] = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
-            except OSError:
-                return None
+            except OSError as exc:
+                return UNREAD if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM) else None
         try:
             return os.pread(fd, 4096, 0)
         except OSError:
@@ -281,7 +302,7 @@ class Procs:
         self._active.discard(pid)
 
     def _watch_exit(self, pid):
-        if len(self._pidfds) >= PIDFDS_MAX or pid not in self._fds or not hasattr(select, "epoll"):
+        if len(self._pidfds) >= self._pidfds_max or pid not in self._fds or not hasattr(select, "epoll"):
             return False
         fd = pidfd(pid)
         if fd is None:
@@ -461,8 +482,9 @@ class Procs:
                     continue
                 start, ppid, pgid, comm, _ = ids
                 argv = _read_cmdline(pid)
-                if pid in self.pids or pgid in self.pgids or self._matches(comm, " ".join(argv)):
-                    return False  # a new root: the tree is built again
+                if ppid in self.watched or pid in self.pids or pgid in self.pgids \
+                        or self._matches(comm, " ".join(argv)):
+                    return False  # a new child (the ticks' cursor may have passed it) or a new root: built again
                 born[pid] = (start, ppid, pgid, comm, argv)
                 self._match[pid] = (comm, argv, False)
             died = [int(n) for n in was - listed if n.isdigit()]
@@ -559,6 +581,8 @@ class Procs:
             proc = self.watched[pid]
             last = stat.get(pid)
             data = self._read_stat(pid) if _HAVE_PROC else None
+            if data is UNREAD:
+                continue  # alive, unread this tick: its row stands, read again next tick
             if last is not None and last[0] == data and pid in self.sent_cmdline:
                 # not a byte of its stat moved (an idle process): its row stands, no CPU since
                 prev = self.cpu[pid]
@@ -581,6 +605,7 @@ class Procs:
                     prev = self._primed[pid]
                 if prev is not None and prev[0] != start:
                     gone.append(pid)  # the pid was reused: not our process any more
+                    self._dirty = True  # the next scan is whole: the newcomer may belong to the tree
                     continue
                 row["cpu_pct"] = 0.0 if prev is None else round(
                     100.0 * (ticks - prev[1]) / _CLK_TCK / max(1e-3, wall - prev[2]), 1)
@@ -657,6 +682,8 @@ class Procs:
     def _psutil_row(self, pid, proc):
         """Where there is no /proc (not Linux): psutil's portable way."""
         ps = self.ps
+        if proc is None:
+            return None  # gone before its handle was made
         try:
             with proc.oneshot():
                 return {

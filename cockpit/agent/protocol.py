@@ -6,7 +6,7 @@ import json
 import os
 import threading
 
-PROTOCOL = 2  # 2: a sample names the processes that left (`gone`); a process not in it stands
+PROTOCOL = 2  # 2: a sample names the processes that left (`gone`); one it leaves out stands, unless it is `full`
 AGENT_VERSION = "0.1.0"
 
 # Frame types written by the agent.

@@ -168,6 +168,11 @@ class Proc:
             return " ".join([self.cmdline[0].rsplit("/", 1)[-1], *self.cmdline[1:]])
         return self.name
 
+    def ended(self, now: float) -> None:
+        """The agent said it left (named gone, or left out of a full sample)."""
+        self.alive, self.status, self.gone_at = False, "X", now
+        self.cpu_pct, self.gpus, self.gpu_mem_mib = 0.0, [], None
+
 
 @dataclass
 class PortState:
@@ -397,10 +402,11 @@ class HostState:
         for pid in gone if isinstance(gone, list) else []:
             proc = self.procs.get(pid) if _is(pid, "int") else None
             if proc is not None and proc.alive:
-                proc.alive, proc.status, proc.gone_at = False, "X", now
-                proc.cpu_pct, proc.gpus, proc.gpu_mem_mib = 0.0, [], None
+                proc.ended(now)
+        listed = set()
         for p in self._rows(f.get("procs"), "pid", PROC_FIELDS, "procs"):
             pid = p["pid"]
+            listed.add(pid)
             proc = self.procs.get(pid)
             if proc is None or not proc.alive or (p.get("started") and proc.started and p["started"] != proc.started):
                 proc = self.procs[pid] = Proc(pid=pid)
@@ -413,6 +419,10 @@ class HostState:
             elif proc.role is None:
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
         for pid, proc in self.procs.items():
+            if proc.alive and f.get("full") is True and pid not in listed:
+                # a full sample (a new agent's first, or the first after a watch change) lists
+                # every watched process: one held from before that it leaves out is gone
+                proc.ended(now)
             if not proc.alive:
                 continue
             on = pid_gpus.get(pid, [])
