@@ -667,9 +667,39 @@ def test_the_first_sample_measures_cpu_from_the_agents_start():
         primed.sample(time.monotonic())
         again = primed.rows
         assert again[busy.pid]["cpu_pct"] > 0  # later samples measure from the last one, as ever
+        assert "cpu_tick" not in again[busy.pid]  # a second's window: one tick is 1 %, not said
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_a_short_windows_row_says_what_one_clock_tick_reads_as():
+    """The one-shot look's first sample comes ~50 ms after the agent's start; CPU time in /proc is
+    counted in clock ticks, so a busy row says what one tick reads as there, and the judge knows a
+    single tick of an idle rank from work."""
+    import subprocess
+    import sys
+    import time
+
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        procs = agent_procs.Procs()
+        procs.prime()
+        time.sleep(0.3)  # a short window (one tick over 2 %), long enough for a loaded machine to run `busy`
+        procs.configure(patterns=[], pids=[idle.pid, busy.pid])
+        rows = {r["pid"]: r for r in procs.sample(time.monotonic(), force_scan=True)[0]}
+        hz = os.sysconf("SC_CLK_TCK")
+        tick = rows[busy.pid]["cpu_tick"]
+        assert agent_procs.TICK_SAID_PCT <= tick <= 100.0 / hz / 0.3 + 0.1, rows[busy.pid]
+        ticks = rows[busy.pid]["cpu_pct"] / tick
+        assert ticks >= 1 and abs(ticks - round(ticks)) < 0.05 + 0.03 * ticks, rows[busy.pid]  # whole ticks (tick rounded)
+        assert rows[idle.pid]["cpu_pct"] == 0.0 and "cpu_tick" not in rows[idle.pid]  # zero needs no scale
+    finally:
+        for p in (idle, busy):
+            p.kill()
+            p.wait()
 
 
 def test_the_listeners_are_read_each_tick_only_while_a_port_is_awaited_or_the_watch_changed(monkeypatch):

@@ -49,6 +49,30 @@ def test_the_operator_story_is_stalled_idle():
     assert verdict.name == "stalled-idle" and any("port closed" in e for e in verdict.evidence)
 
 
+def test_a_first_look_at_an_old_hang_reads_one_clock_tick_of_a_short_window_as_idle():
+    """The one-sample look measures CPU over ~50 ms; /proc counts it in 10 ms ticks, so a hung rank
+    that happened to cross one tick reads 20 %. That is no sign of work: still stalled-idle, at once;
+    two ticks are."""
+    lines = ["[2026 TP0] Load weight end. mem usage=76.0 GB.", "[2026 TP0] Capture draft cuda graph begin."]
+
+    def first_look(cpu):
+        st = host([(r, 0.0) for r in range(8)], [(0, 45.0, 78000)] * 8, lines)
+        st.apply({"t": "sample", "seq": 2, "gpus": [
+            {"index": r, "util_pct": 0, "power_w": 45.0, "mem_used_mib": 78000, "processes": [[100 + r, 77000]]}
+            for r in range(8)], "procs": [
+            {"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": cpu(r),
+             "cpu_tick": 20.0} for r in range(8)]})
+        for p in st.procs.values():
+            p.started = 400.0
+        st.sample_ts, st.logs["/l"].written_at = 1000.0, 700.0  # silent for 300 s
+        return Watchdog(idle_s=120).update(st, 0.0, "/l")[1]
+
+    v = first_look(lambda r: 20.0 if r == 3 else 0.0)
+    assert v.name == "stalled-idle", v
+    assert "max 20 %: one clock tick, over a window too short to tell" in v.evidence[0], v.evidence
+    assert first_look(lambda r: 40.0 if r == 3 else 0.0).name != "stalled-idle"
+
+
 def test_a_dead_rank_is_crashed_with_its_exit_code():
     lines = ["[2026] Rank 5 scheduler died during initialization (exit code: -9). If your system ..."]
     st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, lines)
@@ -63,6 +87,25 @@ def test_phases_and_line_ranks():
     assert str(phase_of(st, "/l")) == "loading weights 29/64 shards"
     assert line_rank("[2026-11-30 10:00:00 TP3] x") == 3
     assert line_rank("(Worker_TP2 pid=130) INFO x") == 2 and line_rank("[2026-11-30 10:00:00] x") is None
+
+
+def test_phases_read_together_in_one_late_sample_each_keep_their_own_time():
+    """A loaded host's sample can bring loading, KV cache and graph capture in one batch of lines:
+    each phase is in the run's phase times, placed by its line's own clock before the newest line."""
+    st = host([(0, 1.0)], [(0, 45.0, 30000)])
+    dog = Watchdog()
+    dog.begin(st, started=10.0)
+    st.apply({"t": "log", "path": "/l", "lines": [
+        "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB",
+        "[2026-11-30 10:00:02 TP0] KV Cache is allocated. #tokens: 1000, K size: 1 GB, V size: 1 GB",
+        "[2026-11-30 10:00:04 TP0] Capture cuda graph begin. This can take up to several minutes."]})
+    phase, _ = dog.update(st, 14.0, "/l")
+    assert phase.name == "capturing cuda graphs"
+    assert dog.phase_times() == {"loading weights": 1.0, "kv cache": 2.0, "capturing cuda graphs": 4.0}
+    st.apply({"t": "log", "path": "/l", "lines": ["no clock here: The server is fired up and ready to roll!"]})
+    dog.update(st, 15.0, "/l")
+    assert list(dog.phase_times()) == ["loading weights", "kv cache", "capturing cuda graphs", "ready"]
+    assert dog.phase_times()["ready"] == 5.0
 
 
 def test_a_phase_several_times_slower_than_earlier_runs_is_slow():

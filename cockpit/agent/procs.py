@@ -27,6 +27,7 @@ REREAD_EVERY_S = 120.0  # every process's stat is read afresh at least this ofte
 SCAN_EVERY_S = 5.0
 STILL_AFTER = 3  # unchanged reads of a watched process's stat after which it is read only every STILL_EVERY_S
 STILL_EVERY_S = 5.0  # ... its exit still seen at the next tick, through a pidfd
+TICK_SAID_PCT = 2.0  # a busy row says what one clock tick reads as (`cpu_tick`) where it is this much or more
 PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each (and an eighth of the fd limit)
 UNREAD = object()  # a live process's stat that could not be read this tick (no descriptor left): its row stands
 SCAN_QUIET_MAX_S = 120.0  # while no pid is born the full scan waits, but never longer than this (a whole scan of a host costs ms)
@@ -90,13 +91,17 @@ def pidfd(pid):
         return None
 
 
-def _read_proc(path):
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
+def _read_proc(path, unread=None):
     """A small /proc file's bytes, through the bare system calls (a third of the cost of open()'s
-    buffered file object, which a tick pays for every watched process): None when it is gone."""
+    buffered file object, which a tick pays for every watched process): None when it is gone,
+    `unread` when the agent is out of descriptors (it may well be there)."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
+    except OSError as exc:
+        return unread if exc.errno in _OUT_OF_FDS else None
     try:
         return os.read(fd, 4096)
     except OSError:
@@ -252,16 +257,12 @@ class Procs:
         fails and the row is gone."""
         fd = self._fds.get(pid)
         if fd is None:
+            if len(self._fds) >= self._stat_fds_max:
+                return _read_proc("/proc/%d/stat" % pid, UNREAD)
             try:
-                if len(self._fds) >= self._stat_fds_max:
-                    fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
-                    try:
-                        return os.read(fd, 4096)
-                    finally:
-                        os.close(fd)
                 fd = self._fds[pid] = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
             except OSError as exc:
-                return UNREAD if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM) else None
+                return UNREAD if exc.errno in _OUT_OF_FDS else None
         try:
             return os.pread(fd, 4096, 0)
         except OSError:
@@ -332,16 +333,12 @@ class Procs:
             os.close(fd)
 
     def _exited(self):
-        """The still processes whose pidfd says they exited since the last tick (one syscall)."""
+        """Stirs the still processes whose pidfd says they exited since the last tick (one syscall)."""
         if not self._pidfds:
-            return ()
+            return
         fds = set(fd for fd, _ in self._exits.poll(0))
-        if not fds:
-            return ()
-        out = [pid for pid, fd in self._pidfds.items() if fd in fds]
-        for pid in out:
+        for pid in [pid for pid, fd in self._pidfds.items() if fd in fds]:
             self._stir(pid)
-        return out
 
     def __del__(self):
         try:
@@ -607,8 +604,15 @@ class Procs:
                     gone.append(pid)  # the pid was reused: not our process any more
                     self._dirty = True  # the next scan is whole: the newcomer may belong to the tree
                     continue
-                row["cpu_pct"] = 0.0 if prev is None else round(
-                    100.0 * (ticks - prev[1]) / _CLK_TCK / max(1e-3, wall - prev[2]), 1)
+                if prev is None:
+                    row["cpu_pct"] = 0.0
+                else:
+                    # /proc counts CPU time in clock ticks: over the first sample's short window one
+                    # tick of an idle rank reads as tens of percent, so the row says what a tick is
+                    tick = 100.0 / _CLK_TCK / max(1e-3, wall - prev[2])
+                    row["cpu_pct"] = round((ticks - prev[1]) * tick, 1)
+                    if tick >= TICK_SAID_PCT and ticks != prev[1]:
+                        row["cpu_tick"] = round(tick, 1)
                 self.cpu[pid] = (start, ticks, wall)
             comm = row["name"]
             if self.names.get(pid) != comm:  # a new title (setproctitle): its argv changed too

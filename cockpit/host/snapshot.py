@@ -70,6 +70,7 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "status": p.status,
                 "alive": p.alive,
                 "cpu_pct": p.cpu_pct,
+                "cpu_tick_pct": p.cpu_tick_pct,
                 "rss_mib": p.rss_mib,
                 "threads": p.threads,
                 "pgid": p.pgid,
@@ -134,6 +135,8 @@ def state_from_doc(doc: dict) -> HostState:
         if p.get("alive", True):
             row = {k: p.get(k) for k in ("pid", "ppid", "name", "status", "cpu_pct", "rss_mib", "threads", "pgid")}
             row["cmdline"] = p.get("cmdline") or []
+            if p.get("cpu_tick_pct"):
+                row["cpu_tick"] = p["cpu_tick_pct"]
             procs.append(row)
     gpus = [dict(g, processes=[[q["pid"], q["used_mib"]] for q in g.get("processes") or []],
                  throttle=sum(b for b, n in THROTTLE_REASONS.items() if n in (g.get("throttle_reasons") or [])))

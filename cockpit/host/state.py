@@ -144,6 +144,7 @@ class Proc:
     cmdline: list[str] = field(default_factory=list)
     status: str = "?"
     cpu_pct: float = 0.0
+    cpu_tick_pct: float = 0.0  # what one clock tick reads as in cpu_pct's window, where that is coarse
     rss_mib: float = 0.0
     threads: int = 0
     pgid: int | None = None
@@ -243,8 +244,8 @@ GPU_FIELDS = {"uuid": "str?", "name": "str?", "util_pct": "num?", "mem_used_mib"
               "nvlink_recovery": "int?", "nvlink_crc": "int?", "pcie_replay": "int?"}
 GPU_HEALTH = ("lost", "ecc_aggregate", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure",
               "retired_pending", "nvlink_replay", "nvlink_recovery", "nvlink_crc", "pcie_replay")
-PROC_FIELDS = {"ppid": "int", "name": "str", "status": "str", "cpu_pct": "num", "rss_mib": "num", "threads": "int",
-               "pgid": "int?", "sid": "int?", "started": "num?", "cmdline": "strs?"}
+PROC_FIELDS = {"ppid": "int", "name": "str", "status": "str", "cpu_pct": "num", "cpu_tick": "num?", "rss_mib": "num",
+               "threads": "int", "pgid": "int?", "sid": "int?", "started": "num?", "cmdline": "strs?"}
 
 
 class HostState:
@@ -413,6 +414,8 @@ class HostState:
             for key in ("ppid", "name", "status", "cpu_pct", "rss_mib", "threads", "pgid", "sid", "started"):
                 if key in p:
                     setattr(proc, key, p[key])
+            if "cpu_pct" in p:
+                proc.cpu_tick_pct = p.get("cpu_tick") or 0.0
             if "cmdline" in p:
                 proc.cmdline = mask_argv(p["cmdline"] or [])  # secrets never reach the screen or JSON
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
@@ -430,7 +433,9 @@ class HostState:
             proc.gpu_mem_mib = sum(m or 0 for _, m in on) if on else None
             if proc.gpus:
                 proc.last_gpus = list(proc.gpus)
-            self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(proc.cpu_pct)
+            # one clock tick over a window too short to tell is no sign of work: history reads it as 0
+            self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(
+                proc.cpu_pct if proc.cpu_pct > proc.cpu_tick_pct else 0.0)
         for row in f.get("exits") or [] if isinstance(f.get("exits"), list) else []:
             if not (isinstance(row, list) and len(row) == 2 and _is(row[0], "int") and _is(row[1], "int?")):
                 self.dropped["exits"] += 1

@@ -173,6 +173,7 @@ class Watchdog:
         self.tracker = LogTracker(LogRules())  # the post-mortem rules `cockpit explain` uses, fed live
         self._errors: deque = deque(maxlen=3)
         self._phase_line: LogLine | None = None
+        self._passed: list[tuple[str, float | None]] = []  # (phase, line's clock) read since the last judgement
         self._shards: tuple[int, int] | None = None
         self._generation = 0
         self._reset_progress()
@@ -192,7 +193,7 @@ class Watchdog:
         self.started = None
         self.phase_at, self._since = {}, {}
         self.tracker = LogTracker(LogRules())
-        self._phase_line, self._shards = None, None
+        self._phase_line, self._shards, self._passed = None, None, []
         self._errors.clear()
         self._reset_progress()
         self._replays = {}
@@ -239,10 +240,8 @@ class Watchdog:
         ranks = [p for p in state.procs.values() if p.rank is not None]
         if self.started is None and (any(p.alive for p in ranks) or self._phase_line is not None):
             self.started = now
-        if phase.name not in self.phase_at and self.started is not None and phase.name != "no run":
-            self.phase_at[phase.name] = now
-            if phase.name == "serving":
-                self.phase_at.setdefault("ready", now)  # serving implies it was ready
+        if self.started is not None:
+            self._note_phases(phase.name, now)
         quiet_s, silent = self._quiet(state, log, now)
         prog = self.progress = self._progress(state, quiet_s, silent, now)
         crashed = self._crashed(state, ranks, log, phase) or self._missing(state, ranks)
@@ -257,12 +256,12 @@ class Watchdog:
         port_open = self._port_open(state)
         kind = self._stall_kind(phase, prog)
         resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
-        idle = (alive and gpus and all(p.cpu_pct < IDLE_CPU_PCT for p in alive)
+        idle = (alive and gpus and all(_cpu_idle(p) for p in alive)
                 and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus) and resident
                 and (not port_open or prog.frozen is not None))
         held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
         if idle and held >= self.idle_s and prog.idle_s >= self.idle_s:
-            ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % (max {max(p.cpu_pct for p in alive):.1f} %)",
+            ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})",
                   f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
                   f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident",
                   f"{prog.said}, port {'closed' if not port_open else 'open'}",
@@ -509,7 +508,7 @@ class Watchdog:
         if log.path != self._log_seen[0]:
             self._log_seen = (log.path, self._marks.get(log.path, 0))
             self.tracker, self._errors = LogTracker(LogRules()), deque(maxlen=3)
-            self._phase_line, self._shards = None, None
+            self._phase_line, self._shards, self._passed = None, None, []
             self._reset_progress()
         new = min(len(log.lines), log.total - self._log_seen[1])
         self._log_seen = (log.path, log.total)
@@ -524,6 +523,25 @@ class Watchdog:
                 self._phase_line = line
                 if line.shards:
                     self._shards = line.shards
+                if not self._passed or self._passed[-1][0] != line.phase:
+                    self._passed.append((line.phase, _clock(line.time)))
+
+    def _note_phases(self, current: str, now: float) -> None:
+        """The first sight of every phase the new lines went through, not only the last: a sample
+        late on a loaded host brings loading, KV cache and graph capture at once. A line with its
+        own timestamp is placed that many seconds before the newest line, never before the run's
+        start nor before the phase it followed."""
+        newest = self._last[0] if self._last else None
+        floor = max([self.started or now, *self.phase_at.values()])
+        for name, clock in [*self._passed, (current, None)]:
+            if name in self.phase_at or name == "no run":
+                continue
+            at = now - (newest - clock) if newest is not None and clock is not None and newest >= clock else now
+            floor = min(now, max(floor, at))
+            if name == "serving":
+                self.phase_at.setdefault("ready", floor)  # serving implies it was ready
+            self.phase_at[name] = floor
+        self._passed = []
 
     def _note_progress(self, line: LogLine, now: float) -> None:
         at = (_clock(line.time), now)
@@ -632,6 +650,19 @@ class Watchdog:
             return {}
         return {name: round(max(0.0, at - self.started), 1)
                 for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])}
+
+
+def _cpu_idle(p) -> bool:
+    """Idle on the CPU, or at most one clock tick in a window too short to tell (the first
+    sample's: one tick of 10 ms over 50 ms reads 20 %)."""
+    return p.cpu_pct < IDLE_CPU_PCT or p.cpu_pct <= p.cpu_tick_pct
+
+
+def _cpu_said(alive) -> str:
+    top = max(alive, key=lambda p: p.cpu_pct)
+    if top.cpu_pct < IDLE_CPU_PCT:
+        return f"max {top.cpu_pct:.1f} %"
+    return f"max {top.cpu_pct:.0f} %: one clock tick, over a window too short to tell"
 
 
 def _stamp(ts: float) -> str:

@@ -129,6 +129,14 @@ class Monitor:
         until, ts = self.verdict.until, self.state.sample_ts
         return until is None or ts is None or ts < until + slack
 
+    async def wait_current(self, timeout: float = 30.0) -> None:
+        """Until a sample shows what is watched now: a watch changed right after connecting (the
+        run the ledger or the demo names, followed) is answered and sampled, so even the instant
+        look judges the run's processes and log, never the sample taken before them."""
+        deadline = time.monotonic() + timeout
+        while not self.session.watch_current():
+            await self.session.wait_samples(1, max(0.1, deadline - time.monotonic()))
+
     async def look(self, wait: float | None = None) -> float:
         """`wait` None judges while `still_looking`, then waits for a stall's forensics under
         way; `wait` S judges exactly S seconds (0: the instant look, `watching` when undecided).

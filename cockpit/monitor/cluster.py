@@ -578,6 +578,7 @@ class ClusterMonitor(Monitor):
         await self.open()
         try:
             await self.session.wait_samples(samples)
+            await self.wait_current()
             yield self
         finally:
             await self.close()

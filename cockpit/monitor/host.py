@@ -471,12 +471,14 @@ class HostMonitor(Monitor):
 
     @asynccontextmanager
     async def attached(self, samples: int = 1):
-        """Open, wait for `samples` samples (the first measures CPU % from the agent's start), yield,
-        close: every one-shot command's lifecycle."""
+        """Open, wait for `samples` samples (the first measures CPU % from the agent's start) and
+        for one of what is watched now (wait_current), yield, close: every one-shot command's
+        lifecycle."""
         await self.open()
         try:
             if self.state.seq < samples:
                 await self.session.wait_samples(samples - self.state.seq)
+            await self.wait_current()
             yield self
         finally:
             await self.close()
