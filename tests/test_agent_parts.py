@@ -895,7 +895,7 @@ def test_out_of_descriptors_a_live_process_is_never_reported_gone(tmp_path):
         "except OSError: pass\n"
         "p._fds.clear()\n"  # forgotten (left open): each stat is to be opened again, and none can be
         "rows, gone = p.sample(time.monotonic() + 1)\n"
-        "print(len(gone), len(p.watched))\n"
+        "print(len(gone), len(p.watched), len(p.unread))\n"
         "for k in kids: k.kill()\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                          cwd=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -903,5 +903,19 @@ def test_out_of_descriptors_a_live_process_is_never_reported_gone(tmp_path):
     first, second = out.stdout.splitlines()
     rows, gone, fds = map(int, first.split())
     assert (rows, gone) == (40, 0) and fds <= 64 // 4
-    gone, watched = map(int, second.split())
-    assert (gone, watched) == (0, 40)  # no descriptor to open: every row stands
+    gone, watched, unread = map(int, second.split())
+    assert (gone, watched, unread) == (0, 40, 40)  # no descriptor to open: every row stands, said unread
+
+
+def test_a_full_sample_drops_what_it_leaves_out_but_not_what_it_could_not_read():
+    """After a reconnect the new agent's first sample is `full`: a process held from before and
+    left out died meanwhile; one the agent could not read (out of descriptors) is named `unread`
+    and stays alive, its history kept."""
+    from cockpit.host.state import HostState
+
+    st = HostState("t")
+    row = lambda pid: {"pid": pid, "ppid": 1, "name": "python", "status": "S", "cpu_pct": 0.0, "cmdline": ["python"]}
+    st.apply({"t": "sample", "seq": 1, "procs": [row(10), row(11), row(12)]})
+    st.apply({"t": "sample", "seq": 1, "full": True, "procs": [row(10)], "unread": [12]})
+    assert {pid: p.alive for pid, p in st.procs.items()} == {10: True, 11: False, 12: True}
+    assert len(st.proc_cpu_history[12]) == 2

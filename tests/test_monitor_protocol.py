@@ -56,3 +56,34 @@ async def test_a_replayed_snapshot_is_a_monitor_with_nothing_to_act_on():
         assert await monitor.look(None) >= 0
     with pytest.raises(CockpitError, match="no host to act on"):
         await monitor.stop(None, "test")
+
+
+def test_a_job_stopped_whole_stays_no_run_while_its_nodes_still_send_samples():
+    """`K` on a Slurm job: the stop is verified, the verdict is `no run`; a node whose agent still
+    sends a sample before the job's end takes it down must not bring the dead run back (its dead
+    ranks and its log's lines are history), as on one host."""
+    from cockpit.monitor.cluster import Node
+
+    layout = resolve_layout("demo")
+    monitor = ClusterMonitor(parse_target("slurm:12345"), SessionOptions(), layout)
+    node = Node(1, "n1", parse_target("slurm:12345/n1"))
+    node.monitor = HostMonitor(node.target, SessionOptions(), layout)
+    monitor.nodes = [node]
+    st = node.monitor.state
+    st.link_state = "up"
+    st.apply({"t": "hello", "gpus": [{"index": 0, "mem_total_mib": 80000}]})
+    ranks = [{"pid": 10 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "cmdline": [f"sglang::scheduler_TP{r}"],
+              "status": "S", "cpu_pct": 1.0} for r in range(2)]
+    st.apply({"t": "sample", "seq": 1, "procs": ranks, "gpus": [{"index": 0, "util_pct": 50}]})
+    st.apply({"t": "log", "path": "/l", "lines": ["[2026 TP0] The server is fired up and ready to roll!"]})
+    node.monitor.session.watch.logs = ["/l"]
+    monitor.state.rebuild(monitor.nodes)
+    monitor.update()
+    assert monitor.phase.name == "ready"
+    st.apply({"t": "sample", "seq": 2, "gone": [10, 11]})
+    monitor.run_ended()
+    assert monitor.verdict.name.value == "no run"
+    st.apply({"t": "sample", "seq": 3})  # the node's agent, still up for a moment
+    monitor.state.rebuild(monitor.nodes)
+    monitor.update()
+    assert (monitor.phase.name, monitor.verdict.name.value) == ("no run", "no run"), monitor.verdict

@@ -119,6 +119,8 @@ class Agent:
         if self.full:  # every watched process's row is in this one: the other side drops the rest
             frame["full"] = True
             self.full = False
+            if self.procs.unread:  # ... but those it could not read (out of descriptors): alive
+                frame["unread"] = self.procs.unread
         if ports != self.sent_ports:
             frame["ports"] = self.sent_ports = ports
         if exits:

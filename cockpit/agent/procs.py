@@ -210,6 +210,7 @@ class Procs:
         self.cmdlines = {}
         self.names = {}
         self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
+        self.unread = []  # the last sample's live processes it could not read (out of descriptors)
         self._rows = {}  # pid -> (start, ppid, pgid, comm, argv) from the last scan
         self._names = None  # the last scan's listing of /proc, as listed
         self._pids = []  # its pids, sorted
@@ -570,6 +571,7 @@ class Procs:
             self.adopt_children()
         wall = time.monotonic()
         rows, gone = [], []
+        self.unread = []
         if self.watched is not self._tree or len(self.watched) != self._tree_size:
             gone = self._retree()
         self._exited()
@@ -579,7 +581,8 @@ class Procs:
             last = stat.get(pid)
             data = self._read_stat(pid) if _HAVE_PROC else None
             if data is UNREAD:
-                continue  # alive, unread this tick: its row stands, read again next tick
+                self.unread.append(pid)  # alive, unread this tick: its row stands, read again next tick
+                continue
             if last is not None and last[0] == data and pid in self.sent_cmdline:
                 # not a byte of its stat moved (an idle process): its row stands, no CPU since
                 prev = self.cpu[pid]

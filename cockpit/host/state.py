@@ -421,10 +421,11 @@ class HostState:
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
             elif proc.role is None:
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
+        unread = f.get("unread") if isinstance(f.get("unread"), list) else []
         for pid, proc in self.procs.items():
-            if proc.alive and f.get("full") is True and pid not in listed:
+            if proc.alive and f.get("full") is True and pid not in listed and pid not in unread:
                 # a full sample (a new agent's first, or the first after a watch change) lists
-                # every watched process: one held from before that it leaves out is gone
+                # every watched process (or names it `unread`): one held from before that it leaves out is gone
                 proc.ended(now)
             if not proc.alive:
                 continue

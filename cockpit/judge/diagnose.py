@@ -231,11 +231,12 @@ class Watchdog:
         return phase, verdict
 
     def _judge(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
-        log = state.logs.get(log_path) if log_path else next(iter(state.logs.values()), None)
+        key = log_path if log_path else next(iter(state.logs), None)  # a run spanning nodes: `node:path`
+        log = state.logs.get(key) if key is not None else None
         if state.generation != self._generation:
             self._generation = state.generation
             self._new_run()
-        self._scan_new_lines(log, now)
+        self._scan_new_lines(key, log, now)
         phase = self._phase(state)
         ranks = [p for p in state.procs.values() if p.rank is not None]
         if self.started is None and (any(p.alive for p in ranks) or self._phase_line is not None):
@@ -500,18 +501,18 @@ class Watchdog:
                           f"{median:.0f} % for the others")
         return True, odd, ev
 
-    def _scan_new_lines(self, log, now: float) -> None:
+    def _scan_new_lines(self, key: str | None, log, now: float) -> None:
         """Reads only the lines that arrived since the last update: the verdict runs every frame
-        and the buffer holds thousands of lines."""
+        and the buffer holds thousands of lines. `key`: the log's name in the state (begin's marks)."""
         if log is None:
             return
-        if log.path != self._log_seen[0]:
-            self._log_seen = (log.path, self._marks.get(log.path, 0))
+        if key != self._log_seen[0]:
+            self._log_seen = (key, self._marks.get(key, 0))
             self.tracker, self._errors = LogTracker(LogRules()), deque(maxlen=3)
             self._phase_line, self._shards, self._passed = None, None, []
             self._reset_progress()
         new = min(len(log.lines), log.total - self._log_seen[1])
-        self._log_seen = (log.path, log.total)
+        self._log_seen = (key, log.total)
         if new <= 0:
             return
         for line in itertools.islice(log.lines, len(log.lines) - new, None):

@@ -129,6 +129,13 @@ class Monitor:
         until, ts = self.verdict.until, self.state.sample_ts
         return until is None or ts is None or ts < until + slack
 
+    def _judge_afresh(self, started: float | None = None) -> None:
+        """A run starts (or the last one ended): its phases, clocks and dead processes are
+        history; a fresh watchdog reads only what comes from now (`started`, local monotonic)."""
+        self.watchdog = watchdog_for(self.layout)
+        self.state.forget_dead()
+        self.watchdog.begin(self.state, started if started is not None else time.monotonic())
+
     async def wait_current(self, timeout: float = 30.0) -> None:
         """Until a sample shows what is watched now: a watch changed right after connecting (the
         run the ledger or the demo names, followed) is answered and sampled, so even the instant

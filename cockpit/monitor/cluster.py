@@ -439,14 +439,21 @@ class ClusterMonitor(Monitor):
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
-    def new_run(self) -> None:
-        self.watchdog = watchdog_for(self.layout)
+    def new_run(self, started: float | None = None) -> None:
+        """As on one host (HostMonitor.new_run): the last run's dead ranks, on every node, and its
+        log lines are history; the state is rebuilt from the nodes' on their next sample."""
+        for n in self.nodes:
+            if n.monitor is not None:
+                n.monitor.state.forget_dead()
+        self._judge_afresh(started)
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
 
     def run_ended(self) -> None:
-        """The operator's kill of the whole job's run, verified on every node: no run."""
+        """The operator's kill of the whole job's run, verified on every node: no run until one
+        starts, also while a node's agent still sends samples before the job's end takes it down."""
         before = self.verdict
         self.new_run()
+        self.watchdog.started = None
         self.follow(None)
         self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))

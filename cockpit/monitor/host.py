@@ -265,9 +265,7 @@ class HostMonitor(Monitor):
     def new_run(self, started: float | None = None) -> None:
         """A run starts (launched, or found replacing the last one): the last run's phases, crash
         and stall clocks, dead ranks, log lines, metrics and the operator's kills are history."""
-        self.watchdog = watchdog_for(self.layout)
-        self.state.forget_dead()
-        self.watchdog.begin(self.state, started if started is not None else time.monotonic())
+        self._judge_afresh(started)
         self.operator_kills = {}
         self.state.metrics = metrics.MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
