@@ -907,6 +907,28 @@ def test_out_of_descriptors_a_live_process_is_never_reported_gone(tmp_path):
     assert (gone, watched, unread) == (0, 40, 40)  # no descriptor to open: every row stands, said unread
 
 
+def test_a_rows_clock_tick_is_sent_with_it_and_its_end_is_said():
+    """`cpu_tick` rides only on rows of a short window: a later row without it (a second's window
+    that happens to read the same CPU %) says so, or the other side would hold the old scale."""
+    from cockpit.host.state import HostState
+
+    agent = agent_main.Agent(1.0, agent_procs.Procs())
+    st = HostState("t")
+    base = {"pid": 7, "ppid": 1, "name": "x", "status": "S", "cmdline": ["x"]}
+    try:
+        for i, row in enumerate(({**base, "cpu_pct": 20.0, "cpu_tick": 20.0}, {**base, "cpu_pct": 20.0},
+                                 {**base, "cpu_pct": 0.0})):
+            sent = agent._moved([row])
+            st.apply({"t": "sample", "seq": i + 1, "procs": sent})
+            if i == 0:
+                assert st.procs[7].cpu_tick_pct == 20.0
+            if i == 1:
+                assert sent == [{"pid": 7, "cpu_tick": None}] and st.procs[7].cpu_tick_pct == 0.0
+        assert list(st.proc_cpu_history[7]) == [0.0, 20.0, 0.0]  # one tick of a short window reads as no work
+    finally:
+        agent.procs.close()
+
+
 def test_a_full_sample_drops_what_it_leaves_out_but_not_what_it_could_not_read():
     """After a reconnect the new agent's first sample is `full`: a process held from before and
     left out died meanwhile; one the agent could not read (out of descriptors) is named `unread`

@@ -147,6 +147,8 @@ class Agent:
                 out.append(row)
                 continue
             moved = {f: v for f, v in row.items() if last.get(f) != v}
+            if "cpu_tick" in last and "cpu_tick" not in row:
+                moved["cpu_tick"] = None  # said only of short windows: its end is said too
             if moved:
                 moved["pid"] = pid
                 out.append(moved)

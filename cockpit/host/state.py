@@ -414,8 +414,8 @@ class HostState:
             for key in ("ppid", "name", "status", "cpu_pct", "rss_mib", "threads", "pgid", "sid", "started"):
                 if key in p:
                     setattr(proc, key, p[key])
-            if "cpu_pct" in p:
-                proc.cpu_tick_pct = p.get("cpu_tick") or 0.0
+            if "cpu_tick" in p:
+                proc.cpu_tick_pct = p["cpu_tick"] or 0.0
             if "cmdline" in p:
                 proc.cmdline = mask_argv(p["cmdline"] or [])  # secrets never reach the screen or JSON
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
