@@ -167,3 +167,20 @@ async def test_the_ablation_dialog_says_what_ctrl_r_does_there():
             assert ("every on/off combination" in text) == (note is RelaunchScreen.ABLATE), text[-600:]
             assert ("then this runs" in text) == (note is RelaunchScreen.RELAUNCH)
             app.pop_screen()
+
+
+@pytest.mark.parametrize("size", [(100, 30), (160, 50)])
+async def test_a_dead_ranks_exit_code_is_on_screen_at_every_width(size):
+    """The narrow rank table's process column is 20 cells: a dead rank's title gives way to its
+    exit code, cut in the middle so its end (…_TP5) still names the rank."""
+    doc = json.loads((FIXTURES / "demo-serving.json").read_text())
+    state = state_from_doc(doc)
+    dead = next(p for p in state.procs.values() if p.rank == 5)
+    dead.ended(0.0)
+    dead.exit_code = -9
+    app = CockpitApp(state=state, layout=resolve_layout("demo"))
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        text = save_text(app, None)
+    row = next(line for line in text.splitlines() if "exit -9" in line)
+    assert "TP5" in row, row

@@ -127,12 +127,13 @@ class RankTable(LiveTable):
     def _cells(depth: int, p: Proc, collapsed: bool, width: int = 0) -> list:
         mark = "▸ " if collapsed else ""
         title = ("  " * depth) + ("└ " if depth else "") + mark + visible(p.title)  # host text: shown, never acted on
-        if width and len(title) > width:  # cut in the middle: the end names the rank (…_TP3) or the port
-            keep = min(8, width // 3)
-            title = title[:width - keep - 1] + "…" + title[-keep:]
+        exit_text = "" if p.alive else (f" exit {p.exit_code}" if p.exit_code is not None else " gone")
+        room = max(4, width - len(exit_text)) if width else 0  # a dead rank's exit code is never cut off
+        if room and len(title) > room:  # cut in the middle: the end names the rank (…_TP3) or the port
+            keep = min(8, room // 3)
+            title = title[:room - keep - 1] + "…" + title[-keep:]
         if not p.alive:
-            exit_text = f" exit {p.exit_code}" if p.exit_code is not None else " gone"
-            name = Text(title[:22], style="strike grey62") + Text(exit_text, style="bold red")
+            name = Text(title, style="strike grey62") + Text(exit_text, style="bold red")
         else:
             name = Text(title, style="bold" if p.rank is not None else "")
         return [
