@@ -73,6 +73,20 @@ def test_a_first_look_at_an_old_hang_reads_one_clock_tick_of_a_short_window_as_i
     assert first_look(lambda r: 40.0 if r == 3 else 0.0).name != "stalled-idle"
 
 
+def test_a_run_hung_before_its_weights_is_stalled_with_only_its_cuda_context_on_the_gpus():
+    """vLLM issues #8058, #50430: TP workers stop after `backend=nccl` / `vLLM is using nccl==...`,
+    each GPU holding ~0.5 GiB (its CUDA context), CPU and GPU idle: stalled, not watching forever."""
+    lines = ["(Worker pid=359277) INFO 07-30 12:25:05 [parallel_state.py:1615] world_size=2 rank=0 local_rank=0 "
+             "distributed_init_method=tcp://127.0.0.1:33015 backend=nccl",
+             "(Worker pid=359277) INFO 07-30 12:25:10 [pynccl.py:113] vLLM is using nccl==2.28"]
+    st = host([(0, 0.0), (1, 0.0)], [(0, 70.0, 520), (0, 70.0, 518)], lines)
+    _, early = settle(Watchdog(idle_s=120), st, 60)
+    assert early.name == "watching"
+    _, v = settle(Watchdog(idle_s=120), st, 121)
+    assert v.name == "stalled-idle", v
+    assert "only 0.5 GiB or less in use (no model resident)" in v.evidence[1], v.evidence
+
+
 def test_a_dead_rank_is_crashed_with_its_exit_code():
     lines = ["[2026] Rank 5 scheduler died during initialization (exit code: -9). If your system ..."]
     st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, lines)
