@@ -87,6 +87,20 @@ def test_a_run_hung_before_its_weights_is_stalled_with_only_its_cuda_context_on_
     assert "only 0.5 GiB or less in use (no model resident)" in v.evidence[1], v.evidence
 
 
+def test_where_the_gpus_cannot_be_read_idle_ranks_and_a_silent_log_are_a_stall():
+    """NVML unusable (a driver/library mismatch, a container without it): no rank holds a GPU the
+    agent can see; every rank idle on the CPU, the port closed and the log silent past the window
+    are stalled-idle all the same, and the evidence says what it rests on."""
+    lines = ["[2026 TP0] Load weight end. mem usage=76.0 GB.", "[2026 TP0] Capture cuda graph begin."]
+    st = host([(0, 0.0), (1, 0.0)], [], lines)
+    st.agent.gpu_source = "none"
+    assert settle(Watchdog(idle_s=120), st, 100)[1].name == "watching"
+    _, v = settle(Watchdog(idle_s=120), st, 121)
+    assert v.name == "stalled-idle" and "the GPUs cannot be read on this host" in v.evidence[1], v
+    busy = host([(0, 0.0), (1, 30.0)], [], lines)
+    assert settle(Watchdog(idle_s=120), busy, 121)[1].name == "watching"  # a rank at work: not idle
+
+
 def test_a_dead_rank_is_crashed_with_its_exit_code():
     lines = ["[2026] Rank 5 scheduler died during initialization (exit code: -9). If your system ..."]
     st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, lines)

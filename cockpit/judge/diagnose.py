@@ -258,16 +258,15 @@ class Watchdog:
         kind = self._stall_kind(phase, prog)
         resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
         # the model need not be resident: a run hung before its weights (a rendezvous or NCCL's
-        # bootstrap waiting for a rank) holds only its CUDA context, and is stalled all the same
-        idle = (alive and gpus and all(_cpu_idle(p) for p in alive)
+        # bootstrap waiting for a rank) holds only its CUDA contexts, or no GPU at all, and where
+        # the GPUs cannot be read the ranks' CPU and the silent log say it alone
+        idle = (alive and all(_cpu_idle(p) for p in alive)
                 and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus)
                 and (not port_open or prog.frozen is not None))
         held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
         if idle and held >= self.idle_s and prog.idle_s >= self.idle_s:
             ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})",
-                  f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
-                  + (f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident" if resident else
-                     f"only {max(g.mem_used_mib or 0 for g in gpus) / 1024:.1f} GiB or less in use (no model resident)"),
+                  _gpus_said(state, gpus, resident),
                   f"{prog.said}, port {'closed' if not port_open else 'open'}",
                   f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)"]
             if prog.frozen:
@@ -660,6 +659,16 @@ def _cpu_idle(p) -> bool:
     """Idle on the CPU, or at most one clock tick in a window too short to tell (the first
     sample's: one tick of 10 ms over 50 ms reads 20 %)."""
     return p.cpu_pct < IDLE_CPU_PCT or p.cpu_pct <= p.cpu_tick_pct
+
+
+def _gpus_said(state: HostState, gpus, resident: bool) -> str:
+    if not gpus:
+        source = state.agent.gpu_source
+        return "no rank holds a GPU" + ("" if source not in (None, "none") else
+                                        " (the GPUs cannot be read on this host: the CPU and the log say it alone)")
+    return (f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
+            + (f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident" if resident else
+               f"only {max(g.mem_used_mib or 0 for g in gpus) / 1024:.1f} GiB or less in use (no model resident)"))
 
 
 def _cpu_said(alive) -> str:
