@@ -925,6 +925,44 @@ def test_a_rows_clock_tick_is_sent_with_it_and_its_end_is_said():
             if i == 1:
                 assert sent == [{"pid": 7, "cpu_tick": None}] and st.procs[7].cpu_tick_pct == 0.0
         assert list(st.proc_cpu_history[7]) == [0.0, 20.0, 0.0]  # one tick of a short window reads as no work
+        sent = agent._moved([{**base, "cpu_pct": 4.0, "cpu_tick": 4.0}])
+        st.apply({"t": "sample", "seq": 4, "procs": sent})
+        sent = agent._moved([{**base, "cpu_pct": 8.0, "cpu_tick": 4.0}])  # the same tick, a new reading
+        assert sent == [{"pid": 7, "cpu_pct": 8.0, "cpu_tick": 4.0}]
+        agent.sent_procs = {}  # a config (or a new agent): rows go out whole, without a tick of old
+        st.apply({"t": "sample", "seq": 5, "procs": agent._moved([{**base, "cpu_pct": 60.0}])})
+        assert st.procs[7].cpu_tick_pct == 0.0 and not st.procs[7].one_tick
+    finally:
+        agent.procs.close()
+
+
+def test_a_process_named_unread_that_dies_before_its_next_read_is_said_gone(monkeypatch):
+    """The full sample names a live process it could not read `unread` (the other side keeps it);
+    when it dies before the agent reads it again, its end is said like any other's."""
+    from cockpit.host.state import HostState
+
+    frames = []
+    monkeypatch.setattr(agent_main, "emit", frames.append)
+    script = []
+
+    class Scripted(agent_procs.Procs):
+        def sample(self, now, force_scan=False):
+            rows, gone, self.unread = script.pop(0)
+            return rows, gone
+
+    row = lambda pid: {"pid": pid, "ppid": 1, "name": "python", "status": "S", "cpu_pct": 0.0, "cmdline": ["python"]}
+    st = HostState("t")
+    st.apply({"t": "sample", "seq": 1, "procs": [row(10), row(11)]})  # held from an earlier agent
+    agent = agent_main.Agent(1.0, Scripted())
+    script[:] = [([row(10)], [], [11]), ([], [11], [])]
+    try:
+        for _ in range(2):
+            agent.tick()
+            for f in [f for f in frames if f["t"] == "sample"]:
+                st.apply(f)
+            assert st.procs[10].alive
+            frames.clear()
+        assert not st.procs[11].alive
     finally:
         agent.procs.close()
 

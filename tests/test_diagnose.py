@@ -136,6 +136,28 @@ def test_phases_read_together_in_one_late_sample_each_keep_their_own_time():
     assert dog.phase_times()["ready"] == 5.0
 
 
+def test_a_first_sight_of_a_run_under_way_keeps_only_its_current_phase():
+    """A cockpit opened on a serving run reads the log's tail of phases at once: they are history,
+    written before its clock started, never phase times of 0 s (the ledger's typical times)."""
+    st = host([(0, 1.0)], [(0, 45.0, 30000)], [
+        "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB",
+        "[2026-11-30 10:00:02 TP0] KV Cache is allocated. #tokens: 1000, K size: 1 GB, V size: 1 GB",
+        "[2026-11-30 10:09:04 TP0] The server is fired up and ready to roll!"])
+    dog = Watchdog()
+    dog.update(st, 100.0, "/l")
+    assert dog.phase_times() == {"ready": 0.0}
+
+
+def test_begin_keeps_its_start_on_a_state_whose_run_was_replaced_before():
+    st = host([(0, 1.0)], [(0, 45.0, 30000)], ["[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB"])
+    st.generation = 1  # a run replaced outside the cockpit, earlier
+    dog = Watchdog()
+    dog.begin(st, started=10.0)
+    st.apply({"t": "log", "path": "/l", "lines": ["[2026-11-30 10:00:04 TP0] Capture cuda graph begin."]})
+    dog.update(st, 14.0, "/l")
+    assert dog.started == 10.0 and dog.phase_times() == {"capturing cuda graphs": 4.0}
+
+
 def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
     lines = ["[2026 TP0] Load weight begin. avail mem=94 GB"]
     st = host([(r, 30.0) for r in range(8)], [(3, 90.0, 30000)] * 8, lines)

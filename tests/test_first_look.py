@@ -127,3 +127,36 @@ def test_a_run_silent_for_half_an_hour_is_stalled_at_first_look(started_elsewher
     silent = next(e for e in doc["verdict"]["evidence"] if "log silent since" in e)
     assert time.strftime("%H:%M", time.localtime(then)) in silent and "(30 min)" in silent
     assert doc["phase"]["name"] == "weights loaded"
+
+
+def test_the_sample_a_first_look_judges_measures_cpu_over_a_window_that_tells(tmp_path):
+    """The look judges the sample after its last watch change (the log it found, followed): the
+    agent takes it at least FIRST_WINDOW_S after its last CPU reading, so a busy process reads
+    several clock ticks, never one tick of a few milliseconds that could pass for idle."""
+    import asyncio
+
+    from cockpit.host.session import SessionOptions, WatchList
+    from cockpit.link.target import parse_target
+    from cockpit.monitor.host import HostMonitor
+
+    out = open(tmp_path / "busy.log", "w")
+    busy = subprocess.Popen([sys.executable, "-c", "print('hello', flush=True)\nwhile True: pass"], stdout=out,
+                            stderr=out)
+
+    async def look():
+        monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable), None,
+                              watch=WatchList(patterns=[], pids=[busy.pid]))
+        async with monitor.attached():
+            assert list(monitor.state.logs) == [str(tmp_path / "busy.log")]  # the watch changed after connecting
+            p = monitor.state.procs[busy.pid]
+            return p.cpu_pct, p.cpu_tick_pct, p.one_tick
+
+    try:
+        time.sleep(0.5)
+        looks = [asyncio.run(look()) for _ in range(3)]
+        assert all(tick <= 25.0 for _, tick, _ in looks), looks  # a window of 40 ms or more
+        assert any(tick > 0 for _, tick, _ in looks), looks  # (a busy process's row says its tick)
+    finally:
+        busy.kill()
+        busy.wait()
+        out.close()

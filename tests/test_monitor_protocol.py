@@ -87,3 +87,14 @@ def test_a_job_stopped_whole_stays_no_run_while_its_nodes_still_send_samples():
     monitor.state.rebuild(monitor.nodes)
     monitor.update()
     assert (monitor.phase.name, monitor.verdict.name.value) == ("no run", "no run"), monitor.verdict
+    st.apply({"t": "log", "path": "/l", "lines": [  # the teardown's own lines, read after the kill's end
+        "[2026 TP1] Rank 1 scheduler is dead. Please check if there are relevant logs.",
+        "srun: error: n1: task 0: Killed"]})
+    st.apply({"t": "sample", "seq": 4})
+    monitor.state.rebuild(monitor.nodes)
+    monitor.update()
+    assert (monitor.phase.name, monitor.verdict.name.value) == ("no run", "no run"), monitor.verdict
+    st.apply({"t": "sample", "seq": 5, "procs": ranks})  # a new run's ranks: judged again
+    monitor.state.rebuild(monitor.nodes)
+    monitor.update()
+    assert monitor.verdict.name.value != "no run"

@@ -25,7 +25,7 @@ from .ras import RAS_TIMEOUT_S, RasPoller, ras_query
 from .shm import SHM_DEFAULT, shm_audit, shm_clean
 from .web import METRICS_MAX_BYTES, http_body, http_get
 
-FIRST_WINDOW_S = 0.05  # the least time between the start's CPU reading and the first sample
+FIRST_WINDOW_S = 0.05  # the least time between a CPU reading (the start's, a tick's) and a config's sample
 SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
@@ -121,6 +121,8 @@ class Agent:
             self.full = False
             if self.procs.unread:  # ... but those it could not read (out of descriptors): alive
                 frame["unread"] = self.procs.unread
+                for pid in self.procs.unread:  # held over there: their rows, or their end, follow
+                    self.sent_procs.setdefault(pid, {"pid": pid})
         if ports != self.sent_ports:
             frame["ports"] = self.sent_ports = ports
         if exits:
@@ -147,8 +149,8 @@ class Agent:
                 out.append(row)
                 continue
             moved = {f: v for f, v in row.items() if last.get(f) != v}
-            if "cpu_tick" in last and "cpu_tick" not in row:
-                moved["cpu_tick"] = None  # said only of short windows: its end is said too
+            if "cpu_pct" in moved or ("cpu_tick" in last and "cpu_tick" not in row):
+                moved["cpu_tick"] = row.get("cpu_tick")  # part of the CPU reading: sent with it, its end said
             if moved:
                 moved["pid"] = pid
                 out.append(moved)
@@ -348,7 +350,7 @@ class Agent:
 
     def run(self):
         buf = b""
-        first = (self.procs.primed_at or time.monotonic()) + FIRST_WINDOW_S  # CPU % over at least this
+        self.ticked_at = self.procs.primed_at or time.monotonic()  # the last CPU reading: the start's, then each tick's
         next_tick = time.monotonic() + 2.0  # the first sample waits for the first config, briefly
         while True:
             wait = max(0.0, next_tick - time.monotonic())
@@ -362,10 +364,11 @@ class Agent:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
                         self.handle(line.decode("utf-8", "replace"))
-                if self.force_scan:
-                    next_tick = max(time.monotonic(), first) if self.seq == 0 else time.monotonic()
+                if self.force_scan:  # a config: sampled at once, over a CPU window of FIRST_WINDOW_S at least
+                    next_tick = max(time.monotonic(), self.ticked_at + FIRST_WINDOW_S)
             now = time.monotonic()
             if now >= next_tick:
+                self.ticked_at = now
                 self.tick()
                 next_tick += self.interval
                 if next_tick < now:

@@ -27,6 +27,7 @@ REREAD_EVERY_S = 120.0  # every process's stat is read afresh at least this ofte
 SCAN_EVERY_S = 5.0
 STILL_AFTER = 3  # unchanged reads of a watched process's stat after which it is read only every STILL_EVERY_S
 STILL_EVERY_S = 5.0  # ... its exit still seen at the next tick, through a pidfd
+PRIMED_KEEP_S = 60.0  # a process first watched this soon after the agent's start: its CPU % since then
 TICK_SAID_PCT = 2.0  # a busy row says what one clock tick reads as (`cpu_tick`) where it is this much or more
 PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each (and an eighth of the fd limit)
 UNREAD = object()  # a live process's stat that could not be read this tick (no descriptor left): its row stands
@@ -225,7 +226,7 @@ class Procs:
         self._stat = {}  # pid -> (its /proc/PID/stat bytes, the row they gave) from the last tick
         self._fds = {}  # pid -> an open /proc/PID/stat, read again with pread each tick
         self._dirty = True  # what the tree is built from changed (patterns, groups, pids): the next scan is whole
-        self._primed = None  # pid -> (start ticks, CPU ticks, when) read by `prime`, until the first sample
+        self._primed = None  # pid -> (start ticks, CPU ticks, when) read by `prime`, for PRIMED_KEEP_S
         self.primed_at = None
         self._unchanged_reads = {}  # pid -> reads in a row that found its stat unchanged
         self._still = {}  # pid -> when its stat is read next: it stood still, its pidfd tells of an exit
@@ -602,7 +603,7 @@ class Procs:
             if ticks is not None:
                 prev = self.cpu.get(pid)
                 if prev is None and self._primed and self._primed.get(pid, (None,))[0] == start:
-                    prev = self._primed[pid]
+                    prev = self._primed.pop(pid)  # first read since the agent's start: CPU % since then
                 if prev is not None and prev[0] != start:
                     gone.append(pid)  # the pid was reused: not our process any more
                     self._dirty = True  # the next scan is whole: the newcomer may belong to the tree
@@ -638,7 +639,8 @@ class Procs:
             self.watched.pop(pid, None)
             self._forget(pid)
         self._tree_size = len(self.watched)
-        self._primed = None
+        if self._primed is not None and time.monotonic() - self.primed_at > PRIMED_KEEP_S:
+            self._primed = None
         return rows, gone
 
     def _retree(self):

@@ -37,6 +37,7 @@ THROTTLE_REASONS = {
 }
 HW_SLOWDOWN = ("hw-slowdown", "hw-thermal", "hw-power-brake")
 XID_KEPT = 32
+FORGIVEN_TICK_PCT = 25.0  # what one clock tick reads as over a 40 ms window (Proc.one_tick)
 XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row say it
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
@@ -168,6 +169,12 @@ class Proc:
         if self.cmdline:
             return " ".join([self.cmdline[0].rsplit("/", 1)[-1], *self.cmdline[1:]])
         return self.name
+
+    @property
+    def one_tick(self) -> bool:
+        """Its CPU reading is at most one clock tick of a window of 40 ms or more: no sign of work
+        (a shorter window's single tick tells nothing either way)."""
+        return self.cpu_pct <= self.cpu_tick_pct <= FORGIVEN_TICK_PCT
 
     def ended(self, now: float) -> None:
         """The agent said it left (named gone, or left out of a full sample)."""
@@ -414,8 +421,8 @@ class HostState:
             for key in ("ppid", "name", "status", "cpu_pct", "rss_mib", "threads", "pgid", "sid", "started"):
                 if key in p:
                     setattr(proc, key, p[key])
-            if "cpu_tick" in p:
-                proc.cpu_tick_pct = p["cpu_tick"] or 0.0
+            if "cpu_pct" in p or "cpu_tick" in p:  # the tick is part of the CPU reading it came with
+                proc.cpu_tick_pct = p.get("cpu_tick") or 0.0
             if "cmdline" in p:
                 proc.cmdline = mask_argv(p["cmdline"] or [])  # secrets never reach the screen or JSON
                 proc.role, proc.rank = role_of(proc.name, proc.cmdline)
@@ -436,7 +443,7 @@ class HostState:
                 proc.last_gpus = list(proc.gpus)
             # one clock tick over a window too short to tell is no sign of work: history reads it as 0
             self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(
-                proc.cpu_pct if proc.cpu_pct > proc.cpu_tick_pct else 0.0)
+                0.0 if proc.one_tick else proc.cpu_pct)
         for row in f.get("exits") or [] if isinstance(f.get("exits"), list) else []:
             if not (isinstance(row, list) and len(row) == 2 and _is(row[0], "int") and _is(row[1], "int?")):
                 self.dropped["exits"] += 1

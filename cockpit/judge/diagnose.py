@@ -174,6 +174,7 @@ class Watchdog:
         self._errors: deque = deque(maxlen=3)
         self._phase_line: LogLine | None = None
         self._passed: list[tuple[str, float | None]] = []  # (phase, line's clock) read since the last judgement
+        self._ended = False  # see end()
         self._shards: tuple[int, int] | None = None
         self._generation = 0
         self._reset_progress()
@@ -194,6 +195,7 @@ class Watchdog:
         self.phase_at, self._since = {}, {}
         self.tracker = LogTracker(LogRules())
         self._phase_line, self._shards, self._passed = None, None, []
+        self._ended = False
         self._errors.clear()
         self._reset_progress()
         self._replays = {}
@@ -203,9 +205,15 @@ class Watchdog:
         now are the earlier run's, never read as this one's phases or failures; its phase clock
         starts at `started` (local monotonic), else at its first rank or phase line."""
         self._new_run()
+        self._generation = state.generation  # this run is the state's current one: not new again
         self._marks = {path: log.total for path, log in state.logs.items()}
         self._log_seen = (None, 0)
         self.started = started
+
+    def end(self) -> None:
+        """The operator's kill of the whole run, verified: `no run` until a rank lives again or a
+        new run is seen, whatever the dead run's last lines still bring (its shutdown's errors)."""
+        self.started, self._ended = None, True
 
     def _held(self, name: str, cond: bool, now: float) -> float:
         if not cond:
@@ -237,10 +245,16 @@ class Watchdog:
             self._generation = state.generation
             self._new_run()
         self._scan_new_lines(key, log, now)
-        phase = self._phase(state)
         ranks = [p for p in state.procs.values() if p.rank is not None]
+        if self._ended:
+            if not any(p.alive for p in ranks):
+                self._passed = []
+                return Phase("no run"), Verdict("no run", [])
+            self._ended = False
+        phase = self._phase(state)
         if self.started is None and (any(p.alive for p in ranks) or self._phase_line is not None):
             self.started = now
+            self._passed = []  # first sight of a run under way: the phases before it are history
         if self.started is not None:
             self._note_phases(phase.name, now)
         quiet_s, silent = self._quiet(state, log, now)
@@ -273,7 +287,7 @@ class Watchdog:
                 ev.insert(0, prog.frozen)
             return phase, Verdict("stalled-idle", ev, detail=kind, since=self._since_host(state, held))
         spin, odd, ev = self._spin(alive, state)
-        held = self._back_dated(self._held("spin", spin, now), spin, alive, state, prog.idle_s)
+        held = self._back_dated(self._held("spin", spin, now), spin, alive, state, prog.idle_s, busy=True)
         if spin and held >= self.spin_s and prog.idle_s >= self.spin_s:
             ev = ([prog.frozen] if prog.frozen else []) + ev + [f"held for {held:.0f} s, {prog.said}"]
             if port_open:
@@ -423,13 +437,13 @@ class Watchdog:
         return quiet, f"log silent for {quiet:.0f} s"
 
     @staticmethod
-    def _back_dated(held: float, cond: bool, alive, state: HostState, quiet_s: float) -> float:
-        """A condition seen now, on ranks whose CPU was measured idle (one interval is enough),
-        with no work in the log for longer: it has held since the last work (no earlier than the
-        ranks started). A first look at an old hang names it at once."""
+    def _back_dated(held: float, cond: bool, alive, state: HostState, quiet_s: float, busy: bool = False) -> float:
+        """A condition seen now, on ranks whose CPU was measured idle (one interval is enough;
+        `busy`: or busy, a spin), with no work in the log for longer: it has held since the last
+        work (no earlier than the ranks started). A first look at an old hang names it at once."""
         if not cond or not alive:
             return held
-        flat = all(len(h) >= 1 and max(list(h)[-2:]) < IDLE_CPU_PCT or p.cpu_pct >= IDLE_CPU_PCT
+        flat = all(len(h) >= 1 and max(list(h)[-2:]) < IDLE_CPU_PCT or (busy and p.cpu_pct >= IDLE_CPU_PCT)
                    for p in alive for h in [state.proc_cpu_history.get(p.pid, ())])
         started = [p.started for p in alive if p.started]
         if not flat or not started or state.sample_ts is None:
@@ -535,11 +549,14 @@ class Watchdog:
         own timestamp is placed that many seconds before the newest line, never before the run's
         start nor before the phase it followed."""
         newest = self._last[0] if self._last else None
-        floor = max([self.started or now, *self.phase_at.values()])
+        started = self.started if self.started is not None else now
+        floor = max([started, *self.phase_at.values()])
         for name, clock in [*self._passed, (current, None)]:
             if name in self.phase_at or name == "no run":
                 continue
             at = now - (newest - clock) if newest is not None and clock is not None and newest >= clock else now
+            if at < started:
+                continue  # written before the run's clock started: not a time of this run
             floor = min(now, max(floor, at))
             if name == "serving":
                 self.phase_at.setdefault("ready", floor)  # serving implies it was ready
@@ -657,8 +674,8 @@ class Watchdog:
 
 def _cpu_idle(p) -> bool:
     """Idle on the CPU, or at most one clock tick in a window too short to tell (the first
-    sample's: one tick of 10 ms over 50 ms reads 20 %)."""
-    return p.cpu_pct < IDLE_CPU_PCT or p.cpu_pct <= p.cpu_tick_pct
+    sample's: one tick of 10 ms over 50 ms reads 20 %); a window shorter still tells nothing."""
+    return p.cpu_pct < IDLE_CPU_PCT or p.one_tick
 
 
 def _gpus_said(state: HostState, gpus, resident: bool) -> str:

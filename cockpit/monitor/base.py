@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from cockpit.actions import kill
+from cockpit.common.errors import CockpitError
 from cockpit.judge.diagnose import Watchdog
 from cockpit.judge.evidence import default_sources
 from cockpit.judge.verdict import Verdict, VerdictName
@@ -142,7 +143,11 @@ class Monitor:
         look judges the run's processes and log, never the sample taken before them."""
         deadline = time.monotonic() + timeout
         while not self.session.watch_current():
-            await self.session.wait_samples(1, max(0.1, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CockpitError(f"{self.target.label}: the agent did not sample what is watched "
+                                   f"(the run's processes and log) within {timeout:.0f} s")
+            await self.session.wait_samples(1, left)
 
     async def look(self, wait: float | None = None) -> float:
         """`wait` None judges while `still_looking`, then waits for a stall's forensics under

@@ -453,7 +453,7 @@ class ClusterMonitor(Monitor):
         starts, also while a node's agent still sends samples before the job's end takes it down."""
         before = self.verdict
         self.new_run()
-        self.watchdog.started = None
+        self.watchdog.end()
         self.follow(None)
         self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))

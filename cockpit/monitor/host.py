@@ -276,7 +276,7 @@ class HostMonitor(Monitor):
         """The operator's kill of the whole run, verified: no run until one starts. Its log stays
         on screen as history; nothing of it is judged or shown as current."""
         self.new_run()
-        self.watchdog.started = None
+        self.watchdog.end()
         self.follow(None)
         before = self.verdict
         self.phase, self.verdict = Phase("no run"), Verdict(VerdictName.NO_RUN, [])
