@@ -13,14 +13,15 @@ from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 
 
-async def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+async def wait_for(predicate, timeout: float = 30.0, what: str = "condition", context=None):
+    """`context`: a function whose answer the failure carries (what the run's log said, say)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {context()}" if context else ""))
 
 
 class SimRun:
@@ -56,6 +57,15 @@ class SimRun:
     def log_text(self) -> str:
         log = self.session.state.logs.get(self.run["log"])
         return log.text() if log else ""
+
+    def said(self) -> str:
+        """The run's log as the session holds it and as the file holds it (the ends of both): what
+        a timed-out wait reports."""
+        try:
+            on_disk = Path(self.run["log"]).read_text(errors="replace")[-600:]
+        except (OSError, KeyError) as exc:
+            on_disk = str(exc)
+        return f"session's log ends {self.log_text()[-600:]!r}; the file ends {on_disk!r}"
 
     def ranks(self):
         return [p for p in self.session.state.ranks() if p.alive]

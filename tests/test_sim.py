@@ -31,7 +31,7 @@ async def test_healthy_run_loads_opens_its_port_and_serves(sim_state, tmp_path):
     async with SimRun(sim_state, tmp_path, port, ["--mem-fraction-static", "0.85", "--sim-traffic", "2", "--enable-metrics"]) as run:
         health = await run.http("/health")
         assert health["status"] in (None, 503)  # the port is closed while loading
-        await wait_for(lambda: ready(run), 40, "the ready line")
+        await wait_for(lambda: ready(run), 40, "the ready line", run.said)
         log = run.log_text()
         for phase in ("Load weight begin", "Loading safetensors checkpoint shards: 100% Completed | 64/64",
                       "Load weight end", "KV Cache is allocated", "Capture cuda graph end", "Uvicorn running on"):
@@ -60,7 +60,7 @@ async def test_eagle3_deadlocks_after_weight_load_with_the_port_closed(sim_state
     port = free_port()
     async with SimRun(sim_state, tmp_path, port, ["--speculative-algorithm", "EAGLE3",
                                                   "--speculative-draft-model-path", "/d"]) as run:
-        await wait_for(lambda: "Capture draft cuda graph begin" in run.log_text(), 40, "draft capture")
+        await wait_for(lambda: "Capture draft cuda graph begin" in run.log_text(), 40, "draft capture", run.said)
         await asyncio.sleep(1.5)
         lines_before = len(run.log_text())
         await run.session.wait_samples(3)
@@ -79,7 +79,7 @@ async def test_eagle3_deadlocks_after_weight_load_with_the_port_closed(sim_state
 async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state, tmp_path):
     port = free_port()
     async with SimRun(sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4", "--enable-metrics"]) as run:
-        await wait_for(lambda: ready(run), 40, "ready")
+        await wait_for(lambda: ready(run), 40, "ready", run.said)
         st = run.session.state
 
         def spinning():
@@ -99,7 +99,7 @@ async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state
 
 async def test_crash_rank_dies_with_exit_minus_9_and_sglangs_message(sim_state, tmp_path):
     async with SimRun(sim_state, tmp_path, free_port(), ["--sim-crash-rank", "5"]) as run:
-        await wait_for(lambda: "scheduler died" in run.log_text(), 40, "the crash line")
+        await wait_for(lambda: "scheduler died" in run.log_text(), 40, "the crash line", run.said)
         assert "Rank 5 scheduler died during initialization (exit code: -9)" in run.log_text()
         assert "Received sigquit from a child process" in run.log_text()
         st = run.session.state
@@ -110,7 +110,7 @@ async def test_crash_rank_dies_with_exit_minus_9_and_sglangs_message(sim_state, 
 
 async def test_leak_shm_leaves_entries_held_while_alive(sim_state, tmp_path):
     async with SimRun(sim_state, tmp_path, free_port(), ["--sim-leak-shm"]) as run:
-        await wait_for(lambda: ready(run), 40, "ready")
+        await wait_for(lambda: ready(run), 40, "ready", run.said)
         launcher = run.run["pid"]
         names = sorted(os.listdir(tmp_path))
         assert sum(n.startswith("nccl-") for n in names) == 8
@@ -127,7 +127,7 @@ async def test_leak_shm_leaves_entries_held_while_alive(sim_state, tmp_path):
 async def test_workers_outlive_a_sigkilled_parent_only_as_orphans(sim_state, tmp_path, orphans):
     extra = ["--sim-orphans"] if orphans else []
     async with SimRun(sim_state, tmp_path, free_port(), extra) as run:
-        await wait_for(lambda: ready(run), 40, "ready")
+        await wait_for(lambda: ready(run), 40, "ready", run.said)
         rank_pids = [p.pid for p in run.ranks()]
         os.kill(run.run["pid"], signal.SIGKILL)
         st = run.session.state
@@ -147,7 +147,7 @@ async def test_workers_outlive_a_sigkilled_parent_only_as_orphans(sim_state, tmp
 async def test_vllm_shape_engine_core_owns_its_workers(sim_state, tmp_path):
     port = free_port()
     async with SimRun(sim_state, tmp_path, port, ["--engine", "vllm"]) as run:
-        await wait_for(lambda: "Application startup complete" in run.log_text(), 40, "vLLM's startup line")
+        await wait_for(lambda: "Application startup complete" in run.log_text(), 40, "vLLM's startup line", run.said)
         await run.session.wait_samples(2)
         st = run.session.state
         engine = next(p for p in st.live_procs() if p.role == "engine")
