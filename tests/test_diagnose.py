@@ -80,11 +80,12 @@ def test_a_run_hung_before_its_weights_is_stalled_with_only_its_cuda_context_on_
              "distributed_init_method=tcp://127.0.0.1:33015 backend=nccl",
              "(Worker pid=359277) INFO 07-30 12:25:10 [pynccl.py:113] vLLM is using nccl==2.28"]
     st = host([(0, 0.0), (1, 0.0)], [(0, 70.0, 520), (0, 70.0, 518)], lines)
-    _, early = settle(Watchdog(idle_s=120), st, 60)
-    assert early.name == "watching"
-    _, v = settle(Watchdog(idle_s=120), st, 121)
+    _, early = settle(Watchdog(idle_s=120), st, 200)
+    assert early.name == "watching"  # no model resident: weaker evidence, twice the window
+    _, v = settle(Watchdog(idle_s=120), st, 241)
     assert v.name == "stalled-idle", v
     assert "only 0.5 GiB or less in use (no model resident)" in v.evidence[1], v.evidence
+    assert "threshold 240 s, twice the stall window" in v.evidence[-1], v.evidence
 
 
 def test_where_the_gpus_cannot_be_read_idle_ranks_and_a_silent_log_are_a_stall():
@@ -94,11 +95,27 @@ def test_where_the_gpus_cannot_be_read_idle_ranks_and_a_silent_log_are_a_stall()
     lines = ["[2026 TP0] Load weight end. mem usage=76.0 GB.", "[2026 TP0] Capture cuda graph begin."]
     st = host([(0, 0.0), (1, 0.0)], [], lines)
     st.agent.gpu_source = "none"
-    assert settle(Watchdog(idle_s=120), st, 100)[1].name == "watching"
-    _, v = settle(Watchdog(idle_s=120), st, 121)
+    assert settle(Watchdog(idle_s=120), st, 200)[1].name == "watching"
+    _, v = settle(Watchdog(idle_s=120), st, 241)
     assert v.name == "stalled-idle" and "the GPUs cannot be read on this host" in v.evidence[1], v
     busy = host([(0, 0.0), (1, 30.0)], [], lines)
-    assert settle(Watchdog(idle_s=120), busy, 121)[1].name == "watching"  # a rank at work: not idle
+    assert settle(Watchdog(idle_s=120), busy, 241)[1].name == "watching"  # a rank at work: not idle
+
+
+def test_ranks_matched_to_no_gpu_are_idle_only_while_every_gpu_of_the_host_is():
+    """In a container the GPUs' processes keep their host pids: no rank is matched to a GPU, so
+    every GPU of the host stands in for them; a busy one is not an idle run."""
+    lines = ["[2026 TP0] Load weight end. mem usage=76.0 GB.", "[2026 TP0] Capture cuda graph begin."]
+    quiet = host([(0, 0.0), (1, 0.0)], [(0, 70.0, 70000), (0, 70.0, 70000)], lines)
+    busy = host([(0, 0.0), (1, 0.0)], [(0, 70.0, 70000), (97, 600.0, 70000)], lines)
+    for st in (quiet, busy):
+        for g in st.gpus.values():
+            g.processes = []
+        for p in st.procs.values():
+            p.gpus = []
+    _, v = settle(Watchdog(idle_s=120), quiet, 241)
+    assert v.name == "stalled-idle" and "no rank matched to a GPU; all 2 GPUs of the host" in v.evidence[1], v
+    assert settle(Watchdog(idle_s=120), busy, 241)[1].name != "stalled-idle"
 
 
 def test_a_dead_rank_is_crashed_with_its_exit_code():

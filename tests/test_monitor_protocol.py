@@ -94,7 +94,12 @@ def test_a_job_stopped_whole_stays_no_run_while_its_nodes_still_send_samples():
     monitor.state.rebuild(monitor.nodes)
     monitor.update()
     assert (monitor.phase.name, monitor.verdict.name.value) == ("no run", "no run"), monitor.verdict
-    st.apply({"t": "sample", "seq": 5, "procs": ranks})  # a new run's ranks: judged again
+    st.apply({"t": "sample", "seq": 5, "procs": ranks})  # a new run's ranks: judged again, by its own lines
     monitor.state.rebuild(monitor.nodes)
     monitor.update()
-    assert monitor.verdict.name.value != "no run"
+    assert monitor.verdict.name.value not in ("no run", "crashed"), monitor.verdict
+    st.apply({"t": "log", "path": "/l", "lines": ["[2026 TP0] Load weight begin. avail mem=94 GB"]})
+    st.apply({"t": "sample", "seq": 6})
+    monitor.state.rebuild(monitor.nodes)
+    monitor.update()
+    assert monitor.phase.name == "loading weights" and monitor.verdict.name.value != "crashed", monitor.verdict

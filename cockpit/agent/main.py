@@ -149,7 +149,7 @@ class Agent:
                 out.append(row)
                 continue
             moved = {f: v for f, v in row.items() if last.get(f) != v}
-            if "cpu_pct" in moved or ("cpu_tick" in last and "cpu_tick" not in row):
+            if ("cpu_pct" in moved and "cpu_tick" in row) or ("cpu_tick" in last and "cpu_tick" not in row):
                 moved["cpu_tick"] = row.get("cpu_tick")  # part of the CPU reading: sent with it, its end said
             if moved:
                 moved["pid"] = pid
@@ -368,8 +368,8 @@ class Agent:
                     next_tick = max(time.monotonic(), self.ticked_at + FIRST_WINDOW_S)
             now = time.monotonic()
             if now >= next_tick:
-                self.ticked_at = now
                 self.tick()
+                self.ticked_at = self.procs.read_at or now
                 next_tick += self.interval
                 if next_tick < now:
                     next_tick = now + self.interval

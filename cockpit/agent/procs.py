@@ -212,6 +212,7 @@ class Procs:
         self.names = {}
         self.cpu = {}  # pid -> (start ticks, cpu ticks, monotonic time) of the last sample
         self.unread = []  # the last sample's live processes it could not read (out of descriptors)
+        self.read_at = None  # when the last sample read CPU times (local monotonic)
         self._rows = {}  # pid -> (start, ppid, pgid, comm, argv) from the last scan
         self._names = None  # the last scan's listing of /proc, as listed
         self._pids = []  # its pids, sorted
@@ -570,7 +571,7 @@ class Procs:
                 self.scan(quick=not force_scan)
         else:
             self.adopt_children()
-        wall = time.monotonic()
+        wall = self.read_at = time.monotonic()  # the CPU readings' time: a config's sample waits from here
         rows, gone = [], []
         self.unread = []
         if self.watched is not self._tree or len(self.watched) != self._tree_size:

@@ -244,13 +244,14 @@ class Watchdog:
         if state.generation != self._generation:
             self._generation = state.generation
             self._new_run()
-        self._scan_new_lines(key, log, now)
         ranks = [p for p in state.procs.values() if p.rank is not None]
         if self._ended:
-            if not any(p.alive for p in ranks):
-                self._passed = []
+            if not any(p.alive and p.status != "Z" for p in ranks):
+                if log is not None:
+                    self._log_seen = (key, log.total)  # the dead run's last lines: never this run's
                 return Phase("no run"), Verdict("no run", [])
-            self._ended = False
+            self._new_run()  # a rank lives again: a new run, judged from the lines that came since
+        self._scan_new_lines(key, log, now)
         phase = self._phase(state)
         if self.started is None and (any(p.alive for p in ranks) or self._phase_line is not None):
             self.started = now
@@ -272,17 +273,21 @@ class Watchdog:
         kind = self._stall_kind(phase, prog)
         resident = gpus and all((g.mem_used_mib or 0) > RESIDENT_SHARE * (g.mem_total_mib or 1) for g in gpus)
         # the model need not be resident: a run hung before its weights (a rendezvous or NCCL's
-        # bootstrap waiting for a rank) holds only its CUDA contexts, or no GPU at all, and where
-        # the GPUs cannot be read the ranks' CPU and the silent log say it alone
+        # bootstrap waiting for a rank) holds only its CUDA contexts, or no GPU the agent can match
+        # to a rank (a container's host pids: then every GPU of the host must be idle). That is
+        # weaker evidence (a download or a file lock waits as quietly): twice the window
+        seen = gpus or list(state.gpus.values())
         idle = (alive and all(_cpu_idle(p) for p in alive)
-                and all((g.util_pct or 0) < IDLE_GPU_PCT for g in gpus)
+                and all((g.util_pct or 0) < IDLE_GPU_PCT for g in seen)
                 and (not port_open or prog.frozen is not None))
+        window = self.idle_s if resident else 2 * self.idle_s
         held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
-        if idle and held >= self.idle_s and prog.idle_s >= self.idle_s:
+        if idle and held >= window and prog.idle_s >= window:
             ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})",
                   _gpus_said(state, gpus, resident),
                   f"{prog.said}, port {'closed' if not port_open else 'open'}",
-                  f"in phase '{phase}' for {held:.0f} s (threshold {self.idle_s:.0f} s)"]
+                  f"in phase '{phase}' for {held:.0f} s (threshold {window:.0f} s"
+                  + (")" if resident else ", twice the stall window: no model resident)")]
             if prog.frozen:
                 ev.insert(0, prog.frozen)
             return phase, Verdict("stalled-idle", ev, detail=kind, since=self._since_host(state, held))
@@ -547,7 +552,8 @@ class Watchdog:
         """The first sight of every phase the new lines went through, not only the last: a sample
         late on a loaded host brings loading, KV cache and graph capture at once. A line with its
         own timestamp is placed that many seconds before the newest line, never before the run's
-        start nor before the phase it followed."""
+        start nor before the phase it followed (a first sight of a run under way keeps none of
+        them: see _judge)."""
         newest = self._last[0] if self._last else None
         started = self.started if self.started is not None else now
         floor = max([started, *self.phase_at.values()])
@@ -555,8 +561,6 @@ class Watchdog:
             if name in self.phase_at or name == "no run":
                 continue
             at = now - (newest - clock) if newest is not None and clock is not None and newest >= clock else now
-            if at < started:
-                continue  # written before the run's clock started: not a time of this run
             floor = min(now, max(floor, at))
             if name == "serving":
                 self.phase_at.setdefault("ready", floor)  # serving implies it was ready
@@ -680,9 +684,10 @@ def _cpu_idle(p) -> bool:
 
 def _gpus_said(state: HostState, gpus, resident: bool) -> str:
     if not gpus:
-        source = state.agent.gpu_source
-        return "no rank holds a GPU" + ("" if source not in (None, "none") else
-                                        " (the GPUs cannot be read on this host: the CPU and the log say it alone)")
+        if state.gpus:
+            return (f"no rank matched to a GPU; all {len(state.gpus)} GPUs of the host at "
+                    f"< {IDLE_GPU_PCT:.0f} % utilization")
+        return "no GPU seen (the GPUs cannot be read on this host: the CPU and the log say it alone)"
     return (f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
             + (f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident" if resident else
                f"only {max(g.mem_used_mib or 0 for g in gpus) / 1024:.1f} GiB or less in use (no model resident)"))
