@@ -37,8 +37,8 @@ THROTTLE_REASONS = {
 }
 HW_SLOWDOWN = ("hw-slowdown", "hw-thermal", "hw-power-brake")
 XID_KEPT = 32
-FORGIVEN_TICK_PCT = 25.0  # what one clock tick reads as over a 40 ms window (Proc.one_tick)
 XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row say it
+FORGIVEN_TICK_PCT = 25.0  # what one clock tick reads as over a 40 ms window (Proc.one_tick)
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
 _ENGINE_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")

@@ -287,7 +287,7 @@ class Watchdog:
                   _gpus_said(state, gpus, resident),
                   f"{prog.said}, port {'closed' if not port_open else 'open'}",
                   f"in phase '{phase}' for {held:.0f} s (threshold {window:.0f} s"
-                  + (")" if resident else ", twice the stall window: no model resident)")]
+                  + (")" if resident else ", twice the stall window: no model seen resident)")]
             if prog.frozen:
                 ev.insert(0, prog.frozen)
             return phase, Verdict("stalled-idle", ev, detail=kind, since=self._since_host(state, held))
@@ -555,8 +555,7 @@ class Watchdog:
         start nor before the phase it followed (a first sight of a run under way keeps none of
         them: see _judge)."""
         newest = self._last[0] if self._last else None
-        started = self.started if self.started is not None else now
-        floor = max([started, *self.phase_at.values()])
+        floor = max([self.started, *self.phase_at.values()])  # called once the run's clock started
         for name, clock in [*self._passed, (current, None)]:
             if name in self.phase_at or name == "no run":
                 continue
