@@ -842,6 +842,14 @@ def test_a_sample_carries_only_the_processes_that_moved_and_names_those_that_lef
     def alive():
         return {pid for pid, p in state.procs.items() if p.alive}
 
+    def settled(pid):  # exec'd and asleep: its status and memory no longer move
+        stat = open(f"/proc/{pid}/stat").read()
+        return stat.split("(", 1)[1].startswith("sleep)") and stat.rsplit(")", 1)[1].split()[0] == "S"
+
+    deadline = time.monotonic() + 10
+    while not all(settled(p.pid) for p in (a, b, c, d)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
     again = None
     try:
         agent.cmd_config(patterns=[], pids=[a.pid, b.pid, c.pid, d.pid])
