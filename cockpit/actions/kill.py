@@ -21,6 +21,7 @@ from cockpit.common.hosttext import count, these, visible
 from cockpit.common.secrets import mask_text
 from cockpit.host.session import HostSession
 from cockpit.host.state import HostState
+from cockpit.runs.ledger import operator_id
 from cockpit.runs.run import Run, Scope, process_scope
 
 DEFAULT_KILL_WAIT_S = 10.0
@@ -152,14 +153,18 @@ def of_run(state: HostState, plan: KillPlan) -> tuple[set[int], list[str]]:
 
 
 async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
-               ports: list[int] | None = None) -> dict:
+               ports: list[int] | None = None, why: str | None = None, run_id: str | None = None) -> dict:
     """Carry out exactly the plan (each pid checked against its planned start time and user before
-    each signal), then verify: processes left, their GPU memory, the ports."""
+    each signal), then verify: processes left, their GPU memory, the ports. With `why`, the agent
+    first records on the host who stops which processes (and, a whole run verified gone, that it
+    ended): every cockpit watching reads the deaths as the operator's, not as a crash."""
     entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title", "pgid", "sid") if k in e}
                for e in plan.entries]
+    who = {"why": why, "by": operator_id(), "run_id": run_id, "whole": not plan.scope.pids} if why else {}
     try:
         report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
-                                       sessions=plan.sessions, ports=list(ports or []), since=plan.planned_at)
+                                       sessions=plan.sessions, ports=list(ports or []), since=plan.planned_at,
+                                       **who)
     except LinkLost:
         # The agent lived inside what was killed (a container whose main process ended, a Slurm job
         # whose script ended): the link's engine says whether anything of it is left.

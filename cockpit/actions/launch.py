@@ -13,7 +13,7 @@ from cockpit.judge.verdict import VerdictName
 from cockpit.read.flightrec import forensics_env
 from cockpit.read.stacks import describe_groups
 from cockpit.runs.config import Layout
-from cockpit.runs.ledger import append_ledger, masked, read_ledger
+from cockpit.runs.ledger import append_ledger, masked, operator_id, read_ledger
 from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run
 from cockpit.runs.spec import (
     RunSpec,
@@ -27,24 +27,33 @@ from cockpit.runs.spec import (
 async def find_live_run(session, layout: Layout) -> Run | None:
     """The latest run of this layout on this host that is still alive (ready, stalled, or never
     watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
-    follows. A record is trusted only with its leader's start time: the agent checks that the
-    process group's leader is still the process launched (not a later one reusing its pid), or,
-    the leader gone, that the survivors of its session carry the run's titles and user.
+    follows, and what a cold look from anywhere finds. Its record comes from this cockpit's
+    ledger, else from the host's record of launches (any cockpit's, any machine's). A record is
+    trusted only with its leader's start time: the agent checks that the process group's leader
+    is still the process launched (not a later one reusing its pid), or, the leader gone, that
+    the survivors of its session carry the run's titles and user.
     The record carries its root pid (`root`); the Run, the rule that found it."""
     records = [r for r in list(reversed(read_ledger(layout)))[:20]
                if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
                and not r.get("ended")]  # a run killed whole and verified gone is never resumed
+    if not session.state.seq:
+        await session.wait_samples(1)  # the first sample carries the host's record of launches
+    mine = {str(r.get("run_id")) for r in records}
+    records += [{"run_id": r["run_id"], "pgid": r["pgid"], "pid": r.get("pid"), "start": r["start"],
+                 "boot": r.get("boot"), "uid": r.get("uid"), "log": r.get("log"), "host": session.target.label,
+                 "by": r.get("by"), "from_host": True}
+                for r in session.state.launches(layout.name)[:20] if r["run_id"] not in mine]
     if not records:
         return None
     launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
     found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
-                                  patterns=session.watch.patterns)
+                                  patterns=session.watch.patterns, layout=layout.name)
     alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
     for run in records:
         cand = alive.get(int(run["pgid"]))
         if cand is not None:
             seen = cand.get("leader_seen_ticks")
-            if seen is not None and seen != run.get("seen_ticks"):
+            if seen is not None and seen != run.get("seen_ticks") and not run.get("from_host"):
                 # the leader alive and the recorded one: a process of its session started before now
                 # is the run's, should the leader die later and its pid be reused (the agent checks)
                 append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
@@ -94,7 +103,8 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
                            "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log,
                            "stall": {"idle_s": layout.stall.idle_s, "spin_s": layout.stall.spin_s}})
-    run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log)
+    run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log, run_id=run_id,
+                                layout=layout.name, ports=list(layout.ports), by=operator_id())
     run["run_id"] = run_id
     append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
                            "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),

@@ -13,6 +13,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from cockpit.agent.acts import ACTS
 from cockpit.agent.protocol import HELLO, LOG, SAMPLE
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_argv, mask_line
@@ -37,6 +38,7 @@ THROTTLE_REASONS = {
 }
 HW_SLOWDOWN = ("hw-slowdown", "hw-thermal", "hw-power-brake")
 XID_KEPT = 32
+ACTS_KEPT = 500  # the host's records kept: its recent launches, stops and forensics
 XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row say it
 FORGIVEN_TICK_PCT = 25.0  # what one clock tick reads as over a 40 ms window (Proc.one_tick)
 
@@ -283,6 +285,7 @@ class HostState:
         self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/read/flightrec.py)
         self.dropped: Counter = Counter()  # frame fields of the wrong type, dropped where applied: "gpus.util_pct"
         self.xid: list[XidEvent] = []  # the recent Xid events the agent heard, oldest first (at most XID_KEPT)
+        self.acts: dict[str, dict] = {}  # the host's record of launches, stops and forensics, by id, oldest first
 
     # ------------------------------------------------------------------ frames
 
@@ -452,6 +455,8 @@ class HostState:
                 self.procs[row[0]].exit_code = row[1]
         if "xid" in f:
             self._xid(f["xid"])
+        if "acts" in f:
+            self._acts(f["acts"])
         self._infer_ranks()
         self._new_run()
         self._forget_old_dead()
@@ -465,6 +470,34 @@ class HostState:
             self.ports = ports
         if isinstance(f.get("ras"), dict):
             self.ras.add(f["ras"])
+
+    def _acts(self, rows) -> None:
+        for rec in rows if isinstance(rows, list) else []:
+            if isinstance(rec, dict) and _is(rec.get("id"), "str") and _is(rec.get("at"), "num") \
+                    and rec.get("act") in ACTS:
+                self.acts[rec["id"]] = rec
+            else:
+                self.dropped["acts"] += 1
+        for key in list(self.acts)[: max(0, len(self.acts) - ACTS_KEPT)]:
+            del self.acts[key]
+
+    def acts_of(self, act: str, since: float | None = None) -> list[dict]:
+        """The host's records of one kind (`stop`, `ended`, `launch`, `forensics`), oldest first,
+        those written at or after `since` (host clock) when given."""
+        return [r for r in self.acts.values() if r["act"] == act and (since is None or r["at"] >= since)]
+
+    def launches(self, layout: str) -> list[dict]:
+        """The host's launch records of this layout (newest first) whose process group no later
+        record says ended: the runs any cockpit launched here that may still live."""
+        ended: set = set()
+        out = []
+        for rec in reversed(self.acts.values()):
+            if rec["act"] == "ended":
+                ended.update(g for g in rec.get("pgids") or [] if _is(g, "int"))
+            elif rec["act"] == "launch" and rec.get("layout") == layout and _is(rec.get("pgid"), "int") \
+                    and rec["pgid"] not in ended and rec.get("start") is not None and _is(rec.get("run_id"), "str"):
+                out.append(rec)
+        return out
 
     def _new_run(self) -> None:
         """A server restarted outside the cockpit (by hand, by systemd, an elastic agent) shows

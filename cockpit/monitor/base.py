@@ -184,7 +184,8 @@ class Monitor:
             wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
         with self.stopping_for(why, plan):
             began = time.monotonic()
-            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [], why,
+                                     self.run.run_id)
             report["seconds"] = round(time.monotonic() - began, 1)
             report["summary"] = kill.summarize_kill(plan, report)
             if report["verified"] and not plan.scope.pids:

@@ -91,6 +91,11 @@ VERDICT_KEYS = ("verdict", "at", "since", "odd_rank", "detail", "evidence", "by"
 QUIET = ("watching", "stopping")  # a look still deciding, a stop under way: not a verdict of the run's
 
 
+def operator_id() -> str:
+    """Who acts, and from where: user@machine (pid), as the ledger and the host's record say it."""
+    return f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
+
+
 def note_verdict(monitor) -> None:
     """A verdict change of the run the monitor follows, kept with its time and evidence: the run's
     history (`cockpit runs`, `L`). A verdict the ledger already holds as the run's last (another
@@ -103,7 +108,7 @@ def note_verdict(monitor) -> None:
         return
     append_ledger(layout, {"event": "verdict", "run_id": run_id, "verdict": v.name.value, "at": time.time(),
                            "since": v.since, "odd_rank": v.odd_rank, "detail": v.detail, "evidence": v.evidence[:4],
-                           "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"})
+                           "by": operator_id()})
 
 
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
@@ -192,14 +197,8 @@ def note_stop(monitor, plan, why: str) -> None:
     if not run or not layout or not run.get("run_id") or not plan.entries:
         return
     append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {
-        "why": why, "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})", "at": time.time(),
+        "why": why, "by": operator_id(), "at": time.time(),
         "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries]}})
-
-
-def stops_of(layout: Layout, run_id: str) -> dict | None:
-    """The operator's last stop of a ledger run (note_stop), if any."""
-    rec = next((r.get("stop") for r in read_ledger(layout) if r.get("run_id") == run_id), None)
-    return rec if isinstance(rec, dict) and isinstance(rec.get("processes"), list) else None
 
 
 def record_ended(run: Run, plan) -> None:

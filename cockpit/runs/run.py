@@ -29,6 +29,7 @@ class Scope:
     model: str | None = None
     patterns: list[str] | None = None
     default_port: int | None = None
+    layout: str | None = None  # the layout's name: the host's record of launches holds its runs
 
     def args(self) -> dict:
         if self.pids:
@@ -41,6 +42,8 @@ class Scope:
                "patterns": self.patterns}
         if self.default_port is not None:
             out["default_port"] = self.default_port
+        if self.layout:
+            out["layout"] = self.layout
         return out
 
 
@@ -109,4 +112,5 @@ class Run:
                 launched.append({"pgid": int(g)})
         return Scope(launched=launched, ports=list(layout.ports) if layout else [],
                      command=list(layout.command) if layout else [], model=layout_model(layout),
-                     patterns=watch.patterns, default_port=layout_default_port(layout))
+                     patterns=watch.patterns, default_port=layout_default_port(layout),
+                     layout=layout.name if layout else None)

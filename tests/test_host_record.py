@@ -1,0 +1,136 @@
+"""One truth per host: what a launch started and who stopped which processes are records on the
+host (cockpit/agent/acts.py), read by every cockpit that looks, whatever process or machine it
+runs in: a followed run killed from another terminal reads `stopped`, then `no run`, on a screen
+and on the exporter's monitor alike, never `crashed`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cockpit.agent import acts as acts_mod
+from cockpit.agent.protocol import Refused
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.link.target import parse_target
+from cockpit.monitor.host import HostMonitor
+from conftest import free_port, run_cli
+from simhost import kill_groups, wait_for
+
+
+def test_a_record_written_by_one_agent_is_read_by_another_and_only_once(tmp_path):
+    path = str(tmp_path / "state" / "gpu-cockpit" / "host" / "acts.jsonl")
+    writer, reader = acts_mod.Acts(path), acts_mod.Acts(path)
+    assert reader.poll() is None  # nothing yet: nothing to say
+    writer.note({"act": "launch", "run_id": "r1", "layout": "demo", "pgid": 4242, "start": 100})
+    got = reader.poll()
+    assert [r["run_id"] for r in got] == ["r1"] and got[0]["boot"] and got[0]["id"]
+    assert reader.poll() is None  # unchanged: nothing read again
+    writer.note({"act": "stop", "why": "cockpit kill", "processes": [[4242, 100, 1.0]], "pgids": [4242]})
+    assert [r["act"] for r in reader.poll()] == ["stop"]
+    assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    # a fresh reader (a new agent) reads the recent record whole
+    assert [r["act"] for r in acts_mod.Acts(path).poll()] == ["launch", "stop"]
+
+
+def test_launches_ended_since_are_not_hints_and_other_layouts_are_left_out(tmp_path):
+    path = str(tmp_path / "acts.jsonl")
+    acts = acts_mod.Acts(path)
+    acts.note({"act": "launch", "run_id": "a", "layout": "demo", "pgid": 10, "start": 1})
+    acts.note({"act": "launch", "run_id": "b", "layout": "other", "pgid": 11, "start": 1})
+    acts.note({"act": "launch", "run_id": "c", "layout": "demo", "pgid": 12, "start": 1})
+    acts.note({"act": "ended", "pgids": [10], "processes": [[10, 1, 1.0]]})
+    assert [r["run_id"] for r in acts.launched("demo")] == ["c"]
+
+
+def test_a_long_record_starts_again_from_its_tail_and_a_reader_misses_no_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(acts_mod, "MAX_BYTES", 4096)
+    monkeypatch.setattr(acts_mod, "TAIL_BYTES", 1024)
+    path = str(tmp_path / "acts.jsonl")
+    writer, reader = acts_mod.Acts(path), acts_mod.Acts(path)
+    seen = []
+    for n in range(200):
+        writer.note({"act": "launch", "run_id": "r%d" % n, "layout": "x", "pgid": n + 1, "start": 1})
+        seen += [r["id"] for r in reader.poll() or []]
+    assert os.path.getsize(path) <= 4096 + 256
+    assert len(set(seen)) == 200  # each read once at least: a start again re-reads the tail it kept (ids tell)
+    assert "r199" in open(path).read() and "r0\"" not in open(path).read()
+
+
+def test_a_planted_symlink_or_a_folder_others_can_write_is_refused(tmp_path):
+    folder = tmp_path / "host"
+    folder.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (folder / "acts.jsonl").symlink_to(target)
+    with pytest.raises(OSError):
+        acts_mod.Acts(str(folder / "acts.jsonl")).note({"act": "stop", "processes": []})
+    assert target.read_text() == ""
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    with pytest.raises(Refused):
+        acts_mod.Acts(str(open_folder / "acts.jsonl")).note({"act": "stop", "processes": []})
+
+
+def test_records_of_another_boot_and_malformed_lines_are_skipped(tmp_path):
+    path = tmp_path / "acts.jsonl"
+    good = acts_mod.Acts(str(path)).note({"act": "stop", "processes": []})
+    with open(path, "a") as fh:
+        fh.write(json.dumps(dict(good, id="old", boot=good["boot"] - 3600)) + "\n")
+        fh.write("{not json\n")
+        fh.write(json.dumps({"act": "format-disk", "id": "x", "boot": good["boot"], "at": 1}) + "\n")
+    assert [r["id"] for r in acts_mod.Acts(str(path)).poll()] == [good["id"]]
+
+
+SERVER = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--sim-speed", "4"]
+
+
+async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no_run_everywhere(
+        sim_state, tmp_path, monkeypatch):
+    """A server started by hand, followed by two monitors (a screen's and the exporter's: no
+    launch, no ledger run), is stopped with `cockpit kill` from another process: both read the
+    deaths as the operator's (`stopped`, then `no run`), never `crashed`."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    port = free_port()
+    log = tmp_path / "server.log"
+    argv = SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path)]
+    server = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    layout = tmp_path / "ours.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n")
+    from cockpit.runs.layoutfile import load_layout
+
+    lay = load_layout(str(layout))
+    monitors = [HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                  sim_state=str(sim_state)),
+                            layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25) for _ in range(2)]
+    seen: list[list[str]] = [[], []]
+    kept = []
+    try:
+        for n, m in enumerate(monitors):
+            m.subscribe(lambda e, n=n, m=m: seen[n].append(m.verdict.name.value) if e.kind == "verdict" else None)
+            await m.open(kept=True)
+            kept.append(asyncio.create_task(m.keep()))
+        await wait_for(lambda: all(m.phase.name in ("ready", "serving") and len(m.state.ranks()) == 2
+                                   for m in monitors), 90, "both monitors see the run up")
+        res = await asyncio.to_thread(run_cli, "kill", "local", "--layout", str(layout), "--yes", timeout=120,
+                                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        assert res.returncode == 0 and "verified" in res.stdout, (res.stdout, res.stderr)
+        await wait_for(lambda: all(m.verdict.name.value == "no run" for m in monitors), 30, "no run on both")
+        for verdicts in seen:
+            assert "crashed" not in verdicts and "stopped" in verdicts, seen
+            assert verdicts.index("stopped") < verdicts.index("no run"), seen
+        stop = next(r for r in monitors[0].state.acts.values() if r["act"] == "stop")
+        assert stop["why"].startswith("cockpit kill") and "@" in stop["by"]
+    finally:
+        for task in kept:
+            task.cancel()
+        kill_groups([server.pid])
+        for m in monitors:
+            await m.close()
