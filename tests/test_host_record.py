@@ -134,3 +134,46 @@ async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no
         kill_groups([server.pid])
         for m in monitors:
             await m.close()
+
+
+async def test_a_strangers_listener_on_a_stalled_runs_port_never_clears_the_stall(sim_state, tmp_path, monkeypatch):
+    """The run hung capturing its draft CUDA graphs (port never open); another job binds the
+    layout's port. The stall holds on every sample, and the evidence names the stranger."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    port = free_port()
+    log = tmp_path / "server.log"
+    argv = SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), "--speculative-algorithm", "EAGLE3"]
+    server = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    layout = tmp_path / "ours.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\nstall: {{idle_s: 4, spin_s: 4}}\n")
+    from cockpit.runs.layoutfile import load_layout
+
+    lay = load_layout(str(layout))
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)),
+                          layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    stranger = None
+    kept = None
+    try:
+        await monitor.open(kept=True)
+        kept = asyncio.create_task(monitor.keep())
+        await wait_for(lambda: monitor.verdict.name.value == "stalled-idle", 90, "the capture hang declared")
+        stranger = subprocess.Popen([sys.executable, "-I", "-c",
+                                     f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); "
+                                     f"s.listen(); time.sleep(600)"], start_new_session=True)
+        await wait_for(lambda: any(pt.port == port and pt.listening for pt in monitor.state.ports), 20,
+                       "the stranger's listener seen")
+        said = []
+        for _ in range(16):
+            await monitor.session.wait_samples(1)
+            said.append(monitor.verdict.name.value)
+        assert set(said) == {"stalled-idle"}, said
+        assert any(f"port {port} held by pid {stranger.pid}" in e and "not the run" in e and monitor.state.ports
+                   for e in monitor.verdict.evidence), (monitor.verdict.evidence, monitor.state.ports)
+    finally:
+        if kept is not None:
+            kept.cancel()
+        kill_groups([server.pid] + ([stranger.pid] if stranger else []))
+        await monitor.close()

@@ -85,7 +85,9 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             }
             for _, p in state.tree()
         ],
-        "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid} for p in state.ports],
+        "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid,
+                   **({"holder": p.holder, "holder_uid": p.holder_uid, "theirs": p.theirs} if p.holder else {})}
+                  for p in state.ports],
         "xid": [{"gpu": e.gpu, "time": _iso(e.ts), "ts": e.ts, "code": e.code, "pid": e.pid} for e in state.xid],
         "log": {
             "path": log_path,

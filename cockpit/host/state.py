@@ -8,6 +8,7 @@ so a cockpit left open for days stays the same size.
 from __future__ import annotations
 
 import math
+import pwd
 import re
 import time
 from collections import Counter, deque
@@ -184,11 +185,32 @@ class Proc:
         self.cpu_pct, self.gpus, self.gpu_mem_mib = 0.0, [], None
 
 
+def _user(uid: int | None) -> str:
+    if uid is None:
+        return "user ?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
 @dataclass
 class PortState:
     port: int
     listening: bool
-    pid: int | None = None
+    pid: int | None = None  # the watched process that listens on it
+    holder: int | None = None  # who listens when no watched process does (the agent looked)
+    holder_uid: int | None = None
+    theirs: bool | None = None  # that holder is of the run all the same (a session of its processes)
+
+    @property
+    def stranger(self) -> bool:
+        """Listening, but held by a process that is not the run's: never the run's port opening."""
+        return self.listening and self.pid is None and self.holder is not None and self.theirs is False
+
+    def held_by(self) -> str:
+        user = _user(self.holder_uid)
+        return f"port {self.port} held by pid {self.holder} ({user}), not the run"
 
 
 @dataclass
@@ -463,8 +485,11 @@ class HostState:
         if "ports" in f:
             ports = []
             for p in f["ports"] if isinstance(f["ports"], list) else []:
-                if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?"):
-                    ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid")))
+                if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?") \
+                        and _is(p.get("holder"), "int?") and _is(p.get("holder_uid"), "int?"):
+                    ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid"), p.get("holder"),
+                                           p.get("holder_uid"), p["theirs"] if isinstance(p.get("theirs"), bool)
+                                           else None))
                 else:
                     self.dropped["ports"] += 1
             self.ports = ports
