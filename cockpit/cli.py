@@ -806,13 +806,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from cockpit.common.secrets import mask_record
 
         print_json(mask_record(row))  # secrets masked, as in the ledger
-        return 0
+        return launch.exit_status([row["outcome"]])
     say(row["summary"])
     say(f"{row['run_id']}: {row['outcome']}")
     for line in row["evidence"]:
         say(f"  {line}")
     say(f"log: {row['log']}")
-    return 0
+    return launch.exit_status([row["outcome"]])
 
 
 @command("ablate", "each on/off combination of flag sets in turn, then a table of outcomes", TARGET,
@@ -844,7 +844,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         print_json(rows)
     else:
         say("\n".join(launch.describe_ablation(rows, vary)))
-    return 0
+    return launch.exit_status([r["outcome"] for r in rows])
 
 
 @command("runs", "the ledger: every launch of a layout and what became of it",

@@ -11,7 +11,6 @@ from cockpit.common.errors import CockpitError
 from cockpit.common.secrets import mask_argv
 from cockpit.judge.verdict import VerdictName
 from cockpit.read.flightrec import forensics_env
-from cockpit.read.stacks import describe_groups
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import append_ledger, masked, operator_id, read_ledger
 from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run
@@ -71,6 +70,17 @@ async def resume(session, layout: Layout | None) -> Run | None:
 
 
 TERMINAL = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED)
+
+# A launch's exit status by its outcome (`cockpit launch`, `cockpit ablate`; README "Exit status").
+# 1 is a launch not made (declined at the prompt), 2 bad input.
+EXIT_STATUS = {"ready": 0, "stalled-idle": 4, "stalled-spinning": 4, "crashed": 5, "timeout": 6}
+
+
+def exit_status(outcomes: list[str]) -> int:
+    """0 when a launch came up (ready, serving); else the first failed outcome's status."""
+    if any(EXIT_STATUS.get(o) == 0 for o in outcomes):
+        return 0
+    return next((EXIT_STATUS.get(o, 1) for o in outcomes), 1)
 
 
 def launch_python(layout: Layout, session) -> str:
@@ -255,16 +265,21 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle)
     folder = None
     if outcome.startswith("stalled") and dump_on_stall:
-        try:
-            found = await kill.find_run(session, run)  # the run just launched, as the kill finds it
-            result = await dumps.dump_ranks(session, dumps.dump_targets(session.state,
-                                                                        kill.of_run(session.state, found)[0]),
-                                            run.run_id)
-            folder = str(result.folder)
-            evidence = evidence + [f"stacks: {line}" for line in describe_groups(result.groups)
-                                   if not line.startswith("    ")]
-        except CockpitError as exc:
-            evidence = evidence + [f"no stack dump: {exc}"]
+        await monitor.forensics_done()  # the stall's forensics, gathered once for every cockpit: read, not taken again
+        gathered = monitor.forensics
+        if gathered is not None and gathered.folder:
+            folder = gathered.folder
+            evidence = evidence + [f"stacks: {line}" for line in gathered.lines]
+        else:
+            try:
+                found = await kill.find_run(session, run)  # the run just launched, as the kill finds it
+                result = await dumps.dump_ranks(session, dumps.dump_targets(session.state,
+                                                                            kill.of_run(session.state, found)[0]),
+                                                run.run_id)
+                folder = str(result.folder)
+                evidence = evidence + [f"stacks: {line}" for line in result.report()]
+            except CockpitError as exc:
+                evidence = evidence + [f"no stack dump: {exc}"]
     row = {"event": "outcome", "run_id": run.run_id, "outcome": outcome,
            "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": folder, "time": time.time(),
            "killed_before": killed, "shm_removed": removed, "summary": ", ".join(said)}

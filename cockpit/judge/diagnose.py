@@ -298,6 +298,9 @@ class Watchdog:
         if not ranks:
             if phase.name == "no run":
                 return phase, Verdict("no run", [])
+            up = self._up_without_ranks(state)
+            if up:
+                return phase, Verdict("ok", up)
             return phase, self._watching(state, prog, ["no rank of the run seen yet"])
         alive = [p for p in ranks if p.alive and p.status != "Z"]
         gpus = [state.gpus[i] for p in alive for i in p.gpus if i in state.gpus]
@@ -487,6 +490,17 @@ class Watchdog:
         if not flat or not started or state.sample_ts is None:
             return held
         return max(held, min(quiet_s, state.sample_ts - min(started)))
+
+    def _up_without_ranks(self, state: HostState) -> list[str] | None:
+        """A run with no GPU rank (a layout of `engine: none`, a plain HTTP server) whose own
+        process listens on the layout's port: up, and that is all there is to watch. The engines
+        open their port only once their ranks are ready, so a launch still starting never reads so."""
+        live = {p.pid for p in state.live_procs()}
+        held = [pt for pt in state.ports if pt.listening and pt.pid in live and pt.port in self.ports]
+        if not held or self.tracker.failures:
+            return None
+        return [f"up: port {', '.join(str(pt.port) for pt in held)} open, held by the run's pid "
+                f"{held[0].pid}; no GPU rank in the run to watch"]
 
     def _port_open(self, state: HostState) -> bool:
         """The server's own port: the layout's (held by the run, not by a stranger: another user's
