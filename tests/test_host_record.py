@@ -177,3 +177,94 @@ async def test_a_strangers_listener_on_a_stalled_runs_port_never_clears_the_stal
             kept.cancel()
         kill_groups([server.pid] + ([stranger.pid] if stranger else []))
         await monitor.close()
+
+
+def test_a_launch_hung_before_its_port_opens_is_found_and_judged_cold_with_the_odd_rank(sim_state, tmp_path):
+    """`cockpit launch` of a TP-2 run whose rank 1 stops while capturing CUDA graphs (the other
+    waits in its all-reduce; the server listens on a store port of its own, never on the
+    layout's): the launch exits 4 (stalled) with the ranks' Python frames. Then a cold look from
+    another process, with no ledger at all (a colleague's machine), finds the run from the
+    host's record alone, says stalled-idle and names rank 1, from forensics it gathers itself."""
+    import shutil
+
+    port = free_port()
+    layout = tmp_path / "hang.yaml"
+    layout.write_text(f"""name: hang{port}
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "2", --port, "{port}", --sim-speed, "4", --sim-store-port, --sim-capture-hang-rank, "1",
+             --sim-shm-dir, "{tmp_path}"]
+log_dir: {tmp_path}
+ports: [{port}]
+watch: []
+kill_wait_s: 2
+stall: {{idle_s: 4, spin_s: 4}}
+""")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    common = ["local", "--sim", str(sim_state), "--layout", str(layout)]
+    try:
+        launched = run_cli("launch", *common, "--yes", "--timeout", "60", env=env, timeout=180)
+        assert launched.returncode == 4, (launched.stdout, launched.stderr)  # stalled
+        assert ": stalled-idle" in launched.stdout
+        frames = [line for line in launched.stdout.splitlines() if line.startswith("  stacks:     ")]
+        assert any("wait_for_graph_pool" in line for line in frames), launched.stdout  # the frames themselves
+        shutil.rmtree(tmp_path / "state" / "gpu-cockpit" / "ledger")  # the launcher's own memory: gone
+        shutil.rmtree(tmp_path / "state" / "gpu-cockpit" / "runs", ignore_errors=True)
+        cold = run_cli("snapshot", *common, "--json", env=env, timeout=180)
+        assert cold.returncode == 0, cold.stderr
+        doc = json.loads(cold.stdout)
+        assert doc["verdict"]["name"] == "stalled-idle", doc["verdict"]
+        assert doc["verdict"]["odd_rank"] == 1, doc["verdict"]
+        assert any("rank 1" in e and "wait_for_graph_pool" in e for e in doc["verdict"]["evidence"]), doc["verdict"]
+        assert len([p for p in doc["processes"] if p.get("rank") is not None]) == 2
+    finally:
+        subprocess.run(["pkill", "-9", "-f", f"sim.server.*--port {port}"])
+
+
+def test_ctrl_c_at_the_kill_prompt_writes_nothing_anywhere(sim_state, tmp_path):
+    """A launched run, then `cockpit kill` asked at a terminal and answered with Ctrl+C: the run
+    lives, and neither the ledger nor the host's record gained a line."""
+    import signal
+    import time
+
+    port = free_port()
+    layout = tmp_path / "ok.yaml"
+    layout.write_text(f"""name: ok{port}
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "2", --port, "{port}", --sim-speed, "8", --sim-shm-dir, "{tmp_path}"]
+log_dir: {tmp_path}
+ports: [{port}]
+watch: []
+kill_wait_s: 2
+""")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    common = ["local", "--sim", str(sim_state), "--layout", str(layout)]
+    try:
+        launched = run_cli("launch", *common, "--yes", "--timeout", "60", env=env, timeout=180)
+        assert launched.returncode == 0 and ": ready" in launched.stdout, (launched.stdout, launched.stderr)
+        state = tmp_path / "state" / "gpu-cockpit"
+        ledger = state / "ledger" / f"ok{port}.jsonl"
+        acts = state / "host" / "acts.jsonl"
+        before = (ledger.read_bytes(), acts.read_bytes())
+        master, slave = os.openpty()
+        asker = subprocess.Popen([sys.executable, "-m", "cockpit", "kill", *common], stdin=slave, stdout=slave,
+                                 stderr=slave, env=env, start_new_session=True)
+        os.close(slave)
+        said = b""
+        deadline = time.monotonic() + 60
+        while b"[y/N]" not in said and time.monotonic() < deadline:
+            try:
+                said += os.read(master, 4096)
+            except OSError:
+                break
+        assert b"[y/N]" in said, said
+        asker.send_signal(signal.SIGINT)  # Ctrl+C at the prompt
+        assert asker.wait(30) == 130
+        os.close(master)
+        after = (ledger.read_bytes(), acts.read_bytes())
+        assert after == before, [a[len(b):] for a, b in zip(after, before)]
+        check = run_cli("snapshot", *common, "--json", "--wait", "0", env=env, timeout=120)
+        assert json.loads(check.stdout)["verdict"]["name"] != "no run"  # the run lives
+    finally:
+        subprocess.run(["pkill", "-9", "-f", f"sim.server.*--port {port}"])

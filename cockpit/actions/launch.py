@@ -23,7 +23,7 @@ from cockpit.runs.spec import (
 )
 
 
-async def find_live_run(session, layout: Layout) -> Run | None:
+async def find_live_run(session, layout: Layout, note_seen: bool = True) -> Run | None:
     """The latest run of this layout on this host that is still alive (ready, stalled, or never
     watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
     follows, and what a cold look from anywhere finds. Its record comes from this cockpit's
@@ -31,7 +31,9 @@ async def find_live_run(session, layout: Layout) -> Run | None:
     trusted only with its leader's start time: the agent checks that the process group's leader
     is still the process launched (not a later one reusing its pid), or, the leader gone, that
     the survivors of its session carry the run's titles and user.
-    The record carries its root pid (`root`); the Run, the rule that found it."""
+    The record carries its root pid (`root`); the Run, the rule that found it. `note_seen`: the
+    leader seen alive is written to the ledger (a kept screen's look; a one-shot command that may
+    yet be cancelled writes nothing)."""
     records = [r for r in list(reversed(read_ledger(layout)))[:20]
                if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
                and not r.get("ended")]  # a run killed whole and verified gone is never resumed
@@ -52,18 +54,19 @@ async def find_live_run(session, layout: Layout) -> Run | None:
         cand = alive.get(int(run["pgid"]))
         if cand is not None:
             seen = cand.get("leader_seen_ticks")
-            if seen is not None and seen != run.get("seen_ticks") and not run.get("from_host"):
+            if seen is not None and seen != run.get("seen_ticks"):
                 # the leader alive and the recorded one: a process of its session started before now
                 # is the run's, should the leader die later and its pid be reused (the agent checks)
-                append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
+                if note_seen and not run.get("from_host"):
+                    append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
                 run = {**run, "seen_ticks": seen}
             return Run(layout, {**run, "root": cand["root"]}, cand["rule"])
     return None
 
 
-async def resume(session, layout: Layout | None) -> Run | None:
+async def resume(session, layout: Layout | None, note_seen: bool = True) -> Run | None:
     """The layout's live run (find_live_run), watched alone from now on; the monitor follows it."""
-    run = await find_live_run(session, layout) if layout is not None else None
+    run = await find_live_run(session, layout, note_seen) if layout is not None else None
     if run is not None:
         await watch_only(session, int(run.record["pgid"]), run.record.get("log"))
     return run

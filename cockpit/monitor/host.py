@@ -364,7 +364,7 @@ class HostMonitor(Monitor):
             if self.on_connect is not None:
                 await self.on_connect(self)
             elif self.layout is not None:
-                found = await resume(self.session, self.layout)
+                found = await resume(self.session, self.layout, note_seen=kept)
                 if found is not None:
                     self.follow(found)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")

@@ -9,6 +9,11 @@ and reproduces failures from the field, chosen by flags:
   --sim-hang-rank K                rank K spins in the sampler after serving starts; the others
                                    wait in an all-reduce: their GPUs at 100 % and idle power,
                                    rank K's GPU idle, tokens frozen (as measured on H200s)
+  --sim-capture-hang-rank K        rank K stops while capturing CUDA graphs, outside any collective;
+                                   the others wait for it in an all-reduce: the launch hangs
+                                   before its port opens (the H200 case of docs/VALIDATION.md)
+  --sim-store-port                 the server listens on a port of its own from the start, as
+                                   torch's TCPStore does, long before the server's port opens
   --sim-crash-rank K               rank K dies (SIGKILL, exit -9) while loading weights
   --sim-xid-rank K [--sim-xid N]   once serving, the GPU of rank K reports Xid N (79 by default:
                                    fallen off the bus, and the GPU is then lost); rank K dies
@@ -32,6 +37,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
@@ -74,6 +80,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-dist-dir", default=None,
                    help="a folder the nodes share: a rank hung on one node stalls the collective on all")
     p.add_argument("--sim-hang-rank", type=int, default=None)
+    p.add_argument("--sim-capture-hang-rank", type=int, default=None)
+    p.add_argument("--sim-store-port", action="store_true")
     p.add_argument("--sim-crash-rank", type=int, default=None)
     p.add_argument("--sim-xid-rank", type=int, default=None)
     p.add_argument("--sim-xid", type=int, default=79)
@@ -217,6 +225,10 @@ class Rank:
         start = time.monotonic()
         if self.args.engine == "sglang":
             self.log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.avail()} GB")
+            if self.rank == self.args.sim_capture_hang_rank:
+                self.wait_for_graph_pool()
+            if self.args.sim_capture_hang_rank is not None:
+                self.publish(activity="blocked")  # waiting in the collective for the rank that never comes
             for _bs in range(8):
                 self.all_reduce()
                 self.clock.sleep(0.1)
@@ -232,6 +244,13 @@ class Rank:
                      where="gpu_model_runner.py:2650")
         if self.args.speculative_algorithm:
             self.capture_draft_cuda_graph()
+
+    def wait_for_graph_pool(self) -> None:
+        """A rank that never reaches the capture's collective: the others wait in it for good."""
+        self.publish(activity="idle")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
 
     def capture_draft_cuda_graph(self) -> None:
         self.log(f"Capture draft cuda graph begin. This can take up to several minutes. avail mem={self.avail()} GB")
@@ -473,6 +492,8 @@ class Server:
         if args.sim_leak_shm:
             make_shm(args.sim_shm_dir, f"sgl_shm_tokenizer_{os.getpid()}_{rand_tag(args, 'tok')}", 1 << 20, hold=False)
             make_shm(args.sim_shm_dir, f"psm_{rand_tag(args, 'psm')}", 1 << 16, hold=False)
+        if args.sim_store_port:
+            self.store = socket.create_server(("127.0.0.1", 0))  # torch's TCPStore: up before the ranks
         ready = self.ctx.Queue()
         if args.engine == "sglang":
             for r in range(args.first_rank, args.first_rank + args.local_tp):
