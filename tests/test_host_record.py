@@ -268,3 +268,26 @@ kill_wait_s: 2
         assert json.loads(check.stdout)["verdict"]["name"] != "no run"  # the run lives
     finally:
         subprocess.run(["pkill", "-9", "-f", f"sim.server.*--port {port}"])
+
+
+def test_one_shm_rule_in_the_same_words_and_a_clean_counts_what_really_went(tmp_path):
+    """An entry no process holds is said the same way by `cockpit shm` (removable when asked)
+    and by a relaunch's clean (left: not this run's); a clean whose entries the run's own exit
+    already removed says they are gone, not kept."""
+    from cockpit.actions import kill as actions
+    from cockpit.agent import shm as agent_shm
+    from cockpit.runs import run as runmod
+
+    name = f"psm_gpu-cockpit-test-{os.getpid()}-orphan"
+    (tmp_path / name).write_bytes(b"x" * 4096)
+    audit = agent_shm.shm_audit(str(tmp_path))
+    entry = next(e for e in audit["entries"] if e["name"] == name)
+    assert entry["removable"]
+    listed = "\n".join(actions.describe_shm(audit))
+    left = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), [], None)).left
+    words = actions.unclaimed(entry)
+    assert words in listed and [e["why"] for e in left if e["name"] == name][0].startswith(words)
+    (tmp_path / name).unlink()  # the run's exit removed it first
+    done = agent_shm.shm_clean(str(tmp_path), [actions.listed(entry)], other_dir=True)
+    assert done["removed"] == [] and done["skipped"][0]["gone"]
+    assert actions.summarize_clean(done) == "removed 0 /dev/shm entries, 1 already gone"

@@ -266,7 +266,7 @@ def shm_clean(folder, names, uid=None, other_dir=False):
             if "/" in name or name in (".", ".."):
                 skipped.append({"name": name, "why": "not an entry of " + folder})
             elif entry is None:
-                skipped.append({"name": name, "why": "gone since it was listed"})
+                skipped.append({"name": name, "why": "gone since it was listed", "gone": True})
             elif not entry["removable"]:
                 skipped.append({"name": name, "why": entry["why"]})
             elif want is not None and (want[1] != entry["ino"] or want[0] not in (None, entry["dev"])
