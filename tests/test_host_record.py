@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -110,8 +112,26 @@ async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no
     monitors = [HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
                                                                   sim_state=str(sim_state)),
                             layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25) for _ in range(2)]
-    seen: list[list[str]] = [[], []]
+    seen: list[list[str]] = [[], [], []]
     kept = []
+    eport = free_port()
+    exporter = subprocess.Popen([sys.executable, "-m", "cockpit", "exporter", "--hosts", "local", "--layout",
+                                 str(layout), "--sim", str(sim_state), "--interval", "0.5",
+                                 "--listen", f"127.0.0.1:{eport}"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+
+    def scraped() -> str | None:
+        """The exporter's verdict now (each new one noted in seen[2])."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{eport}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        now = re.search(r'gpu_cockpit_verdict\{host="local",state="([^"]+)"\} 1\.0', text)
+        if now and (not seen[2] or seen[2][-1] != now.group(1)):
+            seen[2].append(now.group(1))
+        return now.group(1) if now else None
+
     try:
         for n, m in enumerate(monitors):
             m.subscribe(lambda e, n=n, m=m: seen[n].append(m.verdict.name.value) if e.kind == "verdict" else None)
@@ -119,16 +139,25 @@ async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no
             kept.append(asyncio.create_task(m.keep()))
         await wait_for(lambda: all(m.phase.name in ("ready", "serving") and len(m.state.ranks()) == 2
                                    for m in monitors), 90, "both monitors see the run up")
-        res = await asyncio.to_thread(run_cli, "kill", "local", "--layout", str(layout), "--yes", timeout=120,
-                                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        await wait_for(lambda: scraped() == "ok", 90, "the exporter reads the run ok")
+        killer = asyncio.create_task(asyncio.to_thread(run_cli, "kill", "local", "--layout", str(layout), "--yes",
+                                                       timeout=120, env={"XDG_STATE_HOME": str(tmp_path / "state")}))
+        while not killer.done():
+            await asyncio.to_thread(scraped)
+            await asyncio.sleep(0.2)
+        res = killer.result()
         assert res.returncode == 0 and "verified" in res.stdout, (res.stdout, res.stderr)
         await wait_for(lambda: all(m.verdict.name.value == "no run" for m in monitors), 30, "no run on both")
-        for verdicts in seen:
+        await wait_for(lambda: scraped() == "no run", 30, "no run on the exporter")
+        for verdicts in seen[:2]:
             assert "crashed" not in verdicts and "stopped" in verdicts, seen
             assert verdicts.index("stopped") < verdicts.index("no run"), seen
+        assert "crashed" not in seen[2] and seen[2][-1] == "no run", seen  # scraped: `stopped` may fall between
         stop = next(r for r in monitors[0].state.acts.values() if r["act"] == "stop")
         assert stop["why"].startswith("cockpit kill") and "@" in stop["by"]
     finally:
+        exporter.terminate()
+        exporter.wait(30)
         for task in kept:
             task.cancel()
         kill_groups([server.pid])
