@@ -320,3 +320,43 @@ def test_one_shm_rule_in_the_same_words_and_a_clean_counts_what_really_went(tmp_
     done = agent_shm.shm_clean(str(tmp_path), [actions.listed(entry)], other_dir=True)
     assert done["removed"] == [] and done["skipped"][0]["gone"]
     assert actions.summarize_clean(done) == "removed 0 /dev/shm entries, 1 already gone"
+
+
+async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name_the_rank(
+        sim_state, tmp_path, monkeypatch):
+    """Two screens watch a launch that hangs while capturing CUDA graphs (rank 1 outside the
+    collective): one claims the stall's forensics on the host and gathers them, the other waits
+    for them (py-spy twice on one rank answers nothing); both name rank 1, and the host's record
+    holds one result."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    port = free_port()
+    log = tmp_path / "server.log"
+    argv = SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), "--sim-capture-hang-rank", "1"]
+    server = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    layout = tmp_path / "ours.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\nstall: {{idle_s: 4, spin_s: 4}}\n")
+    from cockpit.runs.layoutfile import load_layout
+
+    lay = load_layout(str(layout))
+    monitors = [HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                  sim_state=str(sim_state)),
+                            layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25) for _ in range(2)]
+    kept = []
+    try:
+        for m in monitors:
+            m.forensics_on = True
+            await m.open(kept=True)
+            kept.append(asyncio.create_task(m.keep()))
+        await wait_for(lambda: all(m.verdict.odd_rank == 1 for m in monitors), 120, "both name rank 1",
+                       lambda: [(m.verdict.name.value, m.verdict.evidence[-2:]) for m in monitors])
+        done = [r for r in monitors[0].state.acts.values() if r["act"] == "forensics" and r["state"] == "done"]
+        assert len(done) == 1, done
+        assert all(m.forensics is not None and m.forensics.folder == done[0]["doc"]["folder"] for m in monitors)
+    finally:
+        for task in kept:
+            task.cancel()
+        kill_groups([server.pid])
+        for m in monitors:
+            await m.close()
