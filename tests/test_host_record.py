@@ -360,3 +360,46 @@ async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name
         kill_groups([server.pid])
         for m in monitors:
             await m.close()
+
+
+def test_a_plain_look_answers_in_seconds_whatever_it_finds(sim_state, tmp_path):
+    """An idle server of a layout with `engine: none` (its own process listening on the port) is
+    `ok`, with that evidence; one sleeping `sglang::` process with no layout cannot be decided
+    at a glance: the look says so, and how to watch longer, instead of waiting out a stall window."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-I", "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                              start_new_session=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import setproctitle, time; "
+                                f"setproctitle.setproctitle('sglang::detokenizer {tmp_path}'); time.sleep(600)"],
+                               start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                import socket
+
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        layout = tmp_path / "plain.yaml"
+        layout.write_text(f"engine: none\ncommand: [-m, http.server]\nports: [{port}]\n"
+                          f"watch: ['*http.server*{port}*']\n")
+        res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(layout), "--json", timeout=120)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["verdict"]["name"] == "ok", doc["verdict"]
+        assert f"up: port {port} open, held by the run's pid {server.pid}" in doc["verdict"]["evidence"][0]
+        bare = tmp_path / "bare.yaml"
+        bare.write_text(f"command: [-m, sglang.launch_server]\nwatch: ['sglang::detokenizer {tmp_path}*']\n")
+        res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(bare), "--json", timeout=120)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["verdict"]["name"] == "watching", doc["verdict"]
+        assert any("not decided in this look: watch longer with --wait S" in e for e in doc["verdict"]["evidence"])
+        assert doc["looked_s"] < 60  # the stall window (120 s) is not waited out
+    finally:
+        kill_groups([server.pid, sleeper.pid])
