@@ -349,8 +349,10 @@ async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name
             m.forensics_on = True
             await m.open(kept=True)
             kept.append(asyncio.create_task(m.keep()))
-        await wait_for(lambda: all(m.verdict.odd_rank == 1 for m in monitors), 120, "both name rank 1",
-                       lambda: [(m.verdict.name.value, m.verdict.evidence[-2:]) for m in monitors])
+        await wait_for(lambda: all(m.forensics is not None and m.forensics.folder and m.verdict.odd_rank == 1
+                                   for m in monitors), 120, "both read the forensics and name rank 1",
+                       lambda: [(m.verdict.name.value, m.verdict.evidence[-2:], m.forensics) for m in monitors])
+        await monitors[0].session.wait_samples(2)  # the result's record, read back from the host
         done = [r for r in monitors[0].state.acts.values() if r["act"] == "forensics" and r["state"] == "done"]
         assert len(done) == 1, done
         assert all(m.forensics is not None and m.forensics.folder == done[0]["doc"]["folder"] for m in monitors)
