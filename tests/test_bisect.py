@@ -1,0 +1,309 @@
+"""Bisect: the pure ddmin search (cockpit/runs/bisect.py) against oracles, then `cockpit bisect` on
+the simulated host with real processes: one of four flag sets hangs (across a Ctrl+C and a resume),
+two hang only together, a flaky hang found with --repeat."""
+
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cockpit.common.errors import CockpitError
+from cockpit.runs.bisect import EXIT, advance, ddmin, describe_answer, judge, make_plan
+from cockpit.runs.layoutfile import parse_layout
+from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
+from conftest import free_port, run_cli
+
+LAYOUT = """\
+name: {name}
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "4", --port, "{port}", --sim-traffic, "2"]
+flag_sets:
+  graphs: [--cuda-graph-max-bs, "80"]
+  eagle3: [--speculative-algorithm, EAGLE3, --speculative-draft-model-path, /d]
+  allreduce: [--disable-custom-all-reduce]
+  attn: [--attention-backend, fa3]
+  part_a: [--sim-hang-part, a]
+  part_b: [--sim-hang-part, b]
+  flaky: [--sim-hang-prob, "0.5"]
+enabled: [{enabled}]
+params:
+  mem_fraction_static: 0.85
+log_dir: {tmp}/runs
+ports: [{port}]
+watch: []
+stall: {{idle_s: 3, spin_s: 3}}
+kill_wait_s: 1
+sim: {{speed: 8, seed: {seed}}}
+"""
+
+
+def layout_of(enabled="", tmp="/tmp", port=1, seed=1):
+    return parse_layout(LAYOUT.format(name="b", port=port, tmp=tmp, enabled=enabled, seed=seed), "b.yaml")
+
+
+def drive(plan, fails, known=None, launched=0):
+    """Run the search to its end against an oracle `fails(flag_sets) -> bool or outcome`; returns
+    (the final step, the candidates launched in order, every outcome)."""
+    outcomes = {k: list(v) for k, v in (known or {}).items()}
+    order = []
+    for _ in range(1000):
+        step = advance(plan, outcomes, launched + len(order))
+        if step.status:
+            return step, order, outcomes
+        said = fails(plan.spec(step.applied).enabled)
+        outcome = said if isinstance(said, str) else ("stalled-idle" if said else "ready")
+        order.append(step.applied)
+        outcomes.setdefault(step.applied, []).append(outcome)
+    raise AssertionError("the search never ended")
+
+
+# ----------------------------------------------------------------------------- the search, pure
+
+
+def test_one_of_four_is_found_alone_in_few_launches():
+    plan = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h")
+    assert plan.names == ["graphs", "eagle3", "allreduce", "attn"]
+    step, order, _ = drive(plan, lambda on: "eagle3" in on)
+    assert (step.status, step.answer) == ("found", ["eagle3"])
+    assert describe_answer(plan, step.answer) == "eagle3"
+    assert order[0] == frozenset(plan.names)  # the failing configuration first
+    assert order[-1] == frozenset()  # a single delta is blamed only once the good configuration passes
+    assert len(order) <= plan.max_launches() and len(order) < 2 ** 4
+
+
+def test_a_pair_is_found_as_the_pair_and_each_alone_passes():
+    plan = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h")
+    step, order, outcomes = drive(plan, lambda on: {"allreduce", "attn"} <= set(on))
+    assert (step.status, step.answer) == ("found", ["allreduce", "attn"])
+    assert describe_answer(plan, step.answer) == "allreduce with attn"
+    assert judge(outcomes[frozenset({"allreduce"})], 1) is False and judge(outcomes[frozenset({"attn"})], 1) is False
+
+
+def test_every_single_and_pair_culprit_among_six_is_found_1_minimal():
+    names = ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b"]
+    plan = make_plan(layout_of(", ".join(names)), "h")
+    for size in (1, 2):
+        for culprit in itertools.combinations(names, size):
+            step, order, _ = drive(plan, lambda on: set(culprit) <= set(on))
+            assert (step.status, set(step.answer)) == ("found", set(culprit))
+            assert len(order) <= plan.max_launches()
+            assert len(set(order)) == len(order)  # a judged candidate is never launched again
+
+
+def test_a_flag_set_off_in_the_failing_configuration_is_a_delta_too():
+    """eagle3 hangs only with CUDA graphs on: the good configuration has `graphs` (here: graphs
+    off) named in --good."""
+    plan = make_plan(layout_of("eagle3"), "h", good=["graphs"])
+    assert [d.describe() for d in plan.deltas] == ["graphs off", "eagle3"]
+    assert plan.spec([]).enabled == ["graphs"] and plan.spec(plan.names).enabled == ["eagle3"]
+    step, _, _ = drive(plan, lambda on: "eagle3" in on and "graphs" not in on)
+    assert describe_answer(plan, step.answer) == "graphs off with eagle3"
+
+
+def test_sets_vary_does_not_name_hold_the_failing_side():
+    plan = make_plan(layout_of("graphs, attn"), "h", vary=["eagle3"])
+    assert plan.names == ["eagle3"] and plan.held == ["graphs", "attn"]
+    assert plan.spec([]).enabled == ["graphs", "attn"] and plan.spec(["eagle3"]).enabled == ["graphs", "eagle3", "attn"]
+
+
+def test_a_parameter_named_in_vary_is_searched_between_its_values():
+    plan = make_plan(layout_of("eagle3"), "h", vary=["eagle3", "mem_fraction_static=0.7"])
+    assert plan.spec([]).params == {"mem_fraction_static": "0.7"}
+    assert plan.spec(plan.names).params == {"mem_fraction_static": 0.85}
+    high = lambda on, params: params.get("mem_fraction_static") == 0.85  # noqa: E731
+    outcomes, order = {}, []
+    while True:
+        step = advance(plan, outcomes, len(order))
+        if step.status:
+            break
+        spec = plan.spec(step.applied)
+        order.append(step.applied)
+        outcomes.setdefault(step.applied, []).append("crashed" if high(spec.enabled, spec.params) else "ready")
+    assert step.answer == ["mem_fraction_static"]
+    assert describe_answer(plan, step.answer) == "mem_fraction_static=0.85 (good: 0.7)"
+
+
+def test_a_pass_needs_repeat_clean_launches_and_a_failure_is_final():
+    assert judge(["ready", "ready"], 3) is None
+    assert judge(["ready", "ready", "ready"], 3) is False
+    assert judge(["ready", "stalled-spinning"], 3) is True
+    assert judge(["interrupted"], 1) is None and judge(["timeout"], 1) is True
+
+
+def test_a_flaky_hang_is_found_with_repeat():
+    """A hang that shows one launch in two: with --repeat 5 a candidate holding it is cleared
+    only when five launches in a row stay clean (1 in 32), and is never launched after its
+    first failure."""
+    plan = make_plan(layout_of("graphs, flaky, allreduce"), "h", repeat=5)
+    found = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        step, order, outcomes = drive(plan, lambda on: "flaky" in on and rng.random() < 0.5)
+        found += step.answer == ["flaky"]
+        for applied, said in outcomes.items():
+            assert said.count("stalled-idle") <= 1 and (said[-1] == "stalled-idle" or said.count("ready") == 5)
+    assert found >= 30  # the odds of clearing it wrongly are small; each draw's outcome is checked above
+    once = make_plan(layout_of("graphs, flaky, allreduce"), "h", repeat=1)
+    misses = sum(drive(once, lambda on: "flaky" in on and rng.random() < 0.5)[0].answer != ["flaky"]
+                 for rng in (random.Random(s) for s in range(40)))
+    assert misses > 40 - found  # without repeat the flaky hang is missed more often
+
+
+def test_not_reproduced_good_fails_and_the_budget_end_the_search():
+    plan = make_plan(layout_of("graphs, eagle3"), "h", repeat=2)
+    step, order, _ = drive(plan, lambda on: False)
+    assert step.status == "not reproduced" and len(order) == 2 and EXIT[step.status] == 3
+    step, order, _ = drive(plan, lambda on: True)
+    assert step.status == "good fails" and order[-1] == frozenset() and EXIT[step.status] == 4
+    small = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h", budget=3)
+    step, order, _ = drive(small, lambda on: "eagle3" in on)
+    assert step.status == "budget exhausted" and len(order) == 3 and EXIT[step.status] == 5
+    assert step.answer == ["graphs", "eagle3"]  # the smallest failing candidate known when it stopped
+
+
+def test_resuming_replays_what_is_known_and_launches_only_the_rest():
+    plan = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h")
+    fails = lambda on: "attn" in on  # noqa: E731
+    _, whole, outcomes = drive(plan, fails)
+    for cut in range(len(whole)):
+        known = {k: v for k, v in outcomes.items() if k in whole[:cut]}
+        step, rest, _ = drive(plan, fails, known=known, launched=cut)
+        assert step.answer == ["attn"] and rest == whole[cut:]
+    # a larger budget goes on where a smaller one stopped: the same bisect (the key ignores it)
+    assert make_plan(layout_of("graphs, eagle3"), "h", budget=2, repeat=3).key() == \
+        make_plan(layout_of("graphs, eagle3"), "h").key() != make_plan(layout_of("graphs, eagle3"), "other").key()
+
+
+def test_ddmin_is_zellers_on_a_plain_list():
+    search = ddmin([1, 2, 3, 4, 5, 6, 7, 8])
+    culprit = {3, 7}
+    applied = next(search)
+    tried = []
+    try:
+        while True:
+            tried.append(applied)
+            applied = search.send(culprit <= applied)
+    except StopIteration as done:
+        assert sorted(done.value) == [3, 7]
+    assert len(tried) <= 8 * 8 + 3 * 8
+
+
+@pytest.mark.parametrize("enabled, kw, message", [
+    ("", {"vary": ["nope"]}, "not a flag set"),
+    ("", {"good": ["nope"]}, "no flag set 'nope'"),
+    ("attn", {"vary": ["attn"], "good": ["attn"]}, "attn is on in both"),
+    ("attn", {"vary": ["attn"], "good": ["eagle3"]}, "--good eagle3: eagle3 is off .* add it to --vary"),
+    ("attn", {"repeat": 0}, "at least 1 clean launch"),
+    ("attn", {"budget": 0}, "at least 1 launch"),
+    ("", {}, "nothing to bisect"),
+])
+def test_bad_choices_are_one_line_naming_the_fix(enabled, kw, message):
+    with pytest.raises(CockpitError, match=message):
+        make_plan(layout_of(enabled), "h", **kw)
+
+
+# ----------------------------------------------------------------------------- on the simulated host
+
+
+@pytest.fixture
+def bisect_host(tmp_path, sim_state):
+    port = free_port()
+    made = []
+
+    def make(enabled: str, seed: int = 1):
+        path = tmp_path / f"b{len(made)}.yaml"
+        path.write_text(LAYOUT.format(name=f"b{port}x{len(made)}", port=port, tmp=tmp_path, enabled=enabled,
+                                      seed=seed))
+        made.append(path)
+        return path, ["local", "--sim", str(sim_state), "--layout", str(path)]
+
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    yield make, env, port
+    subprocess.run(["pkill", "-9", "-f", f"sim.server.*port {port}"])
+
+
+def running(port: int) -> str:
+    return subprocess.run(["pgrep", "-f", f"sim.server.*port {port}"], capture_output=True, text=True).stdout.strip()
+
+
+def bisect_cli(target, env, *extra, timeout=400):
+    res = run_cli("bisect", *target, "--settle", "1", "--timeout", "60", "--yes", "--json", *extra, env=env,
+                  timeout=timeout)
+    doc = json.loads(res.stdout) if res.stdout.strip().startswith("{") else None
+    return res, doc
+
+
+def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
+    make, env, port = bisect_host
+    path, target = make("graphs, eagle3, allreduce, attn")
+    layout = parse_layout(path.read_text(), str(path))
+    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "bisect", *target, "--settle", "1", "--timeout", "60",
+                             "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+    try:
+        deadline = time.monotonic() + 200
+        while not (read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # while the third candidate is under way
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT["interrupted"], err[-2000:]
+        first = json.loads(out)
+        assert first["status"] == "interrupted" and not running(port)  # nothing left running
+        assert first["steps"][-1]["outcome"] == "interrupted"
+        judged = [s for s in first["steps"] if s["outcome"] != "interrupted"]
+        assert judged[0]["candidate"] == "graphs,eagle3,allreduce,attn" and judged[0]["outcome"] == "stalled-idle"
+        runs = read_ledger(layout)
+        assert all(r.get("stop") or r["outcome"] != "unknown" for r in runs)
+    finally:
+        del os.environ["XDG_STATE_HOME"]
+    res, doc = bisect_cli(target, env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert doc["status"] == "found" and doc["answer"] == ["eagle3"] and doc["answer_text"] == "eagle3"
+    assert doc["resumed"] == len(first["steps"]) and doc["bisect_id"] == first["bisect_id"]
+    again = [s["candidate"] for s in doc["steps"][doc["resumed"]:]]
+    assert not set(again) & {s["candidate"] for s in judged}  # what was judged is not launched again
+    for s in doc["steps"]:
+        assert s["outcome"] in ("stalled-idle", "ready", "interrupted") and s["seconds"] > 0 and s["run"]
+        assert ("eagle3" in s["candidate"]) == (s["outcome"] == "stalled-idle") or s["outcome"] == "interrupted"
+    assert doc["steps"][-1]["candidate"] == "no flag sets" and doc["steps"][-1]["outcome"] == "ready"
+    assert not running(port)
+    table = run_cli("runs", "--layout", str(path), env=env).stdout
+    assert f"{doc['bisect_id']}: found eagle3, {len(doc['steps'])} launches" in table
+    # a third call has nothing left to launch: the answer from the ledger
+    res, doc3 = bisect_cli(target, env)
+    assert res.returncode == 0 and doc3["answer"] == ["eagle3"] and doc3["launched_now"] == 0
+
+
+def test_two_that_hang_only_together_are_found_as_the_pair(bisect_host):
+    make, env, port = bisect_host
+    path, target = make("graphs, part_a, allreduce, part_b")
+    res, doc = bisect_cli(target, env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert doc["answer"] == ["part_a", "part_b"] and doc["answer_text"] == "part_a with part_b"
+    by = {s["candidate"]: s["outcome"] for s in doc["steps"]}
+    assert by["graphs,part_a,allreduce,part_b"] == "stalled-idle"
+    assert by["part_a"] == by["part_b"] == "ready"  # each alone passes
+    assert not running(port)
+    text = run_cli("runs", "--layout", str(path), env=env).stdout
+    assert "found part_a with part_b" in text
+
+
+def test_a_flaky_hang_is_found_with_repeat_on_the_simulated_host(bisect_host):
+    make, env, port = bisect_host
+    path, target = make("graphs, flaky", seed=3)
+    res, doc = bisect_cli(target, env, "--repeat", "3", timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert doc["answer"] == ["flaky"]
+    flaky = [s["outcome"] for s in doc["steps"] if s["candidate"] == "flaky"]
+    assert flaky[-1] == "stalled-idle" and flaky.count("stalled-idle") == 1  # a failure is final
+    assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "graphs"] == ["ready"] * 3
+    assert not running(port)
