@@ -18,8 +18,8 @@ from cockpit.runs.spec import new_run_id
 def resumable(layout, plan: Plan) -> dict | None:
     """The latest bisect in the ledger with the same layout, host and configurations: the one a
     second call goes on with."""
-    key = plan.key()
-    same = [b for b in read_bisects(layout) if b["plan"].get("key") == key]
+    identity = plan.identity()
+    same = [b for b in read_bisects(layout) if b["plan"].get("identity") == identity]
     return same[-1] if same else None
 
 
@@ -53,7 +53,7 @@ async def bisect(monitor, plan: Plan, timeout: float, progress=None, first_plan=
     before = None if fresh else resumable(layout, plan)
     if before is None:
         bisect_id = "bisect-" + new_run_id(layout)
-        append_ledger(layout, {"event": "bisect", "bisect_id": bisect_id, "key": plan.key(), "layout": layout.name,
+        append_ledger(layout, {"event": "bisect", "bisect_id": bisect_id, "identity": plan.identity(), "layout": layout.name,
                                "host": plan.host, "time": time.time(),
                                "deltas": [{"name": d.name, "kind": d.kind, "failing": d.failing, "good": d.good}
                                           for d in plan.deltas],

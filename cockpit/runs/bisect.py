@@ -78,7 +78,7 @@ class Plan:
                 on.add(d.name)
         return RunSpec(enabled=[n for n in self.flag_order if n in on], params=params)
 
-    def key(self) -> str:
+    def identity(self) -> str:
         """What makes two calls the same bisect (a second call resumes the first): the layout,
         the host and both configurations. Not the repeat, budget or settle: a larger budget goes
         on where a smaller one stopped."""
