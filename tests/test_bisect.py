@@ -298,12 +298,17 @@ def test_two_that_hang_only_together_are_found_as_the_pair(bisect_host):
 
 
 def test_a_flaky_hang_is_found_with_repeat_on_the_simulated_host(bisect_host):
+    """One launch in two hangs: a clean launch of a candidate holding it does not clear it, the
+    first hang does (and it is not launched again)."""
     make, env, port = bisect_host
-    path, target = make("graphs, flaky", seed=3)
-    res, doc = bisect_cli(target, env, "--repeat", "3", timeout=600)
+    # the simulated host's draws for seed 28 (its n-th flaky launch, cockpit/sim/server.py): clean,
+    # hang, clean, hang: each candidate holding the hang comes up clean before it hangs
+    path, target = make("graphs, flaky", seed=28)
+    res, doc = bisect_cli(target, env, "--repeat", "2", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert doc["answer"] == ["flaky"]
-    flaky = [s["outcome"] for s in doc["steps"] if s["candidate"] == "flaky"]
-    assert flaky[-1] == "stalled-idle" and flaky.count("stalled-idle") == 1  # a failure is final
-    assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "graphs"] == ["ready"] * 3
+    assert doc["answer"] == ["flaky"] and doc["status"] == "found"
+    outcomes = {c: [s["outcome"] for s in doc["steps"] if s["candidate"] == c] for c in ("graphs,flaky", "flaky")}
+    assert outcomes == {"graphs,flaky": ["ready", "stalled-idle"], "flaky": ["ready", "stalled-idle"]}
+    assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "graphs"] == ["ready"] * 2
+    assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "no flag sets"] == ["ready"] * 2
     assert not running(port)
