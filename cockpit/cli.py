@@ -867,16 +867,17 @@ def _names(text: str | None) -> list[str] | None:
          arg("--repeat", type=int, default=1, metavar="N",
              help="a candidate passes only after N clean launches (flaky hangs); a failure is final"),
          arg("--budget", type=int, default=None, metavar="LAUNCHES", help="launch at most this many (resumed ones count)"),
-         arg("--settle", type=float, default=10, metavar="S",
+         arg("--settle", type=float, default=None, metavar="S",
              help="a launch passes once ready (or serving) for S seconds (default 10)"),
          arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
          arg("--fresh", action="store_true", help="start again instead of resuming the same bisect from the ledger"),
          YES, JSON, epilog=BISECT_EXITS)
 def cmd_bisect(args: argparse.Namespace) -> int:
     from cockpit.actions import bisect, launch
-    from cockpit.runs.bisect import EXIT, make_plan
+    from cockpit.runs.bisect import DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
 
     _writable(args)
+    check_counts(args.repeat, args.budget)  # before connecting
     if not args.layout and args.target != "demo":
         raise CockpitError("bisect needs --layout: the launch profile whose flag sets to search")
 
@@ -886,7 +887,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
         async with attached(args) as monitor:
             plan = make_plan(monitor.layout, monitor.target.label, good=_names(args.good), vary=_names(args.vary),
-                             repeat=args.repeat, budget=args.budget, settle=args.settle)
+                             repeat=args.repeat, budget=args.budget,
+                             settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
             before = None if args.fresh else bisect.resumable(monitor.layout, plan)
             lines = plan.describe()
             if before is not None:

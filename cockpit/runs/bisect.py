@@ -20,7 +20,8 @@ from cockpit.runs.spec import RunSpec
 
 FAILING = ("stalled-idle", "stalled-spinning", "crashed", "timeout")  # a launch that fails the candidate
 PASSING = ("ready",)  # ready (or serving) for the settle window: one clean launch
-NOT_JUDGED = ("interrupted",)  # a launch stopped before its outcome: counted in the budget, judges nothing
+NOT_JUDGED = ("interrupted",)
+DEFAULT_SETTLE_S = 10.0  # how long a candidate must stay ready (or serving) to pass  # a launch stopped before its outcome: counted in the budget, judges nothing
 
 # How a bisect ends: its `status` and the command's exit status (README, `cockpit bisect --help`).
 EXIT = {"found": 0, "not reproduced": 3, "good fails": 4, "budget exhausted": 5, "interrupted": 130}
@@ -111,6 +112,13 @@ def spec_doc(spec: RunSpec) -> dict:
     return {"flag_sets": list(spec.enabled), "params": dict(spec.params)}
 
 
+def check_counts(repeat: int, budget: int | None) -> None:
+    if repeat < 1:
+        raise CockpitError(f"--repeat {repeat}: a pass needs at least 1 clean launch")
+    if budget is not None and budget < 1:
+        raise CockpitError(f"--budget {budget}: at least 1 launch")
+
+
 def make_plan(layout, host: str, failing: list[str] | None = None, good: list[str] | None = None,
               vary: list[str] | None = None, repeat: int = 1, budget: int | None = None,
               settle: float = 0.0) -> Plan:
@@ -133,10 +141,7 @@ def make_plan(layout, host: str, failing: list[str] | None = None, good: list[st
         else:
             raise CockpitError(f"--vary {item!r}: not a flag set ({', '.join(sets) or 'none'}) nor a parameter "
                                f"({', '.join(params) or 'none'}; NAME or NAME=GOOD_VALUE)")
-    if repeat < 1:
-        raise CockpitError(f"--repeat {repeat}: a pass needs at least 1 clean launch")
-    if budget is not None and budget < 1:
-        raise CockpitError(f"--budget {budget}: at least 1 launch")
+    check_counts(repeat, budget)
     fail_on = set(layout.enabled if failing is None else failing) | {s for s in vary_sets if s not in good_on}
     differ = [s for s in sets if (s in fail_on) != (s in good_on)]
     names = vary_sets if vary else differ
