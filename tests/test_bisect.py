@@ -312,3 +312,52 @@ def test_a_flaky_hang_is_found_with_repeat_on_the_simulated_host(bisect_host):
     assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "graphs"] == ["ready"] * 2
     assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "no flag sets"] == ["ready"] * 2
     assert not running(port)
+
+
+async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim_state, tmp_path, monkeypatch):
+    """B: the plan (the sets, the most launches), the progress in the header, the answer in a
+    report; L then shows the bisect's runs under its line."""
+    from cockpit.monitor import demo
+    from cockpit.ui.app import CockpitApp, save_text
+    from cockpit.ui.screens import ConfirmScreen, ReportScreen
+    from simhost import until
+    from test_ui import sim_monitor
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    port = free_port()
+    layout = layout_of("eagle3", tmp=tmp_path, port=port)
+    layout.name = f"ui{port}"
+
+    async def on_connect(monitor):
+        monitor.follow(await demo.start_demo(monitor.session, layout, str(sim_state)))
+
+    app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 60)
+            await pilot.press("B")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
+            await until(pilot, lambda: "at most 2 launches" in save_text(app, None), 10)
+            plan = save_text(app, None)
+            assert "bisect over 1: eagle3" in plan and "the run: launched by this cockpit" in plan
+            await pilot.press("y")
+            await until(pilot, lambda: "bisect: launch 1 of at most 2, eagle3" in save_text(app, None), 30)
+            await until(pilot, lambda: isinstance(app.screen, ReportScreen), 120)
+            await until(pilot, lambda: "the smallest failing set: eagle3" in save_text(app, None), 10)
+            report = save_text(app, None)
+            assert "stalled-idle" in report and "no flag sets" in report and "ready" in report
+            await pilot.press("escape")
+            await until(pilot, lambda: app.cockpit.busy is None, 30)
+            assert not running(port)  # the last candidate is stopped with the bisect
+            await pilot.press("L")
+            await until(pilot, lambda: "found eagle3, 2 launches" in save_text(app, None), 10)
+            ledger = save_text(app, None).splitlines()
+            head = next(i for i, line in enumerate(ledger) if "found eagle3, 2 launches" in line)
+            (group,) = read_bisects(layout)
+            first = next(i for i, line in enumerate(ledger) if group["runs"][0] in line)
+            second = next(i for i, line in enumerate(ledger) if group["runs"][1] in line)
+            assert head < first < second  # its two runs, under it
+            before = next(i for i, line in enumerate(ledger) if read_ledger(layout)[0]["run_id"] in line)
+            assert before < head  # the run the bisect stopped first is not one of its own
+    finally:
+        subprocess.run(["pkill", "-9", "-f", f"sim.server.*port {port}"])

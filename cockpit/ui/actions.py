@@ -276,7 +276,8 @@ class ActionRunner:
                                first_plan=relaunch, first_shm=names, interrupted=lambda: self.stop_bisect,
                                on_step=on_step)
             report = describe_bisect(doc)
-            self.done("bisect", report[0].split(": ", 1)[1] + f" ({report[1]})", good=doc["status"] == "found",
+            self.done("bisect", report[0].split(": ", 1)[1] + f", {count(doc['launches'], 'launch', 'launches')}",
+                      good=doc["status"] == "found",
                       report=report)
             await self.ask(ReportScreen("bisect", report))
 
