@@ -131,8 +131,8 @@ def describe_bisect(doc: dict) -> list[str]:
             "interrupted": "interrupted" + (f"; the smallest failing set so far: {doc['answer_text']}"
                                             if doc["answer"] else "")}[doc["status"]]
     lines = [f"{doc['bisect_id']}: {head}" + (f" ({doc['why']})" if doc.get("why") else ""),
-             f"{doc['launches']} launches ({doc['launched_now']} now"
-             + (f", {doc['resumed']} from the ledger" if doc["resumed"] else "") + ")",
+             f"{doc['launches']} launches" + (f" ({doc['resumed']} from the ledger, {doc['launched_now']} now)"
+                                              if doc["resumed"] else ""),
              f"  {'#':>3}  {'candidate':<36} {'outcome':<17} {'took':>7}  run"]
     for n, s in enumerate(doc["steps"], 1):
         took = f"{s['seconds']:.0f} s" if isinstance(s.get("seconds"), (int, float)) else "?"
