@@ -179,6 +179,11 @@ def test_resuming_replays_what_is_known_and_launches_only_the_rest():
     # a larger budget goes on where a smaller one stopped: the same bisect (its identity ignores it)
     assert make_plan(layout_of("graphs, eagle3"), "h", budget=2, repeat=3).identity() == \
         make_plan(layout_of("graphs, eagle3"), "h").identity() != make_plan(layout_of("graphs, eagle3"), "other").identity()
+    edited = layout_of("graphs, eagle3")
+    edited.flag_sets["eagle3"] = ["--speculative-algorithm", "EAGLE"]
+    assert make_plan(edited, "h").identity() != make_plan(layout_of("graphs, eagle3"), "h").identity()
+    assert make_plan(layout_of("graphs, eagle3"), "h", good=["attn"], vary=["graphs", "eagle3", "attn"]).identity() \
+        != make_plan(layout_of("graphs, eagle3"), "h").identity()
 
 
 def test_ddmin_is_zellers_on_a_plain_list():
@@ -281,6 +286,12 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
     # a third call has nothing left to launch: the answer from the ledger
     res, doc3 = bisect_cli(target, env)
     assert res.returncode == 0 and doc3["answer"] == ["eagle3"] and doc3["launched_now"] == 0
+    # --fresh starts anew; a budget of one launch ends it after the failing configuration
+    res, fresh = bisect_cli(target, env, "--fresh", "--budget", "1")
+    assert res.returncode == EXIT["budget exhausted"] == 5, res.stderr[-2000:]
+    assert fresh["bisect_id"] != doc["bisect_id"] and fresh["resumed"] == 0 and fresh["launches"] == 1
+    assert fresh["steps"][0]["outcome"] == "stalled-idle" and fresh["answer"] == ["graphs", "eagle3", "allreduce", "attn"]
+    assert not running(port)
 
 
 def test_two_that_hang_only_together_are_found_as_the_pair(bisect_host):
@@ -315,8 +326,9 @@ def test_a_flaky_hang_is_found_with_repeat_on_the_simulated_host(bisect_host):
 
 
 async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim_state, tmp_path, monkeypatch):
-    """B: the plan (the sets, the most launches), the progress in the header, the answer in a
-    report; L then shows the bisect's runs under its line."""
+    """B: the plan (the sets, the most launches), the progress in the header; B again stops it
+    cleanly; B once more resumes it to the answer, in a report; L then shows the bisect's runs
+    under its line."""
     from cockpit.monitor import demo
     from cockpit.ui.app import CockpitApp, save_text
     from cockpit.ui.screens import ConfirmScreen, ReportScreen
@@ -342,6 +354,21 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             assert "bisect over 1: eagle3" in plan and "the run: launched by this cockpit" in plan
             await pilot.press("y")
             await until(pilot, lambda: "bisect: launch 1 of at most 2, eagle3" in save_text(app, None), 30)
+            await pilot.press("B")  # while it runs: stop it
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
+            await until(pilot, lambda: "Stop the bisection?" in save_text(app, None), 10)
+            await pilot.press("y")
+            await until(pilot, lambda: isinstance(app.screen, ReportScreen), 60)
+            await until(pilot, lambda: ": interrupted" in save_text(app, None), 10)
+            await pilot.press("escape")
+            await until(pilot, lambda: app.cockpit.busy is None, 30)
+            assert not running(port)  # the launch under way is stopped, verified gone
+            (group,) = read_bisects(layout)
+            assert [s["outcome"] for s in group["steps"]] == ["interrupted"]
+            await pilot.press("B")  # the same bisect again: it resumes
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
+            await until(pilot, lambda: "1 launch already in the ledger" in save_text(app, None), 10)
+            await pilot.press("y")
             await until(pilot, lambda: isinstance(app.screen, ReportScreen), 120)
             await until(pilot, lambda: "the smallest failing set: eagle3" in save_text(app, None), 10)
             report = save_text(app, None)
@@ -350,13 +377,13 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             await until(pilot, lambda: app.cockpit.busy is None, 30)
             assert not running(port)  # the last candidate is stopped with the bisect
             await pilot.press("L")
-            await until(pilot, lambda: "found eagle3, 2 launches" in save_text(app, None), 10)
+            await until(pilot, lambda: "found eagle3, 3 launches" in save_text(app, None), 10)
             ledger = save_text(app, None).splitlines()
-            head = next(i for i, line in enumerate(ledger) if "found eagle3, 2 launches" in line)
+            head = next(i for i, line in enumerate(ledger) if "found eagle3, 3 launches" in line)
             (group,) = read_bisects(layout)
-            first = next(i for i, line in enumerate(ledger) if group["runs"][0] in line)
-            second = next(i for i, line in enumerate(ledger) if group["runs"][1] in line)
-            assert head < first < second  # its two runs, under it
+            assert [s["outcome"] for s in group["steps"]] == ["interrupted", "stalled-idle", "ready"]
+            at = [next(i for i, line in enumerate(ledger) if run in line) for run in group["runs"]]
+            assert head < at[0] < at[1] < at[2]  # its three runs, under it
             before = next(i for i, line in enumerate(ledger) if read_ledger(layout)[0]["run_id"] in line)
             assert before < head  # the run the bisect stopped first is not one of its own
     finally:

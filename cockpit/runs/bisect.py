@@ -59,6 +59,7 @@ class Plan:
     repeat: int = 1
     budget: int | None = None
     settle: float = 0.0
+    launches: str = ""  # what the layout launches (command, base flags, flag sets): an edited layout is a new bisect
 
     @property
     def names(self) -> list[str]:
@@ -80,11 +81,11 @@ class Plan:
         return RunSpec(enabled=[n for n in self.flag_order if n in on], params=params)
 
     def identity(self) -> str:
-        """What makes two calls the same bisect (a second call resumes the first): the layout,
-        the host and both configurations. Not the repeat, budget or settle: a larger budget goes
+        """What makes two calls the same bisect (a second call resumes the first): the layout
+        (and what it launches), the host and both configurations. Not the repeat, budget or settle: a larger budget goes
         on where a smaller one stopped."""
         doc = {"layout": self.layout, "host": self.host, "failing": spec_doc(self.spec(self.names)),
-               "good": spec_doc(self.spec([]))}
+               "good": spec_doc(self.spec([])), "launches": self.launches}
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def max_launches(self) -> int:
@@ -162,7 +163,8 @@ def make_plan(layout, host: str, failing: list[str] | None = None, good: list[st
         raise CockpitError("nothing to bisect: the failing and the good configuration are the same "
                            "(name the suspects with --vary, or a good configuration with --good)")
     held = [s for s in sets if s in fail_on and s not in names]
-    return Plan(layout.name, host, deltas, held, params, sets, repeat, budget, settle)
+    launches = json.dumps([layout.command, layout.base_flags, layout.flag_sets], sort_keys=True, default=str)
+    return Plan(layout.name, host, deltas, held, params, sets, repeat, budget, settle, launches)
 
 
 # ----------------------------------------------------------------------------- the search

@@ -225,9 +225,9 @@ def read_bisects(layout: Layout) -> list[dict]:
 def describe_bisect_line(b: dict) -> str:
     """`bisect-...: found eagle3 in 5 launches`, or where it stands."""
     result, steps = b.get("result") or {}, b.get("steps") or []
-    status = result.get("status") or "under way"
-    answer = f" {result['answer_text']}" if status in ("found", "budget exhausted", "interrupted") \
-        and result.get("answer_text") else ""
+    status, text = result.get("status") or "under way", result.get("answer_text")
+    answer = f" {text}" if status == "found" and text else \
+        f" (the smallest failing set so far: {text})" if status in ("budget exhausted", "interrupted") and text else ""
     return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 
