@@ -23,7 +23,7 @@ LAYOUT = """\
 name: {name}
 engine: sglang
 command: [-m, cockpit.sim.server]
-base_flags: [--tp-size, "4", --port, "{port}", --sim-traffic, "2"]
+base_flags: [--tp-size, "2", --port, "{port}", --sim-traffic, "2"]
 flag_sets:
   graphs: [--cuda-graph-max-bs, "80"]
   eagle3: [--speculative-algorithm, EAGLE3, --speculative-draft-model-path, /d]
@@ -239,7 +239,7 @@ def running(port: int) -> str:
 
 
 def bisect_cli(target, env, *extra, timeout=400):
-    res = run_cli("bisect", *target, "--settle", "1", "--timeout", "60", "--yes", "--json", *extra, env=env,
+    res = run_cli("bisect", *target, "--settle", "1", "--timeout", "60", "--interval", "0.25", "--yes", "--json", *extra, env=env,
                   timeout=timeout)
     doc = json.loads(res.stdout) if res.stdout.strip().startswith("{") else None
     return res, doc
@@ -250,7 +250,7 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
     path, target = make("graphs, eagle3, allreduce, attn")
     layout = parse_layout(path.read_text(), str(path))
     proc = subprocess.Popen([sys.executable, "-m", "cockpit", "bisect", *target, "--settle", "1", "--timeout", "60",
-                             "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                             "--interval", "0.25", "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
     try:
