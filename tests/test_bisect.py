@@ -214,6 +214,22 @@ def test_bad_choices_are_one_line_naming_the_fix(enabled, kw, message):
         make_plan(layout_of(enabled), "h", **kw)
 
 
+def test_the_exit_statuses_are_those_the_readme_and_help_say():
+    import re
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    said = re.search(r"Exit status of `cockpit bisect`: (.*?)\.", readme).group(1)
+    codes = {int(n) for n in re.findall(r"(\d+) [a-z]", said)}
+    assert codes == set(EXIT.values()) | {1, 2}
+    res = run_cli("bisect", "--help")
+    help_text = " ".join(res.stdout.split())
+    for status, code in EXIT.items():
+        assert f"{code} " in help_text.split("exit status:")[1]
+    assert "4 the good configuration fails too" in help_text and "5 the launch budget spent first" in help_text
+    assert "3 no failure reproduced" in help_text and "130 interrupted" in help_text
+
+
 # ----------------------------------------------------------------------------- on the simulated host
 
 
