@@ -890,11 +890,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                              repeat=args.repeat, budget=args.budget,
                              settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
             before = None if args.fresh else bisect.resumable(monitor.layout, plan)
-            lines = plan.describe()
-            if before is not None:
-                lines.append(f"  resumes {before['bisect_id']}: {len(before['steps'])} launches already in the ledger")
             relaunch, names, kill_lines = await launch.plan_relaunch(monitor)
-            if not _confirm(lines + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
+            if not _confirm(bisect.describe_plan(plan, before) + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
                 return None
             asked = []
 

@@ -214,6 +214,30 @@ def test_bad_choices_are_one_line_naming_the_fix(enabled, kw, message):
         make_plan(layout_of(enabled), "h", **kw)
 
 
+def test_the_ledger_groups_a_bisects_runs_under_its_line_and_keeps_its_records_apart(tmp_path, monkeypatch):
+    from cockpit.runs.ledger import append_ledger
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    layout = layout_of("eagle3")
+    for run_id in ("r1", "r2", "r3", "r4"):
+        append_ledger(layout, {"event": "launch", "run_id": run_id, "flag_sets": [], "time": 1.0})
+        append_ledger(layout, {"event": "outcome", "run_id": run_id, "outcome": "ready", "time": 2.0})
+    append_ledger(layout, {"event": "bisect", "bisect_id": "bisect-1", "identity": "x"})
+    for run_id in ("r2", "r4"):
+        append_ledger(layout, {"event": "bisect-step", "bisect_id": "bisect-1", "run": run_id, "outcome": "ready"})
+    append_ledger(layout, {"event": "bisect-result", "bisect_id": "bisect-1", "status": "found", "answer": ["eagle3"],
+                           "answer_text": "eagle3"})
+    runs = read_ledger(layout)
+    assert [r["run_id"] for r in runs] == ["r1", "r2", "r3", "r4"] and all(r["outcome"] == "ready" for r in runs)
+    (group,) = read_bisects(layout)
+    assert group["runs"] == ["r2", "r4"] and group["plan"]["identity"] == "x"  # not masked as a secret's name
+    lines = describe_ledger(runs, now=3.0, bisects=[group])
+    starts = [line.split()[0] for line in lines[1:] if not line.startswith("    ")]
+    assert starts == ["r1", "bisect-1:", "r2", "r4", "r3"]
+    assert "bisect-1: found eagle3, 2 launches" in lines
+    assert describe_ledger(runs, now=3.0)[1].startswith("r1")  # without bisects: every run in its place
+
+
 def test_the_exit_statuses_are_those_the_readme_and_help_say():
     import re
     from pathlib import Path

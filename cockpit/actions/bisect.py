@@ -23,6 +23,14 @@ def resumable(layout, plan: Plan) -> dict | None:
     return same[-1] if same else None
 
 
+def describe_plan(plan: Plan, before: dict | None) -> list[str]:
+    """What the operator confirms: the deltas, both configurations, the most launches, and the
+    bisect it resumes (`before`, from `resumable`)."""
+    n = len(before["steps"]) if before else 0
+    return plan.describe() + ([f"  resumes {before['bisect_id']}: {n} launch{'es' if n != 1 else ''} already in "
+                               f"the ledger"] if before else [])
+
+
 def known_outcomes(plan: Plan, steps: list[dict]) -> dict[frozenset, list[str]]:
     """Each candidate's launches' outcomes, in order, from the bisect's steps (interrupted ones
     judge nothing)."""

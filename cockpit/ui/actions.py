@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.screen import Screen
 
 from cockpit.actions import bundle
-from cockpit.actions.bisect import bisect, describe_bisect, resumable
+from cockpit.actions.bisect import bisect, describe_bisect, describe_plan, resumable
 from cockpit.actions.dumps import collect, dump_ranks, dump_targets
 from cockpit.actions.kill import (
     describe_clean,
@@ -256,9 +256,7 @@ class ActionRunner:
                              settle=DEFAULT_SETTLE_S)
             before = resumable(self.layout, plan)
             relaunch, names, lines = await plan_relaunch(self.monitor)
-            head = plan.describe() + ([f"  resumes {before['bisect_id']}: {count(len(before['steps']), 'launch', 'launches')} "
-                                       f"already in the ledger"] if before else [])
-            if not await self.ask(ConfirmScreen("bisect", head + lines,
+            if not await self.ask(ConfirmScreen("bisect", describe_plan(plan, before) + lines,
                                                 "Run the bisection (each launch kills the one before)?")):
                 return
             self.stop_bisect = False
