@@ -107,6 +107,21 @@ def test_a_flag_set_off_in_the_failing_configuration_is_a_delta_too():
     assert describe_answer(plan, step.answer) == "graphs off with eagle3"
 
 
+def test_the_readme_walk_through_on_the_demo_layout():
+    """`cockpit bisect demo --good no_cuda_graph`: the simulated EAGLE-3 deadlock is in the draft
+    CUDA graph's capture (cockpit/sim/server.py skips it with --disable-cuda-graph), so the answer
+    is the pair, in 3 launches; `B` on the demo (EAGLE-3 on) plans at most 2."""
+    from cockpit.runs.layouts import resolve_layout
+
+    demo = resolve_layout("demo")
+    plan = make_plan(demo, "demo", good=["no_cuda_graph"])
+    step, order, _ = drive(plan, lambda on: "eagle3" in on and "no_cuda_graph" not in on)
+    assert describe_answer(plan, step.answer) == "eagle3 with no_cuda_graph off" and len(order) == 3
+    assert plan.describe()[0] == "bisect over 2: eagle3, no_cuda_graph off"
+    ui = make_plan(demo, "demo", failing=demo.enabled)
+    assert ui.describe()[0] == "bisect over 1: eagle3" and "at most 2 launches" in ui.describe()[-1]
+
+
 def test_sets_vary_does_not_name_hold_the_failing_side():
     plan = make_plan(layout_of("graphs, attn"), "h", vary=["eagle3"])
     assert plan.names == ["eagle3"] and plan.held == ["graphs", "attn"]
