@@ -35,6 +35,7 @@ class Command:
     handler: Callable[[argparse.Namespace], int]
     arguments: list[tuple[tuple, dict]] = field(default_factory=list)
     common: bool = True  # takes the host options (--layout, --python, --ssh-config, ...)
+    epilog: str | None = None  # said after the options in `--help` (exit statuses)
 
 
 COMMANDS: dict[str, Command] = {}
@@ -50,10 +51,10 @@ TARGET = arg("target", help="the host: local, demo, an ssh alias, user@host[:por
                             "podman:NAME[@HOST] or slurm:JOBID[/NODE][@LOGIN-HOST]")
 
 
-def command(name: str, help: str, *arguments, common: bool = True):
+def command(name: str, help: str, *arguments, common: bool = True, epilog: str | None = None):
     """Register a subcommand: its name, help, arguments and handler in one place."""
     def wrap(fn):
-        COMMANDS[name] = Command(name, help, fn, list(arguments), common)
+        COMMANDS[name] = Command(name, help, fn, list(arguments), common, epilog)
         return fn
     return wrap
 
@@ -85,7 +86,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for cmd in COMMANDS.values():
         if only is not None and cmd.name != only:
             continue
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, epilog=cmd.epilog)
         for names, kw in cmd.arguments:
             p.add_argument(*names, **kw)
         if cmd.common:
@@ -847,6 +848,77 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return launch.exit_status([r["outcome"] for r in rows])
 
 
+BISECT_EXITS = ("exit status: 0 the smallest failing set found; 1 not confirmed; 2 bad input or an error; "
+                "3 no failure reproduced with the failing configuration; 4 the good configuration fails too; "
+                "5 the launch budget spent first; 130 interrupted (Ctrl+C: the current run is stopped, a second "
+                "call with the same arguments resumes)")
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [v for v in text.split(",") if v]
+
+
+@command("bisect", "delta debugging (ddmin) over flag sets: the smallest set of them that still hangs", TARGET,
+         arg("--vary", metavar="SET,SET", help="the flag sets (and parameters: NAME, or NAME=GOOD_VALUE) to search; "
+                                               "default every flag set that differs between the two configurations"),
+         arg("--good", metavar="SET,SET", default=None,
+             help="the good configuration's flag sets (default none); the failing one is the layout's enabled sets "
+                  "plus those --vary names"),
+         arg("--repeat", type=int, default=1, metavar="N",
+             help="a candidate passes only after N clean launches (flaky hangs); a failure is final"),
+         arg("--budget", type=int, default=None, metavar="LAUNCHES", help="launch at most this many (resumed ones count)"),
+         arg("--settle", type=float, default=None, metavar="S",
+             help="a launch passes once ready (or serving) for S seconds (default 10)"),
+         arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
+         arg("--fresh", action="store_true", help="start again instead of resuming the same bisect from the ledger"),
+         YES, JSON, epilog=BISECT_EXITS)
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from cockpit.actions import bisect, launch
+    from cockpit.runs.bisect import DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
+
+    _writable(args)
+    check_counts(args.repeat, args.budget)  # before connecting
+    if not args.layout and args.target != "demo":
+        raise CockpitError("bisect needs --layout: the launch profile whose flag sets to search")
+
+    async def go():
+        import asyncio
+        import signal
+
+        async with attached(args) as monitor:
+            plan = make_plan(monitor.layout, monitor.target.label, good=_names(args.good), vary=_names(args.vary),
+                             repeat=args.repeat, budget=args.budget,
+                             settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
+            before = None if args.fresh else bisect.resumable(monitor.layout, plan)
+            relaunch, names, kill_lines = await launch.plan_relaunch(monitor)
+            if not _confirm(bisect.describe_plan(plan, before) + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
+                return None
+            asked = []
+
+            def interrupt() -> None:
+                if not asked:
+                    say("interrupted: the current run is stopped, then the bisect ends (a second call resumes)",
+                        file=sys.stderr, flush=True)
+                asked.append(True)
+
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+            try:
+                return await bisect.bisect(monitor, plan, args.timeout, progress=_progress, first_plan=relaunch,
+                                           first_shm=names, interrupted=lambda: bool(asked), fresh=args.fresh)
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+
+    doc = run_async(go())
+    if doc is None:
+        return 1
+    if args.json:
+        print_json(doc)
+    else:
+        say("\n".join(bisect.describe_bisect(doc)))
+    return EXIT[doc["status"]]
+
+
 @command("runs", "the ledger: every launch of a layout and what became of it",
          arg("--layout", required=True, metavar="FILE",
              help="the layout whose runs to list: a .yaml path or a shipped name (demo, sglang-tp8, vllm-tp8)"),
@@ -855,11 +927,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from cockpit.runs import ledger as runs
     from cockpit.runs.layouts import resolve_layout
 
-    rows = runs.read_ledger(resolve_layout(args.layout))
+    layout = resolve_layout(args.layout)
+    rows = runs.read_ledger(layout)
     if args.json:
         print_json(rows)
     else:
-        say("\n".join(runs.describe_ledger(rows)))
+        say("\n".join(runs.describe_ledger(rows, bisects=runs.read_bisects(layout))))
     return 0
 
 

@@ -142,14 +142,18 @@ async def watch_only(session, pgid: int | None, log: str | None) -> None:
     session.state.forget_dead()
 
 
-async def follow_to_outcome(monitor, timeout: float, progress=None, settle: float = 0.0) -> tuple[str, list[str]]:
+async def follow_to_outcome(monitor, timeout: float, progress=None, settle: float = 0.0,
+                            interrupted=None) -> tuple[str, list[str]]:
     """Follow the monitor's run until it is ready (and stays so for `settle` seconds: some hangs
     come with the first requests), stalls, crashes or times out; returns (outcome, evidence). The
-    verdict is the monitor's own: the screen shows the same."""
+    verdict is the monitor's own: the screen shows the same. `interrupted()` true (the operator's
+    Ctrl+C during a bisect) ends the watch with `interrupted`, the run left for its caller to stop."""
     deadline = time.monotonic() + timeout
     ready_at = None
     while True:
         await monitor.session.wait_samples(1, timeout=30)
+        if interrupted is not None and interrupted():
+            return "interrupted", ["the operator stopped watching before the run's outcome"]
         now = time.monotonic()
         phase, verdict = monitor.phase, monitor.verdict
         if progress:
@@ -222,7 +226,7 @@ def refuse_unasked(plan, launched: dict | None) -> None:
 
 async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
                       dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
-                      shm=None) -> dict:
+                      shm=None, interrupted=None) -> dict:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
 
     `plan` and `shm` (from plan_relaunch) are what the operator confirmed: exactly that is
@@ -265,7 +269,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
         monitor.new_run()
         run = await launch(session, layout, spec)
     monitor.follow(run)
-    outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle)
+    outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle, interrupted)
     folder = None
     if outcome.startswith("stalled") and dump_on_stall:
         await monitor.forensics_done()  # the stall's forensics, gathered once for every cockpit: read, not taken again
@@ -301,13 +305,19 @@ async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_
             progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
         plan, names = (first_plan, first_shm) if n == 0 else (None, None)
         rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names))
+    await end_own_run(monitor, "stopped: the ablation is over", progress)
+    return rows
+
+
+async def end_own_run(monitor, why: str, progress=None) -> dict | None:
+    """The last run of an ablation or a bisect stopped (monitor.stop, verified), its plan said
+    first; only the run it launched itself (refuse_unasked)."""
     plan = await kill.plan_kill(monitor.session, monitor.run.scope(monitor.session.watch))
     if plan.entries and progress:
         for line in ["the last run is killed:"] + plan.describe():
             progress(None, line)
     refuse_unasked(plan, monitor.following)
-    await stop_run(monitor, plan, "stopped: the ablation is over")
-    return rows
+    return await stop_run(monitor, plan, why)
 
 
 def describe_ablation(rows: list[dict], vary: list[str]) -> list[str]:

@@ -146,31 +146,89 @@ def _spans(history: list[dict], end: float, live: bool) -> list[str]:
     return out
 
 
-def describe_ledger(runs: list[dict], now: float | None = None) -> list[str]:
+def describe_ledger(runs: list[dict], now: float | None = None, bisects: list[dict] | None = None) -> list[str]:
     """A line per run (a live one, with no outcome yet, reads its current verdict), then its
-    verdicts in turn with when each began and how long it lasted, and who stopped it."""
+    verdicts in turn with when each began and how long it lasted, and who stopped it. The runs of
+    a bisect (`bisects`, from read_bisects) are grouped under its line, where its first run was."""
     now = time.time() if now is None else now
     lines = [f"{'run':<28} {'outcome':<24} {'ready':>7}  flag sets / params"]
+    groups = {run_id: b for b in bisects or [] for run_id in b["runs"]}
+    said = set()
     for r in runs:
-        ready = (r.get("phase_times") or {}).get("ready")
-        sets = ",".join(r.get("flag_sets") or []) or "-"
-        params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
-        history = r.get("verdicts") or []
-        ended = r.get("ended") if isinstance(r.get("ended"), (int, float)) else None
-        live = ended is None and (not history or history[-1]["verdict"] not in ("no run", "stopped"))
-        outcome = r.get("outcome", "?")
-        if history and live and history[-1]["verdict"] != outcome:  # a run the ledger still sees live
-            outcome = f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
-        lines.append(f"{r['run_id']:<28} {outcome:<24} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
-        if history:
-            lines.append("    " + ", then ".join(_spans(history, ended if ended is not None else now, live)))
-        began = r.get("launched")
-        if isinstance(began, (int, float)):
-            lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
-        stop = r.get("stop")
-        if isinstance(stop, dict):
-            lines.append(f"    stopped {_clock(stop.get('at'))} by {stop.get('by') or '?'}: {stop.get('why') or ''}")
+        group = groups.get(r["run_id"])
+        if group is None:
+            lines += _describe_run(r, now)
+        elif group["bisect_id"] not in said:
+            said.add(group["bisect_id"])
+            lines.append(describe_bisect_line(group))
+            members = [x for x in runs if groups.get(x["run_id"]) is group]
+            lines += ["  " + line for x in members for line in _describe_run(x, now)]
     return lines
+
+
+def _describe_run(r: dict, now: float) -> list[str]:
+    lines: list[str] = []
+    ready = (r.get("phase_times") or {}).get("ready")
+    sets = ",".join(r.get("flag_sets") or []) or "-"
+    params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
+    history = r.get("verdicts") or []
+    ended = r.get("ended") if isinstance(r.get("ended"), (int, float)) else None
+    live = ended is None and (not history or history[-1]["verdict"] not in ("no run", "stopped"))
+    outcome = r.get("outcome", "?")
+    if history and live and history[-1]["verdict"] != outcome:  # a run the ledger still sees live
+        outcome = f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
+    lines.append(f"{r['run_id']:<28} {outcome:<24} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
+    if history:
+        lines.append("    " + ", then ".join(_spans(history, ended if ended is not None else now, live)))
+    began = r.get("launched")
+    if isinstance(began, (int, float)):
+        lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
+    stop = r.get("stop")
+    if isinstance(stop, dict):
+        lines.append(f"    stopped {_clock(stop.get('at'))} by {stop.get('by') or '?'}: {stop.get('why') or ''}")
+    return lines
+
+
+# A bisect's records (cockpit/actions/bisect.py) carry `bisect_id`, never `run_id` (a step names
+# its run as `run`): read_ledger's runs stay the runs.
+BISECT_EVENTS = ("bisect", "bisect-step", "bisect-result")
+
+
+def read_bisects(layout: Layout) -> list[dict]:
+    """Each bisect of the layout, oldest first: its plan record, its steps (one per launch, in
+    order) and its last result; `runs` lists its launches' run ids."""
+    found: dict[str, dict] = {}
+    try:
+        text = ledger_path(layout).read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("event") not in BISECT_EVENTS or not isinstance(rec.get("bisect_id"), str):
+            continue
+        b = found.setdefault(rec["bisect_id"], {"bisect_id": rec["bisect_id"], "plan": None, "steps": [],
+                                                "result": None, "runs": []})
+        if rec["event"] == "bisect":
+            b["plan"] = rec
+        elif rec["event"] == "bisect-step":
+            b["steps"].append(rec)
+            if isinstance(rec.get("run"), str):
+                b["runs"].append(rec["run"])
+        else:
+            b["result"] = rec
+    return [b for b in found.values() if b["plan"] is not None]
+
+
+def describe_bisect_line(b: dict) -> str:
+    """`bisect-...: found eagle3 in 5 launches`, or where it stands."""
+    result, steps = b.get("result") or {}, b.get("steps") or []
+    status, text = result.get("status") or "under way", result.get("answer_text")
+    answer = f" {text}" if status == "found" and text else \
+        f" (the smallest failing set so far: {text})" if status in ("budget exhausted", "interrupted") and text else ""
+    return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 
 def record_seen(monitor) -> None:

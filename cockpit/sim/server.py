@@ -22,6 +22,13 @@ and reproduces failures from the field, chosen by flags:
   --sim-remap-rank K               the GPU of rank K has an uncorrected ECC error and a row
                                    remap pending (a reset applies it); the run goes on
   --sim-slowdown-rank K            the GPU of rank K is held down by the hardware (HW slowdown)
+  --sim-hang-part NAME             (repeatable) with two distinct parts, every rank blocks in a
+                                   collective after capturing CUDA graphs, as EAGLE-3 does: a
+                                   hang that needs two flag sets together (each passes one part)
+  --sim-hang-prob P                every rank blocks the same way at a launch with probability P
+                                   (a flaky hang); the draw is seeded by --sim-seed and the
+                                   count of such launches kept in --sim-state, so a sequence of
+                                   launches repeats
   --sim-leak-shm                   leaves nccl-, psm_ and sgl_shm_ entries in the shm folder
   --sim-orphans                    workers outlive a SIGKILLed parent and keep their GPU memory
 
@@ -88,6 +95,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-lost-rank", type=int, default=None)
     p.add_argument("--sim-remap-rank", type=int, default=None)
     p.add_argument("--sim-slowdown-rank", type=int, default=None)
+    p.add_argument("--sim-hang-part", action="append", default=[], metavar="NAME")
+    p.add_argument("--sim-hang-prob", type=float, default=0.0, metavar="P")
     p.add_argument("--sim-leak-shm", action="store_true")
     p.add_argument("--sim-orphans", action="store_true")
     p.add_argument("--sim-traffic", type=float, default=0.0, metavar="REQ_S",
@@ -264,6 +273,14 @@ class Rank:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank stuck in CUDA ignores SIGTERM
         self.all_reduce(draft=True)
 
+    def warmup_collective(self) -> None:
+        """The two-part and the flaky hang: a warm-up collective that never completes on any
+        rank (the draft barrier waits for one party more than there are ranks)."""
+        self.log("Warm-up collective begin.")
+        self.publish(activity="blocked")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.all_reduce(draft=True)
+
     def all_reduce(self, draft: bool = False) -> None:
         if peer_hung(self.args):  # a rank on another node never joins: the collective never completes
             self.fr.enqueue()
@@ -324,6 +341,8 @@ def run_scheduler_process(args, rank, shared, ready) -> None:
     r.load_model()
     r.allocate_kv_cache()
     r.capture_cuda_graph()
+    if args.sim_deadlock:
+        r.warmup_collective()
     ready.put(rank)
     r.publish(activity="idle")
     watch_spin(r)
@@ -407,6 +426,22 @@ def run_engine_core(args, shared, ready) -> None:
         w.join()
 
 
+def flaky_hang(args) -> bool:
+    """Whether this launch hangs under --sim-hang-prob: the n-th such launch on a simulated host
+    draws from (seed, n), so the same sequence of launches hangs the same way."""
+    if args.sim_hang_prob <= 0:
+        return False
+    if not args.sim_state:
+        return random.random() < args.sim_hang_prob
+    fd = os.open(os.path.join(args.sim_state, "flaky-launches"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b".")  # one byte per launch, appended: the count is the file's size
+        n = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return random.Random(f"{args.sim_seed}/flaky/{n}").random() < args.sim_hang_prob
+
+
 # ----------------------------------------------------------------------------- shm
 
 
@@ -448,6 +483,7 @@ class Server:
             "generated": ctx.Value("q", 0),
             "spinning": ctx.Value("i", 0),
         }
+        args.sim_deadlock = len(set(args.sim_hang_part)) >= 2 or flaky_hang(args)  # one draw per launch, every rank's
         self.prompt_tokens = 0
         self.running = 0  # requests in flight: a hang keeps them running while the counters freeze
         self.children: list = []
