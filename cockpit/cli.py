@@ -423,7 +423,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         for option, path in (("--svg", args.svg), ("--text", args.text)):
             if path and path != "-":
                 check_output(option, path)
-        from cockpit.host.snapshot import monitor_doc
+        from cockpit.operate.snapshot import monitor_doc
         from cockpit.runs.layouts import resolve_layout
         from cockpit.ui.app import CockpitApp
         from cockpit.ui.headless import render
@@ -469,7 +469,7 @@ def start_agent_early(args: argparse.Namespace) -> None:
 
 
 async def _snapshot_doc(args: argparse.Namespace) -> dict:
-    from cockpit.host.snapshot import take_snapshot
+    from cockpit.operate.snapshot import take_snapshot
 
     return await take_snapshot(build_monitor(args), wait=args.wait)
 
@@ -673,7 +673,6 @@ def cmd_shm(args: argparse.Namespace) -> int:
          JSON)
 def cmd_dump(args: argparse.Namespace) -> int:
     from cockpit.actions import dumps, kill
-    from cockpit.runs.ledger import run_name
 
     _writable(args)
 
@@ -688,7 +687,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
             if not ranks:
                 raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
                                    f"is alive")
-            return await dumps.dump_ranks(session, ranks, run_name(monitor), upload=args.upload_pyspy,
+            return await dumps.dump_ranks(session, ranks, monitor.run.folder_name(monitor.target.label), upload=args.upload_pyspy,
                                           say=lambda line: print(line, file=sys.stderr, flush=True))
 
     result = run_async(go())
@@ -706,7 +705,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
              help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
          JSON)
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from cockpit.actions import bundle
+    from cockpit.operate import bundle
 
     async def go():
         async with attached(args) as monitor:
@@ -737,7 +736,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
         async with attached(args) as monitor:
             if not dumps.recorder_pids(monitor.state):
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
-            return await dumps.collect(monitor, trigger=not args.no_trigger, root=args.pid)
+            return await dumps.collect(monitor.session, monitor.run, trigger=not args.no_trigger, root=args.pid)
 
     answer, result = run_async(go())
     if args.json:
@@ -781,6 +780,7 @@ def _spec(args: argparse.Namespace, layout):
          YES, arg("--json", action="store_true", help="print the run's ledger row as JSON instead of lines"))
 def cmd_launch(args: argparse.Namespace) -> int:
     from cockpit.actions import launch
+    from cockpit.operate import relaunch
     from cockpit.runs.spec import build_argv
 
     _writable(args)
@@ -793,11 +793,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             session, layout = monitor.session, monitor.layout
             spec = _spec(args, layout)
             argv = build_argv(layout, spec, launch.launch_python(layout, session)) + launch.sim_flags(layout, session)
-            plan, names, lines = await launch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
+            plan, names, lines = await relaunch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
             if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes,
                             args.json):
                 return None
-            return await launch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
+            return await relaunch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
                                             progress=_progress, settle=args.settle, plan=plan, shm=names)
 
     row = run_async(go())
@@ -807,13 +807,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from cockpit.common.secrets import mask_record
 
         print_json(mask_record(row))  # secrets masked, as in the ledger
-        return launch.exit_status([row["outcome"]])
+        return relaunch.exit_status([row["outcome"]])
     say(row["summary"])
     say(f"{row['run_id']}: {row['outcome']}")
     for line in row["evidence"]:
         say(f"  {line}")
     say(f"log: {row['log']}")
-    return launch.exit_status([row["outcome"]])
+    return relaunch.exit_status([row["outcome"]])
 
 
 @command("ablate", "each on/off combination of flag sets in turn, then a table of outcomes", TARGET,
@@ -821,7 +821,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
          arg("--timeout", type=float, default=900, metavar="S", help="per combination"),
          YES, JSON)
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from cockpit.actions import launch
+    from cockpit.operate import relaunch
     from cockpit.runs.spec import combinations
 
     _writable(args)
@@ -830,12 +830,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             specs = combinations(monitor.layout, vary)
-            plan, names, lines = await launch.plan_relaunch(monitor)
+            plan, names, lines = await relaunch.plan_relaunch(monitor)
             if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
                             f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
                             args.yes, args.json):
                 return None
-            return await launch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
+            return await relaunch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
                                        first_shm=names)
 
     rows = run_async(go())
@@ -844,8 +844,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        say("\n".join(launch.describe_ablation(rows, vary)))
-    return launch.exit_status([r["outcome"] for r in rows])
+        say("\n".join(relaunch.describe_ablation(rows, vary)))
+    return relaunch.exit_status([r["outcome"] for r in rows])
 
 
 BISECT_EXITS = ("exit status: 0 the smallest failing set found; 1 not confirmed; 2 bad input or an error; "
@@ -873,7 +873,7 @@ def _names(text: str | None) -> list[str] | None:
          arg("--fresh", action="store_true", help="start again instead of resuming the same bisect from the ledger"),
          YES, JSON, epilog=BISECT_EXITS)
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from cockpit.actions import bisect, launch
+    from cockpit.operate import bisect, relaunch
     from cockpit.runs.bisect import DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
 
     _writable(args)
@@ -890,7 +890,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                              repeat=args.repeat, budget=args.budget,
                              settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
             before = None if args.fresh else bisect.resumable(monitor.layout, plan)
-            relaunch, names, kill_lines = await launch.plan_relaunch(monitor)
+            first, names, kill_lines = await relaunch.plan_relaunch(monitor)
             if not _confirm(bisect.describe_plan(plan, before) + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
                 return None
             asked = []
@@ -904,7 +904,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGINT, interrupt)
             try:
-                return await bisect.bisect(monitor, plan, args.timeout, progress=_progress, first_plan=relaunch,
+                return await bisect.bisect(monitor, plan, args.timeout, progress=_progress, first_plan=first,
                                            first_shm=names, interrupted=lambda: bool(asked), fresh=args.fresh)
             finally:
                 loop.remove_signal_handler(signal.SIGINT)

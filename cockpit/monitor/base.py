@@ -85,7 +85,7 @@ class Monitor:
 
     def _emit(self, event: MonitorEvent) -> None:
         if event.kind == "verdict" and self.session.watch_current():
-            note_verdict(self)  # the run's history in the ledger, whoever listens (never of a sample taken
+            note_verdict(self.run, self.verdict)  # the run's history in the ledger, whoever listens (never of a sample taken
             # before the run was watched: a look that is cancelled at its prompt writes nothing)
         for fn in list(self._listeners):
             fn(event)
@@ -175,7 +175,7 @@ class Monitor:
         v = self.verdict
         if v.name == VerdictName.WATCHING:
             until = time.strftime("%H:%M:%S", time.localtime(v.until)) if v.until else None
-            v.evidence = v.evidence + [f"not decided in this look: watch longer with --wait S"
+            v.evidence = v.evidence + ["not decided in this look: watch longer with --wait S"
                                        + (f" (the stall thresholds decide by {until})" if until else "")]
 
     @asynccontextmanager
@@ -191,8 +191,8 @@ class Monitor:
         any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
         kill runs its ranks read `stopping`; a whole run verified gone is `no run`. Returns the
         kill's report (docs/layouts.md#what-actions-touch), with its one-line `summary`."""
-        record_seen(self)
-        note_stop(self, plan, why)
+        record_seen(self.run, self.verdict, self.phase, self.watchdog.phase_times())
+        note_stop(self.run, plan, why)
         if wait is None:
             wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
         with self.stopping_for(why, plan):

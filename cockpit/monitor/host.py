@@ -25,11 +25,7 @@ from cockpit.link.target import Target
 from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
 from cockpit.read import metrics
 from cockpit.runs.config import Layout
-from cockpit.runs.ledger import (
-    append_ledger,
-    ledger_path,
-    run_name,
-)
+from cockpit.runs.ledger import append_ledger, ledger_path
 from cockpit.runs.run import Run
 
 PROBE_EVERY_S = 2.0
@@ -213,10 +209,10 @@ class HostMonitor(Monitor):
             self.update()
             self._emit(MonitorEvent("sample"))
             return
-        run = run_name(self)
+        run = self.run.folder_name(self.target.label)
         self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
                                 "turns it off)")
-        found = await forensics.gather(self, run)
+        found = await forensics.gather(self.session, self.run, run)
         self.forensics = found
         if found.finding is not None:
             self.state.notes.append(f"stall forensics: {'; '.join(found.finding.evidence)} ({found.folder})")

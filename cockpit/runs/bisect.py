@@ -1,7 +1,7 @@
 """Delta debugging (Zeller's ddmin) over a layout's flag sets and parameters: the smallest set of
 differences between a failing configuration and a good one that still fails. Pure: plain values
 in, plain values out, no launch and no I/O; the workflow that launches each candidate is
-cockpit/actions/bisect.py.
+cockpit/operate/bisect.py.
 
 The search is replayed from the start at every step against the outcomes known so far (the
 ledger's, so a bisect resumes where it stopped): `advance` names the next candidate to launch, or

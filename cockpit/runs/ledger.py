@@ -28,14 +28,6 @@ def masked(env: dict[str, str]) -> dict[str, str]:
     return mask_env(env)
 
 
-def run_name(monitor) -> str:
-    """The name of the run's folder (`runs/NAME/`: its dumps, bundles, forensics): the ledger's
-    run followed, else the layout, else the host."""
-    if monitor.following and monitor.following.get("run_id"):
-        return str(monitor.following["run_id"])
-    return monitor.layout.name if monitor.layout else monitor.target.label
-
-
 def state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
 
@@ -96,11 +88,11 @@ def operator_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
 
 
-def note_verdict(monitor) -> None:
-    """A verdict change of the run the monitor follows, kept with its time and evidence: the run's
+def note_verdict(run: Run, v) -> None:
+    """A verdict change (`v`) of a run followed, kept with its time and evidence: the run's
     history (`cockpit runs`, `L`). A verdict the ledger already holds as the run's last (another
     cockpit watching the same run said it) is not written again."""
-    run_id, layout, v = monitor.run.run_id, monitor.layout, monitor.verdict
+    run_id, layout = run.run_id, run.layout
     if not run_id or layout is None or v.name.value in QUIET:
         return
     last = next((r.get("verdicts") or [None] for r in read_ledger(layout) if r.get("run_id") == run_id), [None])[-1]
@@ -189,7 +181,7 @@ def _describe_run(r: dict, now: float) -> list[str]:
     return lines
 
 
-# A bisect's records (cockpit/actions/bisect.py) carry `bisect_id`, never `run_id` (a step names
+# A bisect's records (cockpit/operate/bisect.py) carry `bisect_id`, never `run_id` (a step names
 # its run as `run`): read_ledger's runs stay the runs.
 BISECT_EVENTS = ("bisect", "bisect-step", "bisect-result")
 
@@ -231,27 +223,26 @@ def describe_bisect_line(b: dict) -> str:
     return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 
-def record_seen(monitor) -> None:
+def record_seen(followed: Run, verdict, phase, phase_times: dict) -> None:
     """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
     stopped: a stalled run stays recorded as stalled, not as killed."""
-    run, layout = monitor.following, monitor.layout
+    run, layout = followed.record, followed.layout
     if not run or not layout or not run.get("run_id") or run.get("outcome_written") \
             or run.get("outcome", "unknown") != "unknown":  # the ledger already has how it ended (its launcher's)
         return
-    verdict = monitor.verdict
     outcome = verdict.name.value if verdict.name in ALERTING else (
-        "ready" if monitor.phase.name in ("ready", "serving") else "stopped")
+        "ready" if phase.name in ("ready", "serving") else "stopped")
     append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
-                           "phase_times": monitor.watchdog.phase_times(), "evidence": verdict.evidence,
+                           "phase_times": phase_times, "evidence": verdict.evidence,
                            "dumps": None, "time": time.time()})
     run["outcome_written"] = True
 
 
-def note_stop(monitor, plan, why: str) -> None:
+def note_stop(followed: Run, plan, why: str) -> None:
     """The ledger's word that the operator stops the run followed: who (the action), from where
-    (user, host, process), when, and the processes planned (pid, start time). Written before the
-    first signal, so another cockpit watching the run reads their deaths as the operator's."""
-    run, layout = monitor.following, monitor.layout
+    (user, host, process), when, and the processes planned (pid, start time): the run's history
+    (the host's own record, written by the agent, is what other cockpits judge by)."""
+    run, layout = followed.record, followed.layout
     if not run or not layout or not run.get("run_id") or not plan.entries:
         return
     append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {

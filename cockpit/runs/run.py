@@ -95,6 +95,11 @@ class Run:
     def run_id(self) -> str | None:
         return str(self.record["run_id"]) if self.record and self.record.get("run_id") else None
 
+    def folder_name(self, host: str) -> str:
+        """The name of the run's folder (`runs/NAME/`: its dumps, bundles, forensics): its run id,
+        else the layout's name, else the host's."""
+        return self.run_id or (self.layout.name if self.layout else host)
+
     def launched(self) -> list[dict]:
         """What the agent is told of the launched run: its process group and its leader's start."""
         rec = self.record

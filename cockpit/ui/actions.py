@@ -10,8 +10,6 @@ from contextlib import asynccontextmanager
 from rich.text import Text
 from textual.screen import Screen
 
-from cockpit.actions import bundle
-from cockpit.actions.bisect import bisect, describe_bisect, describe_plan, resumable
 from cockpit.actions.dumps import collect, dump_ranks, dump_targets
 from cockpit.actions.kill import (
     describe_clean,
@@ -25,19 +23,15 @@ from cockpit.actions.kill import (
     shm_clean,
     summarize_clean,
 )
-from cockpit.actions.launch import (
-    ablate,
-    describe_ablation,
-    launch_python,
-    plan_relaunch,
-    run_variant,
-    sim_flags,
-)
+from cockpit.actions.launch import launch_python, sim_flags
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count, these, visible
+from cockpit.operate import bundle
+from cockpit.operate.bisect import bisect, describe_bisect, describe_plan, resumable
+from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
 from cockpit.runs.bisect import DEFAULT_SETTLE_S, make_plan
-from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger, run_name
+from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
 from cockpit.runs.spec import RunSpec, combinations, default_spec
 from cockpit.ui.fmt import say
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
@@ -166,7 +160,7 @@ class ActionRunner:
                 self.notify("no rank to dump", severity="warning")
                 return
             self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
-            result = await dump_ranks(self.monitor.session, ranks, run_name(self.monitor),
+            result = await dump_ranks(self.monitor.session, ranks, self.monitor.run.folder_name(self.monitor.target.label),
                                       say=lambda line: self.notify(line))
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
@@ -291,7 +285,7 @@ class ActionRunner:
     async def flightrec(self) -> None:
         async with self.exclusive("flight recorder") as go:
             if go:
-                answer, result = await collect(self.monitor)
+                answer, result = await collect(self.monitor.session, self.monitor.run)
                 lines = flightrec.describe(answer, result)
                 odd = result.get("odd_rank")
                 self.done("flight recorder", f"{count(len(answer.get('ranks') or {}), 'rank')} read"

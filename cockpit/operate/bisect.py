@@ -1,5 +1,5 @@
 """A bisect's launches: each candidate ddmin names (cockpit/runs/bisect.py) launched as a relaunch
-is (launch.run_variant: the run before stopped by the one stop workflow, /dev/shm cleaned, the
+is (relaunch.run_variant: the run before stopped by the one stop workflow, /dev/shm cleaned, the
 new run watched to the monitor's own verdict), its outcome kept in the ledger as a step of the
 bisect, so a second call with the same arguments resumes: candidates already judged are not
 launched again. The operator's interrupt ends the watch at once, stops the run and keeps what
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from cockpit.actions.launch import end_own_run, run_variant
+from cockpit.operate.relaunch import end_own_run, run_variant
 from cockpit.runs.bisect import EXIT, NOT_JUDGED, Plan, advance, describe_answer, judge, spec_doc
 from cockpit.runs.ledger import append_ledger, read_bisects
 from cockpit.runs.spec import new_run_id
