@@ -103,7 +103,7 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
                            "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),
                            "uid": run.get("uid")})
     session.state.forget_dead()
-    await session.follow_run(run["pgid"], run["log"])
+    await session.watch_group(run["pgid"], run["log"])
     return Run(layout, run, f"launched by this cockpit (ledger): process group {run['pgid']}")
 
 
@@ -117,7 +117,7 @@ async def watch_only(session, pgid: int | None, log: str | None) -> None:
         session.watch.pgids = []
         await session.request("config", **session.watch.args())
     else:
-        await session.follow_run(pgid, log)
+        await session.watch_group(pgid, log)
     await session.wait_samples(2)
     session.state.forget_dead()
 

@@ -392,8 +392,9 @@ class HostSession:
             raise CommandError(f"{cmd}: {frame.get('error')}")
         return frame.get("data") or {}
 
-    async def follow_run(self, pgid: int, log: str | None) -> None:
-        """Watch a run's process group and follow its log from now on."""
+    async def watch_group(self, pgid: int, log: str | None) -> None:
+        """Watch this process group and follow this log from now on (whose run they are is the
+        monitor's business: the session knows processes and files, not runs)."""
         if pgid not in self.watch.pgids:
             self.watch.pgids = [pgid]
         if log:
