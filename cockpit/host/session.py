@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cockpit.agent import EXIT_TOO_OLD, agent_argv
+from cockpit.agent import EXIT_TOO_OLD, EXIT_UNTRUSTED, agent_argv, guarded
 from cockpit.agent.protocol import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.common.errors import CockpitError, CommandError, LinkLost, PythonUnusable
 from cockpit.host.state import HostState
 from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.connect import make_link
-from cockpit.link.target import Target
+from cockpit.link.target import Target, python_checked
 
 HELLO_TIMEOUT_S = 20.0
 SILENCE_FLOOR_S = 1.0  # at sub-second refresh, a busy host's scheduler jitter is not a dead link
@@ -63,6 +63,7 @@ class SessionOptions:
     ssh_config: str | None = None
     known_hosts: str | None = None
     accept_new: bool = False
+    trust_python: bool = False  # --trust-python or the layout's trust_python: no GUARD check as root
 
 
 FRAME_CONTAINERS_MAX = 1_000_000  # objects and arrays in one frame: ~100 MB decoded at most
@@ -157,7 +158,8 @@ class HostSession:
     async def _start_agent(self, python: str) -> tuple[tuple[int, asyncio.Future], dict]:
         """The agent started with `python`: the config command sent (queued behind the source, so
         the first sample uses it) and the hello. PythonUnusable when that interpreter cannot run it."""
-        argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state)
+        argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state,
+                                   python_checked(self.target, python, self.opts.trust_python))
         self.stream = await self.link.start_agent(argv, payload)
         configured = self._send("config", self.watch.args())
         try:
@@ -174,8 +176,10 @@ class HostSession:
         tried = [f"python3 ({why})"]
         probe = "import sys;print('%d.%d'%sys.version_info[:2])"
         for python in PYTHON_CANDIDATES[1:]:
+            argv = [python, "-I", "-c", probe]
             try:
-                res = await self.link.run([python, "-c", probe], timeout=10.0)
+                res = await self.link.run(guarded(argv) if python_checked(self.target, python, self.opts.trust_python)
+                                          else argv, timeout=10.0)
             except FileNotFoundError:
                 tried.append(f"{python} (not found)")
                 continue
@@ -185,6 +189,9 @@ class HostSession:
             version = res.stdout.decode(errors="replace").strip()
             if res.rc == 0 and tuple(int(x) for x in version.split(".") if x.isdigit()) >= (3, 8):
                 return python
+            if res.rc == EXIT_UNTRUSTED:
+                tried.append(f"{python} (refused: {res.stderr.decode(errors='replace').strip().partition('; ')[0]})")
+                continue
             tried.append(f"{python} (" + (f"Python {version}" if res.rc == 0 else
                                           "not found" if res.rc in (None, 127) else f"exit {res.rc}") + ")")
         raise CockpitError(f"{self.target.label}: no Python >= 3.8 to run the agent; tried {', '.join(tried)}. "
@@ -224,6 +231,8 @@ class HostSession:
         err = await self.stream.stderr_tail()
         last = err.splitlines()[-1] if err else ""
         py = self.opts.python
+        if rc == EXIT_UNTRUSTED:  # never another interpreter instead: the operator decides
+            return CockpitError(f"{self.target.label}: {last.removeprefix('gpu-cockpit: ')}")
         if rc == 127 or "No such file" in err or "not found" in err:
             return PythonUnusable(
                 f"{py} not found on {self.target.label}: install Python >= 3.8 there or name the "

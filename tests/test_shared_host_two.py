@@ -1,0 +1,149 @@
+"""Root on a shared host, part two: throwaway users made with useradd, their real files and
+folders, real processes, sockets and file limits. Nothing another user leaves in a folder the
+cockpit starts from, nor an interpreter another user can change, runs as root; a hostile reader
+of the host's text stays linear and bounded; a lost link always comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_root_shared_host import as_user, chown_tree, users  # noqa: F401  (the throwaway users)
+
+PY = "/usr/bin/python3"
+PLANTED = ("bisect", "json", "random", "selectors", "subprocess", "threading", "struct", "signal", "marshal", "site")
+
+
+def plant(folder: Path, mark: Path, names=PLANTED) -> None:
+    """Modules named like the standard library's that write `mark` when imported."""
+    for name in names:
+        (folder / f"{name}.py").write_text(f"import os\nopen({str(mark)!r}, 'a').write('{name} ran as %d\\n' % os.getuid())\n")
+
+
+def cockpit(*args: str, cwd: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The cockpit as an installed entry point runs it: isolated itself, started in `cwd`."""
+    return subprocess.run([sys.executable, "-I", "-m", "cockpit", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- 1: isolated Pythons
+
+
+def test_modules_planted_in_the_folder_the_agent_starts_from_never_run(users, shared):  # noqa: F811
+    """Another user's folder holds bisect.py, json.py, subprocess.py ...: a plain `python -c`
+    started there imports them (the control); the local agent started there, with the cockpit's
+    own interpreter and with the system's, imports none of them and answers."""
+    evil, _ = users
+    home = shared / "evil-home"
+    home.mkdir()
+    mark = shared / "ran"
+    plant(home, mark)
+    chown_tree(home, evil)
+    control = subprocess.run([PY, "-c", "import bisect"], cwd=home, capture_output=True)
+    assert control.returncode == 0 and "bisect ran as 0" in mark.read_text()  # the attack is real
+    mark.unlink()
+    for python in (None, PY):
+        res = cockpit("snapshot", "local", "--json", "--wait", "0", *(["--python", python] if python else []),
+                      cwd=str(home))
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["agent"]["executable"] == (python or sys.executable)
+        assert not mark.exists(), mark.read_text()
+
+
+def test_a_cockpit_package_planted_where_serve_starts_never_runs_as_its_browser_sessions(users, shared):  # noqa: F811
+    """`cockpit serve` started from another user's folder holding cockpit/__main__.py: the
+    command each browser session runs (through a shell, as textual-serve runs it) is the
+    installed cockpit, isolated and started in `/`; its files are named by absolute paths."""
+    from cockpit.cli import build_parser
+    from cockpit.serve import served_shell
+
+    evil, _ = users
+    home = shared / "evil-home"
+    (home / "cockpit").mkdir(parents=True)
+    mark = shared / "ran"
+    plant(home / "cockpit", mark, ("__init__", "__main__"))
+    plant(home, mark)
+    chown_tree(home, evil)
+    control = subprocess.run([sys.executable, "-m", "cockpit", "--version"], cwd=home, capture_output=True)
+    assert "__main__ ran as 0" in mark.read_text(), control  # the attack is real
+    mark.unlink()
+    layout = home / "mine.yaml"
+    here = os.getcwd()
+    os.chdir(home)
+    try:
+        args = build_parser().parse_args(["serve", "local", "--layout", "mine.yaml", "--known-hosts", "kh"])
+        shell = served_shell(args)
+    finally:
+        os.chdir(here)
+    assert shell.startswith("cd / && exec ") and f"--layout {layout}" in shell and f"--known-hosts {home}/kh" in shell
+    res = subprocess.run(["/bin/sh", "-c", shell], cwd=home, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert "Traceback" not in res.stderr and res.returncode == 2, res.stderr  # our cockpit's one-line refusal
+    assert not mark.exists(), mark.read_text()
+
+
+# ----------------------------------------------------------------------------- 2: untrusted interpreters
+
+
+def _wrapper(path: Path, mark: Path) -> Path:
+    """An interpreter that another user could have swapped: it leaves a mark, then runs Python."""
+    path.write_text(f"#!/bin/sh\necho ran >> {mark}\nexec {PY} \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_as_root_an_interpreter_another_user_can_change_is_refused_unless_trusted(users, shared, tmp_path):  # noqa: F811
+    """As root: an interpreter in another user's folder, one in a root folder anyone may write,
+    one whose venv's pyvenv.cfg another user owns, and a root-owned one whose site-packages holds
+    another user's .pth are each refused in one line naming what another user can change (even
+    read-only, and never replaced by another interpreter); --trust-python or the layout's
+    trust_python runs it. A root-owned interpreter in root-owned folders runs."""
+    if os.geteuid() != 0:
+        pytest.skip("the check is root's")
+    evil, _ = users
+    mark = shared / "ran"
+    theirs = shared / "theirs" / "bin"
+    theirs.mkdir(parents=True)
+    chown_tree(shared / "theirs", evil)
+    open_dir = shared / "open" / "bin"
+    open_dir.mkdir(parents=True)
+    (shared / "open").chmod(0o777)
+    venv = shared / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    os.chown(venv / "pyvenv.cfg", evil, evil)
+    pth = shared / "pth"
+    site = pth / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "evil.pth").write_text("import os\n")
+    os.chown(site / "evil.pth", evil, evil)
+    (pth / "bin").mkdir()
+    cases = {
+        _wrapper(theirs / "python", mark): str(theirs / "python"),
+        _wrapper(open_dir / "python", mark): str(shared / "open"),
+        _wrapper(venv / "bin" / "python", mark): str(venv / "pyvenv.cfg"),
+        _wrapper(pth / "bin" / "python", mark): str(site / "evil.pth"),
+    }
+    os.chown(theirs / "python", evil, evil)
+    for python, named in cases.items():
+        res = cockpit("snapshot", "local", "--python", str(python), "--read-only", "--json", "--wait", "0", cwd="/")
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert f"{python} is not run as root: {named} (mode" in res.stderr and "--trust-python" in res.stderr
+        assert not mark.exists(), (python, mark.read_text())
+    python = open_dir / "python"
+    res = cockpit("snapshot", "local", "--python", str(python), "--trust-python", "--json", "--wait", "0", cwd="/")
+    assert res.returncode == 0 and mark.read_text() == "ran\n", res.stderr
+    mark.unlink()
+    layout = tmp_path / "trusted.yaml"
+    layout.write_text(f"command: [-m, sglang.launch_server]\npython: {venv / 'bin' / 'python'}\ntrust_python: true\n")
+    res = cockpit("snapshot", "local", "--layout", str(layout), "--json", "--wait", "0", cwd="/")
+    assert res.returncode == 0 and mark.read_text() == "ran\n", res.stderr
+    mark.unlink()
+    (shared / "open").chmod(0o755)  # root's alone now: it runs unasked
+    res = cockpit("snapshot", "local", "--python", str(python), "--json", "--wait", "0", cwd="/")
+    assert res.returncode == 0 and mark.read_text() == "ran\n", res.stderr
