@@ -147,3 +147,21 @@ def test_as_root_an_interpreter_another_user_can_change_is_refused_unless_truste
     (shared / "open").chmod(0o755)  # root's alone now: it runs unasked
     res = cockpit("snapshot", "local", "--python", str(python), "--json", "--wait", "0", cwd="/")
     assert res.returncode == 0 and mark.read_text() == "ran\n", res.stderr
+
+
+def test_over_ssh_as_root_the_check_runs_on_the_host(users, shared, sshd):  # noqa: F811
+    """The same check where the agent starts: over ssh, as root there, an interpreter in a
+    folder another user owns is refused by the host's own /bin/sh before it runs, in one line."""
+    if sshd.user != "root":
+        pytest.skip("the check is root's")
+    evil, _ = users
+    mark = shared / "ran"
+    theirs = shared / "theirs"
+    theirs.mkdir()
+    python = _wrapper(theirs / "python3", mark)
+    chown_tree(theirs, evil)
+    res = cockpit("snapshot", "cockpit-test", "--python", str(python), "--json", "--wait", "0", *sshd.cli_args(),
+                  cwd="/")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"cockpit-test: {python} is not run as root: {python} (mode -rwxr-xr-x, owner uid {evil}" in res.stderr
+    assert not mark.exists()

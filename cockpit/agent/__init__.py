@@ -43,13 +43,16 @@ EXIT_UNTRUSTED = 5  # GUARD's refusal
 # pyvenv.cfg, lib/python3*, their site-packages and .pth files (one find(1) per chain). Anything
 # not root's, or writable by another user (group-writable with a group other than root's,
 # other-writable unless a sticky folder), and it is refused in one line with EXIT_UNTRUSTED. Not
-# root: the interpreter runs as it would anyway. $0 is the interpreter, "$@" its arguments.
+# root: the interpreter runs as it would anyway. $0 is the interpreter, "$@" its arguments; its tools
+# are looked for in the system folders first, the interpreter in PATH as given.
 GUARD = """\
-[ "$(id -u)" = 0 ] || exec "$0" "$@"
-p=$0
-case $p in */*) ;; *) p=$(command -v "$p") || exec "$0" "$@";; esac
+o=$PATH
+case $0 in */*) p=$0;; *) p=$(command -v "$0") || exec "$0" "$@";; esac
+PATH=/usr/bin:/bin:/usr/sbin:/sbin:$o
+u=$(id -u) || u=0
+[ "$u" = 0 ] || { PATH=$o; exec "$0" "$@"; }
 case $p in /*) ;; *) p=$PWD/$p;; esac
-[ -e "$p" ] || exec "$0" "$@"
+[ -e "$p" ] || { PATH=$o; exec "$0" "$@"; }
 b=
 f() {
  [ -n "$b" ] && return
@@ -83,6 +86,7 @@ if [ -n "$b" ]; then
  echo "gpu-cockpit: $0 is not run as root: $b (mode $1, owner uid $3, group $4) can be changed by a user other than root; make it root's alone, or trust it with --trust-python (trust_python: true in the layout)" >&2
  exit 5
 fi
+PATH=$o
 exec "$0" "$@"
 """
 

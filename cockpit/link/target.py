@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -111,6 +112,6 @@ def python_checked(target: Target, python: str, trusted: bool = False) -> bool:
     cockpit's own (already running as root here)."""
     if trusted:
         return False
-    if target.kind in ("local", "demo"):
-        return os.geteuid() == 0 and python != sys.executable
+    if target.kind in ("local", "demo"):  # one not found here is said as such when it is started
+        return os.geteuid() == 0 and python != sys.executable and shutil.which(python) is not None
     return True
