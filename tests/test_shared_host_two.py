@@ -165,3 +165,57 @@ def test_over_ssh_as_root_the_check_runs_on_the_host(users, shared, sshd):  # no
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"cockpit-test: {python} is not run as root: {python} (mode -rwxr-xr-x, owner uid {evil}" in res.stderr
     assert not mark.exists()
+
+
+# ----------------------------------------------------------------------------- 4b: a reconnect out of fds
+
+OUT_OF_FDS = """
+import asyncio, os, resource, signal, sys
+from cockpit.host.session import HostSession
+from cockpit.link.target import parse_target
+
+async def until(check, what):
+    for _ in range(1200):  # a bound for a stuck test, not a speed claim
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise SystemExit("never: " + what)
+
+async def main():
+    s = HostSession(parse_target("local"))
+    await s.connect()
+    kept = asyncio.create_task(s.keep())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    os.killpg(s.stream.proc.pid, signal.SIGKILL)  # the agent gone: keep() reconnects, with no fd to spare
+    await until(lambda: "retrying (3)" in s.state.link_state, "a third attempt")
+    print("ERROR", s.link_error, "STATE", s.state.link_state, flush=True)
+    for fd in held:
+        os.close(fd)
+    await until(lambda: s.state.link_state == "up", "up again")
+    await s.wait_samples(1)
+    print("UP", s.reconnects, kept.done(), flush=True)
+    kept.cancel()
+    await s.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_reconnect_that_runs_out_of_file_descriptors_is_tried_again_and_says_why(tmp_path):
+    """A real fd limit: the agent's link drops while every descriptor is taken, so starting the
+    next agent fails with EMFILE. The reconnection is tried again with backoff, says why, and
+    once descriptors are free the link is up again and samples."""
+    script = tmp_path / "out_of_fds.py"
+    script.write_text(OUT_OF_FDS)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    error = res.stdout.split("ERROR ", 1)[1].splitlines()[0]
+    assert "Too many open files (EMFILE), retrying" in error and "lost, retrying (3)" in error, res.stdout
+    assert "UP 1 False" in res.stdout

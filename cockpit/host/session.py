@@ -4,6 +4,7 @@ matches command results to requests. Used by the snapshot command, the UI and th
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import math
@@ -97,6 +98,14 @@ def decode_frame(line: bytes) -> dict | None:
     if not isinstance(frame, dict) or frame.get("v") != PROTOCOL or not isinstance(frame.get("t"), str):
         return None
     return frame
+
+
+def reconnect_failure(exc: Exception) -> str:
+    """Why a reconnection failed, in one line, for an error that is not the cockpit's own."""
+    if isinstance(exc, OSError):
+        name = errno.errorcode.get(exc.errno or 0)
+        return f"cannot reconnect: {exc.strerror or exc}" + (f" ({name})" if name else "") + ", retrying"
+    return f"cannot reconnect: {type(exc).__name__}: {exc}, retrying"
 
 
 class HostSession:
@@ -328,7 +337,9 @@ class HostSession:
         """Keep the link up until cancelled: after a loss, reconnect with backoff (1, 2, 4 … 30 s),
         re-sending the agent and the same watch. A command in flight is never re-sent (its caller
         got LinkLost). With retry_first, a first connection that failed is retried the same way
-        (a fleet's host that is down now may be up later). state.link_state says where it stands."""
+        (a fleet's host that is down now may be up later). Any failure of a reconnection (this
+        process out of file descriptors, say) is tried again the same way, never the end of it;
+        link_error says why. state.link_state says where it stands."""
         if retry_first and self._reader is None:
             self.closed.set()
             self.lost_reason = self.link_error
@@ -346,6 +357,8 @@ class HostSession:
                     break
                 except CockpitError as exc:
                     self.link_error = str(exc)
+                except Exception as exc:  # EMFILE starting the agent, a refused pipe: tried again, said
+                    self.link_error = reconnect_failure(exc)
             self.link_error = None
             self.reconnects += 1
 
