@@ -219,3 +219,61 @@ def test_a_reconnect_that_runs_out_of_file_descriptors_is_tried_again_and_says_w
     error = res.stdout.split("ERROR ", 1)[1].splitlines()[0]
     assert "Too many open files (EMFILE), retrying" in error and "lost, retrying (3)" in error, res.stdout
     assert "UP 1 False" in res.stdout
+
+
+# ----------------------------------------------------------------------------- 3: a hostile metrics page
+
+def hostile_line(size: int) -> str:
+    """One metrics line of `size` characters, nearly all of it short labels."""
+    labels = "".join(f'l{i}="x",' for i in range(size // 8))
+    labels = labels[:labels.rfind(",", 0, size - 40) + 1]
+    return "sglang:num_running_reqs{" + labels + 'z="y"} 3\n'
+
+
+def test_a_local_user_serving_a_hostile_metrics_page_is_read_in_one_bounded_pass():
+    """A local user listening on the layout's port serves a 6 MiB line of labels then 30,000
+    series, over a real socket: the agent's bounded fetch and the parser read it (one pass, no
+    copy per label), keep the line's first 32 labels and the value, and say which bounds left
+    the rest out: the agent's 8 MiB cut and the series cap, in the scrape and in the snapshot's
+    `metrics.notes`."""
+    import socket
+    import threading
+
+    from cockpit.agent import web
+    from cockpit.read import metrics
+
+    big = hostile_line(6 << 20)
+    series = "".join(f'sglang:other{{i="{i}"}} {i}\n' for i in range(30_000))
+    body = (big + series).encode()
+    page = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + body + b"x" * (3 << 20)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def answer():
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        try:
+            conn.sendall(page)
+        except OSError:
+            pass  # the reader stopped at its bound
+        conn.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    answer_doc = web.http_body(srv.getsockname()[1], "/metrics", timeout=60)
+    t.join(60)
+    srv.close()
+    assert answer_doc["status"] == 200 and answer_doc["truncated"] and (8 << 20) - 100 < len(answer_doc["body"]) < 8 << 20
+    scrape = metrics.scrape_of(answer_doc)
+    assert scrape.values["running"] == 3.0, scrape
+    assert any("agent sent its first 8 MiB" in n for n in scrape.notes), scrape.notes
+    assert any("more than 20,000 series" in n for n in scrape.notes), scrape.notes
+    samples, bad = metrics.parse(big)
+    assert len(samples[0].labels) == metrics.MAX_LABELS and samples[0].value == 3.0 and bad == 0
+    view = metrics.MetricsView()
+    view.add(scrape)
+    assert view.doc()["notes"] == scrape.notes
+    notes: list[str] = []
+    metrics.parse(big + big, notes)  # 12 MiB given straight to the parser: its own bound says so
+    assert notes == ["the metrics page is over 8 MiB: only its first 8 MiB were read"]
