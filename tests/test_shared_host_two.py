@@ -277,3 +277,26 @@ def test_a_local_user_serving_a_hostile_metrics_page_is_read_in_one_bounded_pass
     notes: list[str] = []
     metrics.parse(big + big, notes)  # 12 MiB given straight to the parser: its own bound says so
     assert notes == ["the metrics page is over 8 MiB: only its first 8 MiB were read"]
+
+
+# ----------------------------------------------------------------------------- 5: a forged Xid
+
+def test_an_xid_forged_by_a_user_in_the_kernel_log_is_not_the_gpus_word():
+    """Crafted /dev/kmsg records: the driver's own (kernel facility, its prefix first) is an
+    Xid; the same text written by a user (LOG_USER, as the kernel marks every write to
+    /dev/kmsg), or found in the middle of a kernel message, is not."""
+    from cockpit.agent import xid
+
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=init, GPU has fallen off the bus."
+    assert xid.kmsg_xid(f"4,1047,8123450000,-;{line}\n SUBSYSTEM=pci") == (8123.45, ("0000:3b:00", 79, 1))
+    for forged in (f"12,1048,8123460000,-;{line}",  # <12>: LOG_USER, warning: what a user's write carries
+                   f"14,1049,8123470000,-;{line}",
+                   f"30,1050,8123480000,-;{line}",  # LOG_DAEMON
+                   f"x,1051,8123490000,-;{line}",
+                   f"6,1052,8123500000,-;audit: comm=\"{line}\"",  # the kernel echoing a user's text
+                   f"6,1053,8123510000,-;usb 1-1: Product: {line}"):
+        assert xid.kmsg_xid(forged) is None, forged
+    assert xid.parse_xid(f"[  966.503025] {line}") == ("0000:3b:00", 79, 1)
+    assert xid.parse_xid(f"Nov 22 18:29:55 gpu7 kernel: [  966.503025] {line}") == ("0000:3b:00", 79, 1)
+    assert xid.parse_xid(f"Nov 22 18:29:55 gpu7 sudo: {line}") is None
+    assert xid.parse_xid(f"hello {line}") is None
