@@ -300,3 +300,26 @@ def test_an_xid_forged_by_a_user_in_the_kernel_log_is_not_the_gpus_word():
     assert xid.parse_xid(f"Nov 22 18:29:55 gpu7 kernel: [  966.503025] {line}") == ("0000:3b:00", 79, 1)
     assert xid.parse_xid(f"Nov 22 18:29:55 gpu7 sudo: {line}") is None
     assert xid.parse_xid(f"hello {line}") is None
+
+
+# ----------------------------------------------------------------------------- 7: a URL's password
+
+def test_a_url_password_holding_slashes_and_ats_is_masked_whole_in_linear_time():
+    """`user:` then anything up to the URL's last `@` is the password: masked whole, in values,
+    argv and log lines; a URL with no credentials is left alone; a megabyte of `://a:` runs
+    through (each URL's end and last `@` found once)."""
+    from cockpit.common import secrets
+
+    for url, want in (("postgres://app:pa/ss@w@rd@db:5432/x", "postgres://app:***@db:5432/x"),
+                      ("s3://AKIA:se/cr@et@bucket/key?token=abc", "s3://AKIA:***@bucket/key?token=***"),
+                      ("redis://:p/w@cache:6379", "redis://:***@cache:6379"),
+                      ("https://tok@en@github.com/org", "https://***@github.com/org"),
+                      ("https://host/users/alice@example.com", "https://host/users/alice@example.com"),
+                      ("http://127.0.0.1:30000/health", "http://127.0.0.1:30000/health")):
+        assert secrets.mask_url(url) == want, url
+        assert secrets.mask_line(f"connecting to {url} now") == f"connecting to {want} now"
+        assert secrets.mask_argv(["--db", url]) == ["--db", want]
+    assert "pa/ss" not in secrets.mask_env({"DATABASE": "postgres://app:pa/ss@w@rd@db/x"})["DATABASE"]
+    hostile = "x://a:" * 80_000 + "@h " + "y://" * 80_000 + "b@c"  # within MAX_TEXT
+    masked = secrets.mask_url(hostile)
+    assert masked.startswith("x://a:***@h ") and masked.endswith(" y://y:***@c")
