@@ -323,3 +323,77 @@ def test_a_url_password_holding_slashes_and_ats_is_masked_whole_in_linear_time()
     hostile = "x://a:" * 80_000 + "@h " + "y://" * 80_000 + "b@c"  # within MAX_TEXT
     masked = secrets.mask_url(hostile)
     assert masked.startswith("x://a:***@h ") and masked.endswith(" y://y:***@c")
+
+
+# ----------------------------------------------------------------------------- 4a: the exporter starved
+
+MANY_GPUS = """\
+import json, subprocess, sys
+# a host whose agent claims 20,000 GPUs in its first sample
+p = subprocess.Popen([{real!r}] + sys.argv[1:], stdout=subprocess.PIPE)
+claimed = False
+for line in p.stdout:
+    if not claimed and b'"t":"sample"' in line.replace(b" ", b""):
+        f = json.loads(line)
+        f["gpus"] = (f.get("gpus") or []) + [{{"index": 100 + i, "util_pct": 1.0, "mem_used_mib": 1}}
+                                             for i in range(20000)]
+        line = (json.dumps(f) + "\\n").encode()
+        claimed = True
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+"""
+
+
+def _scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def test_half_open_connections_under_a_low_fd_limit_never_starve_a_scrape_and_a_hosts_gpus_are_capped(tmp_path):
+    """The exporter under `ulimit -n 1024`: 1,020 connections opened and left silent (a local
+    user's), then a scrape: answered (the oldest idle connections shut to make room, each
+    connection read under a timeout). A host whose agent claims 20,000 GPUs: 512 exported,
+    the rest counted in gpu_cockpit_gpus_not_exported, not 100,000 series."""
+    import resource
+    import socket
+    import time
+
+    from conftest import free_port
+
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!{sys.executable}\n" + MANY_GPUS.format(real=sys.executable))
+    wrapper.chmod(0o755)
+    port = free_port()
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "exporter", "--hosts", "local", "--python", str(wrapper),
+                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=low_limit, text=True)
+    held: list[socket.socket] = []
+    try:
+        assert "metrics on" in proc.stdout.readline()
+        body = ""
+        for _ in range(600):  # until the host's first sample is in (a bound, not a speed claim)
+            body = _scrape(port)
+            if 'gpu_cockpit_gpus_not_exported{host="local"}' in body:
+                break
+            time.sleep(0.2)
+        series = [line for line in body.splitlines() if line.startswith("gpu_cockpit_gpu_utilization_ratio{")]
+        assert 0 < len(series) <= 512 and 'gpu_cockpit_gpus_not_exported{host="local"}' in body, body[-2000:]
+        assert len(body.splitlines()) < 20_000
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert soft >= 2000, "this test needs 2,000 descriptors of its own"
+        for _ in range(1020):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=60))
+        assert "gpu_cockpit_hosts 1.0" in _scrape(port)
+        assert proc.poll() is None
+    finally:
+        for c in held:
+            c.close()
+        proc.terminate()
+        proc.wait(60)
