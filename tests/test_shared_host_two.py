@@ -397,3 +397,55 @@ def test_half_open_connections_under_a_low_fd_limit_never_starve_a_scrape_and_a_
             c.close()
         proc.terminate()
         proc.wait(60)
+
+
+# ----------------------------------------------------------------------------- 8: links above a path
+
+def test_a_symlinked_folder_above_a_log_is_refused_by_every_open(users, shared):  # noqa: F811
+    """Another user's folder holds `logs`, a symbolic link to a root-only folder: the log tail,
+    the run's log opened for appending, a dump read and the shm clean's folder are each refused
+    naming the linked folder, nothing under the root-only folder is read, made or written; the
+    same opens through the real folder work (owner checks as before). Through the kernel's
+    openat2 and through the walk both."""
+    from cockpit.agent import flightrec, logs, nofollow, shm
+    from cockpit.agent.protocol import Refused
+
+    evil, _ = users
+    secret = shared / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "run.log").write_text("root's secret line\n")
+    (secret / "dump").write_bytes(b"secret")
+    theirs = shared / "theirs"
+    theirs.mkdir()
+    (theirs / "logs").symlink_to(secret)
+    chown_tree(theirs, evil)
+    linked = theirs / "logs"
+    kinds = [None, False] if nofollow._openat2() else [False]
+    try:
+        for kind in kinds:
+            if kind is False:
+                nofollow._state["openat2"] = False  # the walk, as on a kernel before 5.6
+            tail = logs.LogTail(str(linked / "run.log"), owners={0})
+            event, lines = tail.poll()
+            assert tail.state == f"refused: {linked}/run.log its folder {linked} is a symbolic link: not followed"
+            assert lines == []
+            with pytest.raises(Refused) as err:
+                logs.open_log(str(linked / "new" / "run.log"))
+            assert f"its folder {linked} is a symbolic link" in str(err.value) and "\n" not in str(err.value)
+            assert not (secret / "new").exists()
+            with pytest.raises(OSError) as err2:
+                flightrec.open_regular(str(linked / "dump"), {0})
+            assert f"its folder {linked} is a symbolic link: not followed" in str(err2.value)
+            with pytest.raises(OSError) as err3:
+                nofollow.open_nofollow(str(linked), os.O_RDONLY | os.O_DIRECTORY)  # the shm clean's folder open
+            assert "is a symbolic link: not followed" in str(err3.value)
+            tail = logs.LogTail(str(secret / "run.log"), owners={0})
+            assert tail.poll()[1] == ["root's secret line"]
+            fd = logs.open_log(str(secret / "made" / "run.log"))
+            os.close(fd)
+            assert oct((secret / "made").stat().st_mode & 0o777) == "0o700"
+            os.close(flightrec.open_regular(str(secret / "dump"), {0}))
+            assert shm.shm_clean(str(secret), [], other_dir=True)["removed"] == []
+            nofollow._state["openat2"] = None
+    finally:
+        nofollow._state["openat2"] = None
