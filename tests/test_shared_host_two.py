@@ -449,3 +449,51 @@ def test_a_symlinked_folder_above_a_log_is_refused_by_every_open(users, shared):
             nofollow._state["openat2"] = None
     finally:
         nofollow._state["openat2"] = None
+
+
+# ----------------------------------------------------------------------------- 6: a frame of many values
+
+SHORT_STRINGS = """\
+import json, subprocess, sys
+# a host whose agent sends, once, a 60 MiB sample of short strings (a gigabyte once decoded)
+p = subprocess.Popen([{real!r}] + sys.argv[1:], stdout=subprocess.PIPE)
+sent = False
+for line in p.stdout:
+    if not sent and b'"t":"sample"' in line.replace(b" ", b""):
+        sent = True
+        v = json.loads(line)["v"]
+        sys.stdout.buffer.write(b'{{"v":' + json.dumps(v).encode() + b',"t":"sample","notes":['
+                                + b'"ab",' * (12 << 20) + b'"ab"]}}\\n')
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+"""
+
+MEASURED = """\
+import resource, subprocess, sys
+res = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stdout.write(res.stdout)
+sys.stderr.write(res.stderr)
+print("MAXRSS_KIB", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+sys.exit(res.returncode)
+"""
+
+
+def test_a_frame_of_millions_of_short_strings_is_skipped_said_and_the_link_kept(tmp_path):
+    """A host sends one 60 MiB frame of short strings (decoded: over a gigabyte of str objects):
+    counted before decoding, skipped, said in the snapshot (`frames too costly to decode`, a
+    note), the link kept (the next samples read), and the cockpit's peak memory stays far below
+    what decoding it would take."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!{sys.executable}\n" + SHORT_STRINGS.format(real=sys.executable))
+    wrapper.chmod(0o755)
+    measured = tmp_path / "measured.py"
+    measured.write_text(MEASURED)
+    res = subprocess.run([sys.executable, str(measured), sys.executable, "-m", "cockpit", "snapshot", "local",
+                          "--python", str(wrapper), "--json", "--wait", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(res.stdout)
+    peak_mib = int(res.stderr.rsplit("MAXRSS_KIB", 1)[1].split()[0]) / 1024
+    assert peak_mib < 600, peak_mib  # decoding it: 1,013 MiB
+    assert doc["agent"]["dropped_fields"].get("frames too costly to decode") == 1, doc["agent"]["dropped_fields"]
+    assert doc["agent"]["python"] and doc["gpus"] is not None  # the hello and the samples after it were read

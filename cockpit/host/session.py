@@ -68,11 +68,13 @@ class SessionOptions:
 
 
 FRAME_CONTAINERS_MAX = 1_000_000  # objects and arrays in one frame: ~100 MB decoded at most
+FRAME_VALUES_MAX = 4_000_000  # values (and keys) in one frame: ~250 MB of short strings at most
 
 
 class FrameTooCostly(Exception):
     """A frame whose decoding would cost far more memory than its bytes (`[{},{},…]`: 64 MiB of
-    it is 1.7 GB of dicts): skipped and said, never decoded."""
+    it is 1.7 GB of dicts; `["a","a",…]`: 64 MiB of it is a gigabyte of strings): skipped and
+    said, never decoded."""
 
 
 def _no_constant(_name: str) -> None:
@@ -87,10 +89,16 @@ def _finite_float(text: str) -> float | None:
 def decode_frame(line: bytes) -> dict | None:
     """One frame, or None for a line that is not a frame of this protocol; non-finite numbers
     become null. FrameTooCostly for a frame with more than FRAME_CONTAINERS_MAX objects and
-    arrays (counted before decoding, so the cost is bounded by the count, not the content)."""
+    arrays or FRAME_VALUES_MAX values (counted before decoding, so the cost is bounded by the
+    count, not the content)."""
     if len(line) > FRAME_CONTAINERS_MAX and line.count(b"{") + line.count(b"[") > FRAME_CONTAINERS_MAX:
         raise FrameTooCostly(f"a frame of {len(line):,} bytes with more than {FRAME_CONTAINERS_MAX:,} objects and "
                              f"arrays was skipped (decoding it would cost gigabytes)")
+    if len(line) > 2 * FRAME_VALUES_MAX:  # each value takes 2 bytes at least: a shorter frame holds fewer
+        values = line.count(b",") + line.count(b":") + 1  # commas and colons inside strings count too: an upper bound
+        if values > FRAME_VALUES_MAX:
+            raise FrameTooCostly(f"a frame of {len(line):,} bytes with about {values:,} values (more than "
+                                 f"{FRAME_VALUES_MAX:,}) was skipped (decoding it would cost gigabytes)")
     try:
         frame = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError, RecursionError):
