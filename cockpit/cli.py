@@ -470,7 +470,7 @@ def start_agent_early(args: argparse.Namespace) -> None:
 
         python = args.python or agent_python(target, None)
         early.start(*agent_argv(python, args.interval or 1.0, args.sim,
-                                python_checked(target, python, args.trust_python)))
+                                python_checked(target, python, getattr(args, "trust_python", False))))
 
 
 async def _snapshot_doc(args: argparse.Namespace) -> dict:

@@ -53,11 +53,11 @@ u=$(id -u) || u=0
 [ "$u" = 0 ] || { PATH=$o; exec "$0" "$@"; }
 case $p in /*) ;; *) p=$PWD/$p;; esac
 [ -e "$p" ] || { PATH=$o; exec "$0" "$@"; }
-b=
+b= nf=
 f() {
  [ -n "$b" ] && return
  b=$(find "$@" -prune ! -type l \\( ! -user 0 -o -perm -0020 ! -group 0 -o -perm -0002 \\( ! -type d -o ! -perm -1000 \\) \\) -print 2>/dev/null)
- [ $? = 127 ] && b="$1 (no find(1) to check it with)"
+ [ $? = 127 ] && { b=$1; nf=1; }
  b=${b%%
 *}
 }
@@ -81,6 +81,10 @@ e() {
  [ $# = 0 ] || f "$@"
 }
 e
+if [ -n "$nf" ]; then
+ echo "gpu-cockpit: $0 is not run as root: there is no find(1) here to check who can change it; install findutils, or trust it with --trust-python (trust_python: true in the layout)" >&2
+ exit 5
+fi
 if [ -n "$b" ]; then
  set -f; set -- $(ls -ldn "$b" 2>/dev/null)
  echo "gpu-cockpit: $0 is not run as root: $b (mode $1, owner uid $3, group $4) can be changed by a user other than root; make it root's alone, or trust it with --trust-python (trust_python: true in the layout)" >&2
