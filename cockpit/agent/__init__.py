@@ -44,7 +44,8 @@ EXIT_UNTRUSTED = 5  # GUARD's refusal
 # not root's, or writable by another user (group-writable with a group other than root's,
 # other-writable unless a sticky folder), and it is refused in one line with EXIT_UNTRUSTED. Not
 # root: the interpreter runs as it would anyway. $0 is the interpreter, "$@" its arguments; its tools
-# are looked for in the system folders first, the interpreter in PATH as given.
+# are looked for in the system folders first, the interpreter in PATH as given, and the file checked
+# is the one started (by its path: PATH is not searched again).
 GUARD = """\
 o=$PATH
 case $0 in */*) p=$0;; *) p=$(command -v "$0") || exec "$0" "$@";; esac
@@ -91,7 +92,7 @@ if [ -n "$b" ]; then
  exit 5
 fi
 PATH=$o
-exec "$0" "$@"
+exec "$p" "$@"
 """
 
 
