@@ -62,6 +62,8 @@ def command(name: str, help: str, *arguments, common: bool = True, epilog: str |
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", metavar="FILE", help="a layout (launch profile): a .yaml path or a shipped name")
     p.add_argument("--python", metavar="PATH", help="the interpreter on the host that runs the agent (default python3)")
+    p.add_argument("--trust-python", action="store_true",
+                   help="as root, run the agent's interpreter even where a user other than root can change it")
     p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval in seconds (default 1)")
     p.add_argument("--ssh-config", metavar="FILE", help="an ssh config file to read instead of ~/.ssh/config")
     p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
@@ -191,6 +193,7 @@ def session_options(args: argparse.Namespace, layout=None, target=None, sim_stat
         known_hosts=args.known_hosts,
         accept_new=args.accept_new,
         sim_state=args.sim or sim_state,
+        trust_python=bool(getattr(args, "trust_python", False) or (layout is not None and layout.trust_python)),
     )
     return opts
 
@@ -464,8 +467,11 @@ def start_agent_early(args: argparse.Namespace) -> None:
     if target.kind == "local" and not args.layout:
         from cockpit.agent import agent_argv
         from cockpit.link import early
+        from cockpit.link.target import python_checked
 
-        early.start(*agent_argv(args.python or agent_python(target, None), args.interval or 1.0, args.sim))
+        python = args.python or agent_python(target, None)
+        early.start(*agent_argv(python, args.interval or 1.0, args.sim,
+                                python_checked(target, python, getattr(args, "trust_python", False))))
 
 
 async def _snapshot_doc(args: argparse.Namespace) -> dict:

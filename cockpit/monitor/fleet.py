@@ -299,7 +299,8 @@ class FleetMonitor:
             opts = SessionOptions(python=python, python_named=bool(host.python) or base.python_named,
                                   interval=fleet.interval or base.interval,
                                   sim_state=host.sim or base.sim_state, ssh_config=base.ssh_config,
-                                  known_hosts=base.known_hosts, accept_new=base.accept_new)
+                                  known_hosts=base.known_hosts, accept_new=base.accept_new,
+                                  trust_python=base.trust_python)
             self.members.append(Member(host, opts))
         self._gate: asyncio.Semaphore | None = None
 
