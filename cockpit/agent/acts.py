@@ -12,6 +12,7 @@ import os
 import stat as st_mod
 import time
 
+from .nofollow import open_nofollow
 from .procs import _boot_time
 from .protocol import Refused
 
@@ -32,17 +33,18 @@ def acts_path():
 
 
 def _own_folder(folder):
-    """The folder made 0700 where missing; refused unless it is a real folder of this user that
-    nobody else can write (a record read from it is believed by every cockpit)."""
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    """Refused unless the folder is a real folder of this user that nobody else can write (a
+    record read from it is believed by every cockpit)."""
     st = os.lstat(folder)
     if not st_mod.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise Refused("the cockpit's state folder %s is not a folder of this user that only it can write: "
                       "refused; remove it (it is made again)" % folder)
 
 
-def _open_own(path, flags):
-    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
+def _open_own(path, flags, make_dirs=False):
+    """The record's file, no symbolic link followed in any component (folders made 0700 where
+    missing), refused unless it is a plain file of this user."""
+    fd = open_nofollow(path, flags, 0o600, make_dirs)
     st = os.fstat(fd)
     if not st_mod.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink > 1:
         os.close(fd)
@@ -69,9 +71,13 @@ class Acts:
         line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
         if len(line) > LINE_MAX:
             raise Refused("a record of %d bytes is longer than %d: not written" % (len(line), LINE_MAX))
-        _own_folder(os.path.dirname(self.path))
         self._start_again_if_long()
-        fd, _ = _open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd, _ = _open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
+        try:
+            _own_folder(os.path.dirname(self.path))
+        except Refused:
+            os.close(fd)
+            raise
         try:
             os.write(fd, line)
         finally:
