@@ -125,6 +125,10 @@ def main():
     ap.add_argument("--hang-rank", type=int, default=-1)
     ap.add_argument("--hang-after", type=float, default=1e9)
     ap.add_argument("--capture-hang-rank", type=int, default=-1)
+    # options a real server takes that change nothing here: a bisect's harmless flag sets
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--disable-log-requests", action="store_true")
     args = ap.parse_args()
     import torch.multiprocessing as mp
 
