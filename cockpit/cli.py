@@ -339,7 +339,8 @@ async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[st
 
     monitor = app.cockpit.monitor
     if monitor.state.link_state == "up" or monitor.state.seq:
-        record_seen(monitor.run, monitor.verdict, monitor.phase, monitor.watchdog.phase_times())  # the ledger keeps the verdict the screen showed last, not "stopped"
+        # the ledger keeps the verdict the screen showed last, not "stopped"
+        record_seen(monitor.run, monitor.verdict, monitor.phase, monitor.watchdog.phase_times())
     try:
         stopped, left = await _stop_demo_runs(monitor.session.opts, layout, state)
     except CockpitError as exc:
