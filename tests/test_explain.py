@@ -3,7 +3,7 @@ the ways a log arrives (.gz, stdin, bytes that are not UTF-8, a file that is not
 
 Each corpus file starts with two header lines:
     # source: URL (how it was cut)
-    # expect: engine=E phase="P" verdict=V rank=R cause=C [ranks=0,1 | ranks=24-31]
+    # expect: engine=E phase="P" verdict=V rank=R cause=C [ranks=0,1 | ranks=24-31] [together=0-7]
 `none` stands for no value. Every key given is checked."""
 
 import argparse
@@ -64,6 +64,10 @@ def test_real_log(path):
             assert got[key] == expect[key], f"{path.name}: {key} {got[key]!r}, expected {expect[key]!r}"
     if "ranks" in expect:
         assert result["ranks"] == ranks_of(expect["ranks"])
+    # ranks that failed the same way in the same second: none of them named, all of them said
+    assert verdict["together"] == (ranks_of(expect["together"]) if "together" in expect else [])
+    if verdict["together"]:
+        assert verdict["rank"] is None
     if verdict["name"] != "ok":
         assert verdict["evidence"] and all(len(e) <= 200 for e in verdict["evidence"])
         assert all(1 <= n <= len(lines) for n in verdict["evidence_lines"])
@@ -87,7 +91,8 @@ def test_json_shape(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"engine", "detected", "lines", "phase", "verdict", "ranks", "timeline", "failures", "last_time",
                         "silent_s", "window_s"}
-    assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines"}
+    assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines", "together",
+                                   "all_ranks"}
     assert doc["phase"] == "capturing cuda graphs" and doc["verdict"]["name"] == "crashed"
     # the header lines count as lines of the file: line numbers are the file's
     assert [m["phase"] for m in doc["timeline"]] == ["loading weights", "weights loaded", "kv cache",

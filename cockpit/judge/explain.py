@@ -110,7 +110,8 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     lines       how many lines were read
     phase       the last launch phase reached (never "crashed"); None when no phase mark was seen
     verdict     {name: crashed | stalled | ok, rank, cause, line, time, evidence: [line texts],
-                 evidence_lines: [their line numbers]}
+                 evidence_lines: [their line numbers], together: [ranks that failed the same way in
+                 the same second, rank then None], all_ranks: whether those are every rank}
     ranks       every rank the lines name, sorted
     timeline    [{phase, line, time}] in the order the run reached them
     failures    [{line, rank, cause, consequence, text}]: every failure line, in order (at most 50)
@@ -138,14 +139,15 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     for text in it:
         tracker.feed(text)
     engine_name = engine if engine in ENGINES else tracker.rules.detected
+    reached = tracker.reached()
     return {
         "engine": engine_name,
         "detected": detected or (engine_name is not None and engine not in ENGINES),
         "lines": tracker.n,
-        "phase": tracker.phase,
-        "verdict": _verdict(tracker, engine_name, silent_s, window_s),
+        "phase": reached[-1].phase if reached else None,
+        "verdict": {"together": [], "all_ranks": False, **_verdict(tracker, engine_name, silent_s, window_s)},
         "ranks": sorted(tracker.ranks),
-        "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in tracker.timeline],
+        "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in reached],
         "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
                       "text": short(f.text)} for f in tracker.failures[:50]],
         "last_time": tracker.last_time,
@@ -164,7 +166,8 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
             seen.setdefault(n, text)
         evidence = sorted(seen.items())[:6]
         return {"name": "crashed", "rank": first.rank, "cause": first.cause, "line": first.line, "time": first.time,
-                "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence]}
+                "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence],
+                "together": list(first.together), "all_ranks": bool(first.together) and tracker.all_ranks(first.together)}
     if tracker.stalled():
         n, last = tracker.stalls[-1]
         tells = tracker.stalls[-3:]
@@ -174,11 +177,13 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
     if tracker.n == 0:  # nothing read: not a run that went well
         return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
                 "evidence_lines": []}
-    mark = tracker.timeline[-1] if tracker.timeline else None
+    reached = tracker.reached()
+    mark = reached[-1] if reached else None
     if engine is None and mark is None and not tracker.ranks and not tracker.requests:
         return {"name": "not a server log", "rank": None, "cause": None, "line": None, "time": None,
                 "evidence": [], "evidence_lines": []}
-    if silent_s is not None and silent_s >= window_s and tracker.phase not in ENDED and not tracker.finished_at:
+    if silent_s is not None and silent_s >= window_s and (mark and mark.phase) not in ENDED \
+            and not tracker.finished_at:
         return {"name": "stalled", "rank": None, "cause": "silent", "line": mark.line if mark else None,
                 "time": mark.time if mark else None, "evidence": [f"the file was last written {_ago(silent_s)} ago"],
                 "evidence_lines": []}
@@ -203,6 +208,9 @@ def describe(result: dict) -> list[str]:
     v = result["verdict"]
     if v["name"] == "crashed":
         who = f"rank {v['rank']}" if v["rank"] is not None else "no rank named"
+        if v.get("together"):
+            who = (f"all {len(v['together'])} ranks" if v.get("all_ranks") else f"ranks {_ranks(v['together'])}") \
+                + " together"
         when = f", {v['time']}" if v["time"] else ""
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
     elif v["name"] == "stalled" and v["cause"] == "silent":
