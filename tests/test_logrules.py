@@ -661,3 +661,54 @@ def test_the_engines_stats_lines_say_work_idle_or_frozen():
     assert progress_of(rules.classify(s.format(g="0.00"))) == "frozen"
     assert progress_of(rules.classify('INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK')) == "none"
     assert progress_of(rules.classify('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK')) == "work"
+
+
+# ----------------------------------------------------------------------------- hostile lines, and the gates
+
+
+def _hostile():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hostile_lines", CORPUS.parent / "hostile_lines.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_hostile_line_is_judged():
+    """A 64 KiB line drawn from each pattern's worst case (tests/data/hostile_lines.py), classified and
+    fed to a tracker, then all of them as one log through explain. A quadratic pattern would hang here
+    for minutes: the per-line time is tests/bench/explain_rate.py's (docs/BENCHMARKS.md)."""
+    from cockpit.judge.explain import explain
+
+    hostile = _hostile().HOSTILE
+    assert len(hostile) > 500 and all(len(line) == 64 << 10 for line in hostile.values())
+    for name, line in hostile.items():
+        t = LogTracker(LogRules("auto"))
+        ll = t.feed(line)
+        assert ll.text == line and t.n == 1, name
+    doc = explain(list(hostile.values()))
+    assert doc["lines"] == len(hostile) and doc["verdict"]["name"] in ("crashed", "stalled", "ok")
+
+
+def test_the_word_gates_never_skip_a_rule_that_matches():
+    """`_hot` and `_phase_words` let a line skip whole rule families; every string that walks a rule's
+    pattern (and matches it), and every line of the real-log corpus, that a family matches holds a word."""
+    from cockpit.read import logrules as L
+
+    rules = L.LogRules("auto")
+    families = [rx for rx, _ in L.STALLS] + [r.pattern for r in L.FAILURES] + [rx for _, rx in L.CAUSE_RX] + [
+        L.ERROR, L.WARNING]
+    phases = [rx for table in rules._tables.values() for rx, _ in table]
+    samples = list(_hostile().PATHS.values())
+    for path in sorted(CORPUS.glob("*.log")):
+        samples += [parse(line).message for line in corpus(path.name)]
+    checked = 0
+    for msg in samples:
+        if any(rx.search(msg) for rx in families) or L.EXCEPTION_LINE.match(msg):
+            assert L._hot(msg), msg
+            checked += 1
+        if any(rx.search(msg) for rx in phases):
+            assert L._phase_words(msg), msg
+            checked += 1
+    assert checked > 500
