@@ -300,7 +300,7 @@ CAUSE_TIER = {
 }
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
-    ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+    ("oom", r"CUDA out of memory|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
             r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
             r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
@@ -630,7 +630,8 @@ class LogRules:
             failure = self._failure(msg, p.level, base)
             if failure is not None:
                 return failure
-        elif not shaped and msg[-1:].isalpha() and (cut := _cut_failure(msg)) is not None:
+        elif not shaped and msg[-1:].isalpha() and p.level not in ("INFO", "DEBUG") \
+                and (cut := _cut_failure(msg)) is not None:
             return LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
         phase = self._phase(msg)
         shards = None
@@ -674,7 +675,7 @@ class LogRules:
                           or told.lstrip().startswith("what():") or cause in ("killed", "segfault", "aborted")):
                 return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(told),
                                victim=bool(VICTIM.search(told)), **base)
-        if msg[-1:].isalpha():
+        if msg[-1:].isalpha() and level not in ("INFO", "DEBUG"):
             cut = _cut_failure(msg)
             if cut is not None:
                 return LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
@@ -683,7 +684,7 @@ class LogRules:
 
 # A failure line cut mid-word (an excerpt's end, two writers interleaved mid-line): the message ends
 # inside the literal head of a failure rule ("... Error executing metho"), at least CUT_MIN characters of it.
-CUT_MIN = 12
+CUT_MIN = 14
 
 
 def _literal_head(pattern: str) -> str:
