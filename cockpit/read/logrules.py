@@ -20,6 +20,7 @@ a `│ ` box) are stripped first."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -170,6 +171,7 @@ class Parsed(NamedTuple):
     engine: str | None  # the engine whose prefix the line carries
 
 
+@functools.lru_cache(maxsize=512)  # a run's writers are few; a hostile log's many only evict
 def _rank_of_tags(tags: str) -> int | None:
     """SGLang's tags, e.g. " DP0 PP1 TP3 EP3": the TP rank, else the PP rank, else the DP rank."""
     found = {name: int(num) for name, num in SGLANG_TAG.findall(tags)}
@@ -179,6 +181,7 @@ def _rank_of_tags(tags: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=512)
 def _rank_of_who(who: str) -> int | None:
     """vLLM's process name: "VllmWorker TP1", "VllmWorker rank=3", "Worker_PP1_TP2", "Worker_TP0_EP0"."""
     m = re.search(r"(?:^|[_ ])TP(\d+)(?!\d)", who) or re.search(r"rank=(\d+)", who)
@@ -229,7 +232,7 @@ def parse(text: str) -> Parsed:
         s = s[m.end():]
     who = rank = level = engine = None
     pos = 0
-    m = _find_match(SGLANG_PREFIX, s, "[", 0, 60, PREFIX_WINDOW)
+    m = _find_match(SGLANG_PREFIX, s, "[", 0, 60, PREFIX_WINDOW) if "[" in s else None
     if m:
         time, engine, pos = m.group(1), "sglang", m.end()
         tags = m.group(2).strip()
@@ -262,7 +265,7 @@ def parse(text: str) -> Parsed:
             level = m.group("l1") or m.group("l2")
             time = f"{m.group('d1') or m.group('d2')} {m.group('t1') or m.group('t2')}"
             pos = m.end()
-    m = _find_match(TORCH_PREFIX, s, "[", pos, pos + 30, pos + 80)
+    m = _find_match(TORCH_PREFIX, s, "[", pos, pos + 30, pos + 80) if s.find("[", pos, pos + 30) >= 0 else None
     if m:
         if m.group(1) is not None:
             rank = int(m.group(1))
@@ -271,10 +274,10 @@ def parse(text: str) -> Parsed:
             time = time or f"{int(m.group(3)):02d}-{m.group(4)} {m.group(5)}"
         pos = m.end()
         who = who or (f"rank{rank}" if rank is not None else None)
-    elif (m := TORCH_RANK_LEAD.match(s, pos)) is not None:
+    elif s.startswith("[rank", pos) and (m := TORCH_RANK_LEAD.match(s, pos)) is not None:
         rank, pos = int(m.group(1)), m.end()  # "[rank3]: msg": the rank kept, the message read without it
         who = who or f"rank{rank}"
-    elif rank is None:
+    elif rank is None and s.find("[rank", pos, pos + 40) >= 0:
         m = _find_match(TORCH_RANK, s, "[rank", pos, pos + 40, pos + 40)
         if m:
             rank = int(m.group(1))
@@ -587,6 +590,8 @@ class LogRules:
         self._table = table
         # one search rules out the many lines that mark none of the engine's phases
         self._any_phase = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in table))
+        # an access or stats line (told by its shape) marks serving or nothing: its own rule only
+        self._serving = [rx for rx, name in reversed(table) if name == "serving"]
 
     def _learn(self, text: str, parsed: Parsed) -> None:
         if self.engine in ENGINE_PHASES:
@@ -622,23 +627,25 @@ class LogRules:
         if self.engine not in ENGINE_PHASES:
             self._learn(text, p)
         msg = p.message
-        activity = _activity(msg)
-        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, **activity)
-        shaped = bool(activity) or ("HTTP/" in msg and ACCESS_LINE.search(msg) is not None)
+        stats, probe = _activity(msg)
+        shaped = stats is not None or probe or ("HTTP/" in msg and ACCESS_LINE.search(msg) is not None)
         hot = not shaped and _hot(msg)
-        if hot:
-            failure = self._failure(msg, p.level, base)
+        if hot or (not shaped and msg[-1:].isalpha() and p.level not in ("INFO", "DEBUG")):
+            base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats,
+                        probe=probe)
+            failure = self._failure(msg, p.level, base, hot)
             if failure is not None:
                 return failure
-        elif not shaped and msg[-1:].isalpha() and p.level not in ("INFO", "DEBUG") \
-                and (cut := _cut_failure(msg)) is not None:
-            return LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
-        phase = self._phase(msg)
-        shards = None
-        if phase == "loading weights":
-            m = SHARDS.search(msg)
-            if m:
-                shards = (int(m.group(1)), int(m.group(2)))
+        if shaped and not self.extra:
+            phase = "serving" if any(rx.search(msg) for rx in self._serving) else None
+        else:
+            phase = self._phase(msg)
+        if p.level is None and not hot or p.level in ("INFO", "DEBUG"):  # the common line: no error, no warning
+            return LogLine(text, "phase" if phase else None, p.rank, phase, None, None, None,
+                           _shards(msg) if phase == "loading weights" else None, p.time, p.who, msg, False, False,
+                           p.level, stats, probe)
+        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats, probe=probe)
+        shards = _shards(msg) if phase == "loading weights" else None
         if p.level in ("ERROR", "CRITICAL") or (p.level is None and hot and (ERROR.search(msg)
                                                                            or EXCEPTION_LINE.match(msg))):
             return LogLine(kind="error", phase=phase, shards=shards, **base)
@@ -647,8 +654,12 @@ class LogRules:
         return LogLine(kind="phase" if phase else None, phase=phase, shards=shards, **base)
 
     @staticmethod
-    def _failure(msg: str, level: str | None, base: dict) -> LogLine | None:
-        """A stall tell or a failure line, from a message that holds a hot word."""
+    def _failure(msg: str, level: str | None, base: dict, hot: bool) -> LogLine | None:
+        """A stall tell or a failure line: from a message that holds a hot word, or one cut mid-word."""
+        if not hot:
+            cut = _cut_failure(msg)
+            return None if cut is None else LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence,
+                                                    **base)
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
@@ -732,23 +743,28 @@ def _cut_failure(message: str) -> FailureRule | None:
     return None
 
 
-def _activity(message: str) -> dict:
+def _activity(message: str) -> tuple[tuple[float, int | None] | None, bool]:
     """What a line says of the run's progress: an engine's stats line (tokens/s, requests
     running), or a probe's access line. Cheap substring tests first: most lines are neither."""
     if "throughput" in message:
         m = VLLM_STATS.search(message)
         if m:
-            return {"stats": (float(m.group(1)) + float(m.group(2)), int(m.group(3)))}
+            return (float(m.group(1)) + float(m.group(2)), int(m.group(3))), False
         m = SGLANG_DECODE.search(message)
         if m:
-            return {"stats": (float(m.group(2)), int(m.group(1)))}
+            return (float(m.group(2)), int(m.group(1))), False
     if "Prefill batch" in message:
         m = SGLANG_PREFILL.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
-            return {"stats": (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None)}
+            return (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None), False
     if "HTTP/" in message and PROBE_REQUEST.search(message):
-        return {"probe": True}
-    return {}
+        return None, True
+    return None, False
+
+
+def _shards(message: str) -> tuple[int, int] | None:
+    m = SHARDS.search(message)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def progress_of(line: LogLine) -> str:

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from cockpit.judge.explain import explain, read_log  # noqa: E402
 from cockpit.read.logrules import LogRules, LogTracker  # noqa: E402
-from tests.bench.benchlib import report  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+from benchlib import report  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "real-logs"
 
