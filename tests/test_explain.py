@@ -10,6 +10,7 @@ import argparse
 import gzip
 import io
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -228,3 +229,36 @@ def test_a_file_that_is_not_a_server_log_says_so_and_exits_non_zero(tmp_path, ca
     access = tmp_path / "access.log"  # an inference server's access log is one, engine unknown
     access.write_text('INFO:     10.0.0.1:4000 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
     assert _run(access, capsys)[0] == 0
+
+
+def test_a_large_file_shows_its_progress_on_a_terminal_only(tmp_path):
+    """`cockpit explain` of an 11 MB log: on a terminal (a real pty as stderr) a bar says how far the
+    reading got, and is wiped at the end; with stderr a pipe nothing but the result is written."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "big.log"
+    line = '[2026-12-01 11:00:00] INFO:     10.0.1.2:31234 - "POST /generate HTTP/1.1" 200 OK\n'
+    log.write_text("[2026-12-01 10:00:00 TP0] Load weight begin.\n" + line * ((11 << 20) // len(line)))
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log)], stdout=subprocess.PIPE,
+                              stderr=slave, timeout=600)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the pty's other end closed: all read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0 and b"verdict: ok" in proc.stdout
+    assert re.search(rb"reading .*big\.log: \[[#.]{30}\] +\d+% of 11 MB", seen), seen[-300:]
+    assert seen.endswith(b"\r\x1b[K")
+    piped = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log)], capture_output=True, timeout=600)
+    assert piped.returncode == 0 and piped.stderr == b""

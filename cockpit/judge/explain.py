@@ -15,6 +15,7 @@ that cannot be read (a one-line CockpitError)."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import sys
 import time
@@ -37,9 +38,51 @@ def short(text: str, limit: int = EVIDENCE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_log(path: str) -> Iterator[str]:
+PROGRESS_BYTES = 10 << 20  # a file this large shows how far the reading got (on a terminal)
+
+
+class Progress:
+    """How far into a file the reading is, on stderr, a few times a second: for a file over
+    PROGRESS_BYTES when stderr is a terminal (a script reading the JSON sees nothing of it)."""
+
+    def __init__(self, raw, name: str, stream=None):
+        self.raw, self.name, self.stream = raw, name, stream or sys.stderr
+        self.size = os.fstat(raw.fileno()).st_size
+        self.next = 0.0
+        self.shown = False
+
+    @classmethod
+    def wanted(cls, raw, name: str, stream=None) -> Progress | None:
+        stream = stream or sys.stderr
+        try:
+            big = os.fstat(raw.fileno()).st_size > PROGRESS_BYTES
+        except (OSError, ValueError):
+            return None
+        return cls(raw, name, stream) if big and stream.isatty() else None
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + 0.25
+        done = min(self.raw.tell(), self.size)
+        width = 30
+        filled = width * done // max(1, self.size)
+        self.stream.write(f"\rreading {self.name}: [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{100 * done // max(1, self.size):3d}% of {self.size / 2**20:.0f} MB")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def read_log(path: str, progress: bool = False) -> Iterator[str]:
     """The lines of a log file (`-` is stdin; a `.gz` is decompressed; bytes that are not UTF-8 read
-    as U+FFFD). A missing or unreadable file is one CockpitError naming it and the fix."""
+    as U+FFFD). A missing or unreadable file is one CockpitError naming it and the fix. `progress`:
+    a bar on stderr for a large file, when stderr is a terminal (`Progress`)."""
     if path == "-":
         return _lines(sys.stdin.buffer, "stdin")
     try:
@@ -52,12 +95,13 @@ def read_log(path: str) -> Iterator[str]:
         raise CockpitError(f"{path}: permission denied: copy the log somewhere readable or run as its owner") from None
     except OSError as exc:
         raise CockpitError(f"{path}: cannot read: {exc.strerror}") from None
+    bar = Progress.wanted(raw, path) if progress else None
     if path.endswith(".gz"):
-        return _lines(gzip.GzipFile(fileobj=raw, mode="rb"), path, raw)
-    return _lines(raw, path)
+        return _lines(gzip.GzipFile(fileobj=raw, mode="rb"), path, raw, bar=bar)
+    return _lines(raw, path, bar=bar)
 
 
-def _lines(stream, name: str, *others) -> Iterator[str]:
+def _lines(stream, name: str, *others, bar: Progress | None = None) -> Iterator[str]:
     """The stream's lines, read in bounded chunks: a line keeps its first LINE_MAX bytes (the live
     path's cap) and says the rest as ` … [N bytes skipped]`, never held in memory, so a 200 MB
     line without a newline costs what 64 KiB does (and no rule sees a longer line)."""
@@ -68,18 +112,23 @@ def _lines(stream, name: str, *others) -> Iterator[str]:
             chunk = read(CHUNK)
             if not chunk:
                 break
-            start = 0
-            while True:
-                nl = chunk.find(b"\n", start)
-                end = len(chunk) if nl < 0 else nl
-                room = max(0, LINE_MAX - len(partial))
-                partial += chunk[start:min(end, start + room)]
-                skipped += max(0, end - start - room)
-                if nl < 0:
-                    break
-                yield _line(partial, skipped)
-                partial, skipped = bytearray(), 0
-                start = nl + 1
+            if bar is not None:
+                bar.tick()
+            parts = chunk.split(b"\n")  # the whole lines of a chunk at once: C speed, the chunk bounds the list
+            head = parts[0]
+            room = max(0, LINE_MAX - len(partial))
+            partial += head[:room]
+            skipped += max(0, len(head) - room)
+            if len(parts) == 1:
+                continue
+            yield _line(partial, skipped)
+            for raw in itertools.islice(parts, 1, len(parts) - 1):
+                if len(raw) <= LINE_MAX:
+                    yield raw.decode("utf-8", errors="replace").rstrip("\r")
+                else:
+                    yield _line(raw[:LINE_MAX], len(raw) - LINE_MAX)
+            tail = parts[-1]
+            partial, skipped = bytearray(tail[:LINE_MAX]), max(0, len(tail) - LINE_MAX)
         if partial or skipped:
             yield _line(partial, skipped)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
@@ -87,13 +136,15 @@ def _lines(stream, name: str, *others) -> Iterator[str]:
     except OSError as exc:
         raise CockpitError(f"{name}: cannot read: {exc.strerror or exc}") from None
     finally:
+        if bar is not None:
+            bar.close()
         if stream is not sys.stdin.buffer:
             stream.close()
         for other in others:
             other.close()
 
 
-def _line(raw: bytearray, skipped: int) -> str:
+def _line(raw: bytes | bytearray, skipped: int) -> str:
     text = raw.decode("utf-8", errors="replace").rstrip("\r")
     return text + f" \u2026 [{skipped} bytes skipped]" if skipped else text
 
