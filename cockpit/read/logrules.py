@@ -43,6 +43,7 @@ class LogLine(NamedTuple):
     level: str | None = None  # ERROR, WARNING, INFO, ... where the line's prefix says
     stats: tuple[float, int | None] | None = None  # an engine's periodic stats line: (tokens/s, requests running)
     probe: bool = False  # an access-log line of a health, metrics or model-list probe: no work done
+    http: tuple[str, int] | None = None  # an access-log line's (method, status)
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,14 @@ def _find_match(rx: re.Pattern, s: str, lead: str, start: int, last: int, end: i
     return None
 
 
+def _outer_maybe(s: str) -> bool:
+    """Whether an outer layer (OUTER) may stand first: each begins with a digit, a space or a bar,
+    `[` and a time then `] [`, `(` and SGLang's name, a three-letter month, or holds a `|`."""
+    c = s[:1]
+    return (c.isdigit() or c.isspace() or c == "\u2502" or "|" in s or s[3:4] == " "
+            or (c == "[" and "] [" in s[:80]) or (c == "(" and "glang" in s[:200].lower()))
+
+
 def _level_near(s: str, start: int, end: int) -> bool:
     return any(s.find(word, start, end) >= 0 for word in ("INFO ", "ERROR ", "WARNING ", "DEBUG ", "CRITICAL "))
 
@@ -217,7 +226,7 @@ def parse(text: str) -> Parsed:
     position: the common line costs a few finds."""
     s = ANSI.sub("", text) if ("\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text) else text
     time = None
-    if OUTER_ANY.match(s):
+    if _outer_maybe(s) and OUTER_ANY.match(s):
         for rx in OUTER:
             m = rx.match(s)
             if m:
@@ -450,14 +459,12 @@ REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fast
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
 BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
                               r"|SystemExit)\b")
-# A request served: the server is doing its work after whatever came before
-HTTP_OK = re.compile(r'"(?:GET|POST|PUT) [^\s"]{1,2000} HTTP/[\d.]+" 2\d\d')
 # Any HTTP access-log line (uvicorn's, aiohttp's): an HTTP server wrote this log
-ACCESS_LINE = re.compile(r'"(?:GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) /[^\s"]{0,2000} HTTP/[\d.]+" \d{3}')
+ACCESS_LINE = re.compile(r'"(GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) (/[^\s"]{0,2000}) HTTP/[\d.]+" (\d{3})')
 # An access-log line of a probe (the cockpit's own, a load balancer's, Kubernetes'): it proves the HTTP
 # server answers, not that a request is being worked on
-PROBE_REQUEST = re.compile(r'"(?:GET|HEAD) /(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
-                           r'|version|ready|live)/?(?:\?[^" ]{0,200})? HTTP/')
+PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
+                           r'|version|ready|live)/?(?:\?[^" ]{0,200})?$')
 # The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
@@ -627,12 +634,15 @@ class LogRules:
         if self.engine not in ENGINE_PHASES:
             self._learn(text, p)
         msg = p.message
-        stats, probe = _activity(msg)
-        shaped = stats is not None or probe or ("HTTP/" in msg and ACCESS_LINE.search(msg) is not None)
+        stats = _stats(msg)
+        access = ACCESS_LINE.search(msg) if "HTTP/" in msg else None
+        http = (access.group(1), int(access.group(3))) if access else None
+        probe = http is not None and http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
+        shaped = stats is not None or http is not None
         hot = not shaped and _hot(msg)
         if hot or (not shaped and msg[-1:].isalpha() and p.level not in ("INFO", "DEBUG")):
             base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats,
-                        probe=probe)
+                        probe=probe, http=http)
             failure = self._failure(msg, p.level, base, hot)
             if failure is not None:
                 return failure
@@ -643,8 +653,9 @@ class LogRules:
         if p.level is None and not hot or p.level in ("INFO", "DEBUG"):  # the common line: no error, no warning
             return LogLine(text, "phase" if phase else None, p.rank, phase, None, None, None,
                            _shards(msg) if phase == "loading weights" else None, p.time, p.who, msg, False, False,
-                           p.level, stats, probe)
-        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats, probe=probe)
+                           p.level, stats, probe, http)
+        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats, probe=probe,
+                    http=http)
         shards = _shards(msg) if phase == "loading weights" else None
         if p.level in ("ERROR", "CRITICAL") or (p.level is None and hot and (ERROR.search(msg)
                                                                            or EXCEPTION_LINE.match(msg))):
@@ -743,23 +754,21 @@ def _cut_failure(message: str) -> FailureRule | None:
     return None
 
 
-def _activity(message: str) -> tuple[tuple[float, int | None] | None, bool]:
-    """What a line says of the run's progress: an engine's stats line (tokens/s, requests
-    running), or a probe's access line. Cheap substring tests first: most lines are neither."""
+def _stats(message: str) -> tuple[float, int | None] | None:
+    """An engine's stats line: (tokens/s, requests running). Cheap substring tests first: most lines
+    are none."""
     if "throughput" in message:
         m = VLLM_STATS.search(message)
         if m:
-            return (float(m.group(1)) + float(m.group(2)), int(m.group(3))), False
+            return float(m.group(1)) + float(m.group(2)), int(m.group(3))
         m = SGLANG_DECODE.search(message)
         if m:
-            return (float(m.group(2)), int(m.group(1))), False
+            return float(m.group(2)), int(m.group(1))
     if "Prefill batch" in message:
         m = SGLANG_PREFILL.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
-            return (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None), False
-    if "HTTP/" in message and PROBE_REQUEST.search(message):
-        return None, True
-    return None, False
+            return 1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None
+    return None
 
 
 def _shards(message: str) -> tuple[int, int] | None:
@@ -903,7 +912,7 @@ class LogTracker:
             self._restart()
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
-        continues = self._continues(ll)
+        continues = (self._block is not None or self._trace is not None) and self._continues(ll)
         if not continues:
             self._block = None
             self._trace = None
@@ -914,10 +923,11 @@ class LogTracker:
             self._oom_warning = (self.n, ll.rank, ll.text)
         if ("xception in" in msg or "rror h" in msg or "rror in" in msg) and REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
-        self._read_trace(ll, msg, continues)
+        if "Traceback" in msg or 'File "' in msg:
+            self._read_trace(ll, msg, continues)
         if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self.failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
-        frozen = progress_of(ll) == "frozen"  # the engine's stats: requests running, nothing done
+        frozen = ll.stats is not None and progress_of(ll) == "frozen"  # the engine's stats: requests running, nothing done
         if ll.kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
@@ -933,11 +943,12 @@ class LogTracker:
                 and ll.level not in ("WARNING", "INFO", "DEBUG"):
             self._trace_failure(ll, msg)
         served = False
-        if "HTTP/" in msg and ACCESS_LINE.search(msg):
+        if ll.http is not None:
             self.requests += 1
-            served = HTTP_OK.search(msg) is not None
+            method, status = ll.http
+            served = 200 <= status < 300 and method in ("GET", "POST", "PUT")
             if served and self.answered is None and ll.kind != "failure":
-                self.answered = PhaseMark("serving" if not ll.probe and "POST " in msg else "ready", self.n, ll.time)
+                self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, ll.time)
         if ll.kind != "failure" and (ll.phase or served) and not frozen and not ll.probe:
             self._progress(ll)
         if ll.phase and ll.kind != "failure":
