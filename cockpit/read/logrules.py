@@ -217,7 +217,8 @@ def _outer_maybe(s: str) -> bool:
 
 
 def _level_near(s: str, start: int, end: int) -> bool:
-    return any(s.find(word, start, end) >= 0 for word in ("INFO ", "ERROR ", "WARNING ", "DEBUG ", "CRITICAL "))
+    return (s.find("INFO ", start, end) >= 0 or s.find("ERROR ", start, end) >= 0 or s.find("WARNING ", start, end) >= 0
+            or s.find("DEBUG ", start, end) >= 0 or s.find("CRITICAL ", start, end) >= 0)
 
 
 def parse(text: str) -> Parsed:
