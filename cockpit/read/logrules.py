@@ -16,7 +16,14 @@ process names (`Worker_PP1_TP2`, `EngineCore_DP0`, `APIServer`, `VllmWorkerProce
 formats of the same records (`2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg`, NIM's
 `ERROR 2025-07-21 14:34:24.934 file.py:62] msg`). Colour codes (also with the ESC byte lost to U+FFFD),
 carriage returns (also a literal `^M`) and a container's own prefix (`svc-1  | `, an ISO timestamp,
-a `│ ` box) are stripped first."""
+a `│ ` box) are stripped first. Also C/C++ libraries' own error lines (flash-attention's, vLLM's custom
+all-reduce's, NCCL's WARN), loaders' progress bars, HTTP access lines.
+
+Host text is hostile: the rules read at most RULE_CHARS of a line, every pattern is linear in it (no
+repeat that rescans what another attempt scanned: bounded, or over characters its lead cannot hold;
+tests/data/hostile_lines.py draws each one's worst case), and each family of rules runs only on a line
+that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests. A
+run's tracker is linear in its lines whatever the failures."""
 
 from __future__ import annotations
 
@@ -313,7 +320,8 @@ CAUSE_TIER = {
 }
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
-    ("oom", r"CUDA out of memory|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+    ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory"
             r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
             r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
@@ -928,7 +936,8 @@ class LogTracker:
             self._read_trace(ll, msg, continues)
         if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self.failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
-        frozen = ll.stats is not None and progress_of(ll) == "frozen"  # the engine's stats: requests running, nothing done
+        # the engine's stats: requests running, nothing done
+        frozen = ll.stats is not None and progress_of(ll) == "frozen"
         if ll.kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
