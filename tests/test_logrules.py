@@ -692,7 +692,7 @@ def test_every_hostile_line_is_judged():
 
 
 def test_the_word_gates_never_skip_a_rule_that_matches():
-    """`_hot` and `_phase_words` let a line skip whole rule families; every string that walks a rule's
+    """`_hot`, `_fail_words` and `_phase_words` let a line skip whole rule families; every string that walks a rule's
     pattern (and matches it), and every line of the real-log corpus, that a family matches holds a word."""
     from cockpit.read import logrules as L
 
@@ -703,11 +703,14 @@ def test_the_word_gates_never_skip_a_rule_that_matches():
     samples = list(_hostile().PATHS.values())
     for path in sorted(CORPUS.glob("*.log")):
         samples += [parse(line).message for line in corpus(path.name)]
+    failures = [rx for rx, _ in L.STALLS] + [r.pattern for r in L.FAILURES]
     checked = 0
     for msg in samples:
         if any(rx.search(msg) for rx in families) or L.EXCEPTION_LINE.match(msg):
             assert L._hot(msg), msg
             checked += 1
+        if any(rx.search(msg) for rx in failures):
+            assert L._fail_words(msg), msg  # the gate of a line at INFO or DEBUG level
         if any(rx.search(msg) for rx in phases):
             assert L._phase_words(msg), msg
             checked += 1

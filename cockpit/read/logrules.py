@@ -520,6 +520,14 @@ def _hot(m: str) -> bool:
             or "NCCL" in m or "nccl" in m)
 
 
+def _fail_words(m: str) -> bool:
+    """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
+    gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
+    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
+            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
+            or "NCCL" in m or "emory" in m or "placement" in m)
+
+
 def _phase_words(m: str) -> bool:
     """Whether a message holds a word every engine phase rule needs (as `_hot`, checked on the corpus)."""
     return ("aptur" in m or "oad" in m or "KV " in m or "HTTP/" in m or " batch" in m or "took" in m
@@ -643,12 +651,13 @@ class LogRules:
         if self.engine not in ENGINE_PHASES:
             self._learn(text, p)
         msg = p.message
-        stats = _stats(msg)
+        stats, stats_of = _stats(msg)
         access = ACCESS_LINE.search(msg) if "HTTP/" in msg else None
         http = (access.group(1), int(access.group(3))) if access else None
         probe = http is not None and http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
         shaped = stats is not None or http is not None
-        hot = not shaped and _hot(msg)
+        # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
+        hot = not shaped and (_fail_words(msg) if p.level in ("INFO", "DEBUG") else _hot(msg))
         if hot or (not shaped and msg[-1:].isalpha() and p.level not in ("INFO", "DEBUG")):
             base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats,
                         probe=probe, http=http)
@@ -656,7 +665,9 @@ class LogRules:
             if failure is not None:
                 return failure
         if shaped and not self.extra:
-            phase = "serving" if any(rx.search(msg) for rx in self._serving) else None
+            # an engine's own stats line is its serving mark; an access line the serving rule's if it matches
+            served = stats_of is not None and self.detected in (None, stats_of)
+            phase = "serving" if served or any(rx.search(msg) for rx in self._serving) else None
         else:
             phase = self._phase(msg)
         if p.level is None and not hot or p.level in ("INFO", "DEBUG"):  # the common line: no error, no warning
@@ -763,21 +774,21 @@ def _cut_failure(message: str) -> FailureRule | None:
     return None
 
 
-def _stats(message: str) -> tuple[float, int | None] | None:
-    """An engine's stats line: (tokens/s, requests running). Cheap substring tests first: most lines
-    are none."""
+def _stats(message: str) -> tuple[tuple[float, int | None] | None, str | None]:
+    """An engine's stats line: (tokens/s, requests running), and the engine whose it is. Cheap
+    substring tests first: most lines are none."""
     if "throughput" in message:
         m = VLLM_STATS.search(message)
         if m:
-            return float(m.group(1)) + float(m.group(2)), int(m.group(3))
+            return (float(m.group(1)) + float(m.group(2)), int(m.group(3))), "vllm"
         m = SGLANG_DECODE.search(message)
         if m:
-            return float(m.group(2)), int(m.group(1))
+            return (float(m.group(2)), int(m.group(1))), "sglang"
     if "Prefill batch" in message:
         m = SGLANG_PREFILL.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
-            return 1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None
-    return None
+            return (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None), "sglang"
+    return None, None
 
 
 def _shards(message: str) -> tuple[int, int] | None:
