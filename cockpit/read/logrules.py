@@ -473,7 +473,7 @@ ACCESS_LINE = re.compile(r'"(GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) (/[^\s"]{0,
 # An access-log line of a probe (the cockpit's own, a load balancer's, Kubernetes'): it proves the HTTP
 # server answers, not that a request is being worked on
 PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
-                           r'|version|ready|live)/?(?:\?[^" ]{0,200})?$')
+                        r'|version|ready|live)/?(?:\?[^" ]{0,200})?$')
 # The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
@@ -893,7 +893,7 @@ class LogTracker:
         self.rules = rules
         self.n = 0
         self.timeline: list[PhaseMark] = []
-        self.failures: list[Failure] = []
+        self._failures: dict[int, Failure] = {}  # by id, in order: a withdrawn one goes in O(1)
         self.stalls: list[tuple[int, LogLine]] = []
         self.ranks: set[int] = set()
         self.last_progress = 0  # the last line that marked a phase or served a request
@@ -906,7 +906,8 @@ class LogTracker:
         self._notice_at = -10  # the last line with a web framework's request-error notice
         self._oom_warning: tuple[int, int | None, str] | None = None  # (line, rank, text) of an allocator's OOM warning
         self._pending: dict[int | None, list[Failure]] = {}  # provisional failures not yet withdrawn, by rank
-        self._tiers: set[int] = set()  # the tiers of the failures kept
+        self._kept_tier: dict[int, int] = {}
+        self._tiers: dict[int, int] = {}  # failures kept by their tier when kept
         self.dropped = 0  # failures past MAX_FAILURES that could not change the verdict, counted only
         self.world: int | None = None  # the ranks NCCL says the communicator has ("nranks 8"), the largest seen
         self.answered: PhaseMark | None = None  # the first line of the server answering HTTP (2xx): it was up
@@ -915,6 +916,11 @@ class LogTracker:
     @property
     def phase(self) -> str | None:
         return self.timeline[-1].phase if self.timeline else None
+
+    @property
+    def failures(self) -> list[Failure]:
+        """Every failure kept, in order."""
+        return list(self._failures.values())
 
     def feed(self, text: str) -> LogLine:
         return self.add(self.rules.classify(text))
@@ -928,7 +934,7 @@ class LogTracker:
         if ll.rank is not None:
             self.ranks.add(ll.rank)
         if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
-                and (self.failures or self.timeline and self.phase != "starting"):
+                and (self._failures or self.timeline and self.phase != "starting"):
             self._restart()
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
@@ -945,7 +951,7 @@ class LogTracker:
             self._notice_at = self.n
         if "Traceback" in msg or 'File "' in msg:
             self._read_trace(ll, msg, continues)
-        if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self.failures:
+        if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self._failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
         # the engine's stats: requests running, nothing done
         frozen = ll.stats is not None and progress_of(ll) == "frozen"
@@ -987,11 +993,13 @@ class LogTracker:
     def _keep(self, f: Failure) -> None:
         """A failure recorded: every one up to MAX_FAILURES, past it only one whose tier none kept has
         (the verdict names the first of the lowest tier), the others counted."""
-        if len(self.failures) >= MAX_FAILURES and f.tier in self._tiers:
+        tier = f.tier
+        if len(self._failures) >= MAX_FAILURES and self._tiers.get(tier):
             self.dropped += 1
             return
-        self.failures.append(f)
-        self._tiers.add(f.tier)
+        self._failures[id(f)] = f
+        self._tiers[tier] = self._tiers.get(tier, 0) + 1
+        self._kept_tier[id(f)] = tier
         if f.provisional:
             self._pending.setdefault(f.rank, []).append(f)
 
@@ -1043,10 +1051,9 @@ class LogTracker:
                 self._pending[key] = left
             else:
                 del self._pending[key]
-        if gone:
-            ids = {id(f) for f in gone}
-            self.failures = [f for f in self.failures if id(f) not in ids]
-            self._tiers = {f.tier for f in self.failures}
+        for f in gone:
+            del self._failures[id(f)]
+            self._tiers[self._kept_tier.pop(id(f))] -= 1
 
     def _continues(self, ll: LogLine) -> bool:
         """Whether this line belongs to the traceback being read: same writer, or no prefix at all."""
@@ -1110,7 +1117,8 @@ class LogTracker:
 
     def _restart(self) -> None:
         self.timeline.clear()
-        self.failures.clear()
+        self._failures.clear()
+        self._kept_tier.clear()
         self.stalls.clear()
         self._block = None
         self._trace = None
@@ -1133,7 +1141,7 @@ class LogTracker:
 
     def first_failure(self) -> Failure | None:
         """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
-        if not self.failures:
+        if not self._failures:
             return self._unfinished()
         if self.finished_at and all(f.tier >= 3 and f.line > self.finished_at for f in self.failures):
             return None  # an offline run that did all its work, then a notice of its engine going at exit
@@ -1167,10 +1175,10 @@ class LogTracker:
     def reached(self) -> list[PhaseMark]:
         """The timeline; for a log with no phase mark, no failure and no stall tell but the server
         answering HTTP (an access log: health probes, requests served), that answer: it was up."""
-        if self.timeline or self.failures or self.stalls or self.answered is None:
+        if self.timeline or self._failures or self.stalls or self.answered is None:
             return self.timeline
         return [self.answered]
 
     def stalled(self) -> bool:
         """The log ends on a stall tell: no failure, and nothing moved since the last tell."""
-        return not self.failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
+        return not self._failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
