@@ -34,7 +34,7 @@ CHUNK = 1 << 20
 
 def short(text: str, limit: int = EVIDENCE_CHARS) -> str:
     """A log line as evidence: colour codes gone, at most `limit` characters."""
-    text = ANSI.sub("", text).rstrip()
+    text = ANSI.sub("", text[:4 * limit]).rstrip()
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

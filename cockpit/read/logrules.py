@@ -231,7 +231,8 @@ def _level_near(s: str, start: int, end: int) -> bool:
 def parse(text: str) -> Parsed:
     """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Each
     prefix is tried where its first literal stands (`str.find`), not searched for position by
-    position: the common line costs a few finds."""
+    position: the common line costs a few finds. Only the first RULE_CHARS of a line are read."""
+    text = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
     s = ANSI.sub("", text) if ("\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text) else text
     time = None
     if _outer_maybe(s) and OUTER_ANY.match(s):
@@ -576,7 +577,7 @@ def line_engine(text: str, parsed: Parsed | None = None) -> dict[str, int]:
         score[p.engine] += 3
     for engine, sigs in SIGNATURES.items():
         for rx, weight in sigs:
-            if rx.search(text):
+            if rx.search(text, 0, RULE_CHARS):
                 score[engine] += weight
     return score
 
@@ -647,7 +648,7 @@ class LogRules:
         text itself is kept whole), each rule family only where its words stand (`_hot`,
         `_phase_words`); an access line or an engine's stats line is told by its shape alone (a
         client's URL is no failure)."""
-        p = parse(text if len(text) <= RULE_CHARS else text[:RULE_CHARS])
+        p = parse(text)
         if self.engine not in ENGINE_PHASES:
             self._learn(text, p)
         msg = p.message
