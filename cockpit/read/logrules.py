@@ -75,7 +75,7 @@ PHASE_ORDER = [
 # (SGLang, vLLM: "Loading safetensors checkpoint shards"), vLLM's fastsafetensors iterator ("Loading
 # safetensors using Fastsafetensor loader"), the Run:ai streamer ("Loading safetensors using Runai Model
 # Streamer"), multi-threaded shard loading, GGUF files.
-LOADER_BAR = (r"^(?:Loading (?:(?:safetensors|pt|np_cache) checkpoint shards|safetensors using |GGUF|gguf)"
+LOADER_BAR = (r"\b(?:Loading (?:(?:safetensors|pt|np_cache) checkpoint shards|safetensors using |GGUF|gguf)"
               r"|Multi-thread loading (?:shards|weights))")
 # The capture stages: a later begin moves the phase back into capture (a draft-extend capture after the
 # draft capture ended, a stage run again), whatever the order (see LogTracker._mark).
