@@ -167,7 +167,8 @@ TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
-PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
+PREFIX_WINDOW = 160
+LEVEL_INITIALS = ("D", "I", "W", "E", "C")  # a level word's first letter: VLLM_LEVEL and SITE_LEVEL start with one  # prefixes are looked for this far into a line, past whatever an outer layer put first
 
 
 class Parsed(NamedTuple):
@@ -219,8 +220,11 @@ def _outer_maybe(s: str) -> bool:
     """Whether an outer layer (OUTER) may stand first: each begins with a digit, a space or a bar,
     `[` and a time then `] [`, `(` and SGLang's name, a three-letter month, or holds a `|`."""
     c = s[:1]
-    return (c.isdigit() or c.isspace() or c == "\u2502" or "|" in s or s[3:4] == " "
-            or (c == "[" and "] [" in s[:80]) or (c == "(" and "glang" in s[:200].lower()))
+    if c == "[":
+        return "] [" in s[:80] or "|" in s
+    if c == "(":
+        return "glang" in s[:200].lower() or "|" in s
+    return c.isdigit() or c.isspace() or c == "\u2502" or s[3:4] == " " or "|" in s
 
 
 def _level_near(s: str, start: int, end: int) -> bool:
@@ -250,11 +254,16 @@ def parse(text: str) -> Parsed:
         s = s[m.end():]
     who = rank = level = engine = None
     pos = 0
-    m = _find_match(SGLANG_PREFIX, s, "[", 0, 60, PREFIX_WINDOW) if "[" in s else None
+    c = s[:1]
+    if c == "[":  # SGLang's prefix where it mostly stands: first
+        m = SGLANG_PREFIX.match(s, 0, PREFIX_WINDOW) or _find_match(SGLANG_PREFIX, s, "[", 1, 60, PREFIX_WINDOW)
+    else:
+        m = _find_match(SGLANG_PREFIX, s, "[", 0, 60, PREFIX_WINDOW) if "[" in s else None
     if m:
         time, engine, pos = m.group(1), "sglang", m.end()
-        tags = m.group(2).strip()
+        tags = m.group(2)
         if tags:
+            tags = tags.strip()
             who, rank = tags, _rank_of_tags(tags)
     m = _find_match(VLLM_PREFIX, s, "(", pos, pos + 60, pos + PREFIX_WINDOW) \
         if s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0 else None
@@ -272,12 +281,13 @@ def parse(text: str) -> Parsed:
         if m:
             rank, engine, pos = int(m.group(1)), "sglang", m.end()
             who = f"gpu_id={rank}"
-    m = VLLM_LEVEL.match(s, pos)
+    lead = s[pos:pos + 1]
+    m = VLLM_LEVEL.match(s, pos) if lead in LEVEL_INITIALS else None
     if m is None and engine != "sglang" and _level_near(s, pos, pos + 60):
         m = VLLM_LEVEL.search(s, pos, pos + 60)
     if m:
         level, time, engine, pos = m.group(1), m.group(2), engine or "vllm", m.end()
-    else:
+    elif lead in LEVEL_INITIALS or lead.isdigit():
         m = SITE_LEVEL.match(s, pos)
         if m:
             level = m.group("l1") or m.group("l2")
