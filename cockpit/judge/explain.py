@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from cockpit.common.errors import CockpitError
-from cockpit.common.hosttext import count
+from cockpit.common.hosttext import count, visible
 from cockpit.read.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
@@ -46,7 +46,7 @@ class Progress:
     PROGRESS_BYTES when stderr is a terminal (a script reading the JSON sees nothing of it)."""
 
     def __init__(self, raw, name: str, stream=None):
-        self.raw, self.name, self.stream = raw, name, stream or sys.stderr
+        self.raw, self.name, self.stream = raw, visible(name), stream or sys.stderr
         self.size = os.fstat(raw.fileno()).st_size
         self.next = 0.0
         self.shown = False
