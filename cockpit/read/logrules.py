@@ -678,7 +678,9 @@ class LogRules:
         if shaped and not self.extra:
             # an engine's own stats line is its serving mark; an access line the serving rule's if it matches
             served = stats_of is not None and self.detected in (None, stats_of)
-            phase = "serving" if served or any(rx.search(msg) for rx in self._serving) else None
+            if not served and access is not None:  # the request itself, where its quote opens
+                served = any(rx.match(msg, access.start()) for rx in self._serving)
+            phase = "serving" if served else None
         else:
             phase = self._phase(msg)
         if p.level is None and not hot or p.level in ("INFO", "DEBUG"):  # the common line: no error, no warning
