@@ -185,10 +185,11 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         found = detect_engine(head)
         engine, detected = (found or "auto"), found is not None
     tracker = LogTracker(LogRules(engine))
+    feed = tracker.feed
     for text in head:
-        tracker.feed(text)
+        feed(text)
     for text in it:
-        tracker.feed(text)
+        feed(text)
     engine_name = engine if engine in ENGINES else tracker.rules.detected
     reached = tracker.reached()
     return {

@@ -956,11 +956,12 @@ class LogTracker:
             self._restart()
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
-        continues = (self._block is not None or self._trace is not None) and self._continues(ll)
-        if not continues:
+        reading = self._block is not None or self._trace is not None  # a traceback is being read
+        continues = reading and self._continues(ll)
+        if reading and not continues:
             self._block = None
             self._trace = None
-        elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
+        elif continues and self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
             if CHAINED.match(msg.strip()):
                 self._trace.chained = True
         if ll.kind == "warning" and cause_of(msg) == "oom":
