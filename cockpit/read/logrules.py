@@ -168,7 +168,7 @@ TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
 PREFIX_WINDOW = 160
-LEVEL_INITIALS = ("D", "I", "W", "E", "C")  # a level word's first letter: VLLM_LEVEL and SITE_LEVEL start with one  # prefixes are looked for this far into a line, past whatever an outer layer put first
+LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL, SITE_LEVEL's 2nd start so  # prefixes are looked for this far into a line, past whatever an outer layer put first
 
 
 # a named tuple made from all its fields at once, without the generated __new__'s call: the common
@@ -286,13 +286,13 @@ def parse(text: str) -> Parsed:
         if m:
             rank, engine, pos = int(m.group(1)), "sglang", m.end()
             who = f"gpu_id={rank}"
-    lead = s[pos:pos + 1]
-    m = VLLM_LEVEL.match(s, pos) if lead in LEVEL_INITIALS else None
+    leveled = s.startswith(LEVEL_WORDS, pos)
+    m = VLLM_LEVEL.match(s, pos) if leveled else None
     if m is None and engine != "sglang" and _level_near(s, pos, pos + 60):
         m = VLLM_LEVEL.search(s, pos, pos + 60)
     if m:
         level, time, engine, pos = m.group(1), m.group(2), engine or "vllm", m.end()
-    elif lead in LEVEL_INITIALS or lead.isdigit():
+    elif leveled or s[pos:pos + 1].isdigit():
         m = SITE_LEVEL.match(s, pos)
         if m:
             level = m.group("l1") or m.group("l2")
@@ -666,18 +666,19 @@ class LogRules:
         p = parse(text)
         if self.engine not in ENGINE_PHASES:
             self._learn(text, p)
-        msg = p.message
+        msg, time, who, rank, level, _ = p
         stats, stats_of = _stats(msg)
         access = ACCESS_LINE.search(msg) if "HTTP/" in msg else None
         http = (access.group(1), int(access.group(3))) if access else None
         probe = http is not None and http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
         shaped = stats is not None or http is not None
+        quiet = level == "INFO" or level == "DEBUG"
         # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
-        hot = not shaped and (_fail_words(msg) if p.level in ("INFO", "DEBUG") else _hot(msg))
-        if hot or (not shaped and msg[-1:].isalpha() and p.level not in ("INFO", "DEBUG")):
-            base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats,
+        hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
+        if hot or (not shaped and not quiet and msg[-1:].isalpha()):
+            base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats,
                         probe=probe, http=http)
-            failure = self._failure(msg, p.level, base, hot)
+            failure = self._failure(msg, level, base, hot)
             if failure is not None:
                 return failure
         if shaped and not self.extra:
@@ -688,17 +689,17 @@ class LogRules:
             phase = "serving" if served else None
         else:
             phase = self._phase(msg)
-        if p.level is None and not hot or p.level in ("INFO", "DEBUG"):  # the common line: no error, no warning
-            return _new(LogLine, (text, "phase" if phase else None, p.rank, phase, None, None, None,
-                                  _shards(msg) if phase == "loading weights" else None, p.time, p.who, msg, False,
-                                  False, p.level, stats, probe, http))
-        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, stats=stats, probe=probe,
+        if quiet or level is None and not hot:  # the common line: no error, no warning
+            return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
+                                  _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
+                                  False, level, stats, probe, http))
+        base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats, probe=probe,
                     http=http)
         shards = _shards(msg) if phase == "loading weights" else None
-        if p.level in ("ERROR", "CRITICAL") or (p.level is None and hot and (ERROR.search(msg)
-                                                                           or EXCEPTION_LINE.match(msg))):
+        if level in ("ERROR", "CRITICAL") or (level is None and hot and (ERROR.search(msg)
+                                                                       or EXCEPTION_LINE.match(msg))):
             return LogLine(kind="error", phase=phase, shards=shards, **base)
-        if p.level == "WARNING" or (p.level is None and hot and WARNING.search(msg)):
+        if level == "WARNING" or (level is None and hot and WARNING.search(msg)):
             return LogLine(kind="warning", phase=phase, shards=shards, **base)
         return LogLine(kind="phase" if phase else None, phase=phase, shards=shards, **base)
 
