@@ -948,6 +948,7 @@ class LogTracker:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
         msg = ll.message or ""
+        kind = ll.kind
         if ll.time:
             self.last_time = ll.time
         if ll.rank is not None:
@@ -965,22 +966,22 @@ class LogTracker:
         elif continues and self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
             if CHAINED.match(msg.strip()):
                 self._trace.chained = True
-        if ll.kind == "warning" and cause_of(msg) == "oom":
+        if kind == "warning" and cause_of(msg) == "oom":
             self._oom_warning = (self.n, ll.rank, ll.text)
         if ("xception in" in msg or "rror h" in msg or "rror in" in msg) and REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
         if "Traceback" in msg or 'File "' in msg:
             self._read_trace(ll, msg, continues)
-        if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self._failures:
+        if kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self._failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
         # the engine's stats: requests running, nothing done
         frozen = ll.stats is not None and progress_of(ll) == "frozen"
-        if ll.kind == "failure":
+        if kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
                 self._trace.done, self._trace.chained = True, False
                 self._trace.failure = self._trace.failure or self._block
-        elif ll.kind == "stall":
+        elif kind == "stall":
             self._stall(ll)
         elif frozen:
             self._stall(ll._replace(kind="stall", cause="requests-frozen"))
@@ -994,11 +995,12 @@ class LogTracker:
             self.requests += 1
             method, status = ll.http
             served = 200 <= status < 300 and method in ("GET", "POST", "PUT")
-            if served and self.answered is None and ll.kind != "failure":
+            if served and self.answered is None and kind != "failure":
                 self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, ll.time)
-        if ll.kind != "failure" and (ll.phase or served) and not frozen and not ll.probe:
+        phase = ll.phase
+        if kind != "failure" and (phase or served) and not frozen and not ll.probe:
             self._progress(ll)
-        if ll.phase and ll.kind != "failure":
+        if phase and kind != "failure":
             self._mark(ll, progress=not frozen)
         if "Processed prompts" in msg and OFFLINE_DONE.search(msg):
             self.finished_at = self.n
