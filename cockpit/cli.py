@@ -35,6 +35,7 @@ class Command:
     handler: Callable[[argparse.Namespace], int]
     arguments: list[tuple[tuple, dict]] = field(default_factory=list)
     common: bool = True  # takes the host options (--layout, --python, --ssh-config, ...)
+    epilog: str | None = None  # said after the options in `--help` (exit statuses)
 
 
 COMMANDS: dict[str, Command] = {}
@@ -50,10 +51,10 @@ TARGET = arg("target", help="the host: local, demo, an ssh alias, user@host[:por
                             "podman:NAME[@HOST] or slurm:JOBID[/NODE][@LOGIN-HOST]")
 
 
-def command(name: str, help: str, *arguments, common: bool = True):
+def command(name: str, help: str, *arguments, common: bool = True, epilog: str | None = None):
     """Register a subcommand: its name, help, arguments and handler in one place."""
     def wrap(fn):
-        COMMANDS[name] = Command(name, help, fn, list(arguments), common)
+        COMMANDS[name] = Command(name, help, fn, list(arguments), common, epilog)
         return fn
     return wrap
 
@@ -61,6 +62,8 @@ def command(name: str, help: str, *arguments, common: bool = True):
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", metavar="FILE", help="a layout (launch profile): a .yaml path or a shipped name")
     p.add_argument("--python", metavar="PATH", help="the interpreter on the host that runs the agent (default python3)")
+    p.add_argument("--trust-python", action="store_true",
+                   help="as root, run the agent's interpreter even where a user other than root can change it")
     p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval in seconds (default 1)")
     p.add_argument("--ssh-config", metavar="FILE", help="an ssh config file to read instead of ~/.ssh/config")
     p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
@@ -85,7 +88,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for cmd in COMMANDS.values():
         if only is not None and cmd.name != only:
             continue
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, epilog=cmd.epilog)
         for names, kw in cmd.arguments:
             p.add_argument(*names, **kw)
         if cmd.common:
@@ -190,6 +193,7 @@ def session_options(args: argparse.Namespace, layout=None, target=None, sim_stat
         known_hosts=args.known_hosts,
         accept_new=args.accept_new,
         sim_state=args.sim or sim_state,
+        trust_python=bool(getattr(args, "trust_python", False) or (layout is not None and layout.trust_python)),
     )
     return opts
 
@@ -422,7 +426,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         for option, path in (("--svg", args.svg), ("--text", args.text)):
             if path and path != "-":
                 check_output(option, path)
-        from cockpit.host.snapshot import monitor_doc
+        from cockpit.operate.snapshot import monitor_doc
         from cockpit.runs.layouts import resolve_layout
         from cockpit.ui.app import CockpitApp
         from cockpit.ui.headless import render
@@ -463,12 +467,15 @@ def start_agent_early(args: argparse.Namespace) -> None:
     if target.kind == "local" and not args.layout:
         from cockpit.agent import agent_argv
         from cockpit.link import early
+        from cockpit.link.target import python_checked
 
-        early.start(*agent_argv(args.python or agent_python(target, None), args.interval or 1.0, args.sim))
+        python = args.python or agent_python(target, None)
+        early.start(*agent_argv(python, args.interval or 1.0, args.sim,
+                                python_checked(target, python, getattr(args, "trust_python", False))))
 
 
 async def _snapshot_doc(args: argparse.Namespace) -> dict:
-    from cockpit.host.snapshot import take_snapshot
+    from cockpit.operate.snapshot import take_snapshot
 
     return await take_snapshot(build_monitor(args), wait=args.wait)
 
@@ -672,7 +679,6 @@ def cmd_shm(args: argparse.Namespace) -> int:
          JSON)
 def cmd_dump(args: argparse.Namespace) -> int:
     from cockpit.actions import dumps, kill
-    from cockpit.runs.ledger import run_name
 
     _writable(args)
 
@@ -687,7 +693,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
             if not ranks:
                 raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
                                    f"is alive")
-            return await dumps.dump_ranks(session, ranks, run_name(monitor), upload=args.upload_pyspy,
+            return await dumps.dump_ranks(session, ranks, monitor.run.folder_name(monitor.target.label), upload=args.upload_pyspy,
                                           say=lambda line: print(line, file=sys.stderr, flush=True))
 
     result = run_async(go())
@@ -705,7 +711,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
              help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
          JSON)
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from cockpit.actions import bundle
+    from cockpit.operate import bundle
 
     async def go():
         async with attached(args) as monitor:
@@ -736,7 +742,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
         async with attached(args) as monitor:
             if not dumps.recorder_pids(monitor.state):
                 raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
-            return await dumps.collect(monitor, trigger=not args.no_trigger, root=args.pid)
+            return await dumps.collect(monitor.session, monitor.run, trigger=not args.no_trigger, root=args.pid)
 
     answer, result = run_async(go())
     if args.json:
@@ -780,6 +786,7 @@ def _spec(args: argparse.Namespace, layout):
          YES, arg("--json", action="store_true", help="print the run's ledger row as JSON instead of lines"))
 def cmd_launch(args: argparse.Namespace) -> int:
     from cockpit.actions import launch
+    from cockpit.operate import relaunch
     from cockpit.runs.spec import build_argv
 
     _writable(args)
@@ -792,11 +799,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             session, layout = monitor.session, monitor.layout
             spec = _spec(args, layout)
             argv = build_argv(layout, spec, launch.launch_python(layout, session)) + launch.sim_flags(layout, session)
-            plan, names, lines = await launch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
+            plan, names, lines = await relaunch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
             if not _confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes,
                             args.json):
                 return None
-            return await launch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
+            return await relaunch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
                                             progress=_progress, settle=args.settle, plan=plan, shm=names)
 
     row = run_async(go())
@@ -806,13 +813,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from cockpit.common.secrets import mask_record
 
         print_json(mask_record(row))  # secrets masked, as in the ledger
-        return 0
+        return relaunch.exit_status([row["outcome"]])
     say(row["summary"])
     say(f"{row['run_id']}: {row['outcome']}")
     for line in row["evidence"]:
         say(f"  {line}")
     say(f"log: {row['log']}")
-    return 0
+    return relaunch.exit_status([row["outcome"]])
 
 
 @command("ablate", "each on/off combination of flag sets in turn, then a table of outcomes", TARGET,
@@ -820,7 +827,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
          arg("--timeout", type=float, default=900, metavar="S", help="per combination"),
          YES, JSON)
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from cockpit.actions import launch
+    from cockpit.operate import relaunch
     from cockpit.runs.spec import combinations
 
     _writable(args)
@@ -829,12 +836,12 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             specs = combinations(monitor.layout, vary)
-            plan, names, lines = await launch.plan_relaunch(monitor)
+            plan, names, lines = await relaunch.plan_relaunch(monitor)
             if not _confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
                             f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
                             args.yes, args.json):
                 return None
-            return await launch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
+            return await relaunch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
                                        first_shm=names)
 
     rows = run_async(go())
@@ -843,8 +850,79 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        say("\n".join(launch.describe_ablation(rows, vary)))
-    return 0
+        say("\n".join(relaunch.describe_ablation(rows, vary)))
+    return relaunch.exit_status([r["outcome"] for r in rows])
+
+
+BISECT_EXITS = ("exit status: 0 the smallest failing set found; 1 not confirmed; 2 bad input or an error; "
+                "3 no failure reproduced with the failing configuration; 4 the good configuration fails too; "
+                "5 the launch budget spent first; 130 interrupted (Ctrl+C: the current run is stopped, a second "
+                "call with the same arguments resumes)")
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [v for v in text.split(",") if v]
+
+
+@command("bisect", "delta debugging (ddmin) over flag sets: the smallest set of them that still hangs", TARGET,
+         arg("--vary", metavar="SET,SET", help="the flag sets (and parameters: NAME, or NAME=GOOD_VALUE) to search; "
+                                               "default every flag set that differs between the two configurations"),
+         arg("--good", metavar="SET,SET", default=None,
+             help="the good configuration's flag sets (default none); the failing one is the layout's enabled sets "
+                  "plus those --vary names"),
+         arg("--repeat", type=int, default=1, metavar="N",
+             help="a candidate passes only after N clean launches (flaky hangs); a failure is final"),
+         arg("--budget", type=int, default=None, metavar="LAUNCHES", help="launch at most this many (resumed ones count)"),
+         arg("--settle", type=float, default=None, metavar="S",
+             help="a launch passes once ready (or serving) for S seconds (default 10)"),
+         arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
+         arg("--fresh", action="store_true", help="start again instead of resuming the same bisect from the ledger"),
+         YES, JSON, epilog=BISECT_EXITS)
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from cockpit.operate import bisect, relaunch
+    from cockpit.runs.bisect import DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
+
+    _writable(args)
+    check_counts(args.repeat, args.budget)  # before connecting
+    if not args.layout and args.target != "demo":
+        raise CockpitError("bisect needs --layout: the launch profile whose flag sets to search")
+
+    async def go():
+        import asyncio
+        import signal
+
+        async with attached(args) as monitor:
+            plan = make_plan(monitor.layout, monitor.target.label, good=_names(args.good), vary=_names(args.vary),
+                             repeat=args.repeat, budget=args.budget,
+                             settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
+            before = None if args.fresh else bisect.resumable(monitor.layout, plan)
+            first, names, kill_lines = await relaunch.plan_relaunch(monitor)
+            if not _confirm(bisect.describe_plan(plan, before) + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
+                return None
+            asked = []
+
+            def interrupt() -> None:
+                if not asked:
+                    say("interrupted: the current run is stopped, then the bisect ends (a second call resumes)",
+                        file=sys.stderr, flush=True)
+                asked.append(True)
+
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+            try:
+                return await bisect.bisect(monitor, plan, args.timeout, progress=_progress, first_plan=first,
+                                           first_shm=names, interrupted=lambda: bool(asked), fresh=args.fresh)
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+
+    doc = run_async(go())
+    if doc is None:
+        return 1
+    if args.json:
+        print_json(doc)
+    else:
+        say("\n".join(bisect.describe_bisect(doc)))
+    return EXIT[doc["status"]]
 
 
 @command("runs", "the ledger: every launch of a layout and what became of it",
@@ -855,11 +933,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from cockpit.runs import ledger as runs
     from cockpit.runs.layouts import resolve_layout
 
-    rows = runs.read_ledger(resolve_layout(args.layout))
+    layout = resolve_layout(args.layout)
+    rows = runs.read_ledger(layout)
     if args.json:
         print_json(rows)
     else:
-        say("\n".join(runs.describe_ledger(rows)))
+        say("\n".join(runs.describe_ledger(rows, bisects=runs.read_bisects(layout))))
     return 0
 
 

@@ -43,6 +43,9 @@ DEFAULT_LISTEN = "127.0.0.1:9841"
 LABEL_MAX = 64  # characters of a host name in a label
 ENV_MAX = 1000  # characters of one GPU_COCKPIT_* variable
 SCRAPE_TIMEOUT_S = 10.0  # a scrape waits this long for the event loop to read the monitors
+READ_TIMEOUT_S = 10.0  # a connection that sends no whole request (or stops reading) in this long is closed
+MAX_CONNECTIONS = 64  # open at once: far below any fd limit; past it the oldest idle one makes room
+MAX_HOST_GPUS = 512  # GPUs exported per host (a job's many nodes included); the rest counted, not exported
 HOOK_TIMEOUT_S = 30.0
 RULES = Path(__file__).resolve().parent / "alerts" / "gpu-cockpit-rules.yml"
 
@@ -189,6 +192,8 @@ class Exporter:
                 labels=GL)
         hw = G(f"{NS}_gpu_hw_slowdown", "1 while the hardware holds the GPU's clocks down (HW slowdown, thermal, "
                                         "power brake), else 0", labels=GL)
+        capped = G(f"{NS}_gpus_not_exported", f"GPUs a host reports past the {MAX_HOST_GPUS} exported per host "
+                                              f"(absent when none)", labels=H)
         for m in self.fleet.members:
             mon, s = m.monitor, m.state
             host = label(m.host.name)
@@ -230,7 +235,11 @@ class Exporter:
                 if p.alive and p.status != "Z":
                     for i in p.gpus:
                         on_gpu.setdefault(i, []).append(p.rank)
-            for g in s.gpus.values():
+            shown = s.gpus.values()
+            if len(s.gpus) > MAX_HOST_GPUS:  # a host claiming 20,000 GPUs would be 100,000 series
+                shown = list(s.gpus.values())[:MAX_HOST_GPUS]
+                capped.add_metric([host], float(len(s.gpus) - MAX_HOST_GPUS))
+            for g in shown:
                 r = sorted(set(on_gpu.get(g.index, [])))
                 on = ",".join(str(x) for x in r[:4]) + (",…" if len(r) > 4 else "")
                 labels = [host, label(getattr(g, "label", None) or g.index), on]  # a job's GPU: "node:index"
@@ -256,7 +265,7 @@ class Exporter:
         hosts = G(f"{NS}_hosts", "Hosts in the fleet this exporter watches")
         hosts.add_metric([], float(len(self.fleet.members)))
         out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, running, waiting, rtt, age, run,
-               util, used, total, power, temp, ecc, lost, remap, xid, hw, hosts]
+               util, used, total, power, temp, ecc, lost, remap, xid, hw, capped, hosts]
         if self.hook is not None:
             hook = G(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
                                              "coalesced: a change replaced by a later one while the hook ran)",
@@ -442,17 +451,86 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
+def bounded_server(app, host: str, port: int):
+    """A thread-per-connection WSGI server (as prometheus-client's) that a local user cannot
+    starve: each connection reads and writes under READ_TIMEOUT_S, at most MAX_CONNECTIONS are
+    open, and past that the oldest one that has not sent a whole request yet is shut to make
+    room (one whose request was read finishes; with none idle the newcomer is closed). 1,020
+    half-open connections under `ulimit -n 1024` took every descriptor and thread before."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Handler(WSGIRequestHandler):
+        timeout = READ_TIMEOUT_S  # StreamRequestHandler sets it on the connection
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()  # the request line and headers read: no longer idle
+            self.server.busy(self.connection)
+            return ok
+
+        def log_message(self, format, *args) -> None:
+            pass
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        request_queue_size = 128  # listen backlog: a burst of connections is accepted, not left to SYN retries
+        address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+        def server_activate(self) -> None:
+            self._lock = threading.Lock()
+            self._conns: dict = {}  # connection -> "idle" | "busy" | "shut"
+            self.refused = self.evicted = 0
+            super().server_activate()
+
+        def process_request(self, request, client_address) -> None:
+            with self._lock:
+                if sum(1 for st in self._conns.values() if st != "shut") >= MAX_CONNECTIONS:
+                    idle = next((c for c, st in self._conns.items() if st == "idle"), None)
+                    if idle is None:
+                        self.refused += 1
+                        request.close()
+                        return
+                    self._conns[idle] = "shut"
+                    self.evicted += 1
+                    try:
+                        idle.shutdown(socket.SHUT_RDWR)  # its thread reads the end and leaves
+                    except OSError:
+                        pass
+                self._conns[request] = "idle"
+            super().process_request(request, client_address)
+
+        def handle_error(self, request, client_address) -> None:
+            if not isinstance(sys.exc_info()[1], OSError):  # a timed-out or dropped client is no error of ours
+                super().handle_error(request, client_address)
+
+        def busy(self, request) -> None:
+            with self._lock:
+                if self._conns.get(request) == "idle":
+                    self._conns[request] = "busy"
+
+        def shutdown_request(self, request) -> None:
+            with self._lock:
+                self._conns.pop(request, None)
+            super().shutdown_request(request)
+
+    return make_server(host, port, app, Server, handler_class=Handler)
+
+
 def start_server(exporter: Exporter, loop, host: str, port: int):
-    """prometheus-client's HTTP server on host:port (its own thread), the registry holding only
-    the cockpit's collector. Returns (server, thread)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """The metrics over HTTP on host:port (bounded_server, its own thread), the registry holding
+    only the cockpit's collector. Returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LoopCollector(exporter, loop))
     try:
-        return start_http_server(port, host, registry)
+        server = bounded_server(make_wsgi_app(registry), host, port)
     except OSError as exc:
         raise CockpitError(f"--listen {host}:{port}: cannot listen there: {exc.strerror or exc}") from None
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return server, thread
 
 
 async def serve(fleet, host: str, port: int, hook: OnChange | None = None, out=None) -> None:

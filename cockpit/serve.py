@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import secrets
 import shlex
 import socket
@@ -54,24 +55,44 @@ class HideToken(logging.Filter):
         return True
 
 
+def _absolute(value: str) -> str:
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def served_command(args: argparse.Namespace) -> list[str]:
     """The cockpit command line that each browser session runs, from `serve`'s own arguments:
     read-only unless --allow-actions. `demo` attaches to the running demo (or says none runs),
-    never starts a simulated host and a run of its own per browser tab."""
-    argv = [sys.executable, "-m", "cockpit"]
+    never starts a simulated host and a run of its own per browser tab. Isolated (`-I`: neither
+    the folder it starts in nor PYTHON* variables reach its imports; a `cockpit/__main__.py` left
+    there would otherwise run as whoever serves), its files named by absolute paths, since it
+    starts in `/` (served_shell)."""
+    argv = [sys.executable, "-I", "-m", "cockpit"]
     if args.fleet or args.hosts:
-        argv += ["fleet", args.fleet] if args.fleet else ["fleet", "--hosts", args.hosts]
+        argv += ["fleet", _absolute(args.fleet)] if args.fleet else ["fleet", "--hosts", args.hosts]
     else:
         argv += ["open", args.target]
     for flag in ("layout", "python", "interval", "ssh_config", "known_hosts", "sim"):
         value = getattr(args, flag)
-        if value is not None:
-            argv += ["--" + flag.replace("_", "-"), str(value)]
-    if args.accept_new:
-        argv.append("--accept-new")
+        if value is None:
+            continue
+        value = str(value)
+        if flag in ("ssh_config", "known_hosts") or (flag == "layout" and (
+                value.endswith((".yaml", ".yml")) or "/" in value or os.path.exists(value))):
+            value = _absolute(value)
+        elif flag == "sim" and not args.fleet and not args.hosts and args.target in ("local", "demo"):
+            value = _absolute(value)  # a folder on this machine
+        argv += ["--" + flag.replace("_", "-"), value]
+    for flag in ("accept_new", "trust_python"):
+        if getattr(args, flag, False):
+            argv.append("--" + flag.replace("_", "-"))
     if args.read_only or not getattr(args, "allow_actions", False):
         argv.append("--read-only")
     return argv
+
+
+def served_shell(args: argparse.Namespace) -> str:
+    """What textual-serve's shell runs per browser session: served_command, started in `/`."""
+    return "cd / && exec " + shlex.join(served_command(args))
 
 
 def make_server(command: str, host: str, port: int, token: str, title: str = "gpu-cockpit"):
@@ -219,7 +240,7 @@ def serve(args: argparse.Namespace) -> int:
     if "--read-only" not in command:
         print("cockpit: actions are ON in the browser (--allow-actions): kill, shm clean and relaunch work there",
               file=sys.stderr)
-    server = make_server(shlex.join(command), args.bind, args.port, secrets.token_urlsafe(TOKEN_BYTES))
+    server = make_server(served_shell(args), args.bind, args.port, secrets.token_urlsafe(TOKEN_BYTES))
     try:
         server.serve()
     except OSError as exc:  # taken between the check and the server's own bind

@@ -55,7 +55,7 @@ def test_the_payload_is_a_marshalled_table_of_the_agents_modules_that_the_bootst
     be another); the same bytes every time."""
     argv, payload = shipped.agent_argv("python3", 1.0, None)
     table = marshal.loads(payload)
-    assert argv[4] == str(len(payload)) and payload[:1] == b"{"
+    assert argv[5] == str(len(payload)) and payload[:1] == b"{"
     assert table["python"] == "" and table["code"] == b""
     here = sorted(f.stem for f in Path(shipped.__file__).parent.glob("*.py") if f.name != "__init__.py")
     assert sorted(table["modules"]) == here and "memimport" in here and "nvml" in here
@@ -80,7 +80,7 @@ def test_the_local_agent_gets_its_modules_compiled_for_this_python_and_a_host_of
     assert marshal.loads(code["main"]).co_filename.endswith("main.py")
     other = dict(table, python=sys.version + " (another build)")
     for sent in (payload, marshal.dumps(other, 2)):
-        args = [sys.executable, "-u", "-c", shipped.BOOTSTRAP, str(len(sent)), "--interval", "1.0"]
+        args = [sys.executable, "-I", "-u", "-c", shipped.BOOTSTRAP, str(len(sent)), "--interval", "1.0"]
         out = subprocess.run(args, input=sent, capture_output=True, timeout=60)
         hello = json.loads(out.stdout.splitlines()[0])
         assert hello["t"] == "hello" and hello["python"] == platform.python_version(), out.stderr[-500:]

@@ -183,7 +183,7 @@ def test_a_new_token_each_start_and_actions_only_with_allow_actions(tmp_path):
 
     parse = lambda *a: build_parser().parse_args(["serve", *a])
     assert "--read-only" in served_command(parse("demo"))
-    assert served_command(parse("demo"))[3:5] == ["open", "demo"]  # attaches to the running demo, starts none
+    assert served_command(parse("demo"))[4:6] == ["open", "demo"]  # attaches to the running demo, starts none
     assert "--read-only" not in served_command(parse("demo", "--allow-actions"))
     assert "--read-only" in served_command(parse("demo", "--allow-actions", "--read-only"))
     tokens = set()

@@ -92,7 +92,7 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
 
 
 def test_a_reason_shared_by_many_ranks_is_said_once_and_a_long_one_ends_with_an_ellipsis():
-    from cockpit.actions.bundle import _Members
+    from cockpit.operate.bundle import _Members
     from cockpit.read.flightrec import by_reason, describe
 
     why = "no TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE: the flight recorder keeps nothing"

@@ -353,6 +353,15 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
             Path(CAPTURE, "alerts_query.json").write_text(json.dumps(query, indent=1))
             Path(CAPTURE, "metrics.txt").write_text(metrics)
             Path(CAPTURE, "hook_env.txt").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+        # the demo ends (its state folder gone, as when its cockpit quits): its row's link is down, not up
+        await demo.stop_demo(monitor, state)
+        demo.remove_state(state)
+
+        def link_down() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{eport}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            return 'gpu_cockpit_link{host="demo",state="down"} 1.0' in text
+        await wait_for(link_down, 60, "the ended demo's link said down")
         # SIGTERM ends the exporter cleanly
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(30) == 0

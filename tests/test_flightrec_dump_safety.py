@@ -166,13 +166,13 @@ def test_with_another_users_run_beside_ours_only_ours_is_dumped_and_asked(tmp_pa
             with pytest.raises(actions.AmbiguousRun, match="cockpit dump local --pid ROOT"):
                 await actions.find_run(session, None, verb="dump")
             with pytest.raises(actions.AmbiguousRun, match="cockpit flightrec local --pid ROOT"):
-                await dumps.collect(monitor)
+                await dumps.collect(monitor.session, monitor.run)
             plan = await actions.find_run(session, None, root=ours[0].pid)
             members, _left = actions.of_run(session.state, plan)
             targets = dumps.dump_targets(session.state, members)
             assert targets == [(0, kid(ours[0]))]
             assert not their_pids & {pid for _, pid in targets}
-            answer, _ = await dumps.collect(monitor, root=ours[0].pid)
+            answer, _ = await dumps.collect(monitor.session, monitor.run, root=ours[0].pid)
             assert answer["poked"] == [str(ours_dir / "pipe_rank_0.pipe")] and sorted(answer["ranks"]) == ["0"]
             assert any(line.startswith("left alone: rank 1") for line in answer["problems"])  # our other run's
             assert "left alone" in "\n".join(flightrec.describe(answer, flightrec.compare({})))
@@ -198,7 +198,7 @@ def test_without_a_choice_another_users_ranks_are_never_dumped(tmp_path, shared)
             assert dumps.dump_targets(session.state, members) == [(0, kid(ours))]
             assert not {kid(p) for p in theirs} & members
             monitor = SimpleNamespace(session=session, layout=None, state=session.state, run=Run())
-            answer, _ = await dumps.collect(monitor)
+            answer, _ = await dumps.collect(monitor.session, monitor.run)
             assert answer["poked"] == [str(tmp_path / "pipe_rank_0.pipe")]
         finally:
             await session.close()

@@ -73,3 +73,20 @@ def test_no_module_is_part_of_an_import_circle():
         if m not in index:
             visit(m)
     assert circles == [], f"import circles: {circles}"
+
+
+def test_nothing_below_the_monitor_takes_a_monitor():
+    """The workflows that drive a monitor live above it (cockpit/operate/); what they call below
+    takes plain values (a session, a run, a state), so calls follow the arrows down."""
+    import ast
+
+    below = ["actions", "runs", "judge", "host", "read", "link", "common", "agent", "sim"]
+    found = []
+    for folder in below:
+        for path in sorted((ROOT / "cockpit" / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                    if "monitor" in names:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert found == [], found

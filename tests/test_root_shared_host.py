@@ -202,7 +202,7 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     import tarfile
     from types import SimpleNamespace
 
-    from cockpit.actions import bundle
+    from cockpit.operate import bundle
     from cockpit.runs.run import Run
     from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions, WatchList

@@ -80,15 +80,16 @@ def test_ablation_over_eagle3_shows_it_decides_the_outcome(sim_layout):
     assert "stalled-idle" in table and "ready" in table
 
 
-@pytest.mark.parametrize("flag, outcome, evidence", [
-    ("hang", "stalled-spinning", "rank 3 is the odd one out"),
-    ("crash", "crashed", "rank 5 died (exit code -9)"),
+@pytest.mark.parametrize("flag, outcome, evidence, status", [
+    ("hang", "stalled-spinning", "rank 3 is the odd one out", 4),
+    ("crash", "crashed", "rank 5 died (exit code -9)", 5),
 ])
-def test_launch_reaches_the_verdict_with_its_evidence(sim_layout, flag, outcome, evidence):
+def test_launch_reaches_the_verdict_with_its_evidence(sim_layout, flag, outcome, evidence, status):
+    """The outcome, its evidence, and the exit status that says it (README "Exit status")."""
     path, target, env = sim_layout
     res = run_cli("launch", *target, "--on", flag, "--timeout", "60", "--settle", "30", "--yes", env=env,
                   timeout=180)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == status, res.stderr[-2000:]
     assert f": {outcome}" in res.stdout and evidence in res.stdout, res.stdout
 
 

@@ -239,22 +239,22 @@ def recorder_pids(state, pids: set[int] | None = None) -> list[int]:
     return [pid for _, pid in kill.rank_pids(state, pids)]
 
 
-async def run_rank_pids(monitor, root: int | None = None, verb: str = "flightrec") -> tuple[list[int], list[str]]:
-    """The live ranks of the run, found as the kill finds it (kill.find_run: `root` names it;
-    two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone."""
-    plan = await kill.find_run(monitor.session, monitor.run, root, verb)
-    members, left = kill.of_run(monitor.state, plan)
-    return recorder_pids(monitor.state, members), left
+async def run_rank_pids(session, run, root: int | None = None, verb: str = "flightrec") -> tuple[list[int], list[str]]:
+    """The live ranks of `run` (a Run), found as the kill finds it (kill.find_run: `root` names
+    it; two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone."""
+    plan = await kill.find_run(session, run, root, verb)
+    members, left = kill.of_run(session.state, plan)
+    return recorder_pids(session.state, members), left
 
 
-async def collect(monitor, trigger: bool = True, root: int | None = None) -> tuple[dict, dict]:
-    """Ask every live rank of the run for its flight-recorder dump (through the pipe it holds
+async def collect(session, run, trigger: bool = True, root: int | None = None) -> tuple[dict, dict]:
+    """Ask every live rank of `run` for its flight-recorder dump (through the pipe it holds
     open, with `trigger`) and compare them; an armed run's comparison is kept on the host state
     for the verdict. Ranks of another run or user are left alone and said so."""
-    pids, left = await run_rank_pids(monitor, root)
-    answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=trigger)
+    pids, left = await run_rank_pids(session, run, root)
+    answer = await session.request("fr_dump", timeout=60, pids=pids, trigger=trigger)
     answer["problems"] = left + list(answer.get("problems") or [])
     result = flightrec.compare({int(r): d for r, d in (answer.get("ranks") or {}).items() if not d.get("error")})
     if answer.get("armed"):
-        monitor.state.flight = result
+        session.state.flight = result
     return answer, result

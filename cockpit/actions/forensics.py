@@ -93,23 +93,23 @@ def odd_rank(groups: list[Group]) -> Finding | None:
     return None
 
 
-async def gather(monitor, run: str) -> Forensics:
-    """Every live rank's stack and, where armed, the flight recorder's comparison, for the run as
-    the kill finds it (never another user's ranks); the odd rank from them."""
-    session = monitor.session
+async def gather(session, run, folder: str) -> Forensics:
+    """Every live rank's stack and, where armed, the flight recorder's comparison, for `run` (a
+    Run) as the kill finds it (never another user's ranks); the odd rank from them. The dumps go
+    to the run's folder `folder`."""
     try:
-        plan = await kill.find_run(session, monitor.run, verb="dump")
-        members, _left = kill.of_run(monitor.state, plan)
-        ranks = kill.rank_pids(monitor.state, members)
+        plan = await kill.find_run(session, run, verb="dump")
+        members, _left = kill.of_run(session.state, plan)
+        ranks = kill.rank_pids(session.state, members)
         if not ranks:
             return Forensics(error="no live rank of the run to dump")
-        stacks = await dumps.dump_ranks(session, ranks, run, deadline_s=DEADLINE_S)
+        stacks = await dumps.dump_ranks(session, ranks, folder, deadline_s=DEADLINE_S)
     except CockpitError as exc:
         return Forensics(error=str(exc))
     found = odd_rank(stacks.groups)
     out = Forensics(found, str(stacks.folder), stacks.report())
     try:
-        answer, result = await dumps.collect(monitor, trigger=True)
+        answer, result = await dumps.collect(session, run, trigger=True)
         if answer.get("armed"):
             out.lines += [f"flight recorder: {line}" for line in result.get("lines") or []]
     except CockpitError as exc:

@@ -21,6 +21,7 @@ from cockpit.common.hosttext import count, these, visible
 from cockpit.common.secrets import mask_text
 from cockpit.host.session import HostSession
 from cockpit.host.state import HostState
+from cockpit.runs.ledger import operator_id
 from cockpit.runs.run import Run, Scope, process_scope
 
 DEFAULT_KILL_WAIT_S = 10.0
@@ -152,14 +153,18 @@ def of_run(state: HostState, plan: KillPlan) -> tuple[set[int], list[str]]:
 
 
 async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
-               ports: list[int] | None = None) -> dict:
+               ports: list[int] | None = None, why: str | None = None, run_id: str | None = None) -> dict:
     """Carry out exactly the plan (each pid checked against its planned start time and user before
-    each signal), then verify: processes left, their GPU memory, the ports."""
+    each signal), then verify: processes left, their GPU memory, the ports. With `why`, the agent
+    first records on the host who stops which processes (and, a whole run verified gone, that it
+    ended): every cockpit watching reads the deaths as the operator's, not as a crash."""
     entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title", "pgid", "sid") if k in e}
                for e in plan.entries]
+    who = {"why": why, "by": operator_id(), "run_id": run_id, "whole": not plan.scope.pids} if why else {}
     try:
         report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
-                                       sessions=plan.sessions, ports=list(ports or []), since=plan.planned_at)
+                                       sessions=plan.sessions, ports=list(ports or []), since=plan.planned_at,
+                                       **who)
     except LinkLost:
         # The agent lived inside what was killed (a container whose main process ended, a Slurm job
         # whose script ended): the link's engine says whether anything of it is left.
@@ -187,10 +192,15 @@ def summarize_kill(plan: KillPlan, report: dict) -> str:
 
 
 def summarize_clean(done: dict, left: int = 0) -> str:
-    """A /dev/shm clean in one line: removed, kept at the last check, left (not tied to the run)."""
+    """A /dev/shm clean in one line: removed, already gone (the run's own exit removed them), kept
+    at the last check, left (not tied to the run): each entry counted where it really went."""
     line = f"removed {count(len(done['removed']), '/dev/shm entry', '/dev/shm entries')}"
-    if done.get("skipped"):
-        line += f", kept {len(done['skipped'])} (changed since listed)"
+    skipped = done.get("skipped") or []
+    gone = [s for s in skipped if s.get("gone")]
+    if gone:
+        line += f", {len(gone)} already gone"
+    if len(skipped) > len(gone):
+        line += f", kept {len(skipped) - len(gone)} (changed since listed)"
     if left:
         line += f", left {left} (not tied to this run)"
     return line
@@ -293,10 +303,18 @@ def shm_for_run(audit: dict, plan: KillPlan | None, held_before: dict | None = N
         if tie:
             out.remove.append(dict(listed(e), why=tie))
         else:
-            out.left.append({"name": e["name"], "why": "cannot tell whose it is (not held by the run while the cockpit "
-                                                       "watched it, no pid of it in its name): `cockpit shm --clean` "
-                                                       "shows it and removes it if asked"})
+            out.left.append({"name": e["name"], "why": f"{unclaimed(e)}; not held by the run while the cockpit "
+                                                       f"watched it, no pid of it in its name: `cockpit shm --clean` "
+                                                       f"removes it if asked"})
     return out
+
+
+def unclaimed(e: dict) -> str:
+    """An entry no process holds, that no run can be tied to: said in these same words by
+    `cockpit shm` (removable when asked) and by a relaunch's clean (left: not this run's)."""
+    creator = e.get("creator")
+    return "cannot tell whose it is: held by no process, " + (
+        f"its creator pid {creator} dead" if creator is not None else "no creator pid in its name")
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -319,10 +337,11 @@ def describe_shm(audit: dict) -> list[str]:
     for e in audit["entries"]:
         held = f"  held by {','.join(map(str, e['held_by']))}" if e["held_by"] else ""
         creator = "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
-        mark = "removable" if e["removable"] else f"kept ({notes.setdefault(e.get('why') or 'kept', len(notes) + 1)})"
+        why = f"removable: {unclaimed(e)}" if e["removable"] else f"kept: {e.get('why') or 'kept'}"
+        mark = f"{why.split(':', 1)[0]} ({notes.setdefault(why, len(notes) + 1)})"
         lines.append(f"{visible(e['name'])[:44]:<{width}} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
                      f"{visible(e['owner'])[:8]:<8} {mark}{held}{creator}")
-    lines += [f"({n}) kept: {why}" for why, n in notes.items()]
+    lines += [f"({n}) {why}" for why, n in notes.items()]
     removable = [e for e in audit["entries"] if e["removable"]]
     lines.append(f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "
                  f"({human_bytes(sum(e['bytes'] for e in removable))}), free {human_bytes(audit['free_bytes'])} "
@@ -353,7 +372,8 @@ def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
 def describe_clean(done: dict) -> list[str]:
     lines = [f"removed {len(done['removed'])} entries, freed {human_bytes(done['freed_bytes'])}"]
     lines += [f"removed {visible(n)}" for n in done["removed"]]
-    lines += [f"kept {visible(s['name'])}: {s['why']}" for s in done["skipped"]]
+    lines += [f"{'already gone' if s.get('gone') else 'kept'} {visible(s['name'])}: {s['why']}"
+              for s in done["skipped"]]
     return lines
 
 

@@ -1,44 +1,48 @@
-"""Starting runs through the agent and following them: launch (recorded in the ledger first),
-resume a live run after a restart, watch to an outcome, relaunch (stop, clean /dev/shm, launch,
-as confirmed) and ablation (each flag-set combination in turn)."""
+"""Starting runs through the agent and finding them again: launch (recorded in the ledger first,
+and on the host by the agent), the live run of a layout (this cockpit's ledger, else the host's
+record), resume it, watch one run alone, and the rule that a workflow's unconfirmed stop ends only
+the run it launched. Plain values only (a session, a layout): the workflows that drive a monitor
+are in cockpit/operate/relaunch.py."""
 
 from __future__ import annotations
 
 import time
 
-from cockpit.actions import dumps, kill
 from cockpit.common.errors import CockpitError
 from cockpit.common.secrets import mask_argv
-from cockpit.judge.verdict import VerdictName
 from cockpit.read.flightrec import forensics_env
-from cockpit.read.stacks import describe_groups
 from cockpit.runs.config import Layout
-from cockpit.runs.ledger import append_ledger, masked, read_ledger
+from cockpit.runs.ledger import append_ledger, masked, operator_id, read_ledger
 from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run
-from cockpit.runs.spec import (
-    RunSpec,
-    build_argv,
-    combinations,
-    new_run_id,
-    run_log_path,
-)
+from cockpit.runs.spec import RunSpec, build_argv, new_run_id, run_log_path
 
 
-async def find_live_run(session, layout: Layout) -> Run | None:
+async def find_live_run(session, layout: Layout, note_seen: bool = True) -> Run | None:
     """The latest run of this layout on this host that is still alive (ready, stalled, or never
     watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
-    follows. A record is trusted only with its leader's start time: the agent checks that the
-    process group's leader is still the process launched (not a later one reusing its pid), or,
-    the leader gone, that the survivors of its session carry the run's titles and user.
-    The record carries its root pid (`root`); the Run, the rule that found it."""
+    follows, and what a cold look from anywhere finds. Its record comes from this cockpit's
+    ledger, else from the host's record of launches (any cockpit's, any machine's). A record is
+    trusted only with its leader's start time: the agent checks that the process group's leader
+    is still the process launched (not a later one reusing its pid), or, the leader gone, that
+    the survivors of its session carry the run's titles and user.
+    The record carries its root pid (`root`); the Run, the rule that found it. `note_seen`: the
+    leader seen alive is written to the ledger (a kept screen's look; a one-shot command that may
+    yet be cancelled writes nothing)."""
     records = [r for r in list(reversed(read_ledger(layout)))[:20]
                if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
                and not r.get("ended")]  # a run killed whole and verified gone is never resumed
+    if not session.state.seq:
+        await session.wait_samples(1)  # the first sample carries the host's record of launches
+    mine = {str(r.get("run_id")) for r in records}
+    records += [{"run_id": r["run_id"], "pgid": r["pgid"], "pid": r.get("pid"), "start": r["start"],
+                 "boot": r.get("boot"), "uid": r.get("uid"), "log": r.get("log"), "host": session.target.label,
+                 "by": r.get("by"), "from_host": True}
+                for r in session.state.launches(layout.name)[:20] if r["run_id"] not in mine]
     if not records:
         return None
     launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
     found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
-                                  patterns=session.watch.patterns)
+                                  patterns=session.watch.patterns, layout=layout.name)
     alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
     for run in records:
         cand = alive.get(int(run["pgid"]))
@@ -47,21 +51,19 @@ async def find_live_run(session, layout: Layout) -> Run | None:
             if seen is not None and seen != run.get("seen_ticks"):
                 # the leader alive and the recorded one: a process of its session started before now
                 # is the run's, should the leader die later and its pid be reused (the agent checks)
-                append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
+                if note_seen and not run.get("from_host"):
+                    append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
                 run = {**run, "seen_ticks": seen}
             return Run(layout, {**run, "root": cand["root"]}, cand["rule"])
     return None
 
 
-async def resume(session, layout: Layout | None) -> Run | None:
+async def resume(session, layout: Layout | None, note_seen: bool = True) -> Run | None:
     """The layout's live run (find_live_run), watched alone from now on; the monitor follows it."""
-    run = await find_live_run(session, layout) if layout is not None else None
+    run = await find_live_run(session, layout, note_seen) if layout is not None else None
     if run is not None:
         await watch_only(session, int(run.record["pgid"]), run.record.get("log"))
     return run
-
-
-TERMINAL = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED)
 
 
 def launch_python(layout: Layout, session) -> str:
@@ -94,13 +96,14 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
                            "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log,
                            "stall": {"idle_s": layout.stall.idle_s, "spin_s": layout.stall.spin_s}})
-    run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log)
+    run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log, run_id=run_id,
+                                layout=layout.name, ports=list(layout.ports), by=operator_id())
     run["run_id"] = run_id
     append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
                            "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),
                            "uid": run.get("uid")})
     session.state.forget_dead()
-    await session.follow_run(run["pgid"], run["log"])
+    await session.watch_group(run["pgid"], run["log"])
     return Run(layout, run, f"launched by this cockpit (ledger): process group {run['pgid']}")
 
 
@@ -114,69 +117,9 @@ async def watch_only(session, pgid: int | None, log: str | None) -> None:
         session.watch.pgids = []
         await session.request("config", **session.watch.args())
     else:
-        await session.follow_run(pgid, log)
+        await session.watch_group(pgid, log)
     await session.wait_samples(2)
     session.state.forget_dead()
-
-
-async def follow_to_outcome(monitor, timeout: float, progress=None, settle: float = 0.0) -> tuple[str, list[str]]:
-    """Follow the monitor's run until it is ready (and stays so for `settle` seconds: some hangs
-    come with the first requests), stalls, crashes or times out; returns (outcome, evidence). The
-    verdict is the monitor's own: the screen shows the same."""
-    deadline = time.monotonic() + timeout
-    ready_at = None
-    while True:
-        await monitor.session.wait_samples(1, timeout=30)
-        now = time.monotonic()
-        phase, verdict = monitor.phase, monitor.verdict
-        if progress:
-            progress(phase, verdict)
-        if verdict.name in TERMINAL:
-            for _ in range(2):  # the log's own account (exit code, traceback) comes a tick after the ranks die
-                await monitor.session.wait_samples(1, timeout=30)
-                if monitor.verdict.name in TERMINAL:
-                    verdict = monitor.verdict
-            return verdict.name.value, verdict.evidence
-        if phase.name in ("ready", "serving"):
-            ready_at = ready_at or now
-            if now - ready_at >= settle:
-                return "ready", []
-        elif now > deadline:
-            return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
-
-
-async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
-    """A relaunch's or an ablation's stop of the run on screen (monitor.stop, the one stop
-    workflow), verified: an unverified stop raises, so nothing is launched beside it."""
-    if not plan.entries:
-        return None
-    report = await monitor.stop(plan, why, whole_run=False)
-    for line in kill.describe_kill(report):
-        if say:
-            say(line)
-    if not report["verified"]:
-        raise CockpitError("the previous run is not fully gone: " + "; ".join(kill.describe_kill(report)[1:]))
-    return report
-
-
-async def plan_relaunch(monitor, clean_shm: bool = True):
-    """What a (re)launch will do before it starts the new run, for the operator to confirm: the
-    kill plan of the current run (every pid, user, start time, command, and the rule that found
-    it) and the shm entries the clean after it will remove: only files tied to the run, each
-    as listed (name, device, inode; kill.shm_for_run), the others said as left. Returns
-    (plan, the ShmForRun or None when shm is left alone, lines).
-    Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
-    session = monitor.session
-    plan = await kill.plan_kill(session, monitor.run.scope(session.watch))
-    lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
-             if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
-    lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
-    found = None
-    if clean_shm:
-        audit = await kill.shm_audit(session, uid=plan.uid)  # before the kill: the run still holds its files
-        found = kill.shm_for_run(audit, plan, monitor.shm_held)
-        lines += kill.describe_shm_for_run(found, audit["folder"])
-    return plan, found, lines
 
 
 def refuse_unasked(plan, launched: dict | None) -> None:
@@ -195,98 +138,3 @@ def refuse_unasked(plan, launched: dict | None) -> None:
                            + (f" (process group {pgid})" if pgid is not None else "")
                            + ": nothing was killed; kill it yourself if it is yours (`cockpit kill`, which asks), "
                            "then start again")
-
-
-async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
-                      dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
-                      shm=None) -> dict:
-    """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
-
-    `plan` and `shm` (from plan_relaunch) are what the operator confirmed: exactly that is
-    carried out. Without them (an ablation's later steps) they are made here and said through
-    `progress(None, line)` before anything is signalled or removed. The row returned (and kept in
-    the ledger) says the stop and clean in one line, `summary`."""
-    session, layout = monitor.session, monitor.layout
-
-    def say(line: str) -> None:
-        if progress:
-            progress(None, line)
-
-    if plan is None:
-        plan, found, lines = await plan_relaunch(monitor, clean_shm)
-        shm = found if shm is None else shm
-        for line in lines:
-            say(line)
-        refuse_unasked(plan, monitor.following)
-    killed = [{"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]}
-              for e in plan.entries]
-    removed: list[str] = []
-    said = []
-    with monitor.stopping_for("stopped for relaunch"):  # until the new run replaces the dead ranks
-        stopped = await stop_run(monitor, plan, "stopped for relaunch", say)
-        said.append(stopped["summary"] if stopped else "no run to stop")
-        if clean_shm:
-            if shm is None:  # the plan came without it: only what the kill leaves tied to the run
-                audit = await kill.shm_audit(session, uid=plan.uid)
-                shm = kill.shm_for_run(audit, plan, monitor.shm_held)
-                for line in kill.describe_shm_for_run(shm, audit["folder"]):
-                    say(line)
-            done = {"removed": [], "skipped": []}
-            if shm.remove:
-                done = await kill.shm_clean(session, shm.remove, uid=plan.uid)
-                removed = done["removed"]
-                for line in kill.describe_clean(done):
-                    say(line)
-            said.append(kill.summarize_clean(done, len(shm.left)))
-            say(said[-1])  # the clean in one line, last: what a screen's progress keeps
-        monitor.new_run()
-        run = await launch(session, layout, spec)
-    monitor.follow(run)
-    outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle)
-    folder = None
-    if outcome.startswith("stalled") and dump_on_stall:
-        try:
-            found = await kill.find_run(session, run)  # the run just launched, as the kill finds it
-            result = await dumps.dump_ranks(session, dumps.dump_targets(session.state,
-                                                                        kill.of_run(session.state, found)[0]),
-                                            run.run_id)
-            folder = str(result.folder)
-            evidence = evidence + [f"stacks: {line}" for line in describe_groups(result.groups)
-                                   if not line.startswith("    ")]
-        except CockpitError as exc:
-            evidence = evidence + [f"no stack dump: {exc}"]
-    row = {"event": "outcome", "run_id": run.run_id, "outcome": outcome,
-           "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": folder, "time": time.time(),
-           "killed_before": killed, "shm_removed": removed, "summary": ", ".join(said)}
-    append_ledger(layout, row)
-    run.record["outcome_written"] = True
-    return {**run.record, **row, "flag_sets": list(spec.enabled)}
-
-
-async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_plan=None,
-                 first_shm=None) -> list[dict]:
-    """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
-    operator confirmed them; each later step (and the final kill) says its plan before acting."""
-    rows = []
-    for n, spec in enumerate(combinations(monitor.layout, vary)):
-        if progress:
-            progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
-        plan, names = (first_plan, first_shm) if n == 0 else (None, None)
-        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names))
-    plan = await kill.plan_kill(monitor.session, monitor.run.scope(monitor.session.watch))
-    if plan.entries and progress:
-        for line in ["the last run is killed:"] + plan.describe():
-            progress(None, line)
-    refuse_unasked(plan, monitor.following)
-    await stop_run(monitor, plan, "stopped: the ablation is over")
-    return rows
-
-
-def describe_ablation(rows: list[dict], vary: list[str]) -> list[str]:
-    head = "  ".join(f"{v:<10}" for v in vary)
-    lines = [f"{head}  {'outcome':<17} {'ready after':>11}  run"]
-    for r in rows:
-        cells = "  ".join(f"{'on' if v in r['flag_sets'] else 'off':<10}" for v in vary)
-        ready = r["phase_times"].get("ready")
-        lines.append(f"{cells}  {r['outcome']:<17} {'' if ready is None else f'{ready:.1f} s':>11}  {r['run_id']}")
-    return lines

@@ -6,6 +6,7 @@ import os
 import re
 import time
 
+from .nofollow import open_nofollow
 from .procs import _environ, _proc_stat, _uid, _user
 from .shm import _fd_ids
 
@@ -109,19 +110,19 @@ def _proc_path(pid, path):
 
 def open_regular(path, uids=None, limit=None):
     """A file the agent reads for a run (a log, a dump, package metadata), opened so that its owner
-    cannot turn the open against root: no symlink followed (O_NOFOLLOW), never blocked on a FIFO
+    cannot turn the open against root: no symlink followed in any component (open_nofollow), never
+    blocked on a FIFO
     (O_NONBLOCK), then checked on the descriptor: a regular file, owned by one of `uids` (an int
     or a set; None: any), at most `limit` bytes, no second hard link unless it is the agent's
     own user's. Returns the descriptor; OSError says why it was refused."""
     import errno
     import stat
 
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OSError("is a symbolic link: not followed") from None
+            raise OSError(exc.strerror) from None
         raise
     try:
         st = os.fstat(fd)
@@ -174,7 +175,7 @@ def _poke_fifo(path, uid, held, pid):
         raise OSError("owned by %s, not by the rank's user (%s): not written" % (_user(st.st_uid), _user(uid)))
     if (st.st_dev, st.st_ino) not in held:
         raise OSError("not held open by the rank (pid %d): not its dump pipe" % pid)
-    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
+    fd = open_nofollow(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         now = os.fstat(fd)
         if not stat.S_ISFIFO(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):

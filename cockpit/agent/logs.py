@@ -4,6 +4,7 @@
 import os
 
 from .flightrec import open_regular
+from .nofollow import open_nofollow
 from .procs import _user
 from .protocol import Refused
 
@@ -138,21 +139,18 @@ class LogTail:
 
 
 def open_log(path):
-    """The run's log for appending: created 0600, never through a symlink (O_NOFOLLOW: one planted
-    in a shared log folder is refused), never another user's file, never a hard link."""
+    """The run's log for appending: created 0600 (its missing folders 0700), never through a
+    symlink in any component (open_nofollow: one planted in a shared log folder, or a folder
+    above it that is a link, is refused), never another user's file, never a hard link."""
     import errno
     import stat as st_mod
 
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, make_dirs=True)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise Refused("the log %s is a symbolic link: refused (one may have been planted there); remove it or "
-                          "set another log_dir in the layout" % path) from None
+            raise Refused("the log %s: %s: refused (one may have been planted there); remove it or set another "
+                          "log_dir in the layout" % (path, exc.strerror)) from None
         raise Refused("cannot open the log %s: %s" % (path, exc.strerror or exc)) from None
     st = os.fstat(fd)
     problem = None

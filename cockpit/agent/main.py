@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+from .acts import Acts
 from .facts import host_facts
 from .flightrec import fr_dump
 from .gpus import open_gpus
@@ -19,7 +20,7 @@ from .kill import _now_ticks, find_runs, kill_run, run_plan
 from .logs import LogTail, open_log
 from .ports import Ports, listening_ports
 from .procs import _HAVE_PROC, _boot_time, _start_ticks, _uid, _user
-from .protocol import AGENT_VERSION, ERROR, FATAL, HELLO, LOG, RESULT, SAMPLE, emit
+from .protocol import AGENT_VERSION, ERROR, FATAL, HELLO, LOG, RESULT, SAMPLE, Refused, emit
 from .pyspy import pyspy_check, pyspy_dump
 from .ras import RAS_TIMEOUT_S, RasPoller, ras_query
 from .shm import SHM_DEFAULT, shm_audit, shm_clean
@@ -53,6 +54,7 @@ class Agent:
         self.leader_seen = {}  # pgid -> clock ticks when its leader was last seen alive (each tick)
         self.ras = RasPoller()
         self.log_owners = {}  # path -> {uid}: the user of the process stdout_of found writing it
+        self.acts = Acts()  # the host's record of runs and the operator's acts: read each tick, sent when new
 
     def hello(self, psutil):
         return {
@@ -76,7 +78,7 @@ class Agent:
             "health_ms": getattr(self.gpus, "health_ms", None),  # one slow-clock round of health calls, all GPUs
             "procs_source": "proc" if _HAVE_PROC else "psutil" if psutil else "none",
             "interval": self.interval,
-            "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump", "ras", "metrics", "fr_dump", "host_facts"],
+            "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump", "ras", "metrics", "fr_dump", "host_facts", "acts"],
             "warnings": self.warnings,
         }
 
@@ -127,6 +129,9 @@ class Agent:
             frame["ports"] = self.sent_ports = ports
         if exits:
             frame["exits"] = exits
+        acts = self.acts.poll()
+        if acts:
+            frame["acts"] = acts
         xid = self.gpus.events()
         if xid is not None:
             frame["xid"] = xid  # the recent Xid events, whole, when they changed
@@ -229,11 +234,12 @@ class Agent:
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
 
-    def cmd_launch(self, argv, env=None, cwd=None, log=None):
+    def cmd_launch(self, argv, env=None, cwd=None, log=None, run_id=None, layout=None, ports=(), by=None):
         """Start a run detached in its own session (it outlives the agent and the link), its
         output appended to `log` (created 0600, never through a symlink); the run's process group
         is watched from now on. The answer carries the leader's start time, so the run can be
-        told from a later process that reuses its pid."""
+        told from a later process that reuses its pid; the host's record of acts keeps the same,
+        so any cockpit finds the run in any phase, its port open or not."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv must be a non-empty list of strings")
         log = log or "~/.cache/gpu-cockpit/runs/run.log"
@@ -256,8 +262,16 @@ class Agent:
         self.leader_seen[popen.pid] = start
         self.procs.configure(pgids=self.procs.pgids | {popen.pid})
         self.force_scan = True
-        return {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time(), "start": start,
-                "boot": _boot_time(), "uid": os.geteuid(), "user": _user(os.geteuid())}
+        run = {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time(), "start": start,
+               "boot": _boot_time(), "uid": os.geteuid(), "user": _user(os.geteuid())}
+        if run_id:
+            try:
+                self.acts.note({"act": "launch", "run_id": str(run_id), "layout": layout, "pgid": popen.pid,
+                                "pid": popen.pid, "start": start, "uid": run["uid"], "log": log,
+                                "ports": [int(p) for p in ports or ()], "by": by})
+            except (OSError, Refused) as exc:
+                run["acts_error"] = str(exc)
+        return run
 
     def cmd_stdout_of(self, pids=()):
         """Where each process's standard output goes, when it is a regular file: the log of a run
@@ -277,25 +291,56 @@ class Agent:
     def cmd_http(self, port, path="/health", timeout=2.0):
         return http_get(port, path, timeout)
 
-    def cmd_find_runs(self, launched=(), ports=(), command=(), model=None, patterns=None, default_port=None):
-        return find_runs(launched, ports, command, model, patterns, self.launched_runs,
+    def _launched(self, launched, layout):
+        """The launched runs the cockpit names; a bare process group among them is completed from
+        the host's record of acts (its leader's start time makes it trusted). A cockpit that names
+        no launched run (a cold look, the exporter, another machine) is given those the record
+        holds for its layout: a run any cockpit launched here, found in any phase."""
+        known = dict((int(r["pgid"]), r) for r in self.acts.launched(layout)) if layout else {}
+        out = []
+        for r in launched or ():
+            rec = known.get(int(r.get("pgid", -1)))
+            out.append(dict(r, **dict((k, v) for k, v in rec.items() if r.get(k) is None)) if rec else r)
+        if out:
+            return out
+        return list(known.values())
+
+    def cmd_find_runs(self, launched=(), ports=(), command=(), model=None, patterns=None, default_port=None,
+                      layout=None):
+        return find_runs(self._launched(launched, layout), ports, command, model, patterns, self.launched_runs,
                          default_port=default_port, seen=self.leader_seen)
 
     def cmd_kill_plan(self, pgids=(), sids=(), pids=(), launched=(), ports=(), command=(), model=None,
-                      patterns=None, default_port=None):
+                      patterns=None, default_port=None, layout=None):
         """The plan to confirm. `pids`: those processes and what they started. Otherwise the run
         found from the hints (find_runs); bare process groups count as launched runs only when
-        this agent launched them (it knows their leaders' start times)."""
+        this agent launched them (it knows their leaders' start times) or the host's record of
+        acts holds their launch."""
         launched = list(launched or []) + [{"pgid": int(g)} for g in pgids or ()
                                            if all(int(r.get("pgid", -1)) != int(g) for r in launched or [])]
+        launched = self._launched(launched, layout)
         if pids:
             return run_plan(pids=list(pids))
         return run_plan(launched=launched, ports=ports, command=command, model=model, patterns=patterns,
                         known=self.launched_runs, default_port=default_port, seen=self.leader_seen)
 
-    def cmd_kill(self, plan, wait_s=10.0, sessions=(), ports=(), since=None, **_old):
-        """Carry out the plan, then verify: what is left of it, its GPU memory, its ports."""
+    def cmd_kill(self, plan, wait_s=10.0, sessions=(), ports=(), since=None, why=None, by=None, run_id=None,
+                 whole=False, **_old):
+        """Carry out the plan, then verify: what is left of it, its GPU memory, its ports. With
+        `why`, the host's record of acts says who stops which processes before the first signal
+        (every cockpit reads their deaths as the operator's), and a `whole` run verified gone as
+        ended."""
+        who = {"why": str(why), "by": by, "run_id": run_id, "pgids": [int(s) for s in sessions or ()],
+               "processes": [[int(e["pid"]), e.get("start"), e.get("started")] for e in plan]}
+        unrecorded = None
+        if why:
+            try:
+                self.acts.note(dict(who, act="stop"))
+            except (OSError, Refused) as exc:  # the stop goes on: other cockpits may read it as a crash
+                unrecorded = "the stop is not recorded on the host: %s" % exc
         report = kill_run(plan, wait_s, sessions, since)
+        if unrecorded:
+            report.setdefault("notes", []).append(unrecorded)
         time.sleep(self.interval + 0.5)  # let the sampler see the GPUs after the exits
         planned = set(e["pid"] for e in plan)
         gpus = [dict(g) for g in list(self.sent_gpus.values())]
@@ -309,7 +354,18 @@ class Agent:
         report["gpus_after"] = [{"index": g["index"], "mem_used_mib": g.get("mem_used_mib")} for g in gpus]
         report["ports_open"] = [p for p in ports if int(p) in listening]
         self.force_scan = True
+        if why and whole and not (report["remaining"] or gpu_left or report["ports_open"]):
+            try:
+                self.acts.note(dict(who, act="ended"))
+            except (OSError, Refused) as exc:
+                report.setdefault("notes", []).append("the stop is not recorded on the host: %s" % exc)
         return report
+
+    def cmd_note(self, act, **fields):
+        """A record of the operator's (a stall's forensics, gathered by one cockpit for all)."""
+        if act != "forensics":
+            raise Refused("only forensics are noted this way; launches and stops are recorded as they happen")
+        return self.acts.note(dict(fields, act=act))
 
     def cmd_shm_audit(self, folder=SHM_DEFAULT, uid=None):
         return shm_audit(folder, uid)

@@ -127,6 +127,39 @@ def _proc_net_listeners(base="/proc/net"):
             continue
 
 
+def _sid(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _holder(inode):
+    """(pid, uid, session) of a process holding socket `inode` open; (None, None, None) when none
+    can be read."""
+    want = "socket:[%d]" % inode
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None, None, None
+    for pid in pids:
+        fd_dir = "/proc/%s/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd_dir + "/" + fd) != want:
+                    continue
+                uid = os.stat("/proc/" + pid).st_uid
+            except OSError:
+                continue
+            return int(pid), uid, _sid(int(pid))
+    return None, None, None
+
+
 def port_value(argv):
     """The port a command line names with `--port N` or `--port=N` (SGLang's, vLLM's); None."""
     for i, a in enumerate(argv or ()):
@@ -175,6 +208,7 @@ class Ports:
         self._named = ()  # ports the watched processes' command lines name (`--port N`)
         self._generation = None
         self._sampled, self._rows = None, None  # the reading the last rows came from, and them
+        self.holders = {}  # inode -> (pid, uid, sid) of a configured port's listener no watched process holds
 
     def configure(self, ports):
         self.configured = [int(p) for p in ports]
@@ -228,6 +262,23 @@ class Ports:
         owners = {port: self.owner[inode] for port, inode in listening.items() if inode in self.owner}
         out = []
         for port in sorted(set(self.configured) | set(owners)):
-            out.append({"port": port, "listening": port in listening, "pid": owners.get(port)})
+            row = {"port": port, "listening": port in listening, "pid": owners.get(port)}
+            if port in listening and port not in owners:
+                row.update(self._stranger(listening[port], watched))
+            out.append(row)
         self._sampled, self._rows = listening, out
         return out
+
+    def _stranger(self, inode, watched):
+        """Who holds a configured port that no watched process holds (looked for once per socket:
+        one walk of the process table's descriptors), and whether it is of the run all the same
+        (a process of a watched process's session, as the server that spawned the ranks is):
+        another user's or another job's listener is never the run's port opening."""
+        if inode not in self.holders:
+            self.holders = dict((i, h) for i, h in self.holders.items() if i in self.foreign)
+            self.holders[inode] = _holder(inode)
+        pid, uid, sid = self.holders[inode]
+        if pid is None:
+            return {}
+        sessions = set(_sid(w) for w in watched) - {None}
+        return {"holder": pid, "holder_uid": uid, "theirs": sid in sessions}

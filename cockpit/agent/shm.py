@@ -6,6 +6,7 @@ import os
 import re
 import time
 
+from .nofollow import open_nofollow
 from .procs import _proc_stat, _protected, _user, _when
 from .protocol import Refused
 
@@ -252,7 +253,7 @@ def shm_clean(folder, names, uid=None, other_dir=False):
     folder = _shm_folder_ok(folder, other_dir)
     audit = {e["name"]: e for e in shm_audit(folder, uid)["entries"]}
     removed, skipped, freed = [], [], 0
-    dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    dfd = open_nofollow(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for item in names:
             want = None
@@ -266,7 +267,7 @@ def shm_clean(folder, names, uid=None, other_dir=False):
             if "/" in name or name in (".", ".."):
                 skipped.append({"name": name, "why": "not an entry of " + folder})
             elif entry is None:
-                skipped.append({"name": name, "why": "gone since it was listed"})
+                skipped.append({"name": name, "why": "gone since it was listed", "gone": True})
             elif not entry["removable"]:
                 skipped.append({"name": name, "why": entry["why"]})
             elif want is not None and (want[1] != entry["ino"] or want[0] not in (None, entry["dev"])

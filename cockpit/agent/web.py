@@ -50,7 +50,7 @@ def http_body(port, path, timeout=5.0, limit=METRICS_MAX_BYTES, want=None, host=
         sock = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as exc:
         return {"port": port, "path": path, "status": None, "error": exc.strerror or str(exc)}
-    data, truncated = b"", False
+    data, truncated = bytearray(), False
     try:
         sock.settimeout(timeout)
         sock.sendall(("GET %s HTTP/1.0\r\nHost: %s:%d\r\nUser-Agent: gpu-cockpit\r\nAccept: text/plain\r\n\r\n"
@@ -59,9 +59,10 @@ def http_body(port, path, timeout=5.0, limit=METRICS_MAX_BYTES, want=None, host=
             chunk = sock.recv(65536)
             if not chunk:
                 break
-            data += chunk
+            data += chunk  # a bytearray grows in place: linear in the page, never a copy per chunk
             if len(data) > limit:
-                data, truncated = data[:limit], True
+                del data[limit:]
+                truncated = True
                 break
             if time.monotonic() - start > timeout:
                 raise socket.timeout("timed out")
@@ -69,6 +70,7 @@ def http_body(port, path, timeout=5.0, limit=METRICS_MAX_BYTES, want=None, host=
         return {"port": port, "path": path, "status": None, "error": str(exc) or "timeout"}
     finally:
         sock.close()
+    data = bytes(data)
     head, _, body = data.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/\d(?:\.\d)? (\d{3})", head)
     text = body.decode("utf-8", "replace")

@@ -19,13 +19,22 @@ WAIT_MS = 10000  # one wait in the driver, which returns at once on an event: th
 # NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.
 # NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, ...      (older drivers: no "PCI:", no pid)
 # NVRM: Xid (PCI:0000:c1:00): 94, pid='<unknown>', name=<unknown>, Contained: ...
+# Anchored at the driver's own prefix, at the start of the message: text that merely contains it
+# (a process name, a path, a user's line echoed by another kernel message) is no Xid.
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.\d)?\):\s*(\d+)"
                   r"(?:,\s*pid=['\"]?(\d+|<unknown>)['\"]?)?")
+# A line of dmesg or syslog: the kernel's message after its timestamp and syslog's "HOST kernel:".
+_LINE = re.compile(r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: )?(?:\[ *\d+\.\d+\] *)?")
+KERNEL_FACILITY = 0  # a /dev/kmsg record's facility (its priority >> 3): userspace cannot write it
 
 
-def parse_xid(line):
-    """A kernel-log line's Xid as (bus id "0000:3b:00", code, pid or None), else None."""
-    m = _XID.search(line)
+def parse_xid(line, start=None):
+    """A kernel message's Xid as (bus id "0000:3b:00", code, pid or None), else None: the
+    driver's prefix at the message's start (`start`), by default after a dmesg or syslog line's
+    own prefix."""
+    if start is None:
+        start = _LINE.match(line).end()
+    m = _XID.match(line, start)
     if m is None:
         return None
     domain, bus, dev, code, pid = m.groups()
@@ -53,6 +62,18 @@ def kmsg_record(record):
         return int(fields[2]) / 1e6, msg.split("\n", 1)[0]
     except (IndexError, ValueError):
         return None, msg
+
+
+def kmsg_xid(record):
+    """A /dev/kmsg record's Xid as (seconds since boot or None, (bus, code, pid)), else None: only a
+    record of the kernel's own facility (a user's write to /dev/kmsg carries LOG_USER or another,
+    never the kernel's) whose message starts with the driver's prefix."""
+    pri = record.split(",", 1)[0]
+    if not pri.isdigit() or int(pri) >> 3 != KERNEL_FACILITY:
+        return None
+    since_boot, msg = kmsg_record(record)
+    found = parse_xid(msg, 0)
+    return None if found is None else (since_boot, found)
 
 
 class XidWatch:
@@ -153,11 +174,10 @@ class XidWatch:
                 return
             if "Xid" not in record:
                 continue
-            since_boot, msg = kmsg_record(record)
-            found = parse_xid(msg)
+            found = kmsg_xid(record)
             if found is None:
                 continue
-            bus, code, pid = found
+            since_boot, (bus, code, pid) = found
             self._add(self.buses.get(bus), boot + since_boot if since_boot is not None else time.time(), code, pid)
 
     def _add(self, index, ts, code, pid):

@@ -4,8 +4,9 @@ the screen, kill plans, the relaunch command line. One module, so every place ma
 What counts as a secret:
 - environment names containing TOKEN, KEY, SECRET, PASSWORD, PASSWD, AUTH or CREDENTIAL, or
   ending in _PAT (a personal access token): the whole value;
-- credentials inside a URL (`scheme://user:password@host`, `scheme://token@host`) and secret-named
-  query parameters (`?token=…`), in any value or argument;
+- credentials inside a URL (`scheme://user:password@host`, `scheme://token@host`; a password
+  with `/` or `@` in it masked whole) and secret-named query parameters (`?token=…`), in any
+  value or argument;
 - command-line values after a flag whose words name a secret: `--api-key X`, `--api-key=X`,
   `--token`, `--hf-token`, `--password`, `--secret`, `--auth-token`, `--access-key`…
   (words, not substrings: `--tokenizer-path` is not a secret);
@@ -35,9 +36,10 @@ FLAG_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd"
 
 MAX_TEXT = 1 << 20  # longer texts are cut before they are masked (a title, a line: never this long)
 
-# `://user:pw@`: anchored on the `://` itself (a scheme before it needs no scan: scanning one back
-# from every letter of a long run was quadratic)
-_URL_CRED = re.compile(r"://(?P<user>[^/\s:@]*)(?::(?P<pw>[^/\s@]*))?@")
+# `://user:pw@`: found from the `://` itself (a scheme before it needs no scan: scanning one back
+# from every letter of a long run was quadratic); the URL runs to the first of these
+_SEP = re.compile(r"://")
+_URL_END = re.compile(r"[\s'\"<>]")
 _QUERY = re.compile(r"(?P<key>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?P<value>[^&;#\s]*)")
 _QUERY_WORDS = ("token", "key", "secret", "password", "passwd", "auth", "signature", "sig")
 # what a log line holds (mask_line)
@@ -79,17 +81,49 @@ def mask_url(text: str) -> str:
     if "://" not in text and "=" not in text:
         return text
 
-    def cred(m: re.Match) -> str:
-        if m.group("pw") is not None:
-            return f"://{m.group('user')}:{MASK}@"
-        return f"://{MASK}@"
-
     def query(m: re.Match) -> str:
         name = m.group("name").lower()
         return m.group("key") + MASK if any(w in name for w in _QUERY_WORDS) else m.group(0)
 
-    text = _URL_CRED.sub(cred, text[:MAX_TEXT])
+    text = _mask_userinfo(text[:MAX_TEXT])
     return _QUERY.sub(query, text)
+
+
+def _mask_userinfo(text: str) -> str:
+    """Each URL's userinfo masked, the password's every character: `user:` followed by anything
+    up to the URL's last `@` (a password may hold `/` and `@` unencoded: `u:p/a@ss@host`); without
+    a `user:` before the first `/`, the userinfo ends at the last `@` before that `/`. A port
+    followed by a path with an `@` in it is masked too (`host:***@x`): rather that than a
+    password shown. Linear: each URL's end and last `@` are found once, the searches after a
+    `://` stop at the next one (its `/`) or at what was masked."""
+    out: list[str] = []
+    done, end, last_at = 0, -1, -1
+    for m in _SEP.finditer(text):
+        start = m.end()
+        if start < done:
+            continue
+        if start > end:  # another URL: where it ends and its last `@`, once
+            stop = _URL_END.search(text, start)
+            end = stop.start() if stop else len(text)
+            last_at = text.rfind("@", start, end)
+        if last_at < start:
+            continue
+        at = last_at
+        slash = text.find("/", start, at)
+        colon = text.find(":", start, at if slash < 0 else slash)
+        if slash >= 0 and colon < 0:
+            at = text.rfind("@", start, slash)
+            if at < 0:
+                continue
+            colon = text.find(":", start, at)
+        user = colon >= 0 and text.find("@", start, colon) < 0
+        out.append(text[done:colon + 1] if user else text[done:start])
+        out.append(MASK)
+        done = at
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
 
 
 def mask_value(name: str, value):

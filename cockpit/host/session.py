@@ -4,6 +4,7 @@ matches command results to requests. Used by the snapshot command, the UI and th
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import math
@@ -13,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cockpit.agent import EXIT_TOO_OLD, agent_argv
+from cockpit.agent import EXIT_TOO_OLD, EXIT_UNTRUSTED, agent_argv, guarded
 from cockpit.agent.protocol import ERROR, FATAL, HELLO, PROTOCOL, RESULT
 from cockpit.common.errors import CockpitError, CommandError, LinkLost, PythonUnusable
 from cockpit.host.state import HostState
 from cockpit.link.base import AgentStream, FrameTooLong, Link
 from cockpit.link.connect import make_link
-from cockpit.link.target import Target
+from cockpit.link.target import Target, python_checked
 
 HELLO_TIMEOUT_S = 20.0
 SILENCE_FLOOR_S = 1.0  # at sub-second refresh, a busy host's scheduler jitter is not a dead link
@@ -63,14 +64,17 @@ class SessionOptions:
     ssh_config: str | None = None
     known_hosts: str | None = None
     accept_new: bool = False
+    trust_python: bool = False  # --trust-python or the layout's trust_python: no GUARD check as root
 
 
 FRAME_CONTAINERS_MAX = 1_000_000  # objects and arrays in one frame: ~100 MB decoded at most
+FRAME_VALUES_MAX = 4_000_000  # values (and keys) in one frame: ~250 MB of short strings at most
 
 
 class FrameTooCostly(Exception):
     """A frame whose decoding would cost far more memory than its bytes (`[{},{},…]`: 64 MiB of
-    it is 1.7 GB of dicts): skipped and said, never decoded."""
+    it is 1.7 GB of dicts; `["a","a",…]`: 64 MiB of it is a gigabyte of strings): skipped and
+    said, never decoded."""
 
 
 def _no_constant(_name: str) -> None:
@@ -85,10 +89,16 @@ def _finite_float(text: str) -> float | None:
 def decode_frame(line: bytes) -> dict | None:
     """One frame, or None for a line that is not a frame of this protocol; non-finite numbers
     become null. FrameTooCostly for a frame with more than FRAME_CONTAINERS_MAX objects and
-    arrays (counted before decoding, so the cost is bounded by the count, not the content)."""
+    arrays or FRAME_VALUES_MAX values (counted before decoding, so the cost is bounded by the
+    count, not the content)."""
     if len(line) > FRAME_CONTAINERS_MAX and line.count(b"{") + line.count(b"[") > FRAME_CONTAINERS_MAX:
         raise FrameTooCostly(f"a frame of {len(line):,} bytes with more than {FRAME_CONTAINERS_MAX:,} objects and "
                              f"arrays was skipped (decoding it would cost gigabytes)")
+    if len(line) > 2 * FRAME_VALUES_MAX:  # each value takes 2 bytes at least: a shorter frame holds fewer
+        values = line.count(b",") + line.count(b":") + 1  # commas and colons inside strings count too: an upper bound
+        if values > FRAME_VALUES_MAX:
+            raise FrameTooCostly(f"a frame of {len(line):,} bytes with about {values:,} values (more than "
+                                 f"{FRAME_VALUES_MAX:,}) was skipped (decoding it would cost gigabytes)")
     try:
         frame = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -96,6 +106,14 @@ def decode_frame(line: bytes) -> dict | None:
     if not isinstance(frame, dict) or frame.get("v") != PROTOCOL or not isinstance(frame.get("t"), str):
         return None
     return frame
+
+
+def reconnect_failure(exc: Exception) -> str:
+    """Why a reconnection failed, in one line, for an error that is not the cockpit's own."""
+    if isinstance(exc, OSError):
+        name = errno.errorcode.get(exc.errno or 0)
+        return f"cannot reconnect: {exc.strerror or exc}" + (f" ({name})" if name else "") + ", retrying"
+    return f"cannot reconnect: {type(exc).__name__}: {exc}, retrying"
 
 
 class HostSession:
@@ -157,7 +175,8 @@ class HostSession:
     async def _start_agent(self, python: str) -> tuple[tuple[int, asyncio.Future], dict]:
         """The agent started with `python`: the config command sent (queued behind the source, so
         the first sample uses it) and the hello. PythonUnusable when that interpreter cannot run it."""
-        argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state)
+        argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state,
+                                   python_checked(self.target, python, self.opts.trust_python))
         self.stream = await self.link.start_agent(argv, payload)
         configured = self._send("config", self.watch.args())
         try:
@@ -174,8 +193,10 @@ class HostSession:
         tried = [f"python3 ({why})"]
         probe = "import sys;print('%d.%d'%sys.version_info[:2])"
         for python in PYTHON_CANDIDATES[1:]:
+            argv = [python, "-I", "-c", probe]
             try:
-                res = await self.link.run([python, "-c", probe], timeout=10.0)
+                res = await self.link.run(guarded(argv) if python_checked(self.target, python, self.opts.trust_python)
+                                          else argv, timeout=10.0)
             except FileNotFoundError:
                 tried.append(f"{python} (not found)")
                 continue
@@ -185,6 +206,9 @@ class HostSession:
             version = res.stdout.decode(errors="replace").strip()
             if res.rc == 0 and tuple(int(x) for x in version.split(".") if x.isdigit()) >= (3, 8):
                 return python
+            if res.rc == EXIT_UNTRUSTED:
+                tried.append(f"{python} (refused: {res.stderr.decode(errors='replace').strip().partition('; ')[0]})")
+                continue
             tried.append(f"{python} (" + (f"Python {version}" if res.rc == 0 else
                                           "not found" if res.rc in (None, 127) else f"exit {res.rc}") + ")")
         raise CockpitError(f"{self.target.label}: no Python >= 3.8 to run the agent; tried {', '.join(tried)}. "
@@ -224,6 +248,8 @@ class HostSession:
         err = await self.stream.stderr_tail()
         last = err.splitlines()[-1] if err else ""
         py = self.opts.python
+        if rc == EXIT_UNTRUSTED:  # never another interpreter instead: the operator decides
+            return CockpitError(f"{self.target.label}: {last.removeprefix('gpu-cockpit: ')}")
         if rc == 127 or "No such file" in err or "not found" in err:
             return PythonUnusable(
                 f"{py} not found on {self.target.label}: install Python >= 3.8 there or name the "
@@ -319,7 +345,9 @@ class HostSession:
         """Keep the link up until cancelled: after a loss, reconnect with backoff (1, 2, 4 … 30 s),
         re-sending the agent and the same watch. A command in flight is never re-sent (its caller
         got LinkLost). With retry_first, a first connection that failed is retried the same way
-        (a fleet's host that is down now may be up later). state.link_state says where it stands."""
+        (a fleet's host that is down now may be up later). Any failure of a reconnection (this
+        process out of file descriptors, say) is tried again the same way, never the end of it;
+        link_error says why. state.link_state says where it stands."""
         if retry_first and self._reader is None:
             self.closed.set()
             self.lost_reason = self.link_error
@@ -337,6 +365,8 @@ class HostSession:
                     break
                 except CockpitError as exc:
                     self.link_error = str(exc)
+                except Exception as exc:  # EMFILE starting the agent, a refused pipe: tried again, said
+                    self.link_error = reconnect_failure(exc)
             self.link_error = None
             self.reconnects += 1
 
@@ -392,8 +422,9 @@ class HostSession:
             raise CommandError(f"{cmd}: {frame.get('error')}")
         return frame.get("data") or {}
 
-    async def follow_run(self, pgid: int, log: str | None) -> None:
-        """Watch a run's process group and follow its log from now on."""
+    async def watch_group(self, pgid: int, log: str | None) -> None:
+        """Watch this process group and follow this log from now on (whose run they are is the
+        monitor's business: the session knows processes and files, not runs)."""
         if pgid not in self.watch.pgids:
             self.watch.pgids = [pgid]
         if log:

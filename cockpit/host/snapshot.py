@@ -85,7 +85,9 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             }
             for _, p in state.tree()
         ],
-        "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid} for p in state.ports],
+        "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid,
+                   **({"holder": p.holder, "holder_uid": p.holder_uid, "theirs": p.theirs} if p.holder else {})}
+                  for p in state.ports],
         "xid": [{"gpu": e.gpu, "time": _iso(e.ts), "ts": e.ts, "code": e.code, "pid": e.pid} for e in state.xid],
         "log": {
             "path": log_path,
@@ -172,27 +174,3 @@ def _parse_time(text: str | None) -> float | None:
         return dt.datetime.fromisoformat(text).timestamp()
     except ValueError:
         return None
-
-
-def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
-    """The document of a live host, with its monitor's phase and verdict."""
-    doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
-    doc["looked_s"] = getattr(monitor, "looked_s", None)
-    found = getattr(monitor, "forensics", None)
-    doc["forensics"] = found.doc() if found is not None else None
-    describe = getattr(getattr(monitor.session, "link", None), "describe", None)
-    if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
-        doc["link"] = describe()
-    extra = getattr(monitor, "doc_extra", None)
-    if extra is not None:  # a run spanning nodes: its nodes (cockpit/monitor/cluster.py)
-        doc.update(extra())
-    return doc
-
-
-async def take_snapshot(monitor, wait: float | None = None) -> dict:
-    """Connect, let the agent sample (its first sample measures CPU % from the agent's start),
-    take the monitor's one-shot look (`HostMonitor.look`: until decided, or `wait` seconds), and
-    return the document."""
-    async with monitor.attached():
-        await monitor.look(wait)
-        return monitor_doc(monitor)

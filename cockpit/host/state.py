@@ -8,11 +8,13 @@ so a cockpit left open for days stays the same size.
 from __future__ import annotations
 
 import math
+import pwd
 import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from cockpit.agent.acts import ACTS
 from cockpit.agent.protocol import HELLO, LOG, SAMPLE
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_argv, mask_line
@@ -37,6 +39,7 @@ THROTTLE_REASONS = {
 }
 HW_SLOWDOWN = ("hw-slowdown", "hw-thermal", "hw-power-brake")
 XID_KEPT = 32
+ACTS_KEPT = 500  # the host's records kept: its recent launches, stops and forensics
 XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row say it
 FORGIVEN_TICK_PCT = 25.0  # what one clock tick reads as over a 40 ms window (Proc.one_tick)
 
@@ -182,11 +185,32 @@ class Proc:
         self.cpu_pct, self.gpus, self.gpu_mem_mib = 0.0, [], None
 
 
+def _user(uid: int | None) -> str:
+    if uid is None:
+        return "user ?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
 @dataclass
 class PortState:
     port: int
     listening: bool
-    pid: int | None = None
+    pid: int | None = None  # the watched process that listens on it
+    holder: int | None = None  # who listens when no watched process does (the agent looked)
+    holder_uid: int | None = None
+    theirs: bool | None = None  # that holder is of the run all the same (a session of its processes)
+
+    @property
+    def stranger(self) -> bool:
+        """Listening, but held by a process that is not the run's: never the run's port opening."""
+        return self.listening and self.pid is None and self.holder is not None and self.theirs is False
+
+    def held_by(self) -> str:
+        user = _user(self.holder_uid)
+        return f"port {self.port} held by pid {self.holder} ({user}), not the run"
 
 
 @dataclass
@@ -283,6 +307,7 @@ class HostState:
         self.flight: dict | None = None  # the last flight-recorder comparison (cockpit/read/flightrec.py)
         self.dropped: Counter = Counter()  # frame fields of the wrong type, dropped where applied: "gpus.util_pct"
         self.xid: list[XidEvent] = []  # the recent Xid events the agent heard, oldest first (at most XID_KEPT)
+        self.acts: dict[str, dict] = {}  # the host's record of launches, stops and forensics, by id, oldest first
 
     # ------------------------------------------------------------------ frames
 
@@ -452,19 +477,52 @@ class HostState:
                 self.procs[row[0]].exit_code = row[1]
         if "xid" in f:
             self._xid(f["xid"])
+        if "acts" in f:
+            self._acts(f["acts"])
         self._infer_ranks()
         self._new_run()
         self._forget_old_dead()
         if "ports" in f:
             ports = []
             for p in f["ports"] if isinstance(f["ports"], list) else []:
-                if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?"):
-                    ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid")))
+                if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?") \
+                        and _is(p.get("holder"), "int?") and _is(p.get("holder_uid"), "int?"):
+                    ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid"), p.get("holder"),
+                                           p.get("holder_uid"), p["theirs"] if isinstance(p.get("theirs"), bool)
+                                           else None))
                 else:
                     self.dropped["ports"] += 1
             self.ports = ports
         if isinstance(f.get("ras"), dict):
             self.ras.add(f["ras"])
+
+    def _acts(self, rows) -> None:
+        for rec in rows if isinstance(rows, list) else []:
+            if isinstance(rec, dict) and _is(rec.get("id"), "str") and _is(rec.get("at"), "num") \
+                    and rec.get("act") in ACTS:
+                self.acts[rec["id"]] = rec
+            else:
+                self.dropped["acts"] += 1
+        for key in list(self.acts)[: max(0, len(self.acts) - ACTS_KEPT)]:
+            del self.acts[key]
+
+    def acts_of(self, act: str, since: float | None = None) -> list[dict]:
+        """The host's records of one kind (`stop`, `ended`, `launch`, `forensics`), oldest first,
+        those written at or after `since` (host clock) when given."""
+        return [r for r in self.acts.values() if r["act"] == act and (since is None or r["at"] >= since)]
+
+    def launches(self, layout: str) -> list[dict]:
+        """The host's launch records of this layout (newest first) whose process group no later
+        record says ended: the runs any cockpit launched here that may still live."""
+        ended: set = set()
+        out = []
+        for rec in reversed(self.acts.values()):
+            if rec["act"] == "ended":
+                ended.update(g for g in rec.get("pgids") or [] if _is(g, "int"))
+            elif rec["act"] == "launch" and rec.get("layout") == layout and _is(rec.get("pgid"), "int") \
+                    and rec["pgid"] not in ended and rec.get("start") is not None and _is(rec.get("run_id"), "str"):
+                out.append(rec)
+        return out
 
     def _new_run(self) -> None:
         """A server restarted outside the cockpit (by hand, by systemd, an elastic agent) shows

@@ -98,7 +98,8 @@ SPAWN_GRACE_S = 20.0  # ranks all spawn within this of each other: fewer after i
 XID_BEFORE_S = 300.0  # an Xid this long before a rank's death (or just after it) names the cause
 XID_AFTER_S = 30.0
 HW_SLOW_S = 5.0  # the hardware holds a GPU's clocks down this long: the run is slow
-REPLAY_WINDOW_S = 60.0  # NVLink or PCIe replays that grew within this: the link is retrying
+REPLAY_WINDOW_S = 60.0
+UNSTALL_SAMPLES = 3  # samples in a row showing the run's own progress that end a stall  # NVLink or PCIe replays that grew within this: the link is retrying
 
 
 def _duration(seconds: float) -> str:
@@ -180,6 +181,8 @@ class Watchdog:
         self._reset_progress()
         self.progress: Progress | None = None  # the last judgement's reading of the run's progress
         self._replays: dict[tuple[int, str], tuple[int, int, float | None]] = {}  # (gpu, counter) -> (first, last, grew at)
+        self._stall: Verdict | None = None  # the stall declared, held until the run itself moves
+        self._unstall: tuple[int, int] = (0, 0)  # (samples in a row that showed progress, the last one's seq)
 
     def _reset_progress(self) -> None:
         # (line's own clock, local arrival) of the last line that showed work, of the last line,
@@ -199,6 +202,7 @@ class Watchdog:
         self._errors.clear()
         self._reset_progress()
         self._replays = {}
+        self._stall, self._unstall = None, (0, 0)
 
     def begin(self, state: HostState, started: float | None = None) -> None:
         """A run starts now (launched, or found replacing the last one): the lines the logs hold
@@ -232,11 +236,39 @@ class Watchdog:
         if self.sources:  # NCCL RAS, the engine's metrics, the flight recorder (cockpit/judge/evidence.py)
             stalled = verdict.name in (V.STALLED_IDLE, V.STALLED_SPINNING)
             verdict = merge(verdict, [f for src in self.sources for f in src(state, now, self, stalled)], state)
+        verdict = self._hold(state, verdict)
         if verdict.name != VerdictName.NO_RUN:
             more = [e for e in gpu_evidence(state) if not any(e in said for said in verdict.evidence)]
             if more:
                 verdict.evidence = verdict.evidence + more  # a new list: the evidence may be the progress's own
         return phase, verdict
+
+    def _hold(self, state: HostState, verdict: Verdict) -> Verdict:
+        """A stall holds until the run itself moves: a look that sees no stall pattern and no
+        progress either (`watching`: a CPU blip, a stranger's listener) keeps it; progress ends it
+        only once seen on UNSTALL_SAMPLES samples in a row, so a blip never clears an alert."""
+        if verdict.name in (V.STALLED_IDLE, V.STALLED_SPINNING):
+            self._stall, self._unstall = verdict, (0, 0)
+            return verdict
+        stall = self._stall
+        if stall is None or verdict.name not in (V.OK, V.WATCHING) or not any(
+                p.alive and p.status != "Z" for p in state.ranks()):
+            self._stall = None
+            return verdict
+        if verdict.name == V.OK:
+            n, seq = self._unstall
+            if state.seq != seq:
+                n, seq = n + 1, state.seq
+            self._unstall = (n, seq)
+            if n >= UNSTALL_SAMPLES:
+                self._stall = None
+                return verdict
+            why = f"progress seen on {n} of {UNSTALL_SAMPLES} samples in a row: {'; '.join(verdict.evidence[:1])}"
+        else:
+            self._unstall = (0, 0)
+            why = "no sign of the run's own progress since"
+        return Verdict(stall.name, [e for e in stall.evidence if not e.startswith("held: ")] + [f"held: {why}"],
+                       stall.odd_rank, detail=stall.detail, since=stall.since)
 
     def _judge(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         key = log_path if log_path else next(iter(state.logs), None)  # a run spanning nodes: `node:path`
@@ -266,6 +298,9 @@ class Watchdog:
         if not ranks:
             if phase.name == "no run":
                 return phase, Verdict("no run", [])
+            up = self._up_without_ranks(state)
+            if up:
+                return phase, Verdict("ok", up)
             return phase, self._watching(state, prog, ["no rank of the run seen yet"])
         alive = [p for p in ranks if p.alive and p.status != "Z"]
         gpus = [state.gpus[i] for p in alive for i in p.gpus if i in state.gpus]
@@ -285,7 +320,8 @@ class Watchdog:
         if idle and held >= window and prog.idle_s >= window:
             ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})",
                   _gpus_said(state, gpus, resident),
-                  f"{prog.said}, port {'closed' if not port_open else 'open'}",
+                  f"{prog.said}, port {'closed' if not port_open else 'open'}"
+                  + "".join(f"; {pt.held_by()}" for pt in state.ports if pt.stranger and pt.port in self.ports),
                   f"in phase '{phase}' for {held:.0f} s (threshold {window:.0f} s"
                   + (")" if resident else ", twice the stall window: no model seen resident)")]
             if prog.frozen:
@@ -455,10 +491,23 @@ class Watchdog:
             return held
         return max(held, min(quiet_s, state.sample_ts - min(started)))
 
+    def _up_without_ranks(self, state: HostState) -> list[str] | None:
+        """A run with no GPU rank (a layout of `engine: none`, a plain HTTP server) whose own
+        process listens on the layout's port: up, and that is all there is to watch. The engines
+        open their port only once their ranks are ready, so a launch still starting never reads so."""
+        live = {p.pid for p in state.live_procs()}
+        held = [pt for pt in state.ports if pt.listening and pt.pid in live and pt.port in self.ports]
+        if not held or self.tracker.failures:
+            return None
+        return [f"up: port {', '.join(str(pt.port) for pt in held)} open, held by the run's pid "
+                f"{held[0].pid}; no GPU rank in the run to watch"]
+
     def _port_open(self, state: HostState) -> bool:
-        """The server's own port: the layout's, else any port the server process listens on."""
+        """The server's own port: the layout's (held by the run, not by a stranger: another user's
+        or another job's listener proves nothing of the run), else any port the server process
+        listens on."""
         if self.ports:
-            return any(pt.listening for pt in state.ports if pt.port in self.ports)
+            return any(pt.listening and not pt.stranger for pt in state.ports if pt.port in self.ports)
         servers = {p.pid for p in state.procs.values() if p.role == "server" and p.alive}
         return any(pt.listening and pt.pid in servers for pt in state.ports)
 

@@ -47,6 +47,7 @@ class SshStream(AgentStream):
     def __init__(self, proc: asyncssh.SSHClientProcess):
         self.proc = proc
         self.lines = LineReader(self._read)
+        self._stderr = b""  # what wait() collected: asyncssh's wait reads the rest of stderr itself
 
     async def _read(self, n: int) -> bytes:
         try:
@@ -68,13 +69,17 @@ class SshStream(AgentStream):
             done = await self.proc.wait()
         except (asyncssh.Error, ConnectionError, OSError):
             return None
+        if isinstance(done.stderr, bytes):
+            self._stderr += done.stderr[-65536:]
         return done.exit_status
 
     async def stderr_tail(self) -> str:
-        try:
-            data = await asyncio.wait_for(self.proc.stderr.read(65536), 2)
-        except (asyncio.TimeoutError, asyncssh.Error, ConnectionError, OSError):
-            return ""
+        data = self._stderr
+        if not data:
+            try:
+                data = await asyncio.wait_for(self.proc.stderr.read(65536), 2)
+            except (asyncio.TimeoutError, asyncssh.Error, ConnectionError, OSError):
+                return ""
         return data.decode("utf-8", "replace").strip() if isinstance(data, bytes) else str(data).strip()
 
     async def aclose(self) -> None:

@@ -6,7 +6,9 @@ user@host[:port]) to reach the engine or the Slurm login host over ssh."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -101,3 +103,15 @@ def agent_python(target: Target, named: str | None) -> str:
     if named and named != "python3":
         return named
     return sys.executable if target.kind in ("local", "demo") else "python3"
+
+
+def python_checked(target: Target, python: str, trusted: bool = False) -> bool:
+    """Whether `python` is checked on the host before it runs (cockpit/agent/__init__.py's GUARD:
+    as root, nothing another user can change): everywhere but with --trust-python (trust_python:
+    in the layout), and on this machine only as root and for another interpreter than the
+    cockpit's own (already running as root here)."""
+    if trusted:
+        return False
+    if target.kind in ("local", "demo"):  # one not found here is said as such when it is started
+        return os.geteuid() == 0 and python != sys.executable and shutil.which(python) is not None
+    return True

@@ -27,6 +27,8 @@ from cockpit.runs.ledger import (
 )
 from cockpit.runs.run import Run
 
+PLAIN_LOOK_S = 15.0  # the longest a plain look (no --wait) judges before it answers
+
 # What every kind of monitor gives (attributes and methods), checked for each kind by a test.
 PROTOCOL = ("state", "phase", "verdict", "watchdog", "layout", "session", "target", "run", "following", "follow",
             "probes", "shm_held", "stopping", "live", "subscribe", "update", "open", "keep", "close", "attached",
@@ -82,8 +84,9 @@ class Monitor:
         return lambda: self._listeners.remove(fn) if fn in self._listeners else None
 
     def _emit(self, event: MonitorEvent) -> None:
-        if event.kind == "verdict":
-            note_verdict(self)  # the run's history in the ledger, whoever listens
+        if event.kind == "verdict" and self.session.watch_current():
+            note_verdict(self.run, self.verdict)  # the run's history in the ledger, whoever listens (never of a sample taken
+            # before the run was watched: a look that is cancelled at its prompt writes nothing)
         for fn in list(self._listeners):
             fn(event)
 
@@ -121,11 +124,12 @@ class Monitor:
     def still_looking(self, since: float) -> bool:
         """Whether a one-shot look begun at `since` (local monotonic) goes on: not decided, the
         verdict's own `until` (the stall windows from the run's last sign of work, on the host's
-        clock) not passed by two samples, and never past the layout's longest stall window."""
+        clock) not passed by two samples, and never past PLAIN_LOOK_S: a plain look answers in
+        seconds whatever it finds (what it could not decide, it says, with how to watch longer)."""
         if self.decided():
             return False
         slack = 2 * self.session.opts.interval + 1.0
-        if time.monotonic() >= since + max(self.watchdog.idle_s, self.watchdog.spin_s) + slack:
+        if time.monotonic() >= since + min(PLAIN_LOOK_S, max(self.watchdog.idle_s, self.watchdog.spin_s) + slack):
             return False
         until, ts = self.verdict.until, self.state.sample_ts
         return until is None or ts is None or ts < until + slack
@@ -162,8 +166,17 @@ class Monitor:
                 while self.still_looking(start):
                     await asyncio.sleep(0.1)
                 await self.forensics_done()
+            self.say_undecided()
         self.looked_s = round(time.monotonic() - (self.opened_at or start), 1)
         return self.looked_s
+
+    def say_undecided(self) -> None:
+        """A plain look that ends `watching`: what would decide it, and how to watch for it."""
+        v = self.verdict
+        if v.name == VerdictName.WATCHING:
+            until = time.strftime("%H:%M:%S", time.localtime(v.until)) if v.until else None
+            v.evidence = v.evidence + ["not decided in this look: watch longer with --wait S"
+                                       + (f" (the stall thresholds decide by {until})" if until else "")]
 
     @asynccontextmanager
     async def judging(self):
@@ -178,13 +191,14 @@ class Monitor:
         any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
         kill runs its ranks read `stopping`; a whole run verified gone is `no run`. Returns the
         kill's report (docs/layouts.md#what-actions-touch), with its one-line `summary`."""
-        record_seen(self)
-        note_stop(self, plan, why)
+        record_seen(self.run, self.verdict, self.phase, self.watchdog.phase_times())
+        note_stop(self.run, plan, why)
         if wait is None:
             wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
         with self.stopping_for(why, plan):
             began = time.monotonic()
-            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [])
+            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [], why,
+                                     self.run.run_id)
             report["seconds"] = round(time.monotonic() - began, 1)
             report["summary"] = kill.summarize_kill(plan, report)
             if report["verified"] and not plan.scope.pids:

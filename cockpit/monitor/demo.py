@@ -177,7 +177,7 @@ def follower(layout: Layout, state: str):
         run = await current_run(monitor.session, layout, state)
         if run is not None:
             monitor.follow(run)
-            await monitor.session.follow_run(int(run.record["pgid"]), run.record.get("log"))
+            await monitor.session.watch_group(int(run.record["pgid"]), run.record.get("log"))
 
     return WatchList(patterns=[], ports=list(layout.ports)), on_connect
 

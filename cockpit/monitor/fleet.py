@@ -220,29 +220,53 @@ class Member:
         return self.monitor.verdict
 
     async def run(self, gate: asyncio.Semaphore) -> None:
-        while self.demo_error:  # no demo yet: the row says so until one starts
-            self.session.link_error = self.demo_error
-            self.state.link_state = "down"
-            self.tried.set()
-            await asyncio.sleep(DEMO_RETRY_S)
-            self.monitor = self._demo_monitor()
-            self.monitor.state.target = self.host.name
-            self.monitor.forensics_on = False
-        self.state.link_state = "waiting"
-        async with gate:
-            self.state.link_state = "connecting"
-            try:
-                await self.monitor.open(kept=True)
-            except CockpitError as exc:
-                self.session.link_error = str(exc)
+        while True:
+            while self.demo_error:  # no demo yet: the row says so until one starts
+                self.session.link_error = self.demo_error
                 self.state.link_state = "down"
-            except Exception as exc:  # whatever one host does, the others go on
-                self.session.link_error = f"{type(exc).__name__}: {exc}"
-                self.state.link_state = "down"
-            finally:
-                self.up_at = time.monotonic()
                 self.tried.set()
-        await self.monitor.keep(retry_first=True)
+                await asyncio.sleep(DEMO_RETRY_S)
+                self.monitor = self._demo_monitor()
+                self.monitor.state.target = self.host.name
+                self.monitor.forensics_on = False
+            self.state.link_state = "waiting"
+            async with gate:
+                self.state.link_state = "connecting"
+                try:
+                    await self.monitor.open(kept=True)
+                except CockpitError as exc:
+                    self.session.link_error = str(exc)
+                    self.state.link_state = "down"
+                except Exception as exc:  # whatever one host does, the others go on
+                    self.session.link_error = f"{type(exc).__name__}: {exc}"
+                    self.state.link_state = "down"
+                finally:
+                    self.up_at = time.monotonic()
+                    self.tried.set()
+            if self.monitor.target.kind != "demo":
+                await self.monitor.keep(retry_first=True)
+                return
+            await self._keep_demo()
+
+    async def _keep_demo(self) -> None:
+        """The demo's row is up while the demo lives: once its cockpit quits (its state folder's
+        owner gone), the link is down and the row waits for a new demo, as before the first."""
+        from cockpit.monitor import demo
+
+        kept = asyncio.create_task(self.monitor.keep(retry_first=True))
+        try:
+            while not kept.done():
+                await asyncio.sleep(DEMO_RETRY_S)
+                if self.monitor.session.opts.sim_state not in demo.live_states():
+                    break
+        finally:
+            kept.cancel()
+        await self.monitor.close()
+        self.demo_error = "the demo ended (its cockpit quit): waiting for a new one (`cockpit demo`)"
+        self.monitor = HostMonitor(parse_target("demo"), self.opts, self.layout or resolve_layout("demo"),
+                                   history=FLEET_HISTORY)
+        self.monitor.state.target = self.host.name
+        self.monitor.forensics_on = False
 
     def row(self) -> Row:
         s = self.state
@@ -275,7 +299,8 @@ class FleetMonitor:
             opts = SessionOptions(python=python, python_named=bool(host.python) or base.python_named,
                                   interval=fleet.interval or base.interval,
                                   sim_state=host.sim or base.sim_state, ssh_config=base.ssh_config,
-                                  known_hosts=base.known_hosts, accept_new=base.accept_new)
+                                  known_hosts=base.known_hosts, accept_new=base.accept_new,
+                                  trust_python=base.trust_python)
             self.members.append(Member(host, opts))
         self._gate: asyncio.Semaphore | None = None
 

@@ -25,13 +25,7 @@ from cockpit.link.target import Target
 from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
 from cockpit.read import metrics
 from cockpit.runs.config import Layout
-from cockpit.runs.ledger import (
-    append_ledger,
-    ledger_path,
-    read_ledger,
-    run_name,
-    stops_of,
-)
+from cockpit.runs.ledger import append_ledger, ledger_path
 from cockpit.runs.run import Run
 
 PROBE_EVERY_S = 2.0
@@ -50,6 +44,21 @@ class OperatorKill:
     crashed_before: bool  # the run already read as crashed when the operator killed it
 
 
+
+
+def _named(rec: dict) -> list[tuple[int, float | None]]:
+    """The processes a host record names: (pid, start time on the host's clock)."""
+    out = []
+    for item in rec.get("processes") or []:
+        if isinstance(item, list) and item and isinstance(item[0], int):
+            started = item[2] if len(item) > 2 and isinstance(item[2], (int, float)) else None
+            out.append((item[0], started))
+    return out
+
+
+def _same(proc, started: float | None) -> bool:
+    """The process is the one recorded: its pid, and its start time where both are known."""
+    return started is None or proc.started is None or abs(started - proc.started) < 1.0
 
 
 class HostMonitor(Monitor):
@@ -80,8 +89,6 @@ class HostMonitor(Monitor):
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
         self._forensics_task: asyncio.Task | None = None
         self._forensics_for: tuple | None = None  # the stall they were gathered for
-        self._stops_seen: float | None = None  # the ledger's mtime when another cockpit's stop was last looked for
-        self._ended_seen: float | None = None  # ... and when the run's end was last looked for
         self.shm_held: dict[tuple, float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
 
@@ -126,51 +133,95 @@ class HostMonitor(Monitor):
             self._emit(MonitorEvent("verdict", before=before))
 
     def _stall_forensics(self) -> None:
-        """A stall declared on the run followed: its forensics are gathered once (every rank's
-        stack, the flight recorder where armed), and what they found joins the verdict."""
+        """A stall declared on the run followed: its forensics are gathered once, by one cockpit
+        for all (every rank's stack, the flight recorder where armed), kept in the host's record;
+        whoever looks at the same stall (another screen, the exporter, a cold look) reads them
+        there, and what they found joins the verdict."""
         stalled = self.verdict.name in (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING)
         if not stalled:
             self._forensics_for = None
             return
+        if self.forensics is None:
+            self.forensics = self._forensics_of_this_stall("done")
         key = (self.state.generation, id(self.watchdog))
-        if self.forensics_on and key != self._forensics_for and not self.stopping:
-            self._forensics_for = key
-            prior = self._forensics_of_this_stall()
-            if prior is not None:  # another cockpit gathered them already: once per stall, whoever looks
-                self.forensics = prior
-            else:
+        if self.forensics is None and key != self._forensics_for and not self.stopping:
+            claimed = self._forensics_of_this_stall("gathering") is not None
+            if claimed or self.forensics_on:
+                self._forensics_for = key
                 try:
-                    self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics())
+                    self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics(claimed))
                 except RuntimeError:
                     self._forensics_for = None  # judged outside the event loop (a test feeding states)
         if self.forensics is not None and self.forensics.finding is not None:
             self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
 
-    def _forensics_of_this_stall(self):
-        """The forensics the ledger already holds for the run followed, gathered since this stall
-        began (by this cockpit or another one looking at the same run)."""
-        run_id = self.run.run_id
+    def _stall_records(self, state: str) -> list[dict]:
+        """The host's forensics records (`gathering` claims or `done`) of this stall: naming a
+        live rank of the run followed, written since the stall began."""
         since = self.verdict.since
-        if self.layout is None or not run_id or since is None:
-            return None
-        rec = next((r.get("forensics") for r in read_ledger(self.layout) if r.get("run_id") == run_id), None)
-        if not isinstance(rec, dict) or not isinstance(rec.get("at"), (int, float)) or rec["at"] < since - 5:
-            return None
-        return forensics.Forensics.from_doc(rec)
+        if since is None:
+            return []
+        live = {p.pid: p for p in self.state.ranks() if p.alive}
+        if state == "gathering":
+            since = max(since, (self.state.sample_ts or time.time()) - forensics.DEADLINE_S - 40)  # a claim expires
+        return [r for r in self.state.acts_of("forensics", since - 5) if r.get("state") == state
+                and any(pid in live and _same(live[pid], started) for pid, started in _named(r))]
 
-    async def _gather_forensics(self) -> None:
-        run = run_name(self)
+    def _forensics_of_this_stall(self, state: str = "done"):
+        """The forensics another cockpit (or this one) gathered for this stall (`done`), or the
+        claim of one gathering them now (`gathering`, earliest first)."""
+        recs = self._stall_records(state)
+        if state == "gathering":
+            return min(recs, key=lambda r: (r["at"], r["id"])) if recs else None
+        doc = recs[-1].get("doc") if recs else None
+        return forensics.Forensics.from_doc(doc) if isinstance(doc, dict) and isinstance(doc.get("at"), (int, float)) \
+            else None
+
+    async def _note_forensics(self, state: str, doc: dict | None = None) -> dict | None:
+        ranks = [[p.pid, None, p.started] for p in self.state.ranks() if p.alive]
+        try:
+            return await self.session.request("note", act="forensics", state=state, processes=ranks,
+                                              since=self.verdict.since, run_id=self.run.run_id, doc=doc)
+        except CockpitError as exc:
+            self.state.notes.append(f"stall forensics: not kept on the host: {exc}")
+            return None
+
+    async def _gather_forensics(self, claimed: bool = False) -> None:
+        """Gather this stall's forensics, unless another cockpit claimed them first: then wait for
+        theirs (py-spy on a rank another dump holds answers nothing)."""
+        if not claimed:
+            mine = await self._note_forensics("gathering")
+            if mine is not None:  # two cockpits claimed at once: the earlier claim gathers
+                try:
+                    await self.session.wait_samples(2)
+                except CockpitError:
+                    return
+                first = self._forensics_of_this_stall("gathering")
+                claimed = first is not None and first.get("id") != mine.get("id")
+        if claimed:
+            deadline = time.monotonic() + forensics.DEADLINE_S + 40
+            while self.forensics is None and time.monotonic() < deadline:
+                try:
+                    await self.session.wait_samples(1, timeout=max(1.0, deadline - time.monotonic()))
+                except CockpitError:
+                    break
+                self.forensics = self._forensics_of_this_stall("done")
+            self.update()
+            self._emit(MonitorEvent("sample"))
+            return
+        run = self.run.folder_name(self.target.label)
         self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
                                 "turns it off)")
-        found = await forensics.gather(self, run)
+        found = await forensics.gather(self.session, self.run, run)
         self.forensics = found
         if found.finding is not None:
             self.state.notes.append(f"stall forensics: {'; '.join(found.finding.evidence)} ({found.folder})")
         elif found.error:
             self.state.notes.append(f"stall forensics: none gathered: {found.error}")
+        doc = found.doc()
+        await self._note_forensics("done", dict(doc, lines=[line[:400] for line in doc["lines"][:60]]))
         if self.layout is not None and self.run.run_id:
-            append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id,
-                                        "forensics": found.doc()})
+            append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id, "forensics": doc})
         self.update()
         self._emit(MonitorEvent("sample"))
 
@@ -219,48 +270,40 @@ class HostMonitor(Monitor):
             phase = Phase("stopped", line=phase.line)
         return phase, Verdict(VerdictName.STOPPED, ev)
 
+    def _local_time(self, at: float) -> float:
+        """A host-clock time as local monotonic, through the latest sample's stamp."""
+        ts, got = self.state.sample_ts, self.state.received_at
+        if ts is None or got is None:
+            return time.monotonic() - max(0.0, time.time() - at)
+        return got - max(0.0, ts - at)
+
     def _stops_elsewhere(self) -> None:
-        """Another cockpit's stop of the run followed (`cockpit kill` in another terminal, another
-        screen's `K`): the ledger says who stopped which processes and when (runs.note_stop);
-        their deaths are the operator's here too. Read when the ledger changed."""
-        run_id = self.run.run_id
-        if self.layout is None or not run_id:
-            return
-        try:
-            mtime = ledger_path(self.layout).stat().st_mtime
-        except OSError:
-            return
-        if mtime == self._stops_seen:
-            return
-        self._stops_seen = mtime
-        stop = stops_of(self.layout, run_id)
-        if stop is None or not isinstance(stop.get("at"), (int, float)):
-            return
-        at = time.monotonic() - max(0.0, time.time() - stop["at"])
-        why = f"{stop.get('why') or 'stopped'}, by {stop.get('by') or '?'}"
-        for item in stop["processes"]:
-            if isinstance(item, list) and item and isinstance(item[0], int) and item[0] not in self.operator_kills:
-                started = item[1] if len(item) > 1 and isinstance(item[1], (int, float)) else None
-                self.operator_kills[item[0]] = OperatorKill(item[0], started, at, why, False)
+        """Stops the host's record holds (any cockpit's: `cockpit kill` in another terminal,
+        another screen's `K`, a colleague's machine): the processes each names, by pid and start
+        time, died by the operator's hand here too, whatever this cockpit followed."""
+        procs = self.state.procs
+        for stop in self.state.acts_of("stop"):
+            why = f"{stop.get('why') or 'stopped'}, by {stop.get('by') or '?'}"
+            for pid, started in _named(stop):
+                proc = procs.get(pid)
+                if proc is None or not _same(proc, started):
+                    continue
+                k = self.operator_kills.get(pid)
+                if k is None or not _same(proc, k.started):
+                    self.operator_kills[pid] = OperatorKill(pid, started, self._local_time(stop["at"]), why, False)
 
     def _ended_elsewhere(self) -> bool:
-        """Whether the ledger says the run followed was killed whole and verified gone (another
-        cockpit's stop: `cockpit kill`, another screen's `K`) and none of its ranks lives."""
-        run_id = self.run.run_id
-        if self.layout is None or not run_id or any(p.alive and p.status != "Z" for p in self.state.ranks()):
+        """Whether the host's record says a stop ended the run followed whole, verified gone (any
+        cockpit's), and none of its ranks lives."""
+        ranks = self.state.ranks()
+        if not ranks or any(p.alive and p.status != "Z" for p in ranks):
             return False
-        try:
-            mtime = ledger_path(self.layout).stat().st_mtime
-        except OSError:
-            return False
-        if mtime == self._ended_seen:  # read again only when the ledger changed
-            return False
-        self._ended_seen = mtime
-        return any(r.get("run_id") == run_id and r.get("ended") for r in read_ledger(self.layout))
+        return any(any(pid in self.state.procs and _same(self.state.procs[pid], started) for pid, started in _named(rec))
+                   for rec in self.state.acts_of("ended"))
 
     def _killed(self, proc) -> bool:
         k = self.operator_kills.get(proc.pid)
-        return k is not None and (k.started is None or proc.started is None or abs(k.started - proc.started) < 1.0)
+        return k is not None and _same(proc, k.started)
 
     def new_run(self, started: float | None = None) -> None:
         """A run starts (launched, or found replacing the last one): the last run's phases, crash
@@ -317,7 +360,7 @@ class HostMonitor(Monitor):
             if self.on_connect is not None:
                 await self.on_connect(self)
             elif self.layout is not None:
-                found = await resume(self.session, self.layout)
+                found = await resume(self.session, self.layout, note_seen=kept)
                 if found is not None:
                     self.follow(found)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 
 from cockpit.read.findings import Finding
 
+METRICS_SENT = 8 << 20  # the agent sends at most this much of a page (cockpit/agent/web.py)
+MAX_BODY = METRICS_SENT  # characters of a page read
 MAX_LINES = 200_000
+MAX_SERIES = 20_000  # samples kept of one page: far more than an engine exports
 MAX_LABELS = 32
 MAX_LABEL_LEN = 256
 HISTORY = 120
@@ -36,6 +39,8 @@ WANTED = sorted({n for names in FAMILIES.values() for n in names})
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
+_CLOSE = re.compile(r"\s*\}")
+_UNESCAPE = re.compile(r'\\[\\"n]')
 _ESC = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
@@ -60,45 +65,60 @@ def _value(text: str) -> float | None:
         return None
 
 
-def parse(text: str) -> tuple[list[Sample], int]:
-    """(samples, lines skipped) of a Prometheus text exposition."""
+def parse(text: str, notes: list[str] | None = None) -> tuple[list[Sample], int]:
+    """(samples, lines skipped) of a Prometheus text exposition, in one pass that never copies the
+    rest of a line per label (a hostile page of one 8 MiB line of labels stays linear). Bounded:
+    the first MAX_BODY characters, MAX_LINES lines and MAX_SERIES samples are read; what a bound
+    left out is said in `notes`, never dropped in silence."""
     out: list[Sample] = []
     bad = 0
-    for line in text.splitlines()[:MAX_LINES]:
+    said = notes if notes is not None else []
+    if len(text) > MAX_BODY:
+        text = text[:text.rfind("\n", 0, MAX_BODY) + 1]
+        said.append(f"the metrics page is over {MAX_BODY >> 20} MiB: only its first {MAX_BODY >> 20} MiB were read")
+    lines = text.splitlines()
+    if len(lines) > MAX_LINES:
+        said.append(f"the metrics page has {len(lines):,} lines: only the first {MAX_LINES:,} were read")
+        del lines[MAX_LINES:]
+    for line in lines:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if len(out) >= MAX_SERIES:
+            said.append(f"the metrics page has more than {MAX_SERIES:,} series: only the first {MAX_SERIES:,} "
+                        f"were read")
+            break
         m = _NAME.match(line)
         if not m:
             bad += 1
             continue
-        name, rest = m.group(0), line[m.end():]
-        labels: dict[str, str] = {}
-        if rest.startswith("{"):
-            pos = 1
-            if rest[1:].lstrip().startswith("}"):
-                pos = rest.index("}") + 1
-            else:
-                while True:
-                    lm = _LABEL.match(rest, pos)
-                    if not lm:
-                        labels = None
-                        break
-                    if len(labels) < MAX_LABELS:
-                        value = re.sub(r'\\[\\"n]', lambda e: _ESC[e.group(0)], lm.group(2))
-                        labels[lm.group(1)[:MAX_LABEL_LEN]] = value[:MAX_LABEL_LEN]
-                    pos = lm.end()
-                    if lm.group(3) == "}":
-                        break
-                    if rest[pos:].lstrip().startswith("}"):  # a trailing comma before the brace
-                        pos = rest.index("}", pos) + 1
-                        break
+        name, pos = m.group(0), m.end()
+        labels: dict[str, str] | None = {}
+        if line.startswith("{", pos):
+            closed = _CLOSE.match(line, pos + 1)
+            pos = closed.end() if closed else pos + 1
+            while not closed:
+                lm = _LABEL.match(line, pos)
+                if not lm:
+                    labels = None
+                    break
+                if len(labels) < MAX_LABELS:
+                    value = lm.group(2)
+                    if "\\" in value:
+                        value = _UNESCAPE.sub(lambda e: _ESC[e.group(0)], value)
+                    labels[lm.group(1)[:MAX_LABEL_LEN]] = value[:MAX_LABEL_LEN]
+                pos = lm.end()
+                if lm.group(3) == "}":
+                    break
+                closed = _CLOSE.match(line, pos)  # a trailing comma before the brace
+                if closed:
+                    pos = closed.end()
             if labels is None:
                 bad += 1
                 continue
-            rest = rest[pos:]
+        rest = line[pos:]
         parts = rest.split()
-        if not parts or (rest and not rest[0].isspace()):
+        if not parts or not rest[0].isspace():
             bad += 1
             continue
         value = _value(parts[0])
@@ -131,6 +151,7 @@ class Scrape:
     values: dict[str, float | None] = field(default_factory=dict)
     error: str | None = None
     skipped: int = 0
+    notes: list[str] = field(default_factory=list)  # what the page's bounds left out
 
 
 def scrape_of(answer: dict, at: float | None = None) -> Scrape:
@@ -142,8 +163,11 @@ def scrape_of(answer: dict, at: float | None = None) -> Scrape:
     if status != 200:
         why = "not found: metrics are off (SGLang needs --enable-metrics)" if status == 404 else f"HTTP {status}"
         return Scrape(at, status, error=why)
-    samples, bad = parse(str(answer.get("body") or ""))
-    return Scrape(at, status, {k: family_value(samples, names) for k, names in FAMILIES.items()}, skipped=bad)
+    notes = [f"the metrics page was over {METRICS_SENT >> 20} MiB: the agent sent its first {METRICS_SENT >> 20} MiB"] \
+        if answer.get("truncated") else []
+    samples, bad = parse(str(answer.get("body") or ""), notes)
+    return Scrape(at, status, {k: family_value(samples, names) for k, names in FAMILIES.items()}, skipped=bad,
+                  notes=notes)
 
 
 class MetricsView:
@@ -205,7 +229,7 @@ class MetricsView:
             return None
         now = time.monotonic() if now is None else now
         last = self.scrapes[-1]
-        return {"endpoint": self.endpoint, **self.header(), "error": last.error,
+        return {"endpoint": self.endpoint, **self.header(), "error": last.error, "notes": list(last.notes),
                 "frozen_s": round(self.frozen_for(now), 1) if self.frozen_since is not None else None,
                 "health": self.health.get("status") if self.health else None}
 

@@ -37,6 +37,7 @@ class Layout:
     name: str
     engine: str = "sglang"
     python: str = "python3"
+    trust_python: bool = False  # as root, run `python` even where another user can change it
     command: list[str] = field(default_factory=list)
     base_flags: list[str] = field(default_factory=list)
     flag_sets: dict[str, list[str]] = field(default_factory=dict)

@@ -17,7 +17,7 @@ from cockpit.runs.config import ENGINES, SIM_MODELS, Layout, LayoutError, Sim, S
 
 # key -> (kind, required)
 _TOP = {
-    "name": ("str", False), "engine": ("engine", False), "python": ("str", False),
+    "name": ("str", False), "engine": ("engine", False), "python": ("str", False), "trust_python": ("bool", False),
     "command": ("strlist", True), "base_flags": ("strlist", False), "flag_sets": ("flagsets", False),
     "enabled": ("strlist", False), "params": ("params", False), "env": ("env", False),
     "workdir": ("str", False), "log_dir": ("str", False), "log": ("str", False), "ports": ("ports", False),

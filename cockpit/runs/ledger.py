@@ -28,14 +28,6 @@ def masked(env: dict[str, str]) -> dict[str, str]:
     return mask_env(env)
 
 
-def run_name(monitor) -> str:
-    """The name of the run's folder (`runs/NAME/`: its dumps, bundles, forensics): the ledger's
-    run followed, else the layout, else the host."""
-    if monitor.following and monitor.following.get("run_id"):
-        return str(monitor.following["run_id"])
-    return monitor.layout.name if monitor.layout else monitor.target.label
-
-
 def state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
 
@@ -91,11 +83,16 @@ VERDICT_KEYS = ("verdict", "at", "since", "odd_rank", "detail", "evidence", "by"
 QUIET = ("watching", "stopping")  # a look still deciding, a stop under way: not a verdict of the run's
 
 
-def note_verdict(monitor) -> None:
-    """A verdict change of the run the monitor follows, kept with its time and evidence: the run's
+def operator_id() -> str:
+    """Who acts, and from where: user@machine (pid), as the ledger and the host's record say it."""
+    return f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
+
+
+def note_verdict(run: Run, v) -> None:
+    """A verdict change (`v`) of a run followed, kept with its time and evidence: the run's
     history (`cockpit runs`, `L`). A verdict the ledger already holds as the run's last (another
     cockpit watching the same run said it) is not written again."""
-    run_id, layout, v = monitor.run.run_id, monitor.layout, monitor.verdict
+    run_id, layout = run.run_id, run.layout
     if not run_id or layout is None or v.name.value in QUIET:
         return
     last = next((r.get("verdicts") or [None] for r in read_ledger(layout) if r.get("run_id") == run_id), [None])[-1]
@@ -103,7 +100,7 @@ def note_verdict(monitor) -> None:
         return
     append_ledger(layout, {"event": "verdict", "run_id": run_id, "verdict": v.name.value, "at": time.time(),
                            "since": v.since, "odd_rank": v.odd_rank, "detail": v.detail, "evidence": v.evidence[:4],
-                           "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"})
+                           "by": operator_id()})
 
 
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
@@ -141,65 +138,116 @@ def _spans(history: list[dict], end: float, live: bool) -> list[str]:
     return out
 
 
-def describe_ledger(runs: list[dict], now: float | None = None) -> list[str]:
+def describe_ledger(runs: list[dict], now: float | None = None, bisects: list[dict] | None = None) -> list[str]:
     """A line per run (a live one, with no outcome yet, reads its current verdict), then its
-    verdicts in turn with when each began and how long it lasted, and who stopped it."""
+    verdicts in turn with when each began and how long it lasted, and who stopped it. The runs of
+    a bisect (`bisects`, from read_bisects) are grouped under its line, where its first run was."""
     now = time.time() if now is None else now
     lines = [f"{'run':<28} {'outcome':<24} {'ready':>7}  flag sets / params"]
+    groups = {run_id: b for b in bisects or [] for run_id in b["runs"]}
+    said = set()
     for r in runs:
-        ready = (r.get("phase_times") or {}).get("ready")
-        sets = ",".join(r.get("flag_sets") or []) or "-"
-        params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
-        history = r.get("verdicts") or []
-        ended = r.get("ended") if isinstance(r.get("ended"), (int, float)) else None
-        live = ended is None and (not history or history[-1]["verdict"] not in ("no run", "stopped"))
-        outcome = r.get("outcome", "?")
-        if history and live and history[-1]["verdict"] != outcome:  # a run the ledger still sees live
-            outcome = f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
-        lines.append(f"{r['run_id']:<28} {outcome:<24} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
-        if history:
-            lines.append("    " + ", then ".join(_spans(history, ended if ended is not None else now, live)))
-        began = r.get("launched")
-        if isinstance(began, (int, float)):
-            lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
-        stop = r.get("stop")
-        if isinstance(stop, dict):
-            lines.append(f"    stopped {_clock(stop.get('at'))} by {stop.get('by') or '?'}: {stop.get('why') or ''}")
+        group = groups.get(r["run_id"])
+        if group is None:
+            lines += _describe_run(r, now)
+        elif group["bisect_id"] not in said:
+            said.add(group["bisect_id"])
+            lines.append(describe_bisect_line(group))
+            members = [x for x in runs if groups.get(x["run_id"]) is group]
+            lines += ["  " + line for x in members for line in _describe_run(x, now)]
     return lines
 
 
-def record_seen(monitor) -> None:
+def _describe_run(r: dict, now: float) -> list[str]:
+    lines: list[str] = []
+    ready = (r.get("phase_times") or {}).get("ready")
+    sets = ",".join(r.get("flag_sets") or []) or "-"
+    params = " ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
+    history = r.get("verdicts") or []
+    ended = r.get("ended") if isinstance(r.get("ended"), (int, float)) else None
+    live = ended is None and (not history or history[-1]["verdict"] not in ("no run", "stopped"))
+    outcome = r.get("outcome", "?")
+    if history and live and history[-1]["verdict"] != outcome:  # a run the ledger still sees live
+        outcome = f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
+    lines.append(f"{r['run_id']:<28} {outcome:<24} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
+    if history:
+        lines.append("    " + ", then ".join(_spans(history, ended if ended is not None else now, live)))
+    began = r.get("launched")
+    if isinstance(began, (int, float)):
+        lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
+    stop = r.get("stop")
+    if isinstance(stop, dict):
+        lines.append(f"    stopped {_clock(stop.get('at'))} by {stop.get('by') or '?'}: {stop.get('why') or ''}")
+    return lines
+
+
+# A bisect's records (cockpit/operate/bisect.py) carry `bisect_id`, never `run_id` (a step names
+# its run as `run`): read_ledger's runs stay the runs.
+BISECT_EVENTS = ("bisect", "bisect-step", "bisect-result")
+
+
+def read_bisects(layout: Layout) -> list[dict]:
+    """Each bisect of the layout, oldest first: its plan record, its steps (one per launch, in
+    order) and its last result; `runs` lists its launches' run ids."""
+    found: dict[str, dict] = {}
+    try:
+        text = ledger_path(layout).read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("event") not in BISECT_EVENTS or not isinstance(rec.get("bisect_id"), str):
+            continue
+        b = found.setdefault(rec["bisect_id"], {"bisect_id": rec["bisect_id"], "plan": None, "steps": [],
+                                                "result": None, "runs": []})
+        if rec["event"] == "bisect":
+            b["plan"] = rec
+        elif rec["event"] == "bisect-step":
+            b["steps"].append(rec)
+            if isinstance(rec.get("run"), str):
+                b["runs"].append(rec["run"])
+        else:
+            b["result"] = rec
+    return [b for b in found.values() if b["plan"] is not None]
+
+
+def describe_bisect_line(b: dict) -> str:
+    """`bisect-...: found eagle3 in 5 launches`, or where it stands."""
+    result, steps = b.get("result") or {}, b.get("steps") or []
+    status, text = result.get("status") or "under way", result.get("answer_text")
+    answer = f" {text}" if status == "found" and text else \
+        f" (the smallest failing set so far: {text})" if status in ("budget exhausted", "interrupted") and text else ""
+    return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
+
+
+def record_seen(followed: Run, verdict, phase, phase_times: dict) -> None:
     """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
     stopped: a stalled run stays recorded as stalled, not as killed."""
-    run, layout = monitor.following, monitor.layout
+    run, layout = followed.record, followed.layout
     if not run or not layout or not run.get("run_id") or run.get("outcome_written") \
             or run.get("outcome", "unknown") != "unknown":  # the ledger already has how it ended (its launcher's)
         return
-    verdict = monitor.verdict
     outcome = verdict.name.value if verdict.name in ALERTING else (
-        "ready" if monitor.phase.name in ("ready", "serving") else "stopped")
+        "ready" if phase.name in ("ready", "serving") else "stopped")
     append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
-                           "phase_times": monitor.watchdog.phase_times(), "evidence": verdict.evidence,
+                           "phase_times": phase_times, "evidence": verdict.evidence,
                            "dumps": None, "time": time.time()})
     run["outcome_written"] = True
 
 
-def note_stop(monitor, plan, why: str) -> None:
+def note_stop(followed: Run, plan, why: str) -> None:
     """The ledger's word that the operator stops the run followed: who (the action), from where
-    (user, host, process), when, and the processes planned (pid, start time). Written before the
-    first signal, so another cockpit watching the run reads their deaths as the operator's."""
-    run, layout = monitor.following, monitor.layout
+    (user, host, process), when, and the processes planned (pid, start time): the run's history
+    (the host's own record, written by the agent, is what other cockpits judge by)."""
+    run, layout = followed.record, followed.layout
     if not run or not layout or not run.get("run_id") or not plan.entries:
         return
     append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {
-        "why": why, "by": f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})", "at": time.time(),
+        "why": why, "by": operator_id(), "at": time.time(),
         "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries]}})
-
-
-def stops_of(layout: Layout, run_id: str) -> dict | None:
-    """The operator's last stop of a ledger run (note_stop), if any."""
-    rec = next((r.get("stop") for r in read_ledger(layout) if r.get("run_id") == run_id), None)
-    return rec if isinstance(rec, dict) and isinstance(rec.get("processes"), list) else None
 
 
 def record_ended(run: Run, plan) -> None:

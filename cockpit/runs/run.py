@@ -29,6 +29,7 @@ class Scope:
     model: str | None = None
     patterns: list[str] | None = None
     default_port: int | None = None
+    layout: str | None = None  # the layout's name: the host's record of launches holds its runs
 
     def args(self) -> dict:
         if self.pids:
@@ -41,6 +42,8 @@ class Scope:
                "patterns": self.patterns}
         if self.default_port is not None:
             out["default_port"] = self.default_port
+        if self.layout:
+            out["layout"] = self.layout
         return out
 
 
@@ -92,6 +95,11 @@ class Run:
     def run_id(self) -> str | None:
         return str(self.record["run_id"]) if self.record and self.record.get("run_id") else None
 
+    def folder_name(self, host: str) -> str:
+        """The name of the run's folder (`runs/NAME/`: its dumps, bundles, forensics): its run id,
+        else the layout's name, else the host's."""
+        return self.run_id or (self.layout.name if self.layout else host)
+
     def launched(self) -> list[dict]:
         """What the agent is told of the launched run: its process group and its leader's start."""
         rec = self.record
@@ -109,4 +117,5 @@ class Run:
                 launched.append({"pgid": int(g)})
         return Scope(launched=launched, ports=list(layout.ports) if layout else [],
                      command=list(layout.command) if layout else [], model=layout_model(layout),
-                     patterns=watch.patterns, default_port=layout_default_port(layout))
+                     patterns=watch.patterns, default_port=layout_default_port(layout),
+                     layout=layout.name if layout else None)

@@ -9,6 +9,11 @@ and reproduces failures from the field, chosen by flags:
   --sim-hang-rank K                rank K spins in the sampler after serving starts; the others
                                    wait in an all-reduce: their GPUs at 100 % and idle power,
                                    rank K's GPU idle, tokens frozen (as measured on H200s)
+  --sim-capture-hang-rank K        rank K stops while capturing CUDA graphs, outside any collective;
+                                   the others wait for it in an all-reduce: the launch hangs
+                                   before its port opens (the H200 case of docs/VALIDATION.md)
+  --sim-store-port                 the server listens on a port of its own from the start, as
+                                   torch's TCPStore does, long before the server's port opens
   --sim-crash-rank K               rank K dies (SIGKILL, exit -9) while loading weights
   --sim-xid-rank K [--sim-xid N]   once serving, the GPU of rank K reports Xid N (79 by default:
                                    fallen off the bus, and the GPU is then lost); rank K dies
@@ -17,6 +22,13 @@ and reproduces failures from the field, chosen by flags:
   --sim-remap-rank K               the GPU of rank K has an uncorrected ECC error and a row
                                    remap pending (a reset applies it); the run goes on
   --sim-slowdown-rank K            the GPU of rank K is held down by the hardware (HW slowdown)
+  --sim-hang-part NAME             (repeatable) with two distinct parts, every rank blocks in a
+                                   collective after capturing CUDA graphs, as EAGLE-3 does: a
+                                   hang that needs two flag sets together (each passes one part)
+  --sim-hang-prob P                every rank blocks the same way at a launch with probability P
+                                   (a flaky hang); the draw is seeded by --sim-seed and the
+                                   count of such launches kept in --sim-state, so a sequence of
+                                   launches repeats
   --sim-leak-shm                   leaves nccl-, psm_ and sgl_shm_ entries in the shm folder
   --sim-orphans                    workers outlive a SIGKILLed parent and keep their GPU memory
 
@@ -32,6 +44,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
@@ -74,12 +87,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-dist-dir", default=None,
                    help="a folder the nodes share: a rank hung on one node stalls the collective on all")
     p.add_argument("--sim-hang-rank", type=int, default=None)
+    p.add_argument("--sim-capture-hang-rank", type=int, default=None)
+    p.add_argument("--sim-store-port", action="store_true")
     p.add_argument("--sim-crash-rank", type=int, default=None)
     p.add_argument("--sim-xid-rank", type=int, default=None)
     p.add_argument("--sim-xid", type=int, default=79)
     p.add_argument("--sim-lost-rank", type=int, default=None)
     p.add_argument("--sim-remap-rank", type=int, default=None)
     p.add_argument("--sim-slowdown-rank", type=int, default=None)
+    p.add_argument("--sim-hang-part", action="append", default=[], metavar="NAME")
+    p.add_argument("--sim-hang-prob", type=float, default=0.0, metavar="P")
     p.add_argument("--sim-leak-shm", action="store_true")
     p.add_argument("--sim-orphans", action="store_true")
     p.add_argument("--sim-traffic", type=float, default=0.0, metavar="REQ_S",
@@ -217,6 +234,10 @@ class Rank:
         start = time.monotonic()
         if self.args.engine == "sglang":
             self.log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.avail()} GB")
+            if self.rank == self.args.sim_capture_hang_rank:
+                self.wait_for_graph_pool()
+            if self.args.sim_capture_hang_rank is not None:
+                self.publish(activity="blocked")  # waiting in the collective for the rank that never comes
             for _bs in range(8):
                 self.all_reduce()
                 self.clock.sleep(0.1)
@@ -233,6 +254,13 @@ class Rank:
         if self.args.speculative_algorithm:
             self.capture_draft_cuda_graph()
 
+    def wait_for_graph_pool(self) -> None:
+        """A rank that never reaches the capture's collective: the others wait in it for good."""
+        self.publish(activity="idle")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
+
     def capture_draft_cuda_graph(self) -> None:
         self.log(f"Capture draft cuda graph begin. This can take up to several minutes. avail mem={self.avail()} GB")
         if (self.args.speculative_algorithm or "").upper() in ("EAGLE3", "EAGLE"):
@@ -243,6 +271,14 @@ class Rank:
         """The operator story: the draft model's collective never completes on any rank."""
         self.publish(activity="blocked")
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank stuck in CUDA ignores SIGTERM
+        self.all_reduce(draft=True)
+
+    def warmup_collective(self) -> None:
+        """The two-part and the flaky hang: a warm-up collective that never completes on any
+        rank (the draft barrier waits for one party more than there are ranks)."""
+        self.log("Warm-up collective begin.")
+        self.publish(activity="blocked")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.all_reduce(draft=True)
 
     def all_reduce(self, draft: bool = False) -> None:
@@ -305,6 +341,8 @@ def run_scheduler_process(args, rank, shared, ready) -> None:
     r.load_model()
     r.allocate_kv_cache()
     r.capture_cuda_graph()
+    if args.sim_deadlock:
+        r.warmup_collective()
     ready.put(rank)
     r.publish(activity="idle")
     watch_spin(r)
@@ -388,6 +426,22 @@ def run_engine_core(args, shared, ready) -> None:
         w.join()
 
 
+def flaky_hang(args) -> bool:
+    """Whether this launch hangs under --sim-hang-prob: the n-th such launch on a simulated host
+    draws from (seed, n), so the same sequence of launches hangs the same way."""
+    if args.sim_hang_prob <= 0:
+        return False
+    if not args.sim_state:
+        return random.random() < args.sim_hang_prob
+    fd = os.open(os.path.join(args.sim_state, "flaky-launches"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b".")  # one byte per launch, appended: the count is the file's size
+        n = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return random.Random(f"{args.sim_seed}/flaky/{n}").random() < args.sim_hang_prob
+
+
 # ----------------------------------------------------------------------------- shm
 
 
@@ -429,6 +483,7 @@ class Server:
             "generated": ctx.Value("q", 0),
             "spinning": ctx.Value("i", 0),
         }
+        args.sim_deadlock = len(set(args.sim_hang_part)) >= 2 or flaky_hang(args)  # one draw per launch, every rank's
         self.prompt_tokens = 0
         self.running = 0  # requests in flight: a hang keeps them running while the counters freeze
         self.children: list = []
@@ -473,6 +528,8 @@ class Server:
         if args.sim_leak_shm:
             make_shm(args.sim_shm_dir, f"sgl_shm_tokenizer_{os.getpid()}_{rand_tag(args, 'tok')}", 1 << 20, hold=False)
             make_shm(args.sim_shm_dir, f"psm_{rand_tag(args, 'psm')}", 1 << 16, hold=False)
+        if args.sim_store_port:
+            self.store = socket.create_server(("127.0.0.1", 0))  # torch's TCPStore: up before the ranks
         ready = self.ctx.Queue()
         if args.engine == "sglang":
             for r in range(args.first_rank, args.first_rank + args.local_tp):

@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 from rich.text import Text
 from textual.screen import Screen
 
-from cockpit.actions import bundle
 from cockpit.actions.dumps import collect, dump_ranks, dump_targets
 from cockpit.actions.kill import (
     describe_clean,
@@ -24,18 +23,15 @@ from cockpit.actions.kill import (
     shm_clean,
     summarize_clean,
 )
-from cockpit.actions.launch import (
-    ablate,
-    describe_ablation,
-    launch_python,
-    plan_relaunch,
-    run_variant,
-    sim_flags,
-)
+from cockpit.actions.launch import launch_python, sim_flags
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count, these, visible
+from cockpit.operate import bundle
+from cockpit.operate.bisect import bisect, describe_bisect, describe_plan, resumable
+from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
-from cockpit.runs.ledger import describe_ledger, read_ledger, run_name
+from cockpit.runs.bisect import DEFAULT_SETTLE_S, make_plan
+from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
 from cockpit.runs.spec import RunSpec, combinations, default_spec
 from cockpit.ui.fmt import say
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
@@ -55,6 +51,7 @@ class ActionRunner:
         self.spec: RunSpec | None = None
         self.outcome: Text | None = None
         self.report: tuple[str, list[str]] | None = None  # the last action's full report (`v`)
+        self.stop_bisect = False  # the operator asked the bisect under way to stop
 
     @property
     def monitor(self):
@@ -163,7 +160,7 @@ class ActionRunner:
                 self.notify("no rank to dump", severity="warning")
                 return
             self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
-            result = await dump_ranks(self.monitor.session, ranks, run_name(self.monitor),
+            result = await dump_ranks(self.monitor.session, ranks, self.monitor.run.folder_name(self.monitor.target.label),
                                       say=lambda line: self.notify(line))
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
@@ -234,6 +231,48 @@ class ActionRunner:
                       report=table)
             await self.ask(ReportScreen("ablation", table))
 
+    async def bisect(self) -> None:
+        """`B`: the plan (which sets, how many launches at most), then the launches with their
+        progress in the header, then the answer. `B` again while it runs stops it cleanly: the
+        current launch is stopped and verified gone, the ledger keeps what was learnt."""
+        if self.busy == "bisect":
+            if not self.stop_bisect and await self.ask(ConfirmScreen(
+                    "stop the bisection", ["the current launch is stopped and verified gone; every outcome so far "
+                                           "stays in the ledger, and the same bisect started again resumes there"],
+                    "Stop the bisection?")):
+                self.stop_bisect = True
+                self.screen.dirty = True
+            return
+        async with self.exclusive("bisect") as go:
+            if not go:
+                return
+            plan = make_plan(self.layout, self.monitor.target.label, failing=self._current_spec().enabled,
+                             settle=DEFAULT_SETTLE_S)
+            before = resumable(self.layout, plan)
+            relaunch, names, lines = await plan_relaunch(self.monitor)
+            if not await self.ask(ConfirmScreen("bisect", describe_plan(plan, before) + lines,
+                                                "Run the bisection (each launch kills the one before)?")):
+                return
+            self.stop_bisect = False
+            step = [""]
+
+            def on_step(n: int, most: int, text: str) -> None:
+                step[0] = f"launch {n} of at most {most}, {text}"
+
+            def progress(phase, verdict) -> None:
+                self._progress(phase, verdict)
+                stopping = "stopping (B asked), " if self.stop_bisect else ""
+                self.progress = f"{stopping}{step[0]}: {self.progress}" if step[0] else self.progress
+
+            doc = await bisect(self.monitor, plan, timeout=self.layout.stall.idle_s * 10 + 600, progress=progress,
+                               first_plan=relaunch, first_shm=names, interrupted=lambda: self.stop_bisect,
+                               on_step=on_step)
+            report = describe_bisect(doc)
+            self.done("bisect", report[0].split(": ", 1)[1] + f", {count(doc['launches'], 'launch', 'launches')}",
+                      good=doc["status"] == "found",
+                      report=report)
+            await self.ask(ReportScreen("bisect", report))
+
     async def bundle(self) -> None:
         async with self.exclusive("hang bundle") as go:
             if go:
@@ -246,7 +285,7 @@ class ActionRunner:
     async def flightrec(self) -> None:
         async with self.exclusive("flight recorder") as go:
             if go:
-                answer, result = await collect(self.monitor)
+                answer, result = await collect(self.monitor.session, self.monitor.run)
                 lines = flightrec.describe(answer, result)
                 odd = result.get("odd_rank")
                 self.done("flight recorder", f"{count(len(answer.get('ranks') or {}), 'rank')} read"
@@ -257,4 +296,5 @@ class ActionRunner:
 
     def ledger(self) -> None:
         self.screen.app.push_screen(ReportScreen(f"runs of {self.layout.name}",
-                                                 describe_ledger(read_ledger(self.layout))))
+                                                 describe_ledger(read_ledger(self.layout),
+                                                                 bisects=read_bisects(self.layout))))

@@ -57,7 +57,7 @@ class CockpitScreen(Screen):
     # actions of the operator story first, then the view's keys. `?` lists every one.
     BINDINGS = bindings(COCKPIT)
     ALLOW_IN_MAXIMIZED_VIEW = "#status, FittedFooter"
-    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bundle", "flightrec")
+    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bisect", "bundle", "flightrec")
 
     def __init__(self, monitor: Monitor | None = None, state: HostState | None = None,
                  layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True):
@@ -305,7 +305,7 @@ class CockpitScreen(Screen):
         """Only bindings that can do something are shown: no actions without a live link, none
         at all in --read-only."""
         if action in self.ACTIONS:
-            if action in ("relaunch", "ablate") and (self.profile is None or not self.profile.command):
+            if action in ("relaunch", "ablate", "bisect") and (self.profile is None or not self.profile.command):
                 return False
             return not self.read_only and self.session is not None and self.state.link_state == "up"
         if action == "ledger":
@@ -351,6 +351,9 @@ class CockpitScreen(Screen):
 
     def action_ablate(self) -> None:
         self.run_worker(self.actions.ablate(), group="action")
+
+    def action_bisect(self) -> None:
+        self.run_worker(self.actions.bisect(), group="action")
 
     def action_ledger(self) -> None:
         self.actions.ledger()

@@ -30,6 +30,7 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float | None, svg
         if wait is None and monitor.live:
             while app.is_running and monitor.still_looking(start):
                 await asyncio.sleep(0.1)
+            monitor.say_undecided()
         elif wait:
             await asyncio.sleep(wait)
         if monitor.live:

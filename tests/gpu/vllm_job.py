@@ -11,6 +11,11 @@ then silence). Eight requests run all the time.
 waits elsewhere, in Python); the other rank waits in the all-reduce; /health keeps answering
 200, the token counter freezes while 8 requests run.
 
+`--capture-hang-rank K`: rank K stops while the ranks capture CUDA graphs, before the API server
+opens its port; the other waits in the capture's all-reduce. The API server holds the ranks'
+rendezvous store (torch's TCPStore) on MASTER_PORT from the start, as a real launch listens on
+ports of its own long before it serves.
+
     python tests/gpu/vllm_job.py serve --log /tmp/vllm.log --port 8011 [--hang-rank 1 --hang-after 40]
 """
 
@@ -32,6 +37,8 @@ def line(log, who, msg, level="INFO", where="loggers.py:123"):
 def odd_rank_waits_elsewhere(rank, marker):
     """Where the odd rank sits while the other waits for it in the all-reduce (the moment it left
     goes to a side file, never to the server's log, for the run's report)."""
+    if marker.startswith("/dev/"):  # the log is the launch's own stdout: the side file goes to /tmp
+        marker = f"/tmp/vllm_job-{os.getppid()}.hang-at"
     with open(marker, "w") as fh:
         fh.write(f"{time.time():.3f}\n")
     while True:
@@ -47,13 +54,23 @@ def worker(rank, world, args, tokens, ready):
     log = open(args.log, "a")
     who = f"Worker_TP{rank}"
     torch.cuda.set_device(0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+    dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
     line(log, who, "Starting to load model /models/tiny...", where="gpu_model_runner.py:1770")
     weights = torch.empty(int(args.weights_gb * (1 << 30)) // 2, dtype=torch.bfloat16, device="cuda")
     weights.normal_()
     line(log, who, f"Model loading took {args.weights_gb:.4f} GiB and 1.02 seconds", where="gpu_model_runner.py:1802")
     line(log, who, "Available KV cache memory: 20.00 GiB", where="gpu_worker.py:240")
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    for step in range(1, 4):  # vLLM captures its CUDA graphs batch size by batch size, a collective in each
+        if rank == 0:
+            log.write(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {step * 33}%|###| {step}/3\n")
+            log.flush()
+        if rank == args.capture_hang_rank:
+            odd_rank_waits_elsewhere(rank, args.log + ".hang-at")
+        t = (a @ a)[0, :8].float().cpu()
+        dist.all_reduce(t)
+    line(log, who, "Graph capturing finished in 2 secs, took 0.10 GiB", where="gpu_model_runner.py:2650")
     start = None
     while True:
         if ready.is_set() and start is None:
@@ -107,6 +124,7 @@ def main():
     ap.add_argument("--weights-gb", type=float, default=2.0)
     ap.add_argument("--hang-rank", type=int, default=-1)
     ap.add_argument("--hang-after", type=float, default=1e9)
+    ap.add_argument("--capture-hang-rank", type=int, default=-1)
     args = ap.parse_args()
     import torch.multiprocessing as mp
 
@@ -116,6 +134,10 @@ def main():
     line(log, "APIServer", "vLLM API server version 0.10.1.1", where="api_server.py:1805")
     line(log, "APIServer", f"non-default args: {{'model': '/models/tiny', 'port': {args.port}, "
                            f"'tensor_parallel_size': 2}}", where="utils.py:326")
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, is_master=True,
+                          wait_for_workers=False)  # the rendezvous, held here from the start
     ctx = mp.get_context("spawn")
     tokens, ready = ctx.Value("q", 0), ctx.Event()
     procs = [ctx.Process(target=worker, args=(r, 2, args, tokens, ready), daemon=True) for r in range(2)]

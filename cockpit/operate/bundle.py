@@ -25,9 +25,10 @@ from cockpit.actions import dumps, kill
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_line
-from cockpit.host.snapshot import gpu_health_doc, monitor_doc
+from cockpit.host.snapshot import gpu_health_doc
+from cockpit.operate.snapshot import monitor_doc
 from cockpit.read import flightrec, metrics, ras
-from cockpit.runs.ledger import run_name, state_home
+from cockpit.runs.ledger import state_home
 
 LOG_TAIL_LINES = 2000
 # what a member of the archive may be called: a fixed word, maybe in one fixed folder, with numbers
@@ -133,7 +134,7 @@ def _rank_number(key) -> int:
 
 async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
     try:
-        pids, _left = await dumps.run_rank_pids(monitor, verb="bundle")
+        pids, _left = await dumps.run_rank_pids(monitor.session, monitor.run, verb="bundle")
     except CockpitError as exc:
         m.miss("flight recorder", exc)
         return None
@@ -285,7 +286,7 @@ def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[
 async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle:
     """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
     verdict as it stands after, and write the archive into the run's folder."""
-    run = run_name(monitor)
+    run = monitor.run.folder_name(monitor.target.label)
     m = _Members()
     started = time.time()
     if progress:

@@ -1,0 +1,31 @@
+"""The snapshot document of a monitor (its state, phase, verdict, the look's time, the stall's
+forensics, how the host was reached) and the one-shot look that takes it: what `cockpit snapshot
+--json`, the bundle and a fleet's rows print. The state's own document is host/snapshot.py's."""
+
+from __future__ import annotations
+
+from cockpit.host.snapshot import LOG_LINES, snapshot_doc
+
+
+def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
+    """The document of a live host, with its monitor's phase and verdict."""
+    doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
+    doc["looked_s"] = getattr(monitor, "looked_s", None)
+    found = getattr(monitor, "forensics", None)
+    doc["forensics"] = found.doc() if found is not None else None
+    describe = getattr(getattr(monitor.session, "link", None), "describe", None)
+    if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
+        doc["link"] = describe()
+    extra = getattr(monitor, "doc_extra", None)
+    if extra is not None:  # a run spanning nodes: its nodes (cockpit/monitor/cluster.py)
+        doc.update(extra())
+    return doc
+
+
+async def take_snapshot(monitor, wait: float | None = None) -> dict:
+    """Connect, let the agent sample (its first sample measures CPU % from the agent's start),
+    take the monitor's one-shot look (`HostMonitor.look`: until decided, or `wait` seconds), and
+    return the document."""
+    async with monitor.attached():
+        await monitor.look(wait)
+        return monitor_doc(monitor)
