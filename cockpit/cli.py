@@ -953,7 +953,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from cockpit.runs.ledger import stall_window_of
 
     window = stall_window_of(args.log, SILENT_S) if args.log != "-" else SILENT_S
-    result = explain(read_log(args.log), getattr(args, "engine", None) or "auto", silence(args.log), window)
+    result = explain(read_log(args.log, progress=True), getattr(args, "engine", None) or "auto", silence(args.log), window)
     result["window_s"] = window
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))

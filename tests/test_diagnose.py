@@ -371,3 +371,13 @@ def test_xid_events_survive_a_reconnected_agent_and_bad_rows_are_dropped():
     st.apply({"t": "sample", "seq": 4, "xid": [[1, 999_995.0, 13, 77], ["x", 1, 2, 3], [1, 999_995.2, 13, 77],
                                              [3, 999_990.4, 79, None]]})  # the kernel log read again by the new agent
     assert [(e.gpu, e.code, e.pid) for e in st.xid] == [(3, 79, None), (1, 13, 77)] and st.dropped["xid"] == 1
+
+
+def test_ranks_that_hit_the_watchdog_in_the_same_second_are_said_together():
+    """All eight ranks' NCCL watchdog timeouts in one second: the live verdict names no first of them."""
+    line = ("[rank{r}]:[E223 11:14:34.99{r}762039 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=91885, OpType=ALLREDUCE) ran for 600037 milliseconds before timing out.")
+    st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, [line.format(r=r) for r in (4, 0, 1, 2, 3, 5, 6, 7)])
+    _, verdict = settle(Watchdog(), st, 1)
+    assert verdict.name == "crashed" and verdict.odd_rank is None
+    assert verdict.evidence[0] == "all 8 ranks together: nccl-timeout"

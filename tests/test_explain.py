@@ -3,13 +3,14 @@ the ways a log arrives (.gz, stdin, bytes that are not UTF-8, a file that is not
 
 Each corpus file starts with two header lines:
     # source: URL (how it was cut)
-    # expect: engine=E phase="P" verdict=V rank=R cause=C [ranks=0,1 | ranks=24-31]
+    # expect: engine=E phase="P" verdict=V rank=R cause=C [ranks=0,1 | ranks=24-31] [together=0-7]
 `none` stands for no value. Every key given is checked."""
 
 import argparse
 import gzip
 import io
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def test_real_log(path):
             assert got[key] == expect[key], f"{path.name}: {key} {got[key]!r}, expected {expect[key]!r}"
     if "ranks" in expect:
         assert result["ranks"] == ranks_of(expect["ranks"])
+    # ranks that failed the same way in the same second: none of them named, all of them said
+    assert verdict["together"] == (ranks_of(expect["together"]) if "together" in expect else [])
+    if verdict["together"]:
+        assert verdict["rank"] is None
     if verdict["name"] != "ok":
         assert verdict["evidence"] and all(len(e) <= 200 for e in verdict["evidence"])
         assert all(1 <= n <= len(lines) for n in verdict["evidence_lines"])
@@ -87,7 +92,8 @@ def test_json_shape(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"engine", "detected", "lines", "phase", "verdict", "ranks", "timeline", "failures", "last_time",
                         "silent_s", "window_s"}
-    assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines"}
+    assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines", "together",
+                                   "all_ranks"}
     assert doc["phase"] == "capturing cuda graphs" and doc["verdict"]["name"] == "crashed"
     # the header lines count as lines of the file: line numbers are the file's
     assert [m["phase"] for m in doc["timeline"]] == ["loading weights", "weights loaded", "kv cache",
@@ -223,3 +229,36 @@ def test_a_file_that_is_not_a_server_log_says_so_and_exits_non_zero(tmp_path, ca
     access = tmp_path / "access.log"  # an inference server's access log is one, engine unknown
     access.write_text('INFO:     10.0.0.1:4000 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
     assert _run(access, capsys)[0] == 0
+
+
+def test_a_large_file_shows_its_progress_on_a_terminal_only(tmp_path):
+    """`cockpit explain` of an 11 MB log: on a terminal (a real pty as stderr) a bar says how far the
+    reading got, and is wiped at the end; with stderr a pipe nothing but the result is written."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "big.log"
+    line = '[2026-12-01 11:00:00] INFO:     10.0.1.2:31234 - "POST /generate HTTP/1.1" 200 OK\n'
+    log.write_text("[2026-12-01 10:00:00 TP0] Load weight begin.\n" + line * ((11 << 20) // len(line)))
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log)], stdout=subprocess.PIPE,
+                              stderr=slave, timeout=600)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the pty's other end closed: all read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0 and b"verdict: ok" in proc.stdout
+    assert re.search(rb"reading .*big\.log: \[[#.]{30}\] +\d+% of 11 MB", seen), seen[-300:]
+    assert seen.endswith(b"\r\x1b[K")
+    piped = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log)], capture_output=True, timeout=600)
+    assert piped.returncode == 0 and piped.stderr == b""

@@ -650,6 +650,10 @@ class Watchdog:
                       + (f": {first.cause}" if first is not None and first.cause not in ("exception", "died") else ""))
         if dead:
             ev.append(f"{len(dead)} of {len(ranks)} ranks gone: {', '.join(str(p.rank) for p in dead)}")
+        if first is not None and first.together:  # no one of them failed first
+            said = f"all {len(first.together)} ranks" if self.tracker.all_ranks(first.together) else \
+                f"ranks {','.join(map(str, first.together))}"
+            ev.insert(0, f"{said} together: {first.cause}")
         if first is not None:
             ev += [f"log: {text.strip()[:160]}" for _, text in first.evidence[:3]]
         ev += [f"log: {line.strip()[:160]}" for line in self._errors if first is None or

@@ -15,6 +15,7 @@ that cannot be read (a one-line CockpitError)."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import sys
 import time
@@ -22,7 +23,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from cockpit.common.errors import CockpitError
-from cockpit.common.hosttext import count
+from cockpit.common.hosttext import count, visible
 from cockpit.read.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
@@ -33,13 +34,55 @@ CHUNK = 1 << 20
 
 def short(text: str, limit: int = EVIDENCE_CHARS) -> str:
     """A log line as evidence: colour codes gone, at most `limit` characters."""
-    text = ANSI.sub("", text).rstrip()
+    text = ANSI.sub("", text[:4 * limit]).rstrip()
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_log(path: str) -> Iterator[str]:
+PROGRESS_BYTES = 10 << 20  # a file this large shows how far the reading got (on a terminal)
+
+
+class Progress:
+    """How far into a file the reading is, on stderr, a few times a second: for a file over
+    PROGRESS_BYTES when stderr is a terminal (a script reading the JSON sees nothing of it)."""
+
+    def __init__(self, raw, name: str, stream=None):
+        self.raw, self.name, self.stream = raw, visible(name), stream or sys.stderr
+        self.size = os.fstat(raw.fileno()).st_size
+        self.next = 0.0
+        self.shown = False
+
+    @classmethod
+    def wanted(cls, raw, name: str, stream=None) -> Progress | None:
+        stream = stream or sys.stderr
+        try:
+            big = os.fstat(raw.fileno()).st_size > PROGRESS_BYTES
+        except (OSError, ValueError):
+            return None
+        return cls(raw, name, stream) if big and stream.isatty() else None
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + 0.25
+        done = min(self.raw.tell(), self.size)
+        width = 30
+        filled = width * done // max(1, self.size)
+        self.stream.write(f"\rreading {self.name}: [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{100 * done // max(1, self.size):3d}% of {self.size / 2**20:.0f} MB")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def read_log(path: str, progress: bool = False) -> Iterator[str]:
     """The lines of a log file (`-` is stdin; a `.gz` is decompressed; bytes that are not UTF-8 read
-    as U+FFFD). A missing or unreadable file is one CockpitError naming it and the fix."""
+    as U+FFFD). A missing or unreadable file is one CockpitError naming it and the fix. `progress`:
+    a bar on stderr for a large file, when stderr is a terminal (`Progress`)."""
     if path == "-":
         return _lines(sys.stdin.buffer, "stdin")
     try:
@@ -52,12 +95,13 @@ def read_log(path: str) -> Iterator[str]:
         raise CockpitError(f"{path}: permission denied: copy the log somewhere readable or run as its owner") from None
     except OSError as exc:
         raise CockpitError(f"{path}: cannot read: {exc.strerror}") from None
+    bar = Progress.wanted(raw, path) if progress else None
     if path.endswith(".gz"):
-        return _lines(gzip.GzipFile(fileobj=raw, mode="rb"), path, raw)
-    return _lines(raw, path)
+        return _lines(gzip.GzipFile(fileobj=raw, mode="rb"), path, raw, bar=bar)
+    return _lines(raw, path, bar=bar)
 
 
-def _lines(stream, name: str, *others) -> Iterator[str]:
+def _lines(stream, name: str, *others, bar: Progress | None = None) -> Iterator[str]:
     """The stream's lines, read in bounded chunks: a line keeps its first LINE_MAX bytes (the live
     path's cap) and says the rest as ` … [N bytes skipped]`, never held in memory, so a 200 MB
     line without a newline costs what 64 KiB does (and no rule sees a longer line)."""
@@ -68,18 +112,23 @@ def _lines(stream, name: str, *others) -> Iterator[str]:
             chunk = read(CHUNK)
             if not chunk:
                 break
-            start = 0
-            while True:
-                nl = chunk.find(b"\n", start)
-                end = len(chunk) if nl < 0 else nl
-                room = max(0, LINE_MAX - len(partial))
-                partial += chunk[start:min(end, start + room)]
-                skipped += max(0, end - start - room)
-                if nl < 0:
-                    break
-                yield _line(partial, skipped)
-                partial, skipped = bytearray(), 0
-                start = nl + 1
+            if bar is not None:
+                bar.tick()
+            parts = chunk.split(b"\n")  # the whole lines of a chunk at once: C speed, the chunk bounds the list
+            head = parts[0]
+            room = max(0, LINE_MAX - len(partial))
+            partial += head[:room]
+            skipped += max(0, len(head) - room)
+            if len(parts) == 1:
+                continue
+            yield _line(partial, skipped)
+            for raw in itertools.islice(parts, 1, len(parts) - 1):
+                if len(raw) <= LINE_MAX:
+                    yield raw.decode("utf-8", errors="replace").rstrip("\r")
+                else:
+                    yield _line(raw[:LINE_MAX], len(raw) - LINE_MAX)
+            tail = parts[-1]
+            partial, skipped = bytearray(tail[:LINE_MAX]), max(0, len(tail) - LINE_MAX)
         if partial or skipped:
             yield _line(partial, skipped)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
@@ -87,13 +136,15 @@ def _lines(stream, name: str, *others) -> Iterator[str]:
     except OSError as exc:
         raise CockpitError(f"{name}: cannot read: {exc.strerror or exc}") from None
     finally:
+        if bar is not None:
+            bar.close()
         if stream is not sys.stdin.buffer:
             stream.close()
         for other in others:
             other.close()
 
 
-def _line(raw: bytearray, skipped: int) -> str:
+def _line(raw: bytes | bytearray, skipped: int) -> str:
     text = raw.decode("utf-8", errors="replace").rstrip("\r")
     return text + f" \u2026 [{skipped} bytes skipped]" if skipped else text
 
@@ -110,7 +161,8 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     lines       how many lines were read
     phase       the last launch phase reached (never "crashed"); None when no phase mark was seen
     verdict     {name: crashed | stalled | ok, rank, cause, line, time, evidence: [line texts],
-                 evidence_lines: [their line numbers]}
+                 evidence_lines: [their line numbers], together: [ranks that failed the same way in
+                 the same second, rank then None], all_ranks: whether those are every rank}
     ranks       every rank the lines name, sorted
     timeline    [{phase, line, time}] in the order the run reached them
     failures    [{line, rank, cause, consequence, text}]: every failure line, in order (at most 50)
@@ -133,19 +185,21 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         found = detect_engine(head)
         engine, detected = (found or "auto"), found is not None
     tracker = LogTracker(LogRules(engine))
+    feed = tracker.feed
     for text in head:
-        tracker.feed(text)
+        feed(text)
     for text in it:
-        tracker.feed(text)
+        feed(text)
     engine_name = engine if engine in ENGINES else tracker.rules.detected
+    reached = tracker.reached()
     return {
         "engine": engine_name,
         "detected": detected or (engine_name is not None and engine not in ENGINES),
         "lines": tracker.n,
-        "phase": tracker.phase,
-        "verdict": _verdict(tracker, engine_name, silent_s, window_s),
+        "phase": reached[-1].phase if reached else None,
+        "verdict": {"together": [], "all_ranks": False, **_verdict(tracker, engine_name, silent_s, window_s)},
         "ranks": sorted(tracker.ranks),
-        "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in tracker.timeline],
+        "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in reached],
         "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
                       "text": short(f.text)} for f in tracker.failures[:50]],
         "last_time": tracker.last_time,
@@ -164,7 +218,8 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
             seen.setdefault(n, text)
         evidence = sorted(seen.items())[:6]
         return {"name": "crashed", "rank": first.rank, "cause": first.cause, "line": first.line, "time": first.time,
-                "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence]}
+                "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence],
+                "together": list(first.together), "all_ranks": bool(first.together) and tracker.all_ranks(first.together)}
     if tracker.stalled():
         n, last = tracker.stalls[-1]
         tells = tracker.stalls[-3:]
@@ -174,11 +229,13 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
     if tracker.n == 0:  # nothing read: not a run that went well
         return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
                 "evidence_lines": []}
-    mark = tracker.timeline[-1] if tracker.timeline else None
+    reached = tracker.reached()
+    mark = reached[-1] if reached else None
     if engine is None and mark is None and not tracker.ranks and not tracker.requests:
         return {"name": "not a server log", "rank": None, "cause": None, "line": None, "time": None,
                 "evidence": [], "evidence_lines": []}
-    if silent_s is not None and silent_s >= window_s and tracker.phase not in ENDED and not tracker.finished_at:
+    if silent_s is not None and silent_s >= window_s and (mark and mark.phase) not in ENDED \
+            and not tracker.finished_at:
         return {"name": "stalled", "rank": None, "cause": "silent", "line": mark.line if mark else None,
                 "time": mark.time if mark else None, "evidence": [f"the file was last written {_ago(silent_s)} ago"],
                 "evidence_lines": []}
@@ -203,6 +260,9 @@ def describe(result: dict) -> list[str]:
     v = result["verdict"]
     if v["name"] == "crashed":
         who = f"rank {v['rank']}" if v["rank"] is not None else "no rank named"
+        if v.get("together"):
+            who = (f"all {len(v['together'])} ranks" if v.get("all_ranks") else f"ranks {_ranks(v['together'])}") \
+                + " together"
         when = f", {v['time']}" if v["time"] else ""
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
     elif v["name"] == "stalled" and v["cause"] == "silent":

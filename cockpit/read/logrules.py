@@ -16,10 +16,18 @@ process names (`Worker_PP1_TP2`, `EngineCore_DP0`, `APIServer`, `VllmWorkerProce
 formats of the same records (`2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg`, NIM's
 `ERROR 2025-07-21 14:34:24.934 file.py:62] msg`). Colour codes (also with the ESC byte lost to U+FFFD),
 carriage returns (also a literal `^M`) and a container's own prefix (`svc-1  | `, an ISO timestamp,
-a `│ ` box) are stripped first."""
+a `│ ` box) are stripped first. Also C/C++ libraries' own error lines (flash-attention's, vLLM's custom
+all-reduce's, NCCL's WARN), loaders' progress bars, HTTP access lines.
+
+Host text is hostile: the rules read at most RULE_CHARS of a line, every pattern is linear in it (no
+repeat that rescans what another attempt scanned: bounded, or over characters its lead cannot hold;
+tests/data/hostile_lines.py draws each one's worst case), and each family of rules runs only on a line
+that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests. A
+run's tracker is linear in its lines whatever the failures."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -42,6 +50,7 @@ class LogLine(NamedTuple):
     level: str | None = None  # ERROR, WARNING, INFO, ... where the line's prefix says
     stats: tuple[float, int | None] | None = None  # an engine's periodic stats line: (tokens/s, requests running)
     probe: bool = False  # an access-log line of a health, metrics or model-list probe: no work done
+    http: tuple[str, int] | None = None  # an access-log line's (method, status)
 
 
 @dataclass(frozen=True)
@@ -62,10 +71,21 @@ PHASE_ORDER = [
     "port open", "warmup", "ready", "serving",
 ]
 
+# A weight loader's progress bar (tqdm's "desc: NN%|bar| done/total"): safetensors and pt checkpoints
+# (SGLang, vLLM: "Loading safetensors checkpoint shards"), vLLM's fastsafetensors iterator ("Loading
+# safetensors using Fastsafetensor loader"), the Run:ai streamer ("Loading safetensors using Runai Model
+# Streamer"), multi-threaded shard loading, GGUF files.
+LOADER_BAR = (r"\b(?:Loading (?:(?:safetensors|pt|np_cache) checkpoint shards|safetensors using |GGUF|gguf)"
+              r"|Multi-thread loading (?:shards|weights))")
+# The capture stages: a later begin moves the phase back into capture (a draft-extend capture after the
+# draft capture ended, a stage run again), whatever the order (see LogTracker._mark).
+CAPTURE_PHASES = ("capturing cuda graphs", "cuda graphs captured", "capturing draft cuda graphs",
+                  "draft cuda graphs captured")
+
 # (regex over the message, phase) in launch order; the last rule that matches a line wins.
 SGLANG_PHASES = [
     (r"Init torch distributed begin", "starting"),
-    (r"Load weight begin|Loading (?:safetensors|pt) checkpoint shards", "loading weights"),
+    (r"Load weight begin|" + LOADER_BAR, "loading weights"),
     (r"Load weight end", "weights loaded"),
     (r"KV Cache is allocated|Memory pool end", "kv cache"),
     (r"Capture cuda graph begin|Capture cuda graph bs|^Capturing batches \(", "capturing cuda graphs"),
@@ -74,11 +94,11 @@ SGLANG_PHASES = [
     (r"Capture draft (?:extend )?cuda graph end", "draft cuda graphs captured"),
     (r"Uvicorn running on|Application startup complete", "port open"),
     (r"The server is fired up and ready to roll", "ready"),
-    (r"\b(?:Prefill|Decode) batch\b|\"POST /(?:generate|v1/\S+) HTTP/[\d.]+\" 200", "serving"),
+    (r"\b(?:Prefill|Decode) batch\b|\"POST /(?:generate|v1/[^\s\"]+) HTTP/[\d.]+\" 200", "serving"),
 ]
 VLLM_PHASES = [
     (r"Initializing an? (?:V1 )?LLM engine", "starting"),
-    (r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards", "loading weights"),
+    (r"Starting to load model|" + LOADER_BAR, "loading weights"),
     (r"Loading weights took|Model loading took|Loading model weights took", "weights loaded"),
     (r"torch\.compile take|torch\.compile took|Compiling a graph for|Dynamo bytecode transform time", "compiling"),
     (r"Available KV cache memory|GPU KV cache size|# (?:GPU|cuda) blocks|Maximum concurrency for", "kv cache"),
@@ -87,7 +107,7 @@ VLLM_PHASES = [
     (r"init engine \(profile, create kv cache, warmup model\) took", "engine initialized"),
     (r"Starting vLLM API server|Uvicorn running on", "port open"),
     (r"Application startup complete", "ready"),
-    (r"Avg prompt throughput|\"POST /v1/\S+ HTTP/[\d.]+\" 200", "serving"),
+    (r"Avg prompt throughput|\"POST /v1/[^\s\"]+ HTTP/[\d.]+\" 200", "serving"),
 ]
 ENGINE_PHASES = {"sglang": SGLANG_PHASES, "vllm": VLLM_PHASES}
 
@@ -99,7 +119,7 @@ LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-defau
 # Colour codes (also those whose ESC byte a copy turned into U+FFFD or wrote out as "^[", a terminal
 # capture's caret notation), a carriage return, and a
 # literal "^M" at a line's end (a terminal's \r, pasted as text).
-ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07]*\x07|\r|\^M$")
+ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07\x1b]*\x07|\r|\^M$")
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
     re.compile(r"^(?:\s*[│|])+\s"),  # a k9s / table border, or a log viewer's gutter of several columns
@@ -117,6 +137,7 @@ OUTER = [
     # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
     re.compile(r"^\(\w*(?i:sglang)\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
 ]
+OUTER_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx in OUTER))  # one match rules out every layer
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")  # docker's; a wrapper's own time is not the line's
 # Python logging formats whose fields are separated by " | ": FastChat's "date | LEVEL | logger | msg",
 # loguru's default "date | LEVEL    | module:function:line - msg", and "date | LEVEL | msg"
@@ -126,7 +147,7 @@ PIPE_FIELDS = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)[ T](?P<t>\d\d:\d\d:\d\d)(?:[.,
 PIPE_LEVELS = {"TRACE": "DEBUG", "SUCCESS": "INFO", "WARN": "WARNING"}
 # SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
 SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
-SGLANG_TAG = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
+SGLANG_TAG = re.compile(r"(?<![A-Z_])([A-Z][A-Z_]*+)(\d+)")  # a tag starts where no letter stands before it
 # vLLM: "(VllmWorker rank=3 pid=406) ", "(Worker_PP1_TP2 pid=130) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) "
 VLLM_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
 VLLM_WHO = re.compile(r"(?:Vllm\w*|VLLM\w*|(?:DP)?EngineCore\w*|A[Pp][Ii]Server\w*|RayWorkerWrapper|Worker(?:_\w+)?"
@@ -145,7 +166,14 @@ VLLM_LEVEL = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d
 TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
-PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
+RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
+PREFIX_WINDOW = 160
+LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL, SITE_LEVEL's 2nd start so  # prefixes are looked for this far into a line, past whatever an outer layer put first
+
+
+# a named tuple made from all its fields at once, without the generated __new__'s call: the common
+# line's two tuples are a tenth of its cost otherwise
+_new = tuple.__new__
 
 
 class Parsed(NamedTuple):
@@ -157,6 +185,7 @@ class Parsed(NamedTuple):
     engine: str | None  # the engine whose prefix the line carries
 
 
+@functools.lru_cache(maxsize=512)  # a run's writers are few; a hostile log's many only evict
 def _rank_of_tags(tags: str) -> int | None:
     """SGLang's tags, e.g. " DP0 PP1 TP3 EP3": the TP rank, else the PP rank, else the DP rank."""
     found = {name: int(num) for name, num in SGLANG_TAG.findall(tags)}
@@ -166,6 +195,7 @@ def _rank_of_tags(tags: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=512)
 def _rank_of_who(who: str) -> int | None:
     """vLLM's process name: "VllmWorker TP1", "VllmWorker rank=3", "Worker_PP1_TP2", "Worker_TP0_EP0"."""
     m = re.search(r"(?:^|[_ ])TP(\d+)(?!\d)", who) or re.search(r"rank=(\d+)", who)
@@ -178,32 +208,71 @@ def _rank_of_who(who: str) -> int | None:
     return None
 
 
-def parse(text: str) -> Parsed:
-    """Split a raw log line into its prefixes (time, writer, rank, level) and its message."""
-    s = ANSI.sub("", text)
-    time = None
-    for rx in OUTER:
-        m = rx.match(s)
+def _find_match(rx: re.Pattern, s: str, lead: str, start: int, last: int, end: int):
+    """`rx.search(s, start, end)` whose match starts before `last`, tried only where `lead` (the
+    literal every match starts with) stands: most lines have no such place, and a search would
+    try every position."""
+    i = s.find(lead, start, last)
+    while i >= 0:
+        m = rx.match(s, i, end)
         if m:
-            iso = ISO_TIME.match(s)
-            if iso:
-                time = f"{iso.group(1)} {iso.group(2)}"
-            s = s[m.end():]
+            return m
+        i = s.find(lead, i + 1, last)
+    return None
+
+
+def _outer_maybe(s: str) -> bool:
+    """Whether an outer layer (OUTER) may stand first: each begins with a digit, a space or a bar,
+    `[` and a time then `] [`, `(` and SGLang's name, a three-letter month, or holds a `|`."""
+    c = s[:1]
+    if c == "[":
+        return "] [" in s[:80] or "|" in s
+    if c == "(":
+        return "glang" in s[:200].lower() or "|" in s
+    return c.isdigit() or c.isspace() or c == "\u2502" or s[3:4] == " " or "|" in s
+
+
+def _level_near(s: str, start: int, end: int) -> bool:
+    return (s.find("INFO ", start, end) >= 0 or s.find("ERROR ", start, end) >= 0 or s.find("WARNING ", start, end) >= 0
+            or s.find("DEBUG ", start, end) >= 0 or s.find("CRITICAL ", start, end) >= 0)
+
+
+def parse(text: str) -> Parsed:
+    """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Each
+    prefix is tried where its first literal stands (`str.find`), not searched for position by
+    position: the common line costs a few finds. Only the first RULE_CHARS of a line are read."""
+    text = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
+    s = ANSI.sub("", text) if ("\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text) else text
+    time = None
+    if _outer_maybe(s) and OUTER_ANY.match(s):
+        for rx in OUTER:
+            m = rx.match(s)
+            if m:
+                iso = ISO_TIME.match(s)
+                if iso:
+                    time = f"{iso.group(1)} {iso.group(2)}"
+                s = s[m.end():]
     outer_level = None
-    m = PIPE_FIELDS.match(s)
+    m = PIPE_FIELDS.match(s) if s[:1].isdigit() else None
     if m:
         time, outer_level = f"{m.group('d')} {m.group('t')}", PIPE_LEVELS.get(m.group("l"), m.group("l"))
         s = s[m.end():]
     who = rank = level = engine = None
     pos = 0
-    m = SGLANG_PREFIX.search(s, 0, PREFIX_WINDOW)
-    if m and m.start() < 60:
+    c = s[:1]
+    if c == "[":  # SGLang's prefix where it mostly stands: first
+        m = SGLANG_PREFIX.match(s, 0, PREFIX_WINDOW) or _find_match(SGLANG_PREFIX, s, "[", 1, 60, PREFIX_WINDOW)
+    else:
+        m = _find_match(SGLANG_PREFIX, s, "[", 0, 60, PREFIX_WINDOW) if "[" in s else None
+    if m:
         time, engine, pos = m.group(1), "sglang", m.end()
-        tags = m.group(2).strip()
+        tags = m.group(2)
         if tags:
+            tags = tags.strip()
             who, rank = tags, _rank_of_tags(tags)
-    m = VLLM_PREFIX.search(s, pos, pos + PREFIX_WINDOW)
-    if m and m.start() - pos < 60:
+    m = _find_match(VLLM_PREFIX, s, "(", pos, pos + 60, pos + PREFIX_WINDOW) \
+        if s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0 else None
+    if m:
         # vLLM's own processes name the engine; any other "(Name pid=N)" is a Ray actor's prefix
         who, engine, pos = m.group(1), ("vllm" if VLLM_WHO.match(m.group(1)) else engine), m.end()
         rank = _rank_of_who(who)
@@ -212,22 +281,25 @@ def parse(text: str) -> Parsed:
             who, pos = inner.group(1), inner.end()
             inner_rank = _rank_of_who(who)
             rank = inner_rank if inner_rank is not None else rank
-    elif engine is None:
+    elif engine is None and s.startswith("[gpu_id=", pos):
         m = SGLANG_GPU_ID.match(s, pos)
         if m:
             rank, engine, pos = int(m.group(1)), "sglang", m.end()
             who = f"gpu_id={rank}"
-    m = VLLM_LEVEL.match(s, pos) or (VLLM_LEVEL.search(s, pos, pos + 60) if engine != "sglang" else None)
+    leveled = s.startswith(LEVEL_WORDS, pos)
+    m = VLLM_LEVEL.match(s, pos) if leveled else None
+    if m is None and engine != "sglang" and _level_near(s, pos, pos + 60):
+        m = VLLM_LEVEL.search(s, pos, pos + 60)
     if m:
         level, time, engine, pos = m.group(1), m.group(2), engine or "vllm", m.end()
-    else:
+    elif leveled or s[pos:pos + 1].isdigit():
         m = SITE_LEVEL.match(s, pos)
         if m:
             level = m.group("l1") or m.group("l2")
             time = f"{m.group('d1') or m.group('d2')} {m.group('t1') or m.group('t2')}"
             pos = m.end()
-    m = TORCH_PREFIX.search(s, pos, pos + 80)
-    if m and m.start() - pos < 30:
+    m = _find_match(TORCH_PREFIX, s, "[", pos, pos + 30, pos + 80) if s.find("[", pos, pos + 30) >= 0 else None
+    if m:
         if m.group(1) is not None:
             rank = int(m.group(1))
         level = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}[m.group(2)]
@@ -235,15 +307,15 @@ def parse(text: str) -> Parsed:
             time = time or f"{int(m.group(3)):02d}-{m.group(4)} {m.group(5)}"
         pos = m.end()
         who = who or (f"rank{rank}" if rank is not None else None)
-    elif (m := TORCH_RANK_LEAD.match(s, pos)) is not None:
+    elif s.startswith("[rank", pos) and (m := TORCH_RANK_LEAD.match(s, pos)) is not None:
         rank, pos = int(m.group(1)), m.end()  # "[rank3]: msg": the rank kept, the message read without it
         who = who or f"rank{rank}"
-    elif rank is None:
-        m = TORCH_RANK.search(s, pos, pos + 40)
+    elif rank is None and s.find("[rank", pos, pos + 40) >= 0:
+        m = _find_match(TORCH_RANK, s, "[rank", pos, pos + 40, pos + 40)
         if m:
             rank = int(m.group(1))
             who = who or f"rank{rank}"
-    return Parsed(s[pos:], time, who, rank, level or outer_level, engine)
+    return _new(Parsed, (s[pos:], time, who, rank, level or outer_level, engine))
 
 
 def line_rank(text: str) -> int | None:
@@ -265,8 +337,9 @@ CAUSE_TIER = {
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory"
             r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
-            r"|Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation"
+            r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
             r"|larger than the maximum number of tokens that can be stored in KV cache"
@@ -278,7 +351,8 @@ CAUSES = [
     ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|illegal memory access|cudaErrorIllegalAddress"
                    r"|device-side assert triggered"
                    r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
-                   r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"),
+                   r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"
+                   r"|Cuda error |Cuda failure"),  # C/C++ check macros: custom all-reduce's, NCCL's
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),
     ("fatal-signal", r"Fatal Python error: (?:Floating point exception|Illegal instruction)|SIGFPE|SIGILL"),
@@ -360,6 +434,14 @@ FAILURES = [
     # NCCL's proxy thread: an InfiniBand work completion failed (a peer gone, a link down); NCCL turns
     # it into ncclRemoteError ("-> 6") and the communicator is unusable, whether the job then aborts or hangs
     _f(r"NCCL WARN NET/IB ?: Got completion from peer [^\n]{0,200}? with error", "nccl-error"),
+    # C/C++ check macros that print and exit, with no Python traceback: flash-attention's CHECK_CUDA
+    # ("CUDA error (file:line): msg", then exit(1)), vLLM's custom all-reduce CUDACHECK ("Failed: Cuda
+    # error file:line 'msg'", then exit), NCCL's CUDACHECK and its other WARNs of a failed call
+    # ("[dev] include/alloc.h:103 NCCL WARN Cuda failure 'out of memory'"), the call then returns an error
+    _f(r"CUDA error \([^()\n]{1,300}:\d{1,6}\): ", "cuda-error"),
+    _f(r"^Failed: Cuda error [^\s']{1,300}:\d{1,6} '", "cuda-error"),
+    _f(r"NCCL WARN (?:Cuda failure|[^\n]{0,300}?(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Cc]losed|[Aa]bort|[Tt]imeout))",
+       "nccl-error"),
 ]
 _NAMED_GROUP = re.compile(r"\?P<\w+>")
 FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
@@ -379,7 +461,9 @@ STALLS = [
 # A rank reporting that a peer went away (NCCL's ncclRemoteError, torch's "remote process exited or there
 # was a network error"): a victim; the rank that failed first is another.
 VICTIM = re.compile(r"ncclRemoteError|remote process exit|remote process exiting|Got completion from peer")
-NAMED_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bTP rank (\d+)\b|\[rank(\d+)\]")
+# "[Rank 3]", torch's "[PG 0 (default_pg) Rank 2]" and "[PG ID 2 PG GUID 3 Rank 4]": the PG part is bounded
+# and holds no "[", so the attempts from many "[PG " on one line never scan the same text twice
+NAMED_RANK = re.compile(r"\[(?:PG [^\]\[]{0,200}?)?Rank (\d+)\]|\bTP rank (\d+)\b|\[rank(\d+)\]")
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception|\w*ExceptionGroup)"
                             r"(?::\s|:?$)")
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
@@ -400,14 +484,12 @@ REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fast
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
 BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
                               r"|SystemExit)\b")
-# A request served: the server is doing its work after whatever came before
-HTTP_OK = re.compile(r'"(?:GET|POST|PUT) \S+ HTTP/[\d.]+" 2\d\d')
 # Any HTTP access-log line (uvicorn's, aiohttp's): an HTTP server wrote this log
-ACCESS_LINE = re.compile(r'"(?:GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) /\S{0,2000} HTTP/[\d.]+" \d{3}')
+ACCESS_LINE = re.compile(r'"(GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) (/[^\s"]{0,2000}) HTTP/[\d.]+" (\d{3})')
 # An access-log line of a probe (the cockpit's own, a load balancer's, Kubernetes'): it proves the HTTP
 # server answers, not that a request is being worked on
-PROBE_REQUEST = re.compile(r'"(?:GET|HEAD) /(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
-                           r'|version|ready|live)/?(?:\?[^" ]{0,200})? HTTP/')
+PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
+                        r'|version|ready|live)/?(?:\?[^" ]{0,200})?$')
 # The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
@@ -422,7 +504,7 @@ OOM_WARNING_LINES = 20
 BARE_KILLED = re.compile(r"^\s*(?:Killed|已杀死)\s*$")
 ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback|Exception|Error:|died|FAILED|failed|sigquit)\b")
 WARNING = re.compile(r"\bWARN(ING)?\b")
-SHARDS = re.compile(r"checkpoint shards:[^\n]{0,400}?\|\s*(\d+)/(\d+)")
+SHARDS = re.compile(r"(?:checkpoint shards|loader|Streamer|shards|weights|GGUF|gguf):[^\n]{0,400}?\|\s{0,8}(\d+)/(\d+)")
 
 # What tells the engines apart, for engine "auto": (regex over the raw line, weight).
 SIGNATURES = {
@@ -442,8 +524,58 @@ def exit_cause(code: int | None) -> str | None:
     return EXIT_CAUSE.get(code) if code is not None else None
 
 
+def _hot(m: str) -> bool:
+    """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
+    needs (one of them is in each of their matches: tests/test_logrules.py checks it on every line
+    of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
+    return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
+            or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
+            or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
+            or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
+            or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
+            or "NCCL" in m or "nccl" in m)
+
+
+def _fail_words(m: str) -> bool:
+    """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
+    gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
+    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
+            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
+            or "NCCL" in m or "emory" in m or "placement" in m)
+
+
+def _phase_words(m: str) -> bool:
+    """Whether a message holds a word every engine phase rule needs (as `_hot`, checked on the corpus)."""
+    return ("aptur" in m or "oad" in m or "KV " in m or "HTTP/" in m or " batch" in m or "took" in m
+            or "Init torch" in m or "Memory pool" in m or "Uvicorn" in m or "Application startup" in m
+            or "fired up" in m or "LLM engine" in m or "torch.compile" in m or "Compiling a graph" in m
+            or "Dynamo" in m or "blocks" in m or "Maximum concurrency" in m or "init engine" in m
+            or "vLLM API" in m or "throughput" in m)
+
+
+# Text that lists what might have happened (Ray's "There are some potential root causes. (1) The process
+# is killed by SIGKILL by OOM killer ... (3) The worker is crashed unexpectedly due to SIGSEGV"): the
+# list names no cause; the line is read up to where the list begins, a list item alone not at all.
+LISTED_CAUSES = re.compile(r"(?:some |the )?(?:potential|possible|probable|likely) (?:root )?causes?\b|\(1\) ")
+LIST_ITEM = re.compile(r"^\s{0,8}\(\d{1,2}\) ")
+
+
+def _unlisted(message: str) -> str:
+    if "(" in message or "auses" in message:
+        if LIST_ITEM.match(message):
+            return ""
+        m = LISTED_CAUSES.search(message)
+        if m:
+            return message[:m.start()]
+    return message
+
+
 def cause_of(message: str) -> str | None:
-    """The cause a message names, if any: oom, nccl-timeout, nccl-error, cuda-error, ... (CAUSES)."""
+    """The cause a message names, if any: oom, nccl-timeout, nccl-error, cuda-error, ... (CAUSES);
+    none from a list of possible causes."""
+    if not _hot(message):
+        return None
+    message = _unlisted(message)
     if not CAUSE_ANY.search(message):
         return None
     for cause, rx in CAUSE_RX:
@@ -460,7 +592,7 @@ def line_engine(text: str, parsed: Parsed | None = None) -> dict[str, int]:
         score[p.engine] += 3
     for engine, sigs in SIGNATURES.items():
         for rx, weight in sigs:
-            if rx.search(text):
+            if rx.search(text, 0, RULE_CHARS):
                 score[engine] += weight
     return score
 
@@ -498,6 +630,8 @@ class LogRules:
         self._table = table
         # one search rules out the many lines that mark none of the engine's phases
         self._any_phase = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in table))
+        # an access or stats line (told by its shape) marks serving or nothing: its own rule only
+        self._serving = [rx for rx, name in reversed(table) if name == "serving"]
 
     def _learn(self, text: str, parsed: Parsed) -> None:
         if self.engine in ENGINE_PHASES:
@@ -517,7 +651,7 @@ class LogRules:
         for rx, name in reversed(self.extra):  # a layout's own phases first, with their own flags
             if rx.search(message):
                 return name
-        if not self._any_phase.search(message):
+        if not _phase_words(message) or not self._any_phase.search(message):
             return None
         for rx, name in reversed(self._table):
             if rx.search(message):
@@ -525,63 +659,160 @@ class LogRules:
         return None
 
     def classify(self, text: str) -> LogLine:
+        """One line's kind, rank, phase and cause. The rules read at most RULE_CHARS of it (the
+        text itself is kept whole), each rule family only where its words stand (`_hot`,
+        `_phase_words`); an access line or an engine's stats line is told by its shape alone (a
+        client's URL is no failure)."""
         p = parse(text)
-        self._learn(text, p)
-        msg = p.message
-        base = dict(text=text, rank=p.rank, time=p.time, who=p.who, message=msg, level=p.level, **_activity(msg))
+        if self.engine not in ENGINE_PHASES:
+            self._learn(text, p)
+        msg, time, who, rank, level, _ = p
+        stats, stats_of = _stats(msg)
+        access = ACCESS_LINE.search(msg) if "HTTP/" in msg else None
+        http = (access.group(1), int(access.group(3))) if access else None
+        probe = http is not None and http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
+        shaped = stats is not None or http is not None
+        quiet = level == "INFO" or level == "DEBUG"
+        # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
+        hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
+        if hot or (not shaped and not quiet and msg[-1:].isalpha()):
+            base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats,
+                        probe=probe, http=http)
+            failure = self._failure(msg, level, base, hot)
+            if failure is not None:
+                return failure
+        if shaped and not self.extra:
+            # an engine's own stats line is its serving mark; an access line the serving rule's if it matches
+            served = stats_of is not None and self.detected in (None, stats_of)
+            if not served and access is not None:  # the request itself, where its quote opens
+                served = any(rx.match(msg, access.start()) for rx in self._serving)
+            phase = "serving" if served else None
+        else:
+            phase = self._phase(msg)
+        if quiet or level is None and not hot:  # the common line: no error, no warning
+            return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
+                                  _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
+                                  False, level, stats, probe, http))
+        base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats, probe=probe,
+                    http=http)
+        shards = _shards(msg) if phase == "loading weights" else None
+        if level in ("ERROR", "CRITICAL") or (level is None and hot and (ERROR.search(msg)
+                                                                       or EXCEPTION_LINE.match(msg))):
+            return LogLine(kind="error", phase=phase, shards=shards, **base)
+        if level == "WARNING" or (level is None and hot and WARNING.search(msg)):
+            return LogLine(kind="warning", phase=phase, shards=shards, **base)
+        return LogLine(kind="phase" if phase else None, phase=phase, shards=shards, **base)
+
+    @staticmethod
+    def _failure(msg: str, level: str | None, base: dict, hot: bool) -> LogLine | None:
+        """A stall tell or a failure line: from a message that holds a hot word, or one cut mid-word."""
+        if not hot:
+            cut = _cut_failure(msg)
+            return None if cut is None else LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence,
+                                                    **base)
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
         frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
-        if not frame and p.level != "DEBUG" and FAILURE_ANY.search(msg):
+        if frame:
+            return None
+        told = _unlisted(msg)  # what a list of possible causes says is no failure
+        if level != "DEBUG" and FAILURE_ANY.search(told):
             for rule in FAILURES:
-                m = rule.pattern.search(msg)
+                m = rule.pattern.search(told)
                 if not m:
                     continue
                 groups = m.groupdict()
                 code = int(groups["code"]) if groups.get("code") else None
-                failed = int(groups["rank"]) if groups.get("rank") else _named_rank(msg)
+                failed = int(groups["rank"]) if groups.get("rank") else _named_rank(told)
                 # a line with an exit code is told by it (SGLang's adds "If exit code is -9 (SIGKILL), ...")
-                cause = (exit_cause(code) or rule.cause) if code is not None else (cause_of(msg) or rule.cause)
+                cause = (exit_cause(code) or rule.cause) if code is not None else (cause_of(told) or rule.cause)
                 consequence = cause == "terminated" or (rule.consequence and cause == rule.cause)
                 return LogLine(kind="failure", cause=cause, failed_rank=failed, exit_code=code,
-                               consequence=consequence, victim=bool(VICTIM.search(msg)), **base)
-        if not frame and p.level not in ("WARNING", "INFO", "DEBUG"):
-            cause = cause_of(msg)
-            if cause and (EXCEPTION_LINE.match(msg) or p.level in ("ERROR", "CRITICAL")
-                          or msg.lstrip().startswith("what():") or cause in ("killed", "segfault", "aborted")):
-                return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(msg),
-                               victim=bool(VICTIM.search(msg)), **base)
-        phase = self._phase(msg)
-        shards = None
-        if phase == "loading weights":
-            m = SHARDS.search(msg)
-            if m:
-                shards = (int(m.group(1)), int(m.group(2)))
-        if p.level in ("ERROR", "CRITICAL") or (p.level is None and (ERROR.search(msg) or EXCEPTION_LINE.match(msg))):
-            return LogLine(kind="error", phase=phase, shards=shards, **base)
-        if p.level == "WARNING" or (p.level is None and WARNING.search(msg)):
-            return LogLine(kind="warning", phase=phase, shards=shards, **base)
-        return LogLine(kind="phase" if phase else None, phase=phase, shards=shards, **base)
+                               consequence=consequence, victim=bool(VICTIM.search(told)), **base)
+        if level not in ("WARNING", "INFO", "DEBUG"):
+            cause = cause_of(told)
+            if cause and (EXCEPTION_LINE.match(told) or level in ("ERROR", "CRITICAL")
+                          or told.lstrip().startswith("what():") or cause in ("killed", "segfault", "aborted")):
+                return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(told),
+                               victim=bool(VICTIM.search(told)), **base)
+        if msg[-1:].isalpha() and level not in ("INFO", "DEBUG"):
+            cut = _cut_failure(msg)
+            if cut is not None:
+                return LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
+        return None
 
 
-def _activity(message: str) -> dict:
-    """What a line says of the run's progress: an engine's stats line (tokens/s, requests
-    running), or a probe's access line. Cheap substring tests first: most lines are neither."""
+# A failure line cut mid-word (an excerpt's end, two writers interleaved mid-line): the message ends
+# inside the literal head of a failure rule ("... Error executing metho"), at least CUT_MIN characters of it.
+CUT_MIN = 14
+
+
+def _literal_head(pattern: str) -> str:
+    """A rule's leading literal text: up to its first regex operator (escaped characters kept)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern) and pattern[i + 1] in ".()[]{}|?*+^$\\-":
+            out.append(pattern[i + 1])
+            i += 2
+            continue
+        if c in ".()[]{}|?*+^$\\":
+            break
+        out.append(c)
+        i += 1
+    text = "".join(out)
+    return text[:-1] if i < len(pattern) and pattern[i] in "?*{" else text  # a quantified last char is not literal
+
+
+def _cut_index() -> dict[str, list[tuple[str, FailureRule]]]:
+    """Every head of every failure rule cut after CUT_MIN or more of its characters, by its last four:
+    a message's last four characters find the few it may end inside."""
+    index: dict[str, list[tuple[str, FailureRule]]] = {}
+    for rule in FAILURES:
+        for branch in re.split(r"\|(?![^()]*\))", rule.pattern.pattern):
+            head = _literal_head(branch.lstrip("^"))
+            for k in range(CUT_MIN, len(head)):
+                cut = head[:k].rstrip()
+                entries = index.setdefault(cut[-4:], [])
+                if all(c != cut for c, _ in entries):
+                    entries.append((cut, rule))
+    return index
+
+
+CUT_INDEX = _cut_index()
+
+
+def _cut_failure(message: str) -> FailureRule | None:
+    """The failure rule whose head a cut message ends inside ("... Error executing metho")."""
+    for cut, rule in CUT_INDEX.get(message[-4:], ()):
+        if message.endswith(cut):
+            start = len(message) - len(cut)
+            if start == 0 or not (message[start - 1].isalnum() or message[start - 1] == "_"):
+                return rule
+    return None
+
+
+def _stats(message: str) -> tuple[tuple[float, int | None] | None, str | None]:
+    """An engine's stats line: (tokens/s, requests running), and the engine whose it is. Cheap
+    substring tests first: most lines are none."""
     if "throughput" in message:
         m = VLLM_STATS.search(message)
         if m:
-            return {"stats": (float(m.group(1)) + float(m.group(2)), int(m.group(3)))}
+            return (float(m.group(1)) + float(m.group(2)), int(m.group(3))), "vllm"
         m = SGLANG_DECODE.search(message)
         if m:
-            return {"stats": (float(m.group(2)), int(m.group(1)))}
+            return (float(m.group(2)), int(m.group(1))), "sglang"
     if "Prefill batch" in message:
         m = SGLANG_PREFILL.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
-            return {"stats": (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None)}
-    if "HTTP/" in message and PROBE_REQUEST.search(message):
-        return {"probe": True}
-    return {}
+            return (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None), "sglang"
+    return None, None
+
+
+def _shards(message: str) -> tuple[int, int] | None:
+    m = SHARDS.search(message)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def progress_of(line: LogLine) -> str:
@@ -622,6 +853,7 @@ class Failure:
     evidence: list[tuple[int, str]] = field(default_factory=list)  # (line, text): the line and what names its cause
     named: bool = False  # the line itself names the failed rank ("Worker proc VllmWorker-3 died", "Rank 3 ...")
     provisional: bool = False  # a traceback with no failure header: withdrawn if the run goes on after it
+    together: tuple[int, ...] = ()  # ranks that failed the same way in the same second: no one of them is first
 
     @property
     def tier(self) -> int:
@@ -652,6 +884,17 @@ class PhaseMark:
     time: str | None
 
 
+ORDER = {name: i for i, name in enumerate(PHASE_ORDER)}
+MAX_FAILURES = 1000  # failures kept whole (with their evidence); past it only one of a tier not seen yet
+MAX_EVIDENCE = 24  # lines cited for one failure
+NRANKS = re.compile(r"\bnranks (\d{1,7})\b")  # NCCL's "ncclCommInitRank comm 0x.. rank 1 nranks 16 ..."
+
+
+def _cite(f: Failure, n: int, text: str) -> None:
+    if len(f.evidence) < MAX_EVIDENCE:
+        f.evidence.append((n, text))
+
+
 class LogTracker:
     """Reads a run's log lines in order (`feed`) and keeps its post-mortem: the phases reached (a
     timeline that only moves forward), the failures (each traceback's last exception line naming
@@ -669,7 +912,7 @@ class LogTracker:
         self.rules = rules
         self.n = 0
         self.timeline: list[PhaseMark] = []
-        self.failures: list[Failure] = []
+        self._failures: dict[int, Failure] = {}  # by id, in order: a withdrawn one goes in O(1)
         self.stalls: list[tuple[int, LogLine]] = []
         self.ranks: set[int] = set()
         self.last_progress = 0  # the last line that marked a phase or served a request
@@ -681,10 +924,22 @@ class LogTracker:
         self._trace: _Trace | None = None  # a traceback without a failure header, being read
         self._notice_at = -10  # the last line with a web framework's request-error notice
         self._oom_warning: tuple[int, int | None, str] | None = None  # (line, rank, text) of an allocator's OOM warning
+        self._pending: dict[int | None, list[Failure]] = {}  # provisional failures not yet withdrawn, by rank
+        self._kept_tier: dict[int, int] = {}
+        self._tiers: dict[int, int] = {}  # failures kept by their tier when kept
+        self.dropped = 0  # failures past MAX_FAILURES that could not change the verdict, counted only
+        self.world: int | None = None  # the ranks NCCL says the communicator has ("nranks 8"), the largest seen
+        self.answered: PhaseMark | None = None  # the first line of the server answering HTTP (2xx): it was up
+        self._captured_by: set[int | None] = set()  # the writers that ended a capture stage
 
     @property
     def phase(self) -> str | None:
         return self.timeline[-1].phase if self.timeline else None
+
+    @property
+    def failures(self) -> list[Failure]:
+        """Every failure kept, in order."""
+        return list(self._failures.values())
 
     def feed(self, text: str) -> LogLine:
         return self.add(self.rules.classify(text))
@@ -693,51 +948,82 @@ class LogTracker:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
         msg = ll.message or ""
+        kind = ll.kind
         if ll.time:
             self.last_time = ll.time
         if ll.rank is not None:
             self.ranks.add(ll.rank)
-        if LAUNCH.search(msg) and (self.failures or self.timeline and self.phase != "starting"):
+        if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
+                and (self._failures or self.timeline and self.phase != "starting"):
             self._restart()
-        continues = self._continues(ll)
-        if not continues:
+        if "nranks " in msg and (m := NRANKS.search(msg)):
+            self.world = max(self.world or 0, int(m.group(1)))
+        reading = self._block is not None or self._trace is not None  # a traceback is being read
+        continues = reading and self._continues(ll)
+        if reading and not continues:
             self._block = None
             self._trace = None
-        elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
+        elif continues and self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
             if CHAINED.match(msg.strip()):
                 self._trace.chained = True
-        if ll.kind == "warning" and cause_of(msg) == "oom":
+        if kind == "warning" and cause_of(msg) == "oom":
             self._oom_warning = (self.n, ll.rank, ll.text)
-        if REQUEST_NOTICE.search(msg):
+        if ("xception in" in msg or "rror h" in msg or "rror in" in msg) and REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
-        self._read_trace(ll, msg, continues)
-        if ll.kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self.failures:
+        if "Traceback" in msg or 'File "' in msg:
+            self._read_trace(ll, msg, continues)
+        if kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self._failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
-        frozen = progress_of(ll) == "frozen"  # the engine's stats: requests running, nothing done
-        if ll.kind == "failure":
+        # the engine's stats: requests running, nothing done
+        frozen = ll.stats is not None and progress_of(ll) == "frozen"
+        if kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
                 self._trace.done, self._trace.chained = True, False
                 self._trace.failure = self._trace.failure or self._block
-        elif ll.kind == "stall":
-            self.stalls.append((self.n, ll))
+        elif kind == "stall":
+            self._stall(ll)
         elif frozen:
-            self.stalls.append((self.n, ll._replace(kind="stall", cause="requests-frozen")))
+            self._stall(ll._replace(kind="stall", cause="requests-frozen"))
         elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
-            self._block.evidence.append((self.n, ll.text))  # the traceback's own last word
+            _cite(self._block, self.n, ll.text)  # the traceback's own last word
         elif self._trace is not None and continues and not self._trace.done and FINAL_LINE.match(msg) \
                 and ll.level not in ("WARNING", "INFO", "DEBUG"):
             self._trace_failure(ll, msg)
-        if "HTTP/" in msg and ACCESS_LINE.search(msg):
+        served = False
+        if ll.http is not None:
             self.requests += 1
-        if ll.kind != "failure" and (ll.phase or HTTP_OK.search(msg)) and not frozen and not ll.probe:
+            method, status = ll.http
+            served = 200 <= status < 300 and method in ("GET", "POST", "PUT")
+            if served and self.answered is None and kind != "failure":
+                self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, ll.time)
+        phase = ll.phase
+        if kind != "failure" and (phase or served) and not frozen and not ll.probe:
             self._progress(ll)
-        if ll.phase and ll.kind != "failure":
+        if phase and kind != "failure":
             self._mark(ll, progress=not frozen)
-        m = OFFLINE_DONE.search(msg)
-        if m:
+        if "Processed prompts" in msg and OFFLINE_DONE.search(msg):
             self.finished_at = self.n
         return ll
+
+    def _stall(self, ll: LogLine) -> None:
+        """A stall tell: the first and the last few are what a verdict reads; those between go."""
+        self.stalls.append((self.n, ll))
+        if len(self.stalls) > 64:
+            del self.stalls[1:-8]
+
+    def _keep(self, f: Failure) -> None:
+        """A failure recorded: every one up to MAX_FAILURES, past it only one whose tier none kept has
+        (the verdict names the first of the lowest tier), the others counted."""
+        tier = f.tier
+        if len(self._failures) >= MAX_FAILURES and self._tiers.get(tier):
+            self.dropped += 1
+            return
+        self._failures[id(f)] = f
+        self._tiers[tier] = self._tiers.get(tier, 0) + 1
+        self._kept_tier[id(f)] = tier
+        if f.provisional:
+            self._pending.setdefault(f.rank, []).append(f)
 
     def _read_trace(self, ll: LogLine, msg: str, continues: bool) -> None:
         """A traceback that no failure line opened: its start (also a frame whose `Traceback` line was
@@ -746,7 +1032,7 @@ class LogTracker:
             return
         frame = FRAME.match(msg)
         trace = self._trace
-        if TRACEBACK.search(msg) or (trace is None and TRACE_FRAME.match(msg)):
+        if ("Traceback" in msg and TRACEBACK.search(msg)) or (trace is None and frame and TRACE_FRAME.match(msg)):
             if trace is not None and trace.done and trace.chained:
                 trace.done = trace.chained = False  # the next traceback of the same chain
             elif trace is None or trace.done or not continues:
@@ -762,22 +1048,34 @@ class LogTracker:
         if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg):
             return  # one request's, a client gone, Ctrl+C
         if trace.failure is not None:  # a later traceback of the same chain: its last word
-            trace.failure.evidence.append((self.n, ll.text))
+            _cite(trace.failure, self.n, ll.text)
             return
         rank = trace.rank if trace.rank is not None else ll.rank
         f = Failure(self.n, ll.text, rank, "exception", False, ll.time or self.last_time,
                     [(trace.line, trace.text), (self.n, ll.text)], provisional=True)
         trace.failure = f
-        self.failures.append(f)
+        self._keep(f)
         if rank is not None:
             self.ranks.add(rank)
 
     def _progress(self, ll: LogLine) -> None:
         """The run went on: a traceback with no failure header before this line did not end it (unless
-        it was another rank's)."""
-        if any(f.provisional for f in self.failures):
-            self.failures = [f for f in self.failures if not (
-                f.provisional and f.line < self.n and (f.rank is None or ll.rank is None or f.rank == ll.rank))]
+        it was another rank's). Only the pending ones of this line's rank are looked at (all of them
+        for a line of no rank), each once: linear however many failures the log holds."""
+        if not self._pending:
+            return
+        keys = list(self._pending) if ll.rank is None else [k for k in (None, ll.rank) if k in self._pending]
+        gone = []
+        for key in keys:
+            left = [f for f in self._pending[key] if f.line >= self.n]
+            gone += [f for f in self._pending[key] if f.line < self.n]
+            if left:
+                self._pending[key] = left
+            else:
+                del self._pending[key]
+        for f in gone:
+            del self._failures[id(f)]
+            self._tiers[self._kept_tier.pop(id(f))] -= 1
 
     def _continues(self, ll: LogLine) -> bool:
         """Whether this line belongs to the traceback being read: same writer, or no prefix at all."""
@@ -802,7 +1100,7 @@ class LogTracker:
             self.ranks.add(rank)
         if continues and self._block is not None and not ll.consequence:
             block = self._block
-            block.evidence.append((self.n, ll.text))
+            _cite(block, self.n, ll.text)
             if ll.cause != "exception" and (block.cause == "exception"
                                             or CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1)):
                 block.cause = ll.cause  # the traceback's exception line names what the header did not
@@ -817,7 +1115,7 @@ class LogTracker:
             # torch's caching allocator warned of an OOM on this rank just before: the exception is its OOM
             f.cause = "oom"
             f.evidence.insert(0, (warned[0], warned[2]))
-        self.failures.append(f)
+        self._keep(f)
         if not (continues and self._block is not None):  # a notice inside a traceback leaves it open
             self._block, self._block_who = f, ll.who
 
@@ -828,21 +1126,31 @@ class LogTracker:
             phase = "warmup"  # SGLang's own warm-up request, before "fired up and ready"
         if progress:
             self.last_progress = self.n
+        if phase in CAPTURE_PHASES and phase.endswith("captured"):
+            self._captured_by.add(ll.rank)
         if phase == current:
             return
-        order = {name: i for i, name in enumerate(PHASE_ORDER)}
-        if current is not None and order.get(phase, -1) < order.get(current, -1):
-            return  # a slower rank printing a mark the run has passed
+        if current is not None and ORDER.get(phase, -1) < ORDER.get(current, -1):
+            # a slower rank printing a mark the run has passed; but a capture stage begun by a writer
+            # that already ended one (a draft-extend capture after the draft's, a stage run again) moves it
+            if not (phase.startswith("capturing") and current in CAPTURE_PHASES and ll.rank in self._captured_by):
+                return
         self.timeline.append(PhaseMark(phase, self.n, ll.time))
 
     def _restart(self) -> None:
         self.timeline.clear()
-        self.failures.clear()
+        self._failures.clear()
+        self._kept_tier.clear()
         self.stalls.clear()
         self._block = None
         self._trace = None
         self._oom_warning = None
         self.finished_at = 0
+        self._pending.clear()
+        self._tiers.clear()
+        self._captured_by.clear()
+        self.dropped = 0
+        self.answered = None
 
     def _unfinished(self) -> Failure | None:
         """The log ends inside a traceback no failure line opened and no exception line closed (not
@@ -855,11 +1163,15 @@ class LogTracker:
 
     def first_failure(self) -> Failure | None:
         """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
-        if not self.failures:
+        if not self._failures:
             return self._unfinished()
         if self.finished_at and all(f.tier >= 3 and f.line > self.finished_at for f in self.failures):
             return None  # an offline run that did all its work, then a notice of its engine going at exit
         best = min(self.failures, key=lambda f: (f.tier, f.line))
+        together = self._together(best)
+        if together:
+            return Failure(best.line, best.text, None, best.cause, best.consequence, best.time, best.evidence,
+                           together=together)
         if best.rank is None:  # the root-cause line names no rank: the first death notice that names one
             ranked = [f for f in self.failures if f.rank is not None and f.named and f.tier >= 3 or
                       f.rank is not None and f.cause in ("killed", "died", "terminated")]
@@ -869,6 +1181,26 @@ class LogTracker:
                                best.evidence + [(other.line, other.text)])
         return best
 
+    def _together(self, best: Failure) -> tuple[int, ...]:
+        """The ranks that failed as `best` did (its cause, not a consequence) in the same second: all
+        eight ranks hitting the NCCL watchdog at once have no first, whichever line was printed first."""
+        if best.time is None or best.rank is None or best.consequence:
+            return ()
+        ranks = {f.rank for f in self.failures if f.cause == best.cause and f.time == best.time
+                 and f.rank is not None and not f.consequence}
+        return tuple(sorted(ranks)) if len(ranks) > 1 else ()
+
+    def all_ranks(self, ranks: tuple[int, ...]) -> bool:
+        """Whether these are every rank of the run: all the log names, and as many as NCCL said."""
+        return set(ranks) == self.ranks and (self.world is None or self.world == len(ranks))
+
+    def reached(self) -> list[PhaseMark]:
+        """The timeline; for a log with no phase mark, no failure and no stall tell but the server
+        answering HTTP (an access log: health probes, requests served), that answer: it was up."""
+        if self.timeline or self._failures or self.stalls or self.answered is None:
+            return self.timeline
+        return [self.answered]
+
     def stalled(self) -> bool:
         """The log ends on a stall tell: no failure, and nothing moved since the last tell."""
-        return not self.failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
+        return not self._failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
