@@ -171,3 +171,74 @@ def shared():
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- tiers
+# Each test is marked by the heaviest thing it starts (README "Run the tests"): `browser` (headless
+# Chromium), `engines` (slurmctld/slurmd, Docker, Podman), `sshd` (a real OpenSSH server), `ui` (a
+# Textual app, live or headless), `sim` (real processes: the simulated host, an agent, the CLI),
+# else `unit`. `./scripts/test --fast` runs `unit` and `sim` without the slowest of them.
+TIERS = ("browser", "engines", "sshd", "ui", "sim", "unit")
+_STARTS = {
+    "browser": lambda fx, src: "chromium" in src or "webdriver" in src,
+    "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus")' in src,
+    "sshd": lambda fx, src: "sshd" in fx,
+    "ui": lambda fx, src: bool({"snap_compare", "live_app", "demo_env"} & fx) or "run_test(" in src
+    or "run_headless(" in src or "save_text(" in src or "save_svg(" in src,
+    "sim": lambda fx, src: bool({"sim_state", "started_elsewhere", "shared", "users"} & fx)
+    or any(w in src for w in ("run_cli(", "subprocess", "HostMonitor(", "Popen(", "connect(", "start_agent")),
+}
+
+
+def tier_of(item) -> str:
+    import inspect
+
+    if item.path.name == "test_targets.py":  # every test there runs against the real engines' daemons
+        return "engines"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    try:
+        src = inspect.getsource(item.function)
+    except (OSError, TypeError, AttributeError):
+        src = ""
+    return next((t for t, starts in _STARTS.items() if starts(fixtures, src)), "unit")
+
+
+def pytest_configure(config):
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: a test whose heaviest part is {tier} (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(item)))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier-report", metavar="FILE", help="write each tier's count and time, and the slowest tests, "
+                     "as markdown (docs/TEST-DURATIONS.md)")
+
+
+_took: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--tier-report", None)
+    if not path or not _took:
+        return
+    tiers = {item.nodeid: tier_of(item) for item in session.items}
+    lines = ["# Test durations", "",
+             f"What `{' '.join(['pytest'] + session.config.invocation_params.args)}` took, by tier (tests/conftest.py marks "
+             "each test by the heaviest thing it starts), on this project's 2-core machine. Written by `--tier-report`.",
+             "", "| tier | tests | seconds |", "|---|---:|---:|"]
+    for tier in TIERS:
+        ids = [n for n, t in tiers.items() if t == tier and n in _took]
+        lines.append(f"| {tier} | {len(ids)} | {sum(_took[n] for n in ids):.0f} |")
+    lines.append(f"| all | {len(_took)} | {sum(_took.values()):.0f} |")
+    lines += ["", "The slowest 30:", "", "| seconds | tier | test |", "|---:|---|---|"]
+    for nodeid, took in sorted(_took.items(), key=lambda kv: -kv[1])[:30]:
+        lines.append(f"| {took:.1f} | {tiers.get(nodeid, '?')} | `{nodeid}` |")
+    Path(path).write_text("\n".join(lines) + "\n")
