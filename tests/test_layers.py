@@ -90,3 +90,10 @@ def test_nothing_below_the_monitor_takes_a_monitor():
                     if "monitor" in names:
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert found == [], found
+
+
+def test_no_test_file_is_over_600_lines():
+    """A test file a newcomer can read: what grows past this is split by what it tests."""
+    long = {p.name: n for p in sorted((ROOT / "tests").glob("test_*.py"))
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}, long
