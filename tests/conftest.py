@@ -177,8 +177,11 @@ def shared():
 # Each test is marked by the heaviest thing it starts (README "Run the tests"): `browser` (headless
 # Chromium), `engines` (slurmctld/slurmd, Docker, Podman), `sshd` (a real OpenSSH server), `ui` (a
 # Textual app, live or headless), `sim` (real processes: the simulated host, an agent, the CLI),
-# else `unit`. `./scripts/test --fast` runs `unit` and `sim` without the slowest of them.
+# else `unit`. A test that took over SLOW_S in the last full run (tests/slow-tests.txt, written by
+# `--tier-report`) is also marked `slow`. `./scripts/test --fast` runs `unit` and `sim`, not `slow`.
 TIERS = ("browser", "engines", "sshd", "ui", "sim", "unit")
+SLOW_S = 4.0
+SLOW_LIST = Path(__file__).with_name("slow-tests.txt")
 _STARTS = {
     "browser": lambda fx, src: "chromium" in src or "webdriver" in src,
     "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus")' in src,
@@ -206,11 +209,15 @@ def tier_of(item) -> str:
 def pytest_configure(config):
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: a test whose heaviest part is {tier} (tests/conftest.py)")
+    config.addinivalue_line("markers", f"slow: took over {SLOW_S:.0f} s in the last full run (tests/slow-tests.txt)")
 
 
 def pytest_collection_modifyitems(config, items):
+    slow = set(SLOW_LIST.read_text().split()) if SLOW_LIST.exists() else set()
     for item in items:
         item.add_marker(getattr(pytest.mark, tier_of(item)))
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_addoption(parser):
@@ -242,3 +249,4 @@ def pytest_sessionfinish(session, exitstatus):
     for nodeid, took in sorted(_took.items(), key=lambda kv: -kv[1])[:30]:
         lines.append(f"| {took:.1f} | {tiers.get(nodeid, '?')} | `{nodeid}` |")
     Path(path).write_text("\n".join(lines) + "\n")
+    SLOW_LIST.write_text("".join(f"{n}\n" for n, took in sorted(_took.items()) if took > SLOW_S))
