@@ -249,4 +249,5 @@ def pytest_sessionfinish(session, exitstatus):
     for nodeid, took in sorted(_took.items(), key=lambda kv: -kv[1])[:30]:
         lines.append(f"| {took:.1f} | {tiers.get(nodeid, '?')} | `{nodeid}` |")
     Path(path).write_text("\n".join(lines) + "\n")
-    SLOW_LIST.write_text("".join(f"{n}\n" for n, took in sorted(_took.items()) if took > SLOW_S))
+    if not (session.config.option.markexpr or session.config.option.keyword):  # a full run: the slow list anew
+        SLOW_LIST.write_text("".join(f"{n}\n" for n, took in sorted(_took.items()) if took > SLOW_S))
