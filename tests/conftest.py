@@ -238,7 +238,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     tiers = {item.nodeid: tier_of(item) for item in session.items}
     lines = ["# Test durations", "",
-             f"What `{' '.join(['pytest'] + session.config.invocation_params.args)}` took, by tier (tests/conftest.py marks "
+             f"What `{' '.join(['pytest', *session.config.invocation_params.args])}` took, by tier (tests/conftest.py marks "
              "each test by the heaviest thing it starts), on this project's 2-core machine. Written by `--tier-report`.",
              "", "| tier | tests | seconds |", "|---|---:|---:|"]
     for tier in TIERS:
@@ -249,5 +249,6 @@ def pytest_sessionfinish(session, exitstatus):
     for nodeid, took in sorted(_took.items(), key=lambda kv: -kv[1])[:30]:
         lines.append(f"| {took:.1f} | {tiers.get(nodeid, '?')} | `{nodeid}` |")
     Path(path).write_text("\n".join(lines) + "\n")
-    if not (session.config.option.markexpr or session.config.option.keyword):  # a full run: the slow list anew
+    whole = {str(Path(a).resolve()) for a in session.config.args} <= {str(Path(__file__).parent)}
+    if whole and not (session.config.option.markexpr or session.config.option.keyword):  # a full run: the slow list anew
         SLOW_LIST.write_text("".join(f"{n}\n" for n, took in sorted(_took.items()) if took > SLOW_S))
