@@ -92,26 +92,37 @@ def test_records_of_another_boot_and_malformed_lines_are_skipped(tmp_path):
 SERVER = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--sim-speed", "4"]
 
 
+def by_hand(tmp_path, sim_state, *flags: str, stall: str = ""):
+    """The simulated server started by hand (its own session, its output to server.log) and a
+    layout naming its port, log and processes: (the server, the layout file, the Layout, port)."""
+    from cockpit.runs.layoutfile import load_layout
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    server = subprocess.Popen(SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    layout = tmp_path / "ours.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{stall}")
+    return server, layout, load_layout(str(layout)), port
+
+
+def watching(lay, sim_state) -> HostMonitor:
+    """A monitor of the local host as a screen keeps one, sampling every 0.25 s."""
+    return HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                             sim_state=str(sim_state)),
+                       layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+
+
 async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no_run_everywhere(
         sim_state, tmp_path, monkeypatch):
     """A server started by hand, followed by two monitors (a screen's and the exporter's: no
     launch, no ledger run), is stopped with `cockpit kill` from another process: both read the
     deaths as the operator's (`stopped`, then `no run`), never `crashed`."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    port = free_port()
-    log = tmp_path / "server.log"
-    argv = SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path)]
-    server = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
-    layout = tmp_path / "ours.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n")
-    from cockpit.runs.layoutfile import load_layout
-
-    lay = load_layout(str(layout))
-    monitors = [HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                  sim_state=str(sim_state)),
-                            layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25) for _ in range(2)]
+    server, layout, lay, _ = by_hand(tmp_path, sim_state)
+    monitors = [watching(lay, sim_state) for _ in range(2)]
     seen: list[list[str]] = [[], [], []]
     kept = []
     eport = free_port()
@@ -169,20 +180,9 @@ async def test_a_strangers_listener_on_a_stalled_runs_port_never_clears_the_stal
     """The run hung capturing its draft CUDA graphs (port never open); another job binds the
     layout's port. The stall holds on every sample, and the evidence names the stranger."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    port = free_port()
-    log = tmp_path / "server.log"
-    argv = SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), "--speculative-algorithm", "EAGLE3"]
-    server = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
-    layout = tmp_path / "ours.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\nstall: {{idle_s: 4, spin_s: 4}}\n")
-    from cockpit.runs.layoutfile import load_layout
-
-    lay = load_layout(str(layout))
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)),
-                          layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    server, _, lay, port = by_hand(tmp_path, sim_state, "--speculative-algorithm", "EAGLE3",
+                                   stall="stall: {idle_s: 4, spin_s: 4}\n")
+    monitor = watching(lay, sim_state)
     stranger = None
     kept = None
     try:
@@ -329,20 +329,9 @@ async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name
     for them (py-spy twice on one rank answers nothing); both name rank 1, and the host's record
     holds one result."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    port = free_port()
-    log = tmp_path / "server.log"
-    argv = SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), "--sim-capture-hang-rank", "1"]
-    server = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
-    layout = tmp_path / "ours.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\nstall: {{idle_s: 4, spin_s: 4}}\n")
-    from cockpit.runs.layoutfile import load_layout
-
-    lay = load_layout(str(layout))
-    monitors = [HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                  sim_state=str(sim_state)),
-                            layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25) for _ in range(2)]
+    server, _, lay, _ = by_hand(tmp_path, sim_state, "--sim-capture-hang-rank", "1",
+                                stall="stall: {idle_s: 4, spin_s: 4}\n")
+    monitors = [watching(lay, sim_state) for _ in range(2)]
     kept = []
     try:
         for m in monitors:

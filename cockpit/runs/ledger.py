@@ -51,21 +51,30 @@ def append_ledger(layout: Layout, record: dict) -> None:
         os.close(fd)
 
 
-def read_ledger(layout: Layout) -> list[dict]:
-    """Runs, oldest first: each launch record merged with its outcome (if one was written); its
-    verdict changes in order under `verdicts` (each with `verdict`, `at`, `since`, `odd_rank`,
-    `evidence`, `by`), a verdict said again by another cockpit merged into its first saying."""
-    runs: dict[str, dict] = {}
+def _records(layout: Layout) -> list[dict]:
+    """The ledger's records, oldest first; a line that is not a JSON object is skipped."""
     try:
         text = ledger_path(layout).read_text()
     except FileNotFoundError:
         return []
+    out = []
     for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(rec, dict) or "run_id" not in rec:
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def read_ledger(layout: Layout) -> list[dict]:
+    """Runs, oldest first: each launch record merged with its outcome (if one was written); its
+    verdict changes in order under `verdicts` (each with `verdict`, `at`, `since`, `odd_rank`,
+    `evidence`, `by`), a verdict said again by another cockpit merged into its first saying."""
+    runs: dict[str, dict] = {}
+    for rec in _records(layout):
+        if "run_id" not in rec:
             continue
         run = runs.setdefault(rec["run_id"], {"outcome": "unknown"})
         if rec.get("event") == "verdict":
@@ -190,16 +199,8 @@ def read_bisects(layout: Layout) -> list[dict]:
     """Each bisect of the layout, oldest first: its plan record, its steps (one per launch, in
     order) and its last result; `runs` lists its launches' run ids."""
     found: dict[str, dict] = {}
-    try:
-        text = ledger_path(layout).read_text()
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or rec.get("event") not in BISECT_EVENTS or not isinstance(rec.get("bisect_id"), str):
+    for rec in _records(layout):
+        if rec.get("event") not in BISECT_EVENTS or not isinstance(rec.get("bisect_id"), str):
             continue
         b = found.setdefault(rec["bisect_id"], {"bisect_id": rec["bisect_id"], "plan": None, "steps": [],
                                                 "result": None, "runs": []})
