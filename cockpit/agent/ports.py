@@ -8,6 +8,8 @@ import struct
 import threading
 import time
 
+from .procs import _proc_stat, _user
+
 TCPDIAG_GETSOCK = 18  # the old inet_diag request: the kernel dumps IPv4 and IPv6 in one walk
 SOCK_DIAG_BY_FAMILY = 20
 TCPF_LISTEN = 1 << 10
@@ -128,11 +130,8 @@ def _proc_net_listeners(base="/proc/net"):
 
 
 def _sid(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[3])
-    except (OSError, ValueError, IndexError):
-        return None
+    row = _proc_stat(pid)
+    return None if row is None else row["sid"]
 
 
 def _holder(inode):
@@ -281,4 +280,5 @@ class Ports:
         if pid is None:
             return {}
         sessions = set(_sid(w) for w in watched) - {None}
-        return {"holder": pid, "holder_uid": uid, "theirs": sid in sessions}
+        return {"holder": pid, "holder_uid": uid, "holder_user": None if uid is None else _user(uid),
+                "theirs": sid in sessions}

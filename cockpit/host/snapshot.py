@@ -86,7 +86,8 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
             for _, p in state.tree()
         ],
         "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid,
-                   **({"holder": p.holder, "holder_uid": p.holder_uid, "theirs": p.theirs} if p.holder else {})}
+                   **({"holder": p.holder, "holder_uid": p.holder_uid, "holder_user": p.holder_user,
+                      "theirs": p.theirs} if p.holder else {})}
                   for p in state.ports],
         "xid": [{"gpu": e.gpu, "time": _iso(e.ts), "ts": e.ts, "code": e.code, "pid": e.pid} for e in state.xid],
         "log": {

@@ -8,7 +8,6 @@ so a cockpit left open for days stays the same size.
 from __future__ import annotations
 
 import math
-import pwd
 import re
 import time
 from collections import Counter, deque
@@ -185,15 +184,6 @@ class Proc:
         self.cpu_pct, self.gpus, self.gpu_mem_mib = 0.0, [], None
 
 
-def _user(uid: int | None) -> str:
-    if uid is None:
-        return "user ?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, OverflowError):
-        return f"uid {uid}"
-
-
 @dataclass
 class PortState:
     port: int
@@ -202,6 +192,7 @@ class PortState:
     holder: int | None = None  # who listens when no watched process does (the agent looked)
     holder_uid: int | None = None
     theirs: bool | None = None  # that holder is of the run all the same (a session of its processes)
+    holder_user: str | None = None  # the holder's user, as the host names it
 
     @property
     def stranger(self) -> bool:
@@ -209,7 +200,7 @@ class PortState:
         return self.listening and self.pid is None and self.holder is not None and self.theirs is False
 
     def held_by(self) -> str:
-        user = _user(self.holder_uid)
+        user = self.holder_user or (f"uid {self.holder_uid}" if self.holder_uid is not None else "user ?")
         return f"port {self.port} held by pid {self.holder} ({user}), not the run"
 
 
@@ -486,10 +477,11 @@ class HostState:
             ports = []
             for p in f["ports"] if isinstance(f["ports"], list) else []:
                 if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?") \
-                        and _is(p.get("holder"), "int?") and _is(p.get("holder_uid"), "int?"):
+                        and _is(p.get("holder"), "int?") and _is(p.get("holder_uid"), "int?") \
+                        and _is(p.get("holder_user"), "str?"):
                     ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid"), p.get("holder"),
                                            p.get("holder_uid"), p["theirs"] if isinstance(p.get("theirs"), bool)
-                                           else None))
+                                           else None, p.get("holder_user")))
                 else:
                     self.dropped["ports"] += 1
             self.ports = ports
