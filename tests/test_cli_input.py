@@ -197,3 +197,43 @@ def test_a_mistyped_command_is_named_with_the_one_meant():
     assert res.returncode == 2 and res.stderr == "cockpit: unknown command 'snpashot': did you mean 'snapshot'?\n"
     res = run_cli("frobnicate", "demo")
     assert res.returncode == 2 and res.stderr.startswith("cockpit: unknown command 'frobnicate': one of ")
+
+
+def _imported_by(tmp_path, *argv: str) -> tuple[int, list[str], str]:
+    """`cockpit ARGV` in a fresh interpreter: its exit status, the modules of cockpit/cli/ it
+    imported, and its stdout."""
+    code = ("import sys\nfrom cockpit.cli import main\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as exc:\n    rc = exc.code\n"
+            "sys.stdout.flush()\n"
+            "print(rc, *sorted(m for m in sys.modules if m.startswith('cockpit.cli')), file=sys.stderr)\n")
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, XDG_STATE_HOME=str(tmp_path)), stdin=subprocess.DEVNULL)
+    rc, *modules = res.stderr.strip().splitlines()[-1].split()
+    return int(rc), modules, res.stdout
+
+
+def test_a_command_imports_its_family_module_alone_and_the_top_help_none(tmp_path):
+    from cockpit.cli import COMMANDS
+
+    rc, modules, out = _imported_by(tmp_path, "runs", "--layout", "demo", "--read-only", "--json")
+    assert (rc, modules, out) == (0, ["cockpit.cli", "cockpit.cli.base", "cockpit.cli.offline"], "[]\n")
+    rc, modules, _ = _imported_by(tmp_path, "kill", "local", "--read-only")  # refused before any host is asked
+    assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.act", "cockpit.cli.attach", "cockpit.cli.base"])
+    rc, modules, out = _imported_by(tmp_path, "--help")
+    assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"])
+    listed = " ".join(out.split())
+    assert all(f"{name} {' '.join(text.split())}" in listed for name, (_family, text) in COMMANDS.items())
+
+
+def test_each_command_is_registered_by_the_family_that_names_it_and_no_other():
+    import importlib
+    import pkgutil
+
+    import cockpit.cli
+    from cockpit.cli import COMMANDS
+    from cockpit.cli.base import REGISTERED
+
+    for module in pkgutil.iter_modules(cockpit.cli.__path__):
+        importlib.import_module(f"cockpit.cli.{module.name}")
+    assert {name: cmd.handler.__module__ for name, cmd in REGISTERED.items()} == \
+        {name: f"cockpit.cli.{family}" for name, (family, _help) in COMMANDS.items()}

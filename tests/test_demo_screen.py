@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cockpit import cli
+from cockpit.cli import build_parser
+from cockpit.cli.demo import _reap_stale_demos, demo_app, end_demo
 from cockpit.monitor import demo
 from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.ledger import describe_ledger, read_ledger
@@ -53,7 +54,7 @@ def demo_env(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     path = tmp_path / "fastdemo.yaml"
     path.write_text(FAST_DEMO.format(port=free_port(), logs=tmp_path / "logs"))
-    args = cli.build_parser().parse_args(["demo", "--layout", str(path), "--interval", "0.25"])
+    args = build_parser().parse_args(["demo", "--layout", str(path), "--interval", "0.25"])
     made = []
     yield args, resolve_layout(str(path)), made
     for pgid in made:  # whatever the test left, by its own process groups only
@@ -76,7 +77,7 @@ def group_members(pgids: list[int]) -> list[psutil.Process]:
 
 async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_was_seen(demo_env):
     args, layout, pgids = demo_env
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     assert Path(state).parent == demo.demo_base() and state in demo.live_states()
     verdicts: list[str] = []
     async with app.run_test(size=(100, 30)) as pilot:
@@ -118,7 +119,7 @@ async def test_demo_relaunch_then_quit_leaves_nothing_and_the_ledger_keeps_what_
         await until(pilot, lambda: any(f"phase {p}" in save_text(app, None) for p in ("ready", "serving")), 10)
         await pilot.press("q")
 
-    told = await cli.end_demo(args, app, layout, state)
+    told = await end_demo(args, app, layout, state)
     assert told == ["the demo's 1 run stopped, verified gone"]
     assert group_members(pgids) == []
     assert not Path(state).exists() and demo.live_states() == []
@@ -140,7 +141,7 @@ async def test_a_demo_neither_shows_nor_judges_processes_it_did_not_start(demo_e
                              start_new_session=True)
     pgids.append(other.pid)
     args.no_server = True
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.state.seq > 2, 30)
         await pilot.pause(0.5)
@@ -150,7 +151,7 @@ async def test_a_demo_neither_shows_nor_judges_processes_it_did_not_start(demo_e
         assert "sglang::scheduler_TP0" not in text
         assert "press r" in text  # the empty state says what to do
         await pilot.press("q")
-    assert await cli.end_demo(args, app, layout, state) == []
+    assert await end_demo(args, app, layout, state) == []
     assert not Path(state).exists()
     other.kill()
     other.wait()
@@ -165,7 +166,7 @@ def test_a_demo_killed_without_cleaning_up_is_cleaned_by_the_next(demo_env):
     assert demo.live_states() == [mine] and demo.stale_states() == [str(dead)]
     import asyncio
 
-    assert asyncio.run(cli._reap_stale_demos(args, layout)) == []
+    assert asyncio.run(_reap_stale_demos(args, layout)) == []
     assert not dead.exists() and Path(mine).exists()
 
 
@@ -203,7 +204,7 @@ async def test_a_fleet_row_for_the_demo_watches_it_as_snapshot_demo_does(demo_en
     row = doc["hosts"][0]
     assert not row["reachable"] and row["error"].startswith("no demo is running: start one with `cockpit demo`")
 
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
         pgids.append(app.cockpit.monitor.following["pgid"])
@@ -216,7 +217,7 @@ async def test_a_fleet_row_for_the_demo_watches_it_as_snapshot_demo_does(demo_en
         run = app.cockpit.monitor.following["pgid"]
         assert snap["processes"] and all(os.getpgid(p["pid"]) == run for p in snap["processes"])  # the demo's run only
         await pilot.press("q")
-    await cli.end_demo(args, app, layout, state)
+    await end_demo(args, app, layout, state)
 
 
 def healthy_demo(demo_env, tmp_path):
@@ -227,7 +228,7 @@ def healthy_demo(demo_env, tmp_path):
     healthy = tmp_path / "healthy.yaml"
     healthy.write_text(path.read_text().replace("enabled: [eagle3]", "enabled: []")
                        .replace('--sim-traffic, "2"]', '--sim-traffic, "2", --enable-metrics]'))
-    args = cli.build_parser().parse_args(["demo", "--layout", str(healthy), "--interval", "0.25"])
+    args = build_parser().parse_args(["demo", "--layout", str(healthy), "--interval", "0.25"])
     return args, resolve_layout(str(healthy)), pgids
 
 
@@ -255,7 +256,7 @@ async def test_a_run_launched_from_another_terminal_is_followed_as_a_new_run(dem
     import sys
 
     args, layout, pgids = demo_env
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     verdicts: list[str] = []
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
@@ -289,7 +290,7 @@ async def test_a_run_launched_from_another_terminal_is_followed_as_a_new_run(dem
         doc = json.loads((await asyncio.wait_for(snap.communicate(), 60))[0])
         assert doc["log"]["path"] == new["log"] and doc["verdict"]["name"] == monitor.verdict.name.value
         await pilot.press("q")
-    await cli.end_demo(args, app, layout, state)
+    await end_demo(args, app, layout, state)
     assert group_members(pgids) == []
     assert_phase_times_are_the_runs_own(read_ledger(layout)[-1]["phase_times"], eagle3=False)
 
@@ -303,7 +304,7 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
     from cockpit.ui.screens import ReportScreen
 
     args, layout, pgids = healthy_demo(demo_env, tmp_path)
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     verdicts: list[str] = []
     phases: list[str] = []
     async with app.run_test(size=(120, 40)) as pilot:
@@ -352,7 +353,7 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
         text = save_text(app, None)
         assert "verdict no run" in text and "phase no run" in text and "tok/s" not in text, text
         await pilot.press("q")
-    await cli.end_demo(args, app, layout, state)
+    await end_demo(args, app, layout, state)
     assert group_members(pgids) == []
 
 
@@ -361,7 +362,7 @@ async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_t
     reads the deaths as the operator's (`stopped`, then `no run`), never `crashed`; the ledger says
     who stopped the run, from where and when."""
     args, layout, pgids = healthy_demo(demo_env, tmp_path)
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     verdicts: list[str] = []
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
@@ -396,4 +397,4 @@ async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_t
         history = "\n".join(describe_ledger([run]))
         assert "stopped" in history and "by " in history and "cockpit kill: asked by the operator" in history, history
         await pilot.press("q")
-    await cli.end_demo(args, app, layout, state)
+    await end_demo(args, app, layout, state)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.common.errors import CockpitError
-from cockpit.cli import cmd_explain
+from cockpit.cli.offline import cmd_explain
 from cockpit.judge.explain import describe, explain, read_log
 
 CORPUS = Path(__file__).parent / "data" / "real-logs"

@@ -10,7 +10,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from cockpit import cli
+from cockpit.cli.demo import demo_app, end_demo
 
 from conftest import run_cli
 from simhost import until
@@ -31,7 +31,7 @@ def judged(v: dict, since_at_most: float) -> None:
 async def test_every_first_look_at_a_demo_stalled_for_a_minute_says_stalled(demo_env, tmp_path):
     args, layout, pgids = demo_env
     path = layout.path
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.cockpit.monitor.following is not None, 30)
         monitor = app.cockpit.monitor
@@ -70,4 +70,4 @@ async def test_every_first_look_at_a_demo_stalled_for_a_minute_says_stalled(demo
         assert res.returncode == 0 and doc["verdict"]["name"] == "stalled" and doc["verdict"]["cause"] == "silent"
         assert doc["phase"] == "capturing draft cuda graphs" and doc["silent_s"] >= 60 and doc["window_s"] == 3
         await pilot.press("q")
-    await cli.end_demo(args, app, layout, state)
+    await end_demo(args, app, layout, state)

@@ -129,10 +129,10 @@ def test_each_action_says_itself_in_one_line():
 async def test_no_dialog_cuts_a_word_at_any_size(demo_env):
     """On the live stalled demo: the kill plan (K) and the shm audit (s) at each size show only
     whole words of what they list, and the kill's title names every process it will signal."""
-    from cockpit import cli
+    from cockpit.cli.demo import demo_app, end_demo
 
     args, layout, pgids = demo_env
-    app, layout, state = cli.demo_app(args, layout)
+    app, layout, state = demo_app(args, layout)
     try:
         async with app.run_test(size=SIZES[-1]) as pilot:
             await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 120)
@@ -155,4 +155,4 @@ async def test_no_dialog_cuts_a_word_at_any_size(demo_env):
                     await until(pilot, lambda: app.screen is app.cockpit, 10)
                     await until(pilot, lambda: app.cockpit.busy is None, 10)
     finally:
-        await cli.end_demo(args, app, layout, state)
+        await end_demo(args, app, layout, state)

@@ -188,7 +188,8 @@ def test_a_local_snapshot_starts_its_agent_before_the_monitor_and_the_session_ta
     none of its own), and the document is the same kind of document as ever."""
     import asyncio
 
-    from cockpit import cli
+    from cockpit.cli import parse_args
+    from cockpit.cli.snapshot import _snapshot_doc, start_agent_early
     from cockpit.link import early, local
 
     spawned = []
@@ -199,10 +200,10 @@ def test_a_local_snapshot_starts_its_agent_before_the_monitor_and_the_session_ta
         return await spawn(argv, payload, env)
 
     monkeypatch.setattr(local, "_spawn", counted)
-    args = cli.parse_args(["snapshot", "local", "--sim", str(sim_state), "--json"])
-    cli.start_agent_early(args)
+    args = parse_args(["snapshot", "local", "--sim", str(sim_state), "--json"])
+    start_agent_early(args)
     assert len(early._started) == 1
-    doc = asyncio.run(cli._snapshot_doc(args))
+    doc = asyncio.run(_snapshot_doc(args))
     assert spawned == [] and early._started == {}  # taken over, not started again
     assert doc["schema"].startswith("gpu-cockpit.snapshot/") and len(doc["gpus"]) == 8
 

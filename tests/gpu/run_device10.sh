@@ -26,7 +26,8 @@ echo "== healthy, cold snapshot (default look)"; python3 -m cockpit snapshot loc
 echo "== live monitor from before the stall"
 timeout 150 python3 - "$Y" "$L" <<'PY' &
 import asyncio, sys, time
-from cockpit.cli import build_monitor, parse_args
+from cockpit.cli import parse_args
+from cockpit.cli.attach import build_monitor
 args = parse_args(["snapshot", "local", "--layout", sys.argv[1], "--json"])
 m = build_monitor(args)
 async def go():

@@ -1,0 +1,185 @@
+"""The commands that act on a host's run or gather its evidence: `kill`, `shm` (audit, clean),
+`dump` (every rank's stack), `bundle` (a hang's .tar.gz), `flightrec` (torch's flight recorder).
+Each plans, says the plan and asks (or takes --yes), then carries it out through the host's one
+monitor; --read-only refuses each that would act."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cockpit.actions import dumps
+from cockpit.actions import kill as actions
+from cockpit.cli.attach import attached
+from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, print_json, run_async, say, writable
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import these, visible
+from cockpit.operate import bundle
+from cockpit.read import flightrec
+from cockpit.runs.run import process_scope
+
+
+@command("kill", TARGET,
+         arg("--pid", type=int, help="kill this process (and what it started, as its user) instead of the run "
+                                     "found; how to choose when two runs are found"),
+         arg("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)"),
+         YES, JSON)
+def cmd_kill(args: argparse.Namespace) -> int:
+    writable(args)
+
+    async def go() -> dict | None:
+        async with attached(args) as monitor:
+            session = monitor.session
+            scope = process_scope(args.pid) if args.pid else monitor.run.scope(session.watch)
+            plan = await actions.plan_kill(session, scope)
+            if not plan.entries:
+                why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
+                raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
+                                   + (f" ({why})" if why else "")
+                                   if not args.pid else f"no process {args.pid} on {session.target.label}")
+            if not confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes,
+                           args.json):
+                return None
+            return await monitor.stop(plan, "cockpit kill: asked by the operator", args.wait, whole_run=not args.pid)
+
+    report = run_async(go())
+    if report is None:
+        print("nothing was signalled")
+        return 1
+    if args.json:
+        print_json(report)
+    else:
+        say("\n".join([report["summary"]] + actions.describe_kill(report)))
+    return 0 if report["verified"] else 3
+
+
+@command("shm", TARGET,
+         arg("--dir", default="/dev/shm",
+             help="the shm folder (default /dev/shm); cleaning another folder needs --yes-other-dir or a yes asked"),
+         arg("--clean", action="store_true",
+             help="remove files named like an inference run's (nccl-, torch_, psm_, sgl_shm_, vllm_, MPI...), "
+                  "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why"),
+         YES, arg("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm"), JSON)
+def cmd_shm(args: argparse.Namespace) -> int:
+    if args.clean:
+        writable(args)
+    def refuse_other(folder: str) -> None:
+        if args.clean and not args.yes_other_dir and not sys.stdin.isatty():
+            raise CockpitError(f"--dir {args.dir} is not /dev/shm ({folder}): pass --yes-other-dir to clean it "
+                               f"(--yes alone does not)")
+
+    if os.path.normpath(args.dir) != actions.SHM_DEFAULT:
+        refuse_other(args.dir)
+
+    async def go():
+        async with attached(args) as monitor:
+            session = monitor.session
+            audit = await actions.shm_audit(session, args.dir)
+            other_dir = not audit.get("default", os.path.normpath(args.dir) == actions.SHM_DEFAULT)
+            if other_dir:  # the folder as the host resolves it: `/dev/../dev/shm` is /dev/shm, a symlink is not
+                refuse_other(audit["folder"])
+            if not args.clean:
+                return audit, None
+            chosen = [actions.listed(e) for e in audit["entries"] if e["removable"]]
+            if not args.json:
+                say("\n".join(actions.describe_shm(audit)))
+            if not chosen:
+                return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
+            if not confirm([f"  rm {visible(e['name'])}" for e in chosen],
+                           f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?", args.yes,
+                           args.json):
+                return audit, None
+            if other_dir and not args.yes_other_dir and not confirm(
+                    [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
+                        f"--yes-other-dir does)?", False):
+                return audit, None
+            return audit, await actions.shm_clean(session, chosen, audit["folder"], other_dir=other_dir)
+
+    audit, cleaned = run_async(go())
+    if args.json:
+        print_json({"audit": audit, "clean": cleaned,
+                    "summary": actions.summarize_clean(cleaned) if cleaned is not None else None})
+    elif cleaned is None:
+        if not args.clean:
+            say("\n".join(actions.describe_shm(audit)))
+    else:
+        say("\n".join(actions.describe_clean(cleaned)))
+    return 0
+
+
+@command("dump", TARGET,
+         arg("--upload-pyspy", action="store_true",
+             help="send this install's py-spy when the host has none (what is sent, and where, is said first)"),
+         arg("--full", "--native", dest="full", action="store_true",
+             help="every frame of each group's main thread, the native ones unfolded"),
+         arg("--pid", type=int, metavar="ROOT", help="dump this run (its root process and what it started) instead of "
+                                                     "the run found; how to choose when two runs are found"),
+         JSON)
+def cmd_dump(args: argparse.Namespace) -> int:
+    writable(args)
+
+    async def go():
+        async with attached(args) as monitor:
+            session = monitor.session
+            plan = await actions.find_run(session, monitor.run, args.pid, "dump")  # as the kill finds it
+            members, left = actions.of_run(session.state, plan)
+            for line in [f"the run: {plan.rule}"] + left:
+                print(visible(line), file=sys.stderr, flush=True)
+            ranks = dumps.dump_targets(session.state, members)
+            if not ranks:
+                raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
+                                   f"is alive")
+            return await dumps.dump_ranks(session, ranks, monitor.run.folder_name(monitor.target.label), upload=args.upload_pyspy,
+                                          say=lambda line: print(line, file=sys.stderr, flush=True))
+
+    result = run_async(go())
+    if args.json:
+        print_json(result.as_json())
+    else:
+        say("\n".join(result.report(full=args.full)))
+        say(f"raw dumps: {result.folder}")
+    return 0
+
+
+@command("bundle", TARGET,
+         arg("--wait", type=float, default=None, metavar="S",
+             help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
+         JSON)
+def cmd_bundle(args: argparse.Namespace) -> int:
+    async def go():
+        async with attached(args) as monitor:
+            await monitor.look(args.wait)
+            return await bundle.make_bundle(monitor, read_only=args.read_only)
+
+    result = run_async(go())
+    if args.json:
+        print_json(result.doc())
+    else:
+        say("\n".join(bundle.describe(result)))
+    return 0
+
+
+@command("flightrec",
+         TARGET, arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
+         arg("--pid", type=int, metavar="ROOT", help="this run (its root process and what it started) instead of the "
+                                                     "run found; how to choose when two runs are found"),
+         JSON)
+def cmd_flightrec(args: argparse.Namespace) -> int:
+    if not args.no_trigger:
+        writable(args)
+
+    async def go():
+        async with attached(args) as monitor:
+            if not dumps.recorder_pids(monitor.state):
+                raise CockpitError(f"no rank on {monitor.target.label}: no watched process is alive")
+            return await dumps.collect(monitor.session, monitor.run, trigger=not args.no_trigger, root=args.pid)
+
+    answer, result = run_async(go())
+    if args.json:
+        print_json({"ranks": {r: {k: v for k, v in d.items() if k != "entries"} for r, d in answer["ranks"].items()},
+                    "problems": answer.get("problems"), "comparison": result})
+    else:
+        say("\n".join(flightrec.describe(answer, result)))
+    return 0 if answer.get("armed") else 3
+
