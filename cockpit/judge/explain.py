@@ -8,7 +8,7 @@ tell such as vLLM's shared-memory broadcast warning, with nothing moving after i
 
     cockpit explain LOG [--engine sglang|vllm|auto] [--json]
 
-`cockpit explain` (cockpit/cli.py) reads the file, takes the run's stall window from the ledger, and calls `explain`; the exit
+`cockpit explain` (cockpit/cli/offline.py) reads the file, takes the run's stall window from the ledger, and calls `explain`; the exit
 status is 0 whenever the log was read and explained (the verdict is in the output), 2 for a log
 that cannot be read (a one-line CockpitError)."""
 
