@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cockpit.actions import kill
-from cockpit.actions.launch import launch
+from cockpit.actions.launch import find_live_run, launch
 from cockpit.common.errors import CockpitError
 from cockpit.host.session import HostSession, WatchList
 from cockpit.runs.config import Layout
@@ -174,20 +174,11 @@ def follower(layout: Layout, state: str):
     hook that finds the demo's current run once connected."""
 
     async def on_connect(monitor) -> None:
-        run = await current_run(monitor.session, layout, state)
+        run = await find_live_run(monitor.session, layout, demo_state=state)
         if run is not None:
-            monitor.follow(run)
-            await monitor.session.watch_group(int(run.record["pgid"]), run.record.get("log"))
+            monitor.follow(run, resumed=True)
 
     return WatchList(patterns=[], ports=list(layout.ports)), on_connect
-
-
-async def current_run(session: HostSession, layout: Layout, state: str) -> Run | None:
-    """The demo's latest run that still has processes: what a second viewer follows."""
-    for rec in reversed(runs_of(layout, state, session.target.label)):
-        if await _members(session, rec):
-            return _run(layout, rec)
-    return None
 
 
 async def stop_demo(monitor, state: str, wait_s: float = 5.0) -> tuple[int, list[str]]:
@@ -219,5 +210,5 @@ def need_live_state(base: Path | None = None) -> str:
 
 
 __all__ = ["prepare_host", "demo_base", "new_state", "live_states", "stale_states", "remove_state",
-           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "current_run", "stop_demo",
+           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "stop_demo",
            "need_live_state"]

@@ -10,10 +10,10 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cockpit.actions import forensics, kill
-from cockpit.actions.launch import find_live_run, resume, watch_only
+from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.common.hosttext import count
 from cockpit.host.session import HostSession, SessionOptions, WatchList
@@ -22,7 +22,7 @@ from cockpit.judge.diagnose import phase_of
 from cockpit.judge.evidence import merge
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
-from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
+from cockpit.monitor.base import MonitorBase, MonitorEvent, rules_for, watchdog_for
 from cockpit.read import metrics
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import append_ledger, ledger_path
@@ -61,7 +61,7 @@ def _same(proc, started: float | None) -> bool:
     return started is None or proc.started is None or abs(started - proc.started) < 1.0
 
 
-class HostMonitor(Monitor):
+class HostMonitor(MonitorBase):
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
                  on_connect: Callable[[HostMonitor], object] | None = None, watch: WatchList | None = None):
@@ -118,7 +118,7 @@ class HostMonitor(Monitor):
         """Phase and verdict from the latest sample. While the operator's own kill runs, the ranks
         dying are that kill, not a crash."""
         state = self.state
-        if not state.seq or state.link_state != "up":
+        if not state.seq or state.link_state != "up" or not self._judgeable():
             return
         before = self.verdict
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
@@ -305,10 +305,10 @@ class HostMonitor(Monitor):
         k = self.operator_kills.get(proc.pid)
         return k is not None and _same(proc, k.started)
 
-    def new_run(self, started: float | None = None) -> None:
+    def new_run(self, started: float | None = None, resumed: bool = False) -> None:
         """A run starts (launched, or found replacing the last one): the last run's phases, crash
         and stall clocks, dead ranks, log lines, metrics and the operator's kills are history."""
-        self._judge_afresh(started)
+        self._judge_afresh(started, resumed)
         self.operator_kills = {}
         self.state.metrics = metrics.MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
@@ -318,9 +318,8 @@ class HostMonitor(Monitor):
     def run_ended(self) -> None:
         """The operator's kill of the whole run, verified: no run until one starts. Its log stays
         on screen as history; nothing of it is judged or shown as current."""
-        self.new_run()
-        self.watchdog.end()
         self.follow(None)
+        self.watchdog.end()
         before = self.verdict
         self.phase, self.verdict = Phase("no run"), Verdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))
@@ -353,6 +352,7 @@ class HostMonitor(Monitor):
         layout's latest launched run that still lives. `kept`: the caller keeps the link after
         (the screen, the fleet), so it is watched for silence from the start."""
         self.opened_at = time.monotonic()
+        self.kept = kept
         await self.session.connect()
         if kept:
             self.session.watch_silence()
@@ -360,9 +360,9 @@ class HostMonitor(Monitor):
             if self.on_connect is not None:
                 await self.on_connect(self)
             elif self.layout is not None:
-                found = await resume(self.session, self.layout, note_seen=kept)
+                found = await self.find_run()
                 if found is not None:
-                    self.follow(found)
+                    self.follow(found, resumed=True)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")
             if self.following is None and not self.session.watch.logs:
                 await self._find_log()
@@ -441,7 +441,7 @@ class HostMonitor(Monitor):
             return None
         self._ledger_seen = mtime
         self._port_look_at = now + 10.0
-        run = await self._find_run()
+        run = await self.find_run()
         if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
             return None
         if self.following is not None and str(self.following.get("pgid")) == str(run.record.get("pgid")) \
@@ -450,28 +450,20 @@ class HostMonitor(Monitor):
         await self.adopt(run)
         return run
 
-    async def _find_run(self) -> Run | None:
-        """The layout's live run as a fresh look finds it: the demo's latest run, else the
-        ledger's (what `cockpit snapshot` follows)."""
-        if self.target.kind == "demo" and self.session.opts.sim_state:
-            from cockpit.monitor import demo  # the simulated host's tools, loaded only for it
-
-            return await demo.current_run(self.session, self.layout, self.session.opts.sim_state)
-        return await find_live_run(self.session, self.layout)
+    async def find_run(self) -> Run | None:
+        """The layout's live run as a fresh look finds it (actions/launch.py's find_live_run, the
+        one way a run is found): on the demo host, among the demo's own runs."""
+        demo = self.session.opts.sim_state if self.target.kind == "demo" else None
+        return await find_live_run(self.session, self.layout, demo_state=demo or None)
 
     async def adopt(self, run: Run) -> None:
-        """Follow `run` from now on: its process group and its own log, a new watchdog whose
-        phase clock starts at the run's leader's start."""
-        rec = run.record
+        """Follow `run` from now on (the door: its process group and its own log, a new
+        watchdog whose phase clock starts at the run's leader's start), said on screen."""
+        rec = run.record or {}
         pgid = int(rec["pgid"])
         if run.rule is None:
-            run.rule = f"the layout's run in the ledger: process group {pgid}"
-        self.new_run()
+            run = replace(run, rule=f"the layout's run in the ledger: process group {pgid}")
         self.follow(run)
-        await watch_only(self.session, pgid, rec.get("log"))
-        leader = self.state.procs.get(int(rec.get("pid") or pgid))
-        if leader is not None and leader.started and self.state.sample_ts:
-            self.watchdog.started = time.monotonic() - max(0.0, self.state.sample_ts - leader.started)
         self.state.notes.append(f"a new run appeared: {rec.get('run_id', f'process group {pgid}')} "
                                 f"(process group {pgid}), started elsewhere; following it and its log")
         self.update()

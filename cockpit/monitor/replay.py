@@ -12,12 +12,12 @@ from cockpit.host.state import HostState
 from cockpit.judge.diagnose import phase_of
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import parse_target
-from cockpit.monitor.base import Monitor, watchdog_for
+from cockpit.monitor.base import MonitorBase, watchdog_for
 from cockpit.runs.config import Layout
 from cockpit.runs.run import Run
 
 
-class ReplayMonitor(Monitor):
+class ReplayMonitor(MonitorBase):
     live = False
 
     def __init__(self, state: HostState | None = None, layout: Layout | None = None):
@@ -68,7 +68,11 @@ class ReplayMonitor(Monitor):
     def stopping_for(self, why: str, plan=None):
         yield
 
-    def new_run(self, started: float | None = None) -> None:
+    def follow(self, run: Run | None, resumed: bool = False) -> None:
+        """A recorded moment has nothing to watch: the run is only named."""
+        self.run = run if run is not None else Run(self.layout)
+
+    def new_run(self, started: float | None = None, resumed: bool = False) -> None:
         """A recorded moment has one run."""
 
     def run_ended(self) -> None:

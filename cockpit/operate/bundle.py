@@ -81,7 +81,7 @@ async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
     if read_only:
         return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
     try:
-        plan = await kill.find_run(monitor.session, monitor.run, verb="bundle")
+        plan = await kill.member_plan(monitor.session, monitor.run, verb="bundle")
     except CockpitError as exc:
         return m.miss("stacks", exc)
     ranks = kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])
@@ -194,7 +194,7 @@ async def _facts(monitor, m: _Members, read_only: bool = False) -> None:
     on the host but the agent: no nvidia-smi, dmesg or journalctl (the versions are read from
     files)."""
     try:
-        plan = await kill.find_run(monitor.session, monitor.run, verb="bundle")
+        plan = await kill.member_plan(monitor.session, monitor.run, verb="bundle")
         pids = [pid for _, pid in kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])]
     except CockpitError as exc:
         pids = []

@@ -81,7 +81,7 @@ async def plan_relaunch(monitor, clean_shm: bool = True):
     (plan, the ShmForRun or None when shm is left alone, lines).
     Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
     session = monitor.session
-    plan = await kill.plan_kill(session, monitor.run.scope(session.watch))
+    plan = await kill.plan_kill(session, monitor.scope())
     lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
              if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
     lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
@@ -135,9 +135,8 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
                     say(line)
             said.append(kill.summarize_clean(done, len(shm.left)))
             say(said[-1])  # the clean in one line, last: what a screen's progress keeps
-        monitor.new_run()
         run = await launch(session, layout, spec)
-    monitor.follow(run)
+        monitor.follow(run)  # the door: the new run alone watched, judged afresh
     outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle, interrupted)
     folder = None
     if outcome.startswith("stalled") and dump_on_stall:
@@ -148,7 +147,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
             evidence = evidence + [f"stacks: {line}" for line in gathered.lines]
         else:
             try:
-                found = await kill.find_run(session, run)  # the run just launched, as the kill finds it
+                found = await kill.member_plan(session, run)  # the run just launched, as the kill finds it
                 result = await dumps.dump_ranks(session, dumps.dump_targets(session.state,
                                                                             kill.of_run(session.state, found)[0]),
                                                 run.run_id)
@@ -160,7 +159,6 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
            "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": folder, "time": time.time(),
            "killed_before": killed, "shm_removed": removed, "summary": ", ".join(said)}
     append_ledger(layout, row)
-    run.record["outcome_written"] = True
     return {**run.record, **row, "flag_sets": list(spec.enabled)}
 
 
@@ -181,7 +179,7 @@ async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_
 async def end_own_run(monitor, why: str, progress=None) -> dict | None:
     """The last run of an ablation or a bisect stopped (monitor.stop, verified), its plan said
     first; only the run it launched itself (refuse_unasked)."""
-    plan = await kill.plan_kill(monitor.session, monitor.run.scope(monitor.session.watch))
+    plan = await kill.plan_kill(monitor.session, monitor.scope())
     if plan.entries and progress:
         for line in ["the last run is killed:"] + plan.describe():
             progress(None, line)

@@ -6,7 +6,10 @@ the host (the kill's rules: cockpit/actions/kill.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from cockpit.runs.config import Layout
 
@@ -81,15 +84,20 @@ def process_scope(pid: int) -> Scope:
     return Scope(pids=[pid])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """The run a monitor follows. `record` is the ledger's record of a run launched, resumed or
     adopted (None: the layout's run, found on the host by the kill's rules); `rule` says how it
-    was found."""
+    was found. Frozen, its record read-only: what changes of a run (its leader seen again) comes
+    back as a new Run, handed to the monitor's one door (`Monitor.follow`)."""
 
     layout: Layout | None = None
-    record: dict | None = None
+    record: Mapping[str, Any] | None = None
     rule: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.record is not None and not isinstance(self.record, MappingProxyType):
+            object.__setattr__(self, "record", MappingProxyType(dict(self.record)))
 
     @property
     def run_id(self) -> str | None:
