@@ -7,7 +7,10 @@ door (`Monitor.follow`); the workflows that drive a monitor are in cockpit/opera
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
+from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.common.secrets import mask_argv
 from cockpit.read.flightrec import forensics_env
@@ -94,7 +97,7 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
     return Run(layout, run, f"launched by this cockpit (ledger): process group {run['pgid']}")
 
 
-def refuse_unasked(plan, launched: dict | None) -> None:
+def refuse_unasked(plan: KillPlan, launched: Mapping[str, Any] | None) -> None:
     """A kill nobody confirmed (an ablation's later steps, its final kill) may end only the run
     the ablation launched itself: found by the ledger rule, in the process group it started. Any
     other plan (a server found by its port or command, a colleague's) stops the ablation with the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -78,6 +78,7 @@ class Monitor(Protocol):
     forensics: Forensics | None
     looked_s: float | None
     live: bool
+    forensics_on: bool  # gathers a stall's forensics itself (off in a fleet's overview, under --read-only)
 
     @property
     def state(self) -> HostState: ...
@@ -127,7 +128,29 @@ class MonitorBase:
       ablation's end all call it and keep only their own confirm and report."""
 
     live = True  # False: a recorded moment (ReplayMonitor), nothing on a host to act on
-    _listeners: list
+    forensics_on = False
+    state: HostState
+    session: Any
+    target: Target
+    layout: Layout | None
+    phase: Phase
+    verdict: Verdict
+    watchdog: Watchdog
+    stopping: str | None
+    run: Run
+    _listeners: list[Callable[[MonitorEvent], None]]
+
+    def new_run(self, started: float | None = None, resumed: bool = False) -> None:
+        raise NotImplementedError
+
+    def run_ended(self) -> None:
+        raise NotImplementedError
+
+    def stopping_for(self, why: str, plan: KillPlan | None = None) -> AbstractContextManager[None]:
+        raise NotImplementedError
+
+    async def watch_for(self, seconds: float) -> None:
+        raise NotImplementedError
 
     def subscribe(self, fn: Callable[[MonitorEvent], None]) -> Callable[[], None]:
         """Call fn with each MonitorEvent; returns the function that stops it."""
@@ -144,11 +167,10 @@ class MonitorBase:
     _watch_moved = False
     looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
     opened_at: float | None = None  # when the connection was asked for (local monotonic)
-    forensics = None  # the current stall's Forensics (cockpit/actions/forensics.py), once gathered
-    run: Run
+    forensics: Forensics | None = None  # the current stall's (cockpit/actions/forensics.py), once gathered
 
     @property
-    def following(self) -> dict | None:
+    def following(self) -> Mapping[str, Any] | None:
         """The ledger's record of the run followed, if any."""
         return self.run.record
 
@@ -169,7 +191,7 @@ class MonitorBase:
             self.session.watch_run(int(rec["pgid"]), rec.get("log"))
             self._watch_moved = True
 
-    def _leader_clock(self, rec) -> float:
+    def _leader_clock(self, rec: Mapping[str, Any]) -> float:
         """The run's start on the local monotonic clock: its leader's start on the host where the
         last sample shows it, else now."""
         now = time.monotonic()
@@ -202,8 +224,9 @@ class MonitorBase:
         moving or frozen)."""
         if not self.state.seq or self.verdict.name == VerdictName.WATCHING or not self.session.watch_current():
             return False
+        port = self.layout.ports[0] if self.layout is not None and self.layout.ports else None
         if self.verdict.name == VerdictName.OK and self.metrics_expected() and any(
-                pt.listening and pt.port == self.layout.ports[0] for pt in self.state.ports):
+                pt.listening and pt.port == port for pt in self.state.ports):
             view = self.state.metrics
             good = [s for s in view.scrapes if not s.error]
             return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
@@ -269,13 +292,14 @@ class MonitorBase:
                                        + (f" (the stall thresholds decide by {until})" if until else "")]
 
     @asynccontextmanager
-    async def judging(self):
+    async def judging(self) -> AsyncIterator[None]:
         yield
 
     async def forensics_done(self) -> None:
         """Wait for a stall's forensics under way (a monitor that gathers them says how)."""
 
-    async def stop(self, plan, why: str, wait: float | None = None, whole_run: bool = True) -> dict:
+    async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
+                   whole_run: bool = True) -> dict[str, Any]:
         """Stop the run as `plan` (a confirmed KillPlan) says: the ledger first keeps what was
         seen of the run and who stops it, from where and when (so every cockpit watching it, in
         any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
