@@ -40,7 +40,9 @@ class SimRun:
                 "--sim-speed", "4", "--sim-shm-dir", str(self.tmp), *self.args]
         self.run = await self.session.request("launch", argv=argv, env={"COCKPIT_SIM_STATE": str(self.state)},
                                               log=str(self.tmp / "run.log"))
-        await self.session.watch_group(self.run["pgid"], self.run["log"])
+        self.session.watch_run(self.run["pgid"], self.run["log"])
+        while not self.session.watch_current():
+            await self.session.wait_samples(1)
         return self
 
     async def __aexit__(self, *exc):

@@ -164,10 +164,10 @@ def test_with_another_users_run_beside_ours_only_ours_is_dumped_and_asked(tmp_pa
             their_pids = {kid(p) for p in theirs}
             # our two ranks are two runs by title (two launchers): the operator chooses
             with pytest.raises(actions.AmbiguousRun, match="cockpit dump local --pid ROOT"):
-                await actions.find_run(session, None, verb="dump")
+                await actions.member_plan(session, None, verb="dump")
             with pytest.raises(actions.AmbiguousRun, match="cockpit flightrec local --pid ROOT"):
                 await dumps.collect(monitor.session, monitor.run)
-            plan = await actions.find_run(session, None, root=ours[0].pid)
+            plan = await actions.member_plan(session, None, root=ours[0].pid)
             members, _left = actions.of_run(session.state, plan)
             targets = dumps.dump_targets(session.state, members)
             assert targets == [(0, kid(ours[0]))]
@@ -193,7 +193,7 @@ def test_without_a_choice_another_users_ranks_are_never_dumped(tmp_path, shared)
     async def go():
         session = await watched(["sglang::*"])
         try:
-            plan = await actions.find_run(session, None, verb="dump")  # nobody's are never the run
+            plan = await actions.member_plan(session, None, verb="dump")  # nobody's are never the run
             members, _left = actions.of_run(session.state, plan)
             assert dumps.dump_targets(session.state, members) == [(0, kid(ours))]
             assert not {kid(p) for p in theirs} & members

@@ -1,6 +1,7 @@
 """Every kind of monitor keeps the one protocol the screen, the fleet and the commands rely on
-(cockpit/monitor/base.py: PROTOCOL): one host, a run spanning Slurm nodes, a recorded moment. A
-replayed snapshot is a monitor like the others, not a missing one."""
+(cockpit/monitor/base.py: `Monitor`, a typing.Protocol that mypy holds each kind to in
+tests/test_types.py): one host, a run spanning Slurm nodes, a recorded moment. A replayed snapshot
+is a monitor like the others, not a missing one."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from cockpit.common.errors import CockpitError
 from cockpit.host.session import SessionOptions
 from cockpit.host.snapshot import state_from_doc
 from cockpit.link.target import parse_target
-from cockpit.monitor.base import PROTOCOL, Monitor
+from cockpit.monitor.base import Monitor
 from cockpit.monitor.cluster import ClusterMonitor
 from cockpit.monitor.host import HostMonitor
 from cockpit.monitor.replay import ReplayMonitor
 from cockpit.runs.layouts import resolve_layout
+from cockpit.runs.ledger import ledger_path, read_ledger
 from cockpit.runs.run import Run
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -32,19 +34,37 @@ def kinds() -> list[Monitor]:
 
 
 @pytest.mark.parametrize("monitor", kinds(), ids=lambda m: type(m).__name__)
-def test_every_kind_of_monitor_keeps_the_protocol(monitor):
-    missing = [name for name in PROTOCOL if not hasattr(monitor, name)]
-    assert missing == [], f"{type(monitor).__name__} lacks {missing}"
+def test_every_kind_of_monitor_follows_a_run_through_its_one_door(monitor):
     assert isinstance(monitor, Monitor)
     assert isinstance(monitor.run, Run) and monitor.following is None
     events = []
     stop = monitor.subscribe(events.append)
     stop()
-    run = Run(monitor.layout, {"run_id": "r-1", "pgid": 42, "start": 1.0}, "test")
-    monitor.follow(run)  # the one writer of the run followed
+    run = Run(monitor.layout, {"run_id": "r-1", "start": 1.0}, "test")
+    monitor.follow(run)
     assert monitor.run is run and monitor.following["run_id"] == "r-1"
+    with pytest.raises(TypeError):
+        monitor.run.record["run_id"] = "r-2"  # a Run is frozen: what changes comes back as a new one
     monitor.follow(None)
     assert monitor.following is None and monitor.run.layout is monitor.layout
+
+
+def test_the_door_sets_the_watch_and_notes_when_the_leader_was_seen(tmp_path, monkeypatch):
+    """Following a launched run watches its process group and log alone (title patterns would
+    find every server here); the leader's sighting the agent reported becomes the run's
+    `seen_ticks`, written to the ledger only by a kept look."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    layout = resolve_layout("demo")
+    monitor = HostMonitor(parse_target("local"), SessionOptions(), layout)
+    rec = {"run_id": "r-7", "pgid": 4242, "start": 1.0, "log": "/tmp/r-7.log", "leader_seen_ticks": 99}
+    monitor.follow(Run(layout, rec, "test"))
+    assert monitor.session.watch.pgids == [4242] and monitor.session.watch.patterns == []
+    assert monitor.session.watch.logs == ["/tmp/r-7.log"]
+    assert monitor.following["seen_ticks"] == 99 and "leader_seen_ticks" not in monitor.following
+    assert not ledger_path(layout).exists()  # a one-shot look writes nothing
+    monitor.kept = True
+    monitor.follow(Run(layout, rec, "test"))
+    assert [r.get("seen_ticks") for r in read_ledger(layout)] == [99]
 
 
 async def test_a_replayed_snapshot_is_a_monitor_with_nothing_to_act_on():

@@ -53,7 +53,7 @@ def _dead(p: Proc) -> bool:
 def dump_targets(state: HostState, pids: set[int] | None = None) -> list[tuple[int | None, int]]:
     """(rank, pid) of every rank the host state knows, the dead ones included (dump_ranks says
     they are dead): one process per rank, the live one when a rank has both. `pids`: only these
-    (the run's: actions.find_run and actions.of_run), so that two servers' rank 0 are never
+    (the run's: kill.member_plan and kill.of_run), so that two servers' rank 0 are never
     mixed. A run without ranked titles falls back to its live watched tree."""
     by_rank: dict[int, Proc] = {}
     for p in state.ranks():
@@ -240,9 +240,9 @@ def recorder_pids(state, pids: set[int] | None = None) -> list[int]:
 
 
 async def run_rank_pids(session, run, root: int | None = None, verb: str = "flightrec") -> tuple[list[int], list[str]]:
-    """The live ranks of `run` (a Run), found as the kill finds it (kill.find_run: `root` names
+    """The live ranks of `run` (a Run), found as the kill finds it (kill.member_plan: `root` names
     it; two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone."""
-    plan = await kill.find_run(session, run, root, verb)
+    plan = await kill.member_plan(session, run, root, verb)
     members, left = kill.of_run(session.state, plan)
     return recorder_pids(session.state, members), left
 

@@ -98,7 +98,7 @@ async def gather(session, run, folder: str) -> Forensics:
     Run) as the kill finds it (never another user's ranks); the odd rank from them. The dumps go
     to the run's folder `folder`."""
     try:
-        plan = await kill.find_run(session, run, verb="dump")
+        plan = await kill.member_plan(session, run, verb="dump")
         members, _left = kill.of_run(session.state, plan)
         ranks = kill.rank_pids(session.state, members)
         if not ranks:

@@ -112,12 +112,13 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     return plan
 
 
-async def find_run(session: HostSession, run: Run | None = None, root: int | None = None,
-                   verb: str = "dump") -> KillPlan:
-    """The run a dump or a flight-recorder read acts on, found exactly as a kill finds it (the
-    same plan, nothing signalled): `root` (`--pid ROOT`) names it; else the run on screen
-    (run_scope). Two runs or more: AmbiguousRun naming each and how to choose; none: a
-    CockpitError saying why (another user's processes are never the run unless named)."""
+async def member_plan(session: HostSession, run: Run | None = None, root: int | None = None,
+                      verb: str = "dump") -> KillPlan:
+    """The processes of `run` a dump or a flight-recorder read acts on, found exactly as a kill
+    finds them (the same plan, nothing signalled): `root` (`--pid ROOT`) names the run; else the
+    run followed (its scope); which run that is, find_live_run decides. Two runs or more:
+    AmbiguousRun naming each and how to choose; none: a CockpitError saying why (another user's
+    processes are never the run unless named)."""
     scope = process_scope(root) if root else (run or Run()).scope(session.watch)
     plan = await plan_kill(session, scope, allow_ambiguous=True)
     label = session.target.label

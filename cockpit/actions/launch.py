@@ -1,13 +1,16 @@
 """Starting runs through the agent and finding them again: launch (recorded in the ledger first,
 and on the host by the agent), the live run of a layout (this cockpit's ledger, else the host's
-record), resume it, watch one run alone, and the rule that a workflow's unconfirmed stop ends only
-the run it launched. Plain values only (a session, a layout): the workflows that drive a monitor
-are in cockpit/operate/relaunch.py."""
+record: the one way a run is found), and the rule that a workflow's unconfirmed stop ends only
+the run it launched. Plain values only (a session, a layout): what is watched is the monitor's
+door (`Monitor.follow`); the workflows that drive a monitor are in cockpit/operate/relaunch.py."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
+from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.common.secrets import mask_argv
 from cockpit.read.flightrec import forensics_env
@@ -17,27 +20,30 @@ from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run
 from cockpit.runs.spec import RunSpec, build_argv, new_run_id, run_log_path
 
 
-async def find_live_run(session, layout: Layout, note_seen: bool = True) -> Run | None:
+async def find_live_run(session, layout: Layout, demo_state: str | None = None) -> Run | None:
     """The latest run of this layout on this host that is still alive (ready, stalled, or never
     watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
-    follows, and what a cold look from anywhere finds. Its record comes from this cockpit's
-    ledger, else from the host's record of launches (any cockpit's, any machine's). A record is
-    trusted only with its leader's start time: the agent checks that the process group's leader
-    is still the process launched (not a later one reusing its pid), or, the leader gone, that
-    the survivors of its session carry the run's titles and user.
-    The record carries its root pid (`root`); the Run, the rule that found it. `note_seen`: the
-    leader seen alive is written to the ledger (a kept screen's look; a one-shot command that may
-    yet be cancelled writes nothing)."""
-    records = [r for r in list(reversed(read_ledger(layout)))[:20]
+    follows, what a cold look from anywhere finds, and (`demo_state`) a demo's current run, among
+    the runs launched into that demo's folder. Its record comes from this cockpit's ledger, else
+    from the host's record of launches (any cockpit's, any machine's). A record is trusted only
+    with its leader's start time: the agent checks that the process group's leader is still the
+    process launched (not a later one reusing its pid), or, the leader gone, that the survivors of
+    its session carry the run's titles and user.
+    The record carries its root pid (`root`) and, where the agent saw the leader alive, when
+    (`leader_seen_ticks`: the monitor's door notes it, ledger.note_seen); the Run, the rule that
+    found it."""
+    records = [r for r in list(reversed(read_ledger(layout)))
                if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
-               and not r.get("ended")]  # a run killed whole and verified gone is never resumed
+               and not r.get("ended")  # a run killed whole and verified gone is never resumed
+               and (demo_state is None or (r.get("env") or {}).get("COCKPIT_SIM_STATE") == demo_state)][:20]
     if not session.state.seq:
         await session.wait_samples(1)  # the first sample carries the host's record of launches
     mine = {str(r.get("run_id")) for r in records}
-    records += [{"run_id": r["run_id"], "pgid": r["pgid"], "pid": r.get("pid"), "start": r["start"],
-                 "boot": r.get("boot"), "uid": r.get("uid"), "log": r.get("log"), "host": session.target.label,
-                 "by": r.get("by"), "from_host": True}
-                for r in session.state.launches(layout.name)[:20] if r["run_id"] not in mine]
+    if demo_state is None:
+        records += [{"run_id": r["run_id"], "pgid": r["pgid"], "pid": r.get("pid"), "start": r["start"],
+                     "boot": r.get("boot"), "uid": r.get("uid"), "log": r.get("log"), "host": session.target.label,
+                     "by": r.get("by"), "from_host": True}
+                    for r in session.state.launches(layout.name)[:20] if r["run_id"] not in mine]
     if not records:
         return None
     launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
@@ -47,23 +53,10 @@ async def find_live_run(session, layout: Layout, note_seen: bool = True) -> Run 
     for run in records:
         cand = alive.get(int(run["pgid"]))
         if cand is not None:
-            seen = cand.get("leader_seen_ticks")
-            if seen is not None and seen != run.get("seen_ticks"):
-                # the leader alive and the recorded one: a process of its session started before now
-                # is the run's, should the leader die later and its pid be reused (the agent checks)
-                if note_seen and not run.get("from_host"):
-                    append_ledger(layout, {"event": "seen", "run_id": run["run_id"], "seen_ticks": seen})
-                run = {**run, "seen_ticks": seen}
-            return Run(layout, {**run, "root": cand["root"]}, cand["rule"])
+            seen = {"leader_seen_ticks": cand["leader_seen_ticks"]} if cand.get("leader_seen_ticks") is not None else {}
+            rule = (f"the demo's run (process group {run['pgid']})" if demo_state is not None else cand["rule"])
+            return Run(layout, {**run, "root": cand["root"], **seen}, rule)
     return None
-
-
-async def resume(session, layout: Layout | None, note_seen: bool = True) -> Run | None:
-    """The layout's live run (find_live_run), watched alone from now on; the monitor follows it."""
-    run = await find_live_run(session, layout, note_seen) if layout is not None else None
-    if run is not None:
-        await watch_only(session, int(run.record["pgid"]), run.record.get("log"))
-    return run
 
 
 def launch_python(layout: Layout, session) -> str:
@@ -78,8 +71,8 @@ def sim_flags(layout: Layout, session) -> list[str]:
 
 
 async def launch(session, layout: Layout, spec: RunSpec) -> Run:
-    """Record the launch, then start it detached on the host and watch it alone; the caller's
-    monitor follows the Run returned."""
+    """Record the launch, then start it detached on the host; the caller's monitor follows the Run
+    returned (its door watches it)."""
     run_id = new_run_id(layout)
     argv = build_argv(layout, spec, python=launch_python(layout, session)) + sim_flags(layout, session)
     env = dict(layout.env)
@@ -89,7 +82,6 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
     log = run_log_path(layout, run_id)
     if log.startswith("~/") and session.state.agent.home:
         log = session.state.agent.home + log[1:]
-    await watch_only(session, None, None)  # from now on the session watches the new run alone
     if "forensics" in spec.enabled:  # torch's flight recorder armed, its pipes and dumps beside the run's log
         env.update(forensics_env(log.removesuffix(".log")))
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
@@ -102,27 +94,10 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
     append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
                            "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),
                            "uid": run.get("uid")})
-    session.state.forget_dead()
-    await session.watch_group(run["pgid"], run["log"])
     return Run(layout, run, f"launched by this cockpit (ledger): process group {run['pgid']}")
 
 
-async def watch_only(session, pgid: int | None, log: str | None) -> None:
-    """Watch this run (its process group; None: nothing yet, a launch follows) and nothing else:
-    title patterns found every server on the host, and a colleague's rank that ends is not a crash
-    of ours. What was watched before is dropped once the agent has sent samples under the new
-    watch (a sample already in flight may still carry it)."""
-    session.watch.patterns = []
-    if pgid is None:
-        session.watch.pgids = []
-        await session.request("config", **session.watch.args())
-    else:
-        await session.watch_group(pgid, log)
-    await session.wait_samples(2)
-    session.state.forget_dead()
-
-
-def refuse_unasked(plan, launched: dict | None) -> None:
+def refuse_unasked(plan: KillPlan, launched: Mapping[str, Any] | None) -> None:
     """A kill nobody confirmed (an ablation's later steps, its final kill) may end only the run
     the ablation launched itself: found by the ledger rule, in the process group it started. Any
     other plan (a server found by its port or command, a colleague's) stops the ablation with the

@@ -31,7 +31,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     async def go() -> dict | None:
         async with attached(args) as monitor:
             session = monitor.session
-            scope = process_scope(args.pid) if args.pid else monitor.run.scope(session.watch)
+            scope = process_scope(args.pid) if args.pid else monitor.scope()
             plan = await actions.plan_kill(session, scope)
             if not plan.entries:
                 why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
@@ -122,7 +122,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             session = monitor.session
-            plan = await actions.find_run(session, monitor.run, args.pid, "dump")  # as the kill finds it
+            plan = await actions.member_plan(session, monitor.run, args.pid, "dump")  # as the kill finds it
             members, left = actions.of_run(session.state, plan)
             for line in [f"the run: {plan.rule}"] + left:
                 print(visible(line), file=sys.stderr, flush=True)

@@ -139,6 +139,7 @@ class HostSession:
         self.first_sample = asyncio.Event()
         self.sampled = asyncio.Event()  # set (and replaced) on each sample and when the link drops
         self._config_ids: set[int] = set()  # watch changes sent, not yet answered
+        self._configuring: set[asyncio.Task] = set()  # their answers, awaited in the background
         self.samples = 0  # samples read on this session, across reconnects
         self.watch_seq = 0  # `samples` when the agent answered the last watch change
         self.closed = asyncio.Event()
@@ -422,16 +423,34 @@ class HostSession:
             raise CommandError(f"{cmd}: {frame.get('error')}")
         return frame.get("data") or {}
 
-    async def watch_group(self, pgid: int, log: str | None) -> None:
-        """Watch this process group and follow this log from now on (whose run they are is the
-        monitor's business: the session knows processes and files, not runs)."""
-        if pgid not in self.watch.pgids:
-            self.watch.pgids = [pgid]
+    def watch_run(self, pgid: int | None, log: str | None) -> None:
+        """Watch this process group alone (None: nothing until a run is followed) and follow this
+        log from now on: title patterns would find every server on the host, and a colleague's
+        rank that ends is no crash of ours. The agent is told at once; `watch_changing` holds until
+        it answers, and the sample after shows the new watch. Whose run it is is the monitor's
+        business (Monitor.follow): the session knows processes and files, not runs."""
+        self.watch.patterns = []
+        self.watch.pgids = [pgid] if pgid is not None else []
         if log:
             self.watch.logs = [log]
             for path in [p for p in self.state.logs if p != log]:
                 del self.state.logs[path]  # the screen follows the new run's log from its first line
-        await self.request("config", **self.watch.args())
+        if self.stream is None or self.closed.is_set():
+            return  # sent with the next connection's config
+        task = asyncio.get_running_loop().create_task(
+            self._answer("config", self._send("config", self.watch.args()), 30.0))
+        self._configuring.add(task)
+        task.add_done_callback(self._configured)
+
+    def _configured(self, task: asyncio.Task) -> None:
+        self._configuring.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(f"watch change: {task.exception()}")
+
+    @property
+    def watch_changing(self) -> bool:
+        """A watch change is sent and not answered yet: samples until then show the old one."""
+        return bool(self._config_ids)
 
     async def follow_log(self, path: str) -> None:
         """Follow this log (from its recent tail) instead of the ones followed now (their lines

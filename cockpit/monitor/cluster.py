@@ -35,7 +35,7 @@ from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.connect import carrier_link
 from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
-from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
+from cockpit.monitor.base import MonitorBase, MonitorEvent, rules_for, watchdog_for
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.config import Layout
 from cockpit.runs.run import Run
@@ -352,6 +352,14 @@ class ClusterSession:
     def watch_current(self) -> bool:
         return all(n.monitor.session.watch_current() for n in self._up())
 
+    @property
+    def watch_changing(self) -> bool:
+        return any(n.monitor.session.watch_changing for n in self._up())
+
+    def watch_run(self, pgid: int | None, log: str | None) -> None:
+        """A run spanning nodes is its job's processes on each node: no one process group."""
+        raise CockpitError(f"{self.target.label}: a run spanning nodes is followed by its job, not a process group")
+
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
         start = self.state.seq
         deadline = time.monotonic() + timeout
@@ -376,7 +384,7 @@ class ClusterSession:
                 await n.monitor.session.follow_log(own)
 
 
-class ClusterMonitor(Monitor):
+class ClusterMonitor(MonitorBase):
     """The HostMonitor of a run spanning nodes (see the module's doc)."""
 
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
@@ -416,7 +424,7 @@ class ClusterMonitor(Monitor):
 
     def update(self, now: float | None = None) -> None:
         state = self.state
-        if not state.seq or state.link_state != "up":
+        if not state.seq or state.link_state != "up" or not self._judgeable():
             return
         before = self.verdict
         phase, v = self.watchdog.update(state, now if now is not None else time.monotonic())
@@ -439,22 +447,21 @@ class ClusterMonitor(Monitor):
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
-    def new_run(self, started: float | None = None) -> None:
+    def new_run(self, started: float | None = None, resumed: bool = False) -> None:
         """As on one host (HostMonitor.new_run): the last run's dead ranks, on every node, and its
         log lines are history; the state is rebuilt from the nodes' on their next sample."""
         for n in self.nodes:
             if n.monitor is not None:
                 n.monitor.state.forget_dead()
-        self._judge_afresh(started)
+        self._judge_afresh(started, resumed)
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
 
     def run_ended(self) -> None:
         """The operator's kill of the whole job's run, verified on every node: no run until one
         starts, also while a node's agent still sends samples before the job's end takes it down."""
         before = self.verdict
-        self.new_run()
-        self.watchdog.end()
         self.follow(None)
+        self.watchdog.end()
         self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))
 

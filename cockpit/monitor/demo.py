@@ -16,12 +16,16 @@ import shutil
 import socket
 import tempfile
 from dataclasses import replace
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from cockpit.actions import kill
-from cockpit.actions.launch import launch
+from cockpit.actions.kill import KillPlan
+from cockpit.actions.launch import find_live_run, launch
 from cockpit.common.errors import CockpitError
 from cockpit.host.session import HostSession, WatchList
+from cockpit.monitor.base import Monitor
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import read_ledger
 from cockpit.runs.run import Run, Scope
@@ -72,7 +76,7 @@ def new_state(base: Path | None = None) -> str:
 def _owner_alive(path: Path) -> bool:
     try:
         owner = json.loads((path / OWNER).read_text())
-        return _start_ticks(int(owner["pid"])) == owner["start"]
+        return bool(_start_ticks(int(owner["pid"])) == owner["start"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -144,7 +148,7 @@ def _port_free(port: int) -> bool:
 
 # ----------------------------------------------------------------------------- runs
 
-def runs_of(layout: Layout, state: str, host: str = "demo") -> list[dict]:
+def runs_of(layout: Layout, state: str, host: str = "demo") -> list[dict[str, Any]]:
     """The ledger's runs launched into this demo's folder, oldest first."""
     return [r for r in read_ledger(layout) if r.get("host") == host and r.get("pgid")
             and (r.get("env") or {}).get("COCKPIT_SIM_STATE") == state]
@@ -155,11 +159,11 @@ async def start_demo(session: HostSession, layout: Layout, state: str) -> Run:
     return await launch(session, layout, default_spec(layout))
 
 
-def _run(layout: Layout, rec: dict) -> Run:
+def _run(layout: Layout | None, rec: dict[str, Any]) -> Run:
     return Run(layout, rec, f"the demo's run (process group {rec['pgid']})")
 
 
-async def _members(session: HostSession, rec: dict):
+async def _members(session: HostSession, rec: dict[str, Any]) -> KillPlan | None:
     """The live processes of a run, found from its process group and its leader's start time, if
     they are still the demo server's (a pgid reused by something else is not touched)."""
     plan = await kill.plan_kill(session, Scope(launched=Run(None, rec).launched()), allow_ambiguous=True)
@@ -168,35 +172,29 @@ async def _members(session: HostSession, rec: dict):
     return plan
 
 
-def follower(layout: Layout, state: str):
+def follower(layout: Layout, state: str) -> tuple[WatchList, Callable[[Monitor], Awaitable[None]]]:
     """What a cockpit attached to the demo in `state` watches (the demo's port, no process
     patterns: another demo's processes or anything else here are not shown or judged) and the
     hook that finds the demo's current run once connected."""
 
-    async def on_connect(monitor) -> None:
-        run = await current_run(monitor.session, layout, state)
+    async def on_connect(monitor: Monitor) -> None:
+        run = await find_live_run(monitor.session, layout, demo_state=state)
         if run is not None:
-            monitor.follow(run)
-            await monitor.session.watch_group(int(run.record["pgid"]), run.record.get("log"))
+            monitor.follow(run, resumed=True)
 
     return WatchList(patterns=[], ports=list(layout.ports)), on_connect
 
 
-async def current_run(session: HostSession, layout: Layout, state: str) -> Run | None:
-    """The demo's latest run that still has processes: what a second viewer follows."""
-    for rec in reversed(runs_of(layout, state, session.target.label)):
-        if await _members(session, rec):
-            return _run(layout, rec)
-    return None
-
-
-async def stop_demo(monitor, state: str, wait_s: float = 5.0) -> tuple[int, list[str]]:
+async def stop_demo(monitor: Monitor, state: str, wait_s: float = 5.0) -> tuple[int, list[str]]:
     """End every run launched into this demo's folder (the first one and each relaunch) through
     the one stop workflow (`Monitor.stop`: the ledger says who stopped each, every cockpit watching
     reads it as stopped): each run's process group, every pid checked against its start time,
     SIGTERM then SIGKILL, then verified. Returns how many runs were stopped and what was not
     verified gone."""
-    left, stopped = [], 0
+    left: list[str] = []
+    stopped = 0
+    if monitor.layout is None:
+        return stopped, left
     for rec in runs_of(monitor.layout, state, monitor.target.label):
         plan = await _members(monitor.session, rec)
         if plan is None:
@@ -219,5 +217,5 @@ def need_live_state(base: Path | None = None) -> str:
 
 
 __all__ = ["prepare_host", "demo_base", "new_state", "live_states", "stale_states", "remove_state",
-           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "current_run", "stop_demo",
+           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "stop_demo",
            "need_live_state"]

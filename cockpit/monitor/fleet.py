@@ -11,14 +11,17 @@ import asyncio
 import datetime as dt
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import yaml
 
 from cockpit.common.errors import CockpitError
-from cockpit.host.session import HostSession, SessionOptions
+from cockpit.host.session import SessionOptions
 from cockpit.host.snapshot import snapshot_doc
 from cockpit.host.state import HostState
 from cockpit.link.target import agent_python, parse_target
+from cockpit.judge.verdict import Phase, Verdict
+from cockpit.monitor.base import Monitor
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.config import Layout, LayoutError
 from cockpit.runs.layoutfile import YamlLoader, compose_yaml, read_config
@@ -95,7 +98,7 @@ def parse_fleet(text: str, path: str = "<fleet>") -> Fleet:
     return fleet
 
 
-def _host_fields(ld: YamlLoader, node, what: str) -> dict:
+def _host_fields(ld: YamlLoader, node: Any, what: str) -> dict[str, Any]:
     return {key: ld.string(v, f"{what}: {key}") for key, _, v in ld.mapping(node, what, _HOST_KEYS)}
 
 
@@ -143,7 +146,7 @@ class Row:
         return used / total if total else -1.0
 
 
-def alerts_of(s, verdict) -> list[str]:
+def alerts_of(s: HostState, verdict: Verdict) -> list[str]:
     """A fleet row's alerts: why the verdict alerts, then what each GPU says of itself (lost, its
     recent Xids, row remap, ECC, the hardware holding its clocks down; docs/xid.md), heat, and
     the absence of GPUs."""
@@ -170,6 +173,7 @@ class Member:
         self.opts = opts
         target = parse_target(host.target)
         self.demo_error: str | None = None  # `demo` with no demo running: said in the row, asked again
+        self.monitor: Monitor
         if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/monitor/cluster.py)
             from cockpit.monitor.cluster import ClusterMonitor
 
@@ -180,10 +184,10 @@ class Member:
             self.monitor = HostMonitor(target, opts, self.layout, history=FLEET_HISTORY, probe_every_s=PING_EVERY_S)
         self.monitor.state.target = host.name
         self.monitor.forensics_on = False  # an overview of many hosts attaches py-spy to none; its drill-in may
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
         self.up_at = time.monotonic()  # when the first connection came up (or failed): a look is timed from it
-        self._alerts: tuple | None = None  # (the verdict, the sample, the count of GPUs they were read from, alerts)
+        self._alerts: tuple[Verdict, int, float | None, int, list[str]] | None = None  # (the verdict, the sample, the count of GPUs they were read from, alerts)
 
     def _demo_monitor(self) -> HostMonitor:
         """The running demo, watched as `cockpit snapshot demo` watches it: its simulated GPUs,
@@ -204,7 +208,7 @@ class Member:
                            on_connect=follow, watch=watch)
 
     @property
-    def session(self) -> HostSession:
+    def session(self) -> Any:
         return self.monitor.session
 
     @property
@@ -212,11 +216,11 @@ class Member:
         return self.monitor.state
 
     @property
-    def phase(self):
+    def phase(self) -> Phase:
         return self.monitor.phase
 
     @property
-    def verdict(self):
+    def verdict(self) -> Verdict:
         return self.monitor.verdict
 
     async def run(self, gate: asyncio.Semaphore) -> None:
@@ -332,7 +336,7 @@ class FleetMonitor:
         while not all(settled(m) for m in self.members) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    def doc(self) -> dict:
+    def doc(self) -> dict[str, Any]:
         """The fleet as one JSON document (docs/snapshot-schema.md, fleet part)."""
         hosts = []
         for m, row in zip(self.members, self.rows()):
@@ -353,7 +357,7 @@ class FleetMonitor:
                 "hosts": hosts}
 
 
-async def take_fleet_snapshot(watch: FleetMonitor, timeout: float = 30.0) -> dict:
+async def take_fleet_snapshot(watch: FleetMonitor, timeout: float = 30.0) -> dict[str, Any]:
     watch.start()
     try:
         await watch.settle(timeout)

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from cockpit.actions import forensics, kill
-from cockpit.actions.launch import find_live_run, resume, watch_only
+from cockpit.actions.kill import KillPlan
+from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.common.hosttext import count
 from cockpit.host.session import HostSession, SessionOptions, WatchList
-from cockpit.host.state import HISTORY_LEN, HostState
+from cockpit.host.state import HISTORY_LEN, HostState, Proc
 from cockpit.judge.diagnose import phase_of
 from cockpit.judge.evidence import merge
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
-from cockpit.monitor.base import Monitor, MonitorEvent, rules_for, watchdog_for
+from cockpit.monitor.base import MonitorBase, MonitorEvent, rules_for, watchdog_for
 from cockpit.read import metrics
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import append_ledger, ledger_path
@@ -46,7 +48,7 @@ class OperatorKill:
 
 
 
-def _named(rec: dict) -> list[tuple[int, float | None]]:
+def _named(rec: Mapping[str, Any]) -> list[tuple[int, float | None]]:
     """The processes a host record names: (pid, start time on the host's clock)."""
     out = []
     for item in rec.get("processes") or []:
@@ -56,24 +58,26 @@ def _named(rec: dict) -> list[tuple[int, float | None]]:
     return out
 
 
-def _same(proc, started: float | None) -> bool:
+def _same(proc: Proc, started: float | None) -> bool:
     """The process is the one recorded: its pid, and its start time where both are known."""
     return started is None or proc.started is None or abs(started - proc.started) < 1.0
 
 
-class HostMonitor(Monitor):
+class HostMonitor(MonitorBase):
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
-                 on_connect: Callable[[HostMonitor], object] | None = None, watch: WatchList | None = None):
+                 on_connect: Callable[[HostMonitor], Awaitable[None]] | None = None,
+                 watch: WatchList | None = None):
         self.layout = layout
         self.rules = rules_for(layout)
-        state = HostState(target.label, history=history, rules=self.rules)
-        self.session = HostSession(target, opts, watch or WatchList.for_layout(layout), state=state,
-                                   on_frame=self._on_frame)
+        self.target = target
+        self.state = HostState(target.label, history=history, rules=self.rules)
+        self.session: HostSession = HostSession(target, opts, watch or WatchList.for_layout(layout),
+                                                state=self.state, on_frame=self._on_frame)
         self.watchdog = watchdog_for(layout)
         self.phase = Phase("no run")
         self.verdict = Verdict(VerdictName.WATCHING, [])
-        self.probes: dict[tuple[int, str], dict] = {}
+        self.probes: dict[tuple[int, str], dict[str, Any]] = {}
         self.run = Run(layout)
         self.stopping: str | None = None  # the operator's own kill is under way, and why
         self.operator_kills: dict[int, OperatorKill] = {}  # pid -> what the operator killed, until a new run
@@ -84,29 +88,21 @@ class HostMonitor(Monitor):
         self.on_connect = on_connect
         self.probe_every_s = probe_every_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
-        self._link_seen: tuple | None = None
+        self._link_seen: tuple[object, ...] | None = None
         # gather a stall's forensics (cockpit/actions/forensics.py): the layout's auto_dump; off under --read-only
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
-        self._forensics_task: asyncio.Task | None = None
-        self._forensics_for: tuple | None = None  # the stall they were gathered for
-        self.shm_held: dict[tuple, float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
+        self._forensics_task: asyncio.Task[None] | None = None
+        self._forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
+        self.shm_held: dict[tuple[int, int], float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
 
-    @property
-    def state(self) -> HostState:
-        return self.session.state
-
-    @property
-    def target(self) -> Target:
-        return self.session.target
-
-    def _on_frame(self, frame: dict) -> None:
+    def _on_frame(self, frame: dict[str, Any]) -> None:
         kind = frame.get("t")
         if kind == "sample":
             self.update()
             self._emit(MonitorEvent("sample"))
         elif kind == "log":
-            log = self.state.logs.get(frame.get("path"))
+            log = self.state.logs.get(str(frame.get("path")))
             n = len(frame.get("lines") or [])
             if log is not None and n:
                 lines = [log.lines[i] for i in range(-min(n, len(log.lines)), 0)]  # the new ones: a deque's end is cheap
@@ -118,7 +114,7 @@ class HostMonitor(Monitor):
         """Phase and verdict from the latest sample. While the operator's own kill runs, the ranks
         dying are that kill, not a crash."""
         state = self.state
-        if not state.seq or state.link_state != "up":
+        if not state.seq or state.link_state != "up" or not self._judgeable():
             return
         before = self.verdict
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
@@ -155,7 +151,7 @@ class HostMonitor(Monitor):
         if self.forensics is not None and self.forensics.finding is not None:
             self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
 
-    def _stall_records(self, state: str) -> list[dict]:
+    def _stall_records(self, state: str) -> list[dict[str, Any]]:
         """The host's forensics records (`gathering` claims or `done`) of this stall: naming a
         live rank of the run followed, written since the stall began."""
         since = self.verdict.since
@@ -167,7 +163,7 @@ class HostMonitor(Monitor):
         return [r for r in self.state.acts_of("forensics", since - 5) if r.get("state") == state
                 and any(pid in live and _same(live[pid], started) for pid, started in _named(r))]
 
-    def _forensics_of_this_stall(self, state: str = "done"):
+    def _forensics_of_this_stall(self, state: str = "done") -> Any:
         """The forensics another cockpit (or this one) gathered for this stall (`done`), or the
         claim of one gathering them now (`gathering`, earliest first)."""
         recs = self._stall_records(state)
@@ -177,7 +173,7 @@ class HostMonitor(Monitor):
         return forensics.Forensics.from_doc(doc) if isinstance(doc, dict) and isinstance(doc.get("at"), (int, float)) \
             else None
 
-    async def _note_forensics(self, state: str, doc: dict | None = None) -> dict | None:
+    async def _note_forensics(self, state: str, doc: dict[str, Any] | None = None) -> dict[str, Any] | None:
         ranks = [[p.pid, None, p.started] for p in self.state.ranks() if p.alive]
         try:
             return await self.session.request("note", act="forensics", state=state, processes=ranks,
@@ -301,14 +297,14 @@ class HostMonitor(Monitor):
         return any(any(pid in self.state.procs and _same(self.state.procs[pid], started) for pid, started in _named(rec))
                    for rec in self.state.acts_of("ended"))
 
-    def _killed(self, proc) -> bool:
+    def _killed(self, proc: Proc) -> bool:
         k = self.operator_kills.get(proc.pid)
         return k is not None and _same(proc, k.started)
 
-    def new_run(self, started: float | None = None) -> None:
+    def new_run(self, started: float | None = None, resumed: bool = False) -> None:
         """A run starts (launched, or found replacing the last one): the last run's phases, crash
         and stall clocks, dead ranks, log lines, metrics and the operator's kills are history."""
-        self._judge_afresh(started)
+        self._judge_afresh(started, resumed)
         self.operator_kills = {}
         self.state.metrics = metrics.MetricsView()
         self.verdict = Verdict(VerdictName.WATCHING, [])
@@ -318,15 +314,14 @@ class HostMonitor(Monitor):
     def run_ended(self) -> None:
         """The operator's kill of the whole run, verified: no run until one starts. Its log stays
         on screen as history; nothing of it is judged or shown as current."""
-        self.new_run()
-        self.watchdog.end()
         self.follow(None)
+        self.watchdog.end()
         before = self.verdict
         self.phase, self.verdict = Phase("no run"), Verdict(VerdictName.NO_RUN, [])
         self._emit(MonitorEvent("verdict", before=before))
 
     @contextmanager
-    def stopping_for(self, why: str, plan=None):
+    def stopping_for(self, why: str, plan: KillPlan | None = None) -> Iterator[None]:
         """The operator's own kill: its ranks going down read as `stopping`, never `crashed`; the
         processes of `plan` (a KillPlan) are remembered, so their deaths read as the operator's
         after the kill too."""
@@ -353,6 +348,7 @@ class HostMonitor(Monitor):
         layout's latest launched run that still lives. `kept`: the caller keeps the link after
         (the screen, the fleet), so it is watched for silence from the start."""
         self.opened_at = time.monotonic()
+        self.kept = kept
         await self.session.connect()
         if kept:
             self.session.watch_silence()
@@ -360,9 +356,9 @@ class HostMonitor(Monitor):
             if self.on_connect is not None:
                 await self.on_connect(self)
             elif self.layout is not None:
-                found = await resume(self.session, self.layout, note_seen=kept)
+                found = await self.find_run()
                 if found is not None:
-                    self.follow(found)
+                    self.follow(found, resumed=True)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")
             if self.following is None and not self.session.watch.logs:
                 await self._find_log()
@@ -441,37 +437,31 @@ class HostMonitor(Monitor):
             return None
         self._ledger_seen = mtime
         self._port_look_at = now + 10.0
-        run = await self._find_run()
+        run = await self.find_run()
         if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
             return None
-        if self.following is not None and str(self.following.get("pgid")) == str(run.record.get("pgid")) \
+        if self.following is not None and str(self.following.get("pgid")) == str((run.record or {}).get("pgid")) \
                 and self.run.run_id == run.run_id:
             return None
         await self.adopt(run)
         return run
 
-    async def _find_run(self) -> Run | None:
-        """The layout's live run as a fresh look finds it: the demo's latest run, else the
-        ledger's (what `cockpit snapshot` follows)."""
-        if self.target.kind == "demo" and self.session.opts.sim_state:
-            from cockpit.monitor import demo  # the simulated host's tools, loaded only for it
-
-            return await demo.current_run(self.session, self.layout, self.session.opts.sim_state)
-        return await find_live_run(self.session, self.layout)
+    async def find_run(self) -> Run | None:
+        """The layout's live run as a fresh look finds it (actions/launch.py's find_live_run, the
+        one way a run is found): on the demo host, among the demo's own runs."""
+        if self.layout is None:
+            return None
+        demo = self.session.opts.sim_state if self.target.kind == "demo" else None
+        return await find_live_run(self.session, self.layout, demo_state=demo or None)
 
     async def adopt(self, run: Run) -> None:
-        """Follow `run` from now on: its process group and its own log, a new watchdog whose
-        phase clock starts at the run's leader's start."""
-        rec = run.record
+        """Follow `run` from now on (the door: its process group and its own log, a new
+        watchdog whose phase clock starts at the run's leader's start), said on screen."""
+        rec = run.record or {}
         pgid = int(rec["pgid"])
         if run.rule is None:
-            run.rule = f"the layout's run in the ledger: process group {pgid}"
-        self.new_run()
+            run = replace(run, rule=f"the layout's run in the ledger: process group {pgid}")
         self.follow(run)
-        await watch_only(self.session, pgid, rec.get("log"))
-        leader = self.state.procs.get(int(rec.get("pid") or pgid))
-        if leader is not None and leader.started and self.state.sample_ts:
-            self.watchdog.started = time.monotonic() - max(0.0, self.state.sample_ts - leader.started)
         self.state.notes.append(f"a new run appeared: {rec.get('run_id', f'process group {pgid}')} "
                                 f"(process group {pgid}), started elsewhere; following it and its log")
         self.update()
@@ -511,7 +501,7 @@ class HostMonitor(Monitor):
         await self.session.close()
 
     @asynccontextmanager
-    async def attached(self, samples: int = 1):
+    async def attached(self, samples: int = 1) -> AsyncIterator[HostMonitor]:
         """Open, wait for `samples` samples (the first measures CPU % from the agent's start) and
         for one of what is watched now (wait_current), yield, close: every one-shot command's
         lifecycle."""
@@ -525,7 +515,7 @@ class HostMonitor(Monitor):
             await self.close()
 
     @asynccontextmanager
-    async def judging(self):
+    async def judging(self) -> AsyncIterator[None]:
         """While a one-shot look judges: the endpoints and metrics probed, as on screen."""
         probes = asyncio.create_task(self._probe_loop())
         try:

@@ -5,19 +5,22 @@ document was written with."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
+from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.host.state import HostState
 from cockpit.judge.diagnose import phase_of
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import parse_target
-from cockpit.monitor.base import Monitor, watchdog_for
+from cockpit.monitor.base import MonitorBase, MonitorEvent, watchdog_for
 from cockpit.runs.config import Layout
 from cockpit.runs.run import Run
 
 
-class ReplayMonitor(Monitor):
+class ReplayMonitor(MonitorBase):
     live = False
 
     def __init__(self, state: HostState | None = None, layout: Layout | None = None):
@@ -27,10 +30,10 @@ class ReplayMonitor(Monitor):
         self.target = parse_target("local")
         self.run = Run(layout)
         self.watchdog = watchdog_for(None)
-        self.probes: dict = {}
-        self.shm_held: dict = {}
+        self.probes: dict[tuple[int, str], dict[str, Any]] = {}
+        self.shm_held: dict[tuple[int, int], float] = {}
         self.stopping: str | None = None
-        self._listeners: list = []
+        self._listeners: list[Callable[[MonitorEvent], None]] = []
         self.phase, self.verdict = self.replayed()
         self.looked_s = 0.0
 
@@ -55,20 +58,25 @@ class ReplayMonitor(Monitor):
         """No link to close."""
 
     @asynccontextmanager
-    async def attached(self, samples: int = 1):
+    async def attached(self, samples: int = 1) -> AsyncIterator[ReplayMonitor]:
         yield self
 
     async def watch_for(self, seconds: float) -> None:
         """A recorded moment does not move."""
 
-    async def stop(self, plan, why: str, wait: float | None = None, whole_run: bool = True) -> dict:
+    async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
+                   whole_run: bool = True) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no host to act on: attach to the host itself")
 
     @contextmanager
-    def stopping_for(self, why: str, plan=None):
+    def stopping_for(self, why: str, plan: KillPlan | None = None) -> Iterator[None]:
         yield
 
-    def new_run(self, started: float | None = None) -> None:
+    def follow(self, run: Run | None, resumed: bool = False) -> None:
+        """A recorded moment has nothing to watch: the run is only named."""
+        self.run = run if run is not None else Run(self.layout)
+
+    def new_run(self, started: float | None = None, resumed: bool = False) -> None:
         """A recorded moment has one run."""
 
     def run_ended(self) -> None:

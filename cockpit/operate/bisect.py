@@ -8,14 +8,20 @@ was learned."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from cockpit.operate.relaunch import end_own_run, run_variant
+from cockpit.actions.kill import KillPlan, ShmForRun
+from cockpit.common.errors import CockpitError
+from cockpit.monitor.base import Monitor
+from cockpit.operate.relaunch import Progress, end_own_run, run_variant
+from cockpit.runs.config import Layout
 from cockpit.runs.bisect import EXIT, NOT_JUDGED, Plan, advance, describe_answer, judge, spec_doc
 from cockpit.runs.ledger import append_ledger, read_bisects
 from cockpit.runs.spec import new_run_id
 
 
-def resumable(layout, plan: Plan) -> dict | None:
+def resumable(layout: Layout, plan: Plan) -> dict[str, Any] | None:
     """The latest bisect in the ledger with the same layout, host and configurations: the one a
     second call goes on with."""
     identity = plan.identity()
@@ -23,7 +29,7 @@ def resumable(layout, plan: Plan) -> dict | None:
     return same[-1] if same else None
 
 
-def describe_plan(plan: Plan, before: dict | None) -> list[str]:
+def describe_plan(plan: Plan, before: dict[str, Any] | None) -> list[str]:
     """What the operator confirms: the deltas, both configurations, the most launches, and the
     bisect it resumes (`before`, from `resumable`)."""
     n = len(before["steps"]) if before else 0
@@ -31,11 +37,11 @@ def describe_plan(plan: Plan, before: dict | None) -> list[str]:
                                f"the ledger"] if before else [])
 
 
-def known_outcomes(plan: Plan, steps: list[dict]) -> dict[frozenset, list[str]]:
+def known_outcomes(plan: Plan, steps: list[dict[str, Any]]) -> dict[frozenset[str], list[str]]:
     """Each candidate's launches' outcomes, in order, from the bisect's steps (interrupted ones
     judge nothing)."""
     names = set(plan.names)
-    outcomes: dict[frozenset, list[str]] = {}
+    outcomes: dict[frozenset[str], list[str]] = {}
     for step in steps:
         applied = step.get("applied")
         if isinstance(applied, list) and set(applied) <= names and step.get("outcome") not in NOT_JUDGED:
@@ -43,21 +49,25 @@ def known_outcomes(plan: Plan, steps: list[dict]) -> dict[frozenset, list[str]]:
     return outcomes
 
 
-def candidate_text(plan: Plan, applied) -> str:
+def candidate_text(plan: Plan, applied: Iterable[str]) -> str:
     """A candidate as the flag sets it launches with (and the parameters bisected)."""
     spec = plan.spec(applied)
     params = [f"{d.name}={spec.params[d.name]}" for d in plan.deltas if d.kind == "param" and d.name in spec.params]
     return ",".join(spec.enabled + params) or "no flag sets"
 
 
-async def bisect(monitor, plan: Plan, timeout: float, progress=None, first_plan=None, first_shm=None,
-                 interrupted=None, fresh: bool = False, on_step=None) -> dict:
+async def bisect(monitor: Monitor, plan: Plan, timeout: float, progress: Progress | None = None,
+                 first_plan: KillPlan | None = None, first_shm: ShmForRun | None = None,
+                 interrupted: Callable[[], bool] | None = None, fresh: bool = False,
+                 on_step: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """Run the bisect to its end (found, not reproduced, the good configuration failing too,
     the budget spent) or the operator's interrupt (`interrupted()` true). The first launch
     carries out `first_plan`/`first_shm` as the operator confirmed them; each later one says its
     plan before acting and stops only the run the bisect launched. `on_step(n, most, text)` is
     told each launch as it starts. Returns the result document (`--json`)."""
     layout = monitor.layout
+    if layout is None:
+        raise CockpitError("bisect: a layout names what is launched")
     before = None if fresh else resumable(layout, plan)
     if before is None:
         bisect_id = "bisect-" + new_run_id(layout)
@@ -67,7 +77,7 @@ async def bisect(monitor, plan: Plan, timeout: float, progress=None, first_plan=
                                           for d in plan.deltas],
                                "failing": spec_doc(plan.spec(plan.names)), "good": spec_doc(plan.spec([])),
                                "repeat": plan.repeat, "budget": plan.budget, "settle": plan.settle})
-        steps: list[dict] = []
+        steps: list[dict[str, Any]] = []
     else:
         bisect_id, steps = before["bisect_id"], list(before["steps"])
     resumed = len(steps)
@@ -75,8 +85,8 @@ async def bisect(monitor, plan: Plan, timeout: float, progress=None, first_plan=
     first = True
     while True:
         step = advance(plan, outcomes, len(steps))
-        if step.status is not None:
-            status, answer, why = step.status, step.answer, step.why
+        if step.status is not None or step.applied is None:
+            status, answer, why = step.status or "interrupted", step.answer, step.why
             break
         if interrupted is not None and interrupted():
             status, answer, why = "interrupted", [], "interrupted before the next launch"
@@ -122,14 +132,14 @@ async def bisect(monitor, plan: Plan, timeout: float, progress=None, first_plan=
     return doc
 
 
-def smallest_failing(plan: Plan, outcomes: dict[frozenset, list[str]]) -> list[str]:
+def smallest_failing(plan: Plan, outcomes: dict[frozenset[str], list[str]]) -> list[str]:
     """The smallest candidate known to fail (what an interrupted bisect learnt so far)."""
     failing = [a for a, o in outcomes.items() if judge(o, plan.repeat)]
     best = min(failing, key=len, default=None)
     return [n for n in plan.names if best is not None and n in best]
 
 
-def describe_bisect(doc: dict) -> list[str]:
+def describe_bisect(doc: dict[str, Any]) -> list[str]:
     """The answer, then every launch with its candidate, outcome and time."""
     head = {"found": f"the smallest failing set: {doc['answer_text']}",
             "not reproduced": "no failure reproduced with the failing configuration",

@@ -17,8 +17,10 @@ import os
 import re
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cockpit import __version__
 from cockpit.actions import dumps, kill
@@ -26,6 +28,7 @@ from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_line
 from cockpit.host.snapshot import gpu_health_doc
+from cockpit.monitor.base import Monitor
 from cockpit.operate.snapshot import monitor_doc
 from cockpit.read import flightrec, metrics, ras
 from cockpit.runs.ledger import state_home
@@ -40,11 +43,11 @@ METRICS_GAP_S = 3.0
 class Bundle:
     path: Path
     contents: list[str]
-    missing: list[dict]
+    missing: list[dict[str, Any]]
     run: str
-    manifest: dict = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
 
-    def doc(self) -> dict:
+    def doc(self) -> dict[str, Any]:
         return {"path": str(self.path), "run": self.run, "contents": self.contents, "missing": self.missing,
                 "bytes": self.path.stat().st_size}
 
@@ -57,9 +60,9 @@ def bundle_dir(run: str) -> Path:
 
 
 class _Members:
-    def __init__(self):
+    def __init__(self) -> None:
         self.files: dict[str, tuple[bytes, str]] = {}
-        self.missing: list[dict] = []
+        self.missing: list[dict[str, Any]] = []
 
     def add(self, name: str, data: bytes | str, what: str) -> None:
         """A member; every text one (all but the flight recorder's pickles) masked line by line,
@@ -69,19 +72,19 @@ class _Members:
             data = "\n".join(mask_line(line) for line in text.split("\n"))
         self.files[name] = (data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data, what)
 
-    def add_json(self, name: str, doc, what: str) -> None:
+    def add_json(self, name: str, doc: Any, what: str) -> None:
         self.add(name, json.dumps(doc, indent=2, default=str) + "\n", what)
 
-    def miss(self, item: str, why: str) -> None:
+    def miss(self, item: str, why: str | BaseException | None) -> None:
         why = str(why)
         self.missing.append({"item": item, "why": why if len(why) <= 500 else why[:499] + "\u2026"})
 
 
-async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
+async def _stacks(monitor: Monitor, m: _Members, run: str, read_only: bool) -> None:
     if read_only:
         return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
     try:
-        plan = await kill.find_run(monitor.session, monitor.run, verb="bundle")
+        plan = await kill.member_plan(monitor.session, monitor.run, verb="bundle")
     except CockpitError as exc:
         return m.miss("stacks", exc)
     ranks = kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])
@@ -98,7 +101,7 @@ async def _stacks(monitor, m: _Members, run: str, read_only: bool) -> None:
         m.miss(f"stacks/rank {rank}", "; ".join(errors))
 
 
-async def _ras(monitor, m: _Members) -> dict | None:
+async def _ras(monitor: Monitor, m: _Members) -> dict[str, Any] | None:
     state = monitor.state
     port = state.ras.port or ras.RAS_PORT
     live = {p.pid for p in state.live_procs()}
@@ -107,7 +110,7 @@ async def _ras(monitor, m: _Members) -> dict | None:
                       f"than 2.24, or NCCL_RAS_ENABLE=0")
         return None
     try:
-        answer = await monitor.session.request("ras", timeout=40)
+        answer: dict[str, Any] = await monitor.session.request("ras", timeout=40)
     except CockpitError as exc:
         m.miss("ras", exc)
         return None
@@ -122,7 +125,7 @@ async def _ras(monitor, m: _Members) -> dict | None:
     return answer
 
 
-def _rank_number(key) -> int:
+def _rank_number(key: Any) -> int:
     """A rank from the host's answer as a member name may use it: a plain non-negative integer
     (`../../x` or `1e9` from a hostile host is refused), so names are built only from numbers
     and fixed words."""
@@ -132,7 +135,7 @@ def _rank_number(key) -> int:
     return int(text)
 
 
-async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
+async def _flight(monitor: Monitor, m: _Members, read_only: bool) -> dict[str, Any] | None:
     try:
         pids, _left = await dumps.run_rank_pids(monitor.session, monitor.run, verb="bundle")
     except CockpitError as exc:
@@ -173,7 +176,7 @@ async def _flight(monitor, m: _Members, read_only: bool) -> dict | None:
     return result
 
 
-def _smi_and_xid(facts: dict, m: _Members) -> None:
+def _smi_and_xid(facts: dict[str, Any], m: _Members) -> None:
     smi = facts.get("nvidia_smi") or {}
     if "text" in smi:
         m.add("nvidia-smi-q.txt", smi["text"], "nvidia-smi -q")
@@ -188,13 +191,13 @@ def _smi_and_xid(facts: dict, m: _Members) -> None:
         m.miss("xid", xid.get("error") or "no answer")
 
 
-async def _facts(monitor, m: _Members, read_only: bool = False) -> None:
+async def _facts(monitor: Monitor, m: _Members, read_only: bool = False) -> None:
     """The host's facts; the versions only of the run as the kill finds it (another user's
     process that matches the layout's titles is never read from). Under --read-only nothing runs
     on the host but the agent: no nvidia-smi, dmesg or journalctl (the versions are read from
     files)."""
     try:
-        plan = await kill.find_run(monitor.session, monitor.run, verb="bundle")
+        plan = await kill.member_plan(monitor.session, monitor.run, verb="bundle")
         pids = [pid for _, pid in kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])]
     except CockpitError as exc:
         pids = []
@@ -220,7 +223,7 @@ async def _facts(monitor, m: _Members, read_only: bool = False) -> None:
         m.miss("versions of the run's packages", versions["run_error"])
 
 
-async def _metrics(monitor, m: _Members) -> None:
+async def _metrics(monitor: Monitor, m: _Members) -> None:
     layout = monitor.layout
     path = layout.metrics if layout else None
     ports = layout.ports if layout else []
@@ -246,7 +249,7 @@ async def _metrics(monitor, m: _Members) -> None:
     m.add_json("metrics-summary.json", view.header(), "tokens/s between the two scrapes, requests, KV cache use")
 
 
-def _log_tail(monitor, m: _Members) -> None:
+def _log_tail(monitor: Monitor, m: _Members) -> None:
     logs = monitor.state.logs
     if not logs:
         return m.miss("log tail", "no log is followed (name one in the layout: log:)")
@@ -256,7 +259,7 @@ def _log_tail(monitor, m: _Members) -> None:
               "\n".join(line.text for line in lines) + "\n", f"the last lines of {path}")
 
 
-def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[str]]:
+def _write(folder: Path, members: _Members, manifest: dict[str, Any]) -> tuple[Path, list[str]]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = folder / f"bundle-{stamp}.tar.gz"
     n = 1
@@ -283,7 +286,8 @@ def _write(folder: Path, members: _Members, manifest: dict) -> tuple[Path, list[
     return path, names
 
 
-async def make_bundle(monitor, read_only: bool = False, progress=None) -> Bundle:
+async def make_bundle(monitor: Monitor, read_only: bool = False,
+                      progress: Callable[[str], None] | None = None) -> Bundle:
     """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
     verdict as it stands after, and write the archive into the run's folder."""
     run = monitor.run.folder_name(monitor.target.label)

@@ -7,13 +7,21 @@ call below takes plain values (cockpit/actions/launch.py: the launch itself, thr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from cockpit.actions import dumps, kill
+from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import launch, refuse_unasked
 from cockpit.common.errors import CockpitError
-from cockpit.judge.verdict import VerdictName
+from cockpit.judge.verdict import Phase, Verdict, VerdictName
+from cockpit.monitor.base import Monitor
 from cockpit.runs.ledger import append_ledger
 from cockpit.runs.spec import RunSpec, combinations
+
+# What a workflow tells its caller as it goes: (phase, verdict) on each sample, (None, line) for
+# what it does (the plan said before acting, the stop, the clean).
+Progress = Callable[[Phase | None, "Verdict | str"], None]
 
 TERMINAL = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.CRASHED)
 
@@ -29,8 +37,9 @@ def exit_status(outcomes: list[str]) -> int:
     return next((EXIT_STATUS.get(o, 1) for o in outcomes), 1)
 
 
-async def follow_to_outcome(monitor, timeout: float, progress=None, settle: float = 0.0,
-                            interrupted=None) -> tuple[str, list[str]]:
+async def follow_to_outcome(monitor: Monitor, timeout: float, progress: Progress | None = None,
+                            settle: float = 0.0, interrupted: Callable[[], bool] | None = None
+                            ) -> tuple[str, list[str]]:
     """Follow the monitor's run until it is ready (and stays so for `settle` seconds: some hangs
     come with the first requests), stalls, crashes or times out; returns (outcome, evidence). The
     verdict is the monitor's own: the screen shows the same. `interrupted()` true (the operator's
@@ -59,7 +68,8 @@ async def follow_to_outcome(monitor, timeout: float, progress=None, settle: floa
             return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
 
 
-async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
+async def stop_run(monitor: Monitor, plan: KillPlan, why: str,
+                   say: Callable[[str], None] | None = None) -> dict[str, Any] | None:
     """A relaunch's or an ablation's stop of the run on screen (monitor.stop, the one stop
     workflow), verified: an unverified stop raises, so nothing is launched beside it."""
     if not plan.entries:
@@ -73,7 +83,8 @@ async def stop_run(monitor, plan, why: str, say=None) -> dict | None:
     return report
 
 
-async def plan_relaunch(monitor, clean_shm: bool = True):
+async def plan_relaunch(monitor: Monitor, clean_shm: bool = True
+                        ) -> tuple[KillPlan, kill.ShmForRun | None, list[str]]:
     """What a (re)launch will do before it starts the new run, for the operator to confirm: the
     kill plan of the current run (every pid, user, start time, command, and the rule that found
     it) and the shm entries the clean after it will remove: only files tied to the run, each
@@ -81,7 +92,7 @@ async def plan_relaunch(monitor, clean_shm: bool = True):
     (plan, the ShmForRun or None when shm is left alone, lines).
     Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
     session = monitor.session
-    plan = await kill.plan_kill(session, monitor.run.scope(session.watch))
+    plan = await kill.plan_kill(session, monitor.scope())
     lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
              if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
     lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
@@ -93,9 +104,10 @@ async def plan_relaunch(monitor, clean_shm: bool = True):
     return plan, found, lines
 
 
-async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
-                      dump_on_stall: bool = True, progress=None, settle: float = 0.0, plan=None,
-                      shm=None, interrupted=None) -> dict:
+async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
+                      dump_on_stall: bool = True, progress: Progress | None = None, settle: float = 0.0,
+                      plan: KillPlan | None = None, shm: kill.ShmForRun | None = None,
+                      interrupted: Callable[[], bool] | None = None) -> dict[str, Any]:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
 
     `plan` and `shm` (from plan_relaunch) are what the operator confirmed: exactly that is
@@ -103,6 +115,8 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
     `progress(None, line)` before anything is signalled or removed. The row returned (and kept in
     the ledger) says the stop and clean in one line, `summary`."""
     session, layout = monitor.session, monitor.layout
+    if layout is None:
+        raise CockpitError("a relaunch needs a layout: it names what is launched")
 
     def say(line: str) -> None:
         if progress:
@@ -127,7 +141,7 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
                 shm = kill.shm_for_run(audit, plan, monitor.shm_held)
                 for line in kill.describe_shm_for_run(shm, audit["folder"]):
                     say(line)
-            done = {"removed": [], "skipped": []}
+            done: dict[str, Any] = {"removed": [], "skipped": []}
             if shm.remove:
                 done = await kill.shm_clean(session, shm.remove, uid=plan.uid)
                 removed = done["removed"]
@@ -135,9 +149,8 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
                     say(line)
             said.append(kill.summarize_clean(done, len(shm.left)))
             say(said[-1])  # the clean in one line, last: what a screen's progress keeps
-        monitor.new_run()
         run = await launch(session, layout, spec)
-    monitor.follow(run)
+        monitor.follow(run)  # the door: the new run alone watched, judged afresh
     outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle, interrupted)
     folder = None
     if outcome.startswith("stalled") and dump_on_stall:
@@ -148,10 +161,10 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
             evidence = evidence + [f"stacks: {line}" for line in gathered.lines]
         else:
             try:
-                found = await kill.find_run(session, run)  # the run just launched, as the kill finds it
+                members = await kill.member_plan(session, run)  # the run just launched, as the kill finds it
                 result = await dumps.dump_ranks(session, dumps.dump_targets(session.state,
-                                                                            kill.of_run(session.state, found)[0]),
-                                                run.run_id)
+                                                                            kill.of_run(session.state, members)[0]),
+                                                run.folder_name(session.target.label))
                 folder = str(result.folder)
                 evidence = evidence + [f"stacks: {line}" for line in result.report()]
             except CockpitError as exc:
@@ -160,14 +173,16 @@ async def run_variant(monitor, spec: RunSpec, timeout: float, clean_shm: bool = 
            "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": folder, "time": time.time(),
            "killed_before": killed, "shm_removed": removed, "summary": ", ".join(said)}
     append_ledger(layout, row)
-    run.record["outcome_written"] = True
-    return {**run.record, **row, "flag_sets": list(spec.enabled)}
+    return {**(run.record or {}), **row, "flag_sets": list(spec.enabled)}
 
 
-async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_plan=None,
-                 first_shm=None) -> list[dict]:
+async def ablate(monitor: Monitor, vary: list[str], timeout: float, progress: Progress | None = None,
+                 first_plan: KillPlan | None = None, first_shm: kill.ShmForRun | None = None
+                 ) -> list[dict[str, Any]]:
     """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
     operator confirmed them; each later step (and the final kill) says its plan before acting."""
+    if monitor.layout is None:
+        raise CockpitError("an ablation needs a layout: it names what is launched")
     rows = []
     for n, spec in enumerate(combinations(monitor.layout, vary)):
         if progress:
@@ -178,10 +193,10 @@ async def ablate(monitor, vary: list[str], timeout: float, progress=None, first_
     return rows
 
 
-async def end_own_run(monitor, why: str, progress=None) -> dict | None:
+async def end_own_run(monitor: Monitor, why: str, progress: Progress | None = None) -> dict[str, Any] | None:
     """The last run of an ablation or a bisect stopped (monitor.stop, verified), its plan said
     first; only the run it launched itself (refuse_unasked)."""
-    plan = await kill.plan_kill(monitor.session, monitor.run.scope(monitor.session.watch))
+    plan = await kill.plan_kill(monitor.session, monitor.scope())
     if plan.entries and progress:
         for line in ["the last run is killed:"] + plan.describe():
             progress(None, line)
@@ -189,7 +204,7 @@ async def end_own_run(monitor, why: str, progress=None) -> dict | None:
     return await stop_run(monitor, plan, why)
 
 
-def describe_ablation(rows: list[dict], vary: list[str]) -> list[str]:
+def describe_ablation(rows: list[dict[str, Any]], vary: list[str]) -> list[str]:
     head = "  ".join(f"{v:<10}" for v in vary)
     lines = [f"{head}  {'outcome':<17} {'ready after':>11}  run"]
     for r in rows:

@@ -4,14 +4,17 @@ forensics, how the host was reached) and the one-shot look that takes it: what `
 
 from __future__ import annotations
 
+from typing import Any
+
 from cockpit.host.snapshot import LOG_LINES, snapshot_doc
+from cockpit.monitor.base import Monitor
 
 
-def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
+def monitor_doc(monitor: Monitor, log_lines: int = LOG_LINES) -> dict[str, Any]:
     """The document of a live host, with its monitor's phase and verdict."""
     doc = snapshot_doc(monitor.state, log_lines, verdict=monitor.verdict, phase=monitor.phase)
-    doc["looked_s"] = getattr(monitor, "looked_s", None)
-    found = getattr(monitor, "forensics", None)
+    doc["looked_s"] = monitor.looked_s
+    found = monitor.forensics
     doc["forensics"] = found.doc() if found is not None else None
     describe = getattr(getattr(monitor.session, "link", None), "describe", None)
     if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
@@ -22,7 +25,7 @@ def monitor_doc(monitor, log_lines: int = LOG_LINES) -> dict:
     return doc
 
 
-async def take_snapshot(monitor, wait: float | None = None) -> dict:
+async def take_snapshot(monitor: Monitor, wait: float | None = None) -> dict[str, Any]:
     """Connect, let the agent sample (its first sample measures CPU % from the agent's start),
     take the monitor's one-shot look (`HostMonitor.look`: until decided, or `wait` seconds), and
     return the document."""

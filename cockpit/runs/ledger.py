@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from cockpit.common.errors import CockpitError
@@ -224,19 +225,44 @@ def describe_bisect_line(b: dict) -> str:
     return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 
+def _ledger_record(run: Run) -> dict | None:
+    layout, run_id = run.layout, run.run_id
+    if layout is None or run_id is None:
+        return None
+    return next((r for r in read_ledger(layout) if r.get("run_id") == run_id), None)
+
+
 def record_seen(followed: Run, verdict, phase, phase_times: dict) -> None:
     """The verdict the cockpit saw of a ledger run that has no outcome yet, written before it is
-    stopped: a stalled run stays recorded as stalled, not as killed."""
+    stopped: a stalled run stays recorded as stalled, not as killed. Whether it has one is the
+    ledger's word (its launcher's, a workflow's), read here, never a mark on the Run."""
     run, layout = followed.record, followed.layout
-    if not run or not layout or not run.get("run_id") or run.get("outcome_written") \
-            or run.get("outcome", "unknown") != "unknown":  # the ledger already has how it ended (its launcher's)
+    if not run or not layout or not run.get("run_id"):
+        return
+    known = _ledger_record(followed) or run
+    if known.get("outcome", "unknown") != "unknown":
         return
     outcome = verdict.name.value if verdict.name in ALERTING else (
         "ready" if phase.name in ("ready", "serving") else "stopped")
     append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
                            "phase_times": phase_times, "evidence": verdict.evidence,
                            "dumps": None, "time": time.time()})
-    run["outcome_written"] = True
+
+
+def note_seen(run: Run, write: bool) -> Run:
+    """The run as followed from now on: its leader's `leader_seen_ticks` (the agent saw the
+    leader alive then, so a process of its session born before is the run's, should its pid be
+    reused later) becomes its `seen_ticks`, written to the ledger when `write` (a kept screen's
+    look; a one-shot look that may yet be cancelled writes nothing) and the record is this
+    ledger's (not the host's)."""
+    rec = run.record
+    if not rec or rec.get("leader_seen_ticks") is None:
+        return run
+    seen = rec["leader_seen_ticks"]
+    if write and seen != rec.get("seen_ticks") and not rec.get("from_host") and run.layout and rec.get("run_id"):
+        append_ledger(run.layout, {"event": "seen", "run_id": rec["run_id"], "seen_ticks": seen})
+    kept = {k: v for k, v in rec.items() if k != "leader_seen_ticks"}
+    return replace(run, record={**kept, "seen_ticks": seen})
 
 
 def note_stop(followed: Run, plan, why: str) -> None:

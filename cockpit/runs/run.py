@@ -6,9 +6,15 @@ the host (the kill's rules: cockpit/actions/kill.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from cockpit.runs.config import Layout
+
+if TYPE_CHECKING:
+    from cockpit.host.session import WatchList
 
 LAUNCH_MARKER = "GPU_COCKPIT_RUN"  # in every launched run's environment: its run id (the agent's LAUNCH_MARKER)
 LAUNCHED_KEYS = ("pgid", "start", "boot", "uid", "run_id", "seen_ticks")  # what the agent is told of a launched run
@@ -23,7 +29,7 @@ class Scope:
     pgids: list[int] = field(default_factory=list)
     sids: list[int] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
-    launched: list[dict] = field(default_factory=list)
+    launched: list[dict[str, Any]] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     model: str | None = None
@@ -31,14 +37,14 @@ class Scope:
     default_port: int | None = None
     layout: str | None = None  # the layout's name: the host's record of launches holds its runs
 
-    def args(self) -> dict:
+    def args(self) -> dict[str, Any]:
         if self.pids:
             return {"pids": self.pids}
-        launched = [dict(r) for r in self.launched]
+        launched: list[dict[str, Any]] = [dict(r) for r in self.launched]
         for g in list(self.pgids) + list(self.sids):
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
-        out = {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
+        out: dict[str, Any] = {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
                "patterns": self.patterns}
         if self.default_port is not None:
             out["default_port"] = self.default_port
@@ -47,7 +53,7 @@ class Scope:
         return out
 
 
-def layout_model(layout) -> str | None:
+def layout_model(layout: Layout | None) -> str | None:
     """The model path the layout launches (`--model-path X`, `--model X`, `--model=X`, vLLM's
     `serve MODEL`), which a run started elsewhere must carry to be this layout's run."""
     if layout is None:
@@ -55,16 +61,16 @@ def layout_model(layout) -> str | None:
     flags = list(layout.base_flags)
     for i, arg in enumerate(flags):
         if arg in ("--model-path", "--model") and i + 1 < len(flags):
-            return flags[i + 1]
+            return str(flags[i + 1])
         for name in ("--model-path=", "--model="):
             if arg.startswith(name):
-                return arg[len(name):]
+                return str(arg[len(name):])
     for name in ("model_path", "model"):
         value = layout.params.get(name)
         if isinstance(value, str) and value:
             return value
     if layout.command and layout.command[-1].rsplit("/", 1)[-1] == "serve" and flags and not flags[0].startswith("-"):
-        return flags[0]
+        return str(flags[0])
     return None
 
 
@@ -72,8 +78,8 @@ def layout_model(layout) -> str | None:
 ENGINE_DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
 
 
-def layout_default_port(layout) -> int | None:
-    return ENGINE_DEFAULT_PORT.get(getattr(layout, "engine", None) or "") if layout is not None else None
+def layout_default_port(layout: Layout | None) -> int | None:
+    return ENGINE_DEFAULT_PORT.get(layout.engine or "") if layout is not None else None
 
 
 def process_scope(pid: int) -> Scope:
@@ -81,15 +87,20 @@ def process_scope(pid: int) -> Scope:
     return Scope(pids=[pid])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """The run a monitor follows. `record` is the ledger's record of a run launched, resumed or
     adopted (None: the layout's run, found on the host by the kill's rules); `rule` says how it
-    was found."""
+    was found. Frozen, its record read-only: what changes of a run (its leader seen again) comes
+    back as a new Run, handed to the monitor's one door (`Monitor.follow`)."""
 
     layout: Layout | None = None
-    record: dict | None = None
+    record: Mapping[str, Any] | None = None
     rule: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.record is not None and not isinstance(self.record, MappingProxyType):
+            object.__setattr__(self, "record", MappingProxyType(dict(self.record)))
 
     @property
     def run_id(self) -> str | None:
@@ -100,14 +111,14 @@ class Run:
         else the layout's name, else the host's."""
         return self.run_id or (self.layout.name if self.layout else host)
 
-    def launched(self) -> list[dict]:
+    def launched(self) -> list[dict[str, Any]]:
         """What the agent is told of the launched run: its process group and its leader's start."""
         rec = self.record
         if not rec or rec.get("pgid") is None:
             return []
         return [{k: rec[k] for k in LAUNCHED_KEYS if rec.get(k) is not None}]
 
-    def scope(self, watch) -> Scope:
+    def scope(self, watch: WatchList) -> Scope:
         """The run as hints the agent resolves on the host; `watch` is the session's WatchList,
         whose process groups the agent launched itself (it knows their leaders' start)."""
         layout = self.layout

@@ -15,7 +15,7 @@ from cockpit.actions.kill import (
     describe_clean,
     describe_kill,
     describe_shm,
-    find_run,
+    member_plan,
     listed,
     of_run,
     plan_kill,
@@ -154,7 +154,7 @@ class ActionRunner:
             if not go:
                 return
             state = self.screen.state
-            plan = await find_run(self.monitor.session, self.monitor.run)  # as the kill finds it: never another's ranks
+            plan = await member_plan(self.monitor.session, self.monitor.run)  # as the kill finds it: never another's ranks
             ranks = dump_targets(state, of_run(state, plan)[0])
             if not ranks:
                 self.notify("no rank to dump", severity="warning")

@@ -332,7 +332,7 @@ class CockpitScreen(Screen):
         self.run_worker(self.actions.kill(process_scope(pid), f"kill pid {pid}"), group="action")
 
     def action_kill_run(self) -> None:
-        self.run_worker(self.actions.kill(self.monitor.run.scope(self.session.watch), "kill the run"), group="action")
+        self.run_worker(self.actions.kill(self.monitor.scope(), "kill the run"), group="action")
 
     def action_shm(self) -> None:
         self.run_worker(self.actions.shm(), group="action")
