@@ -1,6 +1,7 @@
 """Bad command lines: one line naming what is wrong and the fix, exit status 2, never a traceback;
 a subcommand's own usage on an argument it does not take; output paths checked before any work;
-`serve` on a port in use says so before printing a URL."""
+`serve` on a port in use says so before printing a URL. What a command imports: its family's
+module of cockpit/cli/ alone, and a family that cannot be imported is still one line."""
 
 from __future__ import annotations
 
@@ -237,3 +238,22 @@ def test_each_command_is_registered_by_the_family_that_names_it_and_no_other():
         importlib.import_module(f"cockpit.cli.{module.name}")
     assert {name: cmd.handler.__module__ for name, cmd in REGISTERED.items()} == \
         {name: f"cockpit.cli.{family}" for name, (family, _help) in COMMANDS.items()}
+
+
+def test_a_family_that_cannot_be_imported_is_one_line_not_a_traceback(tmp_path):
+    """A broken install (here Textual made unimportable) fails the command that needs it in one
+    line, exit status 1, as any bug does; a command of another family still runs."""
+    blocker = tmp_path / "textual"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from cockpit.cli import main; "
+            f"sys.exit(main(sys.argv[1:]))")
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    broken = subprocess.run([sys.executable, "-c", code, "open", "local"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert broken.returncode == 1 and broken.stdout == ""
+    assert broken.stderr == ("cockpit: internal error: ImportError: blocked for the test "
+                             "(rerun with COCKPIT_DEBUG=1 for the traceback)\n")
+    other = subprocess.run([sys.executable, "-c", code, "runs", "--layout", "demo", "--json"], capture_output=True,
+                           text=True, timeout=60, env=env)
+    assert (other.returncode, other.stdout) == (0, "[]\n"), other.stderr

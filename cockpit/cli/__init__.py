@@ -7,12 +7,13 @@
 Every subcommand is named here once, with its family module and its one-line help (`COMMANDS`);
 the family registers its arguments and handler (`@command`, cockpit/cli/base.py) and is imported
 only when one of its commands is parsed: a command's start costs its family's imports alone, and
-`cockpit --help` none. The families go by what they import: `screen` and `demo` Textual, `act`
-and `launch` the actions and workflows, `servers` the exporter and textual-serve's guard,
-`offline` neither a host nor asyncio, `snapshot` the agent's early start first. Every command
-that talks to a host goes through one HostMonitor (`attached`, cockpit/cli/attach.py), so the
-verdict a script reads is the one the screen shows. Every user-facing failure is one line on
-stderr and exit status 2, never a traceback (`base.handle`).
+`cockpit --help` none. The families go by what they import: `screen` and `demo` Textual; `act`
+and `launch` the actions and the workflows that drive a monitor; `servers` the exporter and
+cockpit/serve.py; `offline` no host and no asyncio; `snapshot` only what starting the agent early
+needs, the rest after that start. Every command that talks to a host goes through one
+HostMonitor (`attached`, cockpit/cli/attach.py), so the verdict a script reads is the one the
+screen shows. Every user-facing failure is one line on stderr and exit status 2, never a
+traceback (`base.handle`).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["open"] + argv
     elif argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["open"] + argv
-    return handle(parse_args(argv))
+    return handle(lambda: parse_args(argv))
 
 
 def entry() -> None:

@@ -67,10 +67,12 @@ def common_options(p: argparse.ArgumentParser) -> None:
                    help="do not gather a stall's forensics (every rank's stack, once per stall) automatically")
 
 
-def handle(args: argparse.Namespace) -> int:
-    """Run the command's handler; every failure is one line on stderr: a CockpitError exit status
-    2, Ctrl+C 130, a bug 1."""
+def handle(parse: Callable[[], argparse.Namespace]) -> int:
+    """Parse the command line (its command's family imported) and run the command's handler;
+    every failure is one line on stderr: a CockpitError exit status 2, Ctrl+C 130, a bug or a
+    broken install 1. A bad command line is argparse's own exit, status 2."""
     try:
+        args = parse()
         return REGISTERED[args.command].handler(args)
     except CockpitError as exc:
         say(f"cockpit: {exc}", file=sys.stderr)
