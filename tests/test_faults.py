@@ -201,14 +201,19 @@ async def test_host_python_losing_its_packages_then_vanishing_between_connects_i
 
 async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(sim_state, tmp_path):
     """The operator (or systemd) kills the server and starts it again by hand, same command, same
-    log file. The cockpit finds the new ranks on its next full scan, says a new run appeared,
-    drops the old ranks instead of calling the run crashed, and follows the new run's phases."""
+    log file. The host state reports the run boundary on its next full scan (a note of how the
+    last run's ranks ended); the monitor acts on it: the old ranks are dropped instead of calling
+    the run crashed, and the new run's phases are followed, those its log printed before its
+    ranks were found too."""
     import asyncio
     import signal
+    from dataclasses import replace
 
-    from cockpit.judge.diagnose import Watchdog
     from conftest import free_port
     from simhost import wait_for
+
+    from cockpit.monitor.host import HostMonitor
+    from cockpit.runs.layouts import resolve_layout
 
     log = tmp_path / "server.log"
     port = free_port()
@@ -220,34 +225,34 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
         return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     first = start_by_hand()
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
-                          WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)], ports=[port]))
-    dog = Watchdog(idle_s=600, spin_s=600, ports=[port])
+    layout = replace(resolve_layout("demo"), ports=[port], log=str(log), name=f"by-hand-{port}")
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)), layout,
+                          watch=WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)],
+                                          ports=[port]))
+    state = monitor.state
     second = None
     try:
-        await session.connect()
-
-        def verdict():
-            return dog.update(session.state, asyncio.get_running_loop().time(), str(log))
-
-        await wait_for(lambda: len([p for p in session.state.ranks() if p.alive]) == 4, 30, "four ranks")
-        old = {p.pid for p in session.state.ranks()}
+        await monitor.open()
+        await wait_for(lambda: len([p for p in state.ranks() if p.alive]) == 4, 30, "four ranks")
+        old = {p.pid for p in state.ranks()}
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-        await wait_for(lambda: verdict()[1].name == "crashed", 10, "the kill seen as ranks gone")
+        await wait_for(lambda: monitor.verdict.name == "crashed", 10, "the kill seen as ranks gone")
         second = start_by_hand()
-        await wait_for(lambda: session.state.generation == 1, 15, "the new run found by the full scan")
-        live = {p.pid for p in session.state.ranks()}
+        await wait_for(lambda: state.generation == 1, 15, "the new run found by the full scan")
+        await asyncio.sleep(0)  # the sample that reported it has been judged
+        live = {p.pid for p in state.ranks()}
         assert len(live) == 4 and not live & old  # the old ranks are dropped, not shown as dead ranks of this run
-        assert all(p.pgid == second.pid for p in session.state.ranks())
+        assert all(p.pgid == second.pid for p in state.ranks())
         assert "a new run appeared (process group %d): the previous run's 4 ranks are gone" % second.pid in \
-            session.state.notes[-1]
-        phase, v = verdict()
-        assert v.name != "crashed"
-        await wait_for(lambda: verdict()[0].name in ("ready", "serving"), 40, "the new run's phases followed")
+            state.notes[-1]
+        assert monitor.verdict.name != "crashed"
+        await wait_for(lambda: monitor.phase.name in ("ready", "serving"), 40, "the new run's phases followed",
+                       lambda: (monitor.phase, monitor.verdict, [(p.pid, p.rank, p.alive) for p in state.ranks()]))
     finally:
         kill_groups(proc.pid for proc in (first, second) if proc is not None)
-        await session.close()
+        await monitor.close()
 
 
 async def test_a_one_shot_session_waits_out_a_busy_host(sim_state):

@@ -4,6 +4,7 @@ imports Textual, the agent and the simulated host import nothing of the cockpit,
 families of cockpit/cli/ import none of each other; and, module by module, no import circle
 anywhere."""
 
+import importlib.util
 import subprocess
 import sys
 import tomllib
@@ -98,3 +99,14 @@ def test_no_test_file_is_over_600_lines():
     long = {p.name: n for p in sorted((ROOT / "tests").glob("test_*.py"))
             if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, long
+
+
+def test_the_architecture_drawing_is_the_codes():
+    """docs/ARCHITECTURE.md's floors and arrows are drawn from pyproject.toml's layers and the
+    code's imports (scripts/floors.py): a module added, moved or importing a new floor changes the
+    drawing, and the document must say so (`.venv/bin/python scripts/floors.py --write`)."""
+    spec = importlib.util.spec_from_file_location("floors", ROOT / "scripts" / "floors.py")
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+    assert floors.written() == floors.drawing(), "docs/ARCHITECTURE.md's drawing is stale: run " \
+                                                 "`.venv/bin/python scripts/floors.py --write`"

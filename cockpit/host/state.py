@@ -290,7 +290,8 @@ class HostState:
         self.link_state = "connecting"
         self.rtt_ms: float | None = None
         self.verdict: dict | None = None  # a recorded verdict, for a replayed snapshot
-        self.generation = 0  # bumped when a new run replaces the last one (see _new_run)
+        self.generation = 0  # bumped when a new run replaces the last one (see _run_boundary)
+        self._boundary_of: frozenset[int] = frozenset()  # the dead ranks of the boundary reported last
         self.notes: deque = deque(maxlen=20)  # what the operator should be told once
         self.log_ranks: dict[int, int] = {}  # pid -> rank, from log prefixes such as `(VllmWorker TP1 pid=406)`
         self.ras = RasView()  # NCCL RAS answers the agent polled (cockpit/read/ras.py)
@@ -471,7 +472,7 @@ class HostState:
         if "acts" in f:
             self._acts(f["acts"])
         self._infer_ranks()
-        self._new_run()
+        self._run_boundary()
         self._forget_old_dead()
         if "ports" in f:
             ports = []
@@ -516,23 +517,27 @@ class HostState:
                 out.append(rec)
         return out
 
-    def _new_run(self) -> None:
+    def _run_boundary(self) -> None:
         """A server restarted outside the cockpit (by hand, by systemd, an elastic agent) shows
-        up as ranks first seen after every rank of the last run died. Those dead ranks are then
-        the last run's history, not a crash of this one: dropped, with a note of how they ended.
-        A rank that died while others of its run live on stays: that is a crash."""
+        up as ranks first seen after every rank of the last run died: a run boundary, reported
+        (`generation` moves, with a note of how the last run's ranks ended) for the monitor to act
+        on (its dead ranks are history, not a crash of this one). A rank that died while others of
+        its run live on is no boundary: that is a crash."""
         ranks = [p for p in self.procs.values() if p.rank is not None]
         live = [p for p in ranks if p.alive]
         dead = [p for p in ranks if not p.alive]
         if not dead or not live or min(p.first_seen for p in live) < max(p.gone_at or 0.0 for p in dead):
             return
+        ended = frozenset(p.pid for p in dead)
+        if ended == self._boundary_of:
+            return  # reported already; the monitor has not acted on it yet
+        self._boundary_of = ended
         codes = sorted({p.exit_code for p in dead if p.exit_code is not None})
         ended = f" (exit codes {', '.join(map(str, codes))})" if codes else ""
         groups = ", ".join(str(g) for g in sorted({p.pgid for p in live if p.pgid is not None}))
         self.notes.append(f"a new run appeared (process group {groups}): the previous run's {count(len(dead), 'rank')} "
                           f"{'is' if len(dead) == 1 else 'are'} gone{ended}")
         self.generation += 1
-        self.forget_dead()
 
     def _infer_ranks(self) -> None:
         """A rank whose title is gone (a zombie keeps only its 15-character name, no command line)

@@ -178,6 +178,7 @@ class Watchdog:
         self._ended = False  # see end()
         self._shards: tuple[int, int] | None = None
         self._generation = 0
+        self._all_dead_at: int | None = None  # lines of the log read when every rank was first seen dead
         self._reset_progress()
         self.progress: Progress | None = None  # the last judgement's reading of the run's progress
         self._replays: dict[tuple[int, str], tuple[int, int, float | None]] = {}  # (gpu, counter) -> (first, last, grew at)
@@ -212,6 +213,7 @@ class Watchdog:
         self._generation = state.generation  # this run is the state's current one: not new again
         self._marks = {path: log.total for path, log in state.logs.items()}
         self._log_seen = (None, 0)
+        self._all_dead_at = None
         self.started = started
 
     def end(self) -> None:
@@ -273,10 +275,16 @@ class Watchdog:
     def _judge(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         key = log_path if log_path else next(iter(state.logs), None)  # a run spanning nodes: `node:path`
         log = state.logs.get(key) if key is not None else None
+        ranks = [p for p in state.procs.values() if p.rank is not None]
         if state.generation != self._generation:
             self._generation = state.generation
             self._new_run()
-        ranks = [p for p in state.procs.values() if p.rank is not None]
+            self._phases_since(self._all_dead_at, key, log)
+        if ranks and not any(p.alive for p in ranks):
+            if self._all_dead_at is None:
+                self._all_dead_at = self._log_seen[1] if self._log_seen[0] == key else None
+        elif ranks:
+            self._all_dead_at = None
         if self._ended:
             if not any(p.alive and p.status != "Z" for p in ranks):
                 if log is not None:
@@ -570,6 +578,25 @@ class Watchdog:
                 ev.append(f"rank {odd} is the odd one out: CPU {outliers[0].cpu_pct:.0f} % against "
                           f"{median:.0f} % for the others")
         return True, odd, ev
+
+    def _phases_since(self, position: int | None, key: str | None, log) -> None:
+        """A run that replaced the last one outside the cockpit (HostState's run boundary) may have
+        printed its first phases before its ranks were seen: its lines since every rank of the last
+        run was seen dead (`position`, lines of the log read then) mark its phases again. Only the
+        phases: what failed there was the last run's end."""
+        if log is None or position is None or key != self._log_seen[0]:
+            return
+        new = min(len(log.lines), self._log_seen[1] - position)
+        if new <= 0:
+            return
+        first = len(log.lines) - (log.total - self._log_seen[1]) - new
+        for line in itertools.islice(log.lines, max(0, first), max(0, first + new)):
+            if line.phase is not None:
+                self._phase_line = line
+                if line.shards:
+                    self._shards = line.shards
+                if not self._passed or self._passed[-1][0] != line.phase:
+                    self._passed.append((line.phase, _clock(line.time)))
 
     def _scan_new_lines(self, key: str | None, log, now: float) -> None:
         """Reads only the lines that arrived since the last update: the verdict runs every frame

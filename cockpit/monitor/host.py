@@ -84,6 +84,7 @@ class HostMonitor(MonitorBase):
         self._ledger_seen: float | None = None  # the ledger's mtime when a new run was last looked for
         self._port_look_at = 0.0  # when a port held by a process not watched last sent us looking
         self._generation_seen = 0  # the HostState's run generation whose log was last looked for
+        self._boundary_seen = 0  # the HostState's run generation acted on
         self._log_found = False  # the log followed is the one _find_log found (no layout log, no ledger run)
         self.on_connect = on_connect
         self.probe_every_s = probe_every_s
@@ -116,6 +117,8 @@ class HostMonitor(MonitorBase):
         state = self.state
         if not state.seq or state.link_state != "up" or not self._judgeable():
             return
+        if state.generation != self._boundary_seen:
+            self._forget_run()
         before = self.verdict
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         if self.verdict.name == VerdictName.CRASHED:
@@ -305,9 +308,18 @@ class HostMonitor(MonitorBase):
         """A run starts (launched, or found replacing the last one): the last run's phases, crash
         and stall clocks, dead ranks, log lines, metrics and the operator's kills are history."""
         self._judge_afresh(started, resumed)
+        self._forget_run()
+        self.verdict = Verdict(VerdictName.WATCHING, [])
+
+    def _forget_run(self) -> None:
+        """The last run's dead processes, the operator's kills, metrics, forensics and /dev/shm
+        holdings are history: a run started (new_run), or the HostState reported a run boundary
+        (a server restarted outside the cockpit; the watchdog starts afresh on it by itself,
+        reading on from the lines that came since)."""
+        self._boundary_seen = self.state.generation
+        self.state.forget_dead()
         self.operator_kills = {}
         self.state.metrics = metrics.MetricsView()
-        self.verdict = Verdict(VerdictName.WATCHING, [])
         self.forensics, self._forensics_for = None, None
         self.shm_held, self._shm_look_at = {}, 0.0
 
