@@ -220,6 +220,8 @@ def test_a_command_imports_its_family_module_alone_and_the_top_help_none(tmp_pat
     assert (rc, modules, out) == (0, ["cockpit.cli", "cockpit.cli.base", "cockpit.cli.offline"], "[]\n")
     rc, modules, _ = _imported_by(tmp_path, "kill", "local", "--read-only")  # refused before any host is asked
     assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.act", "cockpit.cli.attach", "cockpit.cli.base"])
+    rc, modules, out = _imported_by(tmp_path, "--version")
+    assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"]) and out.startswith("gpu-cockpit ")
     rc, modules, out = _imported_by(tmp_path, "--help")
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"])
     listed = " ".join(out.split())
