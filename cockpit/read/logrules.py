@@ -238,10 +238,73 @@ def _level_near(s: str, start: int, end: int) -> bool:
 
 
 def parse(text: str) -> Parsed:
-    """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Each
-    prefix is tried where its first literal stands (`str.find`), not searched for position by
-    position: the common line costs a few finds. Only the first RULE_CHARS of a line are read."""
+    """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Only the
+    first RULE_CHARS of a line are read. The shapes a writer repeats line after line go by
+    `_parse_common`; any other line by `parse_general`, which gives every line the same result
+    (tests/test_log_fastpath.py checks it on every line of the corpus)."""
     text = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
+    if "\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text:
+        return parse_general(text)
+    return _parse_common(text) or parse_general(text)
+
+
+def _parse_common(s: str) -> Parsed | None:
+    """`parse_general`'s result for the common shapes, or None for any other line: SGLang's
+    `[time TP3] `, vLLM's `LEVEL time [file:N] ` behind an optional `(Writer pid=N) `, and a line
+    with no prefix at all (uvicorn's `INFO:     ...`). One match of the shape's own pattern, then
+    the few `str.find`s that rule out every other prefix the general parse could still read (an
+    outer layer, another prefix in the window it looks in, a torch or rank prefix after it); a line
+    that fails one goes the general way. `s` holds no colour code and at most RULE_CHARS."""
+    c = s[:1]
+    if c == "[":
+        m = SGLANG_PREFIX.match(s, 0, PREFIX_WINDOW)
+        if m is None:
+            return None
+        pos = m.end()
+        tags = m.group(2)
+        if (not tags and s.startswith("[", pos)) or s.find("[", pos, pos + 60) >= 0 \
+                or s.startswith(LEVEL_WORDS, pos) or s[pos:pos + 1].isdigit() \
+                or s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0:
+            return None  # a wrapper's "[time] [prog]: ", a level, a site's time or a writer after it
+        if tags:
+            tags = tags.strip()
+            return _new(Parsed, (s[pos:], m.group(1), tags, _rank_of_tags(tags), None, "sglang"))
+        return _new(Parsed, (s[pos:], m.group(1), None, None, None, "sglang"))
+    who = rank = None
+    pos = 0
+    if c == "(":
+        m = VLLM_PREFIX.match(s, 0, PREFIX_WINDOW)
+        if m is None:
+            return None
+        who, pos = m.group(1), m.end()
+        if "glang" in who.lower() or s.startswith("(", pos):
+            return None  # Ray's prefix of an SGLang actor (an outer layer), or a nested writer
+        rank = _rank_of_who(who)
+        engine = "vllm" if VLLM_WHO.match(who) else None
+    elif not c.isalpha():
+        return None
+    elif s.find(" pid=", 0, PREFIX_WINDOW) >= 0:
+        return None
+    if s.startswith(LEVEL_WORDS, pos):
+        m = VLLM_LEVEL.match(s, pos)
+        if m is None:
+            return None
+        end = m.end()
+        if s.find("[", end, end + 60) >= 0:
+            return None
+        return _new(Parsed, (s[end:], m.group(2), who, rank, m.group(1), "vllm"))
+    if s.find("[", pos, pos + 60) >= 0 or s.find("]", pos, pos + 60) >= 0 or s[pos:pos + 1].isdigit():
+        return None  # a prefix further on, or a level's "file:N]" in reach
+    if who is not None:
+        return _new(Parsed, (s[pos:], None, who, rank, None, engine))
+    if s[3:4] == " " or "|" in s:
+        return None  # a docker compose or journald prefix may stand first
+    return _new(Parsed, (s, None, None, None, None, None))
+
+
+def parse_general(text: str) -> Parsed:
+    """`parse` for any line: each prefix tried where its first literal stands (`str.find`), not
+    searched for position by position. `text` is at most RULE_CHARS long."""
     s = ANSI.sub("", text) if ("\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text) else text
     time = None
     if _outer_maybe(s) and OUTER_ANY.match(s):
