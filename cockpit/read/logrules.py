@@ -167,8 +167,18 @@ TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
-PREFIX_WINDOW = 160
-LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL, SITE_LEVEL's 2nd start so  # prefixes are looked for this far into a line, past whatever an outer layer put first
+PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
+LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # how VLLM_LEVEL and SITE_LEVEL's second shape start
+# The common shapes whole, for `_parse_common`: the prefix (atomic: the general parse's own match,
+# never another split of it), then what rules out every further prefix the general parse could read
+# after it: no "[" (SGLang's, torch's, a rank's) nor "(" (a vLLM writer's) in the next 60
+# characters, and for SGLang's no level or digit (a vLLM or site level) right after it.
+NO_PREFIX_AHEAD = r"(?=[^\[(]{60}|[^\[(]*\Z)"
+SGLANG_COMMON = re.compile(r"(?>\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?)"
+                           r"(?!\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )" + NO_PREFIX_AHEAD)
+VLLM_COMMON = re.compile(r"(?>(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+                         r"\[?[\w./<>-]+:\d+\] ?)" + NO_PREFIX_AHEAD)
+NO_PREFIX = re.compile(r"(?=[^\[\](]{60}|[^\[\](]*\Z)")  # nor a level's "file:N]" in reach
 
 
 # a named tuple made from all its fields at once, without the generated __new__'s call: the common
@@ -251,27 +261,19 @@ def parse(text: str) -> Parsed:
 def _parse_common(s: str) -> Parsed | None:
     """`parse_general`'s result for the common shapes, or None for any other line: SGLang's
     `[time TP3] `, vLLM's `LEVEL time [file:N] ` behind an optional `(Writer pid=N) `, and a line
-    with no prefix at all (uvicorn's `INFO:     ...`). One match of the shape's own pattern, then
-    the few `str.find`s that rule out every other prefix the general parse could still read (an
-    outer layer, another prefix in the window it looks in, a torch or rank prefix after it); a line
-    that fails one goes the general way. `s` holds no colour code and at most RULE_CHARS."""
+    with no prefix at all (uvicorn's `INFO:     ...`): one match of the shape's own pattern, which
+    also rules out every other prefix the general parse could still find (SGLANG_COMMON,
+    VLLM_COMMON, NO_PREFIX). `s` holds no colour code and at most RULE_CHARS."""
     c = s[:1]
     if c == "[":
-        m = SGLANG_PREFIX.match(s, 0, PREFIX_WINDOW)
-        if m is None:
+        m = SGLANG_COMMON.match(s)
+        if m is None or m.end() > PREFIX_WINDOW:  # the general parse reads SGLang's within the window
             return None
-        pos = m.end()
-        tags = m.group(2)
-        if (not tags and s.startswith("[", pos)) or s.find("[", pos, pos + 60) >= 0 \
-                or s.startswith(LEVEL_WORDS, pos) or s[pos:pos + 1].isdigit() \
-                or s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0:
-            return None  # a wrapper's "[time] [prog]: ", a level, a site's time or a writer after it
+        time, tags = m.group(1, 2)
         if tags:
             tags = tags.strip()
-            return _new(Parsed, (s[pos:], m.group(1), tags, _rank_of_tags(tags), None, "sglang"))
-        return _new(Parsed, (s[pos:], m.group(1), None, None, None, "sglang"))
-    who = rank = None
-    pos = 0
+            return _new(Parsed, (s[m.end():], time, tags, _rank_of_tags(tags), None, "sglang"))
+        return _new(Parsed, (s[m.end():], time, None, None, None, "sglang"))
     if c == "(":
         m = VLLM_PREFIX.match(s, 0, PREFIX_WINDOW)
         if m is None:
@@ -280,31 +282,24 @@ def _parse_common(s: str) -> Parsed | None:
         if "glang" in who.lower() or s.startswith("(", pos):
             return None  # Ray's prefix of an SGLang actor (an outer layer), or a nested writer
         rank = _rank_of_who(who)
-        engine = "vllm" if VLLM_WHO.match(who) else None
-    elif not c.isalpha():
-        return None
-    elif s.find(" pid=", 0, PREFIX_WINDOW) >= 0:
-        return None
-    if s.startswith(LEVEL_WORDS, pos):
-        m = VLLM_LEVEL.match(s, pos)
-        if m is None:
+        m = VLLM_COMMON.match(s, pos)
+        if m is not None:
+            return _new(Parsed, (s[m.end():], m.group(2), who, rank, m.group(1), "vllm"))
+        if s.startswith(LEVEL_WORDS, pos) or s[pos:pos + 1].isdigit() or NO_PREFIX.match(s, pos) is None:
             return None
-        end = m.end()
-        if s.find("[", end, end + 60) >= 0:
-            return None
-        return _new(Parsed, (s[end:], m.group(2), who, rank, m.group(1), "vllm"))
-    if s.find("[", pos, pos + 60) >= 0 or s.find("]", pos, pos + 60) >= 0 or s[pos:pos + 1].isdigit():
-        return None  # a prefix further on, or a level's "file:N]" in reach
-    if who is not None:
-        return _new(Parsed, (s[pos:], None, who, rank, None, engine))
-    if s[3:4] == " " or "|" in s:
-        return None  # a docker compose or journald prefix may stand first
+        return _new(Parsed, (s[pos:], None, who, rank, None, "vllm" if VLLM_WHO.match(who) else None))
+    m = VLLM_COMMON.match(s)
+    if m is not None:
+        return _new(Parsed, (s[m.end():], m.group(2), None, None, m.group(1), "vllm"))
+    if not c.isalpha() or s.startswith(LEVEL_WORDS) or s[3:4] == " " or "|" in s or NO_PREFIX.match(s) is None:
+        return None  # a level the general parse reads, an outer layer (journald's, docker compose's) or a prefix
     return _new(Parsed, (s, None, None, None, None, None))
 
 
 def parse_general(text: str) -> Parsed:
     """`parse` for any line: each prefix tried where its first literal stands (`str.find`), not
-    searched for position by position. `text` is at most RULE_CHARS long."""
+    searched for position by position."""
+    text = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
     s = ANSI.sub("", text) if ("\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text) else text
     time = None
     if _outer_maybe(s) and OUTER_ANY.match(s):
@@ -676,8 +671,12 @@ class LogRules:
     """An engine's rules (plus a layout's own phases) for classifying its log lines. Engine "auto"
     (or any unknown name) decides from the lines themselves as they come (`detected`)."""
 
-    def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None):
+    def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None, general: bool = False):
+        """`general`: every line parsed by `parse_general`, none by the common shapes' parse (the
+        reference tests/test_log_fastpath.py compares `classify` with)."""
         self.engine = engine
+        self._learning = engine not in ENGINE_PHASES
+        self._parse = parse_general if general else parse
         self.extra = [(r.pattern, r.phase) for r in extra or []]
         self._scores = {"sglang": 0, "vllm": 0}
         self.detected: str | None = engine if engine in ENGINE_PHASES else None
@@ -694,7 +693,8 @@ class LogRules:
         # one search rules out the many lines that mark none of the engine's phases
         self._any_phase = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in table))
         # an access or stats line (told by its shape) marks serving or nothing: its own rule only
-        self._serving = [rx for rx, name in reversed(table) if name == "serving"]
+        serving = [rx.pattern for rx, name in table if name == "serving"]
+        self._serving = re.compile("|".join(f"(?:{rx})" for rx in serving))
 
     def _learn(self, text: str, parsed: Parsed) -> None:
         if self.engine in ENGINE_PHASES:
@@ -714,7 +714,10 @@ class LogRules:
         for rx, name in reversed(self.extra):  # a layout's own phases first, with their own flags
             if rx.search(message):
                 return name
-        if not _phase_words(message) or not self._any_phase.search(message):
+        return self._engine_phase(message) if _phase_words(message) else None
+
+    def _engine_phase(self, message: str) -> str | None:
+        if not self._any_phase.search(message):
             return None
         for rx, name in reversed(self._table):
             if rx.search(message):
@@ -726,15 +729,23 @@ class LogRules:
         text itself is kept whole), each rule family only where its words stand (`_hot`,
         `_phase_words`); an access line or an engine's stats line is told by its shape alone (a
         client's URL is no failure)."""
-        p = parse(text)
-        if self.engine not in ENGINE_PHASES:
+        p = self._parse(text)
+        if self._learning:
             self._learn(text, p)
         msg, time, who, rank, level, _ = p
-        stats, stats_of = _stats(msg)
+        if "throughput" in msg or "Prefill batch" in msg:
+            stats, stats_of = _stats(msg)
+        else:
+            stats = stats_of = None
         access = ACCESS_LINE.search(msg) if "HTTP/" in msg else None
-        http = (access.group(1), int(access.group(3))) if access else None
-        probe = http is not None and http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
-        shaped = stats is not None or http is not None
+        if access is None:
+            http = None
+            probe = False
+            shaped = stats is not None
+        else:
+            http = (access.group(1), int(access.group(3)))
+            probe = http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
+            shaped = True
         quiet = level == "INFO" or level == "DEBUG"
         # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
         hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
@@ -748,10 +759,12 @@ class LogRules:
             # an engine's own stats line is its serving mark; an access line the serving rule's if it matches
             served = stats_of is not None and self.detected in (None, stats_of)
             if not served and access is not None:  # the request itself, where its quote opens
-                served = any(rx.match(msg, access.start()) for rx in self._serving)
+                served = self._serving.match(msg, access.start()) is not None
             phase = "serving" if served else None
-        else:
+        elif self.extra:
             phase = self._phase(msg)
+        else:
+            phase = self._engine_phase(msg) if _phase_words(msg) else None
         if quiet or level is None and not hot:  # the common line: no error, no warning
             return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
                                   _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
@@ -1010,27 +1023,28 @@ class LogTracker:
     def add(self, ll: LogLine) -> LogLine:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
-        msg = ll.message or ""
-        kind = ll.kind
-        if ll.time:
-            self.last_time = ll.time
-        if ll.rank is not None:
-            self.ranks.add(ll.rank)
+        text, kind, rank, phase, _, _, _, _, time, _, msg, _, _, level, stats, probe, http = ll
+        msg = msg or ""
+        if time:
+            self.last_time = time
+        if rank is not None:
+            self.ranks.add(rank)
         if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
                 and (self._failures or self.timeline and self.phase != "starting"):
             self._restart()
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
-        reading = self._block is not None or self._trace is not None  # a traceback is being read
-        continues = reading and self._continues(ll)
-        if reading and not continues:
-            self._block = None
-            self._trace = None
-        elif continues and self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
-            if CHAINED.match(msg.strip()):
-                self._trace.chained = True
+        continues = False
+        if self._block is not None or self._trace is not None:  # a traceback is being read
+            continues = self._continues(ll)
+            if not continues:
+                self._block = None
+                self._trace = None
+            elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
+                if CHAINED.match(msg.strip()):
+                    self._trace.chained = True
         if kind == "warning" and cause_of(msg) == "oom":
-            self._oom_warning = (self.n, ll.rank, ll.text)
+            self._oom_warning = (self.n, rank, text)
         if ("xception in" in msg or "rror h" in msg or "rror in" in msg) and REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
         if "Traceback" in msg or 'File "' in msg:
@@ -1038,7 +1052,7 @@ class LogTracker:
         if kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self._failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
         # the engine's stats: requests running, nothing done
-        frozen = ll.stats is not None and progress_of(ll) == "frozen"
+        frozen = stats is not None and progress_of(ll) == "frozen"
         if kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
@@ -1048,20 +1062,19 @@ class LogTracker:
             self._stall(ll)
         elif frozen:
             self._stall(ll._replace(kind="stall", cause="requests-frozen"))
-        elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
-            _cite(self._block, self.n, ll.text)  # the traceback's own last word
-        elif self._trace is not None and continues and not self._trace.done and FINAL_LINE.match(msg) \
-                and ll.level not in ("WARNING", "INFO", "DEBUG"):
+        elif continues and self._block is not None and EXCEPTION_LINE.match(msg):
+            _cite(self._block, self.n, text)  # the traceback's own last word
+        elif continues and self._trace is not None and not self._trace.done and FINAL_LINE.match(msg) \
+                and level not in ("WARNING", "INFO", "DEBUG"):
             self._trace_failure(ll, msg)
         served = False
-        if ll.http is not None:
+        if http is not None:
             self.requests += 1
-            method, status = ll.http
+            method, status = http
             served = 200 <= status < 300 and method in ("GET", "POST", "PUT")
             if served and self.answered is None and kind != "failure":
-                self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, ll.time)
-        phase = ll.phase
-        if kind != "failure" and (phase or served) and not frozen and not ll.probe:
+                self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, time)
+        if self._pending and kind != "failure" and (phase or served) and not frozen and not probe:
             self._progress(ll)
         if phase and kind != "failure":
             self._mark(ll, progress=not frozen)
@@ -1184,7 +1197,7 @@ class LogTracker:
 
     def _mark(self, ll: LogLine, progress: bool = True) -> None:
         phase = ll.phase
-        current = self.phase
+        current = self.timeline[-1].phase if self.timeline else None
         if phase == "serving" and current == "port open":
             phase = "warmup"  # SGLang's own warm-up request, before "fired up and ready"
         if progress:
