@@ -252,18 +252,19 @@ def parse(text: str) -> Parsed:
     first RULE_CHARS of a line are read. The shapes a writer repeats line after line go by
     `_parse_common`; any other line by `parse_general`, which gives every line the same result
     (tests/test_log_fastpath.py checks it on every line of the corpus)."""
-    text = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
-    if "\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text:
-        return parse_general(text)
     return _parse_common(text) or parse_general(text)
 
 
-def _parse_common(s: str) -> Parsed | None:
-    """`parse_general`'s result for the common shapes, or None for any other line: SGLang's
-    `[time TP3] `, vLLM's `LEVEL time [file:N] ` behind an optional `(Writer pid=N) `, and a line
-    with no prefix at all (uvicorn's `INFO:     ...`): one match of the shape's own pattern, which
-    also rules out every other prefix the general parse could still find (SGLANG_COMMON,
-    VLLM_COMMON, NO_PREFIX). `s` holds no colour code and at most RULE_CHARS."""
+def _parse_common(text: str) -> Parsed | None:
+    """`parse_general`'s result for the common shapes, or None for any other line (one with a
+    colour code or a carriage return too): SGLang's `[time TP3] `, vLLM's `LEVEL time [file:N] `
+    behind an optional `(Writer pid=N) `, and a line with no prefix at all (uvicorn's `INFO:     ...`, a
+    traceback's indented lines):
+    one match of the shape's own pattern, which also rules out every other prefix the general parse
+    could still find (SGLANG_COMMON, VLLM_COMMON, NO_PREFIX)."""
+    s = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
+    if "\x1b" in s or "\ufffd" in s or "^" in s or "\r" in s:
+        return None
     c = s[:1]
     if c == "[":
         m = SGLANG_COMMON.match(s)
@@ -291,8 +292,13 @@ def _parse_common(s: str) -> Parsed | None:
     m = VLLM_COMMON.match(s)
     if m is not None:
         return _new(Parsed, (s[m.end():], m.group(2), None, None, m.group(1), "vllm"))
-    if not c.isalpha() or s.startswith(LEVEL_WORDS) or s[3:4] == " " or "|" in s or NO_PREFIX.match(s) is None:
-        return None  # a level the general parse reads, an outer layer (journald's, docker compose's) or a prefix
+    if c.isalpha():
+        if s.startswith(LEVEL_WORDS) or s[3:4] == " ":
+            return None  # a level the general parse reads, journald's prefix
+    elif not c.isspace() or "\u2502" in s:  # an indented line (a traceback's) unless a table's border
+        return None
+    if "|" in s or NO_PREFIX.match(s) is None:
+        return None  # docker compose's prefix, a border, a prefix further on
     return _new(Parsed, (s, None, None, None, None, None))
 
 
@@ -676,7 +682,7 @@ class LogRules:
         reference tests/test_log_fastpath.py compares `classify` with)."""
         self.engine = engine
         self._learning = engine not in ENGINE_PHASES
-        self._parse = parse_general if general else parse
+        self._fast = not general
         self.extra = [(r.pattern, r.phase) for r in extra or []]
         self._scores = {"sglang": 0, "vllm": 0}
         self.detected: str | None = engine if engine in ENGINE_PHASES else None
@@ -729,7 +735,9 @@ class LogRules:
         text itself is kept whole), each rule family only where its words stand (`_hot`,
         `_phase_words`); an access line or an engine's stats line is told by its shape alone (a
         client's URL is no failure)."""
-        p = self._parse(text)
+        p = _parse_common(text) if self._fast else None  # `parse`, without its own call
+        if p is None:
+            p = parse_general(text)
         if self._learning:
             self._learn(text, p)
         msg, time, who, rank, level, _ = p
@@ -1077,7 +1085,11 @@ class LogTracker:
         if self._pending and kind != "failure" and (phase or served) and not frozen and not probe:
             self._progress(ll)
         if phase and kind != "failure":
-            self._mark(ll, progress=not frozen)
+            if self.timeline and phase == self.timeline[-1].phase and phase not in CAPTURE_PHASES:
+                if not frozen:  # the phase it is in, marked again: only progress (as `_mark` does)
+                    self.last_progress = self.n
+            else:
+                self._mark(ll, progress=not frozen)
         if "Processed prompts" in msg and OFFLINE_DONE.search(msg):
             self.finished_at = self.n
         return ll
