@@ -183,3 +183,19 @@ def test_every_line_is_classified_and_tracked_as_with_the_general_parse(lines, e
         assert [(f.line, f.rank, f.cause) for f in fast.failures] == [(f.line, f.rank, f.cause) for f in general.failures]
     kinds = {LogRules(engine).classify(line).kind for line in lines["corpus"]}
     assert {"failure", "phase", "error", "warning", None} <= kinds  # every kind of line went through both
+
+
+def test_a_signature_is_searched_only_in_a_line_that_holds_one_of_its_heads(lines):
+    """`line_engine` skips a signature's search in a line without any of its branches' literal heads:
+    no line the signature matches lacks one (and the search finds something to skip it for)."""
+    from cockpit.read.logrules import RULE_CHARS, SIGNATURE_HEADS, SIGNATURES, _holds_any
+
+    found = 0
+    for group in lines.values():
+        for line in group:
+            for sigs in SIGNATURES.values():
+                for rx, _ in sigs:
+                    if rx.search(line, 0, RULE_CHARS):
+                        found += 1
+                        assert _holds_any(line, SIGNATURE_HEADS[rx]), line
+    assert found > 10000 and all(heads for heads in SIGNATURE_HEADS.values())

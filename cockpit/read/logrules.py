@@ -574,7 +574,7 @@ SHARDS = re.compile(r"(?:checkpoint shards|loader|Streamer|shards|weights|GGUF|g
 SIGNATURES = {
     "sglang": [
         (re.compile(r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
-                    r"|Capture cuda graph|(?:Prefill|Decode) batch\b|Memory pool end|KV Cache is allocated"
+                    r"|Capture cuda graph|Prefill batch\b|Decode batch\b|Memory pool end|KV Cache is allocated"
                     r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout="), 1),
     ],
     "vllm": [
@@ -656,9 +656,17 @@ def line_engine(text: str, parsed: Parsed | None = None) -> dict[str, int]:
         score[p.engine] += 3
     for engine, sigs in SIGNATURES.items():
         for rx, weight in sigs:
-            if rx.search(text, 0, RULE_CHARS):
+            heads = SIGNATURE_HEADS[rx]
+            if (heads is None or _holds_any(text, heads)) and rx.search(text, 0, RULE_CHARS):
                 score[engine] += weight
     return score
+
+
+def _holds_any(text: str, words: tuple[str, ...]) -> bool:
+    for word in words:
+        if word in text:
+            return True
+    return False
 
 
 def detect_engine(lines) -> str | None:
@@ -865,6 +873,17 @@ def _cut_index() -> dict[str, list[tuple[str, FailureRule]]]:
 
 
 CUT_INDEX = _cut_index()
+
+
+def _branch_heads(rx: re.Pattern) -> tuple[str, ...] | None:
+    """The literal each top-level branch of a pattern starts with; None where one starts with none.
+    A line that holds none of them cannot match: `line_engine` searches only a line that does (a
+    search for an alternation of common initials tries nearly every place of a line)."""
+    heads = tuple(_literal_head(branch) for branch in re.split(r"\|(?![^()]*\))", rx.pattern))
+    return heads if all(heads) else None
+
+
+SIGNATURE_HEADS = {rx: _branch_heads(rx) for sigs in SIGNATURES.values() for rx, _ in sigs}
 
 
 def _cut_failure(message: str) -> FailureRule | None:
