@@ -902,14 +902,17 @@ def _stats(message: str) -> tuple[tuple[float, int | None] | None, str | None]:
     if "throughput" in message:
         m = VLLM_STATS.search(message)
         if m:
-            return (float(m.group(1)) + float(m.group(2)), int(m.group(3))), "vllm"
+            prompt, generation, running = m.group(1, 2, 3)
+            return (float(prompt) + float(generation), int(running)), "vllm"
         m = SGLANG_DECODE.search(message)
         if m:
-            return (float(m.group(2)), int(m.group(1))), "sglang"
+            running, generation = m.group(1, 2)
+            return (float(generation), int(running)), "sglang"
     if "Prefill batch" in message:
         m = SGLANG_PREFILL.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
-            return (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None), "sglang"
+            tokens, running = m.group(1, 2)
+            return (1.0 + float(tokens), int(running) if running else None), "sglang"
     return None, None
 
 
@@ -1072,7 +1075,8 @@ class LogTracker:
                     self._trace.chained = True
         if kind == "warning" and cause_of(msg) == "oom":
             self._oom_warning = (self.n, rank, text)
-        if ("xception in" in msg or "rror h" in msg or "rror in" in msg) and REQUEST_NOTICE.search(msg):
+        if ("xception in" in msg or "rror " in msg and ("rror h" in msg or "rror in" in msg)) \
+                and REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
         if "Traceback" in msg or 'File "' in msg:
             self._read_trace(ll, msg, continues)
