@@ -557,9 +557,10 @@ PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|ge
 # The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
-VLLM_STATS = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+RATE = r"(\d+(?:\.\d*)?|\.\d+)"  # a number as float() reads it ("1.2.3" or "." is none: a hostile line's, no crash)
+VLLM_STATS = re.compile(rf"Avg prompt throughput: {RATE} tokens/s, Avg generation throughput: {RATE} tokens/s, "
                         r"Running: (\d+) reqs")
-SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): ([\d.]+)")
+SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): " + RATE)
 SGLANG_PREFILL = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
 OFFLINE_DONE = re.compile(r"Processed prompts: 100%[^\n]{0,400}?\| ?(\d+)/(\1) ")
