@@ -22,8 +22,10 @@ all-reduce's, NCCL's WARN), loaders' progress bars, HTTP access lines.
 Host text is hostile: the rules read at most RULE_CHARS of a line, every pattern is linear in it (no
 repeat that rescans what another attempt scanned: bounded, or over characters its lead cannot hold;
 tests/data/hostile_lines.py draws each one's worst case), and each family of rules runs only on a line
-that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests. A
-run's tracker is linear in its lines whatever the failures."""
+that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests, and
+the prefix shapes a writer repeats line after line are parsed by one match each (`_parse_common`),
+any other line by the general parse (`parse_general`), with the same result (tests/test_log_fastpath.py).
+A run's tracker is linear in its lines whatever the failures."""
 
 from __future__ import annotations
 
@@ -168,7 +170,7 @@ TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
 PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
-LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # how VLLM_LEVEL and SITE_LEVEL's second shape start
+LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL's and SITE_LEVEL's 2nd start
 # The common shapes whole, for `_parse_common`: the prefix (atomic: the general parse's own match,
 # never another split of it), then what rules out every further prefix the general parse could read
 # after it: no "[" (SGLang's, torch's, a rank's) nor "(" (a vLLM writer's) in the next 60

@@ -112,7 +112,8 @@ def rate(lines: list[str], tmp: Path, name: str, runs: int) -> dict:
     cpu_best, cpu_median = min(cpus), sorted(cpus)[len(cpus) // 2]
     return {"lines": doc["lines"], "seconds_best": round(best, 3), "seconds_median": round(median, 3),
             "lines_per_s": round(doc["lines"] / best), "lines_per_s_median": round(doc["lines"] / median),
-            "lines_per_cpu_s": round(doc["lines"] / cpu_best), "lines_per_cpu_s_median": round(doc["lines"] / cpu_median),
+            "lines_per_cpu_s": round(doc["lines"] / cpu_best),
+            "lines_per_cpu_s_median": round(doc["lines"] / cpu_median),
             "runs": runs, "verdict": doc["verdict"]["name"], "mib": round(path.stat().st_size / 2**20, 1)}
 
 
