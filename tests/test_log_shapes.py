@@ -177,6 +177,11 @@ def test_the_engines_stats_lines_say_work_idle_or_frozen():
     assert progress_of(rules.classify(s.format(g="0.00"))) == "frozen"
     assert progress_of(rules.classify('INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK')) == "none"
     assert progress_of(rules.classify('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK')) == "work"
+    # numbers a float cannot be (a hostile line's): no stats line, no crash
+    assert rules.classify(v.format(p=".", g="1.2.3", n=3)).stats is None
+    assert rules.classify(v.format(p="12.", g=".5", n=3)).stats == (12.5, 3)
+    assert rules.classify(s.format(g="...")).stats is None
+    assert rules.classify(s.format(g="1.5.2")).stats == (1.5, 4)
 
 
 # ----------------------------------------------------------------------------- hostile lines, and the gates

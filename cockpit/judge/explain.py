@@ -185,11 +185,11 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         found = detect_engine(head)
         engine, detected = (found or "auto"), found is not None
     tracker = LogTracker(LogRules(engine))
-    feed = tracker.feed
+    classify, add = tracker.rules.classify, tracker.add  # `tracker.feed`, its two calls bound once
     for text in head:
-        feed(text)
+        add(classify(text))
     for text in it:
-        feed(text)
+        add(classify(text))
     engine_name = engine if engine in ENGINES else tracker.rules.detected
     reached = tracker.reached()
     return {

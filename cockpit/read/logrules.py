@@ -22,8 +22,10 @@ all-reduce's, NCCL's WARN), loaders' progress bars, HTTP access lines.
 Host text is hostile: the rules read at most RULE_CHARS of a line, every pattern is linear in it (no
 repeat that rescans what another attempt scanned: bounded, or over characters its lead cannot hold;
 tests/data/hostile_lines.py draws each one's worst case), and each family of rules runs only on a line
-that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests. A
-run's tracker is linear in its lines whatever the failures."""
+that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests, and
+the prefix shapes a writer repeats line after line are parsed by one match each (`_parse_common`),
+any other line by the general parse (`parse_general`), with the same result (tests/test_log_fastpath.py).
+A run's tracker is linear in its lines whatever the failures."""
 
 from __future__ import annotations
 
@@ -167,8 +169,18 @@ TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
-PREFIX_WINDOW = 160
-LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL, SITE_LEVEL's 2nd start so  # prefixes are looked for this far into a line, past whatever an outer layer put first
+PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
+LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL's and SITE_LEVEL's 2nd start
+# The common shapes whole, for `_parse_common`: the prefix (atomic: the general parse's own match,
+# never another split of it), then what rules out every further prefix the general parse could read
+# after it: no "[" (SGLang's, torch's, a rank's) nor "(" (a vLLM writer's) in the next 60
+# characters, and for SGLang's no level or digit (a vLLM or site level) right after it.
+NO_PREFIX_AHEAD = r"(?=[^\[(]{60}|[^\[(]*\Z)"
+SGLANG_COMMON = re.compile(r"(?>\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?)"
+                           r"(?!\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )" + NO_PREFIX_AHEAD)
+VLLM_COMMON = re.compile(r"(?>(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+                         r"\[?[\w./<>-]+:\d+\] ?)" + NO_PREFIX_AHEAD)
+NO_PREFIX = re.compile(r"(?=[^\[\](]{60}|[^\[\](]*\Z)")  # nor a level's "file:N]" in reach
 
 
 # a named tuple made from all its fields at once, without the generated __new__'s call: the common
@@ -238,9 +250,63 @@ def _level_near(s: str, start: int, end: int) -> bool:
 
 
 def parse(text: str) -> Parsed:
-    """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Each
-    prefix is tried where its first literal stands (`str.find`), not searched for position by
-    position: the common line costs a few finds. Only the first RULE_CHARS of a line are read."""
+    """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Only the
+    first RULE_CHARS of a line are read. The shapes a writer repeats line after line go by
+    `_parse_common`; any other line by `parse_general`, which gives every line the same result
+    (tests/test_log_fastpath.py checks it on every line of the corpus)."""
+    return _parse_common(text) or parse_general(text)
+
+
+def _parse_common(text: str) -> Parsed | None:
+    """`parse_general`'s result for the common shapes, or None for any other line (one with a
+    colour code or a carriage return too): SGLang's `[time TP3] `, vLLM's `LEVEL time [file:N] `
+    behind an optional `(Writer pid=N) `, and a line with no prefix at all (uvicorn's `INFO:     ...`, a
+    traceback's indented lines):
+    one match of the shape's own pattern, which also rules out every other prefix the general parse
+    could still find (SGLANG_COMMON, VLLM_COMMON, NO_PREFIX)."""
+    s = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
+    if "\x1b" in s or "\ufffd" in s or "^" in s or "\r" in s:
+        return None
+    c = s[:1]
+    if c == "[":
+        m = SGLANG_COMMON.match(s)
+        if m is None or m.end() > PREFIX_WINDOW:  # the general parse reads SGLang's within the window
+            return None
+        time, tags = m.group(1, 2)
+        if tags:
+            tags = tags.strip()
+            return _new(Parsed, (s[m.end():], time, tags, _rank_of_tags(tags), None, "sglang"))
+        return _new(Parsed, (s[m.end():], time, None, None, None, "sglang"))
+    if c == "(":
+        m = VLLM_PREFIX.match(s, 0, PREFIX_WINDOW)
+        if m is None:
+            return None
+        who, pos = m.group(1), m.end()
+        if "glang" in who.lower() or s.startswith("(", pos):
+            return None  # Ray's prefix of an SGLang actor (an outer layer), or a nested writer
+        rank = _rank_of_who(who)
+        m = VLLM_COMMON.match(s, pos)
+        if m is not None:
+            return _new(Parsed, (s[m.end():], m.group(2), who, rank, m.group(1), "vllm"))
+        if s.startswith(LEVEL_WORDS, pos) or s[pos:pos + 1].isdigit() or NO_PREFIX.match(s, pos) is None:
+            return None
+        return _new(Parsed, (s[pos:], None, who, rank, None, "vllm" if VLLM_WHO.match(who) else None))
+    m = VLLM_COMMON.match(s)
+    if m is not None:
+        return _new(Parsed, (s[m.end():], m.group(2), None, None, m.group(1), "vllm"))
+    if c.isalpha():
+        if s.startswith(LEVEL_WORDS) or s[3:4] == " ":
+            return None  # a level the general parse reads, journald's prefix
+    elif not c.isspace() or "\u2502" in s:  # an indented line (a traceback's) unless a table's border
+        return None
+    if "|" in s or NO_PREFIX.match(s) is None:
+        return None  # docker compose's prefix, a border, a prefix further on
+    return _new(Parsed, (s, None, None, None, None, None))
+
+
+def parse_general(text: str) -> Parsed:
+    """`parse` for any line: each prefix tried where its first literal stands (`str.find`), not
+    searched for position by position."""
     text = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
     s = ANSI.sub("", text) if ("\x1b" in text or "\ufffd" in text or "^" in text or "\r" in text) else text
     time = None
@@ -493,9 +559,10 @@ PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|ge
 # The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
-VLLM_STATS = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+RATE = r"(\d+(?:\.\d*)?|\.\d+)"  # a number as float() reads it ("1.2.3" or "." is none: a hostile line's, no crash)
+VLLM_STATS = re.compile(rf"Avg prompt throughput: {RATE} tokens/s, Avg generation throughput: {RATE} tokens/s, "
                         r"Running: (\d+) reqs")
-SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): ([\d.]+)")
+SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): " + RATE)
 SGLANG_PREFILL = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
 OFFLINE_DONE = re.compile(r"Processed prompts: 100%[^\n]{0,400}?\| ?(\d+)/(\1) ")
@@ -510,7 +577,7 @@ SHARDS = re.compile(r"(?:checkpoint shards|loader|Streamer|shards|weights|GGUF|g
 SIGNATURES = {
     "sglang": [
         (re.compile(r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
-                    r"|Capture cuda graph|(?:Prefill|Decode) batch\b|Memory pool end|KV Cache is allocated"
+                    r"|Capture cuda graph|Prefill batch\b|Decode batch\b|Memory pool end|KV Cache is allocated"
                     r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout="), 1),
     ],
     "vllm": [
@@ -592,9 +659,17 @@ def line_engine(text: str, parsed: Parsed | None = None) -> dict[str, int]:
         score[p.engine] += 3
     for engine, sigs in SIGNATURES.items():
         for rx, weight in sigs:
-            if rx.search(text, 0, RULE_CHARS):
+            heads = SIGNATURE_HEADS[rx]
+            if (heads is None or _holds_any(text, heads)) and rx.search(text, 0, RULE_CHARS):
                 score[engine] += weight
     return score
+
+
+def _holds_any(text: str, words: tuple[str, ...]) -> bool:
+    for word in words:
+        if word in text:
+            return True
+    return False
 
 
 def detect_engine(lines) -> str | None:
@@ -613,8 +688,12 @@ class LogRules:
     """An engine's rules (plus a layout's own phases) for classifying its log lines. Engine "auto"
     (or any unknown name) decides from the lines themselves as they come (`detected`)."""
 
-    def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None):
+    def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None, general: bool = False):
+        """`general`: every line parsed by `parse_general`, none by the common shapes' parse (the
+        reference tests/test_log_fastpath.py compares `classify` with)."""
         self.engine = engine
+        self._learning = engine not in ENGINE_PHASES
+        self._fast = not general
         self.extra = [(r.pattern, r.phase) for r in extra or []]
         self._scores = {"sglang": 0, "vllm": 0}
         self.detected: str | None = engine if engine in ENGINE_PHASES else None
@@ -631,7 +710,8 @@ class LogRules:
         # one search rules out the many lines that mark none of the engine's phases
         self._any_phase = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in table))
         # an access or stats line (told by its shape) marks serving or nothing: its own rule only
-        self._serving = [rx for rx, name in reversed(table) if name == "serving"]
+        serving = [rx.pattern for rx, name in table if name == "serving"]
+        self._serving = re.compile("|".join(f"(?:{rx})" for rx in serving))
 
     def _learn(self, text: str, parsed: Parsed) -> None:
         if self.engine in ENGINE_PHASES:
@@ -651,7 +731,10 @@ class LogRules:
         for rx, name in reversed(self.extra):  # a layout's own phases first, with their own flags
             if rx.search(message):
                 return name
-        if not _phase_words(message) or not self._any_phase.search(message):
+        return self._engine_phase(message) if _phase_words(message) else None
+
+    def _engine_phase(self, message: str) -> str | None:
+        if not self._any_phase.search(message):
             return None
         for rx, name in reversed(self._table):
             if rx.search(message):
@@ -663,15 +746,25 @@ class LogRules:
         text itself is kept whole), each rule family only where its words stand (`_hot`,
         `_phase_words`); an access line or an engine's stats line is told by its shape alone (a
         client's URL is no failure)."""
-        p = parse(text)
-        if self.engine not in ENGINE_PHASES:
+        p = _parse_common(text) if self._fast else None  # `parse`, without its own call
+        if p is None:
+            p = parse_general(text)
+        if self._learning:
             self._learn(text, p)
         msg, time, who, rank, level, _ = p
-        stats, stats_of = _stats(msg)
+        if "throughput" in msg or "Prefill batch" in msg:
+            stats, stats_of = _stats(msg)
+        else:
+            stats = stats_of = None
         access = ACCESS_LINE.search(msg) if "HTTP/" in msg else None
-        http = (access.group(1), int(access.group(3))) if access else None
-        probe = http is not None and http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
-        shaped = stats is not None or http is not None
+        if access is None:
+            http = None
+            probe = False
+            shaped = stats is not None
+        else:
+            http = (access.group(1), int(access.group(3)))
+            probe = http[0] in ("GET", "HEAD") and PROBE_PATH.match(access.group(2)) is not None
+            shaped = True
         quiet = level == "INFO" or level == "DEBUG"
         # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
         hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
@@ -685,10 +778,12 @@ class LogRules:
             # an engine's own stats line is its serving mark; an access line the serving rule's if it matches
             served = stats_of is not None and self.detected in (None, stats_of)
             if not served and access is not None:  # the request itself, where its quote opens
-                served = any(rx.match(msg, access.start()) for rx in self._serving)
+                served = self._serving.match(msg, access.start()) is not None
             phase = "serving" if served else None
-        else:
+        elif self.extra:
             phase = self._phase(msg)
+        else:
+            phase = self._engine_phase(msg) if _phase_words(msg) else None
         if quiet or level is None and not hot:  # the common line: no error, no warning
             return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
                                   _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
@@ -783,6 +878,17 @@ def _cut_index() -> dict[str, list[tuple[str, FailureRule]]]:
 CUT_INDEX = _cut_index()
 
 
+def _branch_heads(rx: re.Pattern) -> tuple[str, ...] | None:
+    """The literal each top-level branch of a pattern starts with; None where one starts with none.
+    A line that holds none of them cannot match: `line_engine` searches only a line that does (a
+    search for an alternation of common initials tries nearly every place of a line)."""
+    heads = tuple(_literal_head(branch) for branch in re.split(r"\|(?![^()]*\))", rx.pattern))
+    return heads if all(heads) else None
+
+
+SIGNATURE_HEADS = {rx: _branch_heads(rx) for sigs in SIGNATURES.values() for rx, _ in sigs}
+
+
 def _cut_failure(message: str) -> FailureRule | None:
     """The failure rule whose head a cut message ends inside ("... Error executing metho")."""
     for cut, rule in CUT_INDEX.get(message[-4:], ()):
@@ -799,14 +905,17 @@ def _stats(message: str) -> tuple[tuple[float, int | None] | None, str | None]:
     if "throughput" in message:
         m = VLLM_STATS.search(message)
         if m:
-            return (float(m.group(1)) + float(m.group(2)), int(m.group(3))), "vllm"
+            prompt, generation, running = m.group(1, 2, 3)
+            return (float(prompt) + float(generation), int(running)), "vllm"
         m = SGLANG_DECODE.search(message)
         if m:
-            return (float(m.group(2)), int(m.group(1))), "sglang"
+            running, generation = m.group(1, 2)
+            return (float(generation), int(running)), "sglang"
     if "Prefill batch" in message:
         m = SGLANG_PREFILL.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
-            return (1.0 + float(m.group(1)), int(m.group(2)) if m.group(2) else None), "sglang"
+            tokens, running = m.group(1, 2)
+            return (1.0 + float(tokens), int(running) if running else None), "sglang"
     return None, None
 
 
@@ -947,35 +1056,37 @@ class LogTracker:
     def add(self, ll: LogLine) -> LogLine:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
-        msg = ll.message or ""
-        kind = ll.kind
-        if ll.time:
-            self.last_time = ll.time
-        if ll.rank is not None:
-            self.ranks.add(ll.rank)
+        text, kind, rank, phase, _, _, _, _, time, _, msg, _, _, level, stats, probe, http = ll
+        msg = msg or ""
+        if time:
+            self.last_time = time
+        if rank is not None:
+            self.ranks.add(rank)
         if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
                 and (self._failures or self.timeline and self.phase != "starting"):
             self._restart()
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
-        reading = self._block is not None or self._trace is not None  # a traceback is being read
-        continues = reading and self._continues(ll)
-        if reading and not continues:
-            self._block = None
-            self._trace = None
-        elif continues and self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
-            if CHAINED.match(msg.strip()):
-                self._trace.chained = True
+        continues = False
+        if self._block is not None or self._trace is not None:  # a traceback is being read
+            continues = self._continues(ll)
+            if not continues:
+                self._block = None
+                self._trace = None
+            elif self._trace is not None and self._trace.done and not self._trace.chained and msg.strip():
+                if CHAINED.match(msg.strip()):
+                    self._trace.chained = True
         if kind == "warning" and cause_of(msg) == "oom":
-            self._oom_warning = (self.n, ll.rank, ll.text)
-        if ("xception in" in msg or "rror h" in msg or "rror in" in msg) and REQUEST_NOTICE.search(msg):
+            self._oom_warning = (self.n, rank, text)
+        if ("xception in" in msg or "rror " in msg and ("rror h" in msg or "rror in" in msg)) \
+                and REQUEST_NOTICE.search(msg):
             self._notice_at = self.n
         if "Traceback" in msg or 'File "' in msg:
             self._read_trace(ll, msg, continues)
         if kind == "failure" and ll.cause == "killed" and BARE_KILLED.match(msg) and self._failures:
             ll = ll._replace(consequence=True)  # the shell's notice of a tree the failed run killed itself
         # the engine's stats: requests running, nothing done
-        frozen = ll.stats is not None and progress_of(ll) == "frozen"
+        frozen = stats is not None and progress_of(ll) == "frozen"
         if kind == "failure":
             self._failure(ll, continues)
             if self._trace is not None and continues:
@@ -985,23 +1096,26 @@ class LogTracker:
             self._stall(ll)
         elif frozen:
             self._stall(ll._replace(kind="stall", cause="requests-frozen"))
-        elif self._block is not None and continues and EXCEPTION_LINE.match(msg):
-            _cite(self._block, self.n, ll.text)  # the traceback's own last word
-        elif self._trace is not None and continues and not self._trace.done and FINAL_LINE.match(msg) \
-                and ll.level not in ("WARNING", "INFO", "DEBUG"):
+        elif continues and self._block is not None and EXCEPTION_LINE.match(msg):
+            _cite(self._block, self.n, text)  # the traceback's own last word
+        elif continues and self._trace is not None and not self._trace.done and FINAL_LINE.match(msg) \
+                and level not in ("WARNING", "INFO", "DEBUG"):
             self._trace_failure(ll, msg)
         served = False
-        if ll.http is not None:
+        if http is not None:
             self.requests += 1
-            method, status = ll.http
+            method, status = http
             served = 200 <= status < 300 and method in ("GET", "POST", "PUT")
             if served and self.answered is None and kind != "failure":
-                self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, ll.time)
-        phase = ll.phase
-        if kind != "failure" and (phase or served) and not frozen and not ll.probe:
+                self.answered = PhaseMark("serving" if method == "POST" else "ready", self.n, time)
+        if self._pending and kind != "failure" and (phase or served) and not frozen and not probe:
             self._progress(ll)
         if phase and kind != "failure":
-            self._mark(ll, progress=not frozen)
+            if self.timeline and phase == self.timeline[-1].phase and phase not in CAPTURE_PHASES:
+                if not frozen:  # the phase it is in, marked again: only progress (as `_mark` does)
+                    self.last_progress = self.n
+            else:
+                self._mark(ll, progress=not frozen)
         if "Processed prompts" in msg and OFFLINE_DONE.search(msg):
             self.finished_at = self.n
         return ll
@@ -1121,7 +1235,7 @@ class LogTracker:
 
     def _mark(self, ll: LogLine, progress: bool = True) -> None:
         phase = ll.phase
-        current = self.phase
+        current = self.timeline[-1].phase if self.timeline else None
         if phase == "serving" and current == "port open":
             phase = "warmup"  # SGLang's own warm-up request, before "fired up and ready"
         if progress:
