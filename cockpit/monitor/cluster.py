@@ -16,7 +16,14 @@ One Watchdog (the same rules as a single host: diagnose.py) judges the merged st
 is named with its node. The screen, `snapshot --json`, `kill` and `dump` read this monitor as they
 read a HostMonitor: ClusterSession answers the agent commands by sending each node its share
 (pids split by node) and merging the answers, so a kill is one plan listing every node's
-processes, carried out by each node's agent and verified on each."""
+processes, carried out by each node's agent and verified on each.
+
+A run's life is the node HostMonitors' (one rule, one home): each follows the layout's run on its
+node (resumed, or a new run started elsewhere adopted: the cluster follows what a node adopted,
+judged afresh), reads the stops in its host's record (`stopped`, then `no run` once every node's
+part ended), remembers the /dev/shm files its run held (a clean acts on the node that held them);
+a stall on the merged state gathers every rank's stacks as one host's does (HostMonitor's stall
+forensics, read over the nodes' records and ranks merged)."""
 
 from __future__ import annotations
 
@@ -24,9 +31,10 @@ import asyncio
 import copy
 import dataclasses
 import time
-from collections.abc import Callable
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.host.session import SessionOptions, WatchList
@@ -36,7 +44,7 @@ from cockpit.link.connect import carrier_link
 from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
 from cockpit.monitor.base import MonitorBase, MonitorEvent, rules_for, watchdog_for
-from cockpit.monitor.host import HostMonitor
+from cockpit.monitor.host import HostMonitor, OperatorKill
 from cockpit.runs.config import Layout
 from cockpit.runs.run import Run
 
@@ -67,14 +75,24 @@ class NodeVerdict(Verdict):
         return {**super().doc(), "odd_node": self.odd_node}
 
 
+class NodeMonitor(HostMonitor):
+    """One node's part of the job's run: a HostMonitor (its rules, its run's life on the node);
+    the run's history in the ledger is the job's verdict, never a part's."""
+
+    def _emit(self, event: MonitorEvent) -> None:
+        for fn in list(self._listeners):
+            fn(event)
+
+
 class Node:
     def __init__(self, number: int, name: str, target: Target):
         self.number = number
         self.name = name
         self.target = target
-        self.monitor: HostMonitor | None = None
+        self.monitor: NodeMonitor | None = None
         self.pids = NodePids()
         self.error: str | None = None  # why its agent could not start
+        self.ended = False  # its part of the run ended by a stop its host records (its monitor's run_ended)
 
     @property
     def status(self) -> str:
@@ -98,6 +116,22 @@ def _flag(argv: list[str], names: tuple[str, ...]) -> int | None:
     return None
 
 
+def _merged_act(rec: dict, n: Node) -> dict:
+    """A node's host record with its pids on the job's numbers (the merged state's), its id
+    named with the node."""
+    base = n.number * STRIDE
+    out = dict(rec, id=f"{n.name}:{rec['id']}", node=n.name)
+    if isinstance(rec.get("processes"), list):
+        out["processes"] = [[base + item[0], *item[1:]] if isinstance(item, list) and item and isinstance(item[0], int)
+                            else item for item in rec["processes"]]
+    if isinstance(rec.get("pgids"), list):
+        out["pgids"] = [base + g if isinstance(g, int) else g for g in rec["pgids"]]
+    for key in ("pgid", "pid"):
+        if isinstance(rec.get(key), int):
+            out[key] = base + rec[key]
+    return out
+
+
 class ClusterState(HostState):
     """The nodes' states as one (see the module's doc); rebuilt on each node's sample."""
 
@@ -110,6 +144,7 @@ class ClusterState(HostState):
     def rebuild(self, nodes: list[Node]) -> None:
         procs, gpus, ports, logs, cpu_hist, gpu_hist = {}, {}, [], {}, {}, {}
         xid: list = []
+        acts: dict[str, dict] = {}
         warnings: list[str] = []
         live = [n for n in nodes if n.monitor is not None and n.monitor.state.seq]
         for n in nodes:
@@ -148,6 +183,8 @@ class ClusterState(HostState):
             for path, log in st.logs.items():
                 if path in n.monitor.session.watch.logs:  # the one it follows now (not one it followed first)
                     logs[f"{n.name}:{path}"] = log
+            for rec in st.acts.values():
+                acts[f"{n.name}:{rec['id']}"] = _merged_act(rec, n)
             while st.notes:
                 self.notes.append(f"node {n.name}: {st.notes.popleft()}")
             warnings += [f"node {n.name}: {w}" for w in st.agent.warnings]
@@ -155,6 +192,7 @@ class ClusterState(HostState):
         self.procs, self.gpus, self.ports, self.logs = procs, gpus, ports, logs
         self.xid = sorted(xid, key=lambda e: e.ts)[-XID_KEPT:]  # each node's Xids, on the job's GPU numbers
         self.proc_cpu_history, self.gpu_history = cpu_hist, gpu_hist
+        self.acts = dict(sorted(acts.items(), key=lambda kv: kv[1].get("at") or 0.0))
         if live:
             first = live[0].monitor.state
             self.agent = copy.copy(first.agent)
@@ -273,6 +311,14 @@ class ClusterSession:
             return await self._kill(args, timeout)
         if cmd == "dump":
             return await self._dump(args, timeout)
+        if cmd == "fr_dump":
+            return await self._fr_dump(args, timeout)
+        if cmd == "note":
+            return await self._note(args, timeout)
+        if cmd == "shm_audit":
+            return await self._shm_audit(args, timeout)
+        if cmd == "shm_clean":
+            return await self._shm_clean(args, timeout)
         return await nodes[0].monitor.session.request(cmd, timeout=timeout, **args)
 
     async def _kill_plan(self, args: dict, timeout: float) -> dict:
@@ -280,7 +326,7 @@ class ClusterSession:
         each node's agent watches), less the batch script: each node's agent plans those pids (and
         what they started, as their user). Explicit pids (`k`, `--pid`) plan just those."""
         asked = self._split(args.get("pids")) if args.get("pids") else None
-        plan = []
+        plan, sessions = [], []
         for n in self._up():
             k, base, batch = n.number, n.number * STRIDE, self._batch(n.number)
             if asked is not None:
@@ -291,12 +337,16 @@ class ClusterSession:
             if not pids:
                 continue
             data = await n.monitor.session.request("kill_plan", timeout=timeout, pids=pids)
+            batch_sids = {p.sid - base for p in self.state.procs.values()
+                          if getattr(p, "node", None) == n.name and p.node_pid in batch and p.sid}
+            sessions += [base + s for s in data.get("sessions") or [] if s not in batch_sids]
             for e in data["plan"]:
                 if e["pid"] in batch:
                     continue
                 plan.append({**e, "pid": base + e["pid"], "ppid": base + e["ppid"], "pgid": base + e["pgid"],
                              "sid": base + e["sid"], "title": f"[{n.name}] {e['title']}"})
-        return {"plan": plan, "rule": None if asked is not None else f"the processes of Slurm job {self.cluster.target.text}"}
+        return {"plan": plan, "sessions": sessions,
+                "rule": None if asked is not None else f"the processes of Slurm job {self.cluster.target.text}"}
 
     async def _kill(self, args: dict, timeout: float) -> dict:
         by_node: dict[int, list[dict]] = {}
@@ -306,6 +356,8 @@ class ClusterSession:
             by_node.setdefault(k, []).append({**e, "pid": pid, **{key: e[key] - base for key in ("ppid", "pgid", "sid")
                                                                    if isinstance(e.get(key), int)}})
         pgids, sids = self._split(args.get("pgids")), self._split(args.get("sids"))
+        sessions = self._split(args.get("sessions"))
+        who = {key: args[key] for key in ("why", "by", "run_id", "whole") if key in args}  # each node's record of the stop
 
         async def one(k: int, plan: list[dict]) -> tuple[Node, dict]:
             n = self.cluster.by_number(k)
@@ -316,7 +368,8 @@ class ClusterSession:
                 rep = await n.monitor.session.request(
                     "kill", timeout=timeout, plan=plan, wait_s=args.get("wait_s", 10.0), ports=args.get("ports", []),
                     pgids=[g for g in pgids.get(k, []) if g not in batch_groups],
-                    sids=[s for s in sids.get(k, []) if s not in batch_groups], pids=[e["pid"] for e in plan])
+                    sids=[s for s in sids.get(k, []) if s not in batch_groups], pids=[e["pid"] for e in plan],
+                    sessions=[s for s in sessions.get(k, []) if s not in batch_groups], **who)
                 note = f"node {n.name}: checked by its agent"
             except LinkLost:
                 rep = await self.cluster.verify_gone(n, plan)
@@ -349,6 +402,77 @@ class ClusterSession:
                 out["dumps"][str(k * STRIDE + int(pid))] = d
         return out
 
+    async def _fr_dump(self, args: dict, timeout: float) -> dict:
+        """Each node's ranks asked for their flight-recorder dumps there; the dumps (by rank) as one."""
+        out: dict = {"ranks": {}, "poked": [], "problems": [], "armed": False, "triggered_at": None}
+        for k, pids in sorted(self._split(args.get("pids")).items()):
+            n = self.cluster.by_number(k)
+            data = await n.monitor.session.request("fr_dump", timeout=timeout, **{**args, "pids": pids})
+            out["ranks"].update(data.get("ranks") or {})
+            out["poked"] += list(data.get("poked") or [])
+            out["problems"] += [f"node {n.name}: {p}" for p in data.get("problems") or []]
+            out["armed"] = out["armed"] or bool(data.get("armed"))
+            out["triggered_at"] = out["triggered_at"] or data.get("triggered_at")
+        return out
+
+    async def _note(self, args: dict, timeout: float) -> dict:
+        """A record of the operator's (a stall's forensics) kept on each node holding a process it
+        names, with that node's own pids; the first node's record answers, named as the merged
+        state names it."""
+        by_node: dict[int, list] = {}
+        for item in args.get("processes") or []:
+            k, pid = node_of(int(item[0]))
+            by_node.setdefault(k, []).append([pid, *item[1:]])
+        answer = None
+        for k, items in sorted(by_node.items()):
+            n = self.cluster.by_number(k)
+            if n.monitor is None or n.status != "up":
+                continue
+            rec = await n.monitor.session.request("note", timeout=timeout, **{**args, "processes": items})
+            answer = answer or _merged_act(rec, n)
+        if answer is None:
+            raise LinkLost("no node holding the run's processes is connected")
+        return answer
+
+    async def _shm_audit(self, args: dict, timeout: float) -> dict:
+        """Each node's /dev/shm as one audit: an entry names its node, its file is `node:dev` and
+        inode (two nodes' tmpfs share device numbers), the pids that hold it are the job's."""
+        out: dict | None = None
+        for n in self._up():
+            base = n.number * STRIDE
+            audit = await n.monitor.session.request("shm_audit", timeout=timeout, **args)
+            entries = [{**e, "node": n.name, "dev": f"{n.name}:{e['dev']}" if e.get("dev") is not None else None,
+                        "held_by": [base + p for p in e.get("held_by") or []],
+                        "creator": base + e["creator"] if isinstance(e.get("creator"), int) else e.get("creator")}
+                       for e in audit.get("entries") or []]
+            if out is None:
+                out = {**audit, "entries": entries, "nodes": {}}
+            else:
+                out["entries"] += entries
+            out["nodes"][n.name] = {k: audit.get(k) for k in ("free_bytes", "total_bytes", "unreadable")}
+        return out or {}
+
+    async def _shm_clean(self, args: dict, timeout: float) -> dict:
+        """Each entry removed by the agent of the node that listed it (`node:dev`), checked again
+        there; a bare name is the first node's."""
+        by_node: dict[str, list] = {}
+        first = self._up()[0].name
+        for item in args.get("names") or []:
+            node, dev = first, None
+            if isinstance(item, dict) and isinstance(item.get("dev"), str) and ":" in item["dev"]:
+                node, _, dev = item["dev"].rpartition(":")
+                item = {**item, "dev": int(dev)}
+            by_node.setdefault(node, []).append(item)
+        out: dict = {"removed": [], "skipped": [], "freed_bytes": 0}
+        for n in self._up():
+            if n.name not in by_node:
+                continue
+            done = await n.monitor.session.request("shm_clean", timeout=timeout, **{**args, "names": by_node[n.name]})
+            out["removed"] += [f"{n.name}:{name}" for name in done.get("removed") or []]
+            out["skipped"] += [{**s, "name": f"{n.name}:{s.get('name')}"} for s in done.get("skipped") or []]
+            out["freed_bytes"] += done.get("freed_bytes") or 0
+        return out
+
     def watch_current(self) -> bool:
         return all(n.monitor.session.watch_current() for n in self._up())
 
@@ -357,7 +481,11 @@ class ClusterSession:
         return any(n.monitor.session.watch_changing for n in self._up())
 
     def watch_run(self, pgid: int | None, log: str | None) -> None:
-        """A run spanning nodes is its job's processes on each node: no one process group."""
+        """A run spanning nodes is its job's processes on each node, or the run a node follows
+        (its HostMonitor moved that node's watch when it followed it): no one process group."""
+        if pgid is not None and any(n.monitor.following is not None and n.monitor.following.get("pgid") == pgid
+                                    for n in self.cluster._parts()):
+            return
         raise CockpitError(f"{self.target.label}: a run spanning nodes is followed by its job, not a process group")
 
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
@@ -407,20 +535,73 @@ class ClusterMonitor(MonitorBase):
         self.refresh_pids_s = refresh_pids_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
         self._jobs_link: SlurmNodeLink | None = None
-        self.shm_held: dict[tuple, float] = {}  # a run spanning nodes: its nodes' files are not remembered
+        # a stall's forensics, as on one host (the layout's auto_dump; off under --read-only)
+        self.forensics_on = bool(layout.auto_dump) if layout is not None else False
+        self._forensics_task: asyncio.Task | None = None
+        self._forensics_for: tuple | None = None
 
     def by_number(self, k: int) -> Node:
         return self.nodes[k - 1]
 
+    def _parts(self) -> list[Node]:
+        return [n for n in self.nodes if n.monitor is not None]
+
+    @property
+    def shm_held(self) -> dict[tuple, float]:
+        """The /dev/shm files each node's run held (its HostMonitor remembers them), keyed as the
+        merged audit names them: (`node:dev`, inode)."""
+        return {(f"{n.name}:{dev}", ino): seen for n in self._parts() for (dev, ino), seen in n.monitor.shm_held.items()}
+
+    @property
+    def operator_kills(self) -> dict[int, OperatorKill]:
+        """The operator's kills each node's HostMonitor knows (this cockpit's, and the stops its
+        host's record holds), on the job's pids."""
+        return {n.number * STRIDE + pid: dataclasses.replace(k, pid=n.number * STRIDE + pid)
+                for n in self._parts() for pid, k in n.monitor.operator_kills.items()}
+
     def _on_node_event(self, node: Node, event: MonitorEvent) -> None:
         if event.kind == "sample":
             self.state.rebuild(self.nodes)
+            self._follow_nodes()
             self.update()
             self._emit(MonitorEvent("sample"))
         elif event.kind == "log" and event.path:
             self._emit(MonitorEvent("log", path=f"{node.name}:{event.path}", lines=event.lines))
+        elif event.kind == "verdict" and node.monitor.verdict.name == VerdictName.NO_RUN and event.before is not None \
+                and event.before.name != VerdictName.NO_RUN:
+            node.ended = True  # its part of the run ended by a stop its host records (HostMonitor._ended_elsewhere)
+
+    def _follow_nodes(self, resumed: bool = False) -> None:
+        """A node followed a run the cluster does not (adopted after the last one was gone, or
+        `resumed` at the look's start): the cluster follows it, judged afresh."""
+        for n in self._parts():
+            run = n.monitor.run
+            if n.monitor.following is None or (self.following is not None and self.run.run_id == run.run_id):
+                continue
+            self.follow(run, resumed)
+            self.state.notes.append(f"node {n.name} follows {run.run_id or 'a new run'}: the job's run from now on")
+            return
+
+    def _leader_clock(self, rec: Mapping[str, Any]) -> float:
+        """The run's start as the node that follows it sees its leader."""
+        for n in self._parts():
+            own = n.monitor.following
+            if own is not None and own.get("pgid") == rec.get("pgid") and own.get("run_id") == rec.get("run_id"):
+                return n.monitor._leader_clock(rec)
+        return super()._leader_clock(rec)
 
     # ------------------------------------------------------------------ judging
+
+    # The rules of one host, in their one home (HostMonitor), read on the merged state: the
+    # operator's kills (`stopping`, `stopped`) and a stall's forensics, gathered once for all.
+    _operators = HostMonitor._operators
+    _killed = HostMonitor._killed
+    _stall_forensics = HostMonitor._stall_forensics
+    _stall_records = HostMonitor._stall_records
+    _forensics_of_this_stall = HostMonitor._forensics_of_this_stall
+    _note_forensics = HostMonitor._note_forensics
+    _gather_forensics = HostMonitor._gather_forensics
+    forensics_done = HostMonitor.forensics_done
 
     def update(self, now: float | None = None) -> None:
         state = self.state
@@ -428,6 +609,13 @@ class ClusterMonitor(MonitorBase):
             return
         before = self.verdict
         phase, v = self.watchdog.update(state, now if now is not None else time.monotonic())
+        if v.name == VerdictName.CRASHED:
+            for n in self._parts():
+                n.monitor._stops_elsewhere()  # each node reads the stops its host records
+        phase, v = self._operators(phase, v)
+        if self._ended_elsewhere():
+            self.run_ended()  # every node's part stopped whole by another cockpit, verified gone: no run
+            return
         odd_node = None
         evidence = list(v.evidence)
         if v.odd_rank is not None:
@@ -442,24 +630,36 @@ class ClusterMonitor(MonitorBase):
         evidence = down + evidence
         self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
                                                       odd_node=odd_node)
-        if self.stopping:
-            self.verdict = NodeVerdict(VerdictName.STOPPING, [self.stopping])
+        self._stall_forensics()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
+    def _ended_elsewhere(self) -> bool:
+        """Every node's part of the run ended by a stop its host records, verified gone (each
+        node's HostMonitor reads its own record: HostMonitor._ended_elsewhere), no rank alive."""
+        if self.stopping or self.verdict.name == VerdictName.NO_RUN:
+            return False
+        if any(p.alive and p.status != "Z" for p in self.state.ranks()):
+            return False
+        parts = [n for n in self._parts() if n.ended or n.monitor.state.ranks()]
+        return bool(parts) and all(n.ended or n.monitor._ended_elsewhere() for n in parts)
+
     def new_run(self, started: float | None = None, resumed: bool = False) -> None:
-        """As on one host (HostMonitor.new_run): the last run's dead ranks, on every node, and its
-        log lines are history; the state is rebuilt from the nodes' on their next sample."""
-        for n in self.nodes:
-            if n.monitor is not None:
-                n.monitor.state.forget_dead()
+        """As on one host (HostMonitor.new_run), on every node: the last run's dead ranks, kills,
+        stall and log lines are history; the state is rebuilt from the nodes' on their next sample."""
+        for n in self._parts():
+            n.ended = False
+            n.monitor.new_run()
         self._judge_afresh(started, resumed)
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
+        self.forensics, self._forensics_for = None, None
 
     def run_ended(self) -> None:
         """The operator's kill of the whole job's run, verified on every node: no run until one
         starts, also while a node's agent still sends samples before the job's end takes it down."""
         before = self.verdict
+        for n in self._parts():
+            n.monitor.follow(None)  # each node's part ended with the job's run
         self.follow(None)
         self.watchdog.end()
         self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
@@ -467,11 +667,30 @@ class ClusterMonitor(MonitorBase):
 
     @contextmanager
     def stopping_for(self, why: str, plan=None):
-        self.stopping = why
-        try:
-            yield
-        finally:
-            self.stopping = None
+        """The operator's own kill: each node's HostMonitor takes its share of `plan` (its deaths
+        read as the operator's there, as on one host), the job's ranks read `stopping` meanwhile."""
+        with ExitStack() as stack:
+            for n in self._parts():
+                share = None
+                if plan is not None:
+                    share = dataclasses.replace(plan, entries=[dict(e, pid=node_of(int(e["pid"]))[1]) for e in plan.entries
+                                                               if node_of(int(e["pid"]))[0] == n.number])
+                stack.enter_context(n.monitor.stopping_for(why, share))
+            before, self.stopping = self.stopping, why
+            try:
+                yield
+            finally:
+                self.stopping = before
+
+    async def look_for_new_run(self) -> Run | None:
+        """Each node looks for a new run of the layout once its part of the last one is gone
+        (HostMonitor.look_for_new_run, which its probes also run); the cluster follows what one
+        adopted. Returns the run followed then, if new."""
+        before = self.run
+        for n in self._parts():
+            await n.monitor.look_for_new_run()
+        self._follow_nodes()
+        return self.run if self.run is not before and self.following is not None else None
 
     def replayed(self) -> tuple[Phase, Verdict]:
         return self.phase, self.verdict
@@ -481,12 +700,9 @@ class ClusterMonitor(MonitorBase):
     async def open(self, kept: bool = False) -> None:
         """Find the job's nodes, then start an agent on each (concurrently); a node whose agent
         cannot start is shown as such, and only all of them failing is an error. `kept` as in
-        HostMonitor.open."""
-        self._jobs_link = SlurmNodeLink(carrier_link(self.target, self.opts), self.target,
-                                        self.target.carrier().label if self.target.remote else "this machine")
-        await self._jobs_link.carrier.connect()
-        self.job = await find_job(self._jobs_link, self.target.name)
-        self.nodes = [Node(i + 1, name, self.target.on_node(name)) for i, name in enumerate(self.job.nodes)]
+        HostMonitor.open. A node that follows a run of the layout (resumed) makes it the job's."""
+        self.opened_at = time.monotonic()
+        self.nodes = await self._find_nodes()
         results = await asyncio.gather(*(self._open_node(n, kept) for n in self.nodes), return_exceptions=True)
         for n, res in zip(self.nodes, results):
             if isinstance(res, BaseException):
@@ -497,16 +713,29 @@ class ClusterMonitor(MonitorBase):
             raise CockpitError(f"{self.target.label}: no agent started on any node: {self.nodes[0].error}")
         self.session.ever_up = True
         self.state.rebuild(self.nodes)
+        self._follow_nodes(resumed=True)
+
+    async def _find_nodes(self) -> list[Node]:
+        """The job's nodes, in the job's order (Slurm's word, through the carrier's link)."""
+        self._jobs_link = SlurmNodeLink(carrier_link(self.target, self.opts), self.target,
+                                        self.target.carrier().label if self.target.remote else "this machine")
+        await self._jobs_link.carrier.connect()
+        self.job = await find_job(self._jobs_link, self.target.name)
+        return [Node(i + 1, name, self.target.on_node(name)) for i, name in enumerate(self.job.nodes)]
+
+    async def _node_pids(self, n: Node) -> NodePids:
+        """The job's processes on the node (`scontrol listpids`), its steps named."""
+        return await SlurmNodeLink(self._jobs_link.carrier, n.target, self._jobs_link.where).job_pids()
 
     async def _open_node(self, n: Node, kept: bool) -> None:
-        probe = SlurmNodeLink(self._jobs_link.carrier, n.target, self._jobs_link.where)
-        n.pids = await probe.job_pids()
+        n.pids = await self._node_pids(n)
         watch = WatchList(patterns=[], pids=n.pids.pids, logs=[self.layout.log] if self.layout and self.layout.log
                           else [], ports=list(self.layout.ports) if self.layout else [])
         opts = self.opts
         if opts.sim_state and "%n" in opts.sim_state:  # each node its own simulated GPUs (tests, demos)
             opts = dataclasses.replace(opts, sim_state=opts.sim_state.replace("%n", n.name))
-        monitor = HostMonitor(n.target, opts, None, history=self.history, watch=watch)
+        monitor = NodeMonitor(n.target, opts, self.layout, history=self.history, watch=watch)
+        monitor.forensics_on = False  # the stall is the job's, its forensics gathered over every node's ranks at once
         monitor.subscribe(lambda ev, n=n: self._on_node_event(n, ev))
         n.monitor = monitor
         try:
@@ -536,8 +765,7 @@ class ClusterMonitor(MonitorBase):
             if n.monitor is None or n.status != "up":
                 continue
             try:
-                probe = SlurmNodeLink(self._jobs_link.carrier, n.target, self._jobs_link.where)
-                found = await probe.job_pids()
+                found = await self._node_pids(n)
             except CockpitError:
                 continue
             if set(found.pids) - set(n.pids.pids):
@@ -582,6 +810,8 @@ class ClusterMonitor(MonitorBase):
         await asyncio.gather(*tasks, refresh())
 
     async def close(self) -> None:
+        if self._forensics_task is not None and not self._forensics_task.done():
+            self._forensics_task.cancel()
         await asyncio.gather(*(n.monitor.close() for n in self.nodes if n.monitor is not None),
                              return_exceptions=True)
         if self._jobs_link is not None:
