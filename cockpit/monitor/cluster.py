@@ -50,6 +50,7 @@ from cockpit.runs.run import Run
 
 STRIDE = 10_000_000  # above Linux's largest pid_max (2**22)
 GPU_STRIDE = 1000
+DEV_STRIDE = 1 << 48  # a node's /dev/shm device number on the job's numbers: node * DEV_STRIDE + dev
 REFRESH_PIDS_S = 10.0  # a step started later in the job (a relaunch) is found this often
 NODE_RANK_FLAGS = ("--node-rank", "--node_rank")
 
@@ -95,6 +96,13 @@ class Node:
         self.ended = False  # its part of the run ended by a stop its host records (its monitor's run_ended)
 
     @property
+    def host(self) -> NodeMonitor:
+        """Its HostMonitor, once its agent started (the nodes a cluster acts through)."""
+        if self.monitor is None:
+            raise LinkLost(f"node {self.name}: no agent")
+        return self.monitor
+
+    @property
     def status(self) -> str:
         if self.error:
             return f"no agent: {self.error}"
@@ -116,7 +124,7 @@ def _flag(argv: list[str], names: tuple[str, ...]) -> int | None:
     return None
 
 
-def _merged_act(rec: dict, n: Node) -> dict:
+def _merged_act(rec: dict[str, Any], n: Node) -> dict[str, Any]:
     """A node's host record with its pids on the job's numbers (the merged state's), its id
     named with the node."""
     base = n.number * STRIDE
@@ -144,7 +152,7 @@ class ClusterState(HostState):
     def rebuild(self, nodes: list[Node]) -> None:
         procs, gpus, ports, logs, cpu_hist, gpu_hist = {}, {}, [], {}, {}, {}
         xid: list = []
-        acts: dict[str, dict] = {}
+        acts: dict[str, dict[str, Any]] = {}
         warnings: list[str] = []
         live = [n for n in nodes if n.monitor is not None and n.monitor.state.seq]
         for n in nodes:
@@ -338,7 +346,7 @@ class ClusterSession:
                 continue
             data = await n.monitor.session.request("kill_plan", timeout=timeout, pids=pids)
             batch_sids = {p.sid - base for p in self.state.procs.values()
-                          if getattr(p, "node", None) == n.name and p.node_pid in batch and p.sid}
+                          if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in batch and p.sid}
             sessions += [base + s for s in data.get("sessions") or [] if s not in batch_sids]
             for e in data["plan"]:
                 if e["pid"] in batch:
@@ -402,12 +410,12 @@ class ClusterSession:
                 out["dumps"][str(k * STRIDE + int(pid))] = d
         return out
 
-    async def _fr_dump(self, args: dict, timeout: float) -> dict:
+    async def _fr_dump(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Each node's ranks asked for their flight-recorder dumps there; the dumps (by rank) as one."""
-        out: dict = {"ranks": {}, "poked": [], "problems": [], "armed": False, "triggered_at": None}
+        out: dict[str, Any] = {"ranks": {}, "poked": [], "problems": [], "armed": False, "triggered_at": None}
         for k, pids in sorted(self._split(args.get("pids")).items()):
             n = self.cluster.by_number(k)
-            data = await n.monitor.session.request("fr_dump", timeout=timeout, **{**args, "pids": pids})
+            data = await n.host.session.request("fr_dump", timeout=timeout, **{**args, "pids": pids})
             out["ranks"].update(data.get("ranks") or {})
             out["poked"] += list(data.get("poked") or [])
             out["problems"] += [f"node {n.name}: {p}" for p in data.get("problems") or []]
@@ -415,11 +423,11 @@ class ClusterSession:
             out["triggered_at"] = out["triggered_at"] or data.get("triggered_at")
         return out
 
-    async def _note(self, args: dict, timeout: float) -> dict:
+    async def _note(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         """A record of the operator's (a stall's forensics) kept on each node holding a process it
         names, with that node's own pids; the first node's record answers, named as the merged
         state names it."""
-        by_node: dict[int, list] = {}
+        by_node: dict[int, list[Any]] = {}
         for item in args.get("processes") or []:
             k, pid = node_of(int(item[0]))
             by_node.setdefault(k, []).append([pid, *item[1:]])
@@ -428,20 +436,22 @@ class ClusterSession:
             n = self.cluster.by_number(k)
             if n.monitor is None or n.status != "up":
                 continue
-            rec = await n.monitor.session.request("note", timeout=timeout, **{**args, "processes": items})
+            rec = await n.host.session.request("note", timeout=timeout, **{**args, "processes": items})
             answer = answer or _merged_act(rec, n)
         if answer is None:
             raise LinkLost("no node holding the run's processes is connected")
         return answer
 
-    async def _shm_audit(self, args: dict, timeout: float) -> dict:
-        """Each node's /dev/shm as one audit: an entry names its node, its file is `node:dev` and
-        inode (two nodes' tmpfs share device numbers), the pids that hold it are the job's."""
-        out: dict | None = None
+    async def _shm_audit(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Each node's /dev/shm as one audit: an entry names its node, its file is its device on
+        the job's numbers (two nodes' tmpfs share device numbers) and inode, the pids that hold it
+        are the job's."""
+        out: dict[str, Any] | None = None
         for n in self._up():
             base = n.number * STRIDE
-            audit = await n.monitor.session.request("shm_audit", timeout=timeout, **args)
-            entries = [{**e, "node": n.name, "dev": f"{n.name}:{e['dev']}" if e.get("dev") is not None else None,
+            audit = await n.host.session.request("shm_audit", timeout=timeout, **args)
+            entries = [{**e, "node": n.name, "dev": n.number * DEV_STRIDE + e["dev"] if isinstance(e.get("dev"), int)
+                        else e.get("dev"),
                         "held_by": [base + p for p in e.get("held_by") or []],
                         "creator": base + e["creator"] if isinstance(e.get("creator"), int) else e.get("creator")}
                        for e in audit.get("entries") or []]
@@ -452,22 +462,22 @@ class ClusterSession:
             out["nodes"][n.name] = {k: audit.get(k) for k in ("free_bytes", "total_bytes", "unreadable")}
         return out or {}
 
-    async def _shm_clean(self, args: dict, timeout: float) -> dict:
-        """Each entry removed by the agent of the node that listed it (`node:dev`), checked again
-        there; a bare name is the first node's."""
-        by_node: dict[str, list] = {}
-        first = self._up()[0].name
+    async def _shm_clean(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Each entry removed by the agent of the node that listed it (its device on the job's
+        numbers), checked again there; a bare name is the first node's."""
+        by_node: dict[int, list[Any]] = {}
+        first = self._up()[0].number
         for item in args.get("names") or []:
-            node, dev = first, None
-            if isinstance(item, dict) and isinstance(item.get("dev"), str) and ":" in item["dev"]:
-                node, _, dev = item["dev"].rpartition(":")
-                item = {**item, "dev": int(dev)}
-            by_node.setdefault(node, []).append(item)
-        out: dict = {"removed": [], "skipped": [], "freed_bytes": 0}
+            k = first
+            if isinstance(item, dict) and isinstance(item.get("dev"), int) and item["dev"] >= DEV_STRIDE:
+                k, dev = divmod(item["dev"], DEV_STRIDE)
+                item = {**item, "dev": dev}
+            by_node.setdefault(k, []).append(item)
+        out: dict[str, Any] = {"removed": [], "skipped": [], "freed_bytes": 0}
         for n in self._up():
-            if n.name not in by_node:
+            if n.number not in by_node:
                 continue
-            done = await n.monitor.session.request("shm_clean", timeout=timeout, **{**args, "names": by_node[n.name]})
+            done = await n.host.session.request("shm_clean", timeout=timeout, **{**args, "names": by_node[n.number]})
             out["removed"] += [f"{n.name}:{name}" for name in done.get("removed") or []]
             out["skipped"] += [{**s, "name": f"{n.name}:{s.get('name')}"} for s in done.get("skipped") or []]
             out["freed_bytes"] += done.get("freed_bytes") or 0
@@ -483,7 +493,7 @@ class ClusterSession:
     def watch_run(self, pgid: int | None, log: str | None) -> None:
         """A run spanning nodes is its job's processes on each node, or the run a node follows
         (its HostMonitor moved that node's watch when it followed it): no one process group."""
-        if pgid is not None and any(n.monitor.following is not None and n.monitor.following.get("pgid") == pgid
+        if pgid is not None and any(n.host.following is not None and n.host.following.get("pgid") == pgid
                                     for n in self.cluster._parts()):
             return
         raise CockpitError(f"{self.target.label}: a run spanning nodes is followed by its job, not a process group")
@@ -537,8 +547,8 @@ class ClusterMonitor(MonitorBase):
         self._jobs_link: SlurmNodeLink | None = None
         # a stall's forensics, as on one host (the layout's auto_dump; off under --read-only)
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
-        self._forensics_task: asyncio.Task | None = None
-        self._forensics_for: tuple | None = None
+        self._forensics_task: asyncio.Task[None] | None = None
+        self._forensics_for: tuple[object, ...] | None = None
 
     def by_number(self, k: int) -> Node:
         return self.nodes[k - 1]
@@ -547,17 +557,18 @@ class ClusterMonitor(MonitorBase):
         return [n for n in self.nodes if n.monitor is not None]
 
     @property
-    def shm_held(self) -> dict[tuple, float]:
+    def shm_held(self) -> dict[tuple[int, int], float]:
         """The /dev/shm files each node's run held (its HostMonitor remembers them), keyed as the
-        merged audit names them: (`node:dev`, inode)."""
-        return {(f"{n.name}:{dev}", ino): seen for n in self._parts() for (dev, ino), seen in n.monitor.shm_held.items()}
+        merged audit names them: (the device on the job's numbers, inode)."""
+        return {(n.number * DEV_STRIDE + dev, ino): seen for n in self._parts()
+                for (dev, ino), seen in n.host.shm_held.items()}
 
     @property
     def operator_kills(self) -> dict[int, OperatorKill]:
         """The operator's kills each node's HostMonitor knows (this cockpit's, and the stops its
         host's record holds), on the job's pids."""
         return {n.number * STRIDE + pid: dataclasses.replace(k, pid=n.number * STRIDE + pid)
-                for n in self._parts() for pid, k in n.monitor.operator_kills.items()}
+                for n in self._parts() for pid, k in n.host.operator_kills.items()}
 
     def _on_node_event(self, node: Node, event: MonitorEvent) -> None:
         if event.kind == "sample":
@@ -567,7 +578,7 @@ class ClusterMonitor(MonitorBase):
             self._emit(MonitorEvent("sample"))
         elif event.kind == "log" and event.path:
             self._emit(MonitorEvent("log", path=f"{node.name}:{event.path}", lines=event.lines))
-        elif event.kind == "verdict" and node.monitor.verdict.name == VerdictName.NO_RUN and event.before is not None \
+        elif event.kind == "verdict" and node.host.verdict.name == VerdictName.NO_RUN and event.before is not None \
                 and event.before.name != VerdictName.NO_RUN:
             node.ended = True  # its part of the run ended by a stop its host records (HostMonitor._ended_elsewhere)
 
@@ -575,8 +586,8 @@ class ClusterMonitor(MonitorBase):
         """A node followed a run the cluster does not (adopted after the last one was gone, or
         `resumed` at the look's start): the cluster follows it, judged afresh."""
         for n in self._parts():
-            run = n.monitor.run
-            if n.monitor.following is None or (self.following is not None and self.run.run_id == run.run_id):
+            run = n.host.run
+            if n.host.following is None or (self.following is not None and self.run.run_id == run.run_id):
                 continue
             self.follow(run, resumed)
             self.state.notes.append(f"node {n.name} follows {run.run_id or 'a new run'}: the job's run from now on")
@@ -585,9 +596,9 @@ class ClusterMonitor(MonitorBase):
     def _leader_clock(self, rec: Mapping[str, Any]) -> float:
         """The run's start as the node that follows it sees its leader."""
         for n in self._parts():
-            own = n.monitor.following
+            own = n.host.following
             if own is not None and own.get("pgid") == rec.get("pgid") and own.get("run_id") == rec.get("run_id"):
-                return n.monitor._leader_clock(rec)
+                return n.host._leader_clock(rec)
         return super()._leader_clock(rec)
 
     # ------------------------------------------------------------------ judging
@@ -611,8 +622,8 @@ class ClusterMonitor(MonitorBase):
         phase, v = self.watchdog.update(state, now if now is not None else time.monotonic())
         if v.name == VerdictName.CRASHED:
             for n in self._parts():
-                n.monitor._stops_elsewhere()  # each node reads the stops its host records
-        phase, v = self._operators(phase, v)
+                n.host._stops_elsewhere()  # each node reads the stops its host records
+        phase, v = self._operators(phase, v)  # type: ignore[misc]  # HostMonitor's rule, on the merged state
         if self._ended_elsewhere():
             self.run_ended()  # every node's part stopped whole by another cockpit, verified gone: no run
             return
@@ -630,7 +641,7 @@ class ClusterMonitor(MonitorBase):
         evidence = down + evidence
         self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
                                                       odd_node=odd_node)
-        self._stall_forensics()
+        self._stall_forensics()  # type: ignore[misc]  # HostMonitor's, on the merged state
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
@@ -641,15 +652,15 @@ class ClusterMonitor(MonitorBase):
             return False
         if any(p.alive and p.status != "Z" for p in self.state.ranks()):
             return False
-        parts = [n for n in self._parts() if n.ended or n.monitor.state.ranks()]
-        return bool(parts) and all(n.ended or n.monitor._ended_elsewhere() for n in parts)
+        parts = [n for n in self._parts() if n.ended or n.host.state.ranks()]
+        return bool(parts) and all(n.ended or n.host._ended_elsewhere() for n in parts)
 
     def new_run(self, started: float | None = None, resumed: bool = False) -> None:
         """As on one host (HostMonitor.new_run), on every node: the last run's dead ranks, kills,
         stall and log lines are history; the state is rebuilt from the nodes' on their next sample."""
         for n in self._parts():
             n.ended = False
-            n.monitor.new_run()
+            n.host.new_run()
         self._judge_afresh(started, resumed)
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
         self.forensics, self._forensics_for = None, None
@@ -659,7 +670,7 @@ class ClusterMonitor(MonitorBase):
         starts, also while a node's agent still sends samples before the job's end takes it down."""
         before = self.verdict
         for n in self._parts():
-            n.monitor.follow(None)  # each node's part ended with the job's run
+            n.host.follow(None)  # each node's part ended with the job's run
         self.follow(None)
         self.watchdog.end()
         self.phase, self.verdict = Phase("no run"), NodeVerdict(VerdictName.NO_RUN, [])
@@ -675,7 +686,7 @@ class ClusterMonitor(MonitorBase):
                 if plan is not None:
                     share = dataclasses.replace(plan, entries=[dict(e, pid=node_of(int(e["pid"]))[1]) for e in plan.entries
                                                                if node_of(int(e["pid"]))[0] == n.number])
-                stack.enter_context(n.monitor.stopping_for(why, share))
+                stack.enter_context(n.host.stopping_for(why, share))
             before, self.stopping = self.stopping, why
             try:
                 yield
@@ -688,7 +699,7 @@ class ClusterMonitor(MonitorBase):
         adopted. Returns the run followed then, if new."""
         before = self.run
         for n in self._parts():
-            await n.monitor.look_for_new_run()
+            await n.host.look_for_new_run()
         self._follow_nodes()
         return self.run if self.run is not before and self.following is not None else None
 
