@@ -28,7 +28,7 @@ from cockpit.actions.launch import launch
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.link.slurm import NodePids
 from cockpit.link.target import parse_target
-from cockpit.monitor.cluster import ClusterMonitor, Node, node_of
+from cockpit.monitor.cluster import DEV_STRIDE, ClusterMonitor, Node, node_of
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layoutfile import load_layout
 from cockpit.runs.spec import RunSpec
@@ -276,3 +276,32 @@ async def test_a_slurm_job_stopped_by_another_cockpit_reads_stopped_never_crashe
             kept.cancel()
         await monitor.close()
         subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_clean_after_a_stop_removes_what_the_run_held_on_the_host_that_held_it(kind, tmp_path, monkeypatch):
+    """Each rank holds a `nccl-` file in the shm folder (the test's own, named to the audit as
+    /dev/shm is). The monitor remembers what the run held while it lived (a cluster: each node's
+    HostMonitor, its own run's files); after the stop, nothing holds them, and the clean removes
+    exactly those, each by the agent of the host whose run held it (the other nodes, reading the
+    same folder here, leave it: not theirs)."""
+    async with watched(kind, tmp_path, monkeypatch, "--sim-leak-shm") as w:
+        folder = tmp_path / "first"
+        monkeypatch.setattr(kill.shm_audit, "__defaults__", (str(folder), None))  # the run's shm folder
+        await wait_for(lambda: len(list(folder.glob("nccl-*"))) == 4, 60, "every rank's nccl file", w.said)
+        m = await w.open(w.monitor())
+        await wait_for(lambda: len(m.shm_held) == 4, 60, "the files the run holds remembered",
+                       lambda: m.shm_held)
+        held = dict(m.shm_held)
+        plan = await kill.plan_kill(m.session, m.scope())
+        assert (await m.stop(plan, "conformance test"))["verified"]
+        audit = await kill.shm_audit(m.session, str(folder))
+        found = kill.shm_for_run(audit, plan, held)
+        nccl = sorted(p.name for p in folder.glob("nccl-*"))
+        assert sorted(e["name"] for e in found.remove if e["name"].startswith("nccl-")) == nccl, found
+        assert all("held by the run while it lived" in e["why"] for e in found.remove if e["name"] in nccl)
+        if kind == "cluster":  # each file removed on one node, the one whose rank held it
+            assert {e["dev"] // DEV_STRIDE for e in found.remove if e["name"] in nccl} == {1, 2}, found.remove
+        done = await kill.shm_clean(m.session, found.remove, str(folder), other_dir=True)
+        assert list(folder.glob("nccl-*")) == [], done
+        assert len([name for name in done["removed"] if "nccl-" in name]) == 4, done
