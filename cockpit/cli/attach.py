@@ -44,7 +44,9 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
     if target.kind == "slurm" and not target.node:  # every node of the job, as one run
         from cockpit.monitor.cluster import ClusterMonitor
 
-        return ClusterMonitor(target, session_options(args, layout, target), layout)
+        cluster = ClusterMonitor(target, session_options(args, layout, target), layout)
+        cluster.forensics_on = forensics_allowed(args, layout)  # a stall's stacks, as on one host
+        return cluster
     if target.kind == "demo":
         from cockpit.monitor import demo
 
