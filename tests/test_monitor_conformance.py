@@ -158,7 +158,7 @@ async def test_stop_carries_out_the_plan_and_reads_no_run(kind, tmp_path, monkey
     async with watched(kind, tmp_path, monkeypatch) as w:
         seen: list[str] = []
         m = await w.open(w.monitor(), seen)
-        plan = await kill.plan_kill(m.session, m.run.scope(m.session.watch))
+        plan = await kill.plan_kill(m.session, m.scope())
         planned = sorted(node_pid(m, e["pid"]) for e in plan.entries)
         assert set(w.pids()) <= set(planned) and len(planned) >= 5, (planned, w.pids())
         report = await m.stop(plan, "conformance test")
@@ -179,7 +179,7 @@ async def test_a_run_stopped_by_another_cockpit_reads_stopped_then_no_run(kind, 
         seen: list[str] = []
         watcher = await w.open(w.monitor(), seen)
         other = await w.open(w.monitor())
-        plan = await kill.plan_kill(other.session, other.run.scope(other.session.watch))
+        plan = await kill.plan_kill(other.session, other.scope())
         report = await other.stop(plan, "stopped in another cockpit")
         assert report["verified"], report
         await wait_for(lambda: watcher.verdict.name.value == "no run", 30, "no run on the watcher",
@@ -201,6 +201,7 @@ async def test_a_new_run_started_elsewhere_is_followed_once_the_last_is_gone(kin
                                                                       sim_state=str(tmp_path / "sim-n1")),
                                 WatchList(patterns=[]))
         await elsewhere.connect()
+        run = None
         try:
             run = await launch(elsewhere, w.layout, RunSpec())  # another cockpit's launch of the layout
             after: list[str] = []
@@ -213,7 +214,7 @@ async def test_a_new_run_started_elsewhere_is_followed_once_the_last_is_gone(kin
             pgid = int(run.record["pgid"])
             assert {node_pid(m, p.pgid) for p in m.state.ranks() if p.alive} == {pgid}
         finally:
-            kill_groups([int(run.record["pgid"])] if "run" in locals() else [])
+            kill_groups([int(run.record["pgid"])] if run is not None and run.record else [])
             await elsewhere.close()
 
 
