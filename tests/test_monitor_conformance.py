@@ -306,3 +306,47 @@ async def test_the_clean_after_a_stop_removes_what_the_run_held_on_the_host_that
         done = await kill.shm_clean(m.session, found.remove, str(folder), other_dir=True)
         assert list(folder.glob("nccl-*")) == [], done
         assert len([name for name in done["removed"] if "nccl-" in name]) == 4, done
+
+
+def test_a_nodes_part_stopped_whole_elsewhere_reads_stopped_then_no_run_never_crashed():
+    """Frames fed to the node HostMonitors (the order no live test can force): node n1's part is
+    stopped whole by another cockpit and n1's HostMonitor, reading the stop's end on its record,
+    forgets it; n2's ranks go down after it, before n2's record says why. The job reads
+    `stopped` throughout (never `crashed`), then `no run` once n2's part ended too."""
+    import time
+
+    from cockpit.monitor.cluster import NodeMonitor
+
+    m = ClusterMonitor(parse_target("slurm:7"), SessionOptions(), None)
+    seen: list[str] = []
+    m.subscribe(lambda e: seen.append(m.verdict.name.value) if e.kind == "verdict" else None)
+    for k, name in ((1, "n1"), (2, "n2")):
+        node = Node(k, name, parse_target(f"slurm:7/{name}"))
+        node.monitor = NodeMonitor(node.target, SessionOptions(), None)
+        node.monitor.subscribe(lambda e, n=node: m._on_node_event(n, e))
+        node.monitor.state.link_state = "up"
+        node.monitor.state.apply({"t": "hello", "gpus": [{"index": 0, "mem_total_mib": 80000}]})
+        m.nodes.append(node)
+    n1, n2 = m.nodes
+
+    def sample(node, **frame):  # a node's sample as its session hands it to its monitor
+        node.host.state.apply({"t": "sample", "seq": node.host.state.seq + 1, **frame})
+        node.host._on_frame({"t": "sample"})
+
+    def record(act, pids):
+        return {"id": f"{act}-{pids[0]}", "at": time.time(), "act": act, "why": "cockpit kill", "by": "ops@elsewhere",
+                "processes": [[pid, None, None] for pid in pids]}
+
+    for node, ranks in ((n1, (0, 1)), (n2, (2, 3))):
+        sample(node, procs=[{"pid": 10 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S",
+                             "cmdline": [f"sglang::scheduler_TP{r}"], "cpu_pct": 1.0} for r in ranks])
+    assert len([p for p in m.state.ranks() if p.alive]) == 4
+    sample(n1, gone=[10, 11], acts=[record("stop", [10, 11])])
+    assert m.verdict.name.value == "stopped", m.verdict
+    sample(n1, acts=[record("ended", [10, 11])])
+    assert n1.ended and n1.host.verdict.name.value == "no run"
+    sample(n2, gone=[12, 13])  # its ranks went down after n1's part, its record not read yet
+    assert m.verdict.name.value == "stopped", m.verdict
+    sample(n2, acts=[record("stop", [12, 13]), record("ended", [12, 13])])
+    assert (m.verdict.name.value, m.phase.name) == ("no run", "no run"), m.verdict
+    assert "crashed" not in seen, seen

@@ -624,6 +624,12 @@ class ClusterMonitor(MonitorBase):
             for n in self._parts():
                 n.host._stops_elsewhere()  # each node reads the stops its host records
         phase, v = self._operators(phase, v)  # type: ignore[misc]  # HostMonitor's rule, on the merged state
+        ended = [n.name for n in self._parts() if n.ended]
+        if v.name == VerdictName.CRASHED and ended:  # a node's part ended by a recorded stop: its ranks are forgotten
+            # there, so the ranks going down after it (or the lines saying so) are that stop's, not a crash
+            phase = Phase("stopped", line=phase.line) if phase.name == "crashed" else phase
+            v = Verdict(VerdictName.STOPPED, [f"the run's part on node {', '.join(ended)} was stopped whole by the "
+                                              f"operator (its host's record)"] + v.evidence[:2])
         if self._ended_elsewhere():
             self.run_ended()  # every node's part stopped whole by another cockpit, verified gone: no run
             return
