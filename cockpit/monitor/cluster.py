@@ -30,21 +30,24 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.host.session import SessionOptions, WatchList
-from cockpit.host.state import HISTORY_LEN, XID_KEPT, AgentInfo, HostState, PortState
+from cockpit.host.state import HISTORY_LEN, XID_KEPT, AgentInfo, HostState, PortState, Proc
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.connect import carrier_link
-from cockpit.link.slurm import NodePids, SlurmNodeLink, find_job
+from cockpit.link.slurm import Job, NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
 from cockpit.monitor.base import MonitorBase, MonitorEvent, rules_for, watchdog_for
 from cockpit.monitor.host import HostMonitor, OperatorKill
+from cockpit.read.logrules import LogRules
 from cockpit.runs.config import Layout
 from cockpit.runs.run import Run
 
@@ -72,7 +75,7 @@ class NodeVerdict(Verdict):
         where = f" on node {self.odd_node}" if self.odd_node else ""
         return f"{self.name} (rank {self.odd_rank}{where})"
 
-    def doc(self) -> dict:
+    def doc(self) -> dict[str, Any]:
         return {**super().doc(), "odd_node": self.odd_node}
 
 
@@ -143,7 +146,7 @@ def _merged_act(rec: dict[str, Any], n: Node) -> dict[str, Any]:
 class ClusterState(HostState):
     """The nodes' states as one (see the module's doc); rebuilt on each node's sample."""
 
-    def __init__(self, target: str, history: int = HISTORY_LEN, rules=None):
+    def __init__(self, target: str, history: int = HISTORY_LEN, rules: LogRules | None = None):
         super().__init__(target, history, rules)
         self.node_names: dict[int, str] = {}
         self.gpu_labels: dict[int, str] = {}
@@ -151,7 +154,7 @@ class ClusterState(HostState):
 
     def rebuild(self, nodes: list[Node]) -> None:
         procs, gpus, ports, logs, cpu_hist, gpu_hist = {}, {}, [], {}, {}, {}
-        xid: list = []
+        xid: list[Any] = []
         acts: dict[str, dict[str, Any]] = {}
         warnings: list[str] = []
         live = [n for n in nodes if n.monitor is not None and n.monitor.state.seq]
@@ -160,7 +163,7 @@ class ClusterState(HostState):
                 warnings.append(f"node {n.name}: {n.status}")
         self.node_names = {n.number: n.name for n in nodes}
         for n in live:
-            st, k = n.monitor.state, n.number
+            st, k = n.host.state, n.number
             base = k * STRIDE
             steps = dict(n.pids.steps)
             for pid, p in sorted(st.procs.items()):
@@ -170,10 +173,11 @@ class ClusterState(HostState):
                 q.sid = base + p.sid if p.sid else p.sid
                 q.gpus = [k * GPU_STRIDE + i for i in p.gpus]
                 q.last_gpus = [k * GPU_STRIDE + i for i in p.last_gpus]
-                q.node, q.node_pid = n.name, pid
-                q.step = steps.get(pid) or steps.get(p.ppid)
-                if q.step is not None:
-                    steps.setdefault(pid, q.step)
+                step = steps.get(pid) or steps.get(p.ppid)
+                for field, value in (("node", n.name), ("node_pid", pid), ("step", step)):
+                    setattr(q, field, value)  # what a job's process adds to a host's (docs/targets.md)
+                if step is not None:
+                    steps.setdefault(pid, step)
                 procs[q.pid] = q
                 if pid in st.proc_cpu_history:
                     cpu_hist[q.pid] = st.proc_cpu_history[pid]
@@ -181,15 +185,16 @@ class ClusterState(HostState):
                 h = copy.copy(g)
                 h.index = k * GPU_STRIDE + i
                 h.processes = [(base + pid, mib) for pid, mib in g.processes]
-                h.label = f"{n.name}:{i}"
+                label = f"{n.name}:{i}"
+                setattr(h, "label", label)
                 gpus[h.index] = h
-                self.gpu_labels[h.index] = h.label
+                self.gpu_labels[h.index] = label
                 if i in st.gpu_history:
                     gpu_hist[h.index] = st.gpu_history[i]
             xid += [dataclasses.replace(e, gpu=None if e.gpu is None else k * GPU_STRIDE + e.gpu) for e in st.xid]
             ports += [PortState(pt.port, pt.listening, base + pt.pid if pt.pid else None) for pt in st.ports]
             for path, log in st.logs.items():
-                if path in n.monitor.session.watch.logs:  # the one it follows now (not one it followed first)
+                if path in n.host.session.watch.logs:  # the one it follows now (not one it followed first)
                     logs[f"{n.name}:{path}"] = log
             for rec in st.acts.values():
                 acts[f"{n.name}:{rec['id']}"] = _merged_act(rec, n)
@@ -202,14 +207,14 @@ class ClusterState(HostState):
         self.proc_cpu_history, self.gpu_history = cpu_hist, gpu_hist
         self.acts = dict(sorted(acts.items(), key=lambda kv: kv[1].get("at") or 0.0))
         if live:
-            first = live[0].monitor.state
+            first = live[0].host.state
             self.agent = copy.copy(first.agent)
             self.agent.hostname = ",".join(n.name for n in nodes)
             self.agent.warnings = warnings
             self.seq += 1
-            self.sample_ts = max(n.monitor.state.sample_ts or 0.0 for n in live)
-            self.received_at = max(n.monitor.state.received_at or 0.0 for n in live)
-            self.generation = sum(n.monitor.state.generation for n in live)
+            self.sample_ts = max(n.host.state.sample_ts or 0.0 for n in live)
+            self.received_at = max(n.host.state.received_at or 0.0 for n in live)
+            self.generation = sum(n.host.state.generation for n in live)
         else:
             self.agent = AgentInfo(hostname=",".join(n.name for n in nodes), warnings=warnings)
         up = [n for n in nodes if n.status == "up"]
@@ -219,30 +224,31 @@ class ClusterState(HostState):
         done.set()
 
     @staticmethod
-    def _global_ranks(procs: dict, live: list[Node]) -> None:
+    def _global_ranks(procs: dict[int, Proc], live: list[Node]) -> None:
         """Ranks numbered per node (each node's 0..k-1) become global: node rank * ranks per node
         + local rank. Titles already global (no rank repeats across nodes) are kept."""
-        by_node: dict[str, list] = {}
+        by_node: dict[str, list[Proc]] = {}
         for p in procs.values():
             if p.rank is not None:
-                by_node.setdefault(p.node, []).append(p)
+                by_node.setdefault(getattr(p, "node", ""), []).append(p)
         seen: dict[int, str] = {}
         repeats = False
         for name, ranks in by_node.items():
-            for r in {p.rank for p in ranks}:
+            for r in {p.rank for p in ranks if p.rank is not None}:
                 repeats |= r in seen and seen[r] != name
                 seen[r] = name
         for p in procs.values():
-            p.local_rank = p.rank
+            setattr(p, "local_rank", p.rank)
         if not repeats:
             return
         per_node = max(len({p.rank for p in ranks}) for ranks in by_node.values())
         order = {n.name: i for i, n in enumerate(live)}
         for name, ranks in by_node.items():
-            node_rank = next((r for p in procs.values() if p.node == name and p.role == "server" and p.cmdline
+            node_rank = next((r for p in procs.values()
+                              if getattr(p, "node", None) == name and p.role == "server" and p.cmdline
                               for r in [_flag(p.cmdline, NODE_RANK_FLAGS)] if r is not None), order.get(name, 0))
             for p in ranks:
-                p.rank = node_rank * per_node + p.local_rank
+                p.rank = node_rank * per_node + getattr(p, "local_rank")
 
 
 class ClusterSession:
@@ -296,7 +302,7 @@ class ClusterSession:
     def _up(self) -> list[Node]:
         return [n for n in self.cluster.nodes if n.monitor is not None and n.status == "up"]
 
-    def _split(self, pids) -> dict[int, list[int]]:
+    def _split(self, pids: Iterable[Any] | None) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
         for key in pids or []:
             k, pid = node_of(int(key))
@@ -306,10 +312,11 @@ class ClusterSession:
     def _batch(self, k: int) -> set[int]:
         """The node's batch-script processes: never in a kill (the script ends the job itself)."""
         node = self.cluster.by_number(k)
-        return {p.node_pid for p in self.state.procs.values()
-                if getattr(p, "node", None) == node.name and getattr(p, "step", None) == "batch"}
+        return {q for p in self.state.procs.values()
+                if getattr(p, "node", None) == node.name and getattr(p, "step", None) == "batch"
+                for q in [getattr(p, "node_pid", None)] if isinstance(q, int)}
 
-    async def request(self, cmd: str, timeout: float = 30.0, **args) -> dict:
+    async def request(self, cmd: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
         nodes = self._up()
         if not nodes:
             raise LinkLost("no node of the job is connected")
@@ -327,9 +334,9 @@ class ClusterSession:
             return await self._shm_audit(args, timeout)
         if cmd == "shm_clean":
             return await self._shm_clean(args, timeout)
-        return await nodes[0].monitor.session.request(cmd, timeout=timeout, **args)
+        return await nodes[0].host.session.request(cmd, timeout=timeout, **args)
 
-    async def _kill_plan(self, args: dict, timeout: float) -> dict:
+    async def _kill_plan(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The run of a Slurm job is the job's processes on each node (`scontrol listpids`, which
         each node's agent watches), less the batch script: each node's agent plans those pids (and
         what they started, as their user). Explicit pids (`k`, `--pid`) plan just those."""
@@ -340,11 +347,11 @@ class ClusterSession:
             if asked is not None:
                 pids = [p for p in asked.get(k, []) if p not in batch]
             else:
-                pids = sorted(p.node_pid for p in self.state.procs.values()
-                              if getattr(p, "node", None) == n.name and p.alive and p.node_pid not in batch)
+                pids = sorted(q for p in self.state.procs.values() if getattr(p, "node", None) == n.name and p.alive
+                              for q in [getattr(p, "node_pid", None)] if isinstance(q, int) and q not in batch)
             if not pids:
                 continue
-            data = await n.monitor.session.request("kill_plan", timeout=timeout, pids=pids)
+            data = await n.host.session.request("kill_plan", timeout=timeout, pids=pids)
             batch_sids = {p.sid - base for p in self.state.procs.values()
                           if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in batch and p.sid}
             sessions += [base + s for s in data.get("sessions") or [] if s not in batch_sids]
@@ -356,8 +363,8 @@ class ClusterSession:
         return {"plan": plan, "sessions": sessions,
                 "rule": None if asked is not None else f"the processes of Slurm job {self.cluster.target.text}"}
 
-    async def _kill(self, args: dict, timeout: float) -> dict:
-        by_node: dict[int, list[dict]] = {}
+    async def _kill(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        by_node: dict[int, list[dict[str, Any]]] = {}
         for e in args["plan"]:
             k, pid = node_of(e["pid"])
             base = k * STRIDE
@@ -367,13 +374,13 @@ class ClusterSession:
         sessions = self._split(args.get("sessions"))
         who = {key: args[key] for key in ("why", "by", "run_id", "whole") if key in args}  # each node's record of the stop
 
-        async def one(k: int, plan: list[dict]) -> tuple[Node, dict]:
+        async def one(k: int, plan: list[dict[str, Any]]) -> tuple[Node, dict[str, Any]]:
             n = self.cluster.by_number(k)
             base = k * STRIDE
             batch_groups = {p.pgid - base for p in self.state.procs.values()
-                            if getattr(p, "node", None) == n.name and p.node_pid in self._batch(k) and p.pgid}
+                            if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in self._batch(k) and p.pgid}
             try:
-                rep = await n.monitor.session.request(
+                rep = await n.host.session.request(
                     "kill", timeout=timeout, plan=plan, wait_s=args.get("wait_s", 10.0), ports=args.get("ports", []),
                     pgids=[g for g in pgids.get(k, []) if g not in batch_groups],
                     sids=[s for s in sids.get(k, []) if s not in batch_groups], pids=[e["pid"] for e in plan],
@@ -382,7 +389,8 @@ class ClusterSession:
             except LinkLost:
                 rep = await self.cluster.verify_gone(n, plan)
                 note = rep.pop("note")
-            out = {key: [base + p for p in rep.get(key, [])] for key in ("term", "killed", "vanished", "remaining")}
+            out: dict[str, Any] = {key: [base + p for p in rep.get(key, [])]
+                                   for key in ("term", "killed", "vanished", "remaining")}
             out["gpu_memory_left"] = [{**g, "gpu": f"{n.name}:{g['gpu']}", "pid": f"{n.name}:{g['pid']}"}
                                       for g in rep.get("gpu_memory_left", [])]
             out["ports_open"] = [f"{n.name}:{p}" for p in rep.get("ports_open", [])]
@@ -391,7 +399,7 @@ class ClusterSession:
             return n, out
 
         results = await asyncio.gather(*(one(k, plan) for k, plan in sorted(by_node.items())))
-        report = {"term": [], "killed": [], "vanished": [], "remaining": [], "gpu_memory_left": [], "ports_open": [],
+        report: dict[str, Any] = {"term": [], "killed": [], "vanished": [], "remaining": [], "gpu_memory_left": [], "ports_open": [],
                   "gpus_after": [], "notes": [], "nodes": {}}
         for n, rep in results:
             for key in ("term", "killed", "vanished", "remaining", "gpu_memory_left", "ports_open", "gpus_after"):
@@ -400,11 +408,11 @@ class ClusterSession:
             report["nodes"][n.name] = {"remaining": [node_of(p)[1] for p in rep["remaining"]], "note": rep["note"]}
         return report
 
-    async def _dump(self, args: dict, timeout: float) -> dict:
-        out: dict = {"dumps": {}, "check": None}
+    async def _dump(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"dumps": {}, "check": None}
         for k, pids in sorted(self._split(args.get("pids")).items()):
             n = self.cluster.by_number(k)
-            data = await n.monitor.session.request("dump", timeout=timeout, **{**args, "pids": pids})
+            data = await n.host.session.request("dump", timeout=timeout, **{**args, "pids": pids})
             out["check"] = out["check"] or data.get("check")
             for pid, d in (data.get("dumps") or {}).items():
                 out["dumps"][str(k * STRIDE + int(pid))] = d
@@ -484,11 +492,11 @@ class ClusterSession:
         return out
 
     def watch_current(self) -> bool:
-        return all(n.monitor.session.watch_current() for n in self._up())
+        return all(n.host.session.watch_current() for n in self._up())
 
     @property
     def watch_changing(self) -> bool:
-        return any(n.monitor.session.watch_changing for n in self._up())
+        return any(n.host.session.watch_changing for n in self._up())
 
     def watch_run(self, pgid: int | None, log: str | None) -> None:
         """A run spanning nodes is its job's processes on each node, or the run a node follows
@@ -519,11 +527,13 @@ class ClusterSession:
         node, _, own = path.partition(":")
         for n in self._up():
             if n.name == node:
-                await n.monitor.session.follow_log(own)
+                await n.host.session.follow_log(own)
 
 
 class ClusterMonitor(MonitorBase):
     """The HostMonitor of a run spanning nodes (see the module's doc)."""
+
+    state: ClusterState
 
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, refresh_pids_s: float = REFRESH_PIDS_S):
@@ -537,11 +547,11 @@ class ClusterMonitor(MonitorBase):
         self.watchdog = watchdog_for(layout)
         self.phase = Phase("no run")
         self.verdict: Verdict = NodeVerdict(VerdictName.WATCHING, [])
-        self.probes: dict = {}
+        self.probes: dict[tuple[int, str], dict[str, Any]] = {}
         self.run = Run(layout)
         self.stopping: str | None = None
         self.nodes: list[Node] = []
-        self.job = None
+        self.job: Job | None = None
         self.refresh_pids_s = refresh_pids_s
         self._listeners: list[Callable[[MonitorEvent], None]] = []
         self._jobs_link: SlurmNodeLink | None = None
@@ -639,10 +649,9 @@ class ClusterMonitor(MonitorBase):
             holders = [p for p in state.procs.values() if p.rank == v.odd_rank]
             if holders:
                 p = holders[0]
-                odd_node = getattr(p, "node", None)
-                evidence.insert(0, f"rank {v.odd_rank} is on node {odd_node} (pid {p.node_pid} there"
-                                   + (f", Slurm step {self.job.id}.{p.step}" if getattr(p, "step", None) and self.job
-                                      else "") + ")")
+                odd_node, there, step = (getattr(p, key, None) for key in ("node", "node_pid", "step"))
+                evidence.insert(0, f"rank {v.odd_rank} is on node {odd_node} (pid {there} there"
+                                   + (f", Slurm step {self.job.id}.{step}" if step and self.job else "") + ")")
         down = [f"node {n.name}: {n.status}" for n in self.nodes if n.status != "up"]
         evidence = down + evidence
         self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
@@ -683,7 +692,7 @@ class ClusterMonitor(MonitorBase):
         self._emit(MonitorEvent("verdict", before=before))
 
     @contextmanager
-    def stopping_for(self, why: str, plan=None):
+    def stopping_for(self, why: str, plan: KillPlan | None = None) -> Iterator[None]:
         """The operator's own kill: each node's HostMonitor takes its share of `plan` (its deaths
         read as the operator's there, as on one host), the job's ranks read `stopping` meanwhile."""
         with ExitStack() as stack:
@@ -737,12 +746,19 @@ class ClusterMonitor(MonitorBase):
         self._jobs_link = SlurmNodeLink(carrier_link(self.target, self.opts), self.target,
                                         self.target.carrier().label if self.target.remote else "this machine")
         await self._jobs_link.carrier.connect()
-        self.job = await find_job(self._jobs_link, self.target.name)
-        return [Node(i + 1, name, self.target.on_node(name)) for i, name in enumerate(self.job.nodes)]
+        self.job = job = await find_job(self._jobs_link, self.target.name or "")
+        return [Node(i + 1, name, self.target.on_node(name)) for i, name in enumerate(job.nodes)]
 
     async def _node_pids(self, n: Node) -> NodePids:
         """The job's processes on the node (`scontrol listpids`), its steps named."""
-        return await SlurmNodeLink(self._jobs_link.carrier, n.target, self._jobs_link.where).job_pids()
+        link = self._jobs()
+        return await SlurmNodeLink(link.carrier, n.target, link.where).job_pids()
+
+    def _jobs(self) -> SlurmNodeLink:
+        """The link Slurm is asked through (the carrier's), once the job was found."""
+        if self._jobs_link is None:
+            raise LinkLost(f"{self.target.label}: not connected")
+        return self._jobs_link
 
     async def _open_node(self, n: Node, kept: bool) -> None:
         n.pids = await self._node_pids(n)
@@ -753,7 +769,7 @@ class ClusterMonitor(MonitorBase):
             opts = dataclasses.replace(opts, sim_state=opts.sim_state.replace("%n", n.name))
         monitor = NodeMonitor(n.target, opts, self.layout, history=self.history, watch=watch)
         monitor.forensics_on = False  # the stall is the job's, its forensics gathered over every node's ranks at once
-        monitor.subscribe(lambda ev, n=n: self._on_node_event(n, ev))
+        monitor.subscribe(functools.partial(self._on_node_event, n))
         n.monitor = monitor
         try:
             await monitor.open(kept=kept)
@@ -766,15 +782,15 @@ class ClusterMonitor(MonitorBase):
     async def _find_log(self, n: Node) -> None:
         """The node's server's output file: a server of a job step, not the batch script's srun
         (whose output is the job's, shared by every node)."""
-        st = n.monitor.state
+        st = n.host.state
         servers = sorted(p.pid for p in st.procs.values() if p.alive and p.role == "server"
                          and n.pids.steps.get(p.pid) != "batch" and n.pids.steps.get(p.ppid) != "batch")
         if not servers:
             return
-        found = await n.monitor.session.request("stdout_of", pids=servers[:16])
+        found = await n.host.session.request("stdout_of", pids=servers[:16])
         path = next((found[str(pid)] for pid in servers if str(pid) in found), None)
         if path:
-            await n.monitor.session.follow_log(path)
+            await n.host.session.follow_log(path)
 
     async def refresh_pids(self) -> None:
         """Steps started in the job since (a relaunch): each node's agent is told the new pids."""
@@ -790,13 +806,13 @@ class ClusterMonitor(MonitorBase):
                 n.monitor.session.watch.pids = found.pids
                 await n.monitor.session.request("config", **n.monitor.session.watch.args())
 
-    async def verify_gone(self, n: Node, plan: list[dict]) -> dict:
+    async def verify_gone(self, n: Node, plan: list[dict[str, Any]]) -> dict[str, Any]:
         """A node's agent went down during the kill (the job ended as its steps died): Slurm ends
         every process of an ended job on every node, so the job's state is the check."""
         pids = [e["pid"] for e in plan]
         try:
-            job = await find_job(self._jobs_link, self.target.name)
-            state = job.state
+            job = await find_job(self._jobs(), self.target.name or "")
+            state: str | None = job.state
         except CockpitError as exc:
             state = "ended" if "no such job" in str(exc) or "not RUNNING" in str(exc) else None
         if state == "RUNNING" or state is None:
@@ -819,7 +835,7 @@ class ClusterMonitor(MonitorBase):
                 self.nodes = []
         tasks = [n.monitor.keep(retry_first=retry_first) for n in self.nodes if n.monitor is not None]
 
-        async def refresh():
+        async def refresh() -> None:
             while True:
                 await asyncio.sleep(self.refresh_pids_s)
                 await self.refresh_pids()
@@ -835,7 +851,7 @@ class ClusterMonitor(MonitorBase):
             await self._jobs_link.carrier.close()
 
     @asynccontextmanager
-    async def attached(self, samples: int = 1):
+    async def attached(self, samples: int = 1) -> AsyncIterator[ClusterMonitor]:
         await self.open()
         try:
             await self.session.wait_samples(samples)
@@ -849,7 +865,7 @@ class ClusterMonitor(MonitorBase):
         while time.monotonic() < deadline:
             await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def doc_extra(self) -> dict:
+    def doc_extra(self) -> dict[str, Any]:
         """What `snapshot --json` adds for a run spanning nodes (docs/targets.md)."""
         nodes = []
         for n in self.nodes:
