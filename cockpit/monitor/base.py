@@ -7,24 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from cockpit.actions import kill
+from cockpit.actions import forensics, kill
 from cockpit.actions.forensics import Forensics
 from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import count
+from cockpit.host.state import HostState, Proc
 from cockpit.judge.diagnose import Watchdog
-from cockpit.judge.evidence import default_sources
-from cockpit.host.state import HostState
+from cockpit.judge.evidence import default_sources, merge
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
 from cockpit.read.logrules import LogLine, LogRules
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import (
+    append_ledger,
     note_seen,
     note_stop,
     note_verdict,
@@ -60,6 +61,33 @@ def rules_for(layout: Layout | None) -> LogRules:
     """The layout's engine and phases; without one (or with engine none) the engine is learnt
     from the log's own lines."""
     return LogRules(layout.engine if layout else "auto", layout.phases if layout else None)
+
+
+@dataclass
+class OperatorKill:
+    """A process the operator's own kill signalled (`k`, `K`, a relaunch's stop): its death is not
+    a crash, however late it comes."""
+
+    pid: int
+    started: float | None  # the host's start time of the process as planned (epoch)
+    at: float  # local monotonic time of the kill
+    why: str
+    crashed_before: bool  # the run already read as crashed when the operator killed it
+
+
+def named_processes(rec: Mapping[str, Any]) -> list[tuple[int, float | None]]:
+    """The processes a host record names: (pid, start time on the host's clock)."""
+    out = []
+    for item in rec.get("processes") or []:
+        if isinstance(item, list) and item and isinstance(item[0], int):
+            started = item[2] if len(item) > 2 and isinstance(item[2], (int, float)) else None
+            out.append((item[0], started))
+    return out
+
+
+def same_process(proc: Proc, started: float | None) -> bool:
+    """The process is the one recorded: its pid, and its start time where both are known."""
+    return started is None or proc.started is None or abs(started - proc.started) < 1.0
 
 
 @runtime_checkable
@@ -138,9 +166,19 @@ class MonitorBase:
     watchdog: Watchdog
     stopping: str | None
     run: Run
+    _forensics_task: asyncio.Task[None] | None = None
+    _forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
     _listeners: list[Callable[[MonitorEvent], None]]
 
     def new_run(self, started: float | None = None, resumed: bool = False) -> None:
+        raise NotImplementedError
+
+    def update(self, now: float | None = None) -> None:
+        raise NotImplementedError
+
+    def kills(self) -> dict[int, OperatorKill]:
+        """The operator's kills known now (pid -> kill), until a new run: this cockpit's, and the
+        stops the host's record holds."""
         raise NotImplementedError
 
     def run_ended(self) -> None:
@@ -295,9 +333,6 @@ class MonitorBase:
     async def judging(self) -> AsyncIterator[None]:
         yield
 
-    async def forensics_done(self) -> None:
-        """Wait for a stall's forensics under way (a monitor that gathers them says how)."""
-
     async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
                    whole_run: bool = True) -> dict[str, Any]:
         """Stop the run as `plan` (a confirmed KillPlan) says: the ledger first keeps what was
@@ -320,3 +355,147 @@ class MonitorBase:
             if whole_run and report["verified"]:
                 self.run_ended()
         return report
+
+    def _stall_forensics(self) -> None:
+        """A stall declared on the run followed: its forensics are gathered once, by one cockpit
+        for all (every rank's stack, the flight recorder where armed), kept in the host's record;
+        whoever looks at the same stall (another screen, the exporter, a cold look) reads them
+        there, and what they found joins the verdict."""
+        stalled = self.verdict.name in (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING)
+        if not stalled:
+            self._forensics_for = None
+            return
+        if self.forensics is None:
+            self.forensics = self._forensics_of_this_stall("done")
+        key = (self.state.generation, id(self.watchdog))
+        if self.forensics is None and key != self._forensics_for and not self.stopping:
+            claimed = self._forensics_of_this_stall("gathering") is not None
+            if claimed or self.forensics_on:
+                self._forensics_for = key
+                try:
+                    self._forensics_task = asyncio.get_running_loop().create_task(self._gather_forensics(claimed))
+                except RuntimeError:
+                    self._forensics_for = None  # judged outside the event loop (a test feeding states)
+        if self.forensics is not None and self.forensics.finding is not None:
+            self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
+
+    def _stall_records(self, state: str) -> list[dict[str, Any]]:
+        """The host's forensics records (`gathering` claims or `done`) of this stall: naming a
+        live rank of the run followed, written since the stall began."""
+        since = self.verdict.since
+        if since is None:
+            return []
+        live = {p.pid: p for p in self.state.ranks() if p.alive}
+        if state == "gathering":
+            since = max(since, (self.state.sample_ts or time.time()) - forensics.DEADLINE_S - 40)  # a claim expires
+        return [r for r in self.state.acts_of("forensics", since - 5) if r.get("state") == state
+                and any(pid in live and same_process(live[pid], started) for pid, started in named_processes(r))]
+
+    def _forensics_of_this_stall(self, state: str = "done") -> Any:
+        """The forensics another cockpit (or this one) gathered for this stall (`done`), or the
+        claim of one gathering them now (`gathering`, earliest first)."""
+        recs = self._stall_records(state)
+        if state == "gathering":
+            return min(recs, key=lambda r: (r["at"], r["id"])) if recs else None
+        doc = recs[-1].get("doc") if recs else None
+        return forensics.Forensics.from_doc(doc) if isinstance(doc, dict) and isinstance(doc.get("at"), (int, float)) \
+            else None
+
+    async def _note_forensics(self, state: str, doc: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        ranks = [[p.pid, None, p.started] for p in self.state.ranks() if p.alive]
+        try:
+            noted: dict[str, Any] = await self.session.request(
+                "note", act="forensics", state=state, processes=ranks, since=self.verdict.since,
+                run_id=self.run.run_id, doc=doc)
+        except CockpitError as exc:
+            self.state.notes.append(f"stall forensics: not kept on the host: {exc}")
+            return None
+        return noted
+
+    async def _gather_forensics(self, claimed: bool = False) -> None:
+        """Gather this stall's forensics, unless another cockpit claimed them first: then wait for
+        theirs (py-spy on a rank another dump holds answers nothing)."""
+        if not claimed:
+            mine = await self._note_forensics("gathering")
+            if mine is not None:  # two cockpits claimed at once: the earlier claim gathers
+                try:
+                    await self.session.wait_samples(2)
+                except CockpitError:
+                    return
+                first = self._forensics_of_this_stall("gathering")
+                claimed = first is not None and first.get("id") != mine.get("id")
+        if claimed:
+            deadline = time.monotonic() + forensics.DEADLINE_S + 40
+            while self.forensics is None and time.monotonic() < deadline:
+                try:
+                    await self.session.wait_samples(1, timeout=max(1.0, deadline - time.monotonic()))
+                except CockpitError:
+                    break
+                self.forensics = self._forensics_of_this_stall("done")
+            self.update()
+            self._emit(MonitorEvent("sample"))
+            return
+        run = self.run.folder_name(self.target.label)
+        self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
+                                "turns it off)")
+        found = await forensics.gather(self.session, self.run, run)
+        self.forensics = found
+        if found.finding is not None:
+            self.state.notes.append(f"stall forensics: {'; '.join(found.finding.evidence)} ({found.folder})")
+        elif found.error:
+            self.state.notes.append(f"stall forensics: none gathered: {found.error}")
+        doc = found.doc()
+        await self._note_forensics("done", dict(doc, lines=[line[:400] for line in doc["lines"][:60]]))
+        if self.layout is not None and self.run.run_id:
+            append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id, "forensics": doc})
+        self.update()
+        self._emit(MonitorEvent("sample"))
+
+    async def forensics_done(self) -> None:
+        """Wait for a stall's forensics under way (a one-shot look reports them)."""
+        task = self._forensics_task
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), forensics.DEADLINE_S + 40)
+            except (asyncio.TimeoutError, CockpitError):
+                pass
+
+    def _operators(self, phase: Phase, verdict: Verdict) -> tuple[Phase, Verdict]:
+        """The operator's own kills read as theirs: `stopping` while the kill runs; after it, ranks
+        the operator killed being gone, and the ranks of the run that went down after them, are
+        `stopped`, never `crashed` (unless the run had crashed before the kill). A run whose
+        every rank went that way is in phase `stopped`."""
+        if self.stopping:
+            if phase.name == "crashed":
+                phase = Phase("stopped", line=phase.line)
+            return phase, Verdict(VerdictName.STOPPING, [self.stopping])
+        kills = self.kills()
+        if verdict.name != VerdictName.CRASHED or not kills:
+            return phase, verdict
+        if any(k.crashed_before for k in kills.values()):
+            return phase, verdict
+        ranks = [p for p in self.state.procs.values() if p.rank is not None]
+        dead = [p for p in ranks if not p.alive or p.status == "Z"]
+        killed = [p for p in dead if self._killed(p)]
+        first = min(k.at for k in kills.values())
+        if dead and not killed:
+            return phase, verdict
+        if any(p not in killed and (p.gone_at or 0.0) < first for p in dead):
+            return phase, verdict  # a rank that died before the operator's kill: a crash
+        if not dead and not (verdict.evidence and verdict.evidence[0].startswith("expected ")):
+            return phase, verdict  # a failure the log tells while no rank is gone: not the kill's doing
+        k = kills[killed[0].pid] if killed else min(kills.values(), key=lambda k: k.at)
+        stamp = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - k.at)))
+        ev = [f"{'rank ' + ', '.join(str(p.rank) for p in killed) if killed else f'pid {k.pid}'} stopped by the "
+              f"operator ({k.why}, {stamp})"]
+        others = [p for p in dead if p not in killed]
+        if others:
+            ev.append(f"{count(len(others), 'more rank')} of the run went down after it: "
+                      f"{', '.join(str(p.rank) for p in others)}")
+        if phase.name == "crashed":
+            phase = Phase("stopped", line=phase.line)
+        return phase, Verdict(VerdictName.STOPPED, ev)
+
+    def _killed(self, proc: Proc) -> bool:
+        k = self.kills().get(proc.pid)
+        return k is not None and same_process(proc, k.started)

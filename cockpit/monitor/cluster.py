@@ -45,8 +45,8 @@ from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.connect import carrier_link
 from cockpit.link.slurm import Job, NodePids, SlurmNodeLink, find_job
 from cockpit.link.target import Target
-from cockpit.monitor.base import MonitorBase, MonitorEvent, rules_for, watchdog_for
-from cockpit.monitor.host import HostMonitor, OperatorKill
+from cockpit.monitor.base import MonitorBase, MonitorEvent, OperatorKill, rules_for, watchdog_for
+from cockpit.monitor.host import HostMonitor
 from cockpit.read.logrules import LogRules
 from cockpit.runs.config import Layout
 from cockpit.runs.run import Run
@@ -573,8 +573,7 @@ class ClusterMonitor(MonitorBase):
         return {(n.number * DEV_STRIDE + dev, ino): seen for n in self._parts()
                 for (dev, ino), seen in n.host.shm_held.items()}
 
-    @property
-    def operator_kills(self) -> dict[int, OperatorKill]:
+    def kills(self) -> dict[int, OperatorKill]:
         """The operator's kills each node's HostMonitor knows (this cockpit's, and the stops its
         host's record holds), on the job's pids."""
         return {n.number * STRIDE + pid: dataclasses.replace(k, pid=n.number * STRIDE + pid)
@@ -615,14 +614,6 @@ class ClusterMonitor(MonitorBase):
 
     # The rules of one host, in their one home (HostMonitor), read on the merged state: the
     # operator's kills (`stopping`, `stopped`) and a stall's forensics, gathered once for all.
-    _operators = HostMonitor._operators
-    _killed = HostMonitor._killed
-    _stall_forensics = HostMonitor._stall_forensics
-    _stall_records = HostMonitor._stall_records
-    _forensics_of_this_stall = HostMonitor._forensics_of_this_stall
-    _note_forensics = HostMonitor._note_forensics
-    _gather_forensics = HostMonitor._gather_forensics
-    forensics_done = HostMonitor.forensics_done
 
     def update(self, now: float | None = None) -> None:
         state = self.state
@@ -633,7 +624,7 @@ class ClusterMonitor(MonitorBase):
         if v.name == VerdictName.CRASHED:
             for n in self._parts():
                 n.host._stops_elsewhere()  # each node reads the stops its host records
-        phase, v = self._operators(phase, v)  # type: ignore[misc]  # HostMonitor's rule, on the merged state
+        phase, v = self._operators(phase, v)  # the operator's kills read as theirs, on the merged state
         ended = [n.name for n in self._parts() if n.ended]
         if v.name == VerdictName.CRASHED and ended:  # a node's part ended by a recorded stop: its ranks are forgotten
             # there, so the ranks going down after it (or the lines saying so) are that stop's, not a crash
@@ -656,7 +647,7 @@ class ClusterMonitor(MonitorBase):
         evidence = down + evidence
         self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
                                                       odd_node=odd_node)
-        self._stall_forensics()  # type: ignore[misc]  # HostMonitor's, on the merged state
+        self._stall_forensics()  # gathered once for all, on the merged state
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
