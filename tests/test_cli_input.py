@@ -200,13 +200,13 @@ def test_a_mistyped_command_is_named_with_the_one_meant():
     assert res.returncode == 2 and res.stderr.startswith("cockpit: unknown command 'frobnicate': one of ")
 
 
-def _imported_by(tmp_path, *argv: str) -> tuple[int, list[str], str]:
-    """`cockpit ARGV` in a fresh interpreter: its exit status, the modules of cockpit/cli/ it
-    imported, and its stdout."""
+def _imported_by(tmp_path, *argv: str, under: tuple[str, ...] = ("cockpit.cli",)) -> tuple[int, list[str], str]:
+    """`cockpit ARGV` in a fresh interpreter: its exit status, the modules it imported of the
+    packages `under` (cockpit/cli/), and its stdout."""
     code = ("import sys\nfrom cockpit.cli import main\n"
             "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as exc:\n    rc = exc.code\n"
             "sys.stdout.flush()\n"
-            "print(rc, *sorted(m for m in sys.modules if m.startswith('cockpit.cli')), file=sys.stderr)\n")
+            f"print(rc, *sorted(m for m in sys.modules if m.startswith({under!r})), file=sys.stderr)\n")
     res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, XDG_STATE_HOME=str(tmp_path)), stdin=subprocess.DEVNULL)
     rc, *modules = res.stderr.strip().splitlines()[-1].split()
@@ -222,6 +222,11 @@ def test_a_command_imports_its_family_module_alone_and_the_top_help_none(tmp_pat
     assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.act", "cockpit.cli.attach", "cockpit.cli.base"])
     rc, modules, out = _imported_by(tmp_path, "--version")
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"]) and out.startswith("gpu-cockpit ")
+    # `serve` builds no monitor (each browser session runs its own cockpit): its family imports
+    # neither the monitors nor the exporter; refused here before anything is served
+    rc, modules, _ = _imported_by(tmp_path, "serve", "--port", "0",
+                                  under=("cockpit.cli", "cockpit.monitor", "cockpit.exporter"))
+    assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.base", "cockpit.cli.serve"])
     rc, modules, out = _imported_by(tmp_path, "--help")
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"])
     listed = " ".join(out.split())
