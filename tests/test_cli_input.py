@@ -147,15 +147,12 @@ def test_the_schema_doc_says_how_long_a_snapshot_looks():
     assert "unknown: no connection" in doc
 
 
-def test_ctrl_c_at_the_kill_prompt_ends_the_command_at_once_and_kills_nothing(tmp_path):
-    """`cockpit kill` asks [y/N] on a terminal; Ctrl+C there ends it at once (exit 130), with
-    the run untouched: the prompt is not waiting for Enter first."""
-    import os
+def _kill_at_a_terminal(tmp_path, keys: bytes) -> tuple[int, str]:
+    """`cockpit kill` of a run on a terminal (a pty), `keys` typed at its [y/N]: its exit status
+    and what it printed, the run checked alive after."""
     import pty
     import select
     import signal
-    import subprocess
-    import sys
     import time
 
     server = tmp_path / "fake_server.py"
@@ -175,22 +172,43 @@ def test_ctrl_c_at_the_kill_prompt_ends_the_command_at_once_and_kills_nothing(tm
                 except OSError:
                     break
         assert b"[y/N]" in out, out.decode(errors="replace")[-2000:]
-        os.write(fd, b"\x03")  # the terminal turns it into SIGINT for the foreground process
+        os.write(fd, keys)  # the terminal turns Ctrl+C into SIGINT for the foreground process
         asked = time.monotonic()
-        while time.monotonic() - asked < 20:
+        while time.monotonic() - asked < 20:  # a bound for a stuck command, not a speed claim
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
             time.sleep(0.05)
         else:
             os.kill(pid, signal.SIGKILL)
-            raise AssertionError("Ctrl+C at the prompt did not end the command")
-        assert os.waitstatus_to_exitcode(status) == 130
-        assert run.poll() is None  # nothing was killed
+            raise AssertionError(f"the command did not end after {keys!r} at the prompt")
+        while select.select([fd], [], [], 0)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
         os.close(fd)
+        assert run.poll() is None  # nothing was killed
+        return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+
+
+def test_ctrl_c_at_the_kill_prompt_ends_the_command_at_once_and_kills_nothing(tmp_path):
+    """`cockpit kill` asks [y/N] on a terminal; Ctrl+C there ends it at once (exit 130), with
+    the run untouched: the prompt is not waiting for Enter first, whichever of the command's
+    threads the kernel hands the signal to."""
+    rc, _ = _kill_at_a_terminal(tmp_path, b"\x03")
+    assert rc == 130
+
+
+def test_no_at_the_kill_prompt_signals_nothing(tmp_path):
+    rc, out = _kill_at_a_terminal(tmp_path, b"n\n")
+    assert rc == 1 and "nothing was signalled" in out
 
 
 def test_a_mistyped_command_is_named_with_the_one_meant():
@@ -200,13 +218,13 @@ def test_a_mistyped_command_is_named_with_the_one_meant():
     assert res.returncode == 2 and res.stderr.startswith("cockpit: unknown command 'frobnicate': one of ")
 
 
-def _imported_by(tmp_path, *argv: str) -> tuple[int, list[str], str]:
-    """`cockpit ARGV` in a fresh interpreter: its exit status, the modules of cockpit/cli/ it
-    imported, and its stdout."""
+def _imported_by(tmp_path, *argv: str, under: tuple[str, ...] = ("cockpit.cli",)) -> tuple[int, list[str], str]:
+    """`cockpit ARGV` in a fresh interpreter: its exit status, the modules it imported of the
+    packages `under` (cockpit/cli/), and its stdout."""
     code = ("import sys\nfrom cockpit.cli import main\n"
             "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as exc:\n    rc = exc.code\n"
             "sys.stdout.flush()\n"
-            "print(rc, *sorted(m for m in sys.modules if m.startswith('cockpit.cli')), file=sys.stderr)\n")
+            f"print(rc, *sorted(m for m in sys.modules if m.startswith({under!r})), file=sys.stderr)\n")
     res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, XDG_STATE_HOME=str(tmp_path)), stdin=subprocess.DEVNULL)
     rc, *modules = res.stderr.strip().splitlines()[-1].split()
@@ -222,6 +240,11 @@ def test_a_command_imports_its_family_module_alone_and_the_top_help_none(tmp_pat
     assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.act", "cockpit.cli.attach", "cockpit.cli.base"])
     rc, modules, out = _imported_by(tmp_path, "--version")
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"]) and out.startswith("gpu-cockpit ")
+    # `serve` builds no monitor (each browser session runs its own cockpit): its family imports
+    # neither the monitors nor the exporter; refused here before anything is served
+    rc, modules, _ = _imported_by(tmp_path, "serve", "--port", "0",
+                                  under=("cockpit.cli", "cockpit.monitor", "cockpit.exporter"))
+    assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.base", "cockpit.cli.serve"])
     rc, modules, out = _imported_by(tmp_path, "--help")
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"])
     listed = " ".join(out.split())

@@ -8,9 +8,10 @@ Every subcommand is named here once, with its family module and its one-line hel
 the family registers its arguments and handler (`@command`, cockpit/cli/base.py) and is imported
 only when one of its commands is parsed: a command's start costs its family's imports alone, and
 `cockpit --help` none. The families go by what they import: `screen` and `demo` Textual; `act`
-and `launch` the actions and the workflows that drive a monitor; `servers` the exporter and
-cockpit/serve.py; `offline` no host and no asyncio; `snapshot` only what starting the agent early
-needs, the rest after that start. Every command that talks to a host goes through one
+and `launch` the actions and the workflows that drive a monitor; `exporter` the exporter and the
+fleet's monitors; `serve` cockpit/serve.py alone (each browser session runs its own `cockpit`,
+so the serving process builds no monitor); `offline` no host and no asyncio; `snapshot` only
+what starting the agent early needs, the rest after that start. Every command that talks to a host goes through one
 HostMonitor (`attached`, cockpit/cli/attach.py), so the verdict a script reads is the one the
 screen shows. Every user-facing failure is one line on stderr and exit status 2, never a
 traceback (`base.handle`).
@@ -31,8 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name: (its family module, its help),
     "demo": ("demo", "open the cockpit on the simulated 8-GPU host"),
     "snapshot": ("snapshot", "render the host's state once, without a terminal, and exit"),
     "fleet": ("screen", "one row per host of a fleet; enter opens a host's cockpit"),
-    "serve": ("servers", "serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default, behind a token"),
-    "exporter": ("servers", "serve the fleet's verdicts as Prometheus metrics (on 127.0.0.1 unless --listen says "
+    "serve": ("serve", "serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default, behind a token"),
+    "exporter": ("exporter", "serve the fleet's verdicts as Prometheus metrics (on 127.0.0.1 unless --listen says "
                             "otherwise)"),
     "kill": ("act", "kill the run (or one process), then verify it is gone"),
     "shm": ("act", "audit the host's /dev/shm; --clean removes what is safe to remove"),

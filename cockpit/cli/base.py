@@ -121,13 +121,31 @@ def confirm(lines: list[str], question: str, yes: bool, json_out: bool = False) 
         return True
     if not sys.stdin.isatty():
         raise CockpitError(f"{question}: no terminal to ask on; pass --yes to confirm")
-    # asyncio.run's own SIGINT handler only cancels a task, which cannot happen inside input():
-    # Ctrl+C at the prompt ends the command at once, as anywhere else
+    return _ask(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _ask(prompt: str) -> str:
+    """A line from the terminal that Ctrl+C ends at once (KeyboardInterrupt), as anywhere else.
+    asyncio.run's own SIGINT handler only cancels a task, which cannot happen while the loop's
+    thread waits here; and the kernel may hand the signal to another thread (asyncio's waitpid
+    watcher), leaving a plain read() on the terminal uninterrupted. So the wait is a select() on
+    the terminal and on a wakeup pipe the signal writes to, whichever thread receives it."""
+    import select
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     try:
-        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+        print(visible(prompt), end="", file=sys.stderr, flush=True)
+        while sys.stdin not in select.select([sys.stdin, wake_r], [], [])[0]:
+            os.read(wake_r, 512)  # a signal other than SIGINT, its handler run: still asking
+        return sys.stdin.readline()
     finally:
+        signal.set_wakeup_fd(before_fd)
         signal.signal(signal.SIGINT, before)
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 def writable(args: argparse.Namespace) -> None:

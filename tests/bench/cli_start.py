@@ -6,7 +6,8 @@ each family of cockpit/cli/ (the package, the one family module a command import
 Runs, interleaved, N times each (after one run each not counted): `python -c pass`, then `cockpit
 --version`, `--help`, a subcommand's `--help` and one quick command per family: `runs` (offline),
 `snapshot --replay` (snapshot), `kill --read-only` (act: refused before any host is asked),
-`exporter --print-rules` (servers); with --compare, REV's cockpit (a git worktree) on the same
+`exporter --print-rules` (exporter), `serve --port 0` (serve: refused before anything is
+served); with --compare, REV's cockpit (a git worktree) on the same
 commands. A snapshot of a live host is tests/bench/snapshot_wall.py's.
 """
 
@@ -35,6 +36,7 @@ COMMANDS = {
     "snapshot --replay FILE --json": ["snapshot", "--replay", str(FIXTURE), "--json"],
     "kill local --read-only": ["kill", "local", "--read-only"],
     "exporter --print-rules": ["exporter", "--print-rules"],
+    "serve --port 0": ["serve", "--port", "0"],
 }
 
 
