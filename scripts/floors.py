@@ -1,6 +1,6 @@
 """The floors and arrows of docs/ARCHITECTURE.md, drawn from the code: the layers of pyproject.toml's
 import-linter contract, the modules on each, and for each floor the floors its modules import
-(grimp's graph of every import, function-level ones too). tests/test_layers.py checks that the
+(grimp's graph of every import, function-level ones too). tests/architecture/test_layers.py checks that the
 drawing in the document is this one; `--write` puts it there.
 
     .venv/bin/python scripts/floors.py            # print the drawing

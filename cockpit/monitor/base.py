@@ -95,7 +95,7 @@ class Monitor(Protocol):
     """What every kind of monitor is (one host: HostMonitor; a run spanning Slurm nodes:
     ClusterMonitor; a recorded moment: ReplayMonitor): the screen, the fleet, the exporter, every
     command and every workflow (cockpit/operate/) rely on this and nothing else. A type checker
-    holds each kind to it (tests/test_types.py runs mypy); MonitorBase writes once what they all
+    holds each kind to it (tests/architecture/test_types.py runs mypy); MonitorBase writes once what they all
     do the same way."""
 
     phase: Phase

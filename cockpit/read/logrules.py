@@ -24,7 +24,7 @@ repeat that rescans what another attempt scanned: bounded, or over characters it
 tests/data/hostile_lines.py draws each one's worst case), and each family of rules runs only on a line
 that holds one of its words (`_hot`, `_phase_words`), so a common line costs a few `str` tests, and
 the prefix shapes a writer repeats line after line are parsed by one match each (`_parse_common`),
-any other line by the general parse (`parse_general`), with the same result (tests/test_log_fastpath.py).
+any other line by the general parse (`parse_general`), with the same result (tests/read/test_log_fastpath.py).
 A run's tracker is linear in its lines whatever the failures."""
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def parse(text: str) -> Parsed:
     """Split a raw log line into its prefixes (time, writer, rank, level) and its message. Only the
     first RULE_CHARS of a line are read. The shapes a writer repeats line after line go by
     `_parse_common`; any other line by `parse_general`, which gives every line the same result
-    (tests/test_log_fastpath.py checks it on every line of the corpus)."""
+    (tests/read/test_log_fastpath.py checks it on every line of the corpus)."""
     return _parse_common(text) or parse_general(text)
 
 
@@ -593,7 +593,7 @@ def exit_cause(code: int | None) -> str | None:
 
 def _hot(m: str) -> bool:
     """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
-    needs (one of them is in each of their matches: tests/test_logrules.py checks it on every line
+    needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
     of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
     return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
             or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
@@ -690,7 +690,7 @@ class LogRules:
 
     def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None, general: bool = False):
         """`general`: every line parsed by `parse_general`, none by the common shapes' parse (the
-        reference tests/test_log_fastpath.py compares `classify` with)."""
+        reference tests/read/test_log_fastpath.py compares `classify` with)."""
         self.engine = engine
         self._learning = engine not in ENGINE_PHASES
         self._fast = not general

@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "agent")]
 
 from cockpit.read import metrics  # noqa: E402
 from test_shared_host_two import hostile_line  # noqa: E402

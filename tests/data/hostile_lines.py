@@ -7,7 +7,7 @@ pattern that backtracks over what another attempt already scanned costs seconds 
 quadratic 64 KiB is minutes); a linear one milliseconds. Also the known cases by hand.
 
 `HOSTILE` maps a name ("NAMED_RANK/0/near-miss") to its line; `PATHS` a branch ("NAMED_RANK/0") to its
-walk. Used by tests/test_logrules.py (every line judged; the word gates checked on every walk) and
+walk. Used by tests/read/test_logrules.py (every line judged; the word gates checked on every walk) and
 tests/bench/explain_rate.py (the slowest line's time)."""
 
 from __future__ import annotations

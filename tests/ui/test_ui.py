@@ -29,7 +29,7 @@ from cockpit.ui.ranks import RankTable
 from conftest import free_port, run_cli
 from simhost import kill_groups, until
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def layout_for(port: int, log_dir: Path):

@@ -23,8 +23,8 @@ from cockpit.agent.flightrec import fr_dump
 from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 
-DATA = Path(__file__).parent / "data" / "flight-recorder"
-FAKE = Path(__file__).parent / "fake_fr_rank.py"
+DATA = Path(__file__).parents[1] / "data" / "flight-recorder"
+FAKE = Path(__file__).parents[1] / "fake_fr_rank.py"
 NOBODY = 65534
 
 

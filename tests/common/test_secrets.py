@@ -1,5 +1,5 @@
 """Secrets masked wherever they are stored or shown: one module, tested on its own here and
-through the ledger, JSON and the screen in tests/test_safety.py."""
+through the ledger, JSON and the screen in tests/actions/test_safety.py."""
 
 import time
 

@@ -22,7 +22,7 @@ from simhost import kill_groups, wait_for
 
 
 def fast_demo(tmp_path: Path, port: int) -> Path:
-    text = (Path(__file__).parent.parent / "layouts" / "demo.yaml").read_text()
+    text = (Path(__file__).parents[2] / "layouts" / "demo.yaml").read_text()
     text = text.replace('"30000"', f'"{port}"').replace("ports: [30000]", f"ports: [{port}]")
     text = text.replace("enabled: [eagle3]", "enabled: []").replace("speed: 1.0", "speed: 4.0")
     text = text.replace("log_dir: ~/.cache/gpu-cockpit/demo/runs", f"log_dir: {tmp_path / 'runs'}")

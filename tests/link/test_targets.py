@@ -22,7 +22,7 @@ from cockpit.sim import fakenvml
 from conftest import free_port, run_cli
 from engines import container_engine, slurm  # noqa: F401  (fixtures)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAYOUT = """\
 name: two-nodes
 engine: sglang

@@ -12,7 +12,7 @@ from test_logrules import one, track
 
 # ----------------------------------------------------------------------------- tracebacks with no failure header
 
-CORPUS = __import__("pathlib").Path(__file__).parent / "data" / "real-logs"
+CORPUS = __import__("pathlib").Path(__file__).parents[1] / "data" / "real-logs"
 
 
 def corpus(name: str) -> list[str]:

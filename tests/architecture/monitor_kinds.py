@@ -1,5 +1,5 @@
 """Each kind of monitor is a `Monitor` (cockpit/monitor/base.py): mypy reads this file in
-tests/test_types.py, so a kind that drifts from the protocol (a member missing, a signature
+tests/architecture/test_types.py, so a kind that drifts from the protocol (a member missing, a signature
 changed) fails the suite, not the screen that relies on it."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every kind of monitor keeps the one protocol the screen, the fleet and the commands rely on
 (cockpit/monitor/base.py: `Monitor`, a typing.Protocol that mypy holds each kind to in
-tests/test_types.py): one host, a run spanning Slurm nodes, a recorded moment. A replayed snapshot
+tests/architecture/test_types.py): one host, a run spanning Slurm nodes, a recorded moment. A replayed snapshot
 is a monitor like the others, not a missing one."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.ledger import ledger_path, read_ledger
 from cockpit.runs.run import Run
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def kinds() -> list[Monitor]:

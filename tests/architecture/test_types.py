@@ -1,6 +1,6 @@
 """The type check: mypy, strict on the monitors, the run and the workflows that drive a monitor
 (pyproject.toml's [tool.mypy]), and every kind of monitor held to the `Monitor` protocol
-(tests/monitor_kinds.py): a kind missing a member or changing a signature fails here."""
+(tests/architecture/monitor_kinds.py): a kind missing a member or changing a signature fails here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_monitor_run_and_workflow_modules_type_check_strictly():

@@ -18,7 +18,7 @@ from cockpit.ui.cockpit import GpuView
 from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import ConfirmScreen, HelpScreen, arg_diff, arg_items
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def replay(name: str) -> CockpitApp:

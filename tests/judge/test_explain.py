@@ -20,7 +20,7 @@ from cockpit.common.errors import CockpitError
 from cockpit.cli.offline import cmd_explain
 from cockpit.judge.explain import describe, explain, read_log
 
-CORPUS = Path(__file__).parent / "data" / "real-logs"
+CORPUS = Path(__file__).parents[1] / "data" / "real-logs"
 FILES = sorted(CORPUS.glob("*.log"))
 
 

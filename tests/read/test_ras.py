@@ -28,7 +28,7 @@ from cockpit.host.session import HostSession, SessionOptions, WatchList
 from conftest import free_port
 from simhost import wait_for
 
-DATA = Path(__file__).parent / "data" / "nccl-ras"
+DATA = Path(__file__).parents[1] / "data" / "nccl-ras"
 
 
 def answer(name: str) -> str:
@@ -302,7 +302,7 @@ class FakeRas:
     def __init__(self, mode: str, json_file: str, text_file: str):
         self.port = free_port()
         env = dict(os.environ, NCCL_RAS_ADDR=f"127.0.0.1:{self.port}")
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "fake_ras.py"), str(self.port), mode,
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "fake_ras.py"), str(self.port), mode,
                                       str(DATA / json_file), str(DATA / text_file)], stdout=subprocess.PIPE, env=env,
                                      text=True)
         assert self.proc.stdout.readline().strip() == "ready"

@@ -123,7 +123,7 @@ def test_the_readme_names_exactly_the_commands_that_take_json_and_read_only():
 
     parser = build_parser()
     takes = {name: {o for a in parser.subcommands[name]._actions for o in a.option_strings} for name in COMMANDS}
-    readme = " ".join(Path(__file__).parent.parent.joinpath("README.md").read_text().split())
+    readme = " ".join(Path(__file__).parents[2].joinpath("README.md").read_text().split())
     assert "Every command takes `--read-only`" in readme
     assert all("--read-only" in opts for opts in takes.values())
     said = re.search(r"`--json` \(JSON instead of a plain table\) is taken by (.*?); the screens \((.*?)\) have none",
@@ -140,7 +140,7 @@ def test_the_schema_doc_says_how_long_a_snapshot_looks():
 
     from cockpit.agent.main import FIRST_WINDOW_S
 
-    doc = " ".join((Path(__file__).parent.parent / "docs" / "snapshot-schema.md").read_text().split())
+    doc = " ".join((Path(__file__).parents[2] / "docs" / "snapshot-schema.md").read_text().split())
     assert f"`FIRST_WINDOW_S` = {FIRST_WINDOW_S:g} s" in doc and f"at least {FIRST_WINDOW_S:g} s) and GPUs" in doc
     assert "FIRST_GAP_S" not in doc
     assert "about two seconds" not in doc and "at least two ticks" not in doc

@@ -23,7 +23,7 @@ from cockpit.link.target import parse_target
 from cockpit.host.state import HostState
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 
-DATA = Path(__file__).parent / "data" / "flight-recorder"
+DATA = Path(__file__).parents[1] / "data" / "flight-recorder"
 
 
 def dump_of(name: str) -> dict:
@@ -140,7 +140,7 @@ def fake_ranks(tmp_path):
                TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "pipe_rank_"),
                TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "trace_rank_"))
     for rank in (0, 1):
-        p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "fake_fr_rank.py"), str(rank),
+        p = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "fake_fr_rank.py"), str(rank),
                               str(DATA / f"constructed-rank{rank}.pickle")], stdout=subprocess.PIPE, text=True, env=env)
         assert p.stdout.readline().strip() == "ready"
         procs.append(p)

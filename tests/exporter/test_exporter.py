@@ -36,7 +36,7 @@ from conftest import free_port, run_cli
 from simhost import wait_for
 from test_demo_screen import FAST_DEMO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES_TEST = ROOT / "tests" / "alerts" / "gpu-cockpit-rules.test.yml"
 CAPTURE = os.environ.get("COCKPIT_EXPORTER_CAPTURE")  # a folder: keep Prometheus's answers (docs/exporter.md)
 

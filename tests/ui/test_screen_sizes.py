@@ -25,7 +25,7 @@ from cockpit.ui.screens import ConfirmScreen, Hanging, ReportScreen
 from simhost import until  # noqa: E402
 from test_demo_screen import demo_env  # noqa: F401  (the fast demo's fixture)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 SIZES = [(80, 24), (100, 30), (160, 50)]
 
 

@@ -1,8 +1,8 @@
 """What run 5 on 2x H200 left behind (tests/data/gpu-run5/, see its README): the dying job's own
 log explained after the fact, the hang bundle `cockpit bundle` wrote on the GPUs (read as it is,
 to pin down what a real bundle holds), and `cockpit dump` with a dead rank. The RAS answers and
-flight-recorder dumps of that run are tested with their parsers (tests/test_ras.py,
-tests/test_flightrec.py)."""
+flight-recorder dumps of that run are tested with their parsers (tests/read/test_ras.py,
+tests/read/test_flightrec.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from cockpit.read import flightrec
 from cockpit.read import ras
 from cockpit.agent.flightrec import read_fr_dump, slim_fr_dump
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 RUN5 = DATA / "gpu-run5"
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_explain_names_rank_1_crashed_of_a_cuda_error_in_the_real_log():

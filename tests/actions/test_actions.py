@@ -250,7 +250,7 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
 
 # ----------------------------------------------------------------------------- stack dumps: native, dead ranks
 
-PYSPY_DATA = Path(__file__).parent / "data" / "pyspy"
+PYSPY_DATA = Path(__file__).parents[1] / "data" / "pyspy"
 
 
 def recorded(name: str) -> str:

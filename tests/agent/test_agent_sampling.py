@@ -362,7 +362,7 @@ def test_out_of_descriptors_a_live_process_is_never_reported_gone(tmp_path):
         "print(len(gone), len(p.watched), len(p.unread))\n"
         "for k in kids: k.kill()\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         cwd=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                         cwd=str(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()
     rows, gone, fds = map(int, first.split())

@@ -18,7 +18,7 @@ from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import HelpScreen, help_plain
 from test_ui import live_app  # noqa: F401  (a fixture)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def replay(name: str = "serving", **kw) -> CockpitApp:
