@@ -178,7 +178,7 @@ def shared():
 # Chromium), `engines` (slurmctld/slurmd, Docker, Podman), `sshd` (a real OpenSSH server), `ui` (a
 # Textual app, live or headless), `sim` (real processes: the simulated host, an agent, the CLI),
 # else `unit`. A test that took over SLOW_S in the last full run (tests/slow-tests.txt, written by
-# `--tier-report`) is also marked `slow`. `./scripts/test --fast` runs `unit` and `sim`, not `slow`.
+# `--tier-report=FILE`) is also marked `slow`. `./scripts/test --fast` runs `unit` and `sim`, not `slow`.
 TIERS = ("browser", "engines", "sshd", "ui", "sim", "unit")
 SLOW_S = 4.0
 SLOW_LIST = Path(__file__).with_name("slow-tests.txt")
