@@ -213,7 +213,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    slow = set(SLOW_LIST.read_text().split()) if SLOW_LIST.exists() else set()
+    slow = set(SLOW_LIST.read_text().splitlines()) if SLOW_LIST.exists() else set()  # an id may hold spaces
     for item in items:
         item.add_marker(getattr(pytest.mark, tier_of(item)))
         if item.nodeid in slow:
