@@ -166,6 +166,11 @@ class MonitorBase:
     watchdog: Watchdog
     stopping: str | None
     run: Run
+    kept = False  # the look is kept (the screen, the fleet): its door writes what it sees of the run
+    looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
+    opened_at: float | None = None  # when the connection was asked for (local monotonic)
+    forensics: Forensics | None = None  # the current stall's (cockpit/actions/forensics.py), once gathered
+    _watch_moved = False  # the door moved the watch: the first sample under it drops what the last one left
     _forensics_task: asyncio.Task[None] | None = None
     _forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
     _listeners: list[Callable[[MonitorEvent], None]]
@@ -202,17 +207,10 @@ class MonitorBase:
         for fn in list(self._listeners):
             fn(event)
 
-    _watch_moved = False
-    looked_s: float | None = None  # how long the last one-shot look judged, from the connection on
-    opened_at: float | None = None  # when the connection was asked for (local monotonic)
-    forensics: Forensics | None = None  # the current stall's (cockpit/actions/forensics.py), once gathered
-
     @property
     def following(self) -> Mapping[str, Any] | None:
         """The ledger's record of the run followed, if any."""
         return self.run.record
-
-    kept = False  # the look is kept (the screen, the fleet): its door writes what it sees of the run
 
     def follow(self, run: Run | None, resumed: bool = False) -> None:
         """The one door to the run: follow `run` from now on (launched, resumed, adopted, the
