@@ -180,7 +180,7 @@ def shared():
 # else `unit`. A test that took over SLOW_S in the last full run (tests/slow-tests.txt, written by
 # `--tier-report=FILE`) is also marked `slow`. `./scripts/test --fast` runs `unit` and `sim`, not `slow`.
 TIERS = ("browser", "engines", "sshd", "ui", "sim", "unit")
-SLOW_S = 4.0
+SLOW_S = 3.0
 SLOW_LIST = Path(__file__).with_name("slow-tests.txt")
 _STARTS = {
     "browser": lambda fx, src: "chromium" in src or "webdriver" in src,
