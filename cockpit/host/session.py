@@ -432,9 +432,7 @@ class HostSession:
         self.watch.patterns = []
         self.watch.pgids = [pgid] if pgid is not None else []
         if log:
-            self.watch.logs = [log]
-            for path in [p for p in self.state.logs if p != log]:
-                del self.state.logs[path]  # the screen follows the new run's log from its first line
+            self._only_log(log)  # the screen follows the new run's log from its first line
         if self.stream is None or self.closed.is_set():
             return  # sent with the next connection's config
         task = asyncio.get_running_loop().create_task(
@@ -455,10 +453,14 @@ class HostSession:
     async def follow_log(self, path: str) -> None:
         """Follow this log (from its recent tail) instead of the ones followed now (their lines
         leave the screen: the log shown and judged is this one)."""
+        self._only_log(path)
+        await self.request("config", **self.watch.args())
+
+    def _only_log(self, path: str) -> None:
+        """This log is the one watched: the others' lines leave the state."""
         self.watch.logs = [path]
         for old in [p for p in self.state.logs if p != path]:
             del self.state.logs[old]
-        await self.request("config", **self.watch.args())
 
     async def ping(self) -> float:
         start = time.monotonic()

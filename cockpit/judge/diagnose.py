@@ -592,11 +592,7 @@ class Watchdog:
         first = len(log.lines) - (log.total - self._log_seen[1]) - new
         for line in itertools.islice(log.lines, max(0, first), max(0, first + new)):
             if line.phase is not None:
-                self._phase_line = line
-                if line.shards:
-                    self._shards = line.shards
-                if not self._passed or self._passed[-1][0] != line.phase:
-                    self._passed.append((line.phase, _clock(line.time)))
+                self._mark_phase(line)
 
     def _scan_new_lines(self, key: str | None, log, now: float) -> None:
         """Reads only the lines that arrived since the last update: the verdict runs every frame
@@ -618,11 +614,16 @@ class Watchdog:
             if line.kind in ("failure", "error"):
                 self._errors.append(line.text)
             if line.phase is not None:
-                self._phase_line = line
-                if line.shards:
-                    self._shards = line.shards
-                if not self._passed or self._passed[-1][0] != line.phase:
-                    self._passed.append((line.phase, _clock(line.time)))
+                self._mark_phase(line)
+
+    def _mark_phase(self, line: LogLine) -> None:
+        """A line that marks a phase: the phase the run is in now, its shard count, and the
+        phases passed since the last judgement."""
+        self._phase_line = line
+        if line.shards:
+            self._shards = line.shards
+        if not self._passed or self._passed[-1][0] != line.phase:
+            self._passed.append((line.phase, _clock(line.time)))
 
     def _note_phases(self, current: str, now: float) -> None:
         """The first sight of every phase the new lines went through, not only the last: a sample
