@@ -1,6 +1,7 @@
 """The commands that launch the layout's server and watch it to an outcome: `launch` (one, flag
-sets toggled), `ablate` (each on/off combination in turn), `bisect` (delta debugging over flag
-sets: the smallest that still hangs). Each launch kills the one before it, as planned and asked."""
+sets toggled), `ablate` (each on/off combination in turn), `bisect` (which flag sets make the
+launch hang, with its odds, a flaky hang too). Each launch kills the one before it, as planned and
+asked."""
 
 from __future__ import annotations
 
@@ -17,12 +18,22 @@ from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import these
 from cockpit.common.secrets import mask_argv, mask_record
 from cockpit.operate import bisect, relaunch
-from cockpit.runs.bisect import DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
+from cockpit.runs.bisect import DEFAULT_CONFIDENCE, DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
 from cockpit.runs.spec import build_argv, combinations, default_spec
 
 
-def _progress(phase, verdict) -> None:
-    say(f"  {phase or ''}  {verdict}", file=sys.stderr, flush=True)
+class _Progress:
+    """The progress on stderr, a line per change of state (a sample that says the same again
+    prints nothing)."""
+
+    def __init__(self) -> None:
+        self.last = ""
+
+    def __call__(self, phase, verdict) -> None:
+        line = f"  {phase or ''}  {verdict}"
+        if line != self.last:
+            self.last = line
+            say(line, file=sys.stderr, flush=True)
 
 
 def _on_off(args: argparse.Namespace) -> None:
@@ -70,7 +81,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                            args.json):
                 return None
             return await relaunch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                            progress=_progress, settle=args.settle, plan=plan, shm=names)
+                                            progress=_Progress(), settle=args.settle, plan=plan, shm=names)
 
     row = run_async(go())
     if row is None:
@@ -102,7 +113,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
                            f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
                            args.yes, args.json):
                 return None
-            return await relaunch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
+            return await relaunch.ablate(monitor, vary, args.timeout, progress=_Progress(), first_plan=plan,
                                        first_shm=names)
 
     rows = run_async(go())
@@ -115,7 +126,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return relaunch.exit_status([r["outcome"] for r in rows])
 
 
-BISECT_EXITS = ("exit status: 0 the smallest failing set found; 1 not confirmed; 2 bad input or an error; "
+BISECT_EXITS = ("exit status: 0 the smallest failing set found (at the confidence asked); 1 not confirmed; 2 bad input or an error; "
                 "3 no failure reproduced with the failing configuration; 4 the good configuration fails too; "
                 "5 the launch budget spent first; 130 interrupted (Ctrl+C: the current run is stopped, a second "
                 "call with the same arguments resumes)")
@@ -131,9 +142,11 @@ def _names(text: str | None) -> list[str] | None:
          arg("--good", metavar="SET,SET", default=None,
              help="the good configuration's flag sets (default none); the failing one is the layout's enabled sets "
                   "plus those --vary names"),
-         arg("--repeat", type=int, default=1, metavar="N",
-             help="a candidate passes only after N clean launches (flaky hangs); a failure is final"),
-         arg("--budget", type=int, default=None, metavar="LAUNCHES", help="launch at most this many (resumed ones count)"),
+         arg("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="P",
+             help="end when one answer is at least P likely (default 0.95); every launch is weighed, a flaky "
+                  "hang's passes too"),
+         arg("--budget", type=int, default=None, metavar="LAUNCHES",
+             help="launch at most this many (resumed ones count; default 16 + 8 per suspect)"),
          arg("--settle", type=float, default=None, metavar="S",
              help="a launch passes once ready (or serving) for S seconds (default 10)"),
          arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
@@ -141,18 +154,19 @@ def _names(text: str | None) -> list[str] | None:
          YES, JSON, epilog=BISECT_EXITS)
 def cmd_bisect(args: argparse.Namespace) -> int:
     writable(args)
-    check_counts(args.repeat, args.budget)  # before connecting
+    check_counts(args.confidence, args.budget)  # before connecting
     if not args.layout and args.target != "demo":
         raise CockpitError("bisect needs --layout: the launch profile whose flag sets to search")
 
     async def go():
         async with attached(args) as monitor:
             plan = make_plan(monitor.layout, monitor.target.label, good=_names(args.good), vary=_names(args.vary),
-                             repeat=args.repeat, budget=args.budget,
+                             confidence=args.confidence, budget=args.budget,
                              settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
-            before = None if args.fresh else bisect.resumable(monitor.layout, plan)
-            first, names, kill_lines = await relaunch.plan_relaunch(monitor)
-            if not confirm(bisect.describe_plan(plan, before) + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
+            ready = await bisect.prepare(monitor, plan, args.fresh)
+            first, names, kill_lines = await relaunch.plan_relaunch(monitor) if ready.launches else (None, None, [])
+            question = "bisect (each launch kills the one before)?" if ready.launches else "show its answer?"
+            if not confirm(ready.describe() + kill_lines, question, args.yes, args.json):
                 return None
             asked = []
 
@@ -165,7 +179,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGINT, interrupt)
             try:
-                return await bisect.bisect(monitor, plan, args.timeout, progress=_progress, first_plan=first,
+                return await bisect.bisect(monitor, plan, args.timeout, progress=_Progress(), first_plan=first,
                                            first_shm=names, interrupted=lambda: bool(asked), fresh=args.fresh)
             finally:
                 loop.remove_signal_handler(signal.SIGINT)

@@ -27,14 +27,14 @@ from cockpit.actions.launch import launch_python, sim_flags
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count, these, visible
 from cockpit.operate import bundle
-from cockpit.operate.bisect import bisect, describe_bisect, describe_plan, resumable
+from cockpit.operate.bisect import bisect, configurations, describe_bisect, prepare
 from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
-from cockpit.runs.bisect import DEFAULT_SETTLE_S, make_plan
+from cockpit.runs.bisect import DEFAULT_SETTLE_S, FAILING, make_plan
 from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
 from cockpit.runs.spec import RunSpec, combinations, default_spec
 from cockpit.ui.fmt import say
-from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
+from cockpit.ui.screens import BisectScreen, ConfirmScreen, RelaunchScreen, ReportScreen
 
 TOAST_S = 5
 
@@ -95,8 +95,8 @@ class ActionRunner:
         try:
             yield True
         except CockpitError as exc:
-            self.done(name, f"failed: {exc}", good=False)
-            self.notify(f"{name} failed: the header says why", severity="error")
+            self.done(name, f"failed: {exc}", good=False, report=[f"{name} failed:", str(exc)])
+            self.notify(f"{name} failed: v shows why", severity="error")
         finally:
             self.busy = None
             self.screen.dirty = True
@@ -232,9 +232,11 @@ class ActionRunner:
             await self.ask(ReportScreen("ablation", table))
 
     async def bisect(self) -> None:
-        """`B`: the plan (which sets, how many launches at most), then the launches with their
-        progress in the header, then the answer. `B` again while it runs stops it cleanly: the
-        current launch is stopped and verified gone, the ledger keeps what was learnt."""
+        """`B`: the failing and the good configuration (the ledger's and the run on screen's, else
+        the operator's choice), the plan (the suspects, how many launches at most), then the
+        launches with the odds as they move in the header, then the answer with its odds. `B`
+        again while it runs stops it cleanly: the current launch is stopped and verified gone, the
+        ledger keeps what was learnt."""
         if self.busy == "bisect":
             if not self.stop_bisect and await self.ask(ConfirmScreen(
                     "stop the bisection", ["the current launch is stopped and verified gone; every outcome so far "
@@ -246,18 +248,21 @@ class ActionRunner:
         async with self.exclusive("bisect") as go:
             if not go:
                 return
-            plan = make_plan(self.layout, self.monitor.target.label, failing=self._current_spec().enabled,
+            sides = await self._bisect_sides()
+            if sides is None:
+                return
+            plan = make_plan(self.layout, self.monitor.target.label, failing=sides[0], good=sides[1],
                              settle=DEFAULT_SETTLE_S)
-            before = resumable(self.layout, plan)
-            relaunch, names, lines = await plan_relaunch(self.monitor)
-            if not await self.ask(ConfirmScreen("bisect", describe_plan(plan, before) + lines,
-                                                "Run the bisection (each launch kills the one before)?")):
+            ready = await prepare(self.monitor, plan)
+            relaunch, names, lines = await plan_relaunch(self.monitor) if ready.launches else (None, None, [])
+            question = "Run the bisection (each launch kills the one before)?" if ready.launches else "Show its answer?"
+            if not await self.ask(ConfirmScreen("bisect", ready.describe() + lines, question)):
                 return
             self.stop_bisect = False
             step = [""]
 
-            def on_step(n: int, most: int, text: str) -> None:
-                step[0] = f"launch {n} of at most {most}, {text}"
+            def on_step(n: int, most: int, text: str, odds: str) -> None:
+                step[0] = f"launch {n} of at most {most}, {text}" + (f" (odds: {odds})" if odds else "")
 
             def progress(phase, verdict) -> None:
                 self._progress(phase, verdict)
@@ -272,6 +277,26 @@ class ActionRunner:
                       good=doc["status"] == "found",
                       report=report)
             await self.ask(ReportScreen("bisect", report))
+
+    async def _bisect_sides(self) -> tuple[list[str], list[str]] | None:
+        """The failing and the good configuration: those the ledger and the run on screen name
+        (cockpit/operate/bisect.py, `configurations`), else the operator's choice of them."""
+        record = self.monitor.run.record if self.monitor.run is not None else None
+        current = list(record["flag_sets"]) if record and record.get("flag_sets") is not None else \
+            self._current_spec().enabled
+        verdict, phase = self.monitor.verdict, self.monitor.phase
+        health = "failing" if verdict.name.value in FAILING else \
+            "good" if phase.name in ("ready", "serving") and verdict.name.value == "ok" else "unknown"
+        failing, good = configurations(read_ledger(self.layout), current, health)
+        if failing is not None and good is not None and set(failing) != set(good):
+            return failing, good
+        why = ("no failing run in the ledger of " + self.layout.name + ": choose the failing configuration"
+               if failing is None else
+               "no run of " + self.layout.name + " came up yet: choose the good configuration"
+               if good is None else
+               "the failing and the good run had the same flag sets: choose the suspects")
+        return await self.ask(BisectScreen(self.layout, failing if failing is not None else current,
+                                           good if good is not None and good != failing else [], why))
 
     async def bundle(self) -> None:
         async with self.exclusive("hang bundle") as go:
