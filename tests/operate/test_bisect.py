@@ -203,6 +203,9 @@ def test_two_that_hang_only_together_are_found_as_the_pair(bisect_host):
     assert res.returncode == 0, res.stderr[-2000:]
     assert doc["answer"] == ["part_a", "part_b"] and doc["answer_text"] == "part_a with part_b"
     assert doc["probability"] >= 0.95 and doc["steps"][0]["candidate"] == "graphs,allreduce,part_a,part_b"
+    said = res.stderr.splitlines()
+    assert all(a != b for a, b in zip(said, said[1:]))  # the progress: a line per change of state, not per sample
+    assert sum("capturing cuda graphs" in line for line in said) <= 3 * len(doc["steps"])
     for s in doc["steps"]:  # a launch hangs exactly when it holds both
         assert (s["outcome"] == "stalled-idle") == ({"part_a", "part_b"} <= set(s["applied"]))
     assert not running(port)
@@ -308,3 +311,65 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             assert before < head  # the run the bisect stopped first is not one of its own
     finally:
         subprocess.run(["pkill", "-9", "-f", f"sim.server.*port {port}"])
+
+
+# ----------------------------------------------------------------------------- the report and the resume's plan
+
+
+def bisect_doc(steps, status="found", answer=("eagle3",), p=0.97):
+    text = ", ".join(answer)
+    return {"bisect_id": "bisect-x", "status": status, "answer": list(answer), "answer_text": text, "why": "",
+            "probability": p, "rate": 1.0, "odds": [[text, p]], "launches": len(steps), "launched_now": len(steps),
+            "resumed": 0, "set_aside": 0, "steps": steps}
+
+
+def test_the_report_at_80_columns_never_splits_a_value_and_counts_in_words():
+    """Rendered as the report dialog renders it at 80x24 (about 74 columns inside): every flag set,
+    outcome and time whole on one line; `1 launch`."""
+    import io
+
+    from rich.console import Console
+
+    from cockpit.operate.bisect import describe_bisect
+    from cockpit.ui.screens import Hanging
+
+    sets = ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b", "no_custom_all_reduce", "flaky"]
+    steps = [{"run": f"layout-with-a-long-name-20261205-0859{n:02d}-981", "candidate": ",".join(sets[:n + 1]),
+              "outcome": "stalled-spinning", "seconds": 1234.0, "odds": [["eagle3", 0.5 + n / 20]]}
+             for n in range(len(sets))]
+    lines = describe_bisect(bisect_doc(steps))
+    console = Console(width=74, file=io.StringIO(), color_system=None, record=True)
+    console.print(Hanging(lines))
+    shown = console.export_text().splitlines()
+    for value in sets + ["stalled-spinning", "1234 s", "85%"] + [s["run"] for s in steps]:
+        assert any(value in line for line in shown), value
+    assert all(len(line) <= 74 for line in shown)
+    one = describe_bisect(bisect_doc(steps[:1]))
+    assert one[1] == "1 launch" and "1 launches" not in "\n".join(one)
+
+
+def test_the_resumes_plan_says_nothing_is_launched_nor_killed_when_the_ledger_answers():
+    from cockpit.operate.bisect import Prepared, split_steps
+
+    plan = make_plan(layout_of("graphs, eagle3"), "h")
+    steps = [{"applied": ["graphs", "eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
+             {"applied": ["graphs"], "outcome": "ready", "facts": {"driver": "550.54"}},
+             {"applied": ["eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
+             {"applied": [], "outcome": "ready", "facts": {"driver": "550.54"}},
+             {"applied": ["graphs"], "outcome": "stalled-idle"}]  # a ledger from before facts were kept
+    kept, aside = split_steps(steps, {"driver": "550.54", "torch": "2.8.0"})
+    assert kept == steps and aside == []
+    from cockpit.operate.bisect import known_outcomes
+
+    ready = Prepared(plan, {"driver": "550.54"}, {"bisect_id": "bisect-1", "steps": steps}, steps[:4], [],
+                     advance(plan, known_outcomes(plan, steps[:4]), 4))
+    text = "\n".join(ready.describe())
+    assert not ready.launches and "nothing is launched nor stopped" in text and "killed" not in text
+    assert "resumes bisect-1: 4 launches already in the ledger" in text
+    # after a driver upgrade the same launches are set aside: the bisect starts over, and says why
+    kept, aside = split_steps(steps, {"driver": "560.28"})
+    assert kept == steps[4:] and aside == steps[:4]
+    again = Prepared(plan, {"driver": "560.28"}, {"bisect_id": "bisect-1", "steps": steps}, kept, aside,
+                     advance(plan, known_outcomes(plan, kept), len(kept)))
+    said = "\n".join(again.describe())
+    assert again.launches and "4 launches of it set aside: made under other host facts (driver 550.54 → 560.28)" in said
