@@ -18,6 +18,7 @@ from cockpit.runs.bisect import (
     make_plan,
     odds,
 )
+from cockpit.operate.bisect import odds_text
 from cockpit.runs.layouts import resolve_layout
 
 FOUR = ["graphs", "flaky", "allreduce", "attn"]
@@ -87,11 +88,16 @@ def test_the_readme_walk_through_on_the_demo_layout():
     plan = make_plan(demo, "demo", good=["no_cuda_graph"])
     step, order, _ = drive(plan, lambda on: "eagle3" in on and "no_cuda_graph" not in on)
     assert describe_answer(plan, step.answer) == "eagle3 with no_cuda_graph off" and step.probability >= 0.95
+    assert f"{step.probability:.0%}" == "97%" and len(order) == 6  # as the README says
     assert plan.describe()[0] == "bisect over 2: eagle3, no_cuda_graph off"
     ui = make_plan(demo, "demo", failing=demo.enabled)
+    assert odds_text(ui, advance(ui, {frozenset(ui.names): ["stalled-idle"]}, 1)) == \
+        "eagle3 89%, the good configuration fails too 11%"  # the header's odds after the first launch
     step, order, _ = drive(ui, lambda on: "eagle3" in on)
     assert step.answer == ["eagle3"] and len(order) == ddmin_launches(ui.names, lambda a: "eagle3" in a) == 2
-    assert ui.describe()[0] == "bisect over 1: eagle3" and f"at most {ui.most()} launches" in ui.describe()[-1]
+    assert f"{step.probability:.0%}" == "99%" and step.rate >= 0.95  # "it hangs every launch that holds it"
+    assert ui.describe()[0] == "bisect over 1: eagle3" and "at most 24 launches; it ends when one answer is 95% likely" \
+        in ui.describe()[-1]
 
 
 def test_not_reproduced_good_fails_and_the_budget_end_the_search():
