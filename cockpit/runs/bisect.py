@@ -355,7 +355,6 @@ def advance(plan: Plan, outcomes: dict[frozenset, list[str]], launched: int, mod
     tried = any(hung(o) is not None for o in outcomes.get(full, []))
     if p >= plan.confidence and tried:
         step.status = found
-        step.why = f"{p:.0%} likely"
         return step
     if launched >= plan.most():
         step.status = "budget exhausted"

@@ -281,6 +281,7 @@ class BisectScreen(ModalScreen["tuple[list[str], list[str]] | None"]):
         self.profile, self.failing, self.good, self.why = layout, failing, good, why
 
     DEFAULT_CSS = """
+    BisectScreen { align: center middle; }
     BisectScreen .sides { height: 1fr; }
     BisectScreen .side { width: 1fr; height: 1fr; }
     BisectScreen SelectionList { height: 1fr; }
@@ -292,10 +293,11 @@ class BisectScreen(ModalScreen["tuple[list[str], list[str]] | None"]):
         with Vertical(classes="dialog"):
             yield Static(as_text(f"bisect: {self.profile.name}", "bold"))
             yield Static(as_text(self.why, "yellow"))
+            yield Static(as_text("space: on/off · tab: the other side · ctrl+r: bisect", "grey62"))
             yield Static(id="suspects")
             with Horizontal(classes="sides"):
-                for side, on, label in (("failing", self.failing, "failing (space toggles, tab: the good one)"),
-                                        ("good", self.good, "good")):
+                for side, on, label in (("failing", self.failing, "the failing configuration"),
+                                        ("good", self.good, "the good configuration")):
                     with Vertical(classes="side"):
                         yield Static(as_text(label, "bold"), classes="field-label")
                         yield SelectionList(*[(flag_prompt(self.profile, name, name in on), name, name in on)
