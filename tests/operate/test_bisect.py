@@ -163,6 +163,7 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
         assert all(r.get("stop") or r["outcome"] != "unknown" for r in runs)
     finally:
         del os.environ["XDG_STATE_HOME"]
+        said.close()
     res, doc = bisect_cli(target, env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert doc["status"] == "found" and doc["answer"] == ["eagle3"] and doc["answer_text"] == "eagle3"
