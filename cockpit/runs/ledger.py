@@ -217,11 +217,13 @@ def read_bisects(layout: Layout) -> list[dict]:
 
 
 def describe_bisect_line(b: dict) -> str:
-    """`bisect-...: found eagle3 in 5 launches`, or where it stands."""
+    """`bisect-...: found eagle3 (97% likely), 5 launches`, or where it stands (a result written
+    before bisects kept their odds reads without them)."""
     result, steps = b.get("result") or {}, b.get("steps") or []
-    status, text = result.get("status") or "under way", result.get("answer_text")
-    answer = f" {text}" if status == "found" and text else \
-        f" (the smallest failing set so far: {text})" if status in ("budget exhausted", "interrupted") and text else ""
+    status, text, p = result.get("status") or "under way", result.get("answer_text"), result.get("probability")
+    odds = f" ({p:.0%} likely)" if isinstance(p, (int, float)) and text else ""
+    answer = f" {text}{odds}" if status == "found" and text else \
+        f" (the likeliest so far: {text}{odds})" if status in ("budget exhausted", "interrupted") and text else ""
     return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 

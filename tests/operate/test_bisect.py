@@ -5,6 +5,7 @@ tests/runs/test_bisect_odds.py."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,12 +87,14 @@ def test_the_ledger_groups_a_bisects_runs_under_its_line_and_keeps_its_records_a
     lines = describe_ledger(runs, now=3.0, bisects=[group])
     starts = [line.split()[0] for line in lines[1:] if not line.startswith("    ")]
     assert starts == ["r1", "bisect-1:", "r2", "r4", "r3"]
-    assert "bisect-1: found eagle3, 2 launches" in lines
+    assert "bisect-1: found eagle3, 2 launches" in lines  # a result written before bisects kept their odds
+    append_ledger(layout, {"event": "bisect-result", "bisect_id": "bisect-1", "status": "found", "answer": ["eagle3"],
+                           "answer_text": "eagle3", "probability": 0.9712})
+    assert "bisect-1: found eagle3 (97% likely), 2 launches" in describe_ledger(runs, now=3.0, bisects=read_bisects(layout))
     assert describe_ledger(runs, now=3.0)[1].startswith("r1")  # without bisects: every run in its place
 
 
 def test_the_exit_statuses_are_those_the_readme_and_help_say():
-    import re
     from pathlib import Path
 
     readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
@@ -182,7 +185,7 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
     assert doc["facts"].get("driver") and all(s["odds"] for s in doc["steps"][doc["resumed"]:])
     assert not running(port)
     table = run_cli("runs", "--layout", str(path), env=env).stdout
-    assert f"{doc['bisect_id']}: found eagle3, {len(doc['steps'])} launches" in table
+    assert f"{doc['bisect_id']}: found eagle3 ({doc['probability']:.0%} likely), {len(doc['steps'])} launches" in table
     # a third call has nothing left to launch: the answer from the ledger, and its plan says so
     res, doc3 = bisect_cli(target, env)
     assert res.returncode == 0 and doc3["answer"] == ["eagle3"] and doc3["launched_now"] == 0
@@ -301,9 +304,9 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             await until(pilot, lambda: app.cockpit.busy is None, 30)
             assert not running(port)  # the last candidate is stopped with the bisect
             await pilot.press("L")
-            await until(pilot, lambda: "found eagle3, 3 launches" in save_text(app, None), 10)
+            await until(pilot, lambda: re.search(r"found eagle3 \(\d+% likely\), 3 launches", save_text(app, None)), 10)
             ledger = save_text(app, None).splitlines()
-            head = next(i for i, line in enumerate(ledger) if "found eagle3, 3 launches" in line)
+            head = next(i for i, line in enumerate(ledger) if "% likely), 3 launches" in line)
             (group,) = read_bisects(layout)
             assert [s["outcome"] for s in group["steps"]] == ["interrupted", "stalled-idle", "ready"]
             at = [next(i for i, line in enumerate(ledger) if run in line) for run in group["runs"]]
