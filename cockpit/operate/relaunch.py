@@ -12,7 +12,7 @@ from typing import Any
 
 from cockpit.actions import dumps, kill
 from cockpit.actions.kill import KillPlan
-from cockpit.actions.launch import launch, refuse_unasked
+from cockpit.actions.launch import check_launch, launch, refuse_unasked
 from cockpit.common.errors import CockpitError
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.monitor.base import Monitor
@@ -122,6 +122,7 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
         if progress:
             progress(None, line)
 
+    await check_launch(session, layout, spec)  # a launch refused stops nothing
     if plan is None:
         plan, found, lines = await plan_relaunch(monitor, clean_shm)
         shm = found if shm is None else shm

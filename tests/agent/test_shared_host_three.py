@@ -1,0 +1,190 @@
+"""Root on a shared host, part three: throwaway users made with useradd, their real files and
+folders, real processes. A launched server never imports from the folder the cockpit started in,
+nor from a workdir another user can change; the interpreter's whole import path (every
+site-packages, what a .pth names, sitecustomize) is checked before it runs as root, for the agent
+and for the server alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cockpit.agent.guard import PROBE, roots
+from cockpit.sim import fakenvml
+from conftest import free_port
+from test_root_shared_host import chown_tree, users  # noqa: F401  (the throwaway users)
+from test_shared_host_two import cockpit, plant
+
+PY = "/usr/bin/python3"
+
+FAST = """\
+name: fast
+engine: sglang
+command: [-m, cockpit.sim.server]
+base_flags: [--tp-size, "2", --host, 127.0.0.1, --port, "{port}", --sim-traffic, "2"]
+log_dir: {logs}
+ports: [{port}]
+endpoints: [/health]
+stall: {{idle_s: 3, spin_s: 3}}
+kill_wait_s: 2
+sim: {{gpus: 2, model: rtx-pro-6000, seed: 7, speed: 4}}
+"""
+
+
+@pytest.fixture
+def sim_host(tmp_path, monkeypatch):
+    """A simulated host's state, a private state folder (the ledger, the host's record) and a
+    fast layout; every run the test launched is ended by its process group."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sim = tmp_path / "sim"
+    fakenvml.write_host(str(sim), gpus=2, model="rtx-pro-6000", seed=7)
+    layout = tmp_path / "fast.yaml"
+    layout.write_text(FAST.format(port=free_port(), logs=tmp_path / "logs"))
+    yield sim, layout
+    for rec in started(tmp_path):
+        try:
+            os.killpg(rec["pgid"], signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def started(tmp_path: Path) -> list[dict]:
+    out = []
+    for path in (tmp_path / "state").glob("gpu-cockpit/ledger/*.jsonl"):
+        out += [r for r in map(json.loads, path.read_text().splitlines()) if r.get("event") == "started"]
+    return out
+
+
+def test_a_launch_from_another_users_folder_never_imports_from_it_and_their_workdir_is_refused(
+        users, shared, sim_host, tmp_path):  # noqa: F811
+    """Another user's folder holds cockpit/__init__.py: `python -m cockpit...` started there runs
+    it as root (the control). `cockpit launch` started there runs the server in `/`, the planted
+    file never runs; a layout whose workdir is that folder is refused in one line naming
+    --trust-python, nothing launched."""
+    if os.geteuid() != 0:
+        pytest.skip("the check is root's")
+    evil, _ = users
+    sim, layout = sim_host
+    home = shared / "evil-home"
+    (home / "cockpit").mkdir(parents=True)
+    mark = shared / "ran"
+    plant(home / "cockpit", mark, ("__init__",))
+    plant(home, mark, ("sglang",))
+    chown_tree(home, evil)
+    subprocess.run([sys.executable, "-c", "import cockpit"], cwd=home, capture_output=True)
+    assert "__init__ ran as 0" in mark.read_text()  # the attack is real
+    mark.unlink()
+    res = cockpit("launch", "local", "--layout", str(layout), "--sim", str(sim), "--yes", "--timeout", "120",
+                  "--interval", "0.25", cwd=str(home), timeout=240)
+    assert res.returncode == 0 and ": ready" in res.stdout, res.stderr[-2000:]
+    assert not mark.exists(), mark.read_text()
+    run = started(tmp_path)[-1]
+    assert os.readlink(f"/proc/{run['pid']}/cwd") == "/"
+    os.killpg(run["pgid"], signal.SIGKILL)
+
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_text(layout.read_text().replace("name: fast", "name: theirs") + f"workdir: {home}\n")
+    res = cockpit("launch", "local", "--layout", str(theirs), "--sim", str(sim), "--yes", "--timeout", "60",
+                  cwd="/", timeout=240)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"{home} (mode drwxr-xr-x, owner uid {evil}" in res.stderr and "--trust-python" in res.stderr, res.stderr
+    assert "nothing was launched" in res.stderr
+    assert not mark.exists(), mark.read_text()
+    assert len(started(tmp_path)) == 1
+
+
+def venv(where: Path) -> Path:
+    """A root-owned venv of the system's Python, seeing the system's site-packages."""
+    subprocess.run([PY, "-m", "venv", "--without-pip", "--system-site-packages", str(where)], check=True)
+    return next((where / "lib").glob("python3*/site-packages"))
+
+
+def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_another_user_never_run_as_root(
+        users, shared, sim_host, tmp_path):  # noqa: F811
+    """A root-owned venv; in turn: a root-owned .pth (what `pip install -e` of a user's checkout
+    writes) naming that user's folder, which holds sitecustomize.py and pynvml.py; a root-owned
+    editable finder mapping a package to their folder; their .pth in the venv; PYTHONPATH naming
+    their folder (the layout's env). A plain start runs their sitecustomize as root (the
+    control). The server's launch through that interpreter is refused in one line naming what
+    they can change; the agent, started without `site` (-S), runs none of it and still reads
+    the site-packages (its path holds them, never what a .pth names)."""
+    if os.geteuid() != 0:
+        pytest.skip("the check is root's")
+    evil, _ = users
+    sim, layout = sim_host
+    site = venv(shared / "venv")
+    python = shared / "venv" / "bin" / "python"
+    mark = shared / "ran"
+    proj = shared / "proj"
+    proj.mkdir()
+    plant(proj, mark, ("sitecustomize", "usercustomize", "pynvml", "mypkg"))
+    chown_tree(proj, evil)
+    (site / "_user_proj.pth").write_text(f"{proj}\n")
+    subprocess.run([str(python), "-c", "pass"], cwd="/", capture_output=True)
+    assert "usercustomize ran as 0" in mark.read_text()  # the attack is real (Debian's own sitecustomize comes first)
+    mark.unlink()
+
+    def launch(layout_text: str) -> subprocess.CompletedProcess:
+        path = tmp_path / "venv.yaml"
+        path.write_text(layout_text)
+        return cockpit("launch", "local", "--layout", str(path), "--yes", "--timeout", "30", cwd="/", timeout=240)
+
+    server = f"name: venv\npython: {python}\ncommand: [-m, mypkg]\nlog_dir: {tmp_path / 'logs'}\n"
+    finder = site / "__editable___mypkg_0_1_finder.py"
+    cases = [
+        ("pth", lambda: None, str(proj)),
+        ("finder", lambda: ((site / "_user_proj.pth").unlink(),
+                            finder.write_text(f"MAPPING: dict[str, str] = {{'mypkg': '{proj}/mypkg'}}\n"
+                                              f"NAMESPACES: dict[str, list[str]] = {{}}\n")), str(proj)),
+        ("their pth", lambda: (finder.unlink(), (site / "theirs.pth").write_text("import os\n"),
+                               os.chown(site / "theirs.pth", evil, evil)), str(site / "theirs.pth")),
+    ]
+    for what, arrange, named in cases:
+        arrange()
+        res = launch(server)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, (what, res.stderr)
+        assert f"{python} is not run as root: {named} (mode" in res.stderr and "--trust-python" in res.stderr, \
+            (what, res.stderr)
+        assert not mark.exists(), (what, mark.read_text())
+    (site / "theirs.pth").unlink()
+    res = launch(server + f"env: {{PYTHONPATH: {proj}}}\n")
+    assert res.returncode == 2 and f"{python} is not run as root: {proj} (mode" in res.stderr, res.stderr
+    assert not mark.exists(), mark.read_text()
+    assert started(tmp_path) == []
+
+    (site / "_user_proj.pth").write_text(f"{proj}\n")  # the agent: -S, so no .pth runs and what one names is no path
+    res = cockpit("snapshot", "local", "--python", str(python), "--sim", str(sim), "--json", "--wait", "0", cwd="/")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["agent"]["executable"] == str(python)
+    assert not mark.exists(), mark.read_text()
+
+
+def test_the_check_lists_every_site_folder_site_adds_debians_usr_local_included(tmp_path):
+    """What the check walks, asked of the system's interpreter itself: the folders `site` would
+    add (on Debian /usr/local/lib/python3.X/dist-packages first), each .pth there and what it
+    names, the sitecustomize it would import; with -S the site folders alone."""
+    probe = subprocess.run([PY, "-I", "-S", "-c", "import site,sys;print(repr(site.getsitepackages()))"],
+                           capture_output=True, text=True, check=True)
+    sites = eval(probe.stdout)  # noqa: S307  (the repr of a list of str)
+    listed = subprocess.run([PY, "-I", "-S", "-", "-m", "x"], input=PROBE, capture_output=True, text=True,
+                            cwd=tmp_path, check=True)
+    got, above = (part.split("\n") for part in listed.stdout.split("\n-\n"))  # what it imports from; the folders above
+    for folder in sites:  # one not there yet: where it would be made
+        assert folder in (got if os.path.exists(folder) else above), (folder, got, above)
+    debian = [s for s in sites if s.startswith("/usr/local/lib/python3") and s.endswith("dist-packages")]
+    if os.path.exists("/etc/debian_version") and Path(PY).resolve().parent == Path("/usr/bin"):
+        assert debian and debian[0] == sites[0] and debian[0] in got
+    for pth in (p for s in sites if os.path.isdir(s) for p in Path(s).glob("*.pth") if not p.name.startswith(".")):
+        assert str(pth) in got
+    assert str(tmp_path) in got  # the folder it starts in: `-m` imports from it
+    isolated = roots(["-I", "-S", "-c", "pass"])
+    assert str(tmp_path) not in isolated and not any(p.endswith(".pth") for p in isolated)
