@@ -13,7 +13,8 @@ agent) the site folders only, which the agent adds itself without running any .p
 (`site_dirs`). Each of those and every folder above it is checked by one find(1). Anything not
 root's, or writable by another user (group-writable with a group other than root's,
 other-writable unless a sticky folder), and it is refused in one line with EXIT_UNTRUSTED. Not
-root: the interpreter runs as it would anyway. $0 is the interpreter, "$@" its arguments; its
+root: the interpreter runs as it would anyway. A program not named python* or pypy* (nor linked to
+one) is not asked for its import path: its file, links and folders alone are checked. $0 is the interpreter, "$@" its arguments; its
 tools are looked for in the system folders first, the interpreter in PATH as given, and the file
 checked is the one started (by its path: PATH is not searched again).
 
@@ -186,15 +187,15 @@ exec(compile(PROBE, "<cockpit-probe>", "exec"), _probe)
 site_dirs = _probe["site_dirs"]
 roots = _probe["roots"]
 
-# $x is `exec` (GUARD: the interpreter runs once checked) or `:` (CHECK: the check alone).
+# $m is `exec` (GUARD: the interpreter runs once checked) or `:` (CHECK: the check alone).
 _BODY = """\
 o=$PATH
-case $0 in */*) p=$0;; *) p=$(command -v "$0") || { $x "$0" "$@"; exit 0; };; esac
+case $0 in */*) p=$0;; *) p=$(command -v "$0") || { $m "$0" "$@"; exit 0; };; esac
 PATH=/usr/bin:/bin:/usr/sbin:/sbin:$o
 u=$(id -u) || u=0
-[ "$u" = 0 ] || { PATH=$o; $x "$0" "$@"; exit 0; }
+[ "$u" = 0 ] || { PATH=$o; $m "$0" "$@"; exit 0; }
 case $p in /*) ;; *) p=$PWD/$p;; esac
-[ -e "$p" ] || { PATH=$o; $x "$0" "$@"; exit 0; }
+[ -e "$p" ] || { PATH=$o; $m "$0" "$@"; exit 0; }
 b= nf= k=
 f() {
  [ -n "$b" ] && return
@@ -243,7 +244,8 @@ PROBE
  unset IFS
 }
 pe=
-[ -n "$b" ] || g "$@"
+[ "$m" = : ] && { c "$PWD"; k=1; f "$PWD"; k=; }  # a server's workdir, whatever runs in it
+case ${p##*/}/${r##*/} in python*|*/python*|pypy*|*/pypy*) [ -n "$b" ] || g "$@";; esac
 if [ -n "$nf" ]; then
  echo "gpu-cockpit: $0 is not run as root: there is no find(1) here to check who can change it; install findutils, or trust it with --trust-python (trust_python: true in the layout)" >&2
  exit 5
@@ -259,8 +261,8 @@ if [ -n "$b" ]; then
 fi
 PATH=$o
 """
-GUARD = "x=exec\n" + _BODY + 'exec "$p" "$@"\n'
-CHECK = "x=:\n" + _BODY + "exit 0\n"
+GUARD = "m=exec\n" + _BODY + 'exec "$p" "$@"\n'
+CHECK = "m=:\n" + _BODY + "exit 0\n"
 
 
 def guarded(argv):
