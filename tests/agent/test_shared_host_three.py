@@ -188,3 +188,106 @@ def test_the_check_lists_every_site_folder_site_adds_debians_usr_local_included(
     assert str(tmp_path) in got  # the folder it starts in: `-m` imports from it
     isolated = roots(["-I", "-S", "-c", "pass"])
     assert str(tmp_path) not in isolated and not any(p.endswith(".pth") for p in isolated)
+
+
+# ----------------------------------------------------------------------------- 3: a slow-drip peer
+
+
+class Drip:
+    """A peer on loopback that accepts every connection and answers one byte every 0.1 s, for
+    ever: each HTTP read of it succeeds, none ever ends. Counts the connections still open."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(64)
+        self.port = self.srv.getsockname()[1]
+        self.stop = threading.Event()
+        self.open = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn):
+        with self.lock:
+            self.open += 1
+        try:
+            conn.sendall(b"HTTP/1.0 200 OK\r\n")
+            while not self.stop.wait(0.1):
+                conn.sendall(b"x")
+        except OSError:
+            pass  # the reader hung up
+        finally:
+            conn.close()
+            with self.lock:
+                self.open -= 1
+
+    def close(self):
+        self.stop.set()
+        self.srv.close()
+
+
+def counts(pid: int) -> tuple[int, int]:
+    """The process's threads and open file descriptors."""
+    threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("Threads:")))
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_slow_drip_peer_on_a_probed_port_costs_the_agent_nothing_that_grows():
+    """A listener that drips a byte every 0.1 s, probed and scraped again and again (each round
+    the cockpit gives up waiting before the agent would, as a monitor does, then asks again):
+    every request ends at its one deadline whatever the pace, at most one is in flight per port
+    (the others answered at once as busy), so the agent's threads and descriptors stay flat
+    round after round and the peer's connections are closed."""
+    import asyncio
+
+    from cockpit.common.errors import CockpitError
+    from cockpit.host.session import HostSession, SessionOptions, WatchList
+    from cockpit.link.target import parse_target
+
+    drip = Drip()
+
+    async def main():
+        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
+                              WatchList(patterns=[]))
+        await session.connect()
+        pid = session.state.agent.pid
+        seen, busy = [], 0
+        try:
+            for _ in range(40):
+                asks = [session.request("http", port=drip.port, path="/health", timeout=0.3) for _ in range(3)]
+                asks += [session.request("metrics", port=drip.port, timeout=0.3) for _ in range(3)]
+                for got in await asyncio.gather(*asks, return_exceptions=True):
+                    busy += isinstance(got, dict) and bool(got.get("busy"))
+                    assert isinstance(got, (dict, CockpitError)), got
+                seen.append(counts(pid))
+            for _ in range(600):  # the last round's requests end at their deadline (a bound for a stuck test)
+                if drip.open == 0:
+                    break
+                await asyncio.sleep(0.05)
+            return seen, busy, counts(pid)
+        finally:
+            await session.close()
+
+    try:
+        seen, busy, last = asyncio.run(main())
+    finally:
+        drip.close()
+    first = max(t for t, _ in seen[:5]), max(f for _, f in seen[:5])
+    later = max(t for t, _ in seen[-20:]), max(f for _, f in seen[-20:])
+    assert later[0] <= first[0] + 1 and later[1] <= first[1] + 1, (first, later, seen)
+    assert busy > 0  # a second request to the port while one is under way: answered at once
+    assert drip.open == 0 and last[0] <= first[0] and last[1] <= first[1], (last, first)
