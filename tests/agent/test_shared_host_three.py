@@ -291,3 +291,129 @@ def test_a_slow_drip_peer_on_a_probed_port_costs_the_agent_nothing_that_grows():
     assert later[0] <= first[0] + 1 and later[1] <= first[1] + 1, (first, later, seen)
     assert busy > 0  # a second request to the port while one is under way: answered at once
     assert drip.open == 0 and last[0] <= first[0] and last[1] <= first[1], (last, first)
+
+
+# ----------------------------------------------------------------------------- 4: the ledger
+
+
+def test_the_ledger_is_opened_as_the_hosts_record_is(users, shared, tmp_path, monkeypatch):  # noqa: F811
+    """A relative XDG_STATE_HOME is ignored (the XDG spec): the ledger goes to ~/.local/state.
+    A ledger folder that is a symbolic link to another user's folder, a ledger file that is a
+    link, one another user made, a folder another user owns: each refused in one line (what to
+    remove), nothing written through it, nothing read from it believed."""
+    from cockpit.common.errors import CockpitError
+    from cockpit.runs.config import Layout
+    from cockpit.runs.ledger import append_ledger, ledger_path, read_ledger
+
+    evil, _ = users
+    layout = Layout(path=str(tmp_path / "x.yaml"), name="x")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", "rel/state")
+    append_ledger(layout, {"event": "launch", "run_id": "r1"})
+    assert ledger_path(layout) == home / ".local/state/gpu-cockpit/ledger/x.jsonl" and ledger_path(layout).exists()
+    assert not (tmp_path / "rel").exists() and read_ledger(layout)[0]["run_id"] == "r1"
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    theirs = shared / "theirs"
+    theirs.mkdir()
+    (theirs / "x.jsonl").write_text('{"event": "started", "run_id": "forged", "pgid": 1, "start": 1}\n')
+    chown_tree(theirs, evil)
+    (state / "gpu-cockpit").mkdir(parents=True)
+    ledger = state / "gpu-cockpit" / "ledger"
+
+    def refused(match: str) -> None:
+        before = (theirs / "x.jsonl").read_text()
+        for act in (lambda: append_ledger(layout, {"event": "launch", "run_id": "r2"}), lambda: read_ledger(layout)):
+            with pytest.raises(CockpitError, match=match) as err:
+                act()
+            assert "\n" not in str(err.value) and "remove it" in str(err.value)
+        assert (theirs / "x.jsonl").read_text() == before
+
+    ledger.symlink_to(theirs)  # the folder a link to theirs
+    refused("symbolic link")
+    ledger.unlink()
+    ledger.mkdir(mode=0o700)
+    (ledger / "x.jsonl").symlink_to(theirs / "x.jsonl")  # the file a link
+    refused("symbolic link")
+    (ledger / "x.jsonl").unlink()
+    shutil.copy(theirs / "x.jsonl", ledger / "x.jsonl")
+    os.chown(ledger / "x.jsonl", evil, evil)  # a file another user made
+    refused("not a plain file of this user")
+    os.chown(ledger / "x.jsonl", 0, 0)
+    os.chown(ledger, evil, evil)  # a folder another user owns
+    refused("not a folder of this user")
+
+
+# ----------------------------------------------------------------------------- 5: signals and a closed output
+
+SLOW = FAST.replace("speed: 4", "speed: 0.5") + """\
+flag_sets:
+  eagle3: [--speculative-algorithm, EAGLE3, --speculative-num-steps, "3"]
+  no_cuda_graph: [--disable-cuda-graph]
+enabled: [eagle3, no_cuda_graph]
+"""
+
+
+def ledger_records(tmp_path: Path) -> list[dict]:
+    out = []
+    for path in (tmp_path / "state").glob("gpu-cockpit/ledger/*.jsonl"):
+        out += [json.loads(line) for line in path.read_text().splitlines()]
+    return out
+
+
+def gone(pgid: int) -> bool:
+    """No process of the group is left but zombies (a leader whose parent, the agent, has ended
+    waits for the init process to reap it)."""
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except (OSError, ValueError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return False
+    return True
+
+
+@pytest.mark.parametrize("command, how", [
+    ("launch", signal.SIGINT), ("launch", signal.SIGTERM), ("launch", signal.SIGHUP), ("launch", "closed stdout"),
+    ("ablate", signal.SIGTERM), ("bisect", "closed stdout"),
+])
+def test_a_signal_or_a_closed_output_during_a_workflow_stops_its_run_as_ctrl_c_does(command, how, sim_host, tmp_path):
+    """`cockpit launch|ablate|bisect ...` as a real process: once its run is started, SIGINT,
+    SIGTERM, SIGHUP (a closed terminal), or its stdout's reader gone (`| head -1`, or `| tail`
+    ended by the terminal's Ctrl+C): the run under way is stopped and verified gone, the ledger
+    says so, and the command exits 130."""
+    sim, layout = sim_host
+    layout.write_text(SLOW.format(port=free_port(), logs=tmp_path / "logs"))
+    extra = {"launch": [], "ablate": ["--vary", "no_cuda_graph"], "bisect": ["--vary", "eagle3,no_cuda_graph"]}[command]
+    proc = subprocess.Popen([sys.executable, "-I", "-m", "cockpit", command, "local", "--layout", str(layout),
+                             "--sim", str(sim), "--yes", "--timeout", "300", "--interval", "0.25", *extra],
+                            cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):  # a bound for a stuck test, not a speed claim
+            if started(tmp_path) or proc.poll() is not None:
+                break
+            import time
+            time.sleep(0.1)
+        assert started(tmp_path), proc.communicate(timeout=60)
+        run = started(tmp_path)[0]
+        if how == "closed stdout":
+            proc.stdout.close()
+        else:
+            proc.send_signal(how)
+        err = proc.stderr.read().decode()
+        assert proc.wait(240) == 130, err[-3000:]
+        assert "interrupted (" in err, err[-3000:]
+        assert gone(run["pgid"]), err[-3000:]
+        mine = [r for r in ledger_records(tmp_path) if r.get("run_id") == run["run_id"]]
+        assert any(r.get("event") == "stop" for r in mine) and any(r.get("event") == "ended" for r in mine), mine
+        assert len(started(tmp_path)) == 1  # nothing launched after the interrupt
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(60)
+
