@@ -417,3 +417,44 @@ def test_a_signal_or_a_closed_output_during_a_workflow_stops_its_run_as_ctrl_c_d
             proc.kill()
         proc.wait(60)
 
+
+# ----------------------------------------------------------------------------- 6: the served page
+
+
+def test_the_page_cockpit_serve_hands_the_browser_loads_nothing_from_another_host(tmp_path):
+    """`cockpit serve` as a real process: the page (with this start's token) names no URL of
+    another host, in any attribute, stylesheet rule or import (textual-serve's own template asks
+    fonts.googleapis.com for its font); its font comes from the package's static folder, served."""
+    import re
+    import time
+    import urllib.request
+    from urllib.parse import urljoin, urlsplit
+
+    from conftest import wait_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen([sys.executable, "-m", "cockpit", "serve", "local", "--python", "/bin/false",
+                               "--port", str(port)], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True, cwd="/")
+    try:
+        wait_port(port, 60)
+        url = None
+        for _ in range(600):  # a bound for a stuck test, not a speed claim
+            m = re.search(r"Serving gpu-cockpit on (http://127\.0\.0\.1:%d/\?token=[\w-]+)" % port, log.read_text())
+            if m:
+                url = m.group(1)
+                break
+            time.sleep(0.05)
+        assert url, log.read_text()
+        page = urllib.request.urlopen(url, timeout=60).read().decode()
+        named = re.findall(r"""\b(?:href|src|action)\s*=\s*["']?([^"'\s>]+)""", page, re.IGNORECASE)
+        named += re.findall(r"""url\(\s*["']?([^"')]+)""", page) + re.findall(r"""@import\s+["']([^"']+)""", page)
+        named = [urljoin(url, n) for n in named if not n.startswith(("data:", "#"))]
+        assert named and all(urlsplit(n).netloc == f"127.0.0.1:{port}" for n in named), named
+        assert "googleapis" not in page and "gstatic" not in page
+        fonts = [n for n in named if n.endswith(".ttf")]
+        assert fonts and all(urllib.request.urlopen(f, timeout=60).status == 200 for f in fonts), fonts
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(20)
