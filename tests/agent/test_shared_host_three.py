@@ -161,11 +161,18 @@ def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_ano
     assert started(tmp_path) == []
 
     (site / "_user_proj.pth").write_text(f"{proj}\n")  # the agent: -S, so no .pth runs and what one names is no path
+    ours = shared / "ours"
+    (site / "pynvml.py").write_text(f"open({str(ours)!r}, 'a').write('site-packages read\\n')\n"
+                                    "raise ImportError('not a real NVML')\n")  # root's own: the agent imports it
     res = cockpit("snapshot", "local", "--python", str(python), "--sim", str(sim), "--json", "--wait", "0", cwd="/")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["agent"]["executable"] == str(python)
     assert not mark.exists(), mark.read_text()
+    # what the agent's first step (start.py) does under -I -S: the site folders on its path, no .pth
+    start = PROBE + "\nsys.path.extend(site_dirs(user=False))\ntry:\n import pynvml\nexcept ImportError:\n pass\n"
+    subprocess.run([str(python), "-I", "-S", "-c", start], cwd="/", check=True)
+    assert ours.read_text() == "site-packages read\n" and not mark.exists()
 
 
 def test_the_check_lists_every_site_folder_site_adds_debians_usr_local_included(tmp_path):
