@@ -13,10 +13,11 @@ agent) the site folders only, which the agent adds itself without running any .p
 (`site_dirs`). Each of those and every folder above it is checked by one find(1). Anything not
 root's, or writable by another user (group-writable with a group other than root's,
 other-writable unless a sticky folder), and it is refused in one line with EXIT_UNTRUSTED. Not
-root: the interpreter runs as it would anyway. A program not named python* or pypy* (nor linked to
-one) is not asked for its import path: its file, links and folders alone are checked. $0 is the interpreter, "$@" its arguments; its
-tools are looked for in the system folders first, the interpreter in PATH as given, and the file
-checked is the one started (by its path: PATH is not searched again).
+root: the interpreter runs as it would anyway. A program not named python* or pypy* (nor linked
+to one) is not asked for its import path: its file, links and folders alone are checked. $0 is the
+interpreter, "$@" its arguments; its tools are looked for in the system folders first, the
+interpreter in PATH as given, and the file checked is the one started (by its path: PATH is not
+searched again). A server's check (CHECK) also holds its workdir to the same rule, whatever runs.
 
 Standard library only, Python 3.8 syntax: this module travels with the agent, which checks a
 server's interpreter the same way before a launch (`CHECK`)."""

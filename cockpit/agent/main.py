@@ -32,7 +32,7 @@ SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
 class Agent:
-    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http",
+    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http", "launch_check",
                 "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval, procs):

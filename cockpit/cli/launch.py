@@ -37,7 +37,10 @@ class Interrupt:
         self.what = what
         self.why: str | None = None
         self.poll = select.poll()
-        self.poll.register(sys.stdout.fileno(), 0)
+        try:
+            self.poll.register(sys.stdout.fileno(), 0)
+        except (AttributeError, ValueError, OSError):  # no stdout at all (started with it closed)
+            pass
 
     def __enter__(self) -> Interrupt:
         loop = asyncio.get_running_loop()
