@@ -99,7 +99,8 @@ def agent_argv(python: str, interval: float, sim_state: str | None, guard: bool 
     sitecustomize runs in it, the agent adding the site-packages folders itself (start.py). With
     `guard`, through GUARD (guard.py)."""
     src = agent_source(python == sys.executable)
-    args = [python, "-I", "-S", "-u", "-c", BOOTSTRAP, str(len(src)), "--interval", repr(float(interval))]
+    isolated = ["-I", "-S"] if src[:1] == b"{" else ["-I"]  # a plain agent.py of before (benchmarks) ran with site
+    args = [python, *isolated, "-u", "-c", BOOTSTRAP, str(len(src)), "--interval", repr(float(interval))]
     payload = src
     if sim_state:
         sim = sim_nvml_source()
