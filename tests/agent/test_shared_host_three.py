@@ -160,6 +160,22 @@ def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_ano
     assert not mark.exists(), mark.read_text()
     assert started(tmp_path) == []
 
+    # Debian's scheme of /usr/local: `site` adds PREFIX/local/lib/python3.X/dist-packages, first
+    local = shared / "venv" / "local" / "lib" / site.parent.name / "dist-packages"
+    local.mkdir(parents=True)
+    plant(local, mark, ("pynvml",))
+    chown_tree(shared / "venv" / "local", evil)
+    subprocess.run([str(python), "-c", "import pynvml"], cwd="/", capture_output=True)
+    assert mark.exists() or not Path("/etc/debian_version").exists()  # Debian's Python: the attack is real
+    if mark.exists():  # the agent's own start is refused
+        mark.unlink()
+        res = cockpit("snapshot", "local", "--python", str(python), "--sim", str(sim), "--json", "--wait", "0",
+                      cwd="/")
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert f"{python} is not run as root: {local} (mode" in res.stderr, res.stderr
+        assert not mark.exists(), mark.read_text()
+    shutil.rmtree(shared / "venv" / "local")
+
     (site / "_user_proj.pth").write_text(f"{proj}\n")  # the agent: -S, so no .pth runs and what one names is no path
     ours = shared / "ours"
     (site / "pynvml.py").write_text(f"open({str(ours)!r}, 'a').write('site-packages read\\n')\n"
