@@ -23,6 +23,7 @@ from cockpit.host.session import HostSession
 from cockpit.host.state import HostState, Proc
 from cockpit.read import flightrec
 from cockpit.read.stacks import Group, describe_groups, exit_text, group_stacks
+from cockpit.runs.ledger import state_home
 
 
 @dataclass
@@ -146,8 +147,7 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def dumps_dir(run: str) -> Path:
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
-    path = base / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run) / "dumps" / time.strftime("%Y%m%d-%H%M%S")
+    path = state_home() / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run) / "dumps" / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 

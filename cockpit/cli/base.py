@@ -108,9 +108,13 @@ def finite(doc):
     return doc
 
 
+def json_text(doc) -> str:
+    """The document as --json prints it: NaN and infinities as null, always valid JSON."""
+    return json.dumps(finite(doc), indent=2, allow_nan=False)
+
+
 def print_json(doc) -> None:
-    json.dump(finite(doc), sys.stdout, indent=2, allow_nan=False)
-    sys.stdout.write("\n")
+    sys.stdout.write(json_text(doc) + "\n")
 
 
 def confirm(lines: list[str], question: str, yes: bool, json_out: bool = False) -> bool:

@@ -55,7 +55,7 @@ def test_the_payload_is_a_marshalled_table_of_the_agents_modules_that_the_bootst
     be another); the same bytes every time."""
     argv, payload = shipped.agent_argv("python3", 1.0, None)
     table = marshal.loads(payload)
-    assert argv[5] == str(len(payload)) and payload[:1] == b"{"
+    assert argv[1:5] == ["-I", "-S", "-u", "-c"] and argv[6] == str(len(payload)) and payload[:1] == b"{"
     assert table["python"] == "" and table["code"] == b""
     here = sorted(f.stem for f in Path(shipped.__file__).parent.glob("*.py") if f.name != "__init__.py")
     assert sorted(table["modules"]) == here and "memimport" in here and "nvml" in here
