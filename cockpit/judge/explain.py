@@ -3,8 +3,9 @@
 Reads a saved SGLang or vLLM log (a file, a `.gz`, or `-` for stdin) through the same rules the live
 cockpit uses (cockpit.logrules) and says how far the launch got (the timeline of phases with line
 numbers and timestamps), and what became of it: `crashed` (with the rank that failed first and the
-cause, from the root-cause line rather than its consequences), `stalled` (the log ends on a hang
-tell such as vLLM's shared-memory broadcast warning, with nothing moving after it) or `ok`.
+cause, from the root-cause line rather than its consequences), `stopped` (the server said it was
+stopped, by the operator's signal or a launcher's, and what failed came after that), `stalled` (the log
+ends on a hang tell such as vLLM's shared-memory broadcast warning, with nothing moving after it) or `ok`.
 
     cockpit explain LOG [--engine sglang|vllm|auto] [--json]
 
@@ -160,7 +161,7 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     detected    true when the engine was detected from the lines (engine "auto")
     lines       how many lines were read
     phase       the last launch phase reached (never "crashed"); None when no phase mark was seen
-    verdict     {name: crashed | stalled | ok, rank, cause, line, time, evidence: [line texts],
+    verdict     {name: crashed | stopped | stalled | ok, rank, cause, line, time, evidence: [line texts],
                  evidence_lines: [their line numbers], together: [ranks that failed the same way in
                  the same second, rank then None], all_ranks: whether those are every rank}
     ranks       every rank the lines name, sorted
@@ -220,6 +221,11 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
         return {"name": "crashed", "rank": first.rank, "cause": first.cause, "line": first.line, "time": first.time,
                 "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence],
                 "together": list(first.together), "all_ranks": bool(first.together) and tracker.all_ranks(first.together)}
+    if tracker.stopped():  # the failures came after the server said it was stopped: its shutdown's
+        n, ll = tracker.stop
+        after = tracker.failures[0]
+        return {"name": "stopped", "rank": None, "cause": ll.stop, "line": n, "time": ll.time or after.time,
+                "evidence": [short(ll.text), short(after.text)], "evidence_lines": [n, after.line]}
     if tracker.stalled():
         n, last = tracker.stalls[-1]
         tells = tracker.stalls[-3:]
@@ -265,6 +271,10 @@ def describe(result: dict) -> list[str]:
                 + " together"
         when = f", {v['time']}" if v["time"] else ""
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
+    elif v["name"] == "stopped":
+        more = len(result["failures"])
+        out.append(f"verdict: stopped: the server said it was stopped ({v['cause']}, line {v['line']}); "
+                   f"the {count(more, 'failure')} after it {'are' if more > 1 else 'is'} its shutdown's, no crash")
     elif v["name"] == "stalled" and v["cause"] == "silent":
         out.append(f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
                    f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready (if this is the live log)")

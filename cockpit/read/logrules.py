@@ -53,6 +53,7 @@ class LogLine(NamedTuple):
     stats: tuple[float, int | None] | None = None  # an engine's periodic stats line: (tokens/s, requests running)
     probe: bool = False  # an access-log line of a health, metrics or model-list probe: no work done
     http: tuple[str, int] | None = None  # an access-log line's (method, status)
+    stop: str | None = None  # a deliberate stop the server says it received: the signal ("SIGTERM") or "shutdown"
 
 
 @dataclass(frozen=True)
@@ -400,25 +401,133 @@ CAUSE_TIER = {
     "nccl-timeout": 2,
     "terminated": 3, "died": 3,
 }
+def _hot(m: str) -> bool:
+    """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
+    needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
+    of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
+    return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
+            or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
+            or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
+            or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
+            or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
+            or "NCCL" in m or "nccl" in m or "CUDA" in m or "llegal" in m or "dump signal" in m)
+
+
+def _fail_words(m: str) -> bool:
+    """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
+    gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
+    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
+            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
+            or "NCCL" in m or "emory" in m or "placement" in m or "dump signal" in m)
+
+
+# What the CUDA driver and runtime say of an error (cuGetErrorString's and cudaGetErrorString's table, by
+# its enum name): the words torch's `CUDA error: ...`, Triton's `Triton Error [CUDA]: ...`, NCCL's `Cuda
+# failure '...'` and the C check macros wrap. A wrapper names a CUDA error whatever follows it; a string of
+# four words or more that is not also common English (CUDA_GENERIC) names one on its own, wrapped or not.
+CUDA_ERRORS = [
+    ("CUDA_ERROR_INVALID_VALUE", "invalid argument"), ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"), ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
+    ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+    ("CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"),
+    ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+    ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
+    ("CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"),
+    ("CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
+    ("CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"),
+    ("CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"),
+    ("CUDA_ERROR_UNMAP_FAILED", "unmapping of buffer object failed"),
+    ("CUDA_ERROR_ARRAY_IS_MAPPED", "array is mapped"), ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
+    ("CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"),
+    ("CUDA_ERROR_ALREADY_ACQUIRED", "resource already acquired"), ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
+    ("CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"),
+    ("CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"),
+    ("CUDA_ERROR_CONTEXT_ALREADY_IN_USE", "exclusive-thread device already in use by a different thread"),
+    ("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"),
+    ("CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"),
+    ("CUDA_ERROR_NVLINK_UNCORRECTABLE", "uncorrectable NVLink error detected during the execution"),
+    ("CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "PTX JIT compiler library not found"),
+    ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the provided PTX was compiled with an unsupported toolchain"),
+    ("CUDA_ERROR_JIT_COMPILATION_DISABLED", "PTX JIT compilation was disabled"),
+    ("CUDA_ERROR_CONTAINED", "Invalid access of peer GPU memory over nvlink or a hardware error"),
+    ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
+    ("CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND", "shared object symbol not found"),
+    ("CUDA_ERROR_SHARED_OBJECT_INIT_FAILED", "shared object initialization failed"),
+    ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
+    ("CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
+    ("CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"),
+    ("CUDA_ERROR_NOT_FOUND", "named symbol not found"), ("CUDA_ERROR_NOT_READY", "device not ready"),
+    ("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"),
+    ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"),
+    ("CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"),
+    ("CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"),
+    ("CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"),
+    ("CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "cannot set while device is active in this process"),
+    ("CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"),
+    ("CUDA_ERROR_ASSERT", "device-side assert triggered"),
+    ("CUDA_ERROR_TOO_MANY_PEERS", "peer mapping resources exhausted"),
+    ("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"),
+    ("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"),
+    ("CUDA_ERROR_HARDWARE_STACK_ERROR", "hardware stack error"),
+    ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"),
+    ("CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"),
+    ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "operation not supported on global/shared address space"),
+    ("CUDA_ERROR_INVALID_PC", "invalid program counter"), ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
+    ("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"),
+    ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"), ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
+    ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"),
+    ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"),
+    ("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"),
+    ("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"),
+    ("CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"),
+    ("CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"),
+    ("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"),
+    ("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"),
+    ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"),
+    ("CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"),
+    ("CUDA_ERROR_TIMEOUT", "wait operation timed out"), ("CUDA_ERROR_UNKNOWN", "unknown error"),
+    # the runtime's own (cudaGetErrorString) where the driver has none
+    ("cudaErrorInvalidDeviceFunction", "invalid device function"),
+    ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"),
+    ("cudaErrorInvalidConfiguration", "invalid configuration argument"),
+    ("cudaErrorMissingConfiguration", "__global__ function call is not configured"),
+]
+# four words or more, yet said by other programs too: a CUDA error only behind a wrapper
+CUDA_GENERIC = {"wait operation timed out", "system not yet initialized", "shared object symbol not found",
+                "named symbol not found",
+                "shared object initialization failed", "file not found", "peer access is already enabled",
+                "PTX JIT compilation was disabled"}
+# (and one that holds a word of `_hot`'s, the gate of the cause rules: the others come wrapped)
+CUDA_OWN = [text for _, text in CUDA_ERRORS if len(text.split()) >= 4 and text not in CUDA_GENERIC and _hot(text)]
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
-            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory"
+            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory|Triton Error \[CUDA\]: out of memory"
             r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
             r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
+            r"|CUDA_ERROR_OUT_OF_MEMORY"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
             r"|larger than the maximum number of tokens that can be stored in KV cache"
             r"|Free memory on device [^\n]{0,200}? is less than desired GPU memory utilization"),
-    ("nccl-timeout", r"Watchdog caught collective operation timeout"),
+    # torch's ProcessGroupNCCL (c10d) watchdog across 2.0-2.9: its timeout's own line, then (2.4-2.5) "Exception
+    # (either an error or timeout) detected by watchdog at work: N", "Timeout at NCCL work: N", (2.6+)
+    # "failure detected by watchdog at work sequence id: N", WorkNCCL::handleException's "Some NCCL operations
+    # have failed or timed out", and the dump signal (2.4+) "from this local rank" or "from rank N"
+    ("nccl-timeout", r"Watchdog caught collective operation timeout"
+                     r"|Exception \(either an error or timeout\) detected by watchdog at work"
+                     r"|failure detected by watchdog at work sequence id|Timeout at NCCL work: "
+                     r"|Some NCCL operations have failed or timed out"
+                     r"|Received a dump signal due to a collective timeout from"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
     # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
-    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|illegal memory access|cudaErrorIllegalAddress"
-                   r"|device-side assert triggered"
-                   r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
-                   r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"
-                   r"|Cuda error |Cuda failure"),  # C/C++ check macros: custom all-reduce's, NCCL's
+    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|cudaError[A-Z]\w+|CUDA_ERROR_[A-Z]\w+"
+                   r"|Triton Error \[CUDA\]|illegal memory access|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
+                   r"|CUDA driver error|uncorrectable ECC error|unspecified launch failure|misaligned address"
+                   r"|Cuda error |Cuda failure|"  # C/C++ check macros: custom all-reduce's, NCCL's
+                   + "|".join(re.escape(text) for text in CUDA_OWN)),
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),
     ("fatal-signal", r"Fatal Python error: (?:Floating point exception|Illegal instruction)|SIGFPE|SIGILL"),
@@ -464,7 +573,11 @@ FAILURES = [
     _f(r"Capture cuda graph failed", header=True),
     # http_server.py _wait_and_warmup: the warm-up request failed; SGLang then kills its own process tree
     _f(r"Initialization failed\. warmup error", header=True),
-    _f(r"Received sigquit from a child proces", consequence=True),
+    # the parent told by a failing child (a crash, never the operator's stop): 0.4's "Received sigquit from a
+    # child process", newer "SIGQUIT received. signum=..., frame=.... It usually means one child failed.", and
+    # the gRPC server's "Received SIGQUIT from scheduler process. Scheduler failed, shutting down gRPC server."
+    _f(r"Received sigquit from a child proces|^SIGQUIT received\. [^\n]{0,200}?child failed"
+       r"|Received SIGQUIT from scheduler process\. Scheduler failed", consequence=True),
     # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
     _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
     # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
@@ -486,6 +599,13 @@ FAILURES = [
     _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
     # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
+    # the same watchdog's other words for it, without that line (torch 2.4-2.9's ProcessGroupNCCL.cpp:
+    # watchdogHandler, WorkNCCL::handleException); the rank from their "[PG ID 2 PG GUID 3 Rank 3]" prefix
+    _f(r"Exception \(either an error or timeout\) detected by watchdog at work|Timeout at NCCL work: "
+       r"|failure detected by watchdog at work sequence id|Some NCCL operations have failed or timed out", "nccl-timeout"),
+    # the dump signal: this rank's own timeout, or rank N's ("from  rank 7": torch writes two spaces)
+    _f(r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+))",
+       "nccl-timeout"),
     # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck (a NCCL/CUDA call hangs); torch
     # terminates the process (the "watchdog got stuck" line is F, fatal)
     _f(r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
@@ -512,6 +632,47 @@ FAILURES = [
 _NAMED_GROUP = re.compile(r"\?P<\w+>")
 FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
 CAUSE_ANY = re.compile("|".join(f"(?:{rx})" for _, rx in CAUSES))
+
+# A deliberate stop the server says it received (the operator's or a launcher's signal, a shutdown asked
+# for): (regex over the message, what stopped it, else the signal the regex's group names). The failures
+# after it are its shutdown's (LogTracker), unless one came first. Every one holds "hut", "SIG" or "ermina"
+# (`_stop_words`). SGLang's sigquit is a failing child's, never a stop (FAILURES).
+STOPS = [
+    # vLLM V1 core.py and launcher.py (2026): the engine core's and the API server's own word
+    (re.compile(r"\[shutdown\] EngineCore: trigger received signal=(SIG[A-Z]{2,8})"), None),
+    (re.compile(r"\[shutdown\] API server: shutdown triggered"), "shutdown"),
+    # vLLM launcher.py serve_http, its server task cancelled by SIGINT/SIGTERM (0.5-0.11)
+    (re.compile(r"^Shutting down FastAPI HTTP server"), "shutdown"),
+    # vLLM 0.5-0.6 api_server.py: a SIGTERM while initializing raises KeyboardInterrupt("terminated")
+    (re.compile(r"^KeyboardInterrupt: terminated\s*$"), "SIGTERM"),
+    # SGLang tokenizer_manager.py's (and its gRPC server's) sigterm_handler: "SIGTERM received. signum=... Draining
+    # requests and shutting down..."
+    (re.compile(r"^SIGTERM received\. "), "SIGTERM"),
+    # uvicorn server.py on its exit signal (behind its own "INFO:     ")
+    (re.compile(r"^(?:INFO: +)?Shutting down\s*$"), "shutdown"),
+    # torch elastic (torchrun) agent api.py: "Received Signals.SIGTERM death signal, shutting down workers"
+    # (Python 3.11+ writes the signal's number: "Received 15 death signal")
+    (re.compile(r"Received (?:Signals\.)?(SIG[A-Z]{2,8}|\d{1,2}) death signal, shutting down workers"), None),
+    # a shell's notice of its job ended by SIGTERM: "Terminated", "./run.sh: line 3:  1234 Terminated  python ..."
+    (re.compile(r"^\s*Terminated\s*$|: line \d{1,9}: +\d{1,9} Terminated "), "SIGTERM"),
+]
+SIGNAL_NAMES = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
+
+
+def _stop_words(m: str) -> bool:
+    """Whether a message holds a word every stop rule (STOPS) needs: most lines hold none."""
+    return "hut" in m or "SIG" in m or "ermina" in m
+
+
+def stop_of(message: str) -> str | None:
+    """The stop a message says the server received: the signal's name, else "shutdown"; None for none."""
+    for rx, what in STOPS:
+        m = rx.search(message)
+        if m:
+            said = what or m.group(1)
+            return SIGNAL_NAMES.get(said, said)
+    return None
+
 
 # Stall tells: lines that say the run is waiting on something that may never come.
 STALLS = [
@@ -589,26 +750,6 @@ SIGNATURES = {
 
 def exit_cause(code: int | None) -> str | None:
     return EXIT_CAUSE.get(code) if code is not None else None
-
-
-def _hot(m: str) -> bool:
-    """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
-    needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
-    of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
-    return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
-            or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
-            or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
-            or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
-            or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
-            or "NCCL" in m or "nccl" in m)
-
-
-def _fail_words(m: str) -> bool:
-    """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
-    gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
-    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
-            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
-            or "NCCL" in m or "emory" in m or "placement" in m)
 
 
 def _phase_words(m: str) -> bool:
@@ -752,6 +893,7 @@ class LogRules:
         if self._learning:
             self._learn(text, p)
         msg, time, who, rank, level, _ = p
+        stop = stop_of(msg) if _stop_words(msg) else None
         if "throughput" in msg or "Prefill batch" in msg:
             stats, stats_of = _stats(msg)
         else:
@@ -770,7 +912,7 @@ class LogRules:
         hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
         if hot or (not shaped and not quiet and msg[-1:].isalpha()):
             base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats,
-                        probe=probe, http=http)
+                        probe=probe, http=http, stop=stop)
             failure = self._failure(msg, level, base, hot)
             if failure is not None:
                 return failure
@@ -787,9 +929,9 @@ class LogRules:
         if quiet or level is None and not hot:  # the common line: no error, no warning
             return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
                                   _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
-                                  False, level, stats, probe, http))
+                                  False, level, stats, probe, http, stop))
         base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats, probe=probe,
-                    http=http)
+                    http=http, stop=stop)
         shards = _shards(msg) if phase == "loading weights" else None
         if level in ("ERROR", "CRITICAL") or (level is None and hot and (ERROR.search(msg)
                                                                        or EXCEPTION_LINE.match(msg))):
@@ -808,11 +950,17 @@ class LogRules:
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
-        frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
-        if frame:
-            return None
         told = _unlisted(msg)  # what a list of possible causes says is no failure
-        if level != "DEBUG" and FAILURE_ANY.search(told):
+        header = FAILURE_ANY.search(told) if level != "DEBUG" else None
+        glued = _glued(told, header.start()) if header is not None and header.start() > 0 else None
+        if glued is not None:  # another writer's header stuck to this line: its own prefix, its own line
+            msg = told = told[header.start():]
+            level = glued.level or level
+            base = dict(base, message=msg, level=level, time=glued.time or base["time"], who=glued.who or base["who"],
+                        rank=glued.rank if glued.rank is not None else base["rank"])
+        elif msg[:1].isspace() and not msg.lstrip().startswith("what():"):
+            return None  # a traceback's source line
+        if header is not None:
             for rule in FAILURES:
                 m = rule.pattern.search(told)
                 if not m:
@@ -836,6 +984,27 @@ class LogRules:
             if cut is not None:
                 return LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
         return None
+
+
+def _glued(message: str, start: int) -> Parsed | None:
+    """The prefix of a failure header that begins mid-line at `start` (two processes' writes interleaved:
+    `...Extension modules: numpy.core._multiarray_umath, ... (total: 40)[2025-04-17 11:44:15 TP3] Scheduler hit
+    an exception: ...`, or a faulthandler frame `  File "<internal>", line 7 in [..] Received sigquit ...`):
+    the prefix that ends right there, read from the last `(` or `[` before it (a writer's, a time's), or
+    None where none does. Two parses of a bounded slice."""
+    lo = max(0, start - PREFIX_WINDOW)
+    found = None
+    for lead in ("(", "["):
+        i = message.rfind(lead, lo, start)
+        if i < 0:
+            continue
+        chunk = message[i:start + 80]
+        p = parse_general(chunk)
+        if len(p.message) == len(chunk) - (start - i) and (p.who is not None or p.time is not None
+                                                           or p.rank is not None):
+            if found is None or i < found[0]:
+                found = (i, p)
+    return None if found is None else found[1]
 
 
 # A failure line cut mid-word (an excerpt's end, two writers interleaved mid-line): the message ends
@@ -1039,6 +1208,7 @@ class LogTracker:
         self.dropped = 0  # failures past MAX_FAILURES that could not change the verdict, counted only
         self.world: int | None = None  # the ranks NCCL says the communicator has ("nranks 8"), the largest seen
         self.answered: PhaseMark | None = None  # the first line of the server answering HTTP (2xx): it was up
+        self.stop: tuple[int, LogLine] | None = None  # (line, LogLine) of a deliberate stop no failure came before
         self._captured_by: set[int | None] = set()  # the writers that ended a capture stage
 
     @property
@@ -1056,15 +1226,17 @@ class LogTracker:
     def add(self, ll: LogLine) -> LogLine:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
-        text, kind, rank, phase, _, _, _, _, time, _, msg, _, _, level, stats, probe, http = ll
+        text, kind, rank, phase, _, _, _, _, time, _, msg, _, _, level, stats, probe, http, stop = ll
         msg = msg or ""
         if time:
             self.last_time = time
         if rank is not None:
             self.ranks.add(rank)
         if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
-                and (self._failures or self.timeline and self.phase != "starting"):
+                and (self._failures or self.stop or self.timeline and self.phase != "starting"):
             self._restart()
+        if stop is not None and self.stop is None and not self._failures and kind != "failure":
+            self.stop = (self.n, ll)  # the server was told to stop, and nothing had failed: what fails now is its end
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
         continues = False
@@ -1265,6 +1437,7 @@ class LogTracker:
         self._captured_by.clear()
         self.dropped = 0
         self.answered = None
+        self.stop = None
 
     def _unfinished(self) -> Failure | None:
         """The log ends inside a traceback no failure line opened and no exception line closed (not
@@ -1276,7 +1449,10 @@ class LogTracker:
                        provisional=True)
 
     def first_failure(self) -> Failure | None:
-        """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
+        """The failure to name: the first of the lowest tier (a root cause before its consequences); none
+        after a deliberate stop no failure came before (`stopped`)."""
+        if self.stop is not None:
+            return None
         if not self._failures:
             return self._unfinished()
         if self.finished_at and all(f.tier >= 3 and f.line > self.finished_at for f in self.failures):
@@ -1315,6 +1491,12 @@ class LogTracker:
             return self.timeline
         return [self.answered]
 
+    def stopped(self) -> bool:
+        """The server said it was stopped, no failure came before, and failures came after: its shutdown's."""
+        return self.stop is not None and bool(self._failures)
+
     def stalled(self) -> bool:
-        """The log ends on a stall tell: no failure, and nothing moved since the last tell."""
-        return not self._failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
+        """The log ends on a stall tell: no failure (but a stop's shutdown), and nothing moved since the last
+        tell (a hang the operator then stopped is a hang)."""
+        quiet = not self._failures or self.stop is not None and self.stalls and self.stalls[-1][0] < self.stop[0]
+        return bool(quiet) and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
