@@ -168,6 +168,8 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     timeline    [{phase, line, time}] in the order the run reached them
     failures    [{line, rank, cause, consequence, text}]: every failure line, in order (at most 50)
     last_time   the last timestamp the log carries
+    findings    what the log says beside the verdict: another program's tracebacks (a test client's, a
+                harness's), each with its line
     silent_s    how long the file has not been written (its modification time), when known
 
     `silent_s` (the file's age): a log that stopped short of ready (or of an end) for at least
@@ -204,6 +206,7 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
                       "text": short(f.text)} for f in tracker.failures[:50]],
         "last_time": tracker.last_time,
+        "findings": [line for f in tracker.findings() for line in f.evidence],
         "silent_s": None if silent_s is None else round(silent_s, 1),
     }
 
@@ -221,17 +224,17 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
         return {"name": "crashed", "rank": first.rank, "cause": first.cause, "line": first.line, "time": first.time,
                 "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence],
                 "together": list(first.together), "all_ranks": bool(first.together) and tracker.all_ranks(first.together)}
-    if tracker.stopped():  # the failures came after the server said it was stopped: its shutdown's
-        n, ll = tracker.stop
-        after = tracker.failures[0]
-        return {"name": "stopped", "rank": None, "cause": ll.stop, "line": n, "time": ll.time or after.time,
-                "evidence": [short(ll.text), short(after.text)], "evidence_lines": [n, after.line]}
     if tracker.stalled():
         n, last = tracker.stalls[-1]
         tells = tracker.stalls[-3:]
         return {"name": "stalled", "rank": last.rank, "cause": last.cause, "line": tracker.stalls[0][0],
                 "time": last.time, "evidence": [short(ll.text) for _, ll in tells],
                 "evidence_lines": [k for k, _ in tells]}
+    if tracker.stopped():  # the failures came after the server said it was stopped: its shutdown's
+        n, ll = tracker.stop
+        after = tracker.failures[0]
+        return {"name": "stopped", "rank": None, "cause": ll.stop, "line": n, "time": ll.time or after.time,
+                "evidence": [short(ll.text), short(after.text)], "evidence_lines": [n, after.line]}
     if tracker.n == 0:  # nothing read: not a run that went well
         return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
                 "evidence_lines": []}
@@ -294,6 +297,8 @@ def describe(result: dict) -> list[str]:
         out.append("timeline:")
         for mark in result["timeline"]:
             out.append(f"  {mark['line']:>7}  {mark['time'] or '':<19}  {mark['phase']}")
+    for finding in result.get("findings", []):
+        out.append(f"finding: {finding}")
     others = [f for f in result["failures"] if f["line"] != v.get("line")]
     if v["name"] == "crashed" and others:
         out.append(f"other failures: {len(others)} (first at line {others[0]['line']}: rank "

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from cockpit.read.findings import Finding
+
 
 class LogLine(NamedTuple):
     text: str
@@ -708,6 +710,14 @@ REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callbac
                             r"|Error in preprocessing prompt inputs")  # vLLM serving_chat.py: one request's template
 REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
                            r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
+# Another program's traceback in the server's log (a CI job's test client, a benchmark script): a frame of a test
+# harness or a client (unittest's, pytest's, SGLang's test utilities, vLLM's benchmarks, a test_*.py or bench_*.py
+# script) and none of the engine's serving code (SGLang's retry helper in sglang/srt/utils wraps every test, and
+# `vllm bench` comes in through vllm/entrypoints/cli)
+HARNESS_FRAME = re.compile(r"/(?:unittest|_pytest|pytest)/|/sglang/test/|/vllm/benchmarks/"
+                           r"|/(?:test_|bench_|benchmark_)[^/]*\.py$")
+ENGINE_FRAME = re.compile(r"/sglang/srt/(?!utils\b)|/vllm/(?!vllm/|benchmarks/|entrypoints/cli/)")
+MAX_FOREIGN = 8  # another program's tracebacks said, the first ones; the rest counted
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
 BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
                               r"|SystemExit)\b")
@@ -954,10 +964,12 @@ class LogRules:
         header = FAILURE_ANY.search(told) if level != "DEBUG" else None
         glued = _glued(told, header.start()) if header is not None and header.start() > 0 else None
         if glued is not None:  # another writer's header stuck to this line: its own prefix, its own line
-            msg = told = told[header.start():]
-            level = glued.level or level
-            base = dict(base, message=msg, level=level, time=glued.time or base["time"], who=glued.who or base["who"],
-                        rank=glued.rank if glued.rank is not None else base["rank"])
+            at, p = glued
+            msg = told = told[at:]
+            level = p.level or level
+            base = dict(base, message=msg, level=level, time=p.time or base["time"], who=p.who or base["who"],
+                        rank=p.rank if p.rank is not None else base["rank"])
+            header = FAILURE_ANY.search(told)
         elif msg[:1].isspace() and not msg.lstrip().startswith("what():"):
             return None  # a traceback's source line
         if header is not None:
@@ -986,25 +998,33 @@ class LogRules:
         return None
 
 
-def _glued(message: str, start: int) -> Parsed | None:
-    """The prefix of a failure header that begins mid-line at `start` (two processes' writes interleaved:
-    `...Extension modules: numpy.core._multiarray_umath, ... (total: 40)[2025-04-17 11:44:15 TP3] Scheduler hit
-    an exception: ...`, or a faulthandler frame `  File "<internal>", line 7 in [..] Received sigquit ...`):
-    the prefix that ends right there, read from the last `(` or `[` before it (a writer's, a time's), or
-    None where none does. Two parses of a bounded slice."""
-    lo = max(0, start - PREFIX_WINDOW)
-    found = None
-    for lead in ("(", "["):
-        i = message.rfind(lead, lo, start)
-        if i < 0:
-            continue
+def _glued(message: str, start: int) -> tuple[int, Parsed] | None:
+    """A writer's prefix mid-line that a failure header at `start` follows (two processes' writes
+    interleaved: `...Extension modules: numpy.core._multiarray_umath, ... (total: 40)[2025-04-17 11:44:15 TP3]
+    Scheduler hit an exception: ...`, `..., PIL._imaging[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616]
+    [Rank 5] Watchdog caught ...`, a faulthandler frame `  File "<internal>", line 7 in [..] Received sigquit ...`):
+    where its message starts and the prefix read, or None. Tried from each `[` or `(` up to PREFIX_WINDOW
+    before the header (the first GLUE_TRIES), each a parse of a bounded slice."""
+    lo, tries = max(0, start - PREFIX_WINDOW), 0
+    i = _next_open(message, lo, start)
+    while i >= 0 and tries < GLUE_TRIES:
+        tries += 1
         chunk = message[i:start + 80]
         p = parse_general(chunk)
-        if len(p.message) == len(chunk) - (start - i) and (p.who is not None or p.time is not None
-                                                           or p.rank is not None):
-            if found is None or i < found[0]:
-                found = (i, p)
-    return None if found is None else found[1]
+        at = i + len(chunk) - len(p.message)
+        if at <= start and (p.who is not None or p.time is not None or p.rank is not None):
+            return at, p
+        i = _next_open(message, i + 1, start)
+    return None
+
+
+GLUE_TRIES = 16
+
+
+def _next_open(s: str, start: int, end: int) -> int:
+    """The first `[` or `(` in s[start:end], or -1."""
+    a, b = s.find("[", start, end), s.find("(", start, end)
+    return b if a < 0 else a if b < 0 else min(a, b)
 
 
 # A failure line cut mid-word (an excerpt's end, two writers interleaved mid-line): the message ends
@@ -1153,6 +1173,9 @@ class _Trace:
     failure: Failure | None = None  # what its exception line made
     done: bool = False  # its exception line came
     chained: bool = False  # "During handling of the above exception ...": another traceback of the chain follows
+    harness: bool = False  # a frame of a test harness or a client
+    engine: bool = False  # a frame of the engine's serving code
+    foreign: bool = False  # said as another program's (HARNESS_FRAME without ENGINE_FRAME)
 
 
 @dataclass
@@ -1209,6 +1232,8 @@ class LogTracker:
         self.world: int | None = None  # the ranks NCCL says the communicator has ("nranks 8"), the largest seen
         self.answered: PhaseMark | None = None  # the first line of the server answering HTTP (2xx): it was up
         self.stop: tuple[int, LogLine] | None = None  # (line, LogLine) of a deliberate stop no failure came before
+        self.foreign: list[tuple[int, str]] = []  # (line, text): another program's traceback's last line
+        self.foreign_more = 0  # past MAX_FOREIGN, counted
         self._captured_by: set[int | None] = set()  # the writers that ended a capture stage
 
     @property
@@ -1324,15 +1349,27 @@ class LogTracker:
             elif trace is None or trace.done or not continues:
                 request = self.n - self._notice_at <= 3
                 self._trace = trace = _Trace(self.n, ll.text, ll.who, ll.rank, request)
-        if frame and trace is not None and REQUEST_FRAME.search(frame.group(1)):
-            trace.request = True
+        if frame and trace is not None:
+            path = frame.group(1)
+            if REQUEST_FRAME.search(path):
+                trace.request = True
+            if "/" in path:
+                trace.harness = trace.harness or HARNESS_FRAME.search(path) is not None
+                trace.engine = trace.engine or ENGINE_FRAME.search(path) is not None
 
     def _trace_failure(self, ll: LogLine, msg: str) -> None:
         """A headerless traceback's final exception line: a provisional failure (none for one request's)."""
         trace = self._trace
         trace.done, trace.chained = True, False
-        if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg):
-            return  # one request's, a client gone, Ctrl+C
+        if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg) or trace.foreign:
+            return  # one request's, a client gone, Ctrl+C, another program's said already
+        if trace.harness and not trace.engine and trace.failure is None:
+            trace.foreign = True  # a test client's or a harness's: a finding, not the server failing
+            if len(self.foreign) < MAX_FOREIGN:
+                self.foreign.append((self.n, ll.text))
+            else:
+                self.foreign_more += 1
+            return
         if trace.failure is not None:  # a later traceback of the same chain: its last word
             _cite(trace.failure, self.n, ll.text)
             return
@@ -1438,12 +1475,14 @@ class LogTracker:
         self.dropped = 0
         self.answered = None
         self.stop = None
+        self.foreign.clear()
+        self.foreign_more = 0
 
     def _unfinished(self) -> Failure | None:
         """The log ends inside a traceback no failure line opened and no exception line closed (not
         one request's, and nothing moved since it began): the process was going down."""
         t = self._trace
-        if t is None or t.done or t.request or t.line <= self.last_progress:
+        if t is None or t.done or t.request or t.line <= self.last_progress or t.harness and not t.engine:
             return None
         return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)],
                        provisional=True)
@@ -1490,6 +1529,14 @@ class LogTracker:
         if self.timeline or self._failures or self.stalls or self.answered is None:
             return self.timeline
         return [self.answered]
+
+    def findings(self) -> list[Finding]:
+        """What the log says beside the verdict: another program's tracebacks (a test client's, a harness's)."""
+        if not self.foreign:
+            return []
+        more = [f"and {self.foreign_more} more"] if self.foreign_more else []
+        return [Finding("log", [f"line {n}: another program's traceback (a test harness's or a client's), not the "
+                                f"server failing: {text.strip()[:160]}" for n, text in self.foreign] + more)]
 
     def stopped(self) -> bool:
         """The server said it was stopped, no failure came before, and failures came after: its shutdown's."""

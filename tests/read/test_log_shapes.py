@@ -396,3 +396,4 @@ def test_failures_piling_up_keep_the_tracker_bounded():
     # the last one is rank 7's (r=7 at i=2999); rank 0's line after it withdrew every rank 0 traceback
     assert all(f.rank != 0 for f in t.failures[-8:]) and t.first_failure() is not None
     assert track(lines + ["Load weight begin."], "sglang").first_failure() is None  # a line of no rank: all went on
+
