@@ -412,7 +412,7 @@ def _hot(m: str) -> bool:
             or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
             or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
             or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
-            or "NCCL" in m or "nccl" in m or "CUDA" in m or "llegal" in m or "dump signal" in m)
+            or "NCCL" in m or "nccl" in m)
 
 
 def _fail_words(m: str) -> bool:
@@ -420,7 +420,7 @@ def _fail_words(m: str) -> bool:
     gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
     return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
             or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
-            or "NCCL" in m or "emory" in m or "placement" in m or "dump signal" in m)
+            or "NCCL" in m or "emory" in m or "placement" in m)
 
 
 # What the CUDA driver and runtime say of an error (cuGetErrorString's and cudaGetErrorString's table, by
@@ -500,8 +500,16 @@ CUDA_GENERIC = {"wait operation timed out", "system not yet initialized", "share
                 "named symbol not found",
                 "shared object initialization failed", "file not found", "peer access is already enabled",
                 "PTX JIT compilation was disabled"}
-# (and one that holds a word of `_hot`'s, the gate of the cause rules: the others come wrapped)
+# (and one that holds a word of `_hot`'s, the gate of the cause rules: the others come wrapped). Searched apart
+# from CAUSE_ANY, only in a message that holds one of `_cuda_words`'s (each phrase holds one).
 CUDA_OWN = [text for _, text in CUDA_ERRORS if len(text.split()) >= 4 and text not in CUDA_GENERIC and _hot(text)]
+CUDA_OWN_RX = re.compile("|".join(re.escape(text) for text in CUDA_OWN))
+
+
+def _cuda_words(m: str) -> bool:
+    """Whether a message holds a word of every CUDA_OWN phrase (tests/read/test_log_stops.py checks each)."""
+    return ("ncounter" in m or "kernel image" in m or "buffer object" in m or "PTX" in m or "NVLink" in m
+            or "nvlink" in m or "OS call" in m or "launch" in m or "memory r" in m or "capture" in m or "CUDA" in m)
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
@@ -521,15 +529,15 @@ CAUSES = [
                      r"|Exception \(either an error or timeout\) detected by watchdog at work"
                      r"|failure detected by watchdog at work sequence id|Timeout at NCCL work: "
                      r"|Some NCCL operations have failed or timed out"
-                     r"|Received a dump signal due to a collective timeout from"),
+                     r"|Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank \d+) and we will"
+                     r" try our best to dump the debug info\. Last enqueued NCCL"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
     # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
     ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|cudaError[A-Z]\w+|CUDA_ERROR_[A-Z]\w+"
                    r"|Triton Error \[CUDA\]|illegal memory access|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
                    r"|CUDA driver error|uncorrectable ECC error|unspecified launch failure|misaligned address"
-                   r"|Cuda error |Cuda failure|"  # C/C++ check macros: custom all-reduce's, NCCL's
-                   + "|".join(re.escape(text) for text in CUDA_OWN)),
+                   r"|Cuda error |Cuda failure"),  # C/C++ check macros: custom all-reduce's, NCCL's
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),
     ("fatal-signal", r"Fatal Python error: (?:Floating point exception|Illegal instruction)|SIGFPE|SIGILL"),
@@ -606,8 +614,8 @@ FAILURES = [
     _f(r"Exception \(either an error or timeout\) detected by watchdog at work|Timeout at NCCL work: "
        r"|failure detected by watchdog at work sequence id|Some NCCL operations have failed or timed out", "nccl-timeout"),
     # the dump signal: this rank's own timeout, or rank N's ("from  rank 7": torch writes two spaces)
-    _f(r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+))",
-       "nccl-timeout"),
+    _f(r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+)) and we "
+       r"will try our best to dump the debug info\. Last enqueued NCCL", "nccl-timeout"),
     # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck (a NCCL/CUDA call hangs); torch
     # terminates the process (the "watchdog got stuck" line is F, fatal)
     _f(r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
@@ -637,8 +645,8 @@ CAUSE_ANY = re.compile("|".join(f"(?:{rx})" for _, rx in CAUSES))
 
 # A deliberate stop the server says it received (the operator's or a launcher's signal, a shutdown asked
 # for): (regex over the message, what stopped it, else the signal the regex's group names). The failures
-# after it are its shutdown's (LogTracker), unless one came first. Every one holds "hut", "SIG" or "ermina"
-# (`_stop_words`). SGLang's sigquit is a failing child's, never a stop (FAILURES).
+# after it are its shutdown's (LogTracker), unless one came first. Every one holds "hut", or "ermina" and a word
+# of `_hot`'s (`_stop_words`). SGLang's sigquit is a failing child's, never a stop (FAILURES).
 STOPS = [
     # vLLM V1 core.py and launcher.py (2026): the engine core's and the API server's own word
     (re.compile(r"\[shutdown\] EngineCore: trigger received signal=(SIG[A-Z]{2,8})"), None),
@@ -649,7 +657,7 @@ STOPS = [
     (re.compile(r"^KeyboardInterrupt: terminated\s*$"), "SIGTERM"),
     # SGLang tokenizer_manager.py's (and its gRPC server's) sigterm_handler: "SIGTERM received. signum=... Draining
     # requests and shutting down..."
-    (re.compile(r"^SIGTERM received\. "), "SIGTERM"),
+    (re.compile(r"^SIGTERM received\. [^\n]{0,600}?[Ss]hutting down"), "SIGTERM"),
     # uvicorn server.py on its exit signal (behind its own "INFO:     ")
     (re.compile(r"^(?:INFO: +)?Shutting down\s*$"), "shutdown"),
     # torch elastic (torchrun) agent api.py: "Received Signals.SIGTERM death signal, shutting down workers"
@@ -658,16 +666,20 @@ STOPS = [
     # a shell's notice of its job ended by SIGTERM: "Terminated", "./run.sh: line 3:  1234 Terminated  python ..."
     (re.compile(r"^\s*Terminated\s*$|: line \d{1,9}: +\d{1,9} Terminated "), "SIGTERM"),
 ]
+STOP_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in STOPS))  # one search rules out every stop
 SIGNAL_NAMES = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
 
 
 def _stop_words(m: str) -> bool:
-    """Whether a message holds a word every stop rule (STOPS) needs: most lines hold none."""
-    return "hut" in m or "SIG" in m or "ermina" in m
+    """Whether a message holds a word every stop rule (STOPS) needs: most lines hold none. ("ermina" is also
+    `_hot`'s: classify looks for it on a hot line only.)"""
+    return "hut" in m or "ermina" in m and _hot(m)
 
 
 def stop_of(message: str) -> str | None:
     """The stop a message says the server received: the signal's name, else "shutdown"; None for none."""
+    if not STOP_ANY.search(message):
+        return None
     for rx, what in STOPS:
         m = rx.search(message)
         if m:
@@ -794,11 +806,12 @@ def cause_of(message: str) -> str | None:
     if not _hot(message):
         return None
     message = _unlisted(message)
-    if not CAUSE_ANY.search(message):
-        return None
-    for cause, rx in CAUSE_RX:
-        if rx.search(message):
-            return cause
+    if CAUSE_ANY.search(message):
+        for cause, rx in CAUSE_RX:
+            if rx.search(message):
+                return cause
+    if _cuda_words(message) and CUDA_OWN_RX.search(message):
+        return "cuda-error"  # the driver's own words, unwrapped
     return None
 
 
@@ -903,7 +916,7 @@ class LogRules:
         if self._learning:
             self._learn(text, p)
         msg, time, who, rank, level, _ = p
-        stop = stop_of(msg) if _stop_words(msg) else None
+        stop = stop_of(msg) if "hut" in msg else None  # `_stop_words`: "hut" here, "ermina" on a hot line below
         if "throughput" in msg or "Prefill batch" in msg:
             stats, stats_of = _stats(msg)
         else:
@@ -920,6 +933,8 @@ class LogRules:
         quiet = level == "INFO" or level == "DEBUG"
         # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
         hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
+        if hot and stop is None and "ermina" in msg:
+            stop = stop_of(msg)
         if hot or (not shaped and not quiet and msg[-1:].isalpha()):
             base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats,
                         probe=probe, http=http, stop=stop)
@@ -961,6 +976,9 @@ class LogRules:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
         told = _unlisted(msg)  # what a list of possible causes says is no failure
+        frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
+        if frame and "] " not in msg and "pid=" not in msg:
+            return None  # (nor a writer's prefix glued to it)
         header = FAILURE_ANY.search(told) if level != "DEBUG" else None
         glued = _glued(told, header.start()) if header is not None and header.start() > 0 else None
         if glued is not None:  # another writer's header stuck to this line: its own prefix, its own line
@@ -970,8 +988,8 @@ class LogRules:
             base = dict(base, message=msg, level=level, time=p.time or base["time"], who=p.who or base["who"],
                         rank=p.rank if p.rank is not None else base["rank"])
             header = FAILURE_ANY.search(told)
-        elif msg[:1].isspace() and not msg.lstrip().startswith("what():"):
-            return None  # a traceback's source line
+        elif frame:
+            return None
         if header is not None:
             for rule in FAILURES:
                 m = rule.pattern.search(told)
@@ -1006,6 +1024,8 @@ def _glued(message: str, start: int) -> tuple[int, Parsed] | None:
     where its message starts and the prefix read, or None. Tried from each `[` or `(` up to PREFIX_WINDOW
     before the header (the first GLUE_TRIES), each a parse of a bounded slice."""
     lo, tries = max(0, start - PREFIX_WINDOW), 0
+    if message.find(":", lo, start) < 0 and message.find("=", lo, start) < 0:
+        return None  # every prefix holds a time's, a rank's or a pid's ":" or "="
     i = _next_open(message, lo, start)
     while i >= 0 and tries < GLUE_TRIES:
         tries += 1
@@ -1353,9 +1373,10 @@ class LogTracker:
             path = frame.group(1)
             if REQUEST_FRAME.search(path):
                 trace.request = True
-            if "/" in path:
-                trace.harness = trace.harness or HARNESS_FRAME.search(path) is not None
-                trace.engine = trace.engine or ENGINE_FRAME.search(path) is not None
+            if not trace.harness and ("test" in path or "bench" in path):
+                trace.harness = HARNESS_FRAME.search(path) is not None
+            if not trace.engine and ("/sglang/srt/" in path or "/vllm/" in path):
+                trace.engine = ENGINE_FRAME.search(path) is not None
 
     def _trace_failure(self, ll: LogLine, msg: str) -> None:
         """A headerless traceback's final exception line: a provisional failure (none for one request's)."""

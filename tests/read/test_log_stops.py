@@ -236,8 +236,8 @@ def test_torchs_other_watchdog_words_are_an_nccl_timeout_of_the_rank(text, rank,
     ("torch.AcceleratorError: CUDA error: an illegal instruction was encountered", "cuda-error"),
     ("RuntimeError: device kernel image is invalid", "cuda-error"),
     ("RuntimeError: a PTX JIT compilation failed", "cuda-error"),
-    ("RuntimeError: CUDA driver version is insufficient for CUDA runtime version", "cuda-error"),
-    ("RuntimeError: No CUDA GPUs are available; no CUDA-capable device is detected", "cuda-error"),
+    ("RuntimeError: uncorrectable NVLink error detected during the execution", "cuda-error"),
+    ("RuntimeError: CUDA error: no CUDA-capable device is detected", "cuda-error"),
     ("pycuda._driver.LogicError: cuCtxCreate failed: CUDA_ERROR_INVALID_DEVICE", "cuda-error"),
     ("RuntimeError: cudaErrorLaunchTimeout: the launch timed out and was terminated", "cuda-error"),
     # a string that is common English names no CUDA error without its wrapper
@@ -255,5 +255,7 @@ def test_the_cuda_table_is_the_one_source_of_its_phrases():
     assert len(names) == len(set(names)) and len(names) > 60
     for text in L.CUDA_OWN:  # each bare phrase names a CUDA error on its own, and reaches the rules through the gate
         assert L._hot(text) and L.cause_of(f"RuntimeError: {text}") == "cuda-error", text
+    for text in L.CUDA_OWN:
+        assert L._cuda_words(text), text
     for _, text in L.CUDA_ERRORS:  # every string of the table does behind torch's wrapper
         assert L.cause_of(f"RuntimeError: CUDA error: {text}") in ("cuda-error", "oom"), text
