@@ -41,11 +41,13 @@ OUTPUT_HANDLER = [
     ("[2026-12-01 10:00:00] SIGTERM received. signum=<Signals.SIGTERM: 15> frame=<frame at 0x7f, file "
      "'/sgl-workspace/sglang/python/sglang/srt/entrypoints/http_server.py', line 1, code serve>. Draining requests "
      "and shutting down...", "SIGTERM"),
-    # torchrun's agent (PrimeIntellect-ai/prime-rl#1360; Python 3.11+ writes the signal's number)
+    # torchrun's agent (PrimeIntellect-ai/prime-rl#1360, as posted: Python 3.11+ writes the signal's number); its
+    # `logger.warning("Received %s death signal, ...", e.sigval)` (elastic/agent/server/api.py) before 3.11 the enum's
     ("W1130 12:13:49.388000 124326 torch/distributed/elastic/agent/server/api.py:723] Received 15 death signal, "
      "shutting down workers", "SIGTERM"),
     ("W0616 00:37:22.830000 4015698 torch/distributed/elastic/agent/server/api.py:719] Received Signals.SIGTERM death "
      "signal, shutting down workers", "SIGTERM"),
+    ("WARNING:torch.distributed.elastic.agent.server.api:Received 1 death signal, shutting down workers", "SIGHUP"),
     # a shell's notice of its job ended by SIGTERM, and vLLM 0.5-0.6's SIGTERM while initializing
     ("Terminated", "SIGTERM"),
     ("./launch.sh: line 12: 40213 Terminated              python3 -m sglang.launch_server --tp 8", "SIGTERM"),
