@@ -277,7 +277,7 @@ def describe(result: dict) -> list[str]:
     elif v["name"] == "stopped":
         more = len(result["failures"])
         out.append(f"verdict: stopped: the server said it was stopped ({v['cause']}, line {v['line']}); "
-                   f"the {count(more, 'failure')} after it {'are' if more > 1 else 'is'} its shutdown's, no crash")
+                   f"{count(more, 'failure')} after it: its shutdown's, no crash")
     elif v["name"] == "stalled" and v["cause"] == "silent":
         out.append(f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
                    f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready (if this is the live log)")

@@ -96,7 +96,8 @@ def test_explain_says_stopped_with_the_stop_and_what_failed_after():
     v = doc["verdict"]
     assert (v["name"], v["rank"], v["cause"], v["line"]) == ("stopped", None, "SIGTERM", 2)
     assert v["evidence_lines"] == [2, 8] and "trigger received signal=SIGTERM" in v["evidence"][0]
-    assert describe(doc)[2].startswith("verdict: stopped: the server said it was stopped (SIGTERM, line 2); the ")
+    assert describe(doc)[2] == ("verdict: stopped: the server said it was stopped (SIGTERM, line 2); 1 failure after "
+                                "it: its shutdown's, no crash")
     # a hang the operator then stopped is the hang
     shm = ("(VllmWorker rank=0 pid=1) INFO 10-22 09:43:49 [shm_broadcast.py:466] No available shared memory broadcast "
            "block found in 60 seconds.")
