@@ -403,6 +403,8 @@ CAUSE_TIER = {
     "nccl-timeout": 2,
     "terminated": 3, "died": 3,
 }
+
+
 def _hot(m: str) -> bool:
     """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
     needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
@@ -497,9 +499,8 @@ CUDA_ERRORS = [
 ]
 # four words or more, yet said by other programs too: a CUDA error only behind a wrapper
 CUDA_GENERIC = {"wait operation timed out", "system not yet initialized", "shared object symbol not found",
-                "named symbol not found",
-                "shared object initialization failed", "file not found", "peer access is already enabled",
-                "PTX JIT compilation was disabled"}
+                "named symbol not found", "shared object initialization failed", "file not found",
+                "peer access is already enabled", "PTX JIT compilation was disabled"}
 # (and one that holds a word of `_hot`'s, the gate of the cause rules: the others come wrapped). Searched apart
 # from CAUSE_ANY, only in a message that holds one of `_cuda_words`'s (each phrase holds one).
 CUDA_OWN = [text for _, text in CUDA_ERRORS if len(text.split()) >= 4 and text not in CUDA_GENERIC and _hot(text)]
@@ -510,6 +511,8 @@ def _cuda_words(m: str) -> bool:
     """Whether a message holds a word of every CUDA_OWN phrase (tests/read/test_log_stops.py checks each)."""
     return ("ncounter" in m or "kernel image" in m or "buffer object" in m or "PTX" in m or "NVLink" in m
             or "nvlink" in m or "OS call" in m or "launch" in m or "memory r" in m or "capture" in m or "CUDA" in m)
+
+
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
@@ -535,8 +538,9 @@ CAUSES = [
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
     # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
     ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|cudaError[A-Z]\w+|CUDA_ERROR_[A-Z]\w+"
-                   r"|Triton Error \[CUDA\]|illegal memory access|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
-                   r"|CUDA driver error|uncorrectable ECC error|unspecified launch failure|misaligned address"
+                   r"|Triton Error \[CUDA\]|illegal memory access|device-side assert triggered"
+                   r"|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+|CUDA driver error|uncorrectable ECC error"
+                   r"|unspecified launch failure|misaligned address|no kernel image is available"
                    r"|Cuda error |Cuda failure"),  # C/C++ check macros: custom all-reduce's, NCCL's
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),

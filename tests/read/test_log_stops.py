@@ -239,6 +239,7 @@ def test_torchs_other_watchdog_words_are_an_nccl_timeout_of_the_rank(text, rank,
     ("torch.AcceleratorError: CUDA error: an illegal instruction was encountered", "cuda-error"),
     ("RuntimeError: device kernel image is invalid", "cuda-error"),
     ("RuntimeError: a PTX JIT compilation failed", "cuda-error"),
+    ("RuntimeError: device-side assert triggered", "cuda-error"),  # three words, yet CUDA's own
     ("RuntimeError: uncorrectable NVLink error detected during the execution", "cuda-error"),
     ("RuntimeError: CUDA error: no CUDA-capable device is detected", "cuda-error"),
     ("pycuda._driver.LogicError: cuCtxCreate failed: CUDA_ERROR_INVALID_DEVICE", "cuda-error"),
