@@ -529,8 +529,7 @@ CAUSES = [
     # "failure detected by watchdog at work sequence id: N", WorkNCCL::handleException's "Some NCCL operations
     # have failed or timed out", and the dump signal (2.4+) "from this local rank" or "from rank N"
     ("nccl-timeout", r"Watchdog caught collective operation timeout"
-                     r"|Exception \(either an error or timeout\) detected by watchdog at work"
-                     r"|failure detected by watchdog at work sequence id|Timeout at NCCL work: "
+                     r"|detected by watchdog at work|Timeout at NCCL work: "
                      r"|Some NCCL operations have failed or timed out"
                      r"|Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank \d+) and we will"
                      r" try our best to dump the debug info\. Last enqueued NCCL"),
@@ -590,8 +589,8 @@ FAILURES = [
     # the parent told by a failing child (a crash, never the operator's stop): 0.4's "Received sigquit from a
     # child process", newer "SIGQUIT received. signum=..., frame=.... It usually means one child failed.", and
     # the gRPC server's "Received SIGQUIT from scheduler process. Scheduler failed, shutting down gRPC server."
-    _f(r"Received sigquit from a child proces|^SIGQUIT received\. [^\n]{0,200}?child failed"
-       r"|Received SIGQUIT from scheduler process\. Scheduler failed", consequence=True),
+    _f(r"Received (?:sigquit from a child proces|SIGQUIT from scheduler process\. Scheduler failed)"
+       r"|^SIGQUIT received\. [^\n]{0,200}?child failed", consequence=True),
     # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
     _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
     # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
@@ -609,14 +608,16 @@ FAILURES = [
     _f(r"Engine core proc \S+ died unexpectedly", "died", consequence=True),
     _f(r"Engine core initialization failed|Engine process failed to start"
        r"|WorkerProc initialization failed due to an exception", consequence=True),
-    _f(r"(?:Async|MQ)?EngineDeadError|Engine loop has died", consequence=True),
+    _f(r"EngineDeadError|Engine loop has died", consequence=True),  # also AsyncEngineDeadError, MQEngineDeadError
     _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
     # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
     # the same watchdog's other words for it, without that line (torch 2.4-2.9's ProcessGroupNCCL.cpp:
     # watchdogHandler, WorkNCCL::handleException); the rank from their "[PG ID 2 PG GUID 3 Rank 3]" prefix
-    _f(r"Exception \(either an error or timeout\) detected by watchdog at work|Timeout at NCCL work: "
-       r"|failure detected by watchdog at work sequence id|Some NCCL operations have failed or timed out", "nccl-timeout"),
+    # ("Exception (either an error or timeout) detected by watchdog at work: N", 2.6+'s "failure detected by
+    # watchdog at work sequence id: N")
+    _f(r"detected by watchdog at work|Timeout at NCCL work: |Some NCCL operations have failed or timed out",
+       "nccl-timeout"),
     # the dump signal: this rank's own timeout, or rank N's ("from  rank 7": torch writes two spaces)
     _f(r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+)) and we "
        r"will try our best to dump the debug info\. Last enqueued NCCL", "nccl-timeout"),
