@@ -657,7 +657,7 @@ STOPS = [
     (re.compile(r"\[shutdown\] EngineCore: trigger received signal=(SIG[A-Z]{2,8})"), None),
     (re.compile(r"\[shutdown\] API server: shutdown triggered"), "shutdown"),
     # vLLM launcher.py serve_http, its server task cancelled by SIGINT/SIGTERM (0.5-0.11)
-    (re.compile(r"^Shutting down FastAPI HTTP server"), "shutdown"),
+    (re.compile(r"^(?:INFO: +)?Shutting down FastAPI HTTP server"), "shutdown"),
     # vLLM 0.5-0.6 api_server.py: a SIGTERM while initializing raises KeyboardInterrupt("terminated")
     (re.compile(r"^KeyboardInterrupt: terminated\s*$"), "SIGTERM"),
     # SGLang tokenizer_manager.py's (and its gRPC server's) sigterm_handler: "SIGTERM received. signum=... Draining

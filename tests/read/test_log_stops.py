@@ -34,6 +34,9 @@ OUTPUT_HANDLER = [
      "signal=SIGINT", "SIGINT"),
     ("(APIServer pid=3945527) INFO 05-26 19:19:56 [launcher.py:100] [shutdown] API server: shutdown triggered",
      "shutdown"),
+    # vLLM's launcher on SIGINT, as vllm-project/vllm-ascend's quick start shows it (after `kill -2`)
+    ("INFO:     Shutting down FastAPI HTTP server.", "shutdown"),
+    ("INFO 09-18 00:35:13 [launcher.py:60] Shutting down FastAPI HTTP server.", "shutdown"),
     # uvicorn's own (gpustack/gpustack#5740), behind vLLM's writer and bare
     ("(APIServer pid=1) INFO:     Shutting down", "shutdown"),
     ("INFO:     Shutting down", "shutdown"),
@@ -85,6 +88,10 @@ def test_the_failures_after_a_stop_are_its_shutdowns():
     # the next launch starts over: its failures are its own
     relaunch = VLLM_STOP + ["INFO 07-07 19:14:46 [api_server.py:1] vLLM API server version 0.11.0"] + OUTPUT_HANDLER
     assert track(relaunch, "vllm").first_failure() is not None
+    # the launcher's shutdown after the engine died (vLLM's own order when the engine fails: its server task
+    # ends, then the launcher says so): the failure came first
+    failed = OUTPUT_HANDLER[:5] + ["INFO 09-18 00:35:13 [launcher.py:60] Shutting down FastAPI HTTP server."]
+    assert track(failed, "vllm").first_failure().line == 5 and not track(failed, "vllm").stopped()
     # a stop with nothing failing after it is a healthy shutdown
     assert not track(VLLM_STOP, "vllm").stopped() and track(VLLM_STOP, "vllm").first_failure() is None
 
