@@ -220,7 +220,7 @@ def test_the_word_gates_never_skip_a_rule_that_matches():
 
     rules = L.LogRules("auto")
     families = [rx for rx, _ in L.STALLS] + [r.pattern for r in L.FAILURES] + [rx for _, rx in L.CAUSE_RX] + [
-        L.ERROR, L.WARNING]
+        L.CUDA_OWN_RX, L.ERROR, L.WARNING]
     phases = [rx for table in rules._tables.values() for rx, _ in table]
     samples = list(_hostile().PATHS.values())
     for path in sorted(CORPUS.glob("*.log")):
@@ -233,6 +233,8 @@ def test_the_word_gates_never_skip_a_rule_that_matches():
             checked += 1
         if any(rx.search(msg) for rx in failures):
             assert L._fail_words(msg), msg  # the gate of a line at INFO or DEBUG level
+        if any(rx.search(msg) for rx, _ in L.STOPS):
+            assert L._stop_words(msg), msg  # classify's gate of the stop rules
         if any(rx.search(msg) for rx in phases):
             assert L._phase_words(msg), msg
             checked += 1
@@ -396,3 +398,4 @@ def test_failures_piling_up_keep_the_tracker_bounded():
     # the last one is rank 7's (r=7 at i=2999); rank 0's line after it withdrew every rank 0 traceback
     assert all(f.rank != 0 for f in t.failures[-8:]) and t.first_failure() is not None
     assert track(lines + ["Load weight begin."], "sglang").first_failure() is None  # a line of no rank: all went on
+
