@@ -93,6 +93,38 @@ class Sshd:
         return ["--ssh-config", str(self.client_config), "--known-hosts", str(self.known_hosts)]
 
 
+# ----------------------------------------------------------------------------- the seal
+# Nothing a test runs may write into the machine's own state: the host's record of acts
+# (~/.local/state/gpu-cockpit/host/acts.jsonl) is read by every cockpit of the host, run logs go to
+# ~/.cache, demos to $XDG_RUNTIME_DIR. Each test (and, before any test starts, the session's and
+# modules' fixtures) gets a home and XDG folders of its own; the processes it starts inherit them.
+SEALED = {"HOME": "home", "XDG_STATE_HOME": "state", "XDG_CACHE_HOME": "cache", "XDG_CONFIG_HOME": "config",
+          "XDG_DATA_HOME": "data", "XDG_RUNTIME_DIR": "run"}
+
+
+def seal(mp: pytest.MonkeyPatch, folder: Path) -> Path:
+    for key, name in SEALED.items():
+        (folder / name).mkdir(mode=0o700, exist_ok=True)
+        mp.setenv(key, str(folder / name))
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sealed_session(tmp_path_factory):
+    """The seal for what starts before any test's own: session and module fixtures (sshd, the engines)."""
+    mp = pytest.MonkeyPatch()
+    seal(mp, tmp_path_factory.mktemp("sealed-session"))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def sealed(sealed_session, tmp_path_factory, monkeypatch) -> Path:
+    """This test's home and XDG folders (beside its tmp_path, never in it: a test owns that
+    folder's listing); environment changes go through monkeypatch, undone after the test."""
+    return seal(monkeypatch, tmp_path_factory.mktemp("sealed"))
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
     if not os.path.exists(SSHD):

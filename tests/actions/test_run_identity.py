@@ -175,12 +175,10 @@ def _ledger(layout: Path, tmp_path: Path, *records: dict) -> None:
     from cockpit.runs.layoutfile import parse_layout
 
     lay = parse_layout(layout.read_text(), str(layout))
-    os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
         for rec in records:
             runs.append_ledger(lay, rec)
-    finally:
-        del os.environ["XDG_STATE_HOME"]
 
 
 TITLED = "exec -a sglang::scheduler_TP0 sleep 600"  # a rank's title, as SGLang sets it

@@ -130,11 +130,9 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
 
         from cockpit.runs.layoutfile import parse_layout
         from cockpit.runs import ledger as runs
-        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-        try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             ours = runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1]
-        finally:
-            del os.environ["XDG_STATE_HOME"]
         our_procs = session_procs(int(ours["pgid"]))
         assert len(our_procs) >= 4 and ours["start"] == our_procs[int(ours["pgid"])]
 
@@ -146,11 +144,9 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert json.loads(killed.stdout)["summary"].startswith("stopped ")
         assert all(gone(pid) for pid in our_procs) and session_procs(int(ours["pgid"])) == {}
         assert all_alive(their_procs)
-        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-        try:  # killed whole and verified: recorded as ended, never resumed from its record
+        with pytest.MonkeyPatch.context() as mp:  # killed whole and verified: recorded as ended, never resumed from its record
+            mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             assert runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1].get("how") == "killed"
-        finally:
-            del os.environ["XDG_STATE_HOME"]
     finally:
         end_session(theirs)
 
@@ -357,24 +353,20 @@ def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
         from cockpit.runs import ledger as runs
         from cockpit.runs.layoutfile import parse_layout
         lay = parse_layout(layout.read_text(), str(layout))
-        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         start = agent_procs._start_ticks(proc.pid)
-        try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             runs.append_ledger(lay, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]})
             runs.append_ledger(lay, {"event": "started", "run_id": "r1", "pid": proc.pid, "pgid": proc.pid,
                                      "start": start - 50, "boot": agent_procs._boot_time(), "uid": os.geteuid()})
-        finally:
-            del os.environ["XDG_STATE_HOME"]
         target = ["local", "--sim", str(sim_state), "--layout", str(layout)]
         res = run_cli("kill", *target, "--yes", env=env)
         assert res.returncode == 2 and "nothing to kill" in res.stderr and proc.poll() is None, res.stderr
-        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-        try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             runs.append_ledger(lay, {"event": "launch", "run_id": "r2", "host": "local", "argv": ["x"]})
             runs.append_ledger(lay, {"event": "started", "run_id": "r2", "pid": proc.pid, "pgid": proc.pid,
                                      "start": start, "boot": agent_procs._boot_time(), "uid": os.geteuid()})
-        finally:
-            del os.environ["XDG_STATE_HOME"]
         res = run_cli("kill", *target, "--yes", "--wait", "1", env=env)
         assert res.returncode == 0, res.stderr
         assert "the run: launched by this cockpit (ledger): process group %d" % proc.pid in res.stdout

@@ -300,31 +300,28 @@ def bisect_cli(target, env, *extra, timeout=400):
     return res, doc
 
 
-def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
+def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host, monkeypatch):
     make, env, port = bisect_host
     path, target = make("graphs, eagle3, allreduce, attn")
     layout = parse_layout(path.read_text(), str(path))
     proc = subprocess.Popen([sys.executable, "-m", "cockpit", "bisect", *target, "--settle", "1", "--timeout", "60",
                              "--interval", "0.25", "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-    try:
-        deadline = time.monotonic() + 200
-        while not (read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)  # while the third candidate is under way
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == EXIT["interrupted"], err[-2000:]
-        first = json.loads(out)
-        assert first["status"] == "interrupted" and not running(port)  # nothing left running
-        assert first["steps"][-1]["outcome"] == "interrupted"
-        judged = [s for s in first["steps"] if s["outcome"] != "interrupted"]
-        assert judged[0]["candidate"] == "graphs,eagle3,allreduce,attn" and judged[0]["outcome"] == "stalled-idle"
-        runs = read_ledger(layout)
-        assert all(r.get("stop") or r["outcome"] != "unknown" for r in runs)
-    finally:
-        del os.environ["XDG_STATE_HOME"]
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
+    deadline = time.monotonic() + 200
+    while not (read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # while the third candidate is under way
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT["interrupted"], err[-2000:]
+    first = json.loads(out)
+    assert first["status"] == "interrupted" and not running(port)  # nothing left running
+    assert first["steps"][-1]["outcome"] == "interrupted"
+    judged = [s for s in first["steps"] if s["outcome"] != "interrupted"]
+    assert judged[0]["candidate"] == "graphs,eagle3,allreduce,attn" and judged[0]["outcome"] == "stalled-idle"
+    runs = read_ledger(layout)
+    assert all(r.get("stop") or r["outcome"] != "unknown" for r in runs)
     res, doc = bisect_cli(target, env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert doc["status"] == "found" and doc["answer"] == ["eagle3"] and doc["answer_text"] == "eagle3"
