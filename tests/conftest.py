@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -38,7 +39,8 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 
 
 class Sshd:
-    """A real sshd on 127.0.0.1 that accepts only a key generated for the test session."""
+    """A real sshd on 127.0.0.1 that accepts only a key generated for the test session; its
+    sessions' HOME is a folder of its own."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -47,6 +49,8 @@ class Sshd:
         for name in ("host_key", "client_key"):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
         (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
+        self.home = root / "home"  # its sessions' home (sshd would give the user's own: the seal holds over ssh too)
+        self.home.mkdir(mode=0o700)
         host_pub = (root / "host_key.pub").read_text().split()
         self.host_key_line = f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n"
         self.known_hosts = root / "known_hosts"
@@ -66,6 +70,7 @@ class Sshd:
             LogLevel ERROR
             MaxSessions 50
             MaxStartups 100:30:200
+            SetEnv HOME={self.home}
             """))
         self.client_config = root / "ssh_config"
         self.client_config.write_text(textwrap.dedent(f"""\
@@ -91,6 +96,38 @@ class Sshd:
 
     def cli_args(self) -> list[str]:
         return ["--ssh-config", str(self.client_config), "--known-hosts", str(self.known_hosts)]
+
+
+# ----------------------------------------------------------------------------- what cannot run here
+def cannot_run(reason: str) -> NoReturn:
+    """A check that cannot run on this machine: skipped on a developer's, failed under CI (which
+    installs every tool: scripts/test), so that nothing the suite claims is silently left out."""
+    __tracebackhide__ = True  # the skip names the test's line, not this one
+    if os.environ.get("CI"):
+        pytest.fail(f"cannot run under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def need(*tools: str, package: str) -> str:
+    """The first tool's path; one missing cannot run (apt-get install PACKAGE)."""
+    __tracebackhide__ = True
+    paths = [shutil.which(t) or next((d + t for d in ("/usr/sbin/", "/sbin/") if os.path.exists(d + t)), None)
+             for t in tools]
+    missing = [t for t, path in zip(tools, paths) if path is None]
+    if missing:
+        cannot_run(f"{', '.join(missing)} not installed: apt-get install {package} (scripts/test does)")
+    return paths[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skip from anywhere (a skipif mark, a library's importorskip) is a failure with its reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
 
 
 # ----------------------------------------------------------------------------- the seal
@@ -127,10 +164,7 @@ def sealed(sealed_session, tmp_path_factory, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
-    if not os.path.exists(SSHD):
-        if os.environ.get("CI"):
-            pytest.fail("sshd is missing: .ci/run installs openssh-server")
-        pytest.skip("sshd is not installed (apt-get install openssh-server)")
+    need("sshd", package="openssh-server")
     server = Sshd(tmp_path_factory.mktemp("sshd"))
     server.start()
     yield server
@@ -185,12 +219,24 @@ def ranks(sim_state):
     r.stop()
 
 
-def run_cli(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real `cockpit` command in a subprocess, as a user runs it."""
+def run_cli(*args: str, timeout: float = 60, env: dict | None = None, under: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The real `cockpit` command in a subprocess, as a user runs it (`under` a wrapper such as
+    UNPRIVILEGED, when given)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
+    return subprocess.run([*under, sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def unprivileged() -> tuple[str, ...]:
+    """A wrapper that runs a command as this user without the privilege to override file
+    permissions: for root (as CI runs), setpriv drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    (so a read-only folder is read-only, as for any user) while root's own files, the venv's
+    interpreter among them, stay readable."""
+    if os.geteuid() != 0:
+        return ()
+    caps = "-dac_override,-dac_read_search"
+    return (need("setpriv", package="util-linux"), f"--inh-caps={caps}", f"--bounding-set={caps}")
 
 
 @pytest.fixture
@@ -216,7 +262,7 @@ SLOW_S = 3.0
 SLOW_LIST = Path(__file__).with_name("slow-tests.txt")
 _STARTS = {
     "browser": lambda fx, src: "chromium" in src or "webdriver" in src,
-    "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus")' in src,
+    "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus"' in src,
     "sshd": lambda fx, src: "sshd" in fx,
     "ui": lambda fx, src: bool({"snap_compare", "live_app", "demo_env"} & fx) or "run_test(" in src
     or "run_headless(" in src or "save_text(" in src or "save_svg(" in src,

@@ -2,7 +2,7 @@
 root without systemd): a Slurm cluster of two slurmd "nodes" on loopback with its own munged, a
 Docker daemon on its own socket and data folder, and Podman with storage of its own. Each is stopped
 by its pids and every trace removed (jobs, containers, storage, the netns mount) even when a test fails. Missing packages skip with the reason,
-and fail under CI=true (`scripts/test` installs them)."""
+and fail under CI=true (`scripts/test` installs them: conftest's need)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-
-
-def need(*tools: str, package: str) -> None:
-    missing = [t for t in tools if not (shutil.which(t) or os.path.exists(f"/usr/sbin/{t}"))]
-    if not missing:
-        return
-    if os.getuid() != 0:
-        pytest.skip(f"{', '.join(missing)} missing and not root to run the daemons")
-    msg = f"{', '.join(missing)} not installed: apt-get install {package} (scripts/test does)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
+from conftest import free_port, need
 
 
 def _stop_pidfile(path: Path, timeout: float = 5.0) -> None:

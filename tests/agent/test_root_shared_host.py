@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.agent import agent_source, facts as agent_facts, logs as agent_logs, main as agent_main, shm as agent_shm
+from conftest import cannot_run
 
 PY = "/usr/bin/python3"  # the system python: this test's venv is root's, another user cannot run it
 
@@ -24,7 +25,7 @@ PY = "/usr/bin/python3"  # the system python: this test's venv is root's, anothe
 def users():
     """Two throwaway users, removed at the end."""
     if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("needs root and useradd")
+        cannot_run("needs root and useradd")
     names = [f"gck{os.getpid() % 100000}{c}" for c in "ab"]
     for name in names:
         subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True, capture_output=True)
