@@ -1,8 +1,11 @@
-"""The operator's kill read as theirs (MonitorBase._operators), in process: a HostMonitor fed the
-frames its agent sends (a rank gone, its exit code, the host's record of a stop) and judged as a
-live one is. `stopping` while the kill runs; the ranks it stopped and those of the run that went
-down after them are `stopped`; a rank gone before the kill, or a run already crashed when the
-operator killed it, stays `crashed`."""
+"""A HostMonitor fed the frames its agent sends (a rank gone, its exit code, the host's record of a
+stop), in process, and judged as a live one is.
+
+The operator's kill read as theirs (MonitorBase._operators): `stopping` while the kill runs; the
+ranks it stopped and those of the run that went down after them are `stopped`; a rank gone before
+the kill, or a run already crashed when the operator killed it, stays `crashed`. A plain look's
+end (MonitorBase.still_looking), on the monitor's own clock: within PLAIN_LOOK_S whatever it finds,
+sooner where the stall windows are shorter, at once when decided."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from cockpit.actions.kill import KillPlan
 from cockpit.host.session import SessionOptions
 from cockpit.judge.verdict import VerdictName
 from cockpit.link.target import parse_target
+from cockpit.monitor.base import PLAIN_LOOK_S
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.run import Scope
 
@@ -22,8 +26,8 @@ RANKS = 4
 class Fed:
     """A HostMonitor whose link is up and whose frames are this test's: four ranks (pid 100 + rank)."""
 
-    def __init__(self):
-        self.monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable))
+    def __init__(self, layout=None):
+        self.monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5), layout)
         self.state = self.monitor.state
         self.now, self.t0 = time.time(), time.monotonic()
         self.started = self.now - 500
@@ -34,20 +38,22 @@ class Fed:
         self.state.link_state = "up"
         self.sample()
 
-    def sample(self, gone=(), exit_code=-15, acts=()):
-        """One sample: the ranks in `gone` have exited (with `exit_code`), the rest compute; `acts`:
-        the host's records that came with it."""
+    def sample(self, gone=(), exit_code=-15, acts=(), busy=True):
+        """One sample: the ranks in `gone` have exited (with `exit_code`), the rest compute (or,
+        not `busy`, sleep with their GPUs idle); `acts`: the host's records that came with it."""
         self.seq += 1
         self.alive -= set(gone)
         self.state.apply({"acts": list(acts),
             "t": "sample", "seq": self.seq, "ts": self.host_clock(), "gone": [100 + r for r in gone],
             "exits": [[100 + r, exit_code] for r in gone],
-            "gpus": [{"index": i, "util_pct": 80, "power_w": 500.0, "mem_used_mib": 9866,
+            "gpus": [{"index": i, "util_pct": 80 if busy else 0, "power_w": 500.0 if busy else 45.0, "mem_used_mib": 9866,
                       "processes": [[100 + i, 9858]] if i in self.alive else []} for i in range(RANKS)],
             "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}",
-                       "cmdline": [f"sglang::scheduler_TP{r}"], "status": "R", "cpu_pct": 90.0, "started": self.started}
+                       "cmdline": [f"sglang::scheduler_TP{r}"], "status": "R" if busy else "S",
+                       "cpu_pct": 90.0 if busy else 0.0, "started": self.started}
                       for r in sorted(self.alive)],
             "ports": []})
+        self.monitor.session.samples += 1  # received, as the session's reader counts it: what is watched is sampled
         self.monitor.update()
         return self.monitor.phase.name, self.monitor.verdict
 
@@ -113,3 +119,30 @@ def test_a_run_already_crashed_when_the_operator_killed_it_stays_crashed():
     _, verdict = fed.sample()
     assert verdict.name == VerdictName.CRASHED and "4 of 4 ranks gone: 0, 1, 2, 3" in verdict.evidence, verdict
     assert not any("stopped by the operator" in e for e in verdict.evidence)
+
+
+def test_a_plain_look_ends_within_plain_look_s_whatever_it_finds():
+    """Undecided (`watching`: one sleeping rank, no log) under the default stall windows (120 s and
+    60 s): the look goes on until PLAIN_LOOK_S (15 s) from its start, not a moment longer."""
+    fed = Fed()
+    fed.sample(busy=False)
+    assert fed.monitor.verdict.name == VerdictName.WATCHING and not fed.monitor.decided()
+    assert PLAIN_LOOK_S == 15.0 and max(fed.monitor.watchdog.idle_s, fed.monitor.watchdog.spin_s) > PLAIN_LOOK_S
+    now = time.monotonic()
+    assert fed.monitor.still_looking(now - (PLAIN_LOOK_S - 0.1))
+    assert not fed.monitor.still_looking(now - PLAIN_LOOK_S)
+
+
+def test_a_plain_look_ends_sooner_under_short_stall_windows_and_at_once_when_decided():
+    from cockpit.runs.layoutfile import parse_layout
+
+    fed = Fed(parse_layout("name: short\nengine: sglang\ncommand: [-m, x]\nwatch: ['sglang::*']\n"
+                           "stall: {idle_s: 4, spin_s: 3}\n", "short.yaml"))
+    fed.sample(busy=False)
+    assert fed.monitor.verdict.name == VerdictName.WATCHING
+    limit = 4 + 2 * 0.5 + 1.0  # the longer window, and two samples of slack and a second
+    now = time.monotonic()
+    assert fed.monitor.still_looking(now - (limit - 0.1)) and not fed.monitor.still_looking(now - limit)
+    fed.sample(gone=[3])  # a rank gone: crashed, a verdict that stands
+    assert fed.monitor.verdict.name == VerdictName.CRASHED and fed.monitor.decided()
+    assert not fed.monitor.still_looking(time.monotonic())
