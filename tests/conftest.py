@@ -18,6 +18,8 @@ import pytest
 
 from cockpit.sim import fakenvml
 
+pytest_plugins = ["fixtures_shared"]  # the fixtures more than one test module uses
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cannot_run
-from test_root_shared_host import as_user, chown_tree, users  # noqa: F401  (the throwaway users)
+from fixtures_shared import chown_tree
 
 PY = "/usr/bin/python3"
 PLANTED = ("bisect", "json", "random", "selectors", "subprocess", "threading", "struct", "signal", "marshal", "site")

@@ -34,7 +34,7 @@ from cockpit.runs.layouts import resolve_layout
 
 from conftest import free_port, need, run_cli
 from simhost import wait_for
-from test_demo_screen import FAST_DEMO
+from fixtures_shared import FAST_DEMO
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_TEST = ROOT / "tests" / "alerts" / "gpu-cockpit-rules.test.yml"

@@ -385,7 +385,7 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
     from cockpit.ui.app import CockpitApp, save_text
     from cockpit.ui.screens import ConfirmScreen, ReportScreen
     from simhost import until
-    from test_ui import sim_monitor
+    from fixtures_shared import sim_monitor
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     port = free_port()
