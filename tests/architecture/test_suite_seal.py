@@ -78,6 +78,7 @@ def _probe(tmp_path: Path, ci: bool) -> subprocess.CompletedProcess:
         timeout_method = signal
         """))
     env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(TESTS)  # the helpers the conftest loads (fixtures_shared, simhost)
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "test_probe.py"], cwd=tmp_path, capture_output=True,
