@@ -223,7 +223,7 @@ def ranks(sim_state):
 
 def run_cli(*args: str, timeout: float = 60, env: dict | None = None, under: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """The real `cockpit` command in a subprocess, as a user runs it (`under` a wrapper such as
-    UNPRIVILEGED, when given)."""
+    `unprivileged()`, when given)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run([*under, sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
