@@ -62,7 +62,12 @@ class Slurm:
         self.root = root
         self.conf = root / "slurm.conf"
         self.munge = root / "munge"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.own = {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment as it is now (the running test's sealed home and state), with the engine's own."""
+        return {**os.environ, **self.own}
 
     def start(self) -> None:
         r = self.root
@@ -149,8 +154,13 @@ class Docker:
     def __init__(self, root: Path):
         self.root = root
         self.sock = root / "docker.sock"
-        self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.sock}"}
+        self.own = {"DOCKER_HOST": f"unix://{self.sock}"}
         self.proc: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment as it is now (the running test's sealed home and state), with the engine's own."""
+        return {**os.environ, **self.own}
 
     def start(self) -> None:
         r = self.root
@@ -193,7 +203,12 @@ class Podman:
         conf.write_text('[containers]\ndefault_ulimits=["nofile=20000:20000","nproc=32768:32768"]\n'
                         '[engine]\nruntime="runc"\n')
         storage.write_text(f'[storage]\ndriver="vfs"\ngraphroot="{root}/storage"\nrunroot="{root}/run"\n')
-        self.env = {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+        self.own = {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment as it is now (the running test's sealed home and state), with the engine's own."""
+        return {**os.environ, **self.own}
 
     def start(self) -> None:
         self.cli("import", str(base_image_tar(self.root)), "cockpit-base")
