@@ -216,7 +216,7 @@ def test_cli_kill_over_ssh_finds_the_run_by_the_port_it_owns(sim_state, tmp_path
 
 def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path, sshd):
     """The ssh session's PATH has no py-spy (it lives in this venv): --upload-pyspy sends ours."""
-    uploaded = Path(os.path.expanduser("~")) / ".cache" / "gpu-cockpit" / "py-spy"
+    uploaded = sshd.home / ".cache" / "gpu-cockpit" / "py-spy"
     existed = uploaded.exists()
     proc, port = start_server_by_hand(sim_state, tmp_path, 2)
     try:
@@ -235,7 +235,7 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
         assert uploaded.exists() and doc["failed"] == {} and doc["dead"] == []
         ours = dumps.pyspy_info(dumps.local_pyspy())
         said = f"uploading py-spy {ours['version']} ({ours['path']}, {ours['size']} bytes, sha256 {ours['sha256']}) " \
-               f"to cockpit-test:{Path(os.path.expanduser('~'))}/.cache/gpu-cockpit/py-spy"
+               f"to cockpit-test:{sshd.home}/.cache/gpu-cockpit/py-spy"
         assert said in res.stderr.splitlines()  # said before it is sent
         assert doc["pyspy"] == str(uploaded) and doc["pyspy_version"] == ours["version"]
         again = run_cli("dump", *common, "--full", env=env)  # the uploaded one is found again, every frame shown

@@ -32,28 +32,19 @@ from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layouts import resolve_layout
 
-from conftest import free_port, run_cli
+from conftest import free_port, need, run_cli
 from simhost import wait_for
-from test_demo_screen import FAST_DEMO
+from fixtures_shared import FAST_DEMO
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_TEST = ROOT / "tests" / "alerts" / "gpu-cockpit-rules.test.yml"
 CAPTURE = os.environ.get("COCKPIT_EXPORTER_CAPTURE")  # a folder: keep Prometheus's answers (docs/exporter.md)
 
 
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is missing: scripts/test installs Debian's prometheus package")
-        pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
-    return path
-
-
 # ----------------------------------------------------------------------------- the rules
 
 def test_the_shipped_rules_pass_promtool_check_and_their_unit_tests():
-    promtool = need("promtool")
+    promtool = need("promtool", package="prometheus")
     check = subprocess.run([promtool, "check", "rules", str(exporter.RULES)], capture_output=True, text=True,
                            timeout=60)
     assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
@@ -269,7 +260,7 @@ def _fetch(url: str) -> dict | None:
 
 
 async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_path, monkeypatch):
-    prometheus = need("prometheus")
+    prometheus = need("prometheus", package="prometheus")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     (tmp_path / "run").mkdir()

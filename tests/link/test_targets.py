@@ -269,6 +269,9 @@ def test_a_server_inside_a_container_is_watched_through_exec_and_killed(containe
         res = run_cli("kill", f"{kind}:{name}", "--sim", str(sim), "--yes", "--wait", "3", env=env)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "verified" in res.stdout
+        # the agent went down with the container: the engine is asked what is left (actions/kill.py, verify_gone)
+        assert f"container {name} exited (exit code 0): it went down with its main process, so nothing of it is left" \
+            in res.stdout, res.stdout
         assert not Path(f"/proc/{host}").exists()
         deadline = time.monotonic() + 20  # Podman says `stopped` until conmon's cleanup has run, then `exited`
         while (state := engine.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()) != "exited":

@@ -139,7 +139,7 @@ def bisect_cli(target, env, *extra, timeout=400):
     return res, doc
 
 
-def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
+def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host, monkeypatch):
     make, env, port = bisect_host
     path, target = make("graphs, eagle3, allreduce, attn")
     layout = parse_layout(path.read_text(), str(path))
@@ -147,7 +147,7 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
     proc = subprocess.Popen([sys.executable, "-m", "cockpit", "bisect", *target, "--settle", "1", "--timeout", "60",
                              "--interval", "0.25", "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
                             stderr=said, text=True)
-    os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
     try:
         deadline = time.monotonic() + 200
         while not (read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3):
@@ -165,7 +165,6 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
         runs = read_ledger(layout)
         assert all(r.get("stop") or r["outcome"] != "unknown" for r in runs)
     finally:
-        del os.environ["XDG_STATE_HOME"]
         said.close()
     res, doc = bisect_cli(target, env)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -253,7 +252,7 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
     from cockpit.ui.app import CockpitApp, save_text
     from cockpit.ui.screens import BisectScreen, ConfirmScreen, ReportScreen
     from simhost import until
-    from test_ui import sim_monitor
+    from fixtures_shared import sim_monitor
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     port = free_port()
