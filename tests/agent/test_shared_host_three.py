@@ -19,7 +19,7 @@ import pytest
 from cockpit.agent.guard import PROBE, roots
 from cockpit.sim import fakenvml
 from conftest import free_port
-from test_root_shared_host import chown_tree, users  # noqa: F401  (the throwaway users)
+from fixtures_shared import chown_tree
 from test_shared_host_two import cockpit, plant
 
 PY = "/usr/bin/python3"
@@ -69,8 +69,6 @@ def test_a_launch_from_another_users_folder_never_imports_from_it_and_their_work
     it as root (the control). `cockpit launch` started there runs the server in `/`, the planted
     file never runs; a layout whose workdir is that folder is refused in one line naming
     --trust-python, nothing launched."""
-    if os.geteuid() != 0:
-        pytest.skip("the check is root's")
     evil, _ = users
     sim, layout = sim_host
     home = shared / "evil-home"
@@ -116,8 +114,6 @@ def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_ano
     control). The server's launch through that interpreter is refused in one line naming what
     they can change; the agent, started without `site` (-S), runs none of it and still reads
     the site-packages (its path holds them, never what a .pth names)."""
-    if os.geteuid() != 0:
-        pytest.skip("the check is root's")
     evil, _ = users
     sim, layout = sim_host
     site = venv(shared / "venv")
