@@ -12,7 +12,7 @@ import sys
 from cockpit.actions import dumps
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, print_json, run_async, say, writable
+from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, print_json, run_async, say, writable
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import these, visible
 from cockpit.operate import bundle
@@ -45,8 +45,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
     report = run_async(go())
     if report is None:
-        print("nothing was signalled")
-        return 1
+        return declined("nothing was signalled")
     if args.json:
         print_json(report)
     else:
@@ -105,7 +104,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
             say("\n".join(actions.describe_shm(audit)))
     else:
         say("\n".join(actions.describe_clean(cleaned)))
-    return 0
+    return declined("nothing was removed") if args.clean and cleaned is None else 0
 
 
 @command("dump", TARGET,

@@ -115,13 +115,22 @@ def print_json(doc) -> None:
 
 def confirm(lines: list[str], question: str, yes: bool, json_out: bool = False) -> bool:
     """The plan said, then asked (or taken under --yes). With --json the plan goes to stderr:
-    stdout carries the one JSON document only."""
+    stdout carries the one JSON document only. Without a terminal the answer is stdin's first
+    line, as a terminal's would be (`echo n | cockpit kill ...` declines, `yes | ...` goes);
+    stdin ended without one is no answer, which declines (a script means --yes)."""
     say("\n".join(lines), file=sys.stderr if json_out else sys.stdout)
     if yes:
         return True
-    if not sys.stdin.isatty():
-        raise CockpitError(f"{question}: no terminal to ask on; pass --yes to confirm")
-    return _ask(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    answer = _ask(f"{question} [y/N] ") if sys.stdin is not None and not sys.stdin.closed else ""
+    if not answer:
+        say("no answer: stdin ended (a script passes --yes to confirm)", file=sys.stderr)
+    return answer.strip().lower() in ("y", "yes")
+
+
+def declined(nothing: str) -> int:
+    """A plan declined at the prompt: said, and exit status 1 (README "Exit status")."""
+    say(f"declined: {nothing}", file=sys.stderr)
+    return 1
 
 
 def _ask(prompt: str) -> str:
@@ -140,7 +149,10 @@ def _ask(prompt: str) -> str:
         print(visible(prompt), end="", file=sys.stderr, flush=True)
         while sys.stdin not in select.select([sys.stdin, wake_r], [], [])[0]:
             os.read(wake_r, 512)  # a signal other than SIGINT, its handler run: still asking
-        return sys.stdin.readline()
+        answer = sys.stdin.readline()
+        if not answer or not sys.stdin.isatty():  # a pipe's answer shown, as a terminal shows what was typed
+            print(visible(answer.rstrip("\n")), file=sys.stderr, flush=True)
+        return answer
     finally:
         signal.set_wakeup_fd(before_fd)
         signal.signal(signal.SIGINT, before)

@@ -12,7 +12,7 @@ import sys
 
 from cockpit.actions import launch
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, print_json, run_async, say, writable
+from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, print_json, run_async, say, writable
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import these
 from cockpit.common.secrets import mask_argv, mask_record
@@ -74,7 +74,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     row = run_async(go())
     if row is None:
-        return 1
+        return declined("nothing was launched")
     if args.json:
         print_json(mask_record(row))  # secrets masked, as in the ledger
         return relaunch.exit_status([row["outcome"]])
@@ -107,7 +107,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
     rows = run_async(go())
     if rows is None:
-        return 1
+        return declined("nothing was launched")
     if args.json:
         print_json(rows)
     else:
@@ -172,7 +172,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     doc = run_async(go())
     if doc is None:
-        return 1
+        return declined("nothing was launched")
     if args.json:
         print_json(doc)
     else:
