@@ -29,11 +29,13 @@ SHM_DEFAULT = "/dev/shm"
 
 
 class AmbiguousRun(CockpitError):
-    """More than one run matches: the operator must choose; the candidates are attached."""
+    """More than one run matches: the operator must choose; the candidates are attached, and
+    `lines` names each on a line of its own (the message says how to choose)."""
 
     def __init__(self, message: str, candidates: list[dict]):
         super().__init__(message)
         self.candidates = candidates
+        self.lines = [describe_candidate(n, c) for n, c in enumerate(candidates, 1)]
 
 
 # ----------------------------------------------------------------------------- kill
@@ -104,9 +106,8 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
                     data.get("notes") or [], data.get("foreign") or [], data.get("sessions") or [],
                     data.get("root"), data.get("uid"), data.get("planned_at"))
     if len(plan.candidates) > 1 and not allow_ambiguous:
-        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
-        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: {runs} — choose "
-                           f"one: `cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: choose one: "
+                           f"`cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
                            f"process and press k)",
                            plan.candidates)
     return plan
@@ -123,8 +124,7 @@ async def member_plan(session: HostSession, run: Run | None = None, root: int | 
     plan = await plan_kill(session, scope, allow_ambiguous=True)
     label = session.target.label
     if len(plan.candidates) > 1:
-        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
-        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: {runs} — choose one: "
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: choose one: "
                            f"`cockpit {verb} {label} --pid ROOT`", plan.candidates)
     if not plan.entries:
         why = "; ".join(plan.notes + [f"pid {f['root']} ({f.get('user', '?')}) left alone: {f['why']}"

@@ -74,8 +74,8 @@ def handle(parse: Callable[[], argparse.Namespace]) -> int:
     try:
         args = parse()
         return REGISTERED[args.command].handler(args)
-    except CockpitError as exc:
-        say(f"cockpit: {exc}", file=sys.stderr)
+    except CockpitError as exc:  # then what it lists (the runs to choose from), one per line
+        say("\n".join([f"cockpit: {exc}"] + [f"  {line}" for line in getattr(exc, "lines", ())]), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -157,7 +157,8 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
 
 def test_two_runs_of_one_layout_are_listed_never_merged(sim_state, tmp_path):
     """A layout without ports whose command and model path two servers both run: the kill
-    refuses in one line naming both; --pid chooses one; the other is untouched."""
+    refuses in one line, then names each on a line of its own; --pid chooses one; the other is
+    untouched."""
     model = f"/models/test-{os.getpid()}-{free_port()}"
     a = start_by_hand(sim_state, tmp_path, free_port(), "--model-path", model)
     b = start_by_hand(sim_state, tmp_path, free_port(), "--model-path", model)
@@ -169,7 +170,7 @@ def test_two_runs_of_one_layout_are_listed_never_merged(sim_state, tmp_path):
         res = run_cli("kill", *target, "--yes", env=env)
         assert res.returncode == 2 and "2 runs found" in res.stderr and "not merged" in res.stderr, res.stderr
         assert f"pid {a.pid}" in res.stderr and f"pid {b.pid}" in res.stderr and "--pid ROOT" in res.stderr
-        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 3 and "Traceback" not in res.stderr
         assert all_alive(procs_a) and all_alive(procs_b)
 
         res = run_cli("kill", *target, "--pid", str(a.pid), "--yes", "--json", env=env)
