@@ -130,7 +130,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
                                    f"is alive")
             return await dumps.dump_ranks(session, ranks, monitor.run.folder_name(monitor.target.label), upload=args.upload_pyspy,
-                                          say=lambda line: print(line, file=sys.stderr, flush=True))
+                                          say=lambda line: print(line, file=sys.stderr, flush=True),
+                                          python=monitor.layout.python if monitor.layout is not None else None)
 
     result = run_async(go())
     if args.json:
@@ -144,10 +145,19 @@ def cmd_dump(args: argparse.Namespace) -> int:
 @command("bundle", TARGET,
          arg("--wait", type=float, default=None, metavar="S",
              help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
+         arg("--upload-pyspy", action="store_true",
+             help="send this install's py-spy when the host has none, for the stacks (what is sent, and where, is "
+                  "said first)"),
          JSON)
 def cmd_bundle(args: argparse.Namespace) -> int:
+    if args.upload_pyspy:
+        writable(args)
+
     async def go():
         async with attached(args) as monitor:
+            if args.upload_pyspy:
+                await dumps.ensure_pyspy(monitor.session, upload=True, python=monitor.layout.python if monitor.layout
+                                         else None, say=lambda line: print(line, file=sys.stderr, flush=True))
             await monitor.look(args.wait)
             return await bundle.make_bundle(monitor, read_only=args.read_only)
 

@@ -49,10 +49,29 @@ def test_a_plan_declined_without_a_terminal_exits_1_and_does_nothing(fake_run, c
     res = cockpit(env, command[0], "local", "--layout", str(layout), *command[1:], stdin=stdin)
     assert res.returncode == 1, res.stderr[-2000:]
     assert f"declined: {nothing}" in res.stderr and "[y/N]" in res.stderr
-    assert ("no answer: stdin ended" in res.stderr) == (stdin is None)
+    assert ("no answer on stdin" in res.stderr) == (stdin is None)
     assert run.poll() is None  # the run untouched
     ledger = Path(env["XDG_STATE_HOME"]) / "gpu-cockpit" / "ledger"
     assert not any(p.read_text().strip() for p in ledger.glob("*.jsonl"))  # nothing launched, nothing recorded
+
+
+def test_a_pipe_left_open_and_silent_is_no_answer(fake_run, tmp_path):
+    """A script's stdin that never says anything (a pipe kept open) declines after
+    PIPE_ANSWER_S, never hangs the command."""
+    from cockpit.cli.base import PIPE_ANSWER_S
+
+    run, layout, env = fake_run
+    err = tmp_path / "stderr"
+    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "kill", "local", "--layout", str(layout)],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=open(err, "w"), env=env)
+    try:
+        assert proc.wait(timeout=PIPE_ANSWER_S + 110) == 1  # a bound for a hung command, not a speed claim
+    finally:
+        proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()
+    said = err.read_text()
+    assert "no answer on stdin" in said and "declined: nothing was signalled" in said and run.poll() is None
 
 
 def test_yes_through_a_pipe_is_the_answer_a_terminal_would_give(fake_run):
