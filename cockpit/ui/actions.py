@@ -168,7 +168,7 @@ class ActionRunner:
             none = {} if removable else {"c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
                                               f"(the list says why each is kept)"}
             choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
-                                                 describe_shm(audit), keys, none))
+                                                 describe_shm(audit, others=False), keys, none))
             if choice != "c":
                 return
             ok = await self.ask(ConfirmScreen(
