@@ -110,3 +110,10 @@ def test_the_readme_table_names_commands_that_exist_and_the_codes_the_code_retur
     assert "Exit status, every command: 0 done; 1 declined at the prompt, nothing done; 2 bad input" in joined
     assert set(EXIT.values()) <= {int(n) for n in re.findall(r"(\d+) [a-z(]", joined.split(
         "Exit status of `cockpit bisect`:")[1].split(".")[0])}
+
+
+def test_flightrec_on_a_run_without_the_recorder_armed_exits_3(fake_run):
+    run, layout, env = fake_run
+    res = cockpit(env, "flightrec", "local", "--layout", str(layout), stdin=None)
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "no rank has the flight recorder armed" in res.stdout and run.poll() is None

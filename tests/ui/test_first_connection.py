@@ -120,3 +120,47 @@ def test_every_snapshot_refuses_an_unknown_key_at_once_without_looking(sshd, tmp
     assert res.returncode == 2, res.stdout[-2000:]
     assert "unknown host key for newbox (ED25519 key SHA256:" in res.stderr and "--accept-new" in res.stderr
     assert not known.exists() and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_in_a_real_terminal_the_question_is_whole_and_no_exits_1(sshd, tmp_path, size):
+    """`cockpit newbox` in tmux at the operator's size: ssh's question on screen, whole; `n`
+    quits with exit status 1 (declined) and records nothing."""
+    import os
+    import shutil
+    import time
+
+    tmux = shutil.which("tmux")
+    assert tmux, "tmux is needed (apt-get install tmux)"
+    known = tmp_path / "known_hosts"
+    cfg = ssh_config(sshd, tmp_path, known)
+    sock, rc = f"cockpit-test-{os.getpid()}-{size[0]}", tmp_path / "rc"
+    script = tmp_path / "run.sh"
+    script.write_text(f"#!/bin/sh\n{sys.executable} -m cockpit newbox --ssh-config {cfg} --python {sys.executable}\n"
+                      f"echo $? > {rc}\nsleep 600\n")  # the screen is drawn on stderr: not redirected
+    script.chmod(0o700)
+    env = dict(os.environ, HOME=str(tmp_path), TERM="xterm-256color")
+    subprocess.run([tmux, "-L", sock, "new-session", "-d", "-x", str(size[0]), "-y", str(size[1]), str(script)],
+                   env=env, check=True)
+    try:
+        def screen() -> str:
+            return subprocess.run([tmux, "-L", sock, "capture-pane", "-p", "-J"], capture_output=True, text=True,
+                                  env=env).stdout
+
+        fingerprint, kind = ssh_keygen_fingerprint(sshd)
+        deadline = time.monotonic() + 90
+        while "continue connecting" not in screen():
+            assert time.monotonic() < deadline, screen()
+            time.sleep(0.3)
+        shown = " ".join(screen().replace("│", " ").split())
+        assert f"{kind} key fingerprint is" in shown and fingerprint[:30] in shown.replace(" ", ""), shown
+        subprocess.run([tmux, "-L", sock, "send-keys", "n"], env=env, check=True)
+        while not rc.exists() or not rc.read_text().strip():
+            assert time.monotonic() < deadline + 30, screen()
+            time.sleep(0.3)
+        assert rc.read_text().strip() == "1"
+        said = " ".join(screen().split())  # the screen gone, what the command said after it
+        assert "declined: the host key of newbox (ED25519 SHA256:" in said and "was not recorded" in said, said
+        assert not known.exists()
+    finally:
+        subprocess.run([tmux, "-L", sock, "kill-server"], env=env)
