@@ -396,8 +396,8 @@ class Agent:
     def cmd_shm_clean(self, names, folder=SHM_DEFAULT, uid=None, other_dir=False):
         return shm_clean(folder, names, uid, other_dir)
 
-    def cmd_dump_check(self, pyspy=None):
-        return pyspy_check(pyspy)
+    def cmd_dump_check(self, pyspy=None, beside=()):
+        return pyspy_check(pyspy, beside)
 
     def cmd_dump(self, pids, pyspy=None, deadline_s=20.0, native=True):
         return pyspy_dump(pids, pyspy, deadline_s, native)

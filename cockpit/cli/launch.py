@@ -15,7 +15,7 @@ import sys
 
 from cockpit.actions import launch
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, json_text, run_async, say, writable
+from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, json_text, run_async, say, writable
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import these
 from cockpit.common.secrets import mask_argv, mask_record
@@ -144,7 +144,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     done = run_async(go())
     if done is None:
-        return 1
+        return declined("nothing was launched")
     row, stop = done
     if args.json:
         stop.out(json_text(mask_record(row)), raw=True)  # secrets masked, as in the ledger
@@ -176,7 +176,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
     done = run_async(go())
     if done is None:
-        return 1
+        return declined("nothing was launched")
     rows, stop = done
     stop.out(json_text(rows) if args.json else "\n".join(relaunch.describe_ablation(rows, vary)), raw=args.json)
     return 130 if stop.why else relaunch.exit_status([r["outcome"] for r in rows])
@@ -230,7 +230,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     done = run_async(go())
     if done is None:
-        return 1
+        return declined("nothing was launched")
     doc, stop = done
     stop.out(json_text(doc) if args.json else "\n".join(bisect.describe_bisect(doc)), raw=args.json)
     return EXIT["interrupted"] if stop.why else EXIT[doc["status"]]

@@ -147,9 +147,9 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
             if shm.remove:
                 done = await kill.shm_clean(session, shm.remove, uid=plan.uid)
                 removed = done["removed"]
-                for line in kill.describe_clean(done):
+                for line in kill.describe_clean(done, by_exit=bool(plan.entries)):
                     say(line)
-            said.append(kill.summarize_clean(done, len(shm.left)))
+            said.append(kill.summarize_clean(done, len(shm.left), by_exit=bool(plan.entries)))
             say(said[-1])  # the clean in one line, last: what a screen's progress keeps
         run = await launch(session, layout, spec)
         monitor.follow(run)  # the door: the new run alone watched, judged afresh

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from rich.text import Text
 from textual.screen import Screen
 
-from cockpit.actions.dumps import collect, dump_ranks, dump_targets
+from cockpit.actions.dumps import PyspyMissing, collect, dump_ranks, dump_targets, ensure_pyspy, missing
 from cockpit.actions.kill import (
     describe_clean,
     describe_kill,
@@ -37,6 +37,7 @@ from cockpit.ui.fmt import say
 from cockpit.ui.screens import BisectScreen, ConfirmScreen, RelaunchScreen, ReportScreen
 
 TOAST_S = 5
+UPLOADS: dict[str, bool] = {}  # the operator's answer to the py-spy upload, per host, while this cockpit runs
 
 
 class ActionRunner:
@@ -104,6 +105,37 @@ class ActionRunner:
     def _progress(self, phase, verdict) -> None:
         self.progress = f"{phase or ''} {verdict}".strip()
 
+    @property
+    def python(self) -> str | None:
+        """The layout's interpreter: py-spy is looked for beside it first."""
+        return self.layout.python if self.layout is not None else None
+
+    async def pyspy(self, then: str) -> None:
+        """py-spy on the host before `then` needs it: the layout's interpreter's own, the host's
+        PATH, an earlier upload; where there is none, this cockpit's offered (what is copied where),
+        asked once per host while this cockpit runs. PyspyMissing when none is there in the end."""
+        session, label = self.monitor.session, self.monitor.target.label
+        path, check = await ensure_pyspy(session, python=self.python)
+        if path:
+            return
+        refusal = missing(session, check)
+        offer = refusal.offer
+        if offer is None or UPLOADS.get(label) is False:
+            raise refusal
+        if label not in UPLOADS:
+            lines = [f"looked for: {'; '.join(check.get('looked') or [])}",
+                     f"copied: {offer['path']} (py-spy {offer['version']}, {offer['size']} bytes, "
+                     f"sha256 {offer['sha256']})",
+                     f"to: {label}:{offer['dest']} (mode 700), where every later dump, bundle and stall's "
+                     f"forensics on {label} finds it",
+                     f"asked once for {label} while this cockpit runs"]
+            UPLOADS[label] = await self.ask(ConfirmScreen(f"py-spy is not on {label}", lines,
+                                                          f"Upload py-spy, then {then}?"))
+            if not UPLOADS[label]:
+                raise refusal
+        self.progress = f"uploading py-spy to {label}:{offer['dest']}"
+        await ensure_pyspy(session, upload=True, say=self.notify, python=self.python)
+
     # ------------------------------------------------------------------ workflows
 
     async def kill(self, scope, what: str) -> None:
@@ -136,7 +168,7 @@ class ActionRunner:
             none = {} if removable else {"c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
                                               f"(the list says why each is kept)"}
             choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
-                                                 describe_shm(audit), keys, none))
+                                                 describe_shm(audit, others=False), keys, none))
             if choice != "c":
                 return
             ok = await self.ask(ConfirmScreen(
@@ -159,9 +191,10 @@ class ActionRunner:
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
+            await self.pyspy("dump the stacks")
             self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
             result = await dump_ranks(self.monitor.session, ranks, self.monitor.run.folder_name(self.monitor.target.label),
-                                      say=lambda line: self.notify(line))
+                                      say=lambda line: self.notify(line), python=self.python)
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
             self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
@@ -301,6 +334,11 @@ class ActionRunner:
     async def bundle(self) -> None:
         async with self.exclusive("hang bundle") as go:
             if go:
+                if not self.screen.read_only:
+                    try:
+                        await self.pyspy("collect the bundle")
+                    except PyspyMissing:
+                        pass  # the bundle's manifest says the stacks are missing, and why
                 self.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
                 result = await bundle.make_bundle(self.monitor, read_only=self.screen.read_only)
                 lines = bundle.describe(result)

@@ -270,7 +270,7 @@ def test_snapshot_svg_is_identical_run_after_run(tmp_path):
 def test_live_snapshot_text_of_a_host_without_gpus():
     res = run_cli("snapshot", "local", "--text", "--size", "160x40")
     assert res.returncode == 0, res.stderr
-    assert "no GPUs on this host" in res.stdout and "gpu data: none" in res.stdout
+    assert "no GPUs on " in res.stdout and "gpu data: none" in res.stdout
     assert "no NVIDIA driver on this host" in res.stdout
 
 
