@@ -291,10 +291,13 @@ def recorder_pids(state, pids: set[int] | None = None) -> list[int]:
 
 async def run_rank_pids(session, run, root: int | None = None, verb: str = "flightrec") -> tuple[list[int], list[str]]:
     """The live ranks of `run` (a Run), found as the kill finds it (kill.member_plan: `root` names
-    it; two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone."""
+    it; two runs: AmbiguousRun; none: CockpitError), and a line for each rank left alone. A run
+    the host state does not watch (found only by the kill's rules) is asked through its plan's
+    live processes."""
     plan = await kill.member_plan(session, run, root, verb)
     members, left = kill.of_run(session.state, plan)
-    return recorder_pids(session.state, members), left
+    live = sorted(e["pid"] for e in plan.entries if e["pid"] in members)
+    return recorder_pids(session.state, members) or live, left
 
 
 async def collect(session, run, trigger: bool = True, root: int | None = None) -> tuple[dict, dict]:

@@ -159,7 +159,7 @@ def test_identifiers_are_labels_of_info_series_and_counts_are_counters():
     assert [x.labels["host"] for x in rate] == ["gpu-b"] and 250 < rate[0].value < 350
     runs = {x.labels["host"]: x.labels["run"] for x in families["gpu_cockpit_run_info"].samples}
     assert runs == {"gpu-a": "pgid:4242"}  # gpu-b has no run: no series, never run=""
-    lint = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+    lint = subprocess.run([need("promtool", package="prometheus"), "check", "metrics"], input=text, capture_output=True, text=True,
                           timeout=30)
     assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
 

@@ -47,6 +47,10 @@ def dialog_text(app) -> str:
     return " ".join(" ".join(r[region.x + 1:region.x + region.width - 1] for r in rows).split())
 
 
+def asked(app) -> bool:
+    return isinstance(app.screen, ConfirmScreen) and "continue connecting?" in save_text(app, None)
+
+
 def ssh_keygen_fingerprint(sshd) -> tuple[str, str]:
     """What `ssh-keygen -lf` says of the server's key: (SHA256:..., ED25519)."""
     out = subprocess.run(["ssh-keygen", "-lf", str(sshd.root / "host_key.pub")], capture_output=True, text=True,
@@ -60,7 +64,7 @@ async def test_an_unknown_key_is_asked_about_as_ssh_does_and_yes_records_it(sshd
     app = screen_app(ssh_config(sshd, tmp_path, known))
     fingerprint, kind = ssh_keygen_fingerprint(sshd)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 60)
+        await until(pilot, lambda: asked(app), 60)  # the dialog pushed and painted
         text = dialog_text(app)
         assert f"The authenticity of host 'newbox ([127.0.0.1]:{sshd.port})' can't be established." in text
         assert f"{kind} key fingerprint is {fingerprint}." in text, text
