@@ -503,11 +503,6 @@ def kill_plan(pgids=(), sids=(), pids=()):
     return run_plan(pids=list(pids))["plan"] if pids else []
 
 
-def run_members(pgids=(), sids=(), pids=()):
-    """Kept for callers of old: the rows of kill_plan."""
-    return kill_plan(pgids, sids, pids)
-
-
 def _still(entry, protected):
     """None while the pid is still the planned process (same start time, same user, not exited),
     else why not: 'gone', 'exited', or a reason to skip it."""

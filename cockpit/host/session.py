@@ -8,11 +8,9 @@ import errno
 import itertools
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cockpit.agent import EXIT_TOO_OLD, EXIT_UNTRUSTED, agent_argv, guarded
 from cockpit.agent.protocol import ERROR, FATAL, HELLO, PROTOCOL, RESULT
@@ -488,8 +486,3 @@ class HostSession:
                 await asyncio.wait_for(self.sampled.wait(), left)
             except asyncio.TimeoutError:
                 pass
-
-
-def default_sim_state() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(Path.home(), ".cache")
-    return os.path.join(base, "gpu-cockpit", "demo")

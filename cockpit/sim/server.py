@@ -488,9 +488,6 @@ class Server:
         self.running = 0  # requests in flight: a hang keeps them running while the counters freeze
         self.children: list = []
 
-    def metric_prefix(self) -> str:
-        return "sglang" if self.args.engine == "sglang" else "vllm"
-
     def metrics_text(self) -> str:
         """Prometheus text shaped like the engine's own: SGLang's families (labelled per TP rank 0,
         as SGLang exports them) or vLLM's. The token counter is the ranks' own: it freezes with
