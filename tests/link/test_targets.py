@@ -133,7 +133,8 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         assert v["name"] == "stalled-spinning", (v, took)
         assert (v["odd_rank"], v["odd_node"]) == (3, "n2"), v
         assert v["evidence"][0].startswith("rank 3 is on node n2 (pid ")
-        assert doc["phase"]["name"] == "serving" and doc["log"]["path"].startswith("n1:")
+        # ready until the first request of the sim's traffic, serving after: either is the job up
+        assert doc["phase"]["name"] in ("ready", "serving") and doc["log"]["path"].startswith("n1:")
 
         print(f"snapshot in {took:.1f} s")
         t_kill = time.monotonic()
@@ -270,8 +271,9 @@ def test_a_server_inside_a_container_is_watched_through_exec_and_killed(containe
         assert res.returncode == 0, res.stdout + res.stderr
         assert "verified" in res.stdout
         # the agent went down with the container: the engine is asked what is left (actions/kill.py, verify_gone)
-        assert f"container {name} exited (exit code 0): it went down with its main process, so nothing of it is left" \
-            in res.stdout, res.stdout
+        # Podman says `stopped` until conmon's cleanup has run, then `exited`, as below
+        assert re.search(rf"container {name} (exited|stopped) \(exit code 0\): it went down with its main process, so "
+                         rf"nothing of it is left", res.stdout), res.stdout
         assert not Path(f"/proc/{host}").exists()
         deadline = time.monotonic() + 20  # Podman says `stopped` until conmon's cleanup has run, then `exited`
         while (state := engine.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()) != "exited":
