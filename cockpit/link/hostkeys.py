@@ -22,10 +22,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncssh.config import SSHClientConfig, SSHConfig
-
 from cockpit.common.errors import CockpitError, UnknownHostKey
-from cockpit.link.sshlib import asyncssh  # noqa: I001  (first: asyncssh's quick import)
+from cockpit.link.sshlib import asyncssh
+
+SSHClientConfig = asyncssh.config.SSHClientConfig
+SSHConfig = asyncssh.config.SSHConfig
 
 DEFAULT_USER_FILES = ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"]
 DEFAULT_GLOBAL_FILES = ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]

@@ -6,6 +6,10 @@ paid by every `cockpit` that connects over SSH. Where liboqs cannot be loaded an
 loader's cache, not in LD_LIBRARY_PATH, not in the default folders: dlopen would not find it) that
 search is answered "not found" at once; anywhere else (another OS, liboqs present, or no way to
 tell) asyncssh searches as it always does. What asyncssh offers is the same either way.
+
+cryptography deprecates algorithms that asyncssh still names (DSA since cryptography 51): its
+CryptographyDeprecationWarning, raised from asyncssh's modules, would land on the operator's stderr
+above every one-line error. It says nothing an operator can act on, so it is kept off.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 import ctypes.util
 import os
 import sys
+import warnings
+
+from cryptography.utils import CryptographyDeprecationWarning
 
 _OQS = ("oqs", "liboqs")
 _DEFAULT_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
@@ -54,6 +61,7 @@ def _import():
     return asyncssh
 
 
+warnings.filterwarnings("ignore", category=CryptographyDeprecationWarning, module=r"asyncssh(\.|$)")
 asyncssh = _import()
 
 __all__ = ["asyncssh", "liboqs_may_exist"]

@@ -205,3 +205,17 @@ def test_asyncssh_is_imported_without_a_liboqs_search_that_could_find_nothing():
     plain = subprocess.run([sys.executable, "-c", "import asyncssh; " + code], capture_output=True, text=True,
                            check=True).stdout
     assert quick == plain and quick.split()[2] == "ctypes.util"
+
+
+@pytest.mark.unit
+def test_cryptographys_deprecations_raised_from_asyncssh_stay_off_the_operators_stderr():
+    """cryptography 51 deprecates DSA, which asyncssh names at import: eleven lines of warnings above every
+    one-line error. Those raised from asyncssh's modules are kept off; any other module's still show."""
+    code = (
+        "import warnings, cockpit.link.ssh\n"
+        "from cryptography.utils import CryptographyDeprecationWarning as W\n"
+        "for mod in ('asyncssh.crypto.misc', 'asyncssh', 'elsewhere'):\n"
+        "    warnings.warn_explicit('DSA is deprecated', W, mod.replace('.', '/') + '.py', 32, module=mod)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert [line.split(":")[0] for line in res.stderr.splitlines() if "DSA" in line] == ["elsewhere.py"]
