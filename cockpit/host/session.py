@@ -423,14 +423,17 @@ class HostSession:
             raise CommandError(f"{cmd}: {frame.get('error')}")
         return frame.get("data") or {}
 
-    def watch_run(self, pgid: int | None, log: str | None) -> None:
-        """Watch this process group alone (None: nothing until a run is followed) and follow this
-        log from now on: title patterns would find every server on the host, and a colleague's
-        rank that ends is no crash of ours. The agent is told at once; `watch_changing` holds until
-        it answers, and the sample after shows the new watch. Whose run it is is the monitor's
-        business (Monitor.follow): the session knows processes and files, not runs."""
+    def watch_run(self, pgid: int | None, log: str | None, pids: list[int] | None = None) -> None:
+        """Watch this process group alone, or (`pids`) these processes' trees alone (a server
+        started elsewhere: the tree that holds the layout's port), None and no pids: nothing until
+        a run is followed; and follow this log from now on: title patterns would find every server
+        on the host, and a colleague's rank that ends is no crash of ours. The agent is told at
+        once; `watch_changing` holds until it answers, and the sample after shows the new watch.
+        Whose run it is is the monitor's business (Monitor.follow): the session knows processes
+        and files, not runs."""
         self.watch.patterns = []
         self.watch.pgids = [pgid] if pgid is not None else []
+        self.watch.pids = [int(p) for p in pids or ()]
         if log:
             self._only_log(log)  # the screen follows the new run's log from its first line
         if self.stream is None or self.closed.is_set():

@@ -42,6 +42,12 @@ PROBE_EVERY_S = 2.0
 SHM_WATCH_S = 30.0  # how often the run's /dev/shm holdings are looked at while it lives
 
 
+def _run_key(rec: Mapping[str, Any]) -> tuple[object, ...]:
+    """What tells one run's record from another's: its process group, else its tree's root."""
+    return ("pgid", str(rec["pgid"])) if rec.get("pgid") is not None else ("root", rec.get("root"),
+                                                                            rec.get("root_start"))
+
+
 class HostMonitor(MonitorBase):
     def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
                  history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
@@ -211,8 +217,12 @@ class HostMonitor(MonitorBase):
                 found = await self.find_run()
                 if found is not None:
                     self.follow(found, resumed=True)
-                    self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")
-            if self.following is None and not self.session.watch.logs:
+                    self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)"
+                                                     if found.run_id else f"following the layout's run: {found.rule}")
+                else:
+                    self.session.watch_run(None, None)  # no run: no server on the host is judged as this one
+                    self._watch_moved = True
+            if self.following is None and self.layout is None and not self.session.watch.logs:
                 await self._find_log()
         except LinkLost:
             pass  # the link dropped as soon as it came up: keep() reconnects with the same watch
@@ -285,14 +295,14 @@ class HostMonitor(MonitorBase):
             mtime = None
         now = time.monotonic()
         stranger = any(pt.listening and pt.port in self.layout.ports for pt in self.state.ports)
-        if mtime == self._ledger_seen and not (stranger and now >= self._port_look_at):
+        if mtime == self._ledger_seen and not ((stranger or self.following is None) and now >= self._port_look_at):
             return None
         self._ledger_seen = mtime
         self._port_look_at = now + 10.0
         run = await self.find_run()
         if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
             return None
-        if self.following is not None and str(self.following.get("pgid")) == str((run.record or {}).get("pgid")) \
+        if self.following is not None and _run_key(self.following) == _run_key(run.record or {}) \
                 and self.run.run_id == run.run_id:
             return None
         await self.adopt(run)
@@ -310,12 +320,12 @@ class HostMonitor(MonitorBase):
         """Follow `run` from now on (the door: its process group and its own log, a new
         watchdog whose phase clock starts at the run's leader's start), said on screen."""
         rec = run.record or {}
-        pgid = int(rec["pgid"])
+        what = f"process group {rec['pgid']}" if rec.get("pgid") is not None else f"root pid {rec.get('root')}"
         if run.rule is None:
-            run = replace(run, rule=f"the layout's run in the ledger: process group {pgid}")
+            run = replace(run, rule=f"the layout's run in the ledger: {what}")
         self.follow(run)
-        self.state.notes.append(f"a new run appeared: {rec.get('run_id', f'process group {pgid}')} "
-                                f"(process group {pgid}), started elsewhere; following it and its log")
+        self.state.notes.append(f"a new run appeared: {rec.get('run_id', what)} ({what}), started elsewhere; "
+                                f"following it and its log")
         self.update()
 
     async def note_shm_held(self) -> None:
