@@ -16,7 +16,7 @@ from .acts import Acts
 from .facts import host_facts
 from .flightrec import fr_dump
 from .gpus import open_gpus
-from .kill import _now_ticks, find_runs, kill_run, run_plan
+from .kill import _now_ticks, find_runs, host_servers, kill_run, run_plan
 from .logs import LogTail, open_log
 from .ports import Ports, listening_ports
 from .procs import _HAVE_PROC, _boot_time, _start_ticks, _uid, _user
@@ -31,7 +31,7 @@ SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
 class Agent:
-    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http",
+    THREADED = ("kill", "kill_plan", "find_runs", "servers", "dump", "dump_check", "shm_audit", "shm_clean", "http",
                 "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval, procs):
@@ -309,6 +309,11 @@ class Agent:
                       layout=None):
         return find_runs(self._launched(launched, layout), ports, command, model, patterns, self.launched_runs,
                          default_port=default_port, seen=self.leader_seen)
+
+    def cmd_servers(self, patterns=None):
+        """Every server on the host, each its own tree (kill.host_servers): the host's runs, and a
+        run's neighbours."""
+        return host_servers(patterns)
 
     def cmd_kill_plan(self, pgids=(), sids=(), pids=(), launched=(), ports=(), command=(), model=None,
                       patterns=None, default_port=None, layout=None):

@@ -459,6 +459,14 @@ class HostSession:
         self._only_log(path)
         await self.request("config", **self.watch.args())
 
+    async def follow_logs(self, paths: list[str]) -> None:
+        """Follow these logs (each server's own, when every server on the host is a run of its
+        own); the others leave the state."""
+        self.watch.logs = list(paths)
+        for old in [p for p in self.state.logs if p not in paths]:
+            del self.state.logs[old]
+        await self.request("config", **self.watch.args())
+
     def _only_log(self, path: str) -> None:
         """This log is the one watched: the others' lines leave the state."""
         self.watch.logs = [path]

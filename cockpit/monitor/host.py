@@ -18,6 +18,7 @@ from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.common.hosttext import count
+from cockpit.host.servers import Server, servers_of, tree_pids, tree_view
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.host.state import HISTORY_LEN, HostState, Proc
 from cockpit.judge.diagnose import phase_of
@@ -39,6 +40,7 @@ from cockpit.runs.ledger import append_ledger, ledger_path
 from cockpit.runs.run import Run
 
 PROBE_EVERY_S = 2.0
+SERVERS_EVERY_S = 10.0  # how often the host's servers (the runs, a run's neighbours) are listed again
 SHM_WATCH_S = 30.0  # how often the run's /dev/shm holdings are looked at while it lives
 
 
@@ -46,6 +48,17 @@ def _run_key(rec: Mapping[str, Any]) -> tuple[object, ...]:
     """What tells one run's record from another's: its process group, else its tree's root."""
     return ("pgid", str(rec["pgid"])) if rec.get("pgid") is not None else ("root", rec.get("root"),
                                                                             rec.get("root_start"))
+
+
+@dataclass
+class Judged:
+    """A server of the host judged on its own tree (no layout, several servers): its watchdog,
+    phase and verdict."""
+
+    server: Server
+    watchdog: Any
+    phase: Phase
+    verdict: Verdict
 
 
 class HostMonitor(MonitorBase):
@@ -81,6 +94,11 @@ class HostMonitor(MonitorBase):
         self._forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
         self.shm_held: dict[tuple[int, int], float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
+        self.servers: list[Server] = []  # every server on the host as last listed (SERVERS_EVERY_S)
+        self._servers_at: float | None = None  # when (local monotonic)
+        self._server_logs: dict[tuple[int, int | None], str | None] = {}  # the file each server writes to
+        self.several = False  # no layout and several servers: each judged alone (`judged`), none followed
+        self.judged: dict[tuple[int, int | None], Judged] = {}
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
         kind = frame.get("t")
@@ -105,6 +123,11 @@ class HostMonitor(MonitorBase):
         if state.generation != self._boundary_seen:
             self._forget_run()
         before = self.verdict
+        if self.several:
+            self._judge_each(now if now is not None else time.monotonic())
+            if self.verdict.name != before.name:
+                self._emit(MonitorEvent("verdict", before=before))
+            return
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
@@ -115,6 +138,109 @@ class HostMonitor(MonitorBase):
         self._stall_forensics()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
+
+    def _judge_each(self, now: float) -> None:
+        """No layout, several servers: each server judged alone, on a view of its own tree (its
+        processes, GPUs, ports and log); none is the host's run until the operator picks one."""
+        state = self.state
+        for s in self.servers:
+            j = self.judged.get(s.key)
+            if j is None:
+                j = self.judged[s.key] = Judged(s, watchdog_for(None), Phase("starting"),
+                                                Verdict(VerdictName.WATCHING, []))
+            j.server = s
+        for j in self.judged.values():
+            s = j.server
+            pids = tree_pids(state, [s.root], set(s.pids))
+            if not pids:
+                continue
+            view = tree_view(state, pids, s.log)
+            j.phase, j.verdict = j.watchdog.update(view, now, s.log)
+        live = [j for j in self.runs_judged()]
+        self.phase = Phase("no run", f"{count(len(live), 'server')} on the host, each its own run")
+        self.verdict = Verdict(VerdictName.NO_RUN, [
+            f"{count(len(live), 'server')} on this host, each its own run, judged alone (runs): none followed; "
+            "pick one (enter in the runs list) or name its layout with --layout"])
+
+    def runs_judged(self) -> list[Judged]:
+        """The servers judged alone that are still on the host (listed, or their processes still
+        in the state)."""
+        listed = {s.key for s in self.servers}
+        return [j for j in self.judged.values()
+                if j.server.key in listed or any(pid in self.state.procs for pid in j.server.pids)]
+
+    def neighbours(self) -> list[Server]:
+        """The host's other servers: every server listed that is not the run followed (none of its
+        processes watched as the run's). Listed, never judged with the run."""
+        if self.several:
+            return []
+        rec = self.following or {}
+        watched = {pid for pid, p in self.state.procs.items() if p.alive}
+        return [s for s in self.servers if not set(s.pids) & watched and s.root != rec.get("root")]
+
+    def decided(self) -> bool:
+        if self.several:
+            return bool(self.state.seq) and self.session.watch_current() and bool(self.judged) and all(
+                j.verdict.name != VerdictName.WATCHING for j in self.runs_judged())
+        return super().decided()
+
+    async def list_servers(self, force: bool = False) -> list[Server]:
+        """Every server on the host, each its own tree (the agent's `servers`), at most every
+        SERVERS_EVERY_S; the file each one writes to looked for once."""
+        now = time.monotonic()
+        if not force and self._servers_at is not None and now < self._servers_at + SERVERS_EVERY_S:
+            return self.servers
+        self._servers_at = now
+        servers = servers_of(await self.session.request("servers", timeout=60))
+        for s in servers:
+            if s.key not in self._server_logs:
+                pids = [s.root] + [p for p in s.pids if p != s.root]
+                out = await self.session.request("stdout_of", pids=pids[:16])
+                self._server_logs[s.key] = next((out[str(p)] for p in pids if str(p) in out), None)
+            s.log = self._server_logs[s.key]
+        self.servers = servers
+        if self.several:
+            await self._follow_server_logs()
+        return servers
+
+    async def _follow_server_logs(self) -> None:
+        """Several servers judged alone: each one's own log followed."""
+        logs = sorted({s.log for s in self.servers if s.log})
+        if logs != sorted(self.session.watch.logs):
+            await self.session.follow_logs(logs)
+
+    def pick(self, server: Server, rule: str | None = None) -> None:
+        """The operator picks one of the host's servers (no layout): it is the run followed from
+        now on, its own tree alone watched; the others are its neighbours."""
+        self.several = False
+        self.judged = {}
+        rec: dict[str, Any] = {"root": server.root, "pid": server.root, "root_start": server.root_start,
+                               "uid": server.uid, "user": server.user, "host": self.target.label}
+        if server.log:
+            rec["log"] = server.log
+        self.follow(Run(self.layout, rec, rule or f"picked by the operator: root pid {server.root} ({server.user}, "
+                                                  f"port {', '.join(map(str, server.ports)) or '?'})"), resumed=True)
+
+    def runs_doc(self) -> dict[str, Any]:
+        """The document's `runs` (each server judged alone, or the run followed) and `neighbours`
+        (the host's other servers, never judged with the run): docs/snapshot-schema.md."""
+        if self.several:
+            runs = [dict(j.server.doc(), phase={"name": j.phase.name, "detail": j.phase.detail},
+                         verdict=j.verdict.doc(), followed=False) for j in self.runs_judged()]
+        elif self.run.record is not None and self.verdict.name != VerdictName.NO_RUN:
+            rec = self.run.record
+            watched = {pid for pid, p in self.state.procs.items() if p.alive}
+            own = next((s for s in self.servers if set(s.pids) & watched), None)
+            entry = own.doc() if own is not None else {
+                "root": rec.get("root") or rec.get("pid"), "user": rec.get("user"), "uid": rec.get("uid"),
+                "ports": sorted({pt.port for pt in self.state.ports if pt.pid is not None}), "model": None,
+                "tp_size": None, "ranks": sorted(p.rank for p in self.state.ranks() if p.alive and p.rank is not None),
+                "pids": sorted(watched), "title": "", "since": None, "log": rec.get("log")}
+            runs = [dict(entry, phase={"name": self.phase.name, "detail": self.phase.detail},
+                         verdict=self.verdict.doc(), followed=True, run_id=self.run.run_id, rule=self.run.rule)]
+        else:
+            runs = []
+        return {"runs": runs, "neighbours": [dict(s.doc(), phase=None, verdict=None) for s in self.neighbours()]}
 
     def _local_time(self, at: float) -> float:
         """A host-clock time as local monotonic, through the latest sample's stamp."""
@@ -222,10 +348,24 @@ class HostMonitor(MonitorBase):
                 else:
                     self.session.watch_run(None, None)  # no run: no server on the host is judged as this one
                     self._watch_moved = True
-            if self.following is None and self.layout is None and not self.session.watch.logs:
+            elif self.layout is None:
+                await self._runs_of_the_host()
+            if self.following is None and self.layout is None and not self.several and not self.session.watch.logs:
                 await self._find_log()
+            if self._servers_at is None:
+                await self.list_servers(force=True)  # the run's neighbours, from the first look
         except LinkLost:
             pass  # the link dropped as soon as it came up: keep() reconnects with the same watch
+
+    async def _runs_of_the_host(self) -> None:
+        """No layout: every server on the host is a run of its own. One: it is the run followed
+        (its tree alone). Several: each judged alone, none followed until the operator picks one."""
+        servers = await self.list_servers(force=True)
+        if len(servers) == 1:
+            self.pick(servers[0], f"the host's only server: root pid {servers[0].root} ({servers[0].user})")
+        elif len(servers) > 1:
+            self.several = True
+            await self._follow_server_logs()
 
     async def _find_log(self) -> None:
         """A run started elsewhere (`nohup ... > run.log 2>&1 &`) with no log named: follow the
@@ -273,6 +413,7 @@ class HostMonitor(MonitorBase):
                                                                                    timeout=5)
                     await self._scrape_metrics(ports)
                     await self.note_shm_held()
+                    await self.list_servers()
                     await self.look_for_new_run()
                     await self._log_of_new_run()
                 except CockpitError:

@@ -1,0 +1,144 @@
+"""One host, many servers: three simulated TP-2 servers of the same command on three ports. A run
+is one server's process tree; its neighbours never count in its ranks, phase or verdict, and
+after it ends the cockpit reads `no run` unless the layout's run (by the same rules) appears.
+Real processes throughout; other servers of this machine may run beside them (asserted by pid)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+
+from cockpit.agent import procs as agent_procs
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.judge.verdict import VerdictName
+from cockpit.link.target import parse_target
+from cockpit.monitor.host import HostMonitor
+from cockpit.runs.layoutfile import load_layout
+from conftest import free_port, run_cli
+from simhost import gone, kill_groups, wait_for
+from test_safety import end_session, json_tail, layout_file, session_procs, start_by_hand
+
+
+def three_servers(sim_state, tmp_path):
+    """Three TP-2 servers of the same command, started by hand, each in its own session, on its
+    own port and its own two GPUs."""
+    out = []
+    for n in range(3):
+        port = free_port()
+        out.append((port, start_by_hand(sim_state, tmp_path, port, "--base-gpu-id", str(2 * n),
+                                        "--sim-shm-dir", str(tmp_path), "--model-path", f"/models/m{n}")))
+    return out
+
+
+def watching(lay, sim_state) -> HostMonitor:
+    return HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                             sim_state=str(sim_state)),
+                       layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+
+
+async def test_a_layouts_run_is_its_own_tree_and_after_its_kill_no_run(sim_state, tmp_path, monkeypatch):
+    """A layout names A's port: the monitor follows A's tree alone; B stopped leaves A's verdict as
+    it was (no `crashed`, no `N of M ranks gone`); A killed with `cockpit kill --layout` leaves B's
+    and C's processes untouched and reads `no run`, never a neighbour's run; a cold look too."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    servers = three_servers(sim_state, tmp_path)
+    (port_a, a), (port_b, b), (port_c, c) = servers
+    layout = layout_file(tmp_path, "a", port_a)
+    monitor = watching(load_layout(str(layout)), sim_state)
+    kept = None
+    try:
+        own = session_procs(a.pid)
+        await monitor.open(kept=True)
+        kept = asyncio.create_task(monitor.keep())
+        await wait_for(lambda: monitor.phase.name in ("ready", "serving") and len(monitor.state.ranks()) == 2,
+                       90, "the monitor sees A up", lambda: (monitor.phase, monitor.verdict, monitor.state.ranks()))
+        assert set(monitor.state.procs) <= set(own), "only A's processes are watched"
+        before = monitor.verdict.name
+        assert before not in (VerdictName.CRASHED, VerdictName.NO_RUN), monitor.verdict
+        end_session(b)
+        await monitor.session.wait_samples(12)
+        assert monitor.verdict.name not in (VerdictName.CRASHED, VerdictName.STOPPED), monitor.verdict
+        assert monitor.phase.name in ("ready", "serving"), monitor.phase
+        assert all(p.alive for p in monitor.state.ranks()) and len(monitor.state.ranks()) == 2
+        theirs = session_procs(c.pid)
+        res = await asyncio.to_thread(run_cli, "kill", "local", "--sim", str(sim_state), "--layout", str(layout),
+                                      "--yes", "--json", timeout=120,
+                                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        assert res.returncode == 0 and json_tail(res.stdout)["verified"], (res.stdout, res.stderr)
+        assert all(gone(p) for p in own) and not any(gone(p) for p in theirs)
+        await wait_for(lambda: monitor.verdict.name == VerdictName.NO_RUN, 60, "no run",
+                       lambda: (monitor.phase, monitor.verdict))
+        await monitor.session.wait_samples(12)
+        assert monitor.verdict.name == VerdictName.NO_RUN and monitor.phase.name == "no run", monitor.verdict
+        alive = [(p.pid, p.ppid, p.cmdline[-8:]) for p in monitor.state.procs.values() if p.alive and p.status != "Z"]
+        assert not alive, f"C is never followed as the run: {alive} {dict(monitor.following or {})} {port_a} {port_c} {a.pid} {c.pid}"
+        res = await asyncio.to_thread(run_cli, "snapshot", "local", "--sim", str(sim_state), "--layout", str(layout),
+                                      "--json", timeout=120, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["verdict"]["name"] == "no run" and doc["phase"]["name"] == "no run", doc["verdict"]
+        assert c.pid in [n["root"] for n in doc["neighbours"]], doc["neighbours"]
+    finally:
+        if kept is not None:
+            kept.cancel()
+        await monitor.close()
+        kill_groups([s.pid for _, s in servers])
+        for _, s in servers:
+            s.wait(10)
+
+
+async def test_no_layout_every_server_is_its_own_run_judged_alone(sim_state, tmp_path, monkeypatch):
+    """No layout: each server is a run of its own, judged on its own tree. B's rank killed: B reads
+    `crashed` while A and C, serving, do not; the host's verdict is no one run's. A cold look
+    lists A and C in snapshot --json's `runs`, each with its own port, model, ranks, phase and
+    verdict; B, gone, is not listed."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    servers = three_servers(sim_state, tmp_path)
+    (port_a, a), (port_b, b), (port_c, c) = servers
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)), probe_every_s=0.25)
+    kept = None
+
+    def judged(pid):
+        return next((j for j in monitor.runs_judged() if j.server.root == pid), None)
+
+    def said():
+        return [(j.server.root, j.server.ports, j.phase.name, str(j.verdict), j.verdict.evidence[:2])
+                for j in monitor.runs_judged()]
+    try:
+        await monitor.open(kept=True)
+        kept = asyncio.create_task(monitor.keep())
+        assert monitor.several and monitor.following is None, "several servers: none followed"
+        await wait_for(lambda: all(judged(s.pid) is not None and judged(s.pid).phase.name in ("ready", "serving")
+                                   for s in (a, b, c)), 90, "each server judged up", said)
+        rank = next(p for p in session_procs(b.pid) if "TP1" in " ".join(agent_procs._read_cmdline(p)))
+        os.kill(rank, signal.SIGKILL)  # B: one rank gone, then its server ends the rest: a crash of B's alone
+        await wait_for(lambda: judged(b.pid).verdict.name == VerdictName.CRASHED, 60, "B crashed", said)
+        await monitor.session.wait_samples(8)
+        for s in (a, c):
+            assert judged(s.pid).verdict.name not in (VerdictName.CRASHED, VerdictName.STOPPED), said()
+            assert judged(s.pid).phase.name in ("ready", "serving"), said()
+        assert monitor.verdict.name == VerdictName.NO_RUN and "each its own run" in monitor.verdict.evidence[0]
+        res = await asyncio.to_thread(run_cli, "snapshot", "local", "--sim", str(sim_state), "--json", "--wait", "3",
+                                      timeout=120)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        runs = {r["root"]: r for r in doc["runs"]}
+        assert b.pid not in runs and {a.pid, c.pid} <= set(runs), doc["runs"]
+        for n, (pid, port) in enumerate(((a.pid, port_a), (c.pid, port_c))):
+            run = runs[pid]
+            assert run["ports"] == [port] and run["tp_size"] == 2 and run["ranks"] == [0, 1], run
+            assert run["user"] and run["model"] == f"/models/m{2 * n}", run
+            assert run["phase"]["name"] in ("ready", "serving") and run["verdict"]["name"] != "crashed", run
+        assert doc["verdict"]["name"] == "no run" and doc["neighbours"] == [], doc["verdict"]
+    finally:
+        if kept is not None:
+            kept.cancel()
+        await monitor.close()
+        kill_groups([s.pid for _, s in servers])
+        for _, s in servers:
+            s.wait(10)
