@@ -1,5 +1,5 @@
 """Listening ports: the kernel's sock_diag over netlink, else /proc/net/tcp*; owners from the
-watched processes' fds only.
+watched processes' fds, and where no descriptor can be read, the socket's uid in the kernel's table.
 """
 
 import os
@@ -162,6 +162,13 @@ def _sid(pid):
     return None if row is None else row["sid"]
 
 
+def _uid_of(pid):
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+
+
 def _holder(inode):
     """(pid, uid, session) of a process holding socket `inode` open; (None, None, None) when none
     can be read."""
@@ -305,8 +312,12 @@ class Ports:
             self.holders = dict((i, h) for i, h in self.holders.items() if i in self.foreign)
             self.holders[inode] = _holder(inode)
         pid, uid, sid = self.holders[inode]
-        if pid is None:
-            return {}
+        if pid is None:  # no descriptor of it readable (another user's, for an agent not run as root)
+            uid = next((u for i, u in socket_table().values() if i == inode), None)
+            if uid is None:
+                return {}
+            uids = set(_uid_of(w) for w in watched) - {None}
+            return {"holder_uid": uid, "holder_user": _user(uid), "theirs": None if uid in uids else False}
         sessions = set(_sid(w) for w in watched) - {None}
         return {"holder": pid, "holder_uid": uid, "holder_user": None if uid is None else _user(uid),
                 "theirs": sid in sessions}

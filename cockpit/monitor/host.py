@@ -493,6 +493,8 @@ class HostMonitor(MonitorBase):
         view = self.state.metrics
         if not path or not ports or not view.due(time.monotonic()):
             return
+        if any(pt.port == ports[0] and pt.stranger for pt in self.state.ports):
+            return  # another's listener on the run's port: its /metrics are never the run's
         view.endpoint = f"{ports[0]}{path}"
         view.health = self.probes.get((ports[0], "/health"))
         answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.WANTED, timeout=10)
