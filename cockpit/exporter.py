@@ -216,7 +216,7 @@ class Exporter:
             seconds.add_metric([host], self.verdict_seconds(m))
             if v.odd_rank is not None:
                 odd.add_metric([host], float(v.odd_rank))
-            rs = s.ranks()
+            rs = [] if getattr(mon, "several", False) else s.ranks()  # several servers, none followed: no run's ranks
             ranks.add_metric([host], float(len(rs)))
             dead.add_metric([host], float(sum(1 for p in rs if not p.alive or p.status == "Z")))
             kind = stall_kind(v)

@@ -19,7 +19,7 @@ from cockpit.link.target import parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layoutfile import load_layout
 from conftest import free_port, run_cli
-from simhost import gone, kill_groups, wait_for
+from simhost import gone, kill_groups, until, wait_for
 from test_safety import end_session, json_tail, layout_file, session_procs, start_by_hand
 
 
@@ -139,6 +139,46 @@ async def test_no_layout_every_server_is_its_own_run_judged_alone(sim_state, tmp
         if kept is not None:
             kept.cancel()
         await monitor.close()
+        kill_groups([s.pid for _, s in servers])
+        for _, s in servers:
+            s.wait(10)
+
+
+async def test_the_screen_lists_every_server_and_enter_follows_one(sim_state, tmp_path, monkeypatch):
+    """No layout: the screen's runs list has a row per server; enter on B's row follows B alone
+    (its ranks, its log, its verdict) and lists A and C as its neighbours."""
+    from cockpit.ui.app import CockpitApp
+    from cockpit.ui.runs import RunsTable
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    servers = three_servers(sim_state, tmp_path)
+    (port_a, a), (port_b, b), (port_c, c) = servers
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)), probe_every_s=0.25)
+    app = CockpitApp(monitor=monitor)
+    try:
+        async with app.run_test(size=(200, 60)) as pilot:
+            screen = app.screen
+            table = screen.query_one(RunsTable)
+
+            def listed() -> set[str]:
+                return set(table._keys)
+            await until(pilot, lambda: {str(a.pid), str(b.pid), str(c.pid)} <= listed() and all(
+                str(table.get_cell(str(s.pid), "ports")) == str(p) for p, s in servers), 90)
+            assert not table.has_class("empty")
+            table.focus()
+            table.move_cursor(row=table._keys.index(str(b.pid)))
+            await pilot.press("enter")
+            own = set(session_procs(b.pid))
+            await until(pilot, lambda: monitor.following is not None and monitor.following.get("root") == b.pid
+                        and monitor.state.procs and set(p.pid for p in monitor.state.procs.values()
+                                                        if p.alive) <= own
+                        and len(monitor.state.ranks()) == 2, 60)
+            await until(pilot, lambda: str(table.get_cell(str(b.pid), "verdict")).startswith("▶")
+                        and str(table.get_cell(str(a.pid), "verdict")) == "neighbour"
+                        and str(table.get_cell(str(c.pid), "verdict")) == "neighbour", 60)
+            assert next(iter(monitor.state.logs)) == str(tmp_path / f"by-hand-{port_b}.log")
+    finally:
         kill_groups([s.pid for _, s in servers])
         for _, s in servers:
             s.wait(10)
