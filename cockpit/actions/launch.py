@@ -20,7 +20,7 @@ from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run, layout_default_p
 from cockpit.runs.spec import RunSpec, build_argv, new_run_id, run_log_path
 
 
-async def find_live_run(session, layout: Layout, demo_state: str | None = None) -> Run | None:
+async def find_live_run(session, layout: Layout, demo_state: str | None = None, elsewhere: bool = True) -> Run | None:
     """The latest run of this layout on this host that is still alive (ready, stalled, or never
     watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
     follows, what a cold look from anywhere finds, and (`demo_state`) a demo's current run, among
@@ -31,7 +31,8 @@ async def find_live_run(session, layout: Layout, demo_state: str | None = None) 
     its session carry the run's titles and user.
     The record carries its root pid (`root`) and, where the agent saw the leader alive, when
     (`leader_seen_ticks`: the monitor's door notes it, ledger.note_seen); the Run, the rule that
-    found it."""
+    found it. No launch of it alive: the run started elsewhere (`find_started_elsewhere`), unless
+    `elsewhere` is off (a Slurm job's node, whose run is the job's processes)."""
     records = [r for r in list(reversed(read_ledger(layout)))
                if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
                and not r.get("ended")  # a run killed whole and verified gone is never resumed
@@ -56,7 +57,7 @@ async def find_live_run(session, layout: Layout, demo_state: str | None = None) 
                     else {}
                 rule = (f"the demo's run (process group {run['pgid']})" if demo_state is not None else cand["rule"])
                 return Run(layout, {**run, "root": cand["root"], **seen}, rule)
-    if demo_state is not None:
+    if demo_state is not None or not elsewhere:
         return None
     return await find_started_elsewhere(session, layout)
 

@@ -24,6 +24,7 @@ class Server:
     started: float | None = None  # host clock
     title: str = ""
     ports: list[int] = field(default_factory=list)
+    port_named: int | None = None  # the port its command line names (`--port N`): its own, listening or not yet
     model: str | None = None
     tp_size: int | None = None
     pids: list[int] = field(default_factory=list)
@@ -33,6 +34,11 @@ class Server:
     @property
     def key(self) -> tuple[int, int | None]:
         return (self.root, self.root_start)
+
+    @property
+    def own_ports(self) -> set[int]:
+        """The ports it listens on and the one its command line names."""
+        return set(self.ports) | ({self.port_named} if self.port_named is not None else set())
 
     def doc(self) -> dict[str, Any]:
         """The document's entry of this server (docs/snapshot-schema.md `runs`, `neighbours`)."""
@@ -69,7 +75,7 @@ def servers_of(answer: Any) -> list[Server]:
             user=str(row.get("user") or "?"),
             started=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
             title=str(row.get("title") or "")[:400],
-            ports=[p for p in row.get("ports") or [] if _int(p) is not None],
+            ports=[p for p in row.get("ports") or [] if _int(p) is not None], port_named=_int(row.get("port_named")),
             model=row["model"] if isinstance(row.get("model"), str) else None, tp_size=_int(row.get("tp_size")),
             pids=[m["pid"] for m in members], ranks=sorted(ranks)))
     return out

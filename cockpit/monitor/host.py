@@ -94,6 +94,9 @@ class HostMonitor(MonitorBase):
         self._forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
         self.shm_held: dict[tuple[int, int], float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
+        # a watch of the caller's own processes (a Slurm job's on its node): that is the run's tree, kept
+        self._given_tree = bool(watch is not None and (watch.pids or watch.pgids))
+        self._server_patterns = watch.patterns if watch is not None and watch.patterns else None  # the caller's titles
         self.servers: list[Server] = []  # every server on the host as last listed (SERVERS_EVERY_S)
         self._servers_at: float | None = None  # when (local monotonic)
         self._server_logs: dict[tuple[int, int | None], str | None] = {}  # the file each server writes to
@@ -188,10 +191,12 @@ class HostMonitor(MonitorBase):
         """Every server on the host, each its own tree (the agent's `servers`), at most every
         SERVERS_EVERY_S; the file each one writes to looked for once."""
         now = time.monotonic()
+        if self.target.kind == "demo":
+            return []  # a simulated host: this machine's own servers are none of its neighbours
         if not force and self._servers_at is not None and now < self._servers_at + SERVERS_EVERY_S:
             return self.servers
         self._servers_at = now
-        servers = servers_of(await self.session.request("servers", timeout=60))
+        servers = servers_of(await self.session.request("servers", timeout=60, patterns=self._server_patterns))
         for s in servers:
             if s.key not in self._server_logs:
                 pids = [s.root] + [p for p in s.pids if p != s.root]
@@ -215,7 +220,8 @@ class HostMonitor(MonitorBase):
         self.several = False
         self.judged = {}
         rec: dict[str, Any] = {"root": server.root, "pid": server.root, "root_start": server.root_start,
-                               "uid": server.uid, "user": server.user, "host": self.target.label}
+                               "uid": server.uid, "user": server.user, "host": self.target.label,
+                               "ports": sorted(server.own_ports)}
         if server.log:
             rec["log"] = server.log
         self.follow(Run(self.layout, rec, rule or f"picked by the operator: root pid {server.root} ({server.user}, "
@@ -345,10 +351,10 @@ class HostMonitor(MonitorBase):
                     self.follow(found, resumed=True)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)"
                                                      if found.run_id else f"following the layout's run: {found.rule}")
-                else:
+                elif not self._given_tree:
                     self.session.watch_run(None, None)  # no run: no server on the host is judged as this one
                     self._watch_moved = True
-            elif self.layout is None:
+            elif self.layout is None and not self._given_tree:
                 await self._runs_of_the_host()
             if self.following is None and self.layout is None and not self.several and not self.session.watch.logs:
                 await self._find_log()
@@ -426,10 +432,12 @@ class HostMonitor(MonitorBase):
         process group and log, a new watchdog), not read as the old one's crash. Looked for when
         the ledger changed, or (every 10 s at most) when the layout's port is held by a process
         not watched. Returns the run adopted, if any."""
-        if self.layout is None or self.stopping or self.state.link_state != "up":
+        if self.stopping or self.state.link_state != "up":
             return None
         if any(p.alive and p.status != "Z" for p in self.state.procs.values()):
             return None  # the run followed (or part of it) lives: a new run cannot have replaced it
+        if self.layout is None:
+            return await self._restarted_server()
         try:
             mtime = ledger_path(self.layout).stat().st_mtime
         except OSError:
@@ -449,13 +457,37 @@ class HostMonitor(MonitorBase):
         await self.adopt(run)
         return run
 
+    async def _restarted_server(self) -> Run | None:
+        """No layout: the server followed ended (crashed, stopped elsewhere) and one started on its
+        port (restarted by hand): followed as its new run. A server on another port stays a
+        neighbour; after the operator's own kill nothing is followed (`no run`, the list stays)."""
+        rec = self.following
+        if rec is None or self.several or self._given_tree or not rec.get("ports"):
+            return None
+        now = time.monotonic()
+        if now < self._port_look_at:
+            return None
+        self._port_look_at = now + self.probe_every_s
+        old = (rec.get("root"), rec.get("root_start"))
+        new = [s for s in await self.list_servers(force=True) if s.own_ports & set(rec["ports"]) and s.key != old]
+        if len(new) != 1 or any(p.alive and p.status != "Z" for p in self.state.procs.values()):
+            return None
+        server = new[0]
+        self.pick(server, f"the server on port {', '.join(map(str, sorted(server.own_ports)))} started again: "
+                          f"root pid {server.root} ({server.user})")
+        self.state.notes.append(f"a new run appeared on port {', '.join(map(str, rec['ports']))} (root pid "
+                                f"{server.root}), started elsewhere; following it and its log")
+        self.update()
+        return self.run
+
     async def find_run(self) -> Run | None:
         """The layout's live run as a fresh look finds it (actions/launch.py's find_live_run, the
         one way a run is found): on the demo host, among the demo's own runs."""
         if self.layout is None:
             return None
         demo = self.session.opts.sim_state if self.target.kind == "demo" else None
-        return await find_live_run(self.session, self.layout, demo_state=demo or None)
+        return await find_live_run(self.session, self.layout, demo_state=demo or None,
+                                   elsewhere=not self._given_tree)
 
     async def adopt(self, run: Run) -> None:
         """Follow `run` from now on (the door: its process group and its own log, a new
