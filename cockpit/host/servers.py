@@ -10,6 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from cockpit.common.secrets import mask_text, mask_url
 from cockpit.host.state import HostState, role_of
 
 
@@ -55,7 +56,8 @@ def _int(value: Any) -> int | None:
 
 
 def servers_of(answer: Any) -> list[Server]:
-    """The agent's `servers` answer, field by field (a hostile host's wrong types dropped)."""
+    """The agent's `servers` answer, field by field (a hostile host's wrong types dropped, its
+    command lines' secrets masked on arrival)."""
     out: list[Server] = []
     rows = answer.get("servers") if isinstance(answer, dict) else None
     for row in rows if isinstance(rows, list) else []:
@@ -74,9 +76,9 @@ def servers_of(answer: Any) -> list[Server]:
             root=row["root"], root_start=_int(row.get("root_start")), uid=_int(row.get("uid")),
             user=str(row.get("user") or "?"),
             started=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
-            title=str(row.get("title") or "")[:400],
+            title=mask_text(str(row.get("title") or "")[:400]),  # secrets never reach the screen or JSON
             ports=[p for p in row.get("ports") or [] if _int(p) is not None], port_named=_int(row.get("port_named")),
-            model=row["model"] if isinstance(row.get("model"), str) else None, tp_size=_int(row.get("tp_size")),
+            model=mask_url(row["model"]) if isinstance(row.get("model"), str) else None, tp_size=_int(row.get("tp_size")),
             pids=[m["pid"] for m in members], ranks=sorted(ranks)))
     return out
 
