@@ -454,6 +454,7 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
     return finish(_group(table, found, member, rule, protected), "titles")
 
 
+_RANK_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")  # an engine's rank, never a server's root
 SERVERS_MAX = 64  # server trees listed at most: a bound on the frame, said when reached
 MEMBERS_MAX = 256  # processes of one tree listed at most
 
@@ -484,6 +485,23 @@ def host_servers(patterns=None, table=None):
     def member(pid):
         return _is_titled(pats, table.rows[pid]["name"], table.argv(pid))
     runs = _group(table, found, member, lambda r, t: "title", protected)
+    # a rank's title (`VLLM::Worker_TP0`) with a parent of its user that is no server by title (a
+    # server whose program the patterns do not name): the parent spawned the ranks, it is the root
+    parents = {}
+    for c in runs:
+        row = table.rows[c["root"]]
+        parent = table.rows.get(row["ppid"])
+        if _RANK_TITLE.match(row["name"]) and parent is not None and parent["pid"] > 1 \
+                and parent["pid"] not in protected and parent["uid"] == row["uid"]:
+            parents.setdefault(parent["pid"], []).append(c["root"])
+    if parents:
+        lifted = set(p for kids in parents.values() for p in kids)
+        runs = [c for c in runs if c["root"] not in lifted] + [_candidate(table, p, "title", protected)
+                                                              for p in sorted(parents)]
+        inside = set()
+        for c in runs:
+            inside |= set(e["pid"] for e in c["members"]) - {c["root"]}
+        runs = sorted((c for c in runs if c["root"] not in inside), key=lambda c: c["root"])
     listening = socket_table()
     by_inode = dict((inode, (port, uid)) for port, (inode, uid) in listening.items())
     out, held = [], set()

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -182,3 +183,43 @@ async def test_the_screen_lists_every_server_and_enter_follows_one(sim_state, tm
         kill_groups([s.pid for _, s in servers])
         for _, s in servers:
             s.wait(10)
+
+
+RANKS_OF_AN_UNTITLED_PARENT = """\
+import multiprocessing as mp, setproctitle, time
+def rank(n):
+    setproctitle.setproctitle(f"VLLM::Worker_TP{n}")
+    time.sleep(600)
+if __name__ == "__main__":
+    ranks = [mp.get_context("spawn").Process(target=rank, args=(n,)) for n in range(2)]
+    for r in ranks:
+        r.start()
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_ranks_spawned_by_a_parent_no_pattern_names_are_one_server_rooted_there(tmp_path):
+    """A server whose own program no title pattern names (`python job.py serve`) spawns ranks
+    titled `VLLM::Worker_TP<n>`: the host lists one server, rooted at that parent, never a server
+    per rank."""
+    from cockpit.agent import kill as agent_kill
+
+    script = tmp_path / "job.py"
+    script.write_text(RANKS_OF_AN_UNTITLED_PARENT)
+    job = subprocess.Popen([sys.executable, str(script), "serve"], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        assert job.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        while True:
+            found = [s for s in agent_kill.host_servers()["servers"]
+                     if any(m["pid"] in session_procs(job.pid) for m in s["members"])]
+            titles = [m["title"] for s in found for m in s["members"]]
+            if sum("VLLM::Worker_TP" in t for t in titles) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [s["root"] for s in found] == [job.pid], found
+    finally:
+        kill_groups([job.pid])
+        job.wait(10)
