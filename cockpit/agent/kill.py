@@ -468,7 +468,7 @@ def _flag_text(argv, names):
     return None
 
 
-def host_servers(patterns=None, table=None):
+def host_servers(patterns=None, table=None, sim_state=None):
     """Every server on the host, any user's, each its own tree (the title rule of find_runs: a
     process whose title or program is a server's, climbed to its root through parents that are
     servers too, never through a shell or a multiplexer): its root, user, start, command line,
@@ -476,11 +476,15 @@ def host_servers(patterns=None, table=None):
     listen on. A listener whose process's descriptors cannot be read (another user's, for an
     agent not run as root) is told by the socket's uid in the kernel's table: a port of that
     user's, given to its one tree of that user. What the operator sees as the host's runs and a
-    run's neighbours; nothing of it is judged here."""
+    run's neighbours; nothing of it is judged here. `sim_state`: the agent watches a simulated
+    host (that folder), whose servers are those started into it (COCKPIT_SIM_STATE in their
+    environment); this machine's other servers are none of its."""
     table = table or _Table()
     protected = _protected()
     pats = list(patterns) if patterns else list(DEFAULT_PATTERNS)
     found = [p for p, r in table.rows.items() if p not in protected and _is_titled(pats, r["name"], table.argv(p))]
+    if sim_state:
+        found = [p for p in found if _environ(p).get("COCKPIT_SIM_STATE") == sim_state]
 
     def member(pid):
         return _is_titled(pats, table.rows[pid]["name"], table.argv(pid))

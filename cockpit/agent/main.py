@@ -53,6 +53,7 @@ class Agent:
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
         self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
         self.leader_seen = {}  # pgid -> clock ticks when its leader was last seen alive (each tick)
+        self.sim_state = None  # --sim-state: the simulated host's folder (its servers are those started into it)
         self.ras = RasPoller()
         self.log_owners = {}  # path -> {uid}: the user of the process stdout_of found writing it
         self.acts = Acts()  # the host's record of runs and the operator's acts: read each tick, sent when new
@@ -336,7 +337,7 @@ class Agent:
     def cmd_servers(self, patterns=None):
         """Every server on the host, each its own tree (kill.host_servers): the host's runs, and a
         run's neighbours."""
-        return host_servers(patterns)
+        return host_servers(patterns, sim_state=self.sim_state)
 
     def cmd_kill_plan(self, pgids=(), sids=(), pids=(), launched=(), ports=(), command=(), model=None,
                       patterns=None, default_port=None, layout=None):
@@ -479,6 +480,7 @@ def install_sim_nvml(nbytes):
 def main(argv, procs):
     """The agent's life, `procs` primed by start.py: arguments, the hello, the loop."""
     interval = 1.0
+    sim_state = None
     args = list(argv)
     while args:
         flag = args.pop(0)
@@ -487,7 +489,7 @@ def main(argv, procs):
         elif flag == "--sim-nvml":
             install_sim_nvml(int(args.pop(0)))
         elif flag == "--sim-state":
-            os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
+            sim_state = os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
     if sys.version_info < (3, 8):
         emit({"t": FATAL, "code": "python-too-old",
               "msg": "Python %s on the host is too old: gpu-cockpit's agent needs Python >= 3.8 "
@@ -501,6 +503,7 @@ def main(argv, procs):
             pass
     procs.ps = psutil
     agent = Agent(interval, procs)
+    agent.sim_state = sim_state
     if psutil is None and not _HAVE_PROC:
         agent.warnings.append("no /proc and no psutil for %s: processes are not watched" % sys.executable)
     emit(agent.hello(psutil))

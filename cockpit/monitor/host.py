@@ -178,8 +178,9 @@ class HostMonitor(MonitorBase):
         if self.several:
             return []
         rec = self.following or {}
+        root = rec.get("root") or rec.get("pid")  # a launch's record names its leader: the tree's root
         watched = {pid for pid, p in self.state.procs.items() if p.alive}
-        return [s for s in self.servers if not set(s.pids) & watched and s.root != rec.get("root")]
+        return [s for s in self.servers if not set(s.pids) & watched and s.root != root]
 
     def decided(self) -> bool:
         if self.several:
@@ -246,7 +247,9 @@ class HostMonitor(MonitorBase):
                          verdict=self.verdict.doc(), followed=True, run_id=self.run.run_id, rule=self.run.rule)]
         else:
             runs = []
-        return {"runs": runs, "neighbours": [dict(s.doc(), phase=None, verdict=None) for s in self.neighbours()]}
+        listed = {r.get("root") for r in runs}  # a run's own tree is never also its neighbour
+        return {"runs": runs, "neighbours": [dict(s.doc(), phase=None, verdict=None) for s in self.neighbours()
+                                             if s.root not in listed]}
 
     def _local_time(self, at: float) -> float:
         """A host-clock time as local monotonic, through the latest sample's stamp."""
@@ -351,8 +354,10 @@ class HostMonitor(MonitorBase):
                     self.follow(found, resumed=True)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)"
                                                      if found.run_id else f"following the layout's run: {found.rule}")
-                elif not self._given_tree:
-                    self.session.watch_run(None, None)  # no run: no server on the host is judged as this one
+                elif not self._given_tree and not self.layout.watch:
+                    # no run: no server on the host is judged as this one (a layout's own `watch:`
+                    # patterns name the operator's processes: those stay watched)
+                    self.session.watch_run(None, None)
                     self._watch_moved = True
             elif self.layout is None and not self._given_tree:
                 await self._runs_of_the_host()

@@ -129,7 +129,7 @@ async def test_no_layout_every_server_is_its_own_run_judged_alone(sim_state, tmp
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         runs = {r["root"]: r for r in doc["runs"]}
-        assert b.pid not in runs and {a.pid, c.pid} <= set(runs), doc["runs"]
+        assert set(runs) == {a.pid, c.pid}, doc["runs"]  # the simulated host's own servers alone
         for n, (pid, port) in enumerate(((a.pid, port_a), (c.pid, port_c))):
             run = runs[pid]
             assert run["ports"] == [port] and run["tp_size"] == 2 and run["ranks"] == [0, 1], run
@@ -223,3 +223,32 @@ def test_ranks_spawned_by_a_parent_no_pattern_names_are_one_server_rooted_there(
     finally:
         kill_groups([job.pid])
         job.wait(10)
+
+
+async def test_a_simulated_host_lists_only_the_servers_started_into_it(sim_state, tmp_path):
+    """An agent watching a simulated host lists as the host's servers only those started into
+    its folder: a server of another simulated host on this machine (another test's, another
+    cockpit's demo) is none of its runs or neighbours; the machine itself lists both."""
+    from cockpit.agent import kill as agent_kill
+    from cockpit.host.session import HostSession
+    from cockpit.sim import fakenvml
+
+    elsewhere = tmp_path / "elsewhere-sim"
+    fakenvml.write_host(str(elsewhere), gpus=8, model="rtx-pro-6000", seed=12)
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ours = start_by_hand(sim_state, tmp_path / "ours", free_port())
+    theirs = start_by_hand(elsewhere, tmp_path / "theirs", free_port())
+    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)), WatchList(patterns=[]))
+    try:
+        roots = {s["root"] for s in agent_kill.host_servers()["servers"]}
+        assert {ours.pid, theirs.pid} <= roots, roots
+        await session.connect()
+        listed = [s["root"] for s in (await session.request("servers", timeout=60))["servers"]]
+        assert listed == [ours.pid], (listed, ours.pid, theirs.pid)
+    finally:
+        await session.close()
+        kill_groups([ours.pid, theirs.pid])
+        ours.wait(10)
+        theirs.wait(10)
