@@ -418,3 +418,56 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
 
 async def _no_run(_monitor) -> None:
     """The test's monitor follows no run until the demo's end names each one it stops."""
+
+
+async def test_a_tp2_servers_ranks_are_its_own_beside_the_hosts_other_servers(sim_state, tmp_path, monkeypatch):
+    """The report behind the host's servers: a TP-2 server named by its layout's port, beside two
+    other TP-2 servers of the same command on the host: `gpu_cockpit_ranks` is 2 (its own tree),
+    never the host's total, and none of its ranks is dead when a neighbour stops; with no layout
+    (each server judged alone, none followed) the host's series count no one run's ranks."""
+    import asyncio
+
+    from cockpit.runs.layoutfile import load_layout
+    from test_safety import end_session, layout_file, start_by_hand
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ports = [free_port() for _ in range(3)]
+    servers = [start_by_hand(sim_state, tmp_path, port, "--base-gpu-id", str(2 * n), "--sim-shm-dir", str(tmp_path))
+               for n, port in enumerate(ports)]
+    opts = SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state))
+    layout = load_layout(str(layout_file(tmp_path, "a", ports[0])))
+    monitors = [HostMonitor(parse_target("local"), opts, layout, watch=WatchList.for_layout(layout), probe_every_s=0.25),
+                HostMonitor(parse_target("local"), opts, probe_every_s=0.25)]
+    watch = fleet_of("gpu-a", "gpu-b")
+    for member, monitor in zip(watch.members, monitors):
+        member.monitor = monitor
+    exp = exporter.Exporter(watch)
+
+    def series(name: str) -> dict:
+        families = {f.name: f for f in text_string_to_metric_families(exposition(exp))}
+        return {s.labels["host"]: s.value for s in families[name].samples}
+    kept = []
+    try:
+        for monitor in monitors:
+            await monitor.open(kept=True)
+            kept.append(asyncio.create_task(monitor.keep()))
+        a, plain = monitors
+        await wait_for(lambda: a.phase.name in ("ready", "serving") and len(a.state.ranks()) == 2, 90,
+                       "the layout's server followed", lambda: (a.phase, a.verdict, a.state.ranks()))
+        assert plain.several and plain.following is None
+        end_session(servers[1])  # a neighbour stops: nothing of it is the run's
+        await a.session.wait_samples(8)
+        a.update()
+        plain.update()
+        assert series("gpu_cockpit_ranks") == {"gpu-a": 2.0, "gpu-b": 0.0}
+        assert series("gpu_cockpit_dead_ranks") == {"gpu-a": 0.0, "gpu-b": 0.0}
+        verdicts = {s.labels["host"]: s.labels["state"] for f in text_string_to_metric_families(exposition(exp))
+                    if f.name == "gpu_cockpit_verdict" for s in f.samples if s.value == 1}
+        assert verdicts["gpu-a"] not in ("crashed", "stopped", "no run") and verdicts["gpu-b"] == "no run", verdicts
+    finally:
+        for task in kept:
+            task.cancel()
+        for monitor in monitors:
+            await monitor.close()
+        for s in servers:
+            end_session(s)
