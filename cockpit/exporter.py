@@ -49,6 +49,7 @@ SCRAPE_TIMEOUT_S = 10.0  # a scrape waits this long for the event loop to read t
 READ_TIMEOUT_S = 10.0  # a connection that sends no whole request (or stops reading) in this long is closed
 MAX_CONNECTIONS = 64  # open at once: far below any fd limit; past it the oldest idle one makes room
 XID_CODES = 4  # distinct Xid codes exported per GPU (its latest): a label, so bounded
+MAX_HOST_RUNS = 64  # runs (servers judged alone) exported per host, as the agent lists at most
 MAX_HOST_GPUS = 512  # GPUs exported per host (a job's many nodes included); the rest counted, not exported
 HOOK_TIMEOUT_S = 30.0
 RULES = Path(__file__).resolve().parent / "alerts" / "gpu-cockpit-rules.yml"
@@ -186,6 +187,11 @@ class Exporter:
         age = G(f"{NS}_sample_age_seconds", "Seconds since the host's last sample arrived", labels=H)
         run = G(f"{NS}_run_info", "The run on the host (1): its ledger id, else (started elsewhere) pgid:N of its "
                                   "process group or port:N of its port; and the layout", labels=["host", "run", "layout"])
+        each = G(f"{NS}_server_verdict", "Each run on the host, one server's process tree (root:PID), judged on "
+                                         "its own tree: 1 for its current verdict (no layout and several servers: "
+                                         "one per server; else the run followed)", labels=["host", "run", "state"])
+        each_ranks = G(f"{NS}_server_ranks", "Ranks of each run on the host (root:PID), its own tree's alone",
+                       labels=["host", "run"])
         GL = ["host", "gpu", "rank"]
         util = G(f"{NS}_gpu_utilization_ratio", "GPU utilization, 0 to 1", labels=GL)
         used = G(f"{NS}_gpu_memory_used_bytes", "GPU memory used", labels=GL)
@@ -226,7 +232,7 @@ class Exporter:
             seconds.add_metric([host], self.verdict_seconds(m))
             if v.odd_rank is not None:
                 odd.add_metric([host, str(int(v.odd_rank))], 1.0)
-            rs = s.ranks()
+            rs = [] if getattr(mon, "several", False) else s.ranks()  # several servers, none followed: no run's ranks
             ranks.add_metric([host], float(len(rs)))
             dead.add_metric([host], float(sum(1 for p in rs if not p.alive or p.status == "Z")))
             kind = stall_kind(v)
@@ -238,6 +244,15 @@ class Exporter:
                     fam.add_metric([host], float(head[key]))
             if head.get("generation_tokens") is not None:
                 generated.add_metric([host], float(head["generation_tokens"]))
+            runs_doc = getattr(mon, "runs_doc", None)  # one host's monitor: its runs, each its own tree
+            for entry in (runs_doc()["runs"] if runs_doc is not None else [])[:MAX_HOST_RUNS]:
+                if entry.get("root") is None:
+                    continue
+                rid = f"root:{int(entry['root'])}"
+                name = (entry.get("verdict") or {}).get("name")
+                for st in VERDICTS:
+                    each.add_metric([host, rid, st], 1.0 if name == st else 0.0)
+                each_ranks.add_metric([host, rid], float(len(entry.get("ranks") or [])))
             layout = getattr(mon, "layout", None)
             named = run_name(mon, s)
             if named is not None:
@@ -280,7 +295,7 @@ class Exporter:
         hosts = G(f"{NS}_hosts", "Hosts in the fleet this exporter watches")
         hosts.add_metric([], float(len(self.fleet.members)))
         out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, generated, running, waiting, rtt, age,
-               run, util, used, total, power, temp, ecc, lost, remap, xid, xids, hw, capped, hosts]
+               run, each, each_ranks, util, used, total, power, temp, ecc, lost, remap, xid, xids, hw, capped, hosts]
         if self.hook is not None:
             hook = C(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
                                              "coalesced: a change replaced by a later one while the hook ran)",

@@ -93,7 +93,9 @@ async def live_app(sim_state, tmp_path):
     runs = []
 
     async def on_connect(monitor):
-        runs.append((await demo.start_demo(monitor.session, layout, str(sim_state))).record)
+        run = await demo.start_demo(monitor.session, layout, str(sim_state))
+        runs.append(run.record)
+        monitor.follow(run)  # the run it launched is the one it follows, as `cockpit demo` does
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     yield app, port

@@ -16,11 +16,11 @@ from cockpit.common.secrets import mask_argv
 from cockpit.read.flightrec import forensics_env
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import append_ledger, masked, operator_id, read_ledger
-from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run
+from cockpit.runs.run import LAUNCH_MARKER, LAUNCHED_KEYS, Run, layout_default_port, layout_model
 from cockpit.runs.spec import RunSpec, build_argv, new_run_id, run_log_path
 
 
-async def find_live_run(session, layout: Layout, demo_state: str | None = None) -> Run | None:
+async def find_live_run(session, layout: Layout, demo_state: str | None = None, elsewhere: bool = True) -> Run | None:
     """The latest run of this layout on this host that is still alive (ready, stalled, or never
     watched to an outcome): what a cockpit started again after a crash, a quit or a dropped link
     follows, what a cold look from anywhere finds, and (`demo_state`) a demo's current run, among
@@ -31,7 +31,8 @@ async def find_live_run(session, layout: Layout, demo_state: str | None = None) 
     its session carry the run's titles and user.
     The record carries its root pid (`root`) and, where the agent saw the leader alive, when
     (`leader_seen_ticks`: the monitor's door notes it, ledger.note_seen); the Run, the rule that
-    found it."""
+    found it. No launch of it alive: the run started elsewhere (`find_started_elsewhere`), unless
+    `elsewhere` is off (a Slurm job's node, whose run is the job's processes)."""
     records = [r for r in list(reversed(read_ledger(layout)))
                if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
                and not r.get("ended")  # a run killed whole and verified gone is never resumed
@@ -44,19 +45,52 @@ async def find_live_run(session, layout: Layout, demo_state: str | None = None) 
                      "boot": r.get("boot"), "uid": r.get("uid"), "log": r.get("log"), "host": session.target.label,
                      "by": r.get("by"), "from_host": True}
                     for r in session.state.launches(layout.name)[:20] if r["run_id"] not in mine]
-    if not records:
+    if records:
+        launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
+        found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
+                                      patterns=session.watch.patterns, layout=layout.name)
+        alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
+        for run in records:
+            cand = alive.get(int(run["pgid"]))
+            if cand is not None:
+                seen = {"leader_seen_ticks": cand["leader_seen_ticks"]} if cand.get("leader_seen_ticks") is not None \
+                    else {}
+                rule = (f"the demo's run (process group {run['pgid']})" if demo_state is not None else cand["rule"])
+                return Run(layout, {**run, "root": cand["root"], **seen}, rule)
+    if demo_state is not None or not elsewhere:
         return None
-    launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
-    found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
-                                  patterns=session.watch.patterns, layout=layout.name)
-    alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
-    for run in records:
-        cand = alive.get(int(run["pgid"]))
-        if cand is not None:
-            seen = {"leader_seen_ticks": cand["leader_seen_ticks"]} if cand.get("leader_seen_ticks") is not None else {}
-            rule = (f"the demo's run (process group {run['pgid']})" if demo_state is not None else cand["rule"])
-            return Run(layout, {**run, "root": cand["root"], **seen}, rule)
-    return None
+    return await find_started_elsewhere(session, layout)
+
+
+async def find_started_elsewhere(session, layout: Layout) -> Run | None:
+    """The layout's run that no cockpit launched (`nohup python -m sglang.launch_server ... &`):
+    the one tree that holds the layout's port, else the one whose program is the layout's command
+    with its model on its port (the kill's rules, cockpit/agent/kill.py `find_runs`). Its record
+    is its tree's root (pid and start) and the file its server writes to: that tree alone is the
+    run; a server on another port is a neighbour, never the run. Two found: none followed, both
+    named in the host's notes."""
+    found = await session.request("find_runs", timeout=60, ports=list(layout.ports), command=list(layout.command),
+                                  model=layout_model(layout), default_port=layout_default_port(layout),
+                                  patterns=session.watch.patterns)
+    runs = found.get("runs") or []
+    if len(runs) > 1:
+        session.state.notes.append(f"{len(runs)} servers match the layout {layout.name} (roots "
+                                   f"{', '.join(str(c['root']) for c in runs)}): none followed; name the port, "
+                                   "or kill the one that is not yours with --pid")
+    if len(runs) != 1:
+        return None
+    cand = runs[0]
+    members = [int(e["pid"]) for e in cand.get("members") or []]
+    rec: dict[str, Any] = {"root": cand["root"], "pid": cand["root"], "root_start": cand.get("root_start"),
+                           "uid": cand.get("uid"), "user": cand.get("user"), "host": session.target.label}
+    log = layout.log
+    if not log:
+        pids = [cand["root"]] + [p for p in members if p != cand["root"]]
+        out = await session.request("stdout_of", pids=pids[:16])
+        log = next((out[str(p)] for p in pids if str(p) in out), None)
+    if log:
+        rec["log"] = log
+    return Run(layout, rec, f"started elsewhere: {cand['rule']} (root pid {cand['root']}, {cand.get('user')})")
 
 
 def launch_python(layout: Layout, session) -> str:

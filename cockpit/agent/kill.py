@@ -8,7 +8,7 @@ import re
 import signal
 import time
 
-from .ports import _proc_net_listeners, port_value, socket_inodes
+from .ports import _proc_net_listeners, port_value, socket_inodes, socket_table
 from .procs import (DEFAULT_PATTERNS, _CLK_TCK, _boot_time, _environ, _proc_stat, _protected, _read_cmdline, _read_proc,
                     _start_ticks, _uid, _user, _when, pidfd)
 
@@ -452,6 +452,90 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
         pat = next((p for p in pats if fnmatch.fnmatchcase(r["name"], p) or fnmatch.fnmatchcase(text, p)), "?")
         return "title matches %s (no layout: name one with --layout to find the run by its ports and command)" % pat
     return finish(_group(table, found, member, rule, protected), "titles")
+
+
+_RANK_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")  # an engine's rank, never a server's root
+SERVERS_MAX = 64  # server trees listed at most: a bound on the frame, said when reached
+MEMBERS_MAX = 256  # processes of one tree listed at most
+
+
+def _flag_text(argv, names):
+    """The value of the first of these flags (`--model-path X` or `--model-path=X`); None."""
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if name in names:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def host_servers(patterns=None, table=None, sim_state=None):
+    """Every server on the host, any user's, each its own tree (the title rule of find_runs: a
+    process whose title or program is a server's, climbed to its root through parents that are
+    servers too, never through a shell or a multiplexer): its root, user, start, command line,
+    model and TP size as its command line names them, its processes, and the TCP ports they
+    listen on. A listener whose process's descriptors cannot be read (another user's, for an
+    agent not run as root) is told by the socket's uid in the kernel's table: a port of that
+    user's, given to its one tree of that user. What the operator sees as the host's runs and a
+    run's neighbours; nothing of it is judged here. `sim_state`: the agent watches a simulated
+    host (that folder), whose servers are those started into it (COCKPIT_SIM_STATE in their
+    environment); this machine's other servers are none of its."""
+    table = table or _Table()
+    protected = _protected()
+    pats = list(patterns) if patterns else list(DEFAULT_PATTERNS)
+    found = [p for p, r in table.rows.items() if p not in protected and _is_titled(pats, r["name"], table.argv(p))]
+    if sim_state:
+        found = [p for p in found if _environ(p).get("COCKPIT_SIM_STATE") == sim_state]
+
+    def member(pid):
+        return _is_titled(pats, table.rows[pid]["name"], table.argv(pid))
+    runs = _group(table, found, member, lambda r, t: "title", protected)
+    # a rank's title (`VLLM::Worker_TP0`) with a parent of its user that is no server by title (a
+    # server whose program the patterns do not name): the parent spawned the ranks, it is the root
+    parents = {}
+    for c in runs:
+        row = table.rows[c["root"]]
+        parent = table.rows.get(row["ppid"])
+        if _RANK_TITLE.match(row["name"]) and parent is not None and parent["pid"] > 1 \
+                and parent["pid"] not in protected and parent["uid"] == row["uid"]:
+            parents.setdefault(parent["pid"], []).append(c["root"])
+    if parents:
+        lifted = set(p for kids in parents.values() for p in kids)
+        runs = [c for c in runs if c["root"] not in lifted] + [_candidate(table, p, "title", protected)
+                                                              for p in sorted(parents)]
+        inside = set()
+        for c in runs:
+            inside |= set(e["pid"] for e in c["members"]) - {c["root"]}
+        runs = sorted((c for c in runs if c["root"] not in inside), key=lambda c: c["root"])
+    listening = socket_table()
+    by_inode = dict((inode, (port, uid)) for port, (inode, uid) in listening.items())
+    out, held = [], set()
+    for c in runs[:SERVERS_MAX]:
+        pids = [e["pid"] for e in c["members"]]
+        ports = set()
+        for pid in pids:
+            for inode in socket_inodes(pid):
+                if inode in by_inode:
+                    ports.add(by_inode[inode][0])
+        held |= ports
+        argv = _words(table.argv(c["root"]))
+        tp = _flag_text(argv, ("--tp-size", "--tp", "--tensor-parallel-size", "-tp"))
+        model = _flag_text(argv, ("--model-path", "--model"))
+        if model is None and "serve" in argv[:4]:
+            after = argv[argv.index("serve") + 1:]
+            model = after[0] if after and not after[0].startswith("-") else None
+        out.append({"root": c["root"], "root_start": c["root_start"], "uid": c["uid"], "user": c["user"],
+                    "started": c["started"], "title": c["title"], "ports": sorted(ports),
+                    "port_named": port_value(argv), "model": model,
+                    "tp_size": int(tp) if tp and tp.isdigit() else None,
+                    "members": [{"pid": e["pid"], "name": e["name"], "title": e["title"][:200], "status": e["status"]}
+                                for e in c["members"][:MEMBERS_MAX]]})
+    for s in out:  # descriptors not readable: the socket's uid names its user, the port its command line
+        if not s["ports"] and s["port_named"] is not None and s["port_named"] not in held:
+            got = listening.get(s["port_named"])
+            if got is not None and got[1] == s["uid"]:
+                s["ports"] = [s["port_named"]]
+                s["ports_by"] = "socket uid"
+    return {"servers": out, "more": max(0, len(runs) - SERVERS_MAX)}
 
 
 def _summary(c):

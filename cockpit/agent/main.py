@@ -17,7 +17,7 @@ from .facts import host_facts
 from .flightrec import fr_dump
 from .gpus import open_gpus
 from .guard import check_python
-from .kill import _now_ticks, find_runs, kill_run, run_plan
+from .kill import _now_ticks, find_runs, host_servers, kill_run, run_plan
 from .logs import LogTail, open_log
 from .ports import Ports, listening_ports
 from .procs import _HAVE_PROC, _boot_time, _start_ticks, _uid, _user
@@ -32,8 +32,8 @@ SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
 class Agent:
-    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http", "launch_check",
-                "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
+    THREADED = ("kill", "kill_plan", "find_runs", "servers", "dump", "dump_check", "shm_audit", "shm_clean", "http",
+                "launch_check", "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval, procs):
         self.interval = interval
@@ -53,6 +53,7 @@ class Agent:
         self.launched = {}  # pid -> Popen of runs this agent started: their exit codes are known
         self.launched_runs = {}  # pgid -> its leader's start time (clock ticks), for runs started here
         self.leader_seen = {}  # pgid -> clock ticks when its leader was last seen alive (each tick)
+        self.sim_state = None  # --sim-state: the simulated host's folder (its servers are those started into it)
         self.ras = RasPoller()
         self.log_owners = {}  # path -> {uid}: the user of the process stdout_of found writing it
         self.acts = Acts()  # the host's record of runs and the operator's acts: read each tick, sent when new
@@ -333,6 +334,11 @@ class Agent:
         return find_runs(self._launched(launched, layout), ports, command, model, patterns, self.launched_runs,
                          default_port=default_port, seen=self.leader_seen)
 
+    def cmd_servers(self, patterns=None):
+        """Every server on the host, each its own tree (kill.host_servers): the host's runs, and a
+        run's neighbours."""
+        return host_servers(patterns, sim_state=self.sim_state)
+
     def cmd_kill_plan(self, pgids=(), sids=(), pids=(), launched=(), ports=(), command=(), model=None,
                       patterns=None, default_port=None, layout=None):
         """The plan to confirm. `pids`: those processes and what they started. Otherwise the run
@@ -474,6 +480,7 @@ def install_sim_nvml(nbytes):
 def main(argv, procs):
     """The agent's life, `procs` primed by start.py: arguments, the hello, the loop."""
     interval = 1.0
+    sim_state = None
     args = list(argv)
     while args:
         flag = args.pop(0)
@@ -482,7 +489,7 @@ def main(argv, procs):
         elif flag == "--sim-nvml":
             install_sim_nvml(int(args.pop(0)))
         elif flag == "--sim-state":
-            os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
+            sim_state = os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
     if sys.version_info < (3, 8):
         emit({"t": FATAL, "code": "python-too-old",
               "msg": "Python %s on the host is too old: gpu-cockpit's agent needs Python >= 3.8 "
@@ -496,6 +503,7 @@ def main(argv, procs):
             pass
     procs.ps = psutil
     agent = Agent(interval, procs)
+    agent.sim_state = sim_state
     if psutil is None and not _HAVE_PROC:
         agent.warnings.append("no /proc and no psutil for %s: processes are not watched" % sys.executable)
     emit(agent.hello(psutil))

@@ -1,5 +1,5 @@
 """Listening ports: the kernel's sock_diag over netlink, else /proc/net/tcp*; owners from the
-watched processes' fds only.
+watched processes' fds, and where no descriptor can be read, the socket's uid in the kernel's table.
 """
 
 import os
@@ -21,8 +21,9 @@ class Refused(OSError):
     """The kernel answered a sock_diag request with an error."""
 
 
-def _dump(sock, kind, req, seq, ports):
-    """One sock_diag dump of listening TCP sockets into `ports` ({port: inode})."""
+def _dump(sock, kind, req, seq, ports, uids=None):
+    """One sock_diag dump of listening TCP sockets into `ports` ({port: inode}), and (`uids`)
+    each socket's uid as the kernel keeps it ({inode: uid})."""
     sock.send(_HEADER.pack(16 + len(req), kind, 0x301, seq, 0) + req)  # NLM_F_REQUEST | NLM_F_DUMP
     while True:
         data = sock.recv(65536)
@@ -34,7 +35,10 @@ def _dump(sock, kind, req, seq, ports):
             if msg == 2 or length < 16:  # NLMSG_ERROR
                 raise Refused("sock_diag refused")
             body = off + 16
-            ports.setdefault((data[body + 4] << 8) | data[body + 5], struct.unpack_from("=I", data, body + 68)[0])
+            inode = struct.unpack_from("=I", data, body + 68)[0]
+            ports.setdefault((data[body + 4] << 8) | data[body + 5], inode)
+            if uids is not None:
+                uids[inode] = struct.unpack_from("=I", data, body + 64)[0]
             off += (length + 3) & ~3
 
 
@@ -52,11 +56,11 @@ class _Diag:
         self.seq = 0
         self.lock = threading.Lock()
 
-    def listeners(self):
+    def listeners(self, uids=None):
         if not self.lock.acquire(False):  # another thread is asking (a kill's check): its own socket
             sock = self._open()
             try:
-                return self._ask(sock)
+                return self._ask(sock, uids)
             finally:
                 sock.close()
         try:
@@ -64,7 +68,7 @@ class _Diag:
                 sock = self.sock or self._open()
                 self.sock = None
                 try:
-                    ports = self._ask(sock)
+                    ports = self._ask(sock, uids)
                 except OSError as exc:
                     sock.close()  # a dump broken off may leave replies behind: never read them as ours
                     if not (self.compat and isinstance(exc, Refused)):
@@ -82,16 +86,17 @@ class _Diag:
         sock.settimeout(1.0)
         return sock
 
-    def _ask(self, sock):
+    def _ask(self, sock, uids=None):
         ports = {}
         if self.compat:
             self.seq += 1
-            _dump(sock, TCPDIAG_GETSOCK, struct.pack("=BBBB48xII", 0, 0, 0, 0, TCPF_LISTEN, 0), self.seq, ports)
+            _dump(sock, TCPDIAG_GETSOCK, struct.pack("=BBBB48xII", 0, 0, 0, 0, TCPF_LISTEN, 0), self.seq, ports,
+                  uids)
             return ports
         for family in (socket.AF_INET, socket.AF_INET6):
             self.seq += 1
             _dump(sock, SOCK_DIAG_BY_FAMILY, struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, TCPF_LISTEN),
-                  self.seq, ports)
+                  self.seq, ports, uids)
         return ports
 
 
@@ -111,12 +116,29 @@ def listening_ports():
     return ports
 
 
+def socket_table():
+    """{port: (inode, uid)} of listening TCP sockets, the uid as the kernel's socket table keeps
+    it (the user that opened the socket): who holds a port whose process's descriptors cannot
+    be read (another user's, for an agent not run as root)."""
+    if _DIAG.ok:
+        uids = {}
+        try:
+            ports = _DIAG.listeners(uids)
+            return dict((port, (inode, uids.get(inode))) for port, inode in ports.items())
+        except OSError:
+            _DIAG.ok = False
+    out = {}
+    for port, inode, uid in _proc_net_rows():
+        out.setdefault(port, (inode, uid))
+    return out
+
+
 LISTENERS_EVERY_S = 5.0  # the listeners are read this often while nothing is awaited and the watch stands
 
 
-def _proc_net_listeners(base="/proc/net"):
-    """(port, socket inode) of each listening TCP socket, from /proc/net/tcp and tcp6 (`base`
-    /proc/PID/net: that process's network namespace)."""
+def _proc_net_rows(base="/proc/net"):
+    """(port, socket inode, uid) of each listening TCP socket, from /proc/net/tcp and tcp6
+    (`base` /proc/PID/net: that process's network namespace)."""
     for name in (base + "/tcp", base + "/tcp6"):
         try:
             with open(name) as fh:
@@ -124,14 +146,27 @@ def _proc_net_listeners(base="/proc/net"):
                 for line in fh:
                     parts = line.split()
                     if len(parts) > 9 and parts[3] == "0A":
-                        yield int(parts[1].rsplit(":", 1)[1], 16), int(parts[9])
-        except OSError:
+                        yield int(parts[1].rsplit(":", 1)[1], 16), int(parts[9]), int(parts[7])
+        except (OSError, ValueError):
             continue
+
+
+def _proc_net_listeners(base="/proc/net"):
+    """(port, socket inode) of each listening TCP socket (`_proc_net_rows`)."""
+    for port, inode, _uid in _proc_net_rows(base):
+        yield port, inode
 
 
 def _sid(pid):
     row = _proc_stat(pid)
     return None if row is None else row["sid"]
+
+
+def _uid_of(pid):
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
 
 
 def _holder(inode):
@@ -277,8 +312,12 @@ class Ports:
             self.holders = dict((i, h) for i, h in self.holders.items() if i in self.foreign)
             self.holders[inode] = _holder(inode)
         pid, uid, sid = self.holders[inode]
-        if pid is None:
-            return {}
+        if pid is None:  # no descriptor of it readable (another user's, for an agent not run as root)
+            uid = next((u for i, u in socket_table().values() if i == inode), None)
+            if uid is None:
+                return {}
+            uids = set(_uid_of(w) for w in watched) - {None}
+            return {"holder_uid": uid, "holder_user": _user(uid), "theirs": None if uid in uids else False}
         sessions = set(_sid(w) for w in watched) - {None}
         return {"holder": pid, "holder_uid": uid, "holder_user": None if uid is None else _user(uid),
                 "theirs": sid in sessions}

@@ -421,14 +421,17 @@ class HostSession:
             raise CommandError(f"{cmd}: {frame.get('error')}")
         return frame.get("data") or {}
 
-    def watch_run(self, pgid: int | None, log: str | None) -> None:
-        """Watch this process group alone (None: nothing until a run is followed) and follow this
-        log from now on: title patterns would find every server on the host, and a colleague's
-        rank that ends is no crash of ours. The agent is told at once; `watch_changing` holds until
-        it answers, and the sample after shows the new watch. Whose run it is is the monitor's
-        business (Monitor.follow): the session knows processes and files, not runs."""
+    def watch_run(self, pgid: int | None, log: str | None, pids: list[int] | None = None) -> None:
+        """Watch this process group alone, or (`pids`) these processes' trees alone (a server
+        started elsewhere: the tree that holds the layout's port), None and no pids: nothing until
+        a run is followed; and follow this log from now on: title patterns would find every server
+        on the host, and a colleague's rank that ends is no crash of ours. The agent is told at
+        once; `watch_changing` holds until it answers, and the sample after shows the new watch.
+        Whose run it is is the monitor's business (Monitor.follow): the session knows processes
+        and files, not runs."""
         self.watch.patterns = []
         self.watch.pgids = [pgid] if pgid is not None else []
+        self.watch.pids = [int(p) for p in pids or ()]
         if log:
             self._only_log(log)  # the screen follows the new run's log from its first line
         if self.stream is None or self.closed.is_set():
@@ -452,6 +455,14 @@ class HostSession:
         """Follow this log (from its recent tail) instead of the ones followed now (their lines
         leave the screen: the log shown and judged is this one)."""
         self._only_log(path)
+        await self.request("config", **self.watch.args())
+
+    async def follow_logs(self, paths: list[str]) -> None:
+        """Follow these logs (each server's own, when every server on the host is a run of its
+        own); the others leave the state."""
+        self.watch.logs = list(paths)
+        for old in [p for p in self.state.logs if p not in paths]:
+            del self.state.logs[old]
         await self.request("config", **self.watch.args())
 
     def _only_log(self, path: str) -> None:

@@ -87,7 +87,7 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
         ],
         "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid,
                    **({"holder": p.holder, "holder_uid": p.holder_uid, "holder_user": p.holder_user,
-                      "theirs": p.theirs} if p.holder else {})}
+                      "theirs": p.theirs} if p.holder or p.holder_uid is not None else {})}
                   for p in state.ports],
         "xid": [{"gpu": e.gpu, "time": _iso(e.ts), "ts": e.ts, "code": e.code, "pid": e.pid} for e in state.xid],
         "log": {

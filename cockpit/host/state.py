@@ -196,11 +196,16 @@ class PortState:
 
     @property
     def stranger(self) -> bool:
-        """Listening, but held by a process that is not the run's: never the run's port opening."""
-        return self.listening and self.pid is None and self.holder is not None and self.theirs is False
+        """Listening, but held by a process that is not the run's (or, its descriptors not
+        readable, a socket of another user's in the kernel's table): never the run's port opening,
+        its /metrics never the run's metrics."""
+        return self.listening and self.pid is None and (self.holder is not None or self.holder_uid is not None) \
+            and self.theirs is False
 
     def held_by(self) -> str:
         user = self.holder_user or (f"uid {self.holder_uid}" if self.holder_uid is not None else "user ?")
+        if self.holder is None:
+            return f"port {self.port} held by a socket of {user} (its process not readable), not the run"
         return f"port {self.port} held by pid {self.holder} ({user}), not the run"
 
 

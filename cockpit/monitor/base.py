@@ -226,6 +226,9 @@ class MonitorBase:
         if rec.get("pgid") is not None:
             self.session.watch_run(int(rec["pgid"]), rec.get("log"))
             self._watch_moved = True
+        elif rec.get("root") is not None:  # found on the host (its port, its command): its own tree alone
+            self.session.watch_run(None, rec.get("log"), pids=[int(rec["root"])])
+            self._watch_moved = True
 
     def _leader_clock(self, rec: Mapping[str, Any]) -> float:
         """The run's start on the local monotonic clock: its leader's start on the host where the

@@ -498,11 +498,12 @@ class ClusterSession:
     def watch_changing(self) -> bool:
         return any(n.host.session.watch_changing for n in self._up())
 
-    def watch_run(self, pgid: int | None, log: str | None) -> None:
+    def watch_run(self, pgid: int | None, log: str | None, pids: list[int] | None = None) -> None:
         """A run spanning nodes is its job's processes on each node, or the run a node follows
         (its HostMonitor moved that node's watch when it followed it): no one process group."""
-        if pgid is not None and any(n.host.following is not None and n.host.following.get("pgid") == pgid
-                                    for n in self.cluster._parts()):
+        if any(n.host.following is not None and ((pgid is not None and n.host.following.get("pgid") == pgid)
+                                                 or (pids and n.host.following.get("root") in pids))
+               for n in self.cluster._parts()):
             return
         raise CockpitError(f"{self.target.label}: a run spanning nodes is followed by its job, not a process group")
 

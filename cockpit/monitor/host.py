@@ -18,6 +18,7 @@ from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.common.hosttext import count
+from cockpit.host.servers import Server, servers_of, tree_pids, tree_view
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.host.state import HISTORY_LEN, HostState, Proc
 from cockpit.judge.diagnose import phase_of
@@ -39,7 +40,25 @@ from cockpit.runs.ledger import append_ledger, ledger_path
 from cockpit.runs.run import Run
 
 PROBE_EVERY_S = 2.0
+SERVERS_EVERY_S = 10.0  # how often the host's servers (the runs, a run's neighbours) are listed again
 SHM_WATCH_S = 30.0  # how often the run's /dev/shm holdings are looked at while it lives
+
+
+def _run_key(rec: Mapping[str, Any]) -> tuple[object, ...]:
+    """What tells one run's record from another's: its process group, else its tree's root."""
+    return ("pgid", str(rec["pgid"])) if rec.get("pgid") is not None else ("root", rec.get("root"),
+                                                                            rec.get("root_start"))
+
+
+@dataclass
+class Judged:
+    """A server of the host judged on its own tree (no layout, several servers): its watchdog,
+    phase and verdict."""
+
+    server: Server
+    watchdog: Any
+    phase: Phase
+    verdict: Verdict
 
 
 class HostMonitor(MonitorBase):
@@ -75,6 +94,14 @@ class HostMonitor(MonitorBase):
         self._forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
         self.shm_held: dict[tuple[int, int], float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
+        # a watch of the caller's own processes (a Slurm job's on its node): that is the run's tree, kept
+        self._given_tree = bool(watch is not None and (watch.pids or watch.pgids))
+        self._server_patterns = watch.patterns if watch is not None and watch.patterns else None  # the caller's titles
+        self.servers: list[Server] = []  # every server on the host as last listed (SERVERS_EVERY_S)
+        self._servers_at: float | None = None  # when (local monotonic)
+        self._server_logs: dict[tuple[int, int | None], str | None] = {}  # the file each server writes to
+        self.several = False  # no layout and several servers: each judged alone (`judged`), none followed
+        self.judged: dict[tuple[int, int | None], Judged] = {}
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
         kind = frame.get("t")
@@ -99,6 +126,11 @@ class HostMonitor(MonitorBase):
         if state.generation != self._boundary_seen:
             self._forget_run()
         before = self.verdict
+        if self.several:
+            self._judge_each(now if now is not None else time.monotonic())
+            if self.verdict.name != before.name:
+                self._emit(MonitorEvent("verdict", before=before))
+            return
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
@@ -109,6 +141,115 @@ class HostMonitor(MonitorBase):
         self._stall_forensics()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
+
+    def _judge_each(self, now: float) -> None:
+        """No layout, several servers: each server judged alone, on a view of its own tree (its
+        processes, GPUs, ports and log); none is the host's run until the operator picks one."""
+        state = self.state
+        for s in self.servers:
+            j = self.judged.get(s.key)
+            if j is None:
+                j = self.judged[s.key] = Judged(s, watchdog_for(None), Phase("starting"),
+                                                Verdict(VerdictName.WATCHING, []))
+            j.server = s
+        for j in self.judged.values():
+            s = j.server
+            pids = tree_pids(state, [s.root], set(s.pids))
+            if not pids:
+                continue
+            view = tree_view(state, pids, s.log)
+            j.phase, j.verdict = j.watchdog.update(view, now, s.log)
+        live = [j for j in self.runs_judged()]
+        self.phase = Phase("no run", f"{count(len(live), 'server')} on the host, each its own run")
+        self.verdict = Verdict(VerdictName.NO_RUN, [
+            f"{count(len(live), 'server')} on this host, each its own run, judged alone (runs): none followed; "
+            "pick one (enter in the runs list) or name its layout with --layout"])
+
+    def runs_judged(self) -> list[Judged]:
+        """The servers judged alone that are still on the host (listed, or their processes still
+        in the state)."""
+        listed = {s.key for s in self.servers}
+        return [j for j in self.judged.values()
+                if j.server.key in listed or any(pid in self.state.procs for pid in j.server.pids)]
+
+    def neighbours(self) -> list[Server]:
+        """The host's other servers: every server listed that is not the run followed (none of its
+        processes watched as the run's). Listed, never judged with the run."""
+        if self.several:
+            return []
+        rec = self.following or {}
+        root = rec.get("root") or rec.get("pid")  # a launch's record names its leader: the tree's root
+        watched = {pid for pid, p in self.state.procs.items() if p.alive}
+        return [s for s in self.servers if not set(s.pids) & watched and s.root != root]
+
+    def decided(self) -> bool:
+        if self.several:
+            return bool(self.state.seq) and self.session.watch_current() and bool(self.judged) and all(
+                j.verdict.name != VerdictName.WATCHING for j in self.runs_judged())
+        return super().decided()
+
+    async def list_servers(self, force: bool = False) -> list[Server]:
+        """Every server on the host, each its own tree (the agent's `servers`), at most every
+        SERVERS_EVERY_S; the file each one writes to looked for once."""
+        now = time.monotonic()
+        if self.target.kind == "demo":
+            return []  # a simulated host: this machine's own servers are none of its neighbours
+        if not force and self._servers_at is not None and now < self._servers_at + SERVERS_EVERY_S:
+            return self.servers
+        self._servers_at = now
+        servers = servers_of(await self.session.request("servers", timeout=60, patterns=self._server_patterns))
+        for s in servers:
+            if s.key not in self._server_logs:
+                pids = [s.root] + [p for p in s.pids if p != s.root]
+                out = await self.session.request("stdout_of", pids=pids[:16])
+                self._server_logs[s.key] = next((out[str(p)] for p in pids if str(p) in out), None)
+            s.log = self._server_logs[s.key]
+        self.servers = servers
+        if self.several:
+            await self._follow_server_logs()
+        return servers
+
+    async def _follow_server_logs(self) -> None:
+        """Several servers judged alone: each one's own log followed."""
+        logs = sorted({s.log for s in self.servers if s.log})
+        if logs != sorted(self.session.watch.logs):
+            await self.session.follow_logs(logs)
+
+    def pick(self, server: Server, rule: str | None = None) -> None:
+        """The operator picks one of the host's servers (no layout): it is the run followed from
+        now on, its own tree alone watched; the others are its neighbours."""
+        self.several = False
+        self.judged = {}
+        rec: dict[str, Any] = {"root": server.root, "pid": server.root, "root_start": server.root_start,
+                               "uid": server.uid, "user": server.user, "host": self.target.label,
+                               "ports": sorted(server.own_ports)}
+        if server.log:
+            rec["log"] = server.log
+        self.follow(Run(self.layout, rec, rule or f"picked by the operator: root pid {server.root} ({server.user}, "
+                                                  f"port {', '.join(map(str, server.ports)) or '?'})"), resumed=True)
+
+    def runs_doc(self) -> dict[str, Any]:
+        """The document's `runs` (each server judged alone, or the run followed) and `neighbours`
+        (the host's other servers, never judged with the run): docs/snapshot-schema.md."""
+        if self.several:
+            runs = [dict(j.server.doc(), phase={"name": j.phase.name, "detail": j.phase.detail},
+                         verdict=j.verdict.doc(), followed=False) for j in self.runs_judged()]
+        elif self.run.record is not None and self.verdict.name != VerdictName.NO_RUN:
+            rec = self.run.record
+            watched = {pid for pid, p in self.state.procs.items() if p.alive}
+            own = next((s for s in self.servers if set(s.pids) & watched), None)
+            entry = own.doc() if own is not None else {
+                "root": rec.get("root") or rec.get("pid"), "user": rec.get("user"), "uid": rec.get("uid"),
+                "ports": sorted({pt.port for pt in self.state.ports if pt.pid is not None}), "model": None,
+                "tp_size": None, "ranks": sorted(p.rank for p in self.state.ranks() if p.alive and p.rank is not None),
+                "pids": sorted(watched), "title": "", "since": None, "log": rec.get("log")}
+            runs = [dict(entry, phase={"name": self.phase.name, "detail": self.phase.detail},
+                         verdict=self.verdict.doc(), followed=True, run_id=self.run.run_id, rule=self.run.rule)]
+        else:
+            runs = []
+        listed = {r.get("root") for r in runs}  # a run's own tree is never also its neighbour
+        return {"runs": runs, "neighbours": [dict(s.doc(), phase=None, verdict=None) for s in self.neighbours()
+                                             if s.root not in listed]}
 
     def _local_time(self, at: float) -> float:
         """A host-clock time as local monotonic, through the latest sample's stamp."""
@@ -211,11 +352,31 @@ class HostMonitor(MonitorBase):
                 found = await self.find_run()
                 if found is not None:
                     self.follow(found, resumed=True)
-                    self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)")
-            if self.following is None and not self.session.watch.logs:
+                    self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)"
+                                                     if found.run_id else f"following the layout's run: {found.rule}")
+                elif not self._given_tree and not self.layout.watch:
+                    # no run: no server on the host is judged as this one (a layout's own `watch:`
+                    # patterns name the operator's processes: those stay watched)
+                    self.session.watch_run(None, None)
+                    self._watch_moved = True
+            elif self.layout is None and not self._given_tree:
+                await self._runs_of_the_host()
+            if self.following is None and self.layout is None and not self.several and not self.session.watch.logs:
                 await self._find_log()
+            if self._servers_at is None:
+                await self.list_servers(force=True)  # the run's neighbours, from the first look
         except LinkLost:
             pass  # the link dropped as soon as it came up: keep() reconnects with the same watch
+
+    async def _runs_of_the_host(self) -> None:
+        """No layout: every server on the host is a run of its own. One: it is the run followed
+        (its tree alone). Several: each judged alone, none followed until the operator picks one."""
+        servers = await self.list_servers(force=True)
+        if len(servers) == 1:
+            self.pick(servers[0], f"the host's only server: root pid {servers[0].root} ({servers[0].user})")
+        elif len(servers) > 1:
+            self.several = True
+            await self._follow_server_logs()
 
     async def _find_log(self) -> None:
         """A run started elsewhere (`nohup ... > run.log 2>&1 &`) with no log named: follow the
@@ -263,6 +424,7 @@ class HostMonitor(MonitorBase):
                                                                                    timeout=5)
                     await self._scrape_metrics(ports)
                     await self.note_shm_held()
+                    await self.list_servers()
                     await self.look_for_new_run()
                     await self._log_of_new_run()
                 except CockpitError:
@@ -275,28 +437,53 @@ class HostMonitor(MonitorBase):
         process group and log, a new watchdog), not read as the old one's crash. Looked for when
         the ledger changed, or (every 10 s at most) when the layout's port is held by a process
         not watched. Returns the run adopted, if any."""
-        if self.layout is None or self.stopping or self.state.link_state != "up":
+        if self.stopping or self.state.link_state != "up":
             return None
         if any(p.alive and p.status != "Z" for p in self.state.procs.values()):
             return None  # the run followed (or part of it) lives: a new run cannot have replaced it
+        if self.layout is None:
+            return await self._restarted_server()
         try:
             mtime = ledger_path(self.layout).stat().st_mtime
         except OSError:
             mtime = None
         now = time.monotonic()
         stranger = any(pt.listening and pt.port in self.layout.ports for pt in self.state.ports)
-        if mtime == self._ledger_seen and not (stranger and now >= self._port_look_at):
+        if mtime == self._ledger_seen and not ((stranger or self.following is None) and now >= self._port_look_at):
             return None
         self._ledger_seen = mtime
         self._port_look_at = now + 10.0
         run = await self.find_run()
         if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
             return None
-        if self.following is not None and str(self.following.get("pgid")) == str((run.record or {}).get("pgid")) \
+        if self.following is not None and _run_key(self.following) == _run_key(run.record or {}) \
                 and self.run.run_id == run.run_id:
             return None
         await self.adopt(run)
         return run
+
+    async def _restarted_server(self) -> Run | None:
+        """No layout: the server followed ended (crashed, stopped elsewhere) and one started on its
+        port (restarted by hand): followed as its new run. A server on another port stays a
+        neighbour; after the operator's own kill nothing is followed (`no run`, the list stays)."""
+        rec = self.following
+        if rec is None or self.several or self._given_tree or not rec.get("ports"):
+            return None
+        now = time.monotonic()
+        if now < self._port_look_at:
+            return None
+        self._port_look_at = now + self.probe_every_s
+        old = (rec.get("root"), rec.get("root_start"))
+        new = [s for s in await self.list_servers(force=True) if s.own_ports & set(rec["ports"]) and s.key != old]
+        if len(new) != 1 or any(p.alive and p.status != "Z" for p in self.state.procs.values()):
+            return None
+        server = new[0]
+        self.pick(server, f"the server on port {', '.join(map(str, sorted(server.own_ports)))} started again: "
+                          f"root pid {server.root} ({server.user})")
+        self.state.notes.append(f"a new run appeared on port {', '.join(map(str, rec['ports']))} (root pid "
+                                f"{server.root}), started elsewhere; following it and its log")
+        self.update()
+        return self.run
 
     async def find_run(self) -> Run | None:
         """The layout's live run as a fresh look finds it (actions/launch.py's find_live_run, the
@@ -304,18 +491,19 @@ class HostMonitor(MonitorBase):
         if self.layout is None:
             return None
         demo = self.session.opts.sim_state if self.target.kind == "demo" else None
-        return await find_live_run(self.session, self.layout, demo_state=demo or None)
+        return await find_live_run(self.session, self.layout, demo_state=demo or None,
+                                   elsewhere=not self._given_tree)
 
     async def adopt(self, run: Run) -> None:
         """Follow `run` from now on (the door: its process group and its own log, a new
         watchdog whose phase clock starts at the run's leader's start), said on screen."""
         rec = run.record or {}
-        pgid = int(rec["pgid"])
+        what = f"process group {rec['pgid']}" if rec.get("pgid") is not None else f"root pid {rec.get('root')}"
         if run.rule is None:
-            run = replace(run, rule=f"the layout's run in the ledger: process group {pgid}")
+            run = replace(run, rule=f"the layout's run in the ledger: {what}")
         self.follow(run)
-        self.state.notes.append(f"a new run appeared: {rec.get('run_id', f'process group {pgid}')} "
-                                f"(process group {pgid}), started elsewhere; following it and its log")
+        self.state.notes.append(f"a new run appeared: {rec.get('run_id', what)} ({what}), started elsewhere; "
+                                f"following it and its log")
         self.update()
 
     async def note_shm_held(self) -> None:
@@ -342,6 +530,8 @@ class HostMonitor(MonitorBase):
         view = self.state.metrics
         if not path or not ports or not view.due(time.monotonic()):
             return
+        if any(pt.port == ports[0] and pt.stranger for pt in self.state.ports):
+            return  # another's listener on the run's port: its /metrics are never the run's
         view.endpoint = f"{ports[0]}{path}"
         view.health = self.probes.get((ports[0], "/health"))
         answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.WANTED, timeout=10)

@@ -19,6 +19,9 @@ def monitor_doc(monitor: Monitor, log_lines: int = LOG_LINES) -> dict[str, Any]:
     describe = getattr(getattr(monitor.session, "link", None), "describe", None)
     if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
         doc["link"] = describe()
+    runs = getattr(monitor, "runs_doc", None)
+    if runs is not None:  # the host's servers: each its own run, or the run followed and its neighbours
+        doc.update(runs())
     extra = getattr(monitor, "doc_extra", None)
     if extra is not None:  # a run spanning nodes: its nodes (cockpit/monitor/cluster.py)
         doc.update(extra())

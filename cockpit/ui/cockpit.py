@@ -33,6 +33,7 @@ from cockpit.ui.header import FULL, header_text
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
+from cockpit.ui.runs import RunsTable
 from cockpit.ui.screens import ConfirmScreen, HelpScreen, ReportScreen, SearchScreen, help_renderable
 
 REDRAW_S = 0.25
@@ -114,6 +115,7 @@ class CockpitScreen(Screen):
         with Horizontal(id="middle"):
             yield RankTable(id="ranks")
             yield PortsTable(id="ports")
+            yield RunsTable(id="runs", classes="empty")
         yield LogView(id="log")
         yield FittedFooter()
 
@@ -122,6 +124,7 @@ class CockpitScreen(Screen):
         self.view = self.query_one(LogView)
         self.ranks = self.query_one(RankTable)
         self.ports = self.query_one(PortsTable)
+        self.runs = self.query_one(RunsTable)
         self.ports.configured = list(self.profile.ports) if self.profile else []
         self.status = self.query_one("#status", Static)
         self.grid = self.query_one("#gpus", Grid)
@@ -265,8 +268,25 @@ class CockpitScreen(Screen):
         self.gpu_list.show(state)
         self.ranks.show(state, self.ports.summary(state) if self.has_class("narrow") else "")
         self.ports.show(state)
+        runs_doc = getattr(self.monitor, "runs_doc", None)  # the host's servers: one monitor of one host has them
+        self.runs.set_class(not (runs_doc is not None and self.runs.show(runs_doc())), "empty")
         self._sync_log()
         self._status()
+
+    def on_runs_table_picked(self, event: RunsTable.Picked) -> None:
+        """Enter on a server (no layout): it is the run followed from now on."""
+        pick = getattr(self.monitor, "pick", None)
+        servers = getattr(self.monitor, "servers", [])
+        server = next((s for s in servers if s.root == event.root), None)
+        if pick is None or server is None or self.monitor.layout is not None:
+            say(self, "the layout says which server is the run: its neighbours are listed, never followed",
+                timeout=TOAST_S)
+            return
+        if self.monitor.following is not None and self.monitor.following.get("root") == event.root:
+            return
+        pick(server)
+        say(self, f"following root pid {server.root} ({server.user}): the others are its neighbours", timeout=TOAST_S)
+        self.dirty = True
 
     def _ensure_gpu_panes(self) -> None:
         n = len(self.state.gpus)

@@ -91,6 +91,11 @@ RANK_TABLE = (
         show=False),
 )
 
+RUNS_TABLE = (
+    Key("enter", "pick_run", "Follow", "follow the selected server as the run (no layout: every server on the "
+        "host is a run of its own, each judged alone; the others stay listed as its neighbours)", show=False),
+)
+
 
 def bindings(table) -> list[Binding]:
     return [c.binding() for c in table]

@@ -22,7 +22,7 @@ from cockpit.common.hosttext import as_text, visible
 from cockpit.common.secrets import mask_argv
 from cockpit.runs.config import param_flag
 from cockpit.runs.spec import RunSpec, build_argv
-from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_rows
+from cockpit.ui.commands import COCKPIT, RANK_TABLE, RUNS_TABLE, key_rows
 
 
 class Hanging:
@@ -395,7 +395,7 @@ def _table(rows: list[tuple[str, str]], indent: int = 2):
     return Padding(table, (0, 0, 0, indent))
 
 
-def help_renderable(commands=COCKPIT + RANK_TABLE):
+def help_renderable(commands=COCKPIT + RANK_TABLE + RUNS_TABLE):
     """The cockpit's help: the keys from its command tables, then the header, verdicts, phases, colours
     and sizes; every list a two-column table, so wrapped lines hang under their description."""
     from rich.console import Group

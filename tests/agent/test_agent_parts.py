@@ -121,11 +121,11 @@ def test_a_kernel_refusing_the_old_request_gets_one_dump_per_family_and_a_timeou
     real = agent_ports._dump
     kinds = []
 
-    def refusing(sock, kind, req, seq, ports):
+    def refusing(sock, kind, req, seq, ports, uids=None):
         kinds.append(kind)
         if kind == agent_ports.TCPDIAG_GETSOCK:
             raise agent_ports.Refused("sock_diag refused")
-        return real(sock, kind, req, seq, ports)
+        return real(sock, kind, req, seq, ports, uids)
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

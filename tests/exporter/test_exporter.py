@@ -418,3 +418,70 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
 
 async def _no_run(_monitor) -> None:
     """The test's monitor follows no run until the demo's end names each one it stops."""
+
+
+async def test_a_tp2_servers_ranks_are_its_own_beside_the_hosts_other_servers(sim_state, tmp_path, monkeypatch):
+    """The report behind the host's servers: a TP-2 server named by its layout's port, beside two
+    other TP-2 servers of the same command on the host: `gpu_cockpit_ranks` is 2 (its own tree),
+    never the host's total, and none of its ranks is dead when a neighbour stops; with no layout
+    (each server judged alone, none followed) the host's series count no one run's ranks, and each
+    server is a run of its own in the per-run series: its own verdict, its own 2 ranks."""
+    import asyncio
+
+    from cockpit.runs.layoutfile import load_layout
+    from test_safety import end_session, layout_file, start_by_hand
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ports = [free_port() for _ in range(3)]
+    servers = [start_by_hand(sim_state, tmp_path, port, "--base-gpu-id", str(2 * n), "--sim-shm-dir", str(tmp_path))
+               for n, port in enumerate(ports)]
+    opts = SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state))
+    layout = load_layout(str(layout_file(tmp_path, "a", ports[0])))
+    monitors = [HostMonitor(parse_target("local"), opts, layout, watch=WatchList.for_layout(layout), probe_every_s=0.25),
+                HostMonitor(parse_target("local"), opts, probe_every_s=0.25)]
+    watch = fleet_of("gpu-a", "gpu-b")
+    for member, monitor in zip(watch.members, monitors):
+        member.monitor = monitor
+    exp = exporter.Exporter(watch)
+
+    def series(name: str) -> dict:
+        families = {f.name: f for f in text_string_to_metric_families(exposition(exp))}
+        return {s.labels["host"]: s.value for s in families[name].samples}
+    kept = []
+    try:
+        for monitor in monitors:
+            await monitor.open(kept=True)
+            kept.append(asyncio.create_task(monitor.keep()))
+        a, plain = monitors
+        await wait_for(lambda: a.phase.name in ("ready", "serving") and len(a.state.ranks()) == 2, 90,
+                       "the layout's server followed", lambda: (a.phase, a.verdict, a.state.ranks()))
+        assert plain.several and plain.following is None
+        await wait_for(lambda: {j.server.root for j in plain.runs_judged() if j.phase.name in ("ready", "serving")}
+                       >= {servers[0].pid, servers[2].pid}, 90, "each server judged up",
+                       lambda: [(j.server.root, j.phase, j.verdict) for j in plain.runs_judged()])
+        end_session(servers[1])  # a neighbour stops: nothing of it is the run's
+        await a.session.wait_samples(8)
+        a.update()
+        plain.update()
+        assert series("gpu_cockpit_ranks") == {"gpu-a": 2.0, "gpu-b": 0.0}
+        assert series("gpu_cockpit_dead_ranks") == {"gpu-a": 0.0, "gpu-b": 0.0}
+        verdicts = {s.labels["host"]: s.labels["state"] for f in text_string_to_metric_families(exposition(exp))
+                    if f.name == "gpu_cockpit_verdict" for s in f.samples if s.value == 1}
+        assert verdicts["gpu-a"] not in ("crashed", "stopped", "no run") and verdicts["gpu-b"] == "no run", verdicts
+        families = {f.name: f for f in text_string_to_metric_families(exposition(exp))}
+        ranks = {(x.labels["host"], x.labels["run"]): x.value for x in families["gpu_cockpit_server_ranks"].samples}
+        each = {(x.labels["host"], x.labels["run"]): x.labels["state"]
+                for x in families["gpu_cockpit_server_verdict"].samples if x.value == 1}
+        own = [f"root:{servers[n].pid}" for n in (0, 2)]
+        assert ranks[("gpu-a", own[0])] == 2.0 and [k for k in ranks if k[0] == "gpu-a"] == [("gpu-a", own[0])]
+        for rid in own:  # no layout: each server its own run, its own ranks and verdict
+            assert ranks[("gpu-b", rid)] == 2.0, ranks
+            assert each[("gpu-b", rid)] not in ("crashed", "stopped", "no run"), each
+        assert each[("gpu-a", own[0])] == verdicts["gpu-a"], each
+    finally:
+        for task in kept:
+            task.cancel()
+        for monitor in monitors:
+            await monitor.close()
+        for s in servers:
+            end_session(s)

@@ -356,15 +356,16 @@ async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name
 
 def test_a_plain_look_answers_in_seconds_whatever_it_finds(sim_state, tmp_path):
     """An idle server of a layout with `engine: none` (its own process listening on the port) is
-    `ok`, with that evidence; one sleeping `sglang::` process with no layout cannot be decided
-    at a glance: the look says so, and how to watch longer, instead of waiting out a stall window."""
+    `ok`, with that evidence; one sleeping process of a layout's command cannot be decided
+    at a glance (its layout's run, found by its command): the look says so, and how to watch
+    longer, instead of waiting out a stall window."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-I", "-m", "http.server", "--bind", "127.0.0.1", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
                               start_new_session=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import setproctitle, time; "
-                                f"setproctitle.setproctitle('sglang::detokenizer {tmp_path}'); time.sleep(600)"],
-                               start_new_session=True)
+    script = tmp_path / f"detok{port}.py"  # the bare layout's command: its run, found by the command rule
+    script.write_text("import time\ntime.sleep(600)\n")  # not retitled: its command line stays its command
+    sleeper = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     try:
         import time
 
@@ -386,7 +387,7 @@ def test_a_plain_look_answers_in_seconds_whatever_it_finds(sim_state, tmp_path):
         assert doc["verdict"]["name"] == "ok", doc["verdict"]
         assert f"up: port {port} open, held by the run's pid {server.pid}" in doc["verdict"]["evidence"][0]
         bare = tmp_path / "bare.yaml"
-        bare.write_text(f"command: [-m, sglang.launch_server]\nwatch: ['sglang::detokenizer {tmp_path}*']\n")
+        bare.write_text(f"command: [{script.name}]\nwatch: ['sglang::detokenizer {tmp_path}*']\n")
         res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(bare), "--json", timeout=120)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)

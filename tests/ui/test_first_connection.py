@@ -47,8 +47,10 @@ def dialog_text(app) -> str:
     return " ".join(" ".join(r[region.x + 1:region.x + region.width - 1] for r in rows).split())
 
 
-def asked(app) -> bool:
-    return isinstance(app.screen, ConfirmScreen) and "continue connecting?" in save_text(app, None)
+def dialog_drawn(app, kind) -> bool:
+    """The screen is a `kind` dialog and it has been laid out (pushed is not yet drawn)."""
+    return isinstance(app.screen, kind) and bool(app.screen.query(".dialog")) and \
+        app.screen.query_one(".dialog").region.height > 0
 
 
 def ssh_keygen_fingerprint(sshd) -> tuple[str, str]:
@@ -64,7 +66,7 @@ async def test_an_unknown_key_is_asked_about_as_ssh_does_and_yes_records_it(sshd
     app = screen_app(ssh_config(sshd, tmp_path, known))
     fingerprint, kind = ssh_keygen_fingerprint(sshd)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: asked(app), 60)  # the dialog pushed and painted
+        await until(pilot, lambda: dialog_drawn(app, ConfirmScreen), 60)
         text = dialog_text(app)
         assert f"The authenticity of host 'newbox ([127.0.0.1]:{sshd.port})' can't be established." in text
         assert f"{kind} key fingerprint is {fingerprint}." in text, text
@@ -105,7 +107,7 @@ async def test_a_changed_key_is_refused_and_the_whole_message_is_a_key_away(sshd
         assert not isinstance(app.screen, ConfirmScreen) and "HOST KEY CHANGED" in app.error
         await until(pilot, lambda: "e: the whole reason" in shown(app), 30)
         await pilot.press("e")
-        await until(pilot, lambda: isinstance(app.screen, ReportScreen), 30)
+        await until(pilot, lambda: dialog_drawn(app, ReportScreen), 30)
         body = " ".join(app.screen.lines[0].split())
         assert body == " ".join(app.error.split()) and f"ssh-keygen -f {known} -R" in body
         inside = dialog_text(app)
