@@ -99,6 +99,7 @@ class HostMonitor(MonitorBase):
         if state.generation != self._boundary_seen:
             self._forget_run()
         before = self.verdict
+        self.watchdog.looks = self.forensics_on and self._looks_off is None
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
@@ -107,6 +108,7 @@ class HostMonitor(MonitorBase):
             self.run_ended()  # another cockpit killed the whole run and verified it gone: no run
             return
         self._stall_forensics()
+        self._stack_look()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
@@ -161,6 +163,7 @@ class HostMonitor(MonitorBase):
         self.operator_kills = {}
         self.state.metrics = metrics.MetricsView()
         self.forensics, self._forensics_for = None, None
+        self._looks_off = None
         self.shm_held, self._shm_look_at = {}, 0.0
 
     def run_ended(self) -> None:
@@ -348,8 +351,9 @@ class HostMonitor(MonitorBase):
         view.add(metrics.scrape_of(answer))
 
     async def close(self) -> None:
-        if self._forensics_task is not None and not self._forensics_task.done():
-            self._forensics_task.cancel()
+        for task in (self._forensics_task, self._look_task):
+            if task is not None and not task.done():
+                task.cancel()
         await self.session.close()
 
     @asynccontextmanager
