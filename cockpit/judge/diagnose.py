@@ -140,6 +140,7 @@ class Progress:
     frozen: str | None = None  # requests in flight, nothing done: the evidence line
     frozen_since_s: float | None = None  # how long the requests have been frozen
     serving_idle: bool = False  # the engine says nothing is running or waiting
+    pending: bool = False  # requests in flight with nothing made (stats lines, or fresh metrics): work waits
 
 
 def _clock(stamp: str | None) -> float | None:
@@ -351,7 +352,7 @@ class Watchdog:
         seen = gpus or list(state.gpus.values())
         idle = (alive and all(_cpu_idle(p) for p in alive)
                 and all((g.util_pct or 0) < IDLE_GPU_PCT for g in seen)
-                and (not port_open or prog.frozen is not None))
+                and (not port_open or prog.pending))
         window = self.idle_s if resident else 2 * self.idle_s
         held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
         if idle and held >= window and prog.idle_s >= window:
@@ -455,7 +456,7 @@ class Watchdog:
 
     @staticmethod
     def _stall_kind(phase: Phase, prog: Progress) -> str:
-        if prog.frozen is not None:
+        if prog.frozen is not None or prog.pending:
             return REQUESTS_FROZEN
         if phase.name in ("ready", "serving", "warmup", "port open"):
             return "serving stopped"
@@ -493,16 +494,34 @@ class Watchdog:
         elif self._work is not None and since_work < min(self.idle_s, self.spin_s):
             work.append(f"the log shows work {_duration(since_work)} ago")  # stats lines at 0 tokens/s are no work
         view = state.metrics
-        h = view.header() if view is not None else {}
-        idle_engine = False
+        fresh = view is not None and self._fresh(view, now)
+        h = view.header() if fresh else {}
+        idle_engine = pending = False
         if h.get("tokens_per_s"):
             work.append(f"tokens moving: {h['tokens_per_s']:.0f} tok/s (the engine's metrics)")
         elif h.get("running") == 0 and not h.get("waiting"):  # (tokens frozen while requests run: metrics.findings)
             idle_engine = True
+        if fresh and view.frozen_since is not None:
+            # the engine's own counters say requests run and nothing is made: whatever else the log
+            # says (access lines, warnings), it is not the run moving; the stall holds
+            pending = True
+            work = [w for w in work if not w.startswith("the log shows work")]
+            said = f"{said}; the engine's metrics: requests running, generation tokens frozen for " \
+                   f"{_duration(view.frozen_for(now))}"
         computing = self._computing(state)
         if computing:
             work.append(computing)
-        return Progress(since_work, said, work, frozen, frozen_s, idle_engine)
+        return Progress(since_work, said, work, frozen, frozen_s, idle_engine, pending or frozen is not None)
+
+    def _fresh(self, view, now: float) -> bool:
+        """The last good scrape is no older than STALE_SCRAPES scrape intervals (the monitor's, or
+        the last two good scrapes' spacing on a slow host): an endpoint that stopped answering says
+        nothing of tokens, moving or frozen."""
+        good = [sc.at for sc in view.scrapes if not sc.error][-2:]
+        if not good:
+            return False
+        every = max(self.scrape_every_s, good[1] - good[0] if len(good) == 2 else 0.0)
+        return now - good[-1] <= STALE_SCRAPES * every
 
     @staticmethod
     def _host_age(state: HostState, clock: float | None) -> float | None:
@@ -726,6 +745,8 @@ class Watchdog:
         at = (_clock(line.time), now)
         self._last = at
         kind = progress_of(line)
+        if kind == "work" and line.http is not None and not _generation(line):
+            kind = "none"  # a 4xx, a probe, a model list: the HTTP front end answers, no token is made
         if line.stats is not None:
             self._stats = line
         if kind == "work":
@@ -833,6 +854,13 @@ class Watchdog:
             return {}
         return {name: round(max(0.0, at - self.started), 1)
                 for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])}
+
+
+def _generation(line: LogLine) -> bool:
+    """An access line that answered a generation: a 2xx POST to a completion or generate route."""
+    m = ACCESS_LINE.search(line.message or line.text)
+    return m is not None and m.group(1) == "POST" and m.group(3).startswith("2") and \
+        GENERATION_PATH.search(m.group(2)) is not None
 
 
 def _cpu_idle(p) -> bool:

@@ -100,6 +100,7 @@ class HostMonitor(MonitorBase):
             self._forget_run()
         before = self.verdict
         self.watchdog.looks = self.forensics_on and self._looks_off is None
+        self.watchdog.scrape_every_s = self.probe_every_s
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
