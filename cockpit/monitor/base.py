@@ -275,6 +275,8 @@ class MonitorBase:
         verdict's own `until` (the stall windows from the run's last sign of work, on the host's
         clock) not passed by two samples, and never past PLAIN_LOOK_S: a plain look answers in
         seconds whatever it finds (what it could not decide, it says, with how to watch longer)."""
+        if self._log_went_quiet(since):
+            return time.monotonic() < since + PLAIN_LOOK_S
         if self.decided():
             return False
         slack = 2 * self.session.opts.interval + 1.0
@@ -282,6 +284,18 @@ class MonitorBase:
             return False
         until, ts = self.verdict.until, self.state.sample_ts
         return until is None or ts is None or ts < until + slack
+
+    def _log_went_quiet(self, since: float) -> bool:
+        """`ok` on the log's work alone, and no line written since the look began (`since`, local
+        monotonic): a hang that began a moment before the look reads so. The look goes on while a
+        stack look can still decide (the watchdog's fast stall), never past PLAIN_LOOK_S."""
+        v, ts, got = self.verdict, self.state.sample_ts, self.state.received_at
+        if v.name != VerdictName.OK or not v.evidence or not self.watchdog.looks or ts is None or got is None:
+            return False
+        if not all(e.startswith("the log shows work") for e in v.evidence):
+            return False
+        log = next((lg for lg in self.state.logs.values() if lg.written_at is not None), None)
+        return log is not None and log.written_at is not None and log.written_at < ts - (got - since)
 
     def _judge_afresh(self, started: float | None = None, resumed: bool = False) -> None:
         """A run starts (or the last one ended): its phases, clocks and dead processes are
