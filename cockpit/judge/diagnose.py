@@ -506,6 +506,7 @@ class Watchdog:
             # says (access lines, warnings), it is not the run moving; the stall holds
             pending = True
             work = [w for w in work if not w.startswith("the log shows work")]
+            since_work = max(since_work, view.frozen_for(now))
             said = f"{said}; the engine's metrics: requests running, generation tokens frozen for " \
                    f"{_duration(view.frozen_for(now))}"
         computing = self._computing(state)

@@ -392,12 +392,15 @@ def stall_at(rank: Rank, where: str) -> None:
 
 
 def jit_compile_kernels(rank: Rank) -> None:
-    """--sim-jit-s: kernels compiled on the CPU (as DeepGEMM's or torch.compile's JIT does at
-    start), the log silent meanwhile; the rank's CPU busy, its stack moving."""
-    deadline = time.monotonic() + rank.args.sim_jit_s
-    n = 0
-    while time.monotonic() < deadline:
-        n = compile_one_kernel(n)
+    """--sim-jit-s: kernels compiled on the CPU by the first rank (as DeepGEMM's JIT does at
+    start, the others waiting for its cache in a collective), the log silent meanwhile; that
+    rank's CPU busy, its stack moving."""
+    if rank.rank == rank.args.first_rank:
+        deadline = time.monotonic() + rank.args.sim_jit_s
+        n = 0
+        while time.monotonic() < deadline:
+            n = compile_one_kernel(n)
+    rank.all_reduce()
 
 
 def compile_one_kernel(n: int) -> int:

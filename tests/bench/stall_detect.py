@@ -73,7 +73,7 @@ def free_port() -> int:
 def ledger_rows(folder: Path) -> list[dict]:
     rows = []
     for path in (folder / "home").rglob("*.jsonl"):
-        if "ledger" in str(path) or path.parent.name == "ledger":
+        if path.parent.name == "ledger":
             rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows
 
@@ -86,7 +86,7 @@ def newest_log(folder: Path) -> Path | None:
 def kill_runs(folder: Path) -> None:
     """SIGKILL the process groups this benchmark launched (their leaders are in its ledger)."""
     for row in ledger_rows(folder):
-        if row.get("event") == "launch" and row.get("pgid"):
+        if row.get("pgid"):
             try:
                 os.killpg(int(row["pgid"]), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
