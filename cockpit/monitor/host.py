@@ -73,6 +73,7 @@ class HostMonitor(MonitorBase):
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
         self._forensics_task: asyncio.Task[None] | None = None
         self._forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
+        self._probing = False  # a probe loop runs (the screen's keep, or a look's judging)
         self.shm_held: dict[tuple[int, int], float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
 
@@ -255,6 +256,13 @@ class HostMonitor(MonitorBase):
     async def _probe_loop(self) -> None:
         """The round-trip time and the layout's endpoints, one round after another: polls never
         overlap, and a hung endpoint is answered from a thread on the host."""
+        self._probing = True
+        try:
+            await self._probe_rounds()
+        finally:
+            self._probing = False
+
+    async def _probe_rounds(self) -> None:
         ports = self.layout.ports if self.layout else []
         endpoints = self.layout.endpoints if self.layout else []
         while True:
@@ -373,7 +381,11 @@ class HostMonitor(MonitorBase):
 
     @asynccontextmanager
     async def judging(self) -> AsyncIterator[None]:
-        """While a one-shot look judges: the endpoints and metrics probed, as on screen."""
+        """While a one-shot look judges (or a launch is watched): the endpoints and metrics probed,
+        as on screen; where the screen's own probes run already (keep), those."""
+        if self._probing:
+            yield
+            return
         probes = asyncio.create_task(self._probe_loop())
         try:
             yield

@@ -101,13 +101,13 @@ def sim_state(folder: Path) -> Path:
     return state
 
 
-def live(name: str, flags: list[str]) -> dict:
+def live(name: str, flags: list[str], settle: int = 60) -> dict:
     with tempfile.TemporaryDirectory(prefix="stall-bench-") as tmp:
         folder = Path(tmp)
         lay, state = layout(folder, name, flags, free_port()), sim_state(folder)
         try:
             out = subprocess.run(cockpit("launch", "local", "--layout", str(lay), "--sim", str(state), "--yes",
-                                         "--json", "--timeout", "200", "--settle", "5"), capture_output=True, text=True,
+                                         "--json", "--timeout", "200", "--settle", str(settle)), capture_output=True, text=True,
                                  env=env(folder), timeout=260)
             log = newest_log(folder)
             last = log.stat().st_mtime if log else None
@@ -172,7 +172,7 @@ def main() -> None:
                                      "cold_median_s": pct(ct, 0.5), "cold_max_s": max(ct, default=None),
                                      "called": f"{len(lt)}+{len(ct)} of {2 * len(runs)}", "runs": runs}
         elif name in HEALTHY:
-            runs = [live(name, HEALTHY[name]) for _ in range(a.runs)]
+            runs = [live(name, HEALTHY[name], settle=5) for _ in range(a.runs)]
             result["healthy"][name] = {"stalled": sum(any(str(v).startswith("stalled") for v in r["verdicts"])
                                                       for r in runs), "runs": runs}
         print(name, json.dumps(result["hangs"].get(name) or result["healthy"].get(name))[:400], file=sys.stderr,

@@ -29,7 +29,7 @@ from cockpit.runs.layoutfile import load_layout
 from cockpit.sim import fakenvml
 
 
-def launch(tmp_path: Path, flags: list[str], timeout: int = 150) -> tuple[dict, list[dict]]:
+def launch(tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5) -> tuple[dict, list[dict]]:
     """`cockpit launch local --layout L --sim DIR --yes --json` of a layout with no stall
     settings; returns its outcome row and the verdicts the ledger kept."""
     state = tmp_path / "sim"
@@ -43,7 +43,7 @@ def launch(tmp_path: Path, flags: list[str], timeout: int = 150) -> tuple[dict, 
     env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "home" / "state")}
     try:
         out = subprocess.run([sys.executable, "-m", "cockpit", "launch", "local", "--layout", str(layout), "--sim",
-                              str(state), "--yes", "--json", "--timeout", str(timeout), "--settle", "5"],
+                              str(state), "--yes", "--json", "--timeout", str(timeout), "--settle", str(settle)],
                              capture_output=True, text=True, env=env, timeout=timeout + 120)
     finally:
         rows = [json.loads(line) for p in (tmp_path / "home").rglob("ledger/*.jsonl")
@@ -65,7 +65,7 @@ def launch(tmp_path: Path, flags: list[str], timeout: int = 150) -> tuple[dict, 
 def test_a_hang_is_called_stalled_on_the_stacks_evidence(tmp_path, flags, phase):
     """Every rank blocked in a collective, the log silent: stalled on the positive evidence of two
     dumps, whatever the phase (before the weights, the seed's own, with requests frozen)."""
-    row, verdicts = launch(tmp_path, ["--sim-speed", "4", *flags])
+    row, verdicts = launch(tmp_path, ["--sim-speed", "4", *flags], settle=60)  # the serving hang comes after ready
     assert row["outcome"] == "stalled-idle", row
     assert row["evidence"][0].startswith("stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 in "
                                          "a collective (Rank.all_reduce)"), row["evidence"]
