@@ -99,9 +99,9 @@ SPAWN_GRACE_S = 20.0  # ranks all spawn within this of each other: fewer after i
 XID_BEFORE_S = 300.0  # an Xid this long before a rank's death (or just after it) names the cause
 XID_AFTER_S = 30.0
 HW_SLOW_S = 5.0  # the hardware holds a GPU's clocks down this long: the run is slow
-REPLAY_WINDOW_S = 60.0
+REPLAY_WINDOW_S = 60.0  # NVLink or PCIe replays that grew within this: the link is retrying
 UNSTALL_SAMPLES = 3  # samples in a row showing the run's own progress that end a stall
-# The fast stall (docs/diagnosis.md#stacks): once the cheap signals (log, CPU, GPUs, port) are
+# The fast stall (docs/diagnosis.md#a-stall-called-in-seconds): once the cheap signals (log, CPU, GPUs, port) are
 # silent QUIET_S, every rank is dumped twice without stopping it, LOOK_GAP_S apart; a look that
 # finds them all still in waits calls the stall. At most one look every LOOK_EVERY_S while silent.
 QUIET_S = 5.0
@@ -418,9 +418,12 @@ class Watchdog:
         finds them all still in waits; or, second, a phase silent and idle far longer than the
         layout's good runs ever took in it (the learned windows)."""
         silent = min(max(idle_held, spin_held), prog.idle_s)
+        if any(p.rank is None and not _cpu_idle(p) for p in state.live_procs()):
+            silent = 0.0  # a process of the run beside its ranks at work (an engine core compiling): it moves
         look = self.look
         valid = self._look_valid = look is not None and silent > 0 and look.at - look.gap_s >= now - silent - 1.0
-        self.want_look = self.looks and silent >= QUIET_S and (not valid or now - look.at >= LOOK_EVERY_S)
+        self.want_look = self.looks and silent >= QUIET_S and self._stall is None and \
+            (not valid or now - look.at >= LOOK_EVERY_S)  # a stall declared has its forensics: no more looks
         self._look_left = None
         if self.looks and silent > 0 and not valid:
             self._look_left = max(0.0, QUIET_S - silent) + LOOK_GAP_S + LOOK_SLACK_S
