@@ -4,6 +4,7 @@ each phase of the launch (`--sim-stall-at`, and the seed's own hang, EAGLE-3's d
 the healthy silent phases (they must never read stalled).
 
     python tests/bench/stall_detect.py [--runs 1] [--phases seed,init,...] [--json OUT]
+    python tests/bench/stall_detect.py --layout REAL.yaml --marker TEXT   (a real job's hang, on a GPU host)
 
 Live: `cockpit launch local --layout L --sim DIR --yes --json` watches the launch; the time is the
 stalled verdict's moment in the ledger minus the log's last write (its mtime). Cold: the same launch
@@ -41,9 +42,21 @@ MARKERS = {"seed": "Capture draft cuda graph begin", "init": "Init torch distrib
            "capture": "Capture cuda graph begin", "serving": "Decode batch"}
 
 
+REAL: dict = {}  # --layout FILE --marker TEXT: a real job's layout instead of the simulated host's
+
+
 def layout(folder: Path, name: str, flags: list[str], port: int) -> Path:
     """A layout as an operator's first: the command, the port, and nothing about stalls."""
     path = folder / f"{name}.yaml"
+    if REAL:
+        from cockpit.runs.layoutfile import load_layout
+
+        real = load_layout(REAL["layout"])
+        body = {"name": f"bench-{name}", "engine": real.engine, "python": real.python, "command": real.command,
+                "base_flags": real.base_flags, "flag_sets": real.flag_sets, "enabled": real.enabled,
+                "env": real.env, "log_dir": str(folder / "runs"), "ports": real.ports, "kill_wait_s": 5}
+        path.write_text(json.dumps(body))
+        return path
     body = {"name": f"bench-{name}", "engine": "sglang", "python": sys.executable,
             "command": ["-m", "cockpit.sim.server"],
             "base_flags": ["--tp-size", "8", "--port", str(port), "--enable-metrics",
@@ -59,7 +72,8 @@ def cockpit(*args: str) -> list[str]:
 
 def env(folder: Path) -> dict:
     return {**os.environ, "HOME": str(folder / "home"), "XDG_STATE_HOME": str(folder / "home" / "state"),
-            "XDG_CACHE_HOME": str(folder / "home" / "cache"), "PYTHONPATH": str(ROOT)}
+            "XDG_CACHE_HOME": str(folder / "home" / "cache"),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def free_port() -> int:
@@ -93,6 +107,11 @@ def kill_runs(folder: Path) -> None:
                 pass
 
 
+def sim_args(folder: Path) -> list[str]:
+    """`--sim DIR` of a fresh simulated host, or nothing for a real job's layout."""
+    return [] if REAL else ["--sim", str(sim_state(folder))]
+
+
 def sim_state(folder: Path) -> Path:
     from cockpit.sim import fakenvml
 
@@ -104,9 +123,9 @@ def sim_state(folder: Path) -> Path:
 def live(name: str, flags: list[str], settle: int = 60) -> dict:
     with tempfile.TemporaryDirectory(prefix="stall-bench-") as tmp:
         folder = Path(tmp)
-        lay, state = layout(folder, name, flags, free_port()), sim_state(folder)
+        lay, sim = layout(folder, name, flags, free_port()), sim_args(folder)
         try:
-            out = subprocess.run(cockpit("launch", "local", "--layout", str(lay), "--sim", str(state), "--yes",
+            out = subprocess.run(cockpit("launch", "local", "--layout", str(lay), *sim, "--yes",
                                          "--json", "--timeout", "200", "--settle", str(settle)), capture_output=True, text=True,
                                  env=env(folder), timeout=260)
             log = newest_log(folder)
@@ -125,8 +144,8 @@ def live(name: str, flags: list[str], settle: int = 60) -> dict:
 def cold(name: str, flags: list[str], after: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="stall-bench-") as tmp:
         folder = Path(tmp)
-        lay, state = layout(folder, name, flags, free_port()), sim_state(folder)
-        watcher = subprocess.Popen(cockpit("launch", "local", "--layout", str(lay), "--sim", str(state), "--yes",
+        lay, sim = layout(folder, name, flags, free_port()), sim_args(folder)
+        watcher = subprocess.Popen(cockpit("launch", "local", "--layout", str(lay), *sim, "--yes",
                                            "--json", "--timeout", "600", "--no-forensics"),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(folder),
                                    start_new_session=True)
@@ -134,7 +153,8 @@ def cold(name: str, flags: list[str], after: float) -> dict:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 log = newest_log(folder)
-                if log is not None and MARKERS[name] in log.read_text(errors="replace"):
+                if log is not None and MARKERS[name] in log.read_text(errors="replace") and \
+                        time.time() - log.stat().st_mtime >= 0.5:
                     break
                 time.sleep(0.2)
             os.killpg(watcher.pid, signal.SIGKILL)  # the cockpit that watched the launch is gone
@@ -142,7 +162,7 @@ def cold(name: str, flags: list[str], after: float) -> dict:
             while time.time() - log.stat().st_mtime < after:
                 time.sleep(0.1)
             began = time.time()
-            out = subprocess.run(cockpit("snapshot", "local", "--layout", str(lay), "--sim", str(state), "--json"),
+            out = subprocess.run(cockpit("snapshot", "local", "--layout", str(lay), *sim, "--json"),
                                  capture_output=True, text=True, env=env(folder), timeout=120)
             ended = time.time()
             last = log.stat().st_mtime
@@ -159,8 +179,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--phases", default=",".join([*HANGS, *HEALTHY]))
     ap.add_argument("--cold-after", type=float, default=1.0, help="start the cold look once the log is this silent")
+    ap.add_argument("--layout", help="a real job's layout (its hang on): measured instead of the simulated host")
+    ap.add_argument("--marker", help="with --layout: the log text the hang comes after (the cold look waits for it)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.layout:
+        REAL.update(layout=a.layout)
+        HANGS.clear()
+        HANGS["real"] = []
+        MARKERS["real"] = a.marker or ""
+        a.phases = "real"
     result: dict = {"command": " ".join(sys.argv), "hangs": {}, "healthy": {}}
     for name in a.phases.split(","):
         if name in HANGS:
