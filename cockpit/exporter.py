@@ -8,7 +8,10 @@ own thread, so a scrape hands the reading to the loop (`call_soon_threadsafe`) a
 
 Labels are bounded (docs/exporter.md): `host` is the fleet's name for the host (masked, control
 characters made visible, cut at LABEL_MAX characters), `state` one of a fixed set per metric,
-`gpu` a GPU index, `rank` a rank number. No pid, command line or free text is ever a label.
+`gpu` a GPU index, `rank` a rank number, `xid` an Xid code, `run` a ledger id (or `pgid:N`,
+`port:N` for a run started elsewhere). No command line or free text is ever a label. Identifiers
+(an Xid code, the odd rank) are labels of info-style series (value 1), never sample values; counts
+since a start are counters (`_total`).
 
 `--on-change CMD` runs CMD (split once with shlex, never through a shell) on each verdict change,
 the change in GPU_COCKPIT_* environment variables, at most one at a time per host (a change that
@@ -45,6 +48,7 @@ ENV_MAX = 1000  # characters of one GPU_COCKPIT_* variable
 SCRAPE_TIMEOUT_S = 10.0  # a scrape waits this long for the event loop to read the monitors
 READ_TIMEOUT_S = 10.0  # a connection that sends no whole request (or stops reading) in this long is closed
 MAX_CONNECTIONS = 64  # open at once: far below any fd limit; past it the oldest idle one makes room
+XID_CODES = 4  # distinct Xid codes exported per GPU (its latest): a label, so bounded
 MAX_HOST_GPUS = 512  # GPUs exported per host (a job's many nodes included); the rest counted, not exported
 HOOK_TIMEOUT_S = 30.0
 RULES = Path(__file__).resolve().parent / "alerts" / "gpu-cockpit-rules.yml"
@@ -153,6 +157,7 @@ class Exporter:
 
     def families(self) -> list:
         """Every metric family, read from the monitors now (on the event loop's thread)."""
+        from prometheus_client.core import CounterMetricFamily as C
         from prometheus_client.core import GaugeMetricFamily as G
 
         t0 = time.perf_counter()
@@ -164,32 +169,37 @@ class Exporter:
                  labels=HS)
         seconds = G(f"{NS}_verdict_seconds", "Seconds in the current verdict (a stall's from its host-side start)",
                     labels=H)
-        odd = G(f"{NS}_odd_rank", "The rank the verdict names (the odd one out of a stall, the crashed one); "
-                                  "absent when none", labels=H)
+        odd = G(f"{NS}_odd_rank_info", "1, its rank label the rank the verdict names (the odd one out of a stall, "
+                                       "the crashed one); absent when none", labels=["host", "rank"])
         dead = G(f"{NS}_dead_ranks", "Ranks of the run that are gone or zombies", labels=H)
         ranks = G(f"{NS}_ranks", "Ranks of the run seen (alive or not)", labels=H)
         stall = G(f"{NS}_stall_evidence", "While stalled, what the stall's evidence is: 1 for the current kind "
                                           "(requests_frozen, serving_stopped, launch_stopped, other)", labels=HS)
-        tokens = G(f"{NS}_tokens_per_second", "Generation tokens per second, from the engine's metrics", labels=H)
+        tokens = G(f"{NS}_tokens_per_second", "Generation tokens per second, from the engine's metrics (the rate "
+                                              "the cockpit's header shows; rate() of generation_tokens_total is "
+                                              "Prometheus's own)", labels=H)
+        generated = C(f"{NS}_generation_tokens", "Generation tokens the engine counted since its run started, from its "
+                                                 "metrics (a relaunch starts it again)", labels=H)
         running = G(f"{NS}_requests_running", "Requests running, from the engine's metrics", labels=H)
         waiting = G(f"{NS}_requests_waiting", "Requests waiting, from the engine's metrics", labels=H)
         rtt = G(f"{NS}_link_rtt_seconds", "Round-trip time of the link to the agent", labels=H)
         age = G(f"{NS}_sample_age_seconds", "Seconds since the host's last sample arrived", labels=H)
-        run = G(f"{NS}_run_info", "The run followed on the host (1): its ledger id and layout", labels=["host", "run",
-                                                                                                       "layout"])
+        run = G(f"{NS}_run_info", "The run on the host (1): its ledger id, else (started elsewhere) pgid:N of its "
+                                  "process group or port:N of its port; and the layout", labels=["host", "run", "layout"])
         GL = ["host", "gpu", "rank"]
         util = G(f"{NS}_gpu_utilization_ratio", "GPU utilization, 0 to 1", labels=GL)
         used = G(f"{NS}_gpu_memory_used_bytes", "GPU memory used", labels=GL)
         total = G(f"{NS}_gpu_memory_total_bytes", "GPU memory in all", labels=GL)
         power = G(f"{NS}_gpu_power_watts", "GPU power draw", labels=GL)
         temp = G(f"{NS}_gpu_temperature_celsius", "GPU temperature", labels=GL)
-        ecc = G(f"{NS}_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors (volatile count) where NVML has it",
-                labels=GL)
+        ecc = C(f"{NS}_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors since the driver loaded (NVML's volatile "
+                                                    "count) where the GPU has ECC", labels=GL)
         lost = G(f"{NS}_gpu_lost", "1 when NVML reports the GPU lost (fallen off the bus), else 0", labels=GL)
         remap = G(f"{NS}_gpu_row_remap_pending", "1 while a remapped row waits for a GPU reset, where the GPU remaps rows",
                   labels=GL)
-        xid = G(f"{NS}_gpu_xid_recent", "The code of the GPU's latest Xid event in the last 5 minutes (docs/xid.md)",
-                labels=GL)
+        xid = G(f"{NS}_gpu_xid_info", "1 for each Xid code the GPU raised in the last 5 minutes, its code the xid "
+                                      f"label (the latest {XID_CODES} codes; docs/xid.md)", labels=[*GL, "xid"])
+        xids = G(f"{NS}_gpu_xid_recent_events", "Xid events the GPU raised in the last 5 minutes", labels=GL)
         hw = G(f"{NS}_gpu_hw_slowdown", "1 while the hardware holds the GPU's clocks down (HW slowdown, thermal, "
                                         "power brake), else 0", labels=GL)
         capped = G(f"{NS}_gpus_not_exported", f"GPUs a host reports past the {MAX_HOST_GPUS} exported per host "
@@ -215,7 +225,7 @@ class Exporter:
                 phase.add_metric([host, st], 1.0 if st == current else 0.0)
             seconds.add_metric([host], self.verdict_seconds(m))
             if v.odd_rank is not None:
-                odd.add_metric([host], float(v.odd_rank))
+                odd.add_metric([host, str(int(v.odd_rank))], 1.0)
             rs = s.ranks()
             ranks.add_metric([host], float(len(rs)))
             dead.add_metric([host], float(sum(1 for p in rs if not p.alive or p.status == "Z")))
@@ -226,10 +236,12 @@ class Exporter:
             for fam, key in ((tokens, "tokens_per_s"), (running, "running"), (waiting, "waiting")):
                 if head.get(key) is not None:
                     fam.add_metric([host], float(head[key]))
-            following = getattr(mon, "following", None) or {}
+            if head.get("generation_tokens") is not None:
+                generated.add_metric([host], float(head["generation_tokens"]))
             layout = getattr(mon, "layout", None)
-            if following.get("run_id") or layout is not None:
-                run.add_metric([host, label(following.get("run_id") or ""), label(layout.name if layout else "")], 1.0)
+            named = run_name(mon, s)
+            if named is not None:
+                run.add_metric([host, label(named), label(layout.name if layout else "")], 1.0)
             on_gpu: dict = {}
             for p in rs:
                 if p.alive and p.status != "Z":
@@ -261,13 +273,16 @@ class Exporter:
                     remap.add_metric(labels, 1.0 if g.remap_pending else 0.0)
                 recent = s.recent_xid(g.index)
                 if recent:
-                    xid.add_metric(labels, float(recent[-1].code))
+                    xids.add_metric(labels, float(len(recent)))
+                    codes = list(dict.fromkeys(e.code for e in reversed(recent)))[:XID_CODES]
+                    for code in codes:
+                        xid.add_metric([*labels, str(int(code))], 1.0)
         hosts = G(f"{NS}_hosts", "Hosts in the fleet this exporter watches")
         hosts.add_metric([], float(len(self.fleet.members)))
-        out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, running, waiting, rtt, age, run,
-               util, used, total, power, temp, ecc, lost, remap, xid, hw, capped, hosts]
+        out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, generated, running, waiting, rtt, age,
+               run, util, used, total, power, temp, ecc, lost, remap, xid, xids, hw, capped, hosts]
         if self.hook is not None:
-            hook = G(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
+            hook = C(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
                                              "coalesced: a change replaced by a later one while the hook ran)",
                      labels=["result"])
             for result in OnChange.RESULTS:
@@ -276,6 +291,24 @@ class Exporter:
         self.scrapes += 1
         self.scrape_s += time.perf_counter() - t0
         return out
+
+
+def run_name(monitor, state) -> str | None:
+    """The run's name in `run_info`: its ledger id; a run the cockpit did not launch by its
+    process group (`pgid:N`, the one most of its live ranks are in), else by the layout's port
+    (`port:N`); None when no process of a run is alive."""
+    following = getattr(monitor, "following", None) or {}
+    if following.get("run_id"):
+        return str(following["run_id"])
+    live = [p for p in state.ranks() if p.alive and p.status != "Z"] or \
+        [p for p in state.live_procs() if p.role == "server"]
+    groups = Counter(p.pgid for p in live if p.pgid)
+    if groups:
+        return f"pgid:{groups.most_common(1)[0][0]}"
+    layout = getattr(monitor, "layout", None)
+    if live and layout is not None and layout.ports:
+        return f"port:{layout.ports[0]}"
+    return None
 
 
 def change_env(member, before) -> dict[str, str]:

@@ -18,6 +18,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -95,6 +96,24 @@ def served_shell(args: argparse.Namespace) -> str:
     return "cd / && exec " + shlex.join(served_command(args))
 
 
+_EXTERNAL = re.compile(r"""<(?:link|script)\b[^>]*?\b(?:href|src)\s*=\s*["']?(?:https?:)?//[^>]*>(?:\s*</script>)?""",
+                       re.IGNORECASE)
+LOCAL_FONT = """<style>
+      @font-face { font-family: "Roboto Mono"; font-style: normal;
+        src: url("{{ config.static.url }}fonts/RobotoMono-VariableFont_wght.ttf") format("truetype"); }
+      @font-face { font-family: "Roboto Mono"; font-style: italic;
+        src: url("{{ config.static.url }}fonts/RobotoMono-Italic-VariableFont_wght.ttf") format("truetype"); }
+    </style>
+  </head>"""
+
+
+def local_page(source: str) -> str:
+    """textual-serve's page template with nothing loaded from another host: its web font
+    (fonts.googleapis.com) taken from the package's own static folder instead, any other
+    stylesheet or script of another host left out."""
+    return _EXTERNAL.sub("", source).replace("</head>", LOCAL_FONT, 1)
+
+
 def make_server(command: str, host: str, port: int, token: str, title: str = "gpu-cockpit"):
     """A textual-serve Server whose every route but /static needs the token, whose WebSocket
     needs the page's own Origin, and whose page points at the host and port the browser used
@@ -103,6 +122,13 @@ def make_server(command: str, host: str, port: int, token: str, title: str = "gp
     import jinja2
     from aiohttp import web
     from textual_serve.server import Server, to_int
+
+    class OwnPage(jinja2.FileSystemLoader):
+        """The templates, each as `local_page` makes it."""
+
+        def get_source(self, environment, template):
+            source, filename, uptodate = super().get_source(environment, template)
+            return local_page(source), filename, uptodate
 
     def forbidden(why: str) -> web.Response:
         return web.Response(status=403, text=f"403 forbidden: {why}\n")
@@ -121,7 +147,7 @@ def make_server(command: str, host: str, port: int, token: str, title: str = "gp
 
         async def _make_app(self) -> web.Application:
             app = web.Application(middlewares=[self.guard])
-            aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(self.templates_path))
+            aiohttp_jinja2.setup(app, loader=OwnPage(self.templates_path))
             app.add_routes([
                 web.get("/", self.handle_index, name="index"),
                 web.get("/ws/{token}", self.handle_websocket, name="websocket"),

@@ -12,10 +12,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from cockpit.sim import fakenvml
+
+pytest_plugins = ["fixtures_shared"]  # the fixtures more than one test module uses
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -38,7 +41,8 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 
 
 class Sshd:
-    """A real sshd on 127.0.0.1 that accepts only a key generated for the test session."""
+    """A real sshd on 127.0.0.1 that accepts only a key generated for the test session; its
+    sessions' HOME is a folder of its own."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -47,6 +51,8 @@ class Sshd:
         for name in ("host_key", "client_key"):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
         (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
+        self.home = root / "home"  # its sessions' home (sshd would give the user's own: the seal holds over ssh too)
+        self.home.mkdir(mode=0o700)
         host_pub = (root / "host_key.pub").read_text().split()
         self.host_key_line = f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n"
         self.known_hosts = root / "known_hosts"
@@ -66,6 +72,7 @@ class Sshd:
             LogLevel ERROR
             MaxSessions 50
             MaxStartups 100:30:200
+            SetEnv HOME={self.home}
             """))
         self.client_config = root / "ssh_config"
         self.client_config.write_text(textwrap.dedent(f"""\
@@ -93,12 +100,73 @@ class Sshd:
         return ["--ssh-config", str(self.client_config), "--known-hosts", str(self.known_hosts)]
 
 
+# ----------------------------------------------------------------------------- what cannot run here
+def cannot_run(reason: str) -> NoReturn:
+    """A check that cannot run on this machine: skipped on a developer's, failed under CI (which
+    installs every tool: scripts/test), so that nothing the suite claims is silently left out."""
+    __tracebackhide__ = True  # the skip names the test's line, not this one
+    if os.environ.get("CI"):
+        pytest.fail(f"cannot run under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def need(*tools: str, package: str) -> str:
+    """The first tool's path; one missing cannot run (apt-get install PACKAGE)."""
+    __tracebackhide__ = True
+    paths = [shutil.which(t) or next((d + t for d in ("/usr/sbin/", "/sbin/") if os.path.exists(d + t)), None)
+             for t in tools]
+    missing = [t for t, path in zip(tools, paths) if path is None]
+    if missing:
+        cannot_run(f"{', '.join(missing)} not installed: apt-get install {package} (scripts/test does)")
+    return paths[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skip from anywhere (a skipif mark, a library's importorskip) is a failure with its reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
+
+
+# ----------------------------------------------------------------------------- the seal
+# Nothing a test runs may write into the machine's own state: the host's record of acts
+# (~/.local/state/gpu-cockpit/host/acts.jsonl) is read by every cockpit of the host, run logs go to
+# ~/.cache, demos to $XDG_RUNTIME_DIR. Each test (and, before any test starts, the session's and
+# modules' fixtures) gets a home and XDG folders of its own; the processes it starts inherit them.
+SEALED = {"HOME": "home", "XDG_STATE_HOME": "state", "XDG_CACHE_HOME": "cache", "XDG_CONFIG_HOME": "config",
+          "XDG_DATA_HOME": "data", "XDG_RUNTIME_DIR": "run"}
+
+
+def seal(mp: pytest.MonkeyPatch, folder: Path) -> Path:
+    for key, name in SEALED.items():
+        (folder / name).mkdir(mode=0o700, exist_ok=True)
+        mp.setenv(key, str(folder / name))
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sealed_session(tmp_path_factory):
+    """The seal for what starts before any test's own: session and module fixtures (sshd, the engines)."""
+    mp = pytest.MonkeyPatch()
+    seal(mp, tmp_path_factory.mktemp("sealed-session"))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def sealed(sealed_session, tmp_path_factory, monkeypatch) -> Path:
+    """This test's home and XDG folders (beside its tmp_path, never in it: a test owns that
+    folder's listing); environment changes go through monkeypatch, undone after the test."""
+    return seal(monkeypatch, tmp_path_factory.mktemp("sealed"))
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
-    if not os.path.exists(SSHD):
-        if os.environ.get("CI"):
-            pytest.fail("sshd is missing: .ci/run installs openssh-server")
-        pytest.skip("sshd is not installed (apt-get install openssh-server)")
+    need("sshd", package="openssh-server")
     server = Sshd(tmp_path_factory.mktemp("sshd"))
     server.start()
     yield server
@@ -153,12 +221,24 @@ def ranks(sim_state):
     r.stop()
 
 
-def run_cli(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real `cockpit` command in a subprocess, as a user runs it."""
+def run_cli(*args: str, timeout: float = 60, env: dict | None = None, under: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The real `cockpit` command in a subprocess, as a user runs it (`under` a wrapper such as
+    `unprivileged()`, when given)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
+    return subprocess.run([*under, sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def unprivileged() -> tuple[str, ...]:
+    """A wrapper that runs a command as this user without the privilege to override file
+    permissions: for root (as CI runs), setpriv drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    (so a read-only folder is read-only, as for any user) while root's own files, the venv's
+    interpreter among them, stay readable."""
+    if os.geteuid() != 0:
+        return ()
+    caps = "-dac_override,-dac_read_search"
+    return (need("setpriv", package="util-linux"), f"--inh-caps={caps}", f"--bounding-set={caps}")
 
 
 @pytest.fixture
@@ -184,7 +264,7 @@ SLOW_S = 3.0
 SLOW_LIST = Path(__file__).with_name("slow-tests.txt")
 _STARTS = {
     "browser": lambda fx, src: "chromium" in src or "webdriver" in src,
-    "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus")' in src,
+    "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus"' in src,
     "sshd": lambda fx, src: "sshd" in fx,
     "ui": lambda fx, src: bool({"snap_compare", "live_app", "demo_env"} & fx) or "run_test(" in src
     or "run_headless(" in src or "save_text(" in src or "save_svg(" in src,

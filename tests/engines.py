@@ -2,7 +2,7 @@
 root without systemd): a Slurm cluster of two slurmd "nodes" on loopback with its own munged, a
 Docker daemon on its own socket and data folder, and Podman with storage of its own. Each is stopped
 by its pids and every trace removed (jobs, containers, storage, the netns mount) even when a test fails. Missing packages skip with the reason,
-and fail under CI=true (`scripts/test` installs them)."""
+and fail under CI=true (`scripts/test` installs them: conftest's need)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-
-
-def need(*tools: str, package: str) -> None:
-    missing = [t for t in tools if not (shutil.which(t) or os.path.exists(f"/usr/sbin/{t}"))]
-    if not missing:
-        return
-    if os.getuid() != 0:
-        pytest.skip(f"{', '.join(missing)} missing and not root to run the daemons")
-    msg = f"{', '.join(missing)} not installed: apt-get install {package} (scripts/test does)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
+from conftest import free_port, need
 
 
 def _stop_pidfile(path: Path, timeout: float = 5.0) -> None:
@@ -74,7 +62,12 @@ class Slurm:
         self.root = root
         self.conf = root / "slurm.conf"
         self.munge = root / "munge"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.own = {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment as it is now (the running test's sealed home and state), with the engine's own."""
+        return {**os.environ, **self.own}
 
     def start(self) -> None:
         r = self.root
@@ -161,8 +154,13 @@ class Docker:
     def __init__(self, root: Path):
         self.root = root
         self.sock = root / "docker.sock"
-        self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.sock}"}
+        self.own = {"DOCKER_HOST": f"unix://{self.sock}"}
         self.proc: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment as it is now (the running test's sealed home and state), with the engine's own."""
+        return {**os.environ, **self.own}
 
     def start(self) -> None:
         r = self.root
@@ -205,7 +203,12 @@ class Podman:
         conf.write_text('[containers]\ndefault_ulimits=["nofile=20000:20000","nproc=32768:32768"]\n'
                         '[engine]\nruntime="runc"\n')
         storage.write_text(f'[storage]\ndriver="vfs"\ngraphroot="{root}/storage"\nrunroot="{root}/run"\n')
-        self.env = {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+        self.own = {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment as it is now (the running test's sealed home and state), with the engine's own."""
+        return {**os.environ, **self.own}
 
     def start(self) -> None:
         self.cli("import", str(base_image_tar(self.root)), "cockpit-base")

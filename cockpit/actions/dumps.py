@@ -23,6 +23,7 @@ from cockpit.host.session import HostSession
 from cockpit.host.state import HostState, Proc
 from cockpit.read import flightrec
 from cockpit.read.stacks import Group, describe_groups, exit_text, group_stacks
+from cockpit.runs.ledger import state_home
 
 
 @dataclass
@@ -98,42 +99,93 @@ def pyspy_info(path: str) -> dict:
             "data": data}
 
 
-async def ensure_pyspy(session: HostSession, upload: bool = False,
-                       say: Callable[[str], None] | None = None) -> tuple[str | None, dict]:
-    """py-spy for the host. On `local` (and the demo) the cockpit's own py-spy; elsewhere the
-    host's, else the one an earlier upload left in the host's cache folder, else (when asked,
-    and the architecture matches: the host needs no network) ours uploaded there: what is sent,
-    and where, is said before it is sent. Returns the path to use and the agent's check."""
+class PyspyMissing(CockpitError):
+    """No py-spy on the host where it was looked for; `offer` is what an upload would send, and
+    where (None when this cockpit has none to send, or the host's architecture differs), so a
+    screen can ask before it sends anything."""
+
+    def __init__(self, msg: str, offer: dict | None):
+        super().__init__(msg)
+        self.offer = offer
+
+
+def interpreter_folders(session: HostSession, python: str | None = None) -> list[str]:
+    """The bin folders of the interpreters the run is known by: the layout's (`python`) and the
+    agent's; a bare name (python3) is PATH's, looked at anyway."""
+    out: list[str] = []
+    for exe in (python, session.opts.python):
+        if exe and "/" in exe:
+            folder = exe.rsplit("/", 1)[0] or "/"
+            if folder not in out:
+                out.append(folder)
+    return out
+
+
+def upload_dest(session: HostSession) -> str:
+    return f"{session.state.agent.home or '/tmp'}/.cache/gpu-cockpit/py-spy"
+
+
+async def ensure_pyspy(session: HostSession, upload: bool = False, say: Callable[[str], None] | None = None,
+                       python: str | None = None) -> tuple[str | None, dict]:
+    """py-spy for the host. On `local` (and the demo) the cockpit's own py-spy; elsewhere the one
+    beside the layout's interpreter (`python`, and the agent's: its venv's bin), else the host's
+    PATH, else the one an earlier upload left in the host's cache folder, else (when asked, and
+    the architecture matches: the host needs no network) ours uploaded there: what is sent, and
+    where, is said before it is sent. Returns the path to use (None: none) and the agent's check,
+    whose `looked` says where it was looked for."""
     ours = local_pyspy()
     if session.target.kind in ("local", "demo") and ours:
         return ours, await session.request("dump_check", pyspy=ours)
-    check = await session.request("dump_check")
+    check = await session.request("dump_check", beside=interpreter_folders(session, python))
     if check["pyspy"]:
         return check["pyspy"], check
-    home = session.state.agent.home or "/tmp"
-    dest = f"{home}/.cache/gpu-cockpit/py-spy"
+    dest = upload_dest(session)
+    cached = await session.request("dump_check", pyspy=dest)  # sent by an earlier upload
+    if cached["pyspy"] == dest:
+        return dest, cached
+    check["looked"] = list(check.get("looked") or []) + [dest]
     if not upload:
-        cached = await session.request("dump_check", pyspy=dest)  # sent by an earlier --upload-pyspy
-        return (dest, cached) if cached["pyspy"] == dest else (None, check)
-    if not ours:
-        raise CockpitError("py-spy is missing on the host and in this cockpit's environment (it is a dependency of "
-                           "gpu-cockpit: reinstall it, or pip install py-spy next to it)")
-    if check["arch"] != platform.machine():
-        raise CockpitError(f"py-spy is missing on the host, whose architecture ({check['arch']}) differs from "
-                           f"this machine's ({platform.machine()}): install py-spy there")
-    info = pyspy_info(ours)
+        return None, check
+    offer = upload_offer(session, check)
+    if isinstance(offer, str):
+        raise CockpitError(offer)
     if say:
-        say(f"uploading py-spy {info['version']} ({info['path']}, {info['size']} bytes, sha256 {info['sha256']}) "
+        say(f"uploading py-spy {offer['version']} ({offer['path']}, {offer['size']} bytes, sha256 {offer['sha256']}) "
             f"to {session.target.label}:{dest}")
-    await session.link.run(["mkdir", "-p", f"{home}/.cache/gpu-cockpit"])
-    res = await session.link.run(["dd", f"of={dest}", "status=none"], input=info["data"], timeout=120)
+    home = dest.rsplit("/", 1)[0]
+    await session.link.run(["mkdir", "-p", home])
+    res = await session.link.run(["dd", f"of={dest}", "status=none"], input=offer["data"], timeout=120)
     if res.rc != 0:
         raise CockpitError(f"uploading py-spy to {dest} failed: {res.stderr.decode(errors='replace').strip()}")
     await session.link.run(["chmod", "700", dest])
     got = await session.link.run(["sha256sum", dest])
-    if got.rc == 0 and got.stdout.split()[:1] != [info["sha256"].encode()]:
+    if got.rc == 0 and got.stdout.split()[:1] != [offer["sha256"].encode()]:
         raise CockpitError(f"the py-spy uploaded to {dest} does not match this one (sha256 differs): not used")
     return dest, await session.request("dump_check", pyspy=dest)
+
+
+def upload_offer(session: HostSession, check: dict) -> dict | str:
+    """What an upload of this cockpit's py-spy would send (path, version, size, sha256, `dest`
+    on the host), or why none can be sent."""
+    ours = local_pyspy()
+    if not ours:
+        return ("py-spy is missing on the host and in this cockpit's environment (it is a dependency of "
+                "gpu-cockpit: reinstall it, or pip install py-spy next to it)")
+    if check.get("arch") != platform.machine():
+        return (f"py-spy is missing on the host, whose architecture ({check.get('arch')}) differs from this "
+                f"machine's ({platform.machine()}): install py-spy there")
+    return dict(pyspy_info(ours), dest=upload_dest(session))
+
+
+def missing(session: HostSession, check: dict) -> PyspyMissing:
+    """No py-spy where it was looked for: said with where, and what can be done."""
+    offer = upload_offer(session, check)
+    looked = "; ".join(check.get("looked") or [])
+    fix = (f"or dump again with --upload-pyspy to send this install's py-spy {offer['version']} to {offer['dest']}"
+           if isinstance(offer, dict) else offer)
+    return PyspyMissing(f"py-spy is not installed on {session.target.label} (looked for: {looked}): install it "
+                        f"there (pip install py-spy into the layout's environment), {fix}",
+                        offer if isinstance(offer, dict) else None)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -146,8 +198,7 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def dumps_dir(run: str) -> Path:
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
-    path = base / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run) / "dumps" / time.strftime("%Y%m%d-%H%M%S")
+    path = state_home() / "runs" / re.sub(r"[^A-Za-z0-9._-]", "_", run) / "dumps" / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 
@@ -179,7 +230,7 @@ class DumpSet:
 
 async def dump_ranks(session: HostSession, ranks: list[tuple[int | None, int]], run: str,
                      upload: bool = False, deadline_s: float = 20.0,
-                     say: Callable[[str], None] | None = None) -> DumpSet:
+                     say: Callable[[str], None] | None = None, python: str | None = None) -> DumpSet:
     """Dumps the ranks' stacks. A rank the host state already knows dead is reported dead with
     its exit code, and nothing runs on it; a zombie, or a rank that died since the last sample,
     the agent finds dead before py-spy runs (py-spy fails on those with an unhelpful error)."""
@@ -196,10 +247,9 @@ async def dump_ranks(session: HostSession, ranks: list[tuple[int | None, int]], 
     live = [pid for _, _, pid in ask if not (state.procs.get(pid) and state.procs[pid].status == "Z")]
     pyspy, check = None, {}
     if live:
-        pyspy, check = await ensure_pyspy(session, upload, say)
+        pyspy, check = await ensure_pyspy(session, upload, say, python)
         if not pyspy:
-            raise CockpitError("py-spy is not installed on the host: install it there (pip install py-spy), or "
-                               "dump again with --upload-pyspy to send the one this install carries")
+            raise missing(session, check)
         if check["problems"]:
             raise CockpitError("cannot attach to the ranks: " + "; ".join(check["problems"]))
     data = {"dumps": {}, "check": check}

@@ -29,11 +29,13 @@ SHM_DEFAULT = "/dev/shm"
 
 
 class AmbiguousRun(CockpitError):
-    """More than one run matches: the operator must choose; the candidates are attached."""
+    """More than one run matches: the operator must choose; the candidates are attached, and
+    `lines` names each on a line of its own (the message says how to choose)."""
 
     def __init__(self, message: str, candidates: list[dict]):
         super().__init__(message)
         self.candidates = candidates
+        self.lines = [describe_candidate(n, c) for n, c in enumerate(candidates, 1)]
 
 
 # ----------------------------------------------------------------------------- kill
@@ -104,9 +106,8 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
                     data.get("notes") or [], data.get("foreign") or [], data.get("sessions") or [],
                     data.get("root"), data.get("uid"), data.get("planned_at"))
     if len(plan.candidates) > 1 and not allow_ambiguous:
-        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
-        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: {runs} — choose "
-                           f"one: `cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: choose one: "
+                           f"`cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
                            f"process and press k)",
                            plan.candidates)
     return plan
@@ -123,8 +124,7 @@ async def member_plan(session: HostSession, run: Run | None = None, root: int | 
     plan = await plan_kill(session, scope, allow_ambiguous=True)
     label = session.target.label
     if len(plan.candidates) > 1:
-        runs = "; ".join(describe_candidate(n, c) for n, c in enumerate(plan.candidates, 1))
-        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: {runs} — choose one: "
+        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: choose one: "
                            f"`cockpit {verb} {label} --pid ROOT`", plan.candidates)
     if not plan.entries:
         why = "; ".join(plan.notes + [f"pid {f['root']} ({f.get('user', '?')}) left alone: {f['why']}"
@@ -192,14 +192,15 @@ def summarize_kill(plan: KillPlan, report: dict) -> str:
     return line + ", NOT verified: " + "; ".join(left)
 
 
-def summarize_clean(done: dict, left: int = 0) -> str:
-    """A /dev/shm clean in one line: removed, already gone (the run's own exit removed them), kept
-    at the last check, left (not tied to the run): each entry counted where it really went."""
+def summarize_clean(done: dict, left: int = 0, by_exit: bool = False) -> str:
+    """A /dev/shm clean in one line: removed, already gone (`by_exit`, a clean after the run was
+    stopped: its own exit removed them, as the plan said it might), kept at the last check, left
+    (not tied to the run): each entry counted where it really went."""
     line = f"removed {count(len(done['removed']), '/dev/shm entry', '/dev/shm entries')}"
     skipped = done.get("skipped") or []
     gone = [s for s in skipped if s.get("gone")]
     if gone:
-        line += f", {len(gone)} already gone"
+        line += f", {len(gone)} already removed by the run's own exit" if by_exit else f", {len(gone)} already gone"
     if len(skipped) > len(gone):
         line += f", kept {len(skipped) - len(gone)} (changed since listed)"
     if left:
@@ -259,7 +260,8 @@ class ShmForRun:
     leaves (each with why)."""
 
     remove: list[dict] = field(default_factory=list)
-    left: list[dict] = field(default_factory=list)
+    left: list[dict] = field(default_factory=list)  # the run's user's, not tied to the run: {name, why, kind}
+    others: int = 0  # entries no clean ever removes (another user's, not named like a run's, not a file)
 
     @property
     def names(self) -> list[str]:
@@ -283,14 +285,16 @@ def shm_for_run(audit: dict, plan: KillPlan | None, held_before: dict | None = N
     held_before = held_before or {}
     for e in audit["entries"]:
         if e["kind"] != "file" or not e.get("family") or e.get("uid") != audit.get("uid"):
-            continue  # never removed by any clean
+            out.others += 1  # never removed by any clean: counted, never listed
+            continue
         held = set(e.get("held_by") or [])
         born = float(e.get("born") or 0.0)
         creator = e.get("creator")
         seen = held_before.get((e.get("dev"), e.get("ino")))
         tie = None
         if held - set(members):
-            out.left.append({"name": e["name"], "why": "held by pid " + ",".join(map(str, sorted(held)))})
+            out.left.append({"name": e["name"], "why": "held by pid " + ",".join(map(str, sorted(held))),
+                             "kind": "held by processes that are not the run's"})
             continue
         if held:
             tie = "held by the run's pid " + ",".join(map(str, sorted(held)))
@@ -299,15 +303,20 @@ def shm_for_run(audit: dict, plan: KillPlan | None, held_before: dict | None = N
         elif creator in members and born >= float(members[creator].get("started") or 0.0) - 1.0:
             tie = f"its name carries the run's pid {creator}"
         elif e.get("creator_alive"):
-            out.left.append({"name": e["name"], "why": f"its creator pid {creator} is alive"})
+            out.left.append({"name": e["name"], "why": f"its creator pid {creator} is alive",
+                             "kind": "their creator, not the run's, is alive"})
             continue
         if tie:
             out.remove.append(dict(listed(e), why=tie))
         else:
             out.left.append({"name": e["name"], "why": f"{unclaimed(e)}; not held by the run while the cockpit "
                                                        f"watched it, no pid of it in its name: `cockpit shm --clean` "
-                                                       f"removes it if asked"})
+                                                       f"removes it if asked", "kind": UNTIED})
     return out
+
+
+UNTIED = ("cannot tell whose it is: held by no process, not held by the run while the cockpit watched it, no pid "
+          "of it in the name (`cockpit shm --clean` removes such entries if asked)")
 
 
 def unclaimed(e: dict) -> str:
@@ -328,14 +337,16 @@ def human_bytes(n: int | float | None) -> str:
     return f"{n} B"
 
 
-def describe_shm(audit: dict) -> list[str]:
+def describe_shm(audit: dict, others: bool = True) -> list[str]:
     """A line per entry: the name column as wide as the longest name (at most 44), then size, age,
     owner, removable or kept, its holders and creator. Why an entry is kept is said once, as a
-    numbered note under the list: many entries share one reason."""
-    width = min(44, max((len(visible(e["name"])) for e in audit["entries"]), default=4))
+    numbered note under the list: many entries share one reason. Without `others` (a screen's
+    dialog), other users' entries are counted, not listed: no clean of this user touches them."""
+    mine = [e for e in audit["entries"] if others or e.get("uid") == audit.get("uid")]
+    width = min(44, max((len(visible(e["name"])) for e in mine), default=4))
     notes: dict[str, int] = {}
     lines = [f"{'name':<{width}} {'size':>10} {'age':>8} {'owner':<8} removable?"]
-    for e in audit["entries"]:
+    for e in mine:
         held = f"  held by {','.join(map(str, e['held_by']))}" if e["held_by"] else ""
         creator = "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
         why = f"removable: {unclaimed(e)}" if e["removable"] else f"kept: {e.get('why') or 'kept'}"
@@ -343,6 +354,9 @@ def describe_shm(audit: dict) -> list[str]:
         lines.append(f"{visible(e['name'])[:44]:<{width}} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
                      f"{visible(e['owner'])[:8]:<8} {mark}{held}{creator}")
     lines += [f"({n}) {why}" for why, n in notes.items()]
+    if len(mine) < len(audit["entries"]):
+        lines.append(f"and {count(len(audit['entries']) - len(mine), 'entry', 'entries')} of other users, not listed "
+                     f"(never removed by a clean of {audit.get('user') or 'this user'}'s: `cockpit shm` lists them)")
     removable = [e for e in audit["entries"] if e["removable"]]
     lines.append(f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "
                  f"({human_bytes(sum(e['bytes'] for e in removable))}), free {human_bytes(audit['free_bytes'])} "
@@ -354,26 +368,36 @@ def describe_shm(audit: dict) -> list[str]:
 
 
 def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
-    """What a clean after a kill removes (each with how it is tied to the run) and leaves."""
+    """What a clean after a kill removes: the run's entries, each listed with how it is tied to
+    the run (one the run's own exit removes first is said so after); what it leaves is counted by
+    reason, never listed (on a shared host, hundreds of other runs' and users' files: `s` and
+    `cockpit shm` list them)."""
     lines = []
     if found.remove:
-        lines.append(f"then {these(len(found.remove), 'entry', 'entries')} of {folder} "
-                     f"{'is' if len(found.remove) == 1 else 'are'} removed (each checked again first):")
+        lines.append(f"then the run's {count(len(found.remove), 'entry', 'entries')} of {folder}: removed, each "
+                     f"checked again first (one the run's own exit removed first is said so):")
         lines += [f"  rm {visible(e['name'])}  ({e['why']})" for e in found.remove]
     else:
-        lines.append(f"nothing to remove from {folder}")
-    by: dict[str, list[str]] = {}
-    for e in found.left:  # many files share one reason: it is said once, with their names
-        by.setdefault(e["why"], []).append(visible(e["name"]))
-    for why, names in by.items():
-        lines.append(f"  left ({count(len(names), 'entry', 'entries')}): {why}: {', '.join(names)}")
+        lines.append(f"nothing of the run's to remove from {folder}")
+    kinds: dict[str, int] = {}
+    for e in found.left:
+        kinds[e.get("kind") or e["why"]] = kinds.get(e.get("kind") or e["why"], 0) + 1
+    for kind, n in kinds.items():
+        lines.append(f"  left ({count(n, 'entry', 'entries')}, not tied to this run): {kind}")
+    if found.others:
+        lines.append(f"  not touched ({count(found.others, 'entry', 'entries')}): another user's, or not named like "
+                     f"an inference run's")
+    if found.left or found.others:
+        lines.append(f"  (`s`, or `cockpit shm`, lists every entry of {folder} with why)")
     return lines
 
 
-def describe_clean(done: dict) -> list[str]:
-    lines = [f"removed {len(done['removed'])} entries, freed {human_bytes(done['freed_bytes'])}"]
+def describe_clean(done: dict, by_exit: bool = False) -> list[str]:
+    """A clean's entries, each where it went (`by_exit`: as summarize_clean)."""
+    gone = "already removed by the run's own exit" if by_exit else "already gone"
+    lines = [f"removed {count(len(done['removed']), 'entry', 'entries')}, freed {human_bytes(done['freed_bytes'])}"]
     lines += [f"removed {visible(n)}" for n in done["removed"]]
-    lines += [f"{'already gone' if s.get('gone') else 'kept'} {visible(s['name'])}: {s['why']}"
+    lines += [f"{gone} {visible(s['name'])}" if s.get("gone") else f"kept {visible(s['name'])}: {s['why']}"
               for s in done["skipped"]]
     return lines
 

@@ -70,10 +70,8 @@ def sim_flags(layout: Layout, session) -> list[str]:
     return ["--sim-speed", str(layout.sim.speed), "--sim-seed", str(layout.sim.seed)]
 
 
-async def launch(session, layout: Layout, spec: RunSpec) -> Run:
-    """Record the launch, then start it detached on the host; the caller's monitor follows the Run
-    returned (its door watches it)."""
-    run_id = new_run_id(layout)
+def _launched(session, layout: Layout, spec: RunSpec, run_id: str) -> tuple[list[str], dict[str, str], str]:
+    """The run's argv, environment and log."""
     argv = build_argv(layout, spec, python=launch_python(layout, session)) + sim_flags(layout, session)
     env = dict(layout.env)
     env[LAUNCH_MARKER] = run_id  # the run's processes carry it: proof they are the run, its leader gone
@@ -84,12 +82,32 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
         log = session.state.agent.home + log[1:]
     if "forensics" in spec.enabled:  # torch's flight recorder armed, its pipes and dumps beside the run's log
         env.update(forensics_env(log.removesuffix(".log")))
+    return argv, env, log
+
+
+async def check_launch(session, layout: Layout, spec: RunSpec) -> None:
+    """The launch's check alone, made on the host before a relaunch stops anything: its
+    interpreter, import path and workdir as root (cockpit/agent/guard.py); a refusal is one line
+    (CockpitError), nothing stopped, nothing started."""
+    if session.opts.trust_python:
+        return
+    argv, env, _ = _launched(session, layout, spec, new_run_id(layout))
+    await session.request("launch_check", argv=argv, env=env, cwd=layout.workdir)
+
+
+async def launch(session, layout: Layout, spec: RunSpec) -> Run:
+    """Record the launch, then start it detached on the host, in the layout's workdir or `/`, its
+    interpreter and import path checked there first as the agent's were (unless --trust-python);
+    the caller's monitor follows the Run returned (its door watches it)."""
+    run_id = new_run_id(layout)
+    argv, env, log = _launched(session, layout, spec, run_id)
     append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
                            "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
                            "params": dict(spec.params), "env": masked(env), "log": log,
                            "stall": {"idle_s": layout.stall.idle_s, "spin_s": layout.stall.spin_s}})
     run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log, run_id=run_id,
-                                layout=layout.name, ports=list(layout.ports), by=operator_id())
+                                layout=layout.name, ports=list(layout.ports), by=operator_id(),
+                                check=not session.opts.trust_python)
     run["run_id"] = run_id
     append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
                            "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),

@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from cockpit.agent import protocol  # noqa: F401  (the frame schema's one home)
+from cockpit.agent.guard import EXIT_UNTRUSTED, GUARD, guarded  # noqa: F401  (the interpreter's check: its one home)
 
 _HERE = Path(__file__).resolve().parent
 PACKAGE = "cockpit_agent"  # the agent's package name on the host (this package's __init__ stays here)
@@ -35,72 +36,6 @@ BOOTSTRAP = (
     "sys.exit(g['run'](a['modules'],c,sys.argv[2:]))\n"
 )
 EXIT_TOO_OLD = 4
-EXIT_UNTRUSTED = 5  # GUARD's refusal
-
-# As root, an interpreter that another user can change runs their code as root. So before a
-# Python starts as root, /bin/sh on the host checks what it would run: the interpreter as named,
-# each link it follows and the file it ends at, every folder above each, and the prefixes'
-# pyvenv.cfg, lib/python3*, their site-packages and .pth files (one find(1) per chain). Anything
-# not root's, or writable by another user (group-writable with a group other than root's,
-# other-writable unless a sticky folder), and it is refused in one line with EXIT_UNTRUSTED. Not
-# root: the interpreter runs as it would anyway. $0 is the interpreter, "$@" its arguments; its tools
-# are looked for in the system folders first, the interpreter in PATH as given, and the file checked
-# is the one started (by its path: PATH is not searched again).
-GUARD = """\
-o=$PATH
-case $0 in */*) p=$0;; *) p=$(command -v "$0") || exec "$0" "$@";; esac
-PATH=/usr/bin:/bin:/usr/sbin:/sbin:$o
-u=$(id -u) || u=0
-[ "$u" = 0 ] || { PATH=$o; exec "$0" "$@"; }
-case $p in /*) ;; *) p=$PWD/$p;; esac
-[ -e "$p" ] || { PATH=$o; exec "$0" "$@"; }
-b= nf=
-f() {
- [ -n "$b" ] && return
- b=$(find "$@" -prune ! -type l \\( ! -user 0 -o -perm -0020 ! -group 0 -o -perm -0002 \\( ! -type d -o ! -perm -1000 \\) \\) -print 2>/dev/null)
- [ $? = 127 ] && { b=$1; nf=1; }
- b=${b%%
-*}
-}
-c() {
- d=$1; set --
- while :; do set -- "$@" "$d"; case $d in /) break;; */*) d=${d%/*}; d=${d:-/};; *) break;; esac; done
- f "$@"
-}
-h=$p; n=0
-while c "$h"; [ -L "$h" ] && [ $n -lt 16 ]; do
- t=$(readlink "$h"); case $t in /*) ;; *) t=${h%/*}/$t;; esac; h=$t; n=$((n+1))
-done
-r=$(readlink -f "$p" 2>/dev/null) && c "$r"
-e() {
- set --
- for v in "${p%/*/*}" "${r%/*/*}"; do
-  for x in "$v/pyvenv.cfg" "$v/lib" "$v"/lib/python3* "$v"/lib/python3*/*-packages "$v"/lib/python3*/*-packages/*.pth; do
-   [ -e "$x" ] && set -- "$@" "$x"
-  done
- done
- [ $# = 0 ] || f "$@"
-}
-e
-if [ -n "$nf" ]; then
- echo "gpu-cockpit: $0 is not run as root: there is no find(1) here to check who can change it; install findutils, or trust it with --trust-python (trust_python: true in the layout)" >&2
- exit 5
-fi
-if [ -n "$b" ]; then
- set -f; set -- $(ls -ldn "$b" 2>/dev/null)
- echo "gpu-cockpit: $0 is not run as root: $b (mode $1, owner uid $3, group $4) can be changed by a user other than root; make it root's alone, or trust it with --trust-python (trust_python: true in the layout)" >&2
- exit 5
-fi
-PATH=$o
-exec "$p" "$@"
-"""
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """`argv` (an interpreter and its arguments) started through GUARD."""
-    return ["/bin/sh", "-c", GUARD, *argv]
-
-
 def agent_modules() -> list[Path]:
     """The modules that run on the host: every module of this package but the operator's own."""
     return sorted(p for p in _HERE.glob("*.py") if p.name not in OPERATOR_ONLY)
@@ -160,9 +95,12 @@ def agent_argv(python: str, interval: float, sim_state: str | None, guard: bool 
     """The command line that starts the agent and the bytes to write to its stdin first: the
     modules compiled here when `python` is the cockpit's own interpreter. Isolated (`-I`): no
     PYTHON* variable, no user site-packages and no module of the folder it starts in (another
-    user's `bisect.py` there would run as root). With `guard`, through GUARD."""
+    user's `bisect.py` there would run as root); without `site` (`-S`): no .pth file and no
+    sitecustomize runs in it, the agent adding the site-packages folders itself (start.py). With
+    `guard`, through GUARD (guard.py)."""
     src = agent_source(python == sys.executable)
-    args = [python, "-I", "-u", "-c", BOOTSTRAP, str(len(src)), "--interval", repr(float(interval))]
+    isolated = ["-I", "-S"] if src[:1] == b"{" else ["-I"]  # a plain agent.py of before (benchmarks) ran with site
+    args = [python, *isolated, "-u", "-c", BOOTSTRAP, str(len(src)), "--interval", repr(float(interval))]
     payload = src
     if sim_state:
         sim = sim_nvml_source()

@@ -32,16 +32,16 @@ def acts_path():
     return os.path.join(base, "gpu-cockpit", "host", "acts.jsonl")
 
 
-def _own_folder(folder):
+def own_folder(folder):
     """Refused unless the folder is a real folder of this user that nobody else can write (a
-    record read from it is believed by every cockpit)."""
+    record read from it is believed by every cockpit; the operator's ledger is held the same way)."""
     st = os.lstat(folder)
     if not st_mod.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise Refused("the cockpit's state folder %s is not a folder of this user that only it can write: "
                       "refused; remove it (it is made again)" % folder)
 
 
-def _open_own(path, flags, make_dirs=False):
+def open_own(path, flags, make_dirs=False):
     """The record's file, no symbolic link followed in any component (folders made 0700 where
     missing), refused unless it is a plain file of this user."""
     fd = open_nofollow(path, flags, 0o600, make_dirs)
@@ -72,9 +72,9 @@ class Acts:
         if len(line) > LINE_MAX:
             raise Refused("a record of %d bytes is longer than %d: not written" % (len(line), LINE_MAX))
         self._start_again_if_long()
-        fd, _ = _open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
+        fd, _ = open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
         try:
-            _own_folder(os.path.dirname(self.path))
+            own_folder(os.path.dirname(self.path))
         except Refused:
             os.close(fd)
             raise
@@ -90,7 +90,7 @@ class Acts:
         try:
             if os.lstat(self.path).st_size <= MAX_BYTES:
                 return
-            fd, st = _open_own(self.path, os.O_RDONLY)
+            fd, st = open_own(self.path, os.O_RDONLY)
         except OSError:
             return
         try:
@@ -98,7 +98,7 @@ class Acts:
         finally:
             os.close(fd)
         tmp = "%s.%d.tmp" % (self.path, os.getpid())
-        fd, _ = _open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        fd, _ = open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             os.write(fd, tail)
         finally:
@@ -117,7 +117,7 @@ class Acts:
             return None
         self.seen = key
         try:
-            fd, st = _open_own(self.path, os.O_RDONLY)
+            fd, st = open_own(self.path, os.O_RDONLY)
         except (OSError, Refused):
             return None
         try:

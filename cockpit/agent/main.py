@@ -16,6 +16,7 @@ from .acts import Acts
 from .facts import host_facts
 from .flightrec import fr_dump
 from .gpus import open_gpus
+from .guard import check_python
 from .kill import _now_ticks, find_runs, kill_run, run_plan
 from .logs import LogTail, open_log
 from .ports import Ports, listening_ports
@@ -31,7 +32,7 @@ SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
 class Agent:
-    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http",
+    THREADED = ("kill", "kill_plan", "find_runs", "dump", "dump_check", "shm_audit", "shm_clean", "http", "launch_check",
                 "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval, procs):
@@ -234,26 +235,35 @@ class Agent:
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
 
-    def cmd_launch(self, argv, env=None, cwd=None, log=None, run_id=None, layout=None, ports=(), by=None):
+    def cmd_launch(self, argv, env=None, cwd=None, log=None, run_id=None, layout=None, ports=(), by=None,
+                   check=True):
         """Start a run detached in its own session (it outlives the agent and the link), its
         output appended to `log` (created 0600, never through a symlink); the run's process group
-        is watched from now on. The answer carries the leader's start time, so the run can be
+        is watched from now on. It starts in `cwd` (the layout's workdir), else in `/`: never in
+        the folder the agent was started from. With `check` (unless --trust-python), its
+        interpreter, its whole import path and that folder are checked as the agent's own were
+        (guard.py): as root, anything another user can change is refused in one line, nothing
+        started. The answer carries the leader's start time, so the run can be
         told from a later process that reuses its pid; the host's record of acts keeps the same,
         so any cockpit finds the run in any phase, its port open or not."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv must be a non-empty list of strings")
+        cwd = os.path.expanduser(cwd) if cwd else "/"
         log = log or "~/.cache/gpu-cockpit/runs/run.log"
         cache = os.environ.get("XDG_CACHE_HOME", "")
         if log.startswith("~/.cache/") and os.path.isabs(cache):  # the XDG spec: only an absolute path counts
             log = os.path.join(cache, log[len("~/.cache/"):])
         log = os.path.expanduser(log)
-        fd = open_log(log)
         full_env = dict(os.environ)
         full_env.update(env or {})
+        if check:
+            self.cmd_launch_check(argv, env, cwd)
+        elif not os.path.isdir(cwd):
+            raise Refused("the workdir %s is not a folder on this host: set workdir: in the layout to one that is" % cwd)
+        fd = open_log(log)
         try:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
-                                     cwd=os.path.expanduser(cwd) if cwd else None, env=full_env,
-                                     start_new_session=True)
+                                     cwd=cwd, env=full_env, start_new_session=True)
         finally:
             os.close(fd)
         start = _start_ticks(popen.pid)
@@ -272,6 +282,19 @@ class Agent:
             except (OSError, Refused) as exc:
                 run["acts_error"] = str(exc)
         return run
+
+    def cmd_launch_check(self, argv, env=None, cwd=None):
+        """A launch's check alone (guard.py): its workdir (else `/`), interpreter and import path
+        as root; Refused in one line, nothing started."""
+        cwd = os.path.expanduser(cwd) if cwd else "/"
+        if not os.path.isdir(cwd):
+            raise Refused("the workdir %s is not a folder on this host: set workdir: in the layout to one that is" % cwd)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        refused = check_python(argv, cwd, full_env)
+        if refused:
+            raise Refused(refused.replace("gpu-cockpit: ", "", 1) + " (nothing was launched)")
+        return {"checked": True}
 
     def cmd_stdout_of(self, pids=()):
         """Where each process's standard output goes, when it is a regular file: the log of a run
@@ -373,8 +396,8 @@ class Agent:
     def cmd_shm_clean(self, names, folder=SHM_DEFAULT, uid=None, other_dir=False):
         return shm_clean(folder, names, uid, other_dir)
 
-    def cmd_dump_check(self, pyspy=None):
-        return pyspy_check(pyspy)
+    def cmd_dump_check(self, pyspy=None, beside=()):
+        return pyspy_check(pyspy, beside)
 
     def cmd_dump(self, pids, pyspy=None, deadline_s=20.0, native=True, nonblocking=False):
         return pyspy_dump(pids, pyspy, deadline_s, native, nonblocking)

@@ -9,12 +9,31 @@ import threading
 from .procs import _HAVE_PROC
 
 
-def pyspy_check(pyspy=None):
+def pyspy_check(pyspy=None, beside=()):
     """What a stack dump needs, said before it is needed: py-spy (which one, which version), and
-    ptrace rights."""
+    ptrace rights. Which: `pyspy` when named; else the first py-spy in a folder of `beside` (the
+    layout's interpreter's own bin: a venv that has the engine often has py-spy too), else the
+    one PATH finds. `looked` says where it was looked for."""
     import shutil
 
-    path = pyspy if pyspy and os.access(pyspy, os.X_OK) else shutil.which("py-spy")
+    looked = []
+    path = pyspy if pyspy and os.access(pyspy, os.X_OK) and os.path.isfile(pyspy) else None
+    if pyspy and not path:
+        looked.append(pyspy)
+    for folder in ([] if path or pyspy else beside):
+        cand = os.path.join(folder, "py-spy")
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            unsafe = _changeable_by_others(cand)
+            if unsafe:  # as root, a binary another user can replace is never run
+                looked.append(cand + " (not used: " + unsafe + ")")
+                continue
+            looked.append(cand)
+            path = cand
+            break
+        looked.append(cand)
+    if not path and not pyspy:
+        looked.append("PATH (" + os.environ.get("PATH", "") + ")")
+        path = shutil.which("py-spy")
     version = None
     if path:
         try:
@@ -44,7 +63,24 @@ def pyspy_check(pyspy=None):
     elif not root and scope:
         problems.append("kernel.yama.ptrace_scope=%d: only root may attach (sysctl kernel.yama.ptrace_scope=0)" % scope)
     return {"pyspy": path, "version": version, "root": root, "cap_sys_ptrace": cap, "ptrace_scope": scope,
-            "arch": platform.machine(), "problems": problems}
+            "arch": platform.machine(), "problems": problems, "looked": looked}
+
+
+def _changeable_by_others(path):
+    """As root: why a user other than root could change this file or its folder (their owner, or
+    write rights for group or others), else None. Other users run only what they could run anyway."""
+    if os.geteuid() != 0:
+        return None
+    for where in (path, os.path.dirname(path)):
+        try:
+            st = os.stat(where)
+        except OSError as exc:
+            return "%s: %s" % (where, exc.strerror)
+        if st.st_uid != 0:
+            return "%s is owned by uid %d" % (where, st.st_uid)
+        if st.st_mode & 0o022:
+            return "%s is writable by others (mode %o)" % (where, st.st_mode & 0o777)
+    return None
 
 
 def pyspy_target(pid):

@@ -43,7 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name: (its family module, its help),
     "flightrec": ("act", "trigger torch's flight-recorder dump on every rank and compare their last collectives"),
     "launch": ("launch", "(re)launch the layout's server with flag sets toggled, and watch it"),
     "ablate": ("launch", "each on/off combination of flag sets in turn, then a table of outcomes"),
-    "bisect": ("launch", "delta debugging (ddmin) over flag sets: the smallest set of them that still hangs"),
+    "bisect": ("launch", "which flag sets make the launch hang, with its odds (a flaky hang too)"),
     "runs": ("offline", "the ledger: every launch of a layout and what became of it"),
     "explain": ("offline", "post-mortem of a saved server log: the phases reached, the rank that failed and why"),
 }

@@ -12,7 +12,7 @@ import sys
 from cockpit.actions import dumps
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, print_json, run_async, say, writable
+from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, print_json, run_async, say, writable
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import these, visible
 from cockpit.operate import bundle
@@ -45,8 +45,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
     report = run_async(go())
     if report is None:
-        print("nothing was signalled")
-        return 1
+        return declined("nothing was signalled")
     if args.json:
         print_json(report)
     else:
@@ -105,7 +104,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
             say("\n".join(actions.describe_shm(audit)))
     else:
         say("\n".join(actions.describe_clean(cleaned)))
-    return 0
+    return declined("nothing was removed") if args.clean and cleaned is None else 0
 
 
 @command("dump", TARGET,
@@ -131,7 +130,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
                                    f"is alive")
             return await dumps.dump_ranks(session, ranks, monitor.run.folder_name(monitor.target.label), upload=args.upload_pyspy,
-                                          say=lambda line: print(line, file=sys.stderr, flush=True))
+                                          say=lambda line: print(line, file=sys.stderr, flush=True),
+                                          python=monitor.layout.python if monitor.layout is not None else None)
 
     result = run_async(go())
     if args.json:
@@ -145,10 +145,19 @@ def cmd_dump(args: argparse.Namespace) -> int:
 @command("bundle", TARGET,
          arg("--wait", type=float, default=None, metavar="S",
              help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
+         arg("--upload-pyspy", action="store_true",
+             help="send this install's py-spy when the host has none, for the stacks (what is sent, and where, is "
+                  "said first)"),
          JSON)
 def cmd_bundle(args: argparse.Namespace) -> int:
+    if args.upload_pyspy:
+        writable(args)
+
     async def go():
         async with attached(args) as monitor:
+            if args.upload_pyspy:
+                await dumps.ensure_pyspy(monitor.session, upload=True, python=monitor.layout.python if monitor.layout
+                                         else None, say=lambda line: print(line, file=sys.stderr, flush=True))
             await monitor.look(args.wait)
             return await bundle.make_bundle(monitor, read_only=args.read_only)
 

@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -74,8 +75,8 @@ def handle(parse: Callable[[], argparse.Namespace]) -> int:
     try:
         args = parse()
         return REGISTERED[args.command].handler(args)
-    except CockpitError as exc:
-        say(f"cockpit: {exc}", file=sys.stderr)
+    except CockpitError as exc:  # then what it lists (the runs to choose from), one per line
+        say("\n".join([f"cockpit: {exc}"] + [f"  {line}" for line in getattr(exc, "lines", ())]), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -108,20 +109,37 @@ def finite(doc):
     return doc
 
 
+def json_text(doc) -> str:
+    """The document as --json prints it: NaN and infinities as null, always valid JSON."""
+    return json.dumps(finite(doc), indent=2, allow_nan=False)
+
+
 def print_json(doc) -> None:
-    json.dump(finite(doc), sys.stdout, indent=2, allow_nan=False)
-    sys.stdout.write("\n")
+    sys.stdout.write(json_text(doc) + "\n")
 
 
 def confirm(lines: list[str], question: str, yes: bool, json_out: bool = False) -> bool:
     """The plan said, then asked (or taken under --yes). With --json the plan goes to stderr:
-    stdout carries the one JSON document only."""
+    stdout carries the one JSON document only. Without a terminal the answer is stdin's first
+    line, as a terminal's would be (`echo n | cockpit kill ...` declines, `yes | ...` goes);
+    stdin ended without one, or silent for PIPE_ANSWER_S, is no answer, which declines (a script
+    means --yes)."""
     say("\n".join(lines), file=sys.stderr if json_out else sys.stdout)
     if yes:
         return True
-    if not sys.stdin.isatty():
-        raise CockpitError(f"{question}: no terminal to ask on; pass --yes to confirm")
-    return _ask(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    answer = _ask(f"{question} [y/N] ") if sys.stdin is not None and not sys.stdin.closed else ""
+    if not answer:
+        say("no answer on stdin (a script passes --yes to confirm)", file=sys.stderr)
+    return answer.strip().lower() in ("y", "yes")
+
+
+def declined(nothing: str) -> int:
+    """A plan declined at the prompt: said, and exit status 1 (README "Exit status")."""
+    say(f"declined: {nothing}", file=sys.stderr)
+    return 1
+
+
+PIPE_ANSWER_S = 10  # how long an answer is waited for on a stdin that is not a terminal
 
 
 def _ask(prompt: str) -> str:
@@ -138,9 +156,22 @@ def _ask(prompt: str) -> str:
     before_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     try:
         print(visible(prompt), end="", file=sys.stderr, flush=True)
-        while sys.stdin not in select.select([sys.stdin, wake_r], [], [])[0]:
-            os.read(wake_r, 512)  # a signal other than SIGINT, its handler run: still asking
-        return sys.stdin.readline()
+        tty = sys.stdin.isatty()
+        deadline = None if tty else time.monotonic() + PIPE_ANSWER_S
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                print(file=sys.stderr, flush=True)
+                return ""  # a pipe that never answers (a script's stdin left open) is no answer
+            ready = select.select([sys.stdin, wake_r], [], [], left)[0]
+            if sys.stdin in ready:
+                break
+            if wake_r in ready:
+                os.read(wake_r, 512)  # a signal other than SIGINT, its handler run: still asking
+        answer = sys.stdin.readline()
+        if not answer or not tty:  # a pipe's answer shown, as a terminal shows what was typed
+            print(visible(answer.rstrip("\n")), file=sys.stderr, flush=True)
+        return answer
     finally:
         signal.set_wakeup_fd(before_fd)
         signal.signal(signal.SIGINT, before)

@@ -1,28 +1,93 @@
 """The commands that launch the layout's server and watch it to an outcome: `launch` (one, flag
-sets toggled), `ablate` (each on/off combination in turn), `bisect` (delta debugging over flag
-sets: the smallest that still hangs). Each launch kills the one before it, as planned and asked."""
+sets toggled), `ablate` (each on/off combination in turn), `bisect` (which flag sets make the
+launch hang, with its odds, a flaky hang too). Each launch kills the one before it, as planned and
+asked."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import select
 import shlex
 import signal
 import sys
 
 from cockpit.actions import launch
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, print_json, run_async, say, writable
+from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, json_text, run_async, say, writable
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import these
 from cockpit.common.secrets import mask_argv, mask_record
 from cockpit.operate import bisect, relaunch
-from cockpit.runs.bisect import DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
+from cockpit.runs.bisect import DEFAULT_CONFIDENCE, DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
 from cockpit.runs.spec import build_argv, combinations, default_spec
 
 
-def _progress(phase, verdict) -> None:
-    say(f"  {phase or ''}  {verdict}", file=sys.stderr, flush=True)
+class Interrupt:
+    """SIGINT, SIGTERM, SIGHUP and a closed output (a pipe whose reader left: `| head`, a Ctrl+C
+    that ended `| tail`; a closed terminal) during a launch, an ablation or a bisect: each asks the
+    workflow to stop the run under way as Ctrl+C does (its watch ends `interrupted`, the run it
+    launched is stopped, verified gone and written in the ledger), then the command exits 130.
+    Called, it says whether that was asked; stdout is looked at each time (a pipe's writing end
+    polls POLLERR once its reader is gone), stderr when a progress line fails to go out."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, what: str):
+        self.what = what
+        self.why: str | None = None
+        self.last = ""
+        self.poll = select.poll()
+        try:
+            self.poll.register(sys.stdout.fileno(), 0)
+        except (AttributeError, ValueError, OSError):  # no stdout at all (started with it closed)
+            pass
+
+    def __enter__(self) -> Interrupt:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            loop.add_signal_handler(sig, self.ask, sig.name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    def ask(self, why: str) -> None:
+        if self.why is None:
+            self.why = why
+            self.progress(None, f"interrupted ({why}): the run under way is stopped, then the {self.what} ends")
+
+    def __call__(self) -> bool:
+        if self.why is None and any(ev & (select.POLLERR | select.POLLHUP) for _, ev in self.poll.poll(0)):
+            self.ask("the output was closed")
+        return self.why is not None
+
+    def progress(self, phase, verdict) -> None:
+        """The progress on stderr, a line per change of state (a sample that says the same again
+        prints nothing)."""
+        line = f"  {phase or ''}  {verdict}"
+        if line == self.last:
+            return
+        self.last = line
+        try:
+            say(line, file=sys.stderr, flush=True)
+        except OSError:  # stderr closed too (a pipe gone, a terminal hung up): the stop goes on unsaid
+            if self.why is None:
+                self.why = "the output was closed"
+
+    def out(self, text: str, raw: bool = False) -> None:
+        """The command's result on stdout (`raw`: a JSON document, as it is), unless it was closed."""
+        try:
+            if raw:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            else:
+                say(text, flush=True)
+        except OSError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _on_off(args: argparse.Namespace) -> None:
@@ -69,21 +134,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
             if not confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes,
                            args.json):
                 return None
-            return await relaunch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                            progress=_progress, settle=args.settle, plan=plan, shm=names)
+            with Interrupt("launch") as stop:
+                row = await relaunch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
+                                                 progress=stop.progress, settle=args.settle, plan=plan, shm=names,
+                                                 interrupted=stop)
+                if stop():
+                    await relaunch.end_own_run(monitor, "stopped: the launch is interrupted", stop.progress)
+                return row, stop
 
-    row = run_async(go())
-    if row is None:
-        return 1
+    done = run_async(go())
+    if done is None:
+        return declined("nothing was launched")
+    row, stop = done
     if args.json:
-        print_json(mask_record(row))  # secrets masked, as in the ledger
-        return relaunch.exit_status([row["outcome"]])
-    say(row["summary"])
-    say(f"{row['run_id']}: {row['outcome']}")
-    for line in row["evidence"]:
-        say(f"  {line}")
-    say(f"log: {row['log']}")
-    return relaunch.exit_status([row["outcome"]])
+        stop.out(json_text(mask_record(row)), raw=True)  # secrets masked, as in the ledger
+    else:
+        stop.out("\n".join([row["summary"], f"{row['run_id']}: {row['outcome']}",
+                            *(f"  {line}" for line in row["evidence"]), f"log: {row['log']}"]))
+    return 130 if stop.why else relaunch.exit_status([row["outcome"]])
 
 
 @command("ablate", TARGET,
@@ -102,22 +170,21 @@ def cmd_ablate(args: argparse.Namespace) -> int:
                            f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
                            args.yes, args.json):
                 return None
-            return await relaunch.ablate(monitor, vary, args.timeout, progress=_progress, first_plan=plan,
-                                       first_shm=names)
+            with Interrupt("ablation") as stop:
+                return await relaunch.ablate(monitor, vary, args.timeout, progress=stop.progress, first_plan=plan,
+                                             first_shm=names, interrupted=stop), stop
 
-    rows = run_async(go())
-    if rows is None:
-        return 1
-    if args.json:
-        print_json(rows)
-    else:
-        say("\n".join(relaunch.describe_ablation(rows, vary)))
-    return relaunch.exit_status([r["outcome"] for r in rows])
+    done = run_async(go())
+    if done is None:
+        return declined("nothing was launched")
+    rows, stop = done
+    stop.out(json_text(rows) if args.json else "\n".join(relaunch.describe_ablation(rows, vary)), raw=args.json)
+    return 130 if stop.why else relaunch.exit_status([r["outcome"] for r in rows])
 
 
-BISECT_EXITS = ("exit status: 0 the smallest failing set found; 1 not confirmed; 2 bad input or an error; "
+BISECT_EXITS = ("exit status: 0 the smallest failing set found (at the confidence asked); 1 not confirmed; 2 bad input or an error; "
                 "3 no failure reproduced with the failing configuration; 4 the good configuration fails too; "
-                "5 the launch budget spent first; 130 interrupted (Ctrl+C: the current run is stopped, a second "
+                "5 the launch budget spent first; 130 interrupted (Ctrl+C, SIGTERM, SIGHUP or a closed output: the current run is stopped, a second "
                 "call with the same arguments resumes)")
 
 
@@ -131,9 +198,11 @@ def _names(text: str | None) -> list[str] | None:
          arg("--good", metavar="SET,SET", default=None,
              help="the good configuration's flag sets (default none); the failing one is the layout's enabled sets "
                   "plus those --vary names"),
-         arg("--repeat", type=int, default=1, metavar="N",
-             help="a candidate passes only after N clean launches (flaky hangs); a failure is final"),
-         arg("--budget", type=int, default=None, metavar="LAUNCHES", help="launch at most this many (resumed ones count)"),
+         arg("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="P",
+             help="end when one answer is at least P likely (default 0.95); every launch is weighed, a flaky "
+                  "hang's passes too"),
+         arg("--budget", type=int, default=None, metavar="LAUNCHES",
+             help="launch at most this many (resumed ones count; default 16 + 8 per suspect)"),
          arg("--settle", type=float, default=None, metavar="S",
              help="a launch passes once ready (or serving) for S seconds (default 10)"),
          arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
@@ -141,40 +210,27 @@ def _names(text: str | None) -> list[str] | None:
          YES, JSON, epilog=BISECT_EXITS)
 def cmd_bisect(args: argparse.Namespace) -> int:
     writable(args)
-    check_counts(args.repeat, args.budget)  # before connecting
+    check_counts(args.confidence, args.budget)  # before connecting
     if not args.layout and args.target != "demo":
         raise CockpitError("bisect needs --layout: the launch profile whose flag sets to search")
 
     async def go():
         async with attached(args) as monitor:
             plan = make_plan(monitor.layout, monitor.target.label, good=_names(args.good), vary=_names(args.vary),
-                             repeat=args.repeat, budget=args.budget,
+                             confidence=args.confidence, budget=args.budget,
                              settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
-            before = None if args.fresh else bisect.resumable(monitor.layout, plan)
-            first, names, kill_lines = await relaunch.plan_relaunch(monitor)
-            if not confirm(bisect.describe_plan(plan, before) + kill_lines, "bisect (each launch kills the one before)?", args.yes, args.json):
+            ready = await bisect.prepare(monitor, plan, args.fresh)
+            first, names, kill_lines = await relaunch.plan_relaunch(monitor) if ready.launches else (None, None, [])
+            question = "bisect (each launch kills the one before)?" if ready.launches else "show its answer?"
+            if not confirm(ready.describe() + kill_lines, question, args.yes, args.json):
                 return None
-            asked = []
+            with Interrupt("bisect (a second call resumes it)") as stop:
+                return await bisect.bisect(monitor, plan, args.timeout, progress=stop.progress, first_plan=first,
+                                           first_shm=names, interrupted=stop, fresh=args.fresh), stop
 
-            def interrupt() -> None:
-                if not asked:
-                    say("interrupted: the current run is stopped, then the bisect ends (a second call resumes)",
-                        file=sys.stderr, flush=True)
-                asked.append(True)
-
-            loop = asyncio.get_running_loop()
-            loop.add_signal_handler(signal.SIGINT, interrupt)
-            try:
-                return await bisect.bisect(monitor, plan, args.timeout, progress=_progress, first_plan=first,
-                                           first_shm=names, interrupted=lambda: bool(asked), fresh=args.fresh)
-            finally:
-                loop.remove_signal_handler(signal.SIGINT)
-
-    doc = run_async(go())
-    if doc is None:
-        return 1
-    if args.json:
-        print_json(doc)
-    else:
-        say("\n".join(bisect.describe_bisect(doc)))
-    return EXIT[doc["status"]]
+    done = run_async(go())
+    if done is None:
+        return declined("nothing was launched")
+    doc, stop = done
+    stop.out(json_text(doc) if args.json else "\n".join(bisect.describe_bisect(doc)), raw=args.json)
+    return EXIT["interrupted"] if stop.why else EXIT[doc["status"]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cockpit.cli.attach import build_monitor, fleet_monitor
-from cockpit.cli.base import arg, command, need_terminal
+from cockpit.cli.base import arg, command, declined, need_terminal
 from cockpit.common.errors import CockpitError
 from cockpit.ui.app import CockpitApp
 from cockpit.ui.fleet import FleetApp
@@ -15,8 +15,10 @@ from cockpit.ui.fleet import FleetApp
 @command("open", arg("target", nargs="?", default="local", help="the host (default: local)"))
 def cmd_open(args: argparse.Namespace) -> int:
     need_terminal(args)
-    app = CockpitApp(monitor=build_monitor(args), read_only=args.read_only)
+    app = CockpitApp(monitor=build_monitor(args), read_only=args.read_only, ask_host_keys=True)
     app.run()
+    if app.cockpit.declined:
+        return declined(app.cockpit.declined)
     if app.error:
         raise CockpitError(app.error)
     return 0

@@ -23,8 +23,10 @@ from cockpit.link.target import agent_python, parse_target, python_checked
          arg("target", nargs="?", help="the host; omit it with --replay"),
          arg("--json", action="store_true", help="print the JSON document (docs/snapshot-schema.md)"),
          arg("--svg", metavar="FILE", help="save the cockpit screen as SVG"),
-         arg("--text", metavar="FILE", nargs="?", const="-", help="the screen as text (to FILE, or stdout)"),
-         arg("--size", default="160x50", metavar="COLSxROWS", help="screen size for --svg/--text (default 160x50)"),
+         arg("--text", metavar="FILE", nargs="?", const="-",
+             help="the screen as text (to FILE, or stdout); the default when no format is named"),
+         arg("--size", default=None, metavar="COLSxROWS",
+             help="screen size for --svg/--text (default: the terminal's for text on a terminal, else 160x50)"),
          arg("--wait", type=float, default=None, metavar="S",
              help="judge for exactly S seconds (0: the instant look); by default it looks until the verdict "
                   "is decided, at most the layout's stall window (docs/snapshot-schema.md)"),
@@ -34,8 +36,11 @@ from cockpit.link.target import agent_python, parse_target, python_checked
          arg("--timeout", type=float, default=30.0, metavar="S",
              help="with --fleet/--hosts: give up on hosts not answering after S seconds (default 30)"))
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    if not (args.json or args.svg or args.text):
-        raise CockpitError("say what to make: --json, --svg FILE or --text")
+    if not (args.json or args.svg or args.text):  # what a person reads, on a terminal or through a pipe
+        if args.fleet or args.hosts:
+            args.json = True  # a fleet's is one document only
+        else:
+            args.text = "-"
     if args.fleet or args.hosts:
         from cockpit.cli.attach import fleet_monitor
         from cockpit.monitor.fleet import take_fleet_snapshot
@@ -58,7 +63,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         from cockpit.ui.app import CockpitApp
         from cockpit.ui.headless import render
 
-        size = _size(args.size)
+        size = _size(args.size) if args.size else _default_size(args.text == "-")
         if args.replay:
             from cockpit.host.snapshot import state_from_doc
 
@@ -100,6 +105,19 @@ async def _snapshot_doc(args: argparse.Namespace) -> dict:
     from cockpit.operate.snapshot import take_snapshot
 
     return await take_snapshot(build_monitor(args), wait=args.wait)
+
+
+def _default_size(to_stdout: bool) -> tuple[int, int]:
+    """The terminal's own size for text printed on it (within --size's bounds), else 160x50."""
+    import os
+    import shutil
+
+    if to_stdout and sys.stdout.isatty():
+        cols, rows = shutil.get_terminal_size((160, 50))
+        if not os.environ.get("COLUMNS"):
+            rows -= 1  # the shell's next prompt: the screen's top line stays in view
+        return min(max(cols, 40), 1000), min(max(rows, 10), 500)
+    return 160, 50
 
 
 def _size(text: str) -> tuple[int, int]:

@@ -332,6 +332,8 @@ class Watchdog:
         prog = self.progress = self._progress(state, quiet_s, silent, now)
         crashed = self._crashed(state, ranks, log, phase) or self._missing(state, ranks)
         if crashed:
+            if crashed.name == VerdictName.STOPPED and phase.name == "crashed":
+                phase = Phase("stopped", line=phase.line)
             return phase, crashed
         if not ranks:
             if phase.name == "no run":
@@ -772,6 +774,12 @@ class Watchdog:
             first = None  # a traceback no failure line opened, while every rank lives: its process went on
         if not dead and first is None and phase.name != "crashed":
             return None
+        if first is None and self.tracker.stop is not None:  # the server said it was stopped: its end, no crash
+            n, ll = self.tracker.stop
+            ev = [f"the server said it was stopped ({ll.stop}): log: {ll.text.strip()[:160]}"]
+            if dead:
+                ev.append(f"{len(dead)} of {len(ranks)} ranks gone after it: {', '.join(str(p.rank) for p in dead)}")
+            return Verdict(VerdictName.STOPPED, ev)
         rank = first.rank if first is not None and first.rank is not None else (dead[0].rank if dead else None)
         code = next((p.exit_code for p in dead if p.rank == rank and p.exit_code is not None), None)
         if code is None and first is not None:

@@ -3,8 +3,9 @@
 Reads a saved SGLang or vLLM log (a file, a `.gz`, or `-` for stdin) through the same rules the live
 cockpit uses (cockpit.logrules) and says how far the launch got (the timeline of phases with line
 numbers and timestamps), and what became of it: `crashed` (with the rank that failed first and the
-cause, from the root-cause line rather than its consequences), `stalled` (the log ends on a hang
-tell such as vLLM's shared-memory broadcast warning, with nothing moving after it) or `ok`.
+cause, from the root-cause line rather than its consequences), `stopped` (the server said it was
+stopped, by the operator's signal or a launcher's, and what failed came after that), `stalled` (the log
+ends on a hang tell such as vLLM's shared-memory broadcast warning, with nothing moving after it) or `ok`.
 
     cockpit explain LOG [--engine sglang|vllm|auto] [--json]
 
@@ -160,13 +161,15 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     detected    true when the engine was detected from the lines (engine "auto")
     lines       how many lines were read
     phase       the last launch phase reached (never "crashed"); None when no phase mark was seen
-    verdict     {name: crashed | stalled | ok, rank, cause, line, time, evidence: [line texts],
+    verdict     {name: crashed | stopped | stalled | ok, rank, cause, line, time, evidence: [line texts],
                  evidence_lines: [their line numbers], together: [ranks that failed the same way in
                  the same second, rank then None], all_ranks: whether those are every rank}
     ranks       every rank the lines name, sorted
     timeline    [{phase, line, time}] in the order the run reached them
     failures    [{line, rank, cause, consequence, text}]: every failure line, in order (at most 50)
     last_time   the last timestamp the log carries
+    findings    what the log says beside the verdict: another program's tracebacks (a test client's, a
+                harness's), each with its line
     silent_s    how long the file has not been written (its modification time), when known
 
     `silent_s` (the file's age): a log that stopped short of ready (or of an end) for at least
@@ -203,6 +206,7 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
                       "text": short(f.text)} for f in tracker.failures[:50]],
         "last_time": tracker.last_time,
+        "findings": [line for f in tracker.findings() for line in f.evidence],
         "silent_s": None if silent_s is None else round(silent_s, 1),
     }
 
@@ -226,6 +230,11 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
         return {"name": "stalled", "rank": last.rank, "cause": last.cause, "line": tracker.stalls[0][0],
                 "time": last.time, "evidence": [short(ll.text) for _, ll in tells],
                 "evidence_lines": [k for k, _ in tells]}
+    if tracker.stopped():  # the failures came after the server said it was stopped: its shutdown's
+        n, ll = tracker.stop
+        after = tracker.failures[0]
+        return {"name": "stopped", "rank": None, "cause": ll.stop, "line": n, "time": ll.time or after.time,
+                "evidence": [short(ll.text), short(after.text)], "evidence_lines": [n, after.line]}
     if tracker.n == 0:  # nothing read: not a run that went well
         return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
                 "evidence_lines": []}
@@ -265,6 +274,10 @@ def describe(result: dict) -> list[str]:
                 + " together"
         when = f", {v['time']}" if v["time"] else ""
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
+    elif v["name"] == "stopped":
+        more = len(result["failures"])
+        out.append(f"verdict: stopped: the server said it was stopped ({v['cause']}, line {v['line']}); "
+                   f"{count(more, 'failure')} after it: its shutdown's, no crash")
     elif v["name"] == "stalled" and v["cause"] == "silent":
         out.append(f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
                    f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready (if this is the live log)")
@@ -284,6 +297,8 @@ def describe(result: dict) -> list[str]:
         out.append("timeline:")
         for mark in result["timeline"]:
             out.append(f"  {mark['line']:>7}  {mark['time'] or '':<19}  {mark['phase']}")
+    for finding in result.get("findings", []):
+        out.append(f"finding: {finding}")
     others = [f for f in result["failures"] if f["line"] != v.get("line")]
     if v["name"] == "crashed" and others:
         out.append(f"other failures: {len(others)} (first at line {others[0]['line']}: rank "

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from asyncssh.config import SSHClientConfig, SSHConfig
 
-from cockpit.common.errors import CockpitError
+from cockpit.common.errors import CockpitError, UnknownHostKey
 from cockpit.link.sshlib import asyncssh  # noqa: I001  (first: asyncssh's quick import)
 
 DEFAULT_USER_FILES = ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"]
@@ -190,6 +190,34 @@ def fingerprint(key) -> str:
     return f"{key.get_algorithm()} {key.get_fingerprint()}"
 
 
+_KEY_TYPES = {"ssh-ed25519": "ED25519", "ssh-rsa": "RSA", "ssh-dss": "DSA", "sk-ssh-ed25519@openssh.com": "ED25519-SK",
+              "sk-ecdsa-sha2-nistp256@openssh.com": "ECDSA-SK", "ssh-ed448": "ED448"}
+
+
+def key_type(key) -> str:
+    """The key's type as OpenSSH names it to a person (`ED25519 key fingerprint is ...`)."""
+    alg = key.get_algorithm()
+    return _KEY_TYPES.get(alg, "ECDSA" if alg.startswith("ecdsa-") else alg)
+
+
+def append_key(path: str, entry_name: str, key, label: str) -> str:
+    """Append `entry_name`'s key to a known_hosts file as OpenSSH records one (the folder 0700 and
+    a new file 0600); returns the file:line written."""
+    alg, blob = key.export_public_key("openssh").decode().split()[:2]
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        new = not os.path.exists(path)
+        with open(path, "a") as fh:
+            fh.write(f"{entry_name} {alg} {blob}\n")
+        if new:
+            os.chmod(path, 0o600)
+        lines = sum(1 for _ in open(path)) if os.path.isfile(path) else 0
+    except OSError as exc:
+        raise CockpitError(f"cannot record the host key of {label} in {path}: {exc.strerror or exc}") from None
+    _parsed.pop(path, None)
+    return f"{path}:{lines}"
+
+
 def host_entry(host: str, port: int | None) -> str:
     return f"[{host}]:{port}" if port and port != 22 else host
 
@@ -247,20 +275,7 @@ class HostKeyCheck:
 
     def record(self, key) -> None:
         """Append the key to the first user file, as OpenSSH's accept-new does."""
-        path = self.policy.user_files[0]
-        alg, blob = key.export_public_key("openssh").decode().split()[:2]
-        try:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            new = not os.path.exists(path)
-            with open(path, "a") as fh:
-                fh.write(f"{self.entry_name} {alg} {blob}\n")
-            if new:
-                os.chmod(path, 0o600)
-            lines = sum(1 for _ in open(path)) if os.path.isfile(path) else 0
-        except OSError as exc:
-            raise CockpitError(f"cannot record the host key of {self.label} in {path}: "
-                               f"{exc.strerror or exc}") from None
-        self.recorded = f"{path}:{lines}"
+        self.recorded = append_key(self.policy.user_files[0], self.entry_name, key, self.label)
 
     def refusal(self, exc: asyncssh.HostKeyNotVerifiable) -> CockpitError:
         where, name = self.label, self.entry_name
@@ -280,9 +295,18 @@ class HostKeyCheck:
                 f"(ssh-keygen -f {first.path} -R '{name}') and connect again")
         if self.offered is not None:
             files = ", ".join(self.policy.user_files + [p for p in self.policy.global_files if os.path.exists(p)])
-            return CockpitError(
-                f"unknown host key for {where} ({self.offered and fingerprint(self.offered)}): not in {files}; "
-                f"check it, then run again with --accept-new to record it in {self.policy.user_files[0]}")
+            message = (f"unknown host key for {where} ({key_type(self.offered)} key {self.offered.get_fingerprint()}): "
+                       f"not in {files}; check it, then run again with --accept-new to record it in "
+                       f"{self.policy.user_files[0]}")
+            if self.policy.strict == "yes":  # the config forbids asking: refused, as ssh refuses
+                return CockpitError(message + " (the ssh config says StrictHostKeyChecking yes: or add it by hand)")
+            key, path, kind = self.offered, self.policy.user_files[0], key_type(self.offered)
+
+            def accept() -> str:
+                at = append_key(path, name, key, where)
+                return f"Permanently added '{name}' ({kind}) to the list of known hosts ({at})."
+
+            return UnknownHostKey(message, where, name, kind, key.get_fingerprint(), path, accept)
         return CockpitError(f"cannot verify the host key of {where}: {exc.reason}")
 
 

@@ -91,7 +91,8 @@ async def _stacks(monitor: Monitor, m: _Members, run: str, read_only: bool) -> N
     if not ranks:
         return m.miss("stacks", "no live process of the run to dump")
     try:
-        result = await dumps.dump_ranks(monitor.session, ranks, run)
+        result = await dumps.dump_ranks(monitor.session, ranks, run,
+                                        python=monitor.layout.python if monitor.layout is not None else None)
     except CockpitError as exc:
         return m.miss("stacks", exc)
     for f in sorted(result.folder.iterdir()):

@@ -12,7 +12,7 @@ from typing import Any
 
 from cockpit.actions import dumps, kill
 from cockpit.actions.kill import KillPlan
-from cockpit.actions.launch import launch, refuse_unasked
+from cockpit.actions.launch import check_launch, launch, refuse_unasked
 from cockpit.common.errors import CockpitError
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.monitor.base import Monitor
@@ -27,7 +27,7 @@ TERMINAL = (VerdictName.STALLED_IDLE, VerdictName.STALLED_SPINNING, VerdictName.
 
 # A launch's exit status by its outcome (`cockpit launch`, `cockpit ablate`; README "Exit status").
 # 1 is a launch not made (declined at the prompt), 2 bad input.
-EXIT_STATUS = {"ready": 0, "stalled-idle": 4, "stalled-spinning": 4, "crashed": 5, "timeout": 6}
+EXIT_STATUS = {"ready": 0, "stalled-idle": 4, "stalled-spinning": 4, "crashed": 5, "timeout": 6, "interrupted": 130}
 
 
 def exit_status(outcomes: list[str]) -> int:
@@ -43,7 +43,8 @@ async def follow_to_outcome(monitor: Monitor, timeout: float, progress: Progress
     """Follow the monitor's run until it is ready (and stays so for `settle` seconds: some hangs
     come with the first requests), stalls, crashes or times out; returns (outcome, evidence). The
     verdict is the monitor's own: the screen shows the same. `interrupted()` true (the operator's
-    Ctrl+C during a bisect) ends the watch with `interrupted`, the run left for its caller to stop."""
+    Ctrl+C, SIGTERM, SIGHUP or a closed output during a launch, an ablation or a bisect) ends the
+    watch with `interrupted`, the run left for its caller to stop."""
     async with monitor.judging():  # the endpoints and the engine's metrics probed, as on screen
         return await _follow(monitor, timeout, progress, settle, interrupted)
 
@@ -128,6 +129,7 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
         if progress:
             progress(None, line)
 
+    await check_launch(session, layout, spec)  # a launch refused stops nothing
     if plan is None:
         plan, found, lines = await plan_relaunch(monitor, clean_shm)
         shm = found if shm is None else shm
@@ -151,9 +153,9 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
             if shm.remove:
                 done = await kill.shm_clean(session, shm.remove, uid=plan.uid)
                 removed = done["removed"]
-                for line in kill.describe_clean(done):
+                for line in kill.describe_clean(done, by_exit=bool(plan.entries)):
                     say(line)
-            said.append(kill.summarize_clean(done, len(shm.left)))
+            said.append(kill.summarize_clean(done, len(shm.left), by_exit=bool(plan.entries)))
             say(said[-1])  # the clean in one line, last: what a screen's progress keeps
         run = await launch(session, layout, spec)
         monitor.follow(run)  # the door: the new run alone watched, judged afresh
@@ -183,19 +185,24 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
 
 
 async def ablate(monitor: Monitor, vary: list[str], timeout: float, progress: Progress | None = None,
-                 first_plan: KillPlan | None = None, first_shm: kill.ShmForRun | None = None
-                 ) -> list[dict[str, Any]]:
+                 first_plan: KillPlan | None = None, first_shm: kill.ShmForRun | None = None,
+                 interrupted: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
-    operator confirmed them; each later step (and the final kill) says its plan before acting."""
+    operator confirmed them; each later step (and the final kill) says its plan before acting.
+    `interrupted()` true ends the step under way and the ablation; its run is stopped as at the end."""
     if monitor.layout is None:
         raise CockpitError("an ablation needs a layout: it names what is launched")
     rows = []
     for n, spec in enumerate(combinations(monitor.layout, vary)):
+        if interrupted is not None and interrupted():
+            break
         if progress:
             progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
         plan, names = (first_plan, first_shm) if n == 0 else (None, None)
-        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names))
-    await end_own_run(monitor, "stopped: the ablation is over", progress)
+        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names,
+                                      interrupted=interrupted))
+    stopped = interrupted is not None and interrupted()
+    await end_own_run(monitor, f"stopped: the ablation is {'interrupted' if stopped else 'over'}", progress)
     return rows
 
 

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from cockpit.read.findings import Finding
+
 
 class LogLine(NamedTuple):
     text: str
@@ -53,6 +55,7 @@ class LogLine(NamedTuple):
     stats: tuple[float, int | None] | None = None  # an engine's periodic stats line: (tokens/s, requests running)
     probe: bool = False  # an access-log line of a health, metrics or model-list probe: no work done
     http: tuple[str, int] | None = None  # an access-log line's (method, status)
+    stop: str | None = None  # a deliberate stop the server says it received: the signal ("SIGTERM") or "shutdown"
 
 
 @dataclass(frozen=True)
@@ -400,24 +403,143 @@ CAUSE_TIER = {
     "nccl-timeout": 2,
     "terminated": 3, "died": 3,
 }
+
+
+def _hot(m: str) -> bool:
+    """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
+    needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
+    of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
+    return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
+            or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
+            or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
+            or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
+            or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
+            or "NCCL" in m or "nccl" in m)
+
+
+def _fail_words(m: str) -> bool:
+    """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
+    gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
+    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
+            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
+            or "NCCL" in m or "emory" in m or "placement" in m)
+
+
+# What the CUDA driver and runtime say of an error (cuGetErrorString's and cudaGetErrorString's table, by
+# its enum name): the words torch's `CUDA error: ...`, Triton's `Triton Error [CUDA]: ...`, NCCL's `Cuda
+# failure '...'` and the C check macros wrap. A wrapper names a CUDA error whatever follows it; a string of
+# four words or more that is not also common English (CUDA_GENERIC) names one on its own, wrapped or not.
+CUDA_ERRORS = [
+    ("CUDA_ERROR_INVALID_VALUE", "invalid argument"), ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"), ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
+    ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+    ("CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"),
+    ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+    ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
+    ("CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"),
+    ("CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
+    ("CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"),
+    ("CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"),
+    ("CUDA_ERROR_UNMAP_FAILED", "unmapping of buffer object failed"),
+    ("CUDA_ERROR_ARRAY_IS_MAPPED", "array is mapped"), ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
+    ("CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"),
+    ("CUDA_ERROR_ALREADY_ACQUIRED", "resource already acquired"), ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
+    ("CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"),
+    ("CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"),
+    ("CUDA_ERROR_CONTEXT_ALREADY_IN_USE", "exclusive-thread device already in use by a different thread"),
+    ("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"),
+    ("CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"),
+    ("CUDA_ERROR_NVLINK_UNCORRECTABLE", "uncorrectable NVLink error detected during the execution"),
+    ("CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "PTX JIT compiler library not found"),
+    ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the provided PTX was compiled with an unsupported toolchain"),
+    ("CUDA_ERROR_JIT_COMPILATION_DISABLED", "PTX JIT compilation was disabled"),
+    ("CUDA_ERROR_CONTAINED", "Invalid access of peer GPU memory over nvlink or a hardware error"),
+    ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
+    ("CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND", "shared object symbol not found"),
+    ("CUDA_ERROR_SHARED_OBJECT_INIT_FAILED", "shared object initialization failed"),
+    ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
+    ("CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
+    ("CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"),
+    ("CUDA_ERROR_NOT_FOUND", "named symbol not found"), ("CUDA_ERROR_NOT_READY", "device not ready"),
+    ("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"),
+    ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"),
+    ("CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"),
+    ("CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"),
+    ("CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"),
+    ("CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "cannot set while device is active in this process"),
+    ("CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"),
+    ("CUDA_ERROR_ASSERT", "device-side assert triggered"),
+    ("CUDA_ERROR_TOO_MANY_PEERS", "peer mapping resources exhausted"),
+    ("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"),
+    ("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"),
+    ("CUDA_ERROR_HARDWARE_STACK_ERROR", "hardware stack error"),
+    ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"),
+    ("CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"),
+    ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "operation not supported on global/shared address space"),
+    ("CUDA_ERROR_INVALID_PC", "invalid program counter"), ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
+    ("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"),
+    ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"), ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
+    ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"),
+    ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"),
+    ("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"),
+    ("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"),
+    ("CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"),
+    ("CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"),
+    ("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"),
+    ("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"),
+    ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"),
+    ("CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"),
+    ("CUDA_ERROR_TIMEOUT", "wait operation timed out"), ("CUDA_ERROR_UNKNOWN", "unknown error"),
+    # the runtime's own (cudaGetErrorString) where the driver has none
+    ("cudaErrorInvalidDeviceFunction", "invalid device function"),
+    ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"),
+    ("cudaErrorInvalidConfiguration", "invalid configuration argument"),
+    ("cudaErrorMissingConfiguration", "__global__ function call is not configured"),
+]
+# four words or more, yet said by other programs too: a CUDA error only behind a wrapper
+CUDA_GENERIC = {"wait operation timed out", "system not yet initialized", "shared object symbol not found",
+                "named symbol not found", "shared object initialization failed", "file not found",
+                "peer access is already enabled", "PTX JIT compilation was disabled"}
+# (and one that holds a word of `_hot`'s, the gate of the cause rules: the others come wrapped). Searched apart
+# from CAUSE_ANY, only in a message that holds one of `_cuda_words`'s (each phrase holds one).
+CUDA_OWN = [text for _, text in CUDA_ERRORS if len(text.split()) >= 4 and text not in CUDA_GENERIC and _hot(text)]
+CUDA_OWN_RX = re.compile("|".join(re.escape(text) for text in CUDA_OWN))
+
+
+def _cuda_words(m: str) -> bool:
+    """Whether a message holds a word of every CUDA_OWN phrase (tests/read/test_log_stops.py checks each)."""
+    return ("ncounter" in m or "kernel image" in m or "buffer object" in m or "PTX" in m or "NVLink" in m
+            or "nvlink" in m or "OS call" in m or "launch" in m or "memory r" in m or "capture" in m or "CUDA" in m)
+
+
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
     ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
-            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory"
+            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory|Triton Error \[CUDA\]: out of memory"
             r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
             r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
+            r"|CUDA_ERROR_OUT_OF_MEMORY"
             r"|Not enough memory\. Please try to increase --mem-fraction-static"
             r"|No available memory for the cache blocks|larger than the available KV cache memory"
             r"|larger than the maximum number of tokens that can be stored in KV cache"
             r"|Free memory on device [^\n]{0,200}? is less than desired GPU memory utilization"),
-    ("nccl-timeout", r"Watchdog caught collective operation timeout"),
+    # torch's ProcessGroupNCCL (c10d) watchdog across 2.0-2.9: its timeout's own line, then (2.4-2.5) "Exception
+    # (either an error or timeout) detected by watchdog at work: N", "Timeout at NCCL work: N", (2.6+)
+    # "failure detected by watchdog at work sequence id: N", WorkNCCL::handleException's "Some NCCL operations
+    # have failed or timed out", and the dump signal (2.4+) "from this local rank" or "from rank N"
+    ("nccl-timeout", r"Watchdog caught collective operation timeout"
+                     r"|detected by watchdog at work|Timeout at NCCL work: "
+                     r"|Some NCCL operations have failed or timed out"
+                     r"|Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank \d+) and we will"
+                     r" try our best to dump the debug info\. Last enqueued NCCL"),
     ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
                    r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
     # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
-    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|illegal memory access|cudaErrorIllegalAddress"
-                   r"|device-side assert triggered"
-                   r"|unspecified launch failure|misaligned address|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+"
-                   r"|CUDA driver error|uncorrectable ECC error|no kernel image is available"
+    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|cudaError[A-Z]\w+|CUDA_ERROR_[A-Z]\w+"
+                   r"|Triton Error \[CUDA\]|illegal memory access|device-side assert triggered"
+                   r"|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+|CUDA driver error|uncorrectable ECC error"
+                   r"|unspecified launch failure|misaligned address|no kernel image is available"
                    r"|Cuda error |Cuda failure"),  # C/C++ check macros: custom all-reduce's, NCCL's
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),
@@ -464,7 +586,11 @@ FAILURES = [
     _f(r"Capture cuda graph failed", header=True),
     # http_server.py _wait_and_warmup: the warm-up request failed; SGLang then kills its own process tree
     _f(r"Initialization failed\. warmup error", header=True),
-    _f(r"Received sigquit from a child proces", consequence=True),
+    # the parent told by a failing child (a crash, never the operator's stop): 0.4's "Received sigquit from a
+    # child process", newer "SIGQUIT received. signum=..., frame=.... It usually means one child failed.", and
+    # the gRPC server's "Received SIGQUIT from scheduler process. Scheduler failed, shutting down gRPC server."
+    _f(r"Received (?:sigquit from a child proces|SIGQUIT from scheduler process\. Scheduler failed)"
+       r"|^SIGQUIT received\. [^\n]{0,200}?child failed", consequence=True),
     # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
     _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
     # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
@@ -482,10 +608,19 @@ FAILURES = [
     _f(r"Engine core proc \S+ died unexpectedly", "died", consequence=True),
     _f(r"Engine core initialization failed|Engine process failed to start"
        r"|WorkerProc initialization failed due to an exception", consequence=True),
-    _f(r"(?:Async|MQ)?EngineDeadError|Engine loop has died", consequence=True),
+    _f(r"EngineDeadError|Engine loop has died", consequence=True),  # also AsyncEngineDeadError, MQEngineDeadError
     _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
     # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
+    # the same watchdog's other words for it, without that line (torch 2.4-2.9's ProcessGroupNCCL.cpp:
+    # watchdogHandler, WorkNCCL::handleException); the rank from their "[PG ID 2 PG GUID 3 Rank 3]" prefix
+    # ("Exception (either an error or timeout) detected by watchdog at work: N", 2.6+'s "failure detected by
+    # watchdog at work sequence id: N")
+    _f(r"detected by watchdog at work|Timeout at NCCL work: |Some NCCL operations have failed or timed out",
+       "nccl-timeout"),
+    # the dump signal: this rank's own timeout, or rank N's ("from  rank 7": torch writes two spaces)
+    _f(r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+)) and we "
+       r"will try our best to dump the debug info\. Last enqueued NCCL", "nccl-timeout"),
     # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck (a NCCL/CUDA call hangs); torch
     # terminates the process (the "watchdog got stuck" line is F, fatal)
     _f(r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
@@ -512,6 +647,51 @@ FAILURES = [
 _NAMED_GROUP = re.compile(r"\?P<\w+>")
 FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
 CAUSE_ANY = re.compile("|".join(f"(?:{rx})" for _, rx in CAUSES))
+
+# A deliberate stop the server says it received (the operator's or a launcher's signal, a shutdown asked
+# for): (regex over the message, what stopped it, else the signal the regex's group names). The failures
+# after it are its shutdown's (LogTracker), unless one came first. Every one holds "hut", or "ermina" and a word
+# of `_hot`'s (`_stop_words`). SGLang's sigquit is a failing child's, never a stop (FAILURES).
+STOPS = [
+    # vLLM V1 core.py and launcher.py (2026): the engine core's and the API server's own word
+    (re.compile(r"\[shutdown\] EngineCore: trigger received signal=(SIG[A-Z]{2,8})"), None),
+    (re.compile(r"\[shutdown\] API server: shutdown triggered"), "shutdown"),
+    # vLLM launcher.py serve_http, its server task cancelled by SIGINT/SIGTERM (0.5-0.11)
+    (re.compile(r"^(?:INFO: +)?Shutting down FastAPI HTTP server"), "shutdown"),
+    # vLLM 0.5-0.6 api_server.py: a SIGTERM while initializing raises KeyboardInterrupt("terminated")
+    (re.compile(r"^KeyboardInterrupt: terminated\s*$"), "SIGTERM"),
+    # SGLang tokenizer_manager.py's (and its gRPC server's) sigterm_handler: "SIGTERM received. signum=... Draining
+    # requests and shutting down..."
+    (re.compile(r"^SIGTERM received\. [^\n]{0,600}?[Ss]hutting down"), "SIGTERM"),
+    # uvicorn server.py on its exit signal (behind its own "INFO:     ")
+    (re.compile(r"^(?:INFO: +)?Shutting down\s*$"), "shutdown"),
+    # torch elastic (torchrun) agent api.py: "Received Signals.SIGTERM death signal, shutting down workers"
+    # (Python 3.11+ writes the signal's number: "Received 15 death signal")
+    (re.compile(r"Received (?:Signals\.)?(SIG[A-Z]{2,8}|\d{1,2}) death signal, shutting down workers"), None),
+    # a shell's notice of its job ended by SIGTERM: "Terminated", "./run.sh: line 3:  1234 Terminated  python ..."
+    (re.compile(r"^\s*Terminated\s*$|: line \d{1,9}: +\d{1,9} Terminated "), "SIGTERM"),
+]
+STOP_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx, _ in STOPS))  # one search rules out every stop
+SIGNAL_NAMES = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
+
+
+def _stop_words(m: str) -> bool:
+    """Whether a message holds a word every stop rule (STOPS) needs: most lines hold none. ("ermina" is also
+    `_hot`'s: classify looks for it on a hot line only.)"""
+    return "hut" in m or "ermina" in m and _hot(m)
+
+
+def stop_of(message: str) -> str | None:
+    """The stop a message says the server received: the signal's name, else "shutdown"; None for none."""
+    if not STOP_ANY.search(message):
+        return None
+    for rx, what in STOPS:
+        m = rx.search(message)
+        if m:
+            said = what or m.group(1)
+            return SIGNAL_NAMES.get(said, said)
+    return None
+
 
 # Stall tells: lines that say the run is waiting on something that may never come.
 STALLS = [
@@ -547,6 +727,14 @@ REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callbac
                             r"|Error in preprocessing prompt inputs")  # vLLM serving_chat.py: one request's template
 REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
                            r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
+# Another program's traceback in the server's log (a CI job's test client, a benchmark script): a frame of a test
+# harness or a client (unittest's, pytest's, SGLang's test utilities, vLLM's benchmarks, a test_*.py or bench_*.py
+# script) and none of the engine's serving code (SGLang's retry helper in sglang/srt/utils wraps every test, and
+# `vllm bench` comes in through vllm/entrypoints/cli)
+HARNESS_FRAME = re.compile(r"/(?:unittest|_pytest|pytest)/|/sglang/test/|/vllm/benchmarks/"
+                           r"|/(?:test_|bench_|benchmark_)[^/]*\.py$")
+ENGINE_FRAME = re.compile(r"/sglang/srt/(?!utils\b)|/vllm/(?!vllm/|benchmarks/|entrypoints/cli/)")
+MAX_FOREIGN = 8  # another program's tracebacks said, the first ones; the rest counted
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
 BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
                               r"|SystemExit)\b")
@@ -591,26 +779,6 @@ def exit_cause(code: int | None) -> str | None:
     return EXIT_CAUSE.get(code) if code is not None else None
 
 
-def _hot(m: str) -> bool:
-    """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
-    needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
-    of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
-    return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
-            or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
-            or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
-            or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
-            or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
-            or "NCCL" in m or "nccl" in m)
-
-
-def _fail_words(m: str) -> bool:
-    """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
-    gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
-    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
-            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
-            or "NCCL" in m or "emory" in m or "placement" in m)
-
-
 def _phase_words(m: str) -> bool:
     """Whether a message holds a word every engine phase rule needs (as `_hot`, checked on the corpus)."""
     return ("aptur" in m or "oad" in m or "KV " in m or "HTTP/" in m or " batch" in m or "took" in m
@@ -643,11 +811,12 @@ def cause_of(message: str) -> str | None:
     if not _hot(message):
         return None
     message = _unlisted(message)
-    if not CAUSE_ANY.search(message):
-        return None
-    for cause, rx in CAUSE_RX:
-        if rx.search(message):
-            return cause
+    if CAUSE_ANY.search(message):
+        for cause, rx in CAUSE_RX:
+            if rx.search(message):
+                return cause
+    if _cuda_words(message) and CUDA_OWN_RX.search(message):
+        return "cuda-error"  # the driver's own words, unwrapped
     return None
 
 
@@ -752,6 +921,7 @@ class LogRules:
         if self._learning:
             self._learn(text, p)
         msg, time, who, rank, level, _ = p
+        stop = stop_of(msg) if "hut" in msg else None  # `_stop_words`: "hut" here, "ermina" on a hot line below
         if "throughput" in msg or "Prefill batch" in msg:
             stats, stats_of = _stats(msg)
         else:
@@ -768,9 +938,11 @@ class LogRules:
         quiet = level == "INFO" or level == "DEBUG"
         # at INFO or DEBUG a line is a failure or a stall tell by its rule only: their words suffice
         hot = not shaped and (_fail_words(msg) if quiet else _hot(msg))
+        if hot and stop is None and "ermina" in msg:
+            stop = stop_of(msg)
         if hot or (not shaped and not quiet and msg[-1:].isalpha()):
             base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats,
-                        probe=probe, http=http)
+                        probe=probe, http=http, stop=stop)
             failure = self._failure(msg, level, base, hot)
             if failure is not None:
                 return failure
@@ -787,9 +959,9 @@ class LogRules:
         if quiet or level is None and not hot:  # the common line: no error, no warning
             return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
                                   _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
-                                  False, level, stats, probe, http))
+                                  False, level, stats, probe, http, stop))
         base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats, probe=probe,
-                    http=http)
+                    http=http, stop=stop)
         shards = _shards(msg) if phase == "loading weights" else None
         if level in ("ERROR", "CRITICAL") or (level is None and hot and (ERROR.search(msg)
                                                                        or EXCEPTION_LINE.match(msg))):
@@ -808,11 +980,22 @@ class LogRules:
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
-        frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
-        if frame:
-            return None
         told = _unlisted(msg)  # what a list of possible causes says is no failure
-        if level != "DEBUG" and FAILURE_ANY.search(told):
+        frame = msg[:1].isspace() and not msg.lstrip().startswith("what():")  # a traceback's source line
+        if frame and "] " not in msg and "pid=" not in msg:
+            return None  # (nor a writer's prefix glued to it)
+        header = FAILURE_ANY.search(told) if level != "DEBUG" else None
+        glued = _glued(told, header.start()) if header is not None and header.start() > 0 else None
+        if glued is not None:  # another writer's header stuck to this line: its own prefix, its own line
+            at, p = glued
+            msg = told = told[at:]
+            level = p.level or level
+            base = dict(base, message=msg, level=level, time=p.time or base["time"], who=p.who or base["who"],
+                        rank=p.rank if p.rank is not None else base["rank"])
+            header = FAILURE_ANY.search(told)
+        elif frame:
+            return None
+        if header is not None:
             for rule in FAILURES:
                 m = rule.pattern.search(told)
                 if not m:
@@ -836,6 +1019,37 @@ class LogRules:
             if cut is not None:
                 return LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
         return None
+
+
+def _glued(message: str, start: int) -> tuple[int, Parsed] | None:
+    """A writer's prefix mid-line that a failure header at `start` follows (two processes' writes
+    interleaved: `...Extension modules: numpy.core._multiarray_umath, ... (total: 40)[2025-04-17 11:44:15 TP3]
+    Scheduler hit an exception: ...`, `..., PIL._imaging[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616]
+    [Rank 5] Watchdog caught ...`, a faulthandler frame `  File "<internal>", line 7 in [..] Received sigquit ...`):
+    where its message starts and the prefix read, or None. Tried from each `[` or `(` up to PREFIX_WINDOW
+    before the header (the first GLUE_TRIES), each a parse of a bounded slice."""
+    lo, tries = max(0, start - PREFIX_WINDOW), 0
+    if message.find(":", lo, start) < 0 and message.find("=", lo, start) < 0:
+        return None  # every prefix holds a time's, a rank's or a pid's ":" or "="
+    i = _next_open(message, lo, start)
+    while i >= 0 and tries < GLUE_TRIES:
+        tries += 1
+        chunk = message[i:start + 80]
+        p = parse_general(chunk)
+        at = i + len(chunk) - len(p.message)
+        if at <= start and (p.who is not None or p.time is not None or p.rank is not None):
+            return at, p
+        i = _next_open(message, i + 1, start)
+    return None
+
+
+GLUE_TRIES = 16
+
+
+def _next_open(s: str, start: int, end: int) -> int:
+    """The first `[` or `(` in s[start:end], or -1."""
+    a, b = s.find("[", start, end), s.find("(", start, end)
+    return b if a < 0 else a if b < 0 else min(a, b)
 
 
 # A failure line cut mid-word (an excerpt's end, two writers interleaved mid-line): the message ends
@@ -984,6 +1198,9 @@ class _Trace:
     failure: Failure | None = None  # what its exception line made
     done: bool = False  # its exception line came
     chained: bool = False  # "During handling of the above exception ...": another traceback of the chain follows
+    harness: bool = False  # a frame of a test harness or a client
+    engine: bool = False  # a frame of the engine's serving code
+    foreign: bool = False  # said as another program's (HARNESS_FRAME without ENGINE_FRAME)
 
 
 @dataclass
@@ -1039,6 +1256,9 @@ class LogTracker:
         self.dropped = 0  # failures past MAX_FAILURES that could not change the verdict, counted only
         self.world: int | None = None  # the ranks NCCL says the communicator has ("nranks 8"), the largest seen
         self.answered: PhaseMark | None = None  # the first line of the server answering HTTP (2xx): it was up
+        self.stop: tuple[int, LogLine] | None = None  # (line, LogLine) of a deliberate stop no failure came before
+        self.foreign: list[tuple[int, str]] = []  # (line, text): another program's traceback's last line
+        self.foreign_more = 0  # past MAX_FOREIGN, counted
         self._captured_by: set[int | None] = set()  # the writers that ended a capture stage
 
     @property
@@ -1056,15 +1276,17 @@ class LogTracker:
     def add(self, ll: LogLine) -> LogLine:
         """A line already classified (the live cockpit classifies each line once, on arrival)."""
         self.n += 1
-        text, kind, rank, phase, _, _, _, _, time, _, msg, _, _, level, stats, probe, http = ll
+        text, kind, rank, phase, _, _, _, _, time, _, msg, _, _, level, stats, probe, http, stop = ll
         msg = msg or ""
         if time:
             self.last_time = time
         if rank is not None:
             self.ranks.add(rank)
         if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
-                and (self._failures or self.timeline and self.phase != "starting"):
+                and (self._failures or self.stop or self.timeline and self.phase != "starting"):
             self._restart()
+        if stop is not None and self.stop is None and not self._failures and kind != "failure":
+            self.stop = (self.n, ll)  # the server was told to stop, and nothing had failed: what fails now is its end
         if "nranks " in msg and (m := NRANKS.search(msg)):
             self.world = max(self.world or 0, int(m.group(1)))
         continues = False
@@ -1152,15 +1374,28 @@ class LogTracker:
             elif trace is None or trace.done or not continues:
                 request = self.n - self._notice_at <= 3
                 self._trace = trace = _Trace(self.n, ll.text, ll.who, ll.rank, request)
-        if frame and trace is not None and REQUEST_FRAME.search(frame.group(1)):
-            trace.request = True
+        if frame and trace is not None:
+            path = frame.group(1)
+            if REQUEST_FRAME.search(path):
+                trace.request = True
+            if not trace.harness and ("test" in path or "bench" in path):
+                trace.harness = HARNESS_FRAME.search(path) is not None
+            if not trace.engine and ("/sglang/srt/" in path or "/vllm/" in path):
+                trace.engine = ENGINE_FRAME.search(path) is not None
 
     def _trace_failure(self, ll: LogLine, msg: str) -> None:
         """A headerless traceback's final exception line: a provisional failure (none for one request's)."""
         trace = self._trace
         trace.done, trace.chained = True, False
-        if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg):
-            return  # one request's, a client gone, Ctrl+C
+        if trace.request or BENIGN_EXCEPTION.match(msg) or not EXCEPTION_LINE.match(msg) or trace.foreign:
+            return  # one request's, a client gone, Ctrl+C, another program's said already
+        if trace.harness and not trace.engine and trace.failure is None:
+            trace.foreign = True  # a test client's or a harness's: a finding, not the server failing
+            if len(self.foreign) < MAX_FOREIGN:
+                self.foreign.append((self.n, ll.text))
+            else:
+                self.foreign_more += 1
+            return
         if trace.failure is not None:  # a later traceback of the same chain: its last word
             _cite(trace.failure, self.n, ll.text)
             return
@@ -1265,18 +1500,24 @@ class LogTracker:
         self._captured_by.clear()
         self.dropped = 0
         self.answered = None
+        self.stop = None
+        self.foreign.clear()
+        self.foreign_more = 0
 
     def _unfinished(self) -> Failure | None:
         """The log ends inside a traceback no failure line opened and no exception line closed (not
         one request's, and nothing moved since it began): the process was going down."""
         t = self._trace
-        if t is None or t.done or t.request or t.line <= self.last_progress:
+        if t is None or t.done or t.request or t.line <= self.last_progress or t.harness and not t.engine:
             return None
         return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)],
                        provisional=True)
 
     def first_failure(self) -> Failure | None:
-        """The failure to name: the first of the lowest tier (a root cause before its consequences)."""
+        """The failure to name: the first of the lowest tier (a root cause before its consequences); none
+        after a deliberate stop no failure came before (`stopped`)."""
+        if self.stop is not None:
+            return None
         if not self._failures:
             return self._unfinished()
         if self.finished_at and all(f.tier >= 3 and f.line > self.finished_at for f in self.failures):
@@ -1315,6 +1556,20 @@ class LogTracker:
             return self.timeline
         return [self.answered]
 
+    def findings(self) -> list[Finding]:
+        """What the log says beside the verdict: another program's tracebacks (a test client's, a harness's)."""
+        if not self.foreign:
+            return []
+        more = [f"and {self.foreign_more} more"] if self.foreign_more else []
+        return [Finding("log", [f"line {n}: another program's traceback (a test harness's or a client's), not the "
+                                f"server failing: {text.strip()[:160]}" for n, text in self.foreign] + more)]
+
+    def stopped(self) -> bool:
+        """The server said it was stopped, no failure came before, and failures came after: its shutdown's."""
+        return self.stop is not None and bool(self._failures)
+
     def stalled(self) -> bool:
-        """The log ends on a stall tell: no failure, and nothing moved since the last tell."""
-        return not self._failures and bool(self.stalls) and self.stalls[-1][0] > self.last_progress
+        """The log ends on a stall tell: no failure (but a stop's shutdown), and nothing moved since the last
+        tell (a hang the operator then stopped is a hang)."""
+        quiet = not self._failures or self.stop is not None and self.stalls and self.stalls[-1][0] < self.stop[0]
+        return bool(quiet) and bool(self.stalls) and self.stalls[-1][0] > self.last_progress

@@ -1,27 +1,30 @@
-"""Delta debugging (Zeller's ddmin) over a layout's flag sets and parameters: the smallest set of
-differences between a failing configuration and a good one that still fails. Pure: plain values
-in, plain values out, no launch and no I/O; the workflow that launches each candidate is
+"""A bisect over a layout's flag sets and parameters under flakiness: which set of differences
+between a failing configuration and a good one makes the launch hang, with its odds. Pure: plain
+values in, plain values out, no launch and no I/O; the workflow that launches each candidate is
 cockpit/operate/bisect.py.
 
-The search is replayed from the start at every step against the outcomes known so far (the
-ledger's, so a bisect resumes where it stopped): `advance` names the next candidate to launch, or
-says the search is over. A candidate fails on its first failing launch; it passes only after
-`repeat` clean launches (real hangs are flaky); a launch budget bounds the whole search.
+Every launch is evidence (a hang strong, a pass weak while the hang may be flaky: `Model`); the
+odds of each answer are computed afresh at every step from the outcomes known so far (the
+ledger's, so a bisect resumes where it stopped): `advance` names the launch that tells the most,
+or says the search is over: one answer at least `confidence` likely, or the budget spent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import count
 from cockpit.runs.spec import RunSpec
 
 FAILING = ("stalled-idle", "stalled-spinning", "crashed", "timeout")  # a launch that fails the candidate
 PASSING = ("ready",)  # ready (or serving) for the settle window: one clean launch
-NOT_JUDGED = ("interrupted",)
-DEFAULT_SETTLE_S = 10.0  # how long a candidate must stay ready (or serving) to pass  # a launch stopped before its outcome: counted in the budget, judges nothing
+NOT_JUDGED = ("interrupted",)  # a launch stopped before its outcome: counted in the budget, judges nothing
+DEFAULT_SETTLE_S = 10.0  # how long a candidate must stay ready (or serving) to pass
+DEFAULT_CONFIDENCE = 0.95
 
 # How a bisect ends: its `status` and the command's exit status (README, `cockpit bisect --help`).
 EXIT = {"found": 0, "not reproduced": 3, "good fails": 4, "budget exhausted": 5, "interrupted": 130}
@@ -56,7 +59,7 @@ class Plan:
     held: list[str]
     params: dict[str, object]
     flag_order: list[str]
-    repeat: int = 1
+    confidence: float = DEFAULT_CONFIDENCE
     budget: int | None = None
     settle: float = 0.0
     launches: str = ""  # what the layout launches (command, base flags, flag sets): an edited layout is a new bisect
@@ -82,18 +85,16 @@ class Plan:
 
     def identity(self) -> str:
         """What makes two calls the same bisect (a second call resumes the first): the layout
-        (and what it launches), the host and both configurations. Not the repeat, budget or settle: a larger budget goes
-        on where a smaller one stopped."""
+        (and what it launches), the host and both configurations. Not the confidence, budget or
+        settle: a larger budget goes on where a smaller one stopped. The host's facts (versions)
+        key each launch instead (cockpit/operate/bisect.py): an upgrade sets earlier ones aside."""
         doc = {"layout": self.layout, "host": self.host, "failing": spec_doc(self.spec(self.names)),
                "good": spec_doc(self.spec([])), "launches": self.launches}
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def max_launches(self) -> int:
-        """The most launches the search can take: every candidate ddmin may try (never more than
-        2^n distinct ones; Zeller's bound n^2 + 3n), each `repeat` times, within the budget."""
-        n = len(self.deltas)
-        most = min(2 ** n, n * n + 3 * n + 1) * self.repeat
-        return most if self.budget is None else min(most, self.budget)
+    def most(self) -> int:
+        """The most launches the search makes: the budget, else `default_budget`."""
+        return self.budget if self.budget is not None else default_budget(len(self.deltas))
 
     def describe(self) -> list[str]:
         fail, good = self.spec(self.names), self.spec([])
@@ -102,26 +103,32 @@ class Plan:
                  f"  good:    {', '.join(good.enabled) or 'no flag sets'}"]
         if self.held:
             lines.append(f"  on in every launch: {', '.join(self.held)}")
-        lines.append(f"  at most {self.max_launches()} launches"
-                     + (f" (budget {self.budget})" if self.budget is not None else "")
-                     + (f"; a pass needs {self.repeat} clean launches" if self.repeat > 1 else "")
-                     + "; a failure is final")
+        lines.append(f"  at most {count(self.most(), 'launch', 'launches')}"
+                     + (" (the budget)" if self.budget is not None else "")
+                     + f"; it ends when one answer is {self.confidence:.0%} likely (a flaky hang counted)")
         return lines
+
+
+def default_budget(n: int) -> int:
+    """Launches enough for a hang one launch in three among `n` deltas, in nearly every draw
+    (tests/bench/bisect_launches.py measures it; a rarer hang needs --budget)."""
+    return 16 + 8 * n
 
 
 def spec_doc(spec: RunSpec) -> dict:
     return {"flag_sets": list(spec.enabled), "params": dict(spec.params)}
 
 
-def check_counts(repeat: int, budget: int | None) -> None:
-    if repeat < 1:
-        raise CockpitError(f"--repeat {repeat}: a pass needs at least 1 clean launch")
+def check_counts(confidence: float, budget: int | None) -> None:
+    if not 0.5 <= confidence < 1:
+        raise CockpitError(f"--confidence {confidence}: a probability from 0.5 to below 1 (0.95: an answer "
+                           f"19 times more likely than not)")
     if budget is not None and budget < 1:
         raise CockpitError(f"--budget {budget}: at least 1 launch")
 
 
 def make_plan(layout, host: str, failing: list[str] | None = None, good: list[str] | None = None,
-              vary: list[str] | None = None, repeat: int = 1, budget: int | None = None,
+              vary: list[str] | None = None, confidence: float = DEFAULT_CONFIDENCE, budget: int | None = None,
               settle: float = 0.0) -> Plan:
     """The bisect between `failing` (flag sets; default the layout's enabled ones, plus the sets
     `vary` names) and `good` (default none). `vary` names the flag sets and parameters to search
@@ -142,7 +149,7 @@ def make_plan(layout, host: str, failing: list[str] | None = None, good: list[st
         else:
             raise CockpitError(f"--vary {item!r}: not a flag set ({', '.join(sets) or 'none'}) nor a parameter "
                                f"({', '.join(params) or 'none'}; NAME or NAME=GOOD_VALUE)")
-    check_counts(repeat, budget)
+    check_counts(confidence, budget)
     fail_on = set(layout.enabled if failing is None else failing) | {s for s in vary_sets if s not in good_on}
     differ = [s for s in sets if (s in fail_on) != (s in good_on)]
     names = vary_sets if vary else differ
@@ -164,110 +171,221 @@ def make_plan(layout, host: str, failing: list[str] | None = None, good: list[st
                            "(name the suspects with --vary, or a good configuration with --good)")
     held = [s for s in sets if s in fail_on and s not in names]
     launches = json.dumps([layout.command, layout.base_flags, layout.flag_sets], sort_keys=True, default=str)
-    return Plan(layout.name, host, deltas, held, params, sets, repeat, budget, settle, launches)
+    return Plan(layout.name, host, deltas, held, params, sets, confidence, budget, settle, launches)
 
 
 # ----------------------------------------------------------------------------- the search
 
 
+@dataclass(frozen=True)
+class Model:
+    """How a launch is read as evidence (flake-aware culprit finding, as git_bayesect does): the
+    cause is one set of deltas S (they hang only together), or the good configuration itself
+    (`good fails`), or nothing (`not reproduced`). A launch holding the cause hangs always
+    (`deterministic`, the prior most hangs earn) or at a rate r, one of `rates` as likely as each
+    other (a flaky hang); a launch that does not hold it hangs only by `noise` (a crash of the
+    host's own). A hang is strong evidence, a pass weak while the cause may be flaky: one pass of
+    a launch holding S rules out only S's deterministic side."""
+
+    deterministic: float = 0.8
+    rates: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    noise: float = 0.01
+    good_fails: float = 0.1  # the prior of each of the two answers that blame no delta
+    not_reproduced: float = 0.1
+    size: float = 0.3  # the sets of k deltas share size^k of the rest: most hangs have one cause, some two
+
+    def weight(self, hangs: int, passes: int) -> float:
+        """The chance of `hangs` hangs and `passes` passes of launches holding the cause."""
+        det = self.deterministic if passes == 0 else 0.0
+        return det + (1 - self.deterministic) * sum(r ** hangs * (1 - r) ** passes for r in self.rates) / len(self.rates)
+
+    def rate(self, hangs: int, passes: int) -> float:
+        """The cause's hang rate as the launches holding it say (1 for a deterministic hang): the
+        chance the next launch holding it hangs."""
+        return self.weight(hangs + 1, passes) / self.weight(hangs, passes)
+
+
+MODEL = Model()
+GOOD, NONE = "good fails", "not reproduced"  # the two answers that blame no delta
+ALL_SETS_UP_TO = 8  # deltas up to this many: every set of them a suspect; beyond, sets of one or two
+
+
+def hung(outcome: str) -> bool | None:
+    """A launch's evidence: True (it hung or crashed), False (it passed), None (judges nothing)."""
+    return True if outcome in FAILING else False if outcome in PASSING else None
+
+
+@dataclass(frozen=True)
+class Odds:
+    """The posterior over the answers after the launches known: `answers` (a delta set as a
+    bitmask over the plan's names, GOOD or NONE) with their probabilities, most likely first, and
+    each set's hang rate."""
+
+    names: tuple[str, ...]
+    answers: tuple[tuple[object, float], ...]
+    rates: dict
+
+    def best(self) -> tuple[object, float]:
+        return self.answers[0]
+
+    def names_of(self, answer) -> list[str]:
+        return [n for i, n in enumerate(self.names) if isinstance(answer, int) and answer >> i & 1]
+
+
+def _suspects(n: int) -> list[int]:
+    masks = range(1, 1 << n)
+    return list(masks) if n <= ALL_SETS_UP_TO else [m for m in masks if bin(m).count("1") <= 2]
+
+
+def _prior(n: int, model: Model) -> dict:
+    """Smaller sets first (the sets of k deltas share size^k), the two answers that blame no
+    delta their own share."""
+    sets = _suspects(n)
+    by_size: dict[int, int] = {}
+    for m in sets:
+        by_size[bin(m).count("1")] = by_size.get(bin(m).count("1"), 0) + 1
+    total = sum(model.size ** k for k in by_size)
+    share = 1 - model.good_fails - model.not_reproduced
+    prior: dict = {m: share * model.size ** bin(m).count("1") / total / by_size[bin(m).count("1")] for m in sets}
+    prior[GOOD], prior[NONE] = model.good_fails, model.not_reproduced
+    return prior
+
+
+def _tally(answer, launches: list[tuple[int, bool]]) -> tuple[int, int, int, int]:
+    """(hangs, passes) of the launches holding the cause, then of those not holding it."""
+    k = m = ef = ep = 0
+    for mask, did_hang in launches:
+        if _holds(answer, mask):
+            k, m = k + did_hang, m + (not did_hang)
+        else:
+            ef, ep = ef + did_hang, ep + (not did_hang)
+    return k, m, ef, ep
+
+
+def _holds(answer, mask: int) -> bool:
+    return answer == GOOD or (isinstance(answer, int) and answer & ~mask == 0)
+
+
+def _posterior(n: int, launches: list[tuple[int, bool]], model: Model) -> tuple[dict, dict]:
+    weights, tallies = {}, {}
+    for answer, prior in _prior(n, model).items():
+        k, m, ef, ep = _tally(answer, launches)
+        weights[answer] = prior * model.weight(k, m) * model.noise ** ef * (1 - model.noise) ** ep
+        tallies[answer] = (k, m)
+    total = sum(weights.values()) or 1.0
+    return {a: w / total for a, w in weights.items()}, tallies
+
+
+def _launches(plan: Plan, outcomes: dict) -> list[tuple[int, bool]]:
+    index = {name: i for i, name in enumerate(plan.names)}
+    out = []
+    for applied, said in outcomes.items():
+        mask = sum(1 << index[n] for n in applied if n in index)
+        out += [(mask, h) for h in map(hung, said) if h is not None]
+    return out
+
+
+def odds(plan: Plan, outcomes: dict[frozenset, list[str]], model: Model = MODEL) -> Odds:
+    """How likely each answer is after the launches known (`outcomes`: candidate -> its launches'
+    outcomes)."""
+    post, tallies = _posterior(len(plan.names), _launches(plan, outcomes), model)
+    ranked = sorted(post.items(), key=lambda kv: (-kv[1], _order(kv[0])))
+    return Odds(tuple(plan.names), tuple(ranked), {a: model.rate(*tallies[a]) for a, _ in ranked[:8]})
+
+
+def _order(answer) -> tuple:
+    return (0, bin(answer).count("1"), answer) if isinstance(answer, int) else (1, 0, 0 if answer == GOOD else 1)
+
+
+def _entropy(p: float) -> float:
+    return 0.0 if p <= 0.0 or p >= 1.0 else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def best_launch(n: int, launches: list[tuple[int, bool]], model: Model = MODEL) -> int:
+    """The candidate (a bitmask of deltas applied) whose outcome tells the most about the answer:
+    the largest expected information gain, H(outcome) - E[H(outcome | answer)]; ties go to fewer
+    deltas applied, then the layout's order."""
+    post, tallies = _posterior(n, launches, model)
+    live = [(a, p, model.rate(*tallies[a])) for a, p in post.items() if p > 1e-9]
+    sets = _suspects(n)
+    pool = range(1 << n) if n <= ALL_SETS_UP_TO else sorted({0, (1 << n) - 1} | set(sets) |
+                                                            {((1 << n) - 1) & ~s for s in sets})
+    best, best_gain = (1 << n) - 1, -1.0
+    for mask in sorted(pool, key=lambda m: (bin(m).count("1"), m)):
+        p_hang = cond = 0.0
+        for answer, p, q in live:
+            q = q if _holds(answer, mask) else model.noise
+            p_hang += p * q
+            cond += p * _entropy(q)
+        gain = _entropy(p_hang) - cond
+        if gain > best_gain + 1e-9:
+            best, best_gain = mask, gain
+    return best
+
+
 @dataclass
 class Step:
-    """The search's next move: launch `applied` (a candidate), or the search is over (`status`)."""
+    """The search's next move: launch `applied` (a candidate), or the search is over (`status`).
+    `answer` is the most likely answer (its deltas; none for the two that blame none) with its
+    `probability`; `odds` the leading answers as the operator reads them."""
 
     applied: frozenset | None = None  # the candidate to launch next
     status: str | None = None  # when over: a key of EXIT
-    answer: list[str] = field(default_factory=list)  # the smallest failing set found (or known so far)
+    answer: list[str] = field(default_factory=list)
+    probability: float = 0.0
+    rate: float | None = None  # the answer's hang rate (1: every launch holding it hangs)
+    odds: list[tuple[str, float]] = field(default_factory=list)
     why: str = ""
 
 
-def judge(outcomes: list[str], repeat: int) -> bool | None:
-    """A candidate's verdict from its launches: True (fails) on any failing launch, False (passes)
-    after `repeat` clean ones, None while undecided."""
-    if any(o in FAILING for o in outcomes):
-        return True
-    if sum(o in PASSING for o in outcomes) >= repeat:
-        return False
-    return None
-
-
-def _chunks(items: list, n: int) -> list[list]:
-    size, extra = divmod(len(items), n)
-    out, at = [], 0
-    for k in range(n):
-        step = size + (1 if k < extra else 0)
-        out.append(items[at:at + step])
-        at += step
-    return [c for c in out if c]
-
-
-def ddmin(deltas: list[str]):
-    """Zeller's ddmin as a generator: yields each candidate (a frozenset of deltas applied) and is
-    sent whether it fails; returns the 1-minimal failing list. The whole set is taken as failing."""
-    c, n = list(deltas), 2
-    while len(c) >= 2:
-        chunks = _chunks(c, n)
-        for chunk in chunks:
-            if (yield frozenset(chunk)):
-                c, n = chunk, 2
-                break
-        else:
-            for chunk in (chunks if n > 2 else []):  # with two chunks each complement is the other chunk
-                rest = [x for x in c if x not in chunk]
-                if (yield frozenset(rest)):
-                    c, n = rest, max(n - 1, 2)
-                    break
-            else:
-                if n >= len(c):
-                    break
-                n = min(len(c), 2 * n)
-    return c
-
-
-def advance(plan: Plan, outcomes: dict[frozenset, list[str]], launched: int) -> Step:
-    """The next step of the search given every launch's outcome so far (`outcomes`: candidate ->
-    its launches' outcomes in order) and how many launches the bisect made (interrupted ones too).
-
-    Order: the failing configuration first (not reproduced: the search stops), then ddmin; the
-    good configuration is launched only when the answer is a single delta (or ddmin needs it):
-    its failing too means no delta is to blame."""
+def advance(plan: Plan, outcomes: dict[frozenset, list[str]], launched: int, model: Model = MODEL) -> Step:
+    """The next step given every launch's outcome so far (`outcomes`: candidate -> its launches'
+    outcomes; order does not matter) and how many launches the bisect made (interrupted ones
+    too). The failing configuration is launched first (the hang reproduced); then the launch that
+    tells the most, until one answer is at least `plan.confidence` likely or the budget is spent.
+    A pass of the failing configuration ends nothing: a flaky hang passes too."""
     names = plan.names
-    smallest = list(names)
-
-    def want(applied: frozenset) -> bool | None:
-        return judge(outcomes.get(applied, []), plan.repeat)
-
-    def launch(applied: frozenset) -> Step:
-        if plan.budget is not None and launched >= plan.budget:
-            return Step(status="budget exhausted", answer=smallest,
-                        why=f"{launched} launches made, the budget is {plan.budget}")
-        return Step(applied=applied)
-
+    now = odds(plan, outcomes, model)
+    answer, p = now.best()
+    said = [(describe_odds(plan, now, a), q) for a, q in now.answers[:3]]
+    found = {GOOD: "good fails", NONE: "not reproduced"}.get(answer, "found") if isinstance(answer, str) else "found"
+    step = Step(answer=now.names_of(answer), probability=p, odds=said,
+                rate=now.rates.get(answer) if isinstance(answer, int) else None)
     full = frozenset(names)
-    verdict = want(full)
-    if verdict is None:
-        return launch(full)
-    if verdict is False:
-        return Step(status="not reproduced", why=f"the failing configuration passed {plan.repeat} clean launches")
-    search = ddmin(names)
-    answer = None
-    try:
-        applied = next(search)
-        while True:
-            verdict = want(applied)
-            if verdict is None:
-                return launch(applied)
-            if verdict and len(applied) < len(smallest):
-                smallest = [n for n in names if n in applied]
-            applied = search.send(verdict)
-    except StopIteration as done:
-        answer = done.value
-    if len(answer) == 1:  # a single delta is to blame only if the good configuration passes
-        verdict = want(frozenset())
-        if verdict is None:
-            return launch(frozenset())
-        if verdict:
-            return Step(status="good fails", answer=[])
-    return Step(status="found", answer=[n for n in names if n in answer])
+    tried = any(hung(o) is not None for o in outcomes.get(full, []))
+    if p >= plan.confidence and tried:
+        step.status = found
+        return step
+    if launched >= plan.most():
+        step.status = "budget exhausted"
+        step.why = f"{count(launched, 'launch', 'launches')} made, the budget is {plan.most()}"
+        return step
+    if not tried:
+        step.applied = full
+        return step
+    mask = best_launch(len(names), _launches(plan, outcomes), model)
+    step.applied = frozenset(n for i, n in enumerate(names) if mask >> i & 1)
+    return step
+
+
+def describe_odds(plan: Plan, now: Odds, answer) -> str:
+    """An answer as the operator reads it: `eagle3`, `the good configuration fails too`."""
+    if answer == GOOD:
+        return "the good configuration fails too"
+    if answer == NONE:
+        return "no hang reproduced"
+    return describe_answer(plan, now.names_of(answer))
+
+
+def facts_agree(a: dict, b: dict) -> bool:
+    """Whether two launches ran under the same host facts (versions): every fact both name is
+    the same; one only one names is not compared (no run alive to read it from, an older ledger)."""
+    return all(a[k] == b[k] for k in a.keys() & b.keys())
+
+
+def facts_changed(old: dict, new: dict) -> str:
+    """`torch 2.8.0 → 2.9.0`: the facts that differ."""
+    return ", ".join(f"{k} {old[k]} → {new[k]}" for k in sorted(old.keys() & new.keys()) if old[k] != new[k])
 
 
 def describe_answer(plan: Plan, answer: list[str]) -> str:

@@ -13,6 +13,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from cockpit.agent.acts import open_own, own_folder
+from cockpit.agent.protocol import Refused
 from cockpit.common.errors import CockpitError
 from cockpit.common.secrets import ENV_WORDS, mask_env, mask_record
 from cockpit.judge.verdict import ALERTING
@@ -30,7 +32,29 @@ def masked(env: dict[str, str]) -> dict[str, str]:
 
 
 def state_home() -> Path:
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gpu-cockpit"
+    """$XDG_STATE_HOME/gpu-cockpit (an absolute XDG_STATE_HOME only, as the spec says: a relative
+    one is ignored), else ~/.local/state/gpu-cockpit."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "gpu-cockpit"
+
+
+def _open(path: Path, flags: int) -> int:
+    """The ledger's file opened as the host's record is (cockpit/agent/acts.py): no symbolic link
+    in any component, a plain file of this user in a folder of this user nobody else can write
+    (folders made 0700 where missing); else one line saying what to remove."""
+    try:
+        fd, _ = open_own(str(path), flags, make_dirs=bool(flags & os.O_CREAT))
+        try:
+            own_folder(str(path.parent))
+        except Refused:
+            os.close(fd)
+            raise
+    except FileNotFoundError:
+        raise
+    except (OSError, Refused) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CockpitError(f"the ledger {path}: {why}: refused; remove it (it is made again)") from None
+    return fd
 
 
 def ledger_path(layout: Layout) -> Path:
@@ -42,9 +66,7 @@ def append_ledger(layout: Layout, record: dict) -> None:
     loses no row (a torn last line is skipped on reading). Secrets are masked here, whatever the
     caller passed: env values, argv values after --api-key and the like, URL credentials."""
     record = mask_record(record)
-    path = ledger_path(layout)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = _open(ledger_path(layout), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
         os.fsync(fd)
@@ -55,9 +77,11 @@ def append_ledger(layout: Layout, record: dict) -> None:
 def _records(layout: Layout) -> list[dict]:
     """The ledger's records, oldest first; a line that is not a JSON object is skipped."""
     try:
-        text = ledger_path(layout).read_text()
+        fd = _open(ledger_path(layout), os.O_RDONLY)
     except FileNotFoundError:
         return []
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read().decode("utf-8", "replace")
     out = []
     for line in text.splitlines():
         try:
@@ -232,11 +256,13 @@ def read_bisects(layout: Layout) -> list[dict]:
 
 
 def describe_bisect_line(b: dict) -> str:
-    """`bisect-...: found eagle3 in 5 launches`, or where it stands."""
+    """`bisect-...: found eagle3 (97% likely), 5 launches`, or where it stands (a result written
+    before bisects kept their odds reads without them)."""
     result, steps = b.get("result") or {}, b.get("steps") or []
-    status, text = result.get("status") or "under way", result.get("answer_text")
-    answer = f" {text}" if status == "found" and text else \
-        f" (the smallest failing set so far: {text})" if status in ("budget exhausted", "interrupted") and text else ""
+    status, text, p = result.get("status") or "under way", result.get("answer_text"), result.get("probability")
+    odds = f" ({p:.0%} likely)" if isinstance(p, (int, float)) and text else ""
+    answer = f" {text}{odds}" if status == "found" and text else \
+        f" (the likeliest so far: {text}{odds})" if status in ("budget exhausted", "interrupted") and text else ""
     return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 
@@ -312,7 +338,7 @@ def stall_window_of(path: str, default: float) -> float:
         return default
     for ledger in ledgers:
         try:
-            with open(ledger, encoding="utf-8", errors="replace") as fh:
+            with os.fdopen(_open(ledger, os.O_RDONLY), encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     if real not in line and path not in line:
                         continue
@@ -328,6 +354,6 @@ def stall_window_of(path: str, default: float) -> float:
                             return float(resolve_layout(rec.get("layout") or ledger.stem).stall.idle_s)
                         except (CockpitError, OSError, ValueError, TypeError):
                             return default
-        except OSError:
+        except (OSError, CockpitError):
             continue
     return default

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from rich.text import Text
 from textual.screen import Screen
 
-from cockpit.actions.dumps import collect, dump_ranks, dump_targets
+from cockpit.actions.dumps import PyspyMissing, collect, dump_ranks, dump_targets, ensure_pyspy, missing
 from cockpit.actions.kill import (
     describe_clean,
     describe_kill,
@@ -27,16 +27,17 @@ from cockpit.actions.launch import launch_python, sim_flags
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count, these, visible
 from cockpit.operate import bundle
-from cockpit.operate.bisect import bisect, describe_bisect, describe_plan, resumable
+from cockpit.operate.bisect import bisect, configurations, describe_bisect, prepare
 from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
-from cockpit.runs.bisect import DEFAULT_SETTLE_S, make_plan
+from cockpit.runs.bisect import DEFAULT_SETTLE_S, FAILING, make_plan
 from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
 from cockpit.runs.spec import RunSpec, combinations, default_spec
 from cockpit.ui.fmt import say
-from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
+from cockpit.ui.screens import BisectScreen, ConfirmScreen, RelaunchScreen, ReportScreen
 
 TOAST_S = 5
+UPLOADS: dict[str, bool] = {}  # the operator's answer to the py-spy upload, per host, while this cockpit runs
 
 
 class ActionRunner:
@@ -95,14 +96,45 @@ class ActionRunner:
         try:
             yield True
         except CockpitError as exc:
-            self.done(name, f"failed: {exc}", good=False)
-            self.notify(f"{name} failed: the header says why", severity="error")
+            self.done(name, f"failed: {exc}", good=False, report=[f"{name} failed:", str(exc)])
+            self.notify(f"{name} failed: v shows why", severity="error")
         finally:
             self.busy = None
             self.screen.dirty = True
 
     def _progress(self, phase, verdict) -> None:
         self.progress = f"{phase or ''} {verdict}".strip()
+
+    @property
+    def python(self) -> str | None:
+        """The layout's interpreter: py-spy is looked for beside it first."""
+        return self.layout.python if self.layout is not None else None
+
+    async def pyspy(self, then: str) -> None:
+        """py-spy on the host before `then` needs it: the layout's interpreter's own, the host's
+        PATH, an earlier upload; where there is none, this cockpit's offered (what is copied where),
+        asked once per host while this cockpit runs. PyspyMissing when none is there in the end."""
+        session, label = self.monitor.session, self.monitor.target.label
+        path, check = await ensure_pyspy(session, python=self.python)
+        if path:
+            return
+        refusal = missing(session, check)
+        offer = refusal.offer
+        if offer is None or UPLOADS.get(label) is False:
+            raise refusal
+        if label not in UPLOADS:
+            lines = [f"looked for: {'; '.join(check.get('looked') or [])}",
+                     f"copied: {offer['path']} (py-spy {offer['version']}, {offer['size']} bytes, "
+                     f"sha256 {offer['sha256']})",
+                     f"to: {label}:{offer['dest']} (mode 700), where every later dump, bundle and stall's "
+                     f"forensics on {label} finds it",
+                     f"asked once for {label} while this cockpit runs"]
+            UPLOADS[label] = await self.ask(ConfirmScreen(f"py-spy is not on {label}", lines,
+                                                          f"Upload py-spy, then {then}?"))
+            if not UPLOADS[label]:
+                raise refusal
+        self.progress = f"uploading py-spy to {label}:{offer['dest']}"
+        await ensure_pyspy(session, upload=True, say=self.notify, python=self.python)
 
     # ------------------------------------------------------------------ workflows
 
@@ -136,7 +168,7 @@ class ActionRunner:
             none = {} if removable else {"c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
                                               f"(the list says why each is kept)"}
             choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
-                                                 describe_shm(audit), keys, none))
+                                                 describe_shm(audit, others=False), keys, none))
             if choice != "c":
                 return
             ok = await self.ask(ConfirmScreen(
@@ -159,9 +191,10 @@ class ActionRunner:
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
+            await self.pyspy("dump the stacks")
             self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
             result = await dump_ranks(self.monitor.session, ranks, self.monitor.run.folder_name(self.monitor.target.label),
-                                      say=lambda line: self.notify(line))
+                                      say=lambda line: self.notify(line), python=self.python)
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
             self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
@@ -232,9 +265,11 @@ class ActionRunner:
             await self.ask(ReportScreen("ablation", table))
 
     async def bisect(self) -> None:
-        """`B`: the plan (which sets, how many launches at most), then the launches with their
-        progress in the header, then the answer. `B` again while it runs stops it cleanly: the
-        current launch is stopped and verified gone, the ledger keeps what was learnt."""
+        """`B`: the failing and the good configuration (the ledger's and the run on screen's, else
+        the operator's choice), the plan (the suspects, how many launches at most), then the
+        launches with the odds as they move in the header, then the answer with its odds. `B`
+        again while it runs stops it cleanly: the current launch is stopped and verified gone, the
+        ledger keeps what was learnt."""
         if self.busy == "bisect":
             if not self.stop_bisect and await self.ask(ConfirmScreen(
                     "stop the bisection", ["the current launch is stopped and verified gone; every outcome so far "
@@ -246,18 +281,21 @@ class ActionRunner:
         async with self.exclusive("bisect") as go:
             if not go:
                 return
-            plan = make_plan(self.layout, self.monitor.target.label, failing=self._current_spec().enabled,
+            sides = await self._bisect_sides()
+            if sides is None:
+                return
+            plan = make_plan(self.layout, self.monitor.target.label, failing=sides[0], good=sides[1],
                              settle=DEFAULT_SETTLE_S)
-            before = resumable(self.layout, plan)
-            relaunch, names, lines = await plan_relaunch(self.monitor)
-            if not await self.ask(ConfirmScreen("bisect", describe_plan(plan, before) + lines,
-                                                "Run the bisection (each launch kills the one before)?")):
+            ready = await prepare(self.monitor, plan)
+            relaunch, names, lines = await plan_relaunch(self.monitor) if ready.launches else (None, None, [])
+            question = "Run the bisection (each launch kills the one before)?" if ready.launches else "Show its answer?"
+            if not await self.ask(ConfirmScreen("bisect", ready.describe() + lines, question)):
                 return
             self.stop_bisect = False
             step = [""]
 
-            def on_step(n: int, most: int, text: str) -> None:
-                step[0] = f"launch {n} of at most {most}, {text}"
+            def on_step(n: int, most: int, text: str, odds: str) -> None:
+                step[0] = f"launch {n} of at most {most}, {text}" + (f" (odds: {odds})" if odds else "")
 
             def progress(phase, verdict) -> None:
                 self._progress(phase, verdict)
@@ -273,9 +311,34 @@ class ActionRunner:
                       report=report)
             await self.ask(ReportScreen("bisect", report))
 
+    async def _bisect_sides(self) -> tuple[list[str], list[str]] | None:
+        """The failing and the good configuration: those the ledger and the run on screen name
+        (cockpit/operate/bisect.py, `configurations`), else the operator's choice of them."""
+        record = self.monitor.run.record if self.monitor.run is not None else None
+        current = list(record["flag_sets"]) if record and record.get("flag_sets") is not None else \
+            self._current_spec().enabled
+        verdict, phase = self.monitor.verdict, self.monitor.phase
+        health = "failing" if verdict.name.value in FAILING else \
+            "good" if phase.name in ("ready", "serving") and verdict.name.value == "ok" else "unknown"
+        failing, good = configurations(read_ledger(self.layout), current, health)
+        if failing is not None and good is not None and set(failing) != set(good):
+            return failing, good
+        why = ("no failing run in the ledger of " + self.layout.name + ": choose the failing configuration"
+               if failing is None else
+               "no run of " + self.layout.name + " came up yet: choose the good configuration"
+               if good is None else
+               "the failing and the good run had the same flag sets: choose the suspects")
+        return await self.ask(BisectScreen(self.layout, failing if failing is not None else current,
+                                           good if good is not None and good != failing else [], why))
+
     async def bundle(self) -> None:
         async with self.exclusive("hang bundle") as go:
             if go:
+                if not self.screen.read_only:
+                    try:
+                        await self.pyspy("collect the bundle")
+                    except PyspyMissing:
+                        pass  # the bundle's manifest says the stacks are missing, and why
                 self.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")
                 result = await bundle.make_bundle(self.monitor, read_only=self.screen.read_only)
                 lines = bundle.describe(result)

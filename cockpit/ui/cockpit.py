@@ -16,7 +16,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
-from cockpit.common.errors import CockpitError
+from cockpit.common.errors import CockpitError, UnknownHostKey
 from cockpit.common.hosttext import as_text
 from cockpit.host.state import HostState
 from cockpit.judge.verdict import Phase, Verdict
@@ -33,7 +33,7 @@ from cockpit.ui.header import FULL, header_text
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.screens import HelpScreen, ReportScreen, SearchScreen, help_renderable
+from cockpit.ui.screens import ConfirmScreen, HelpScreen, ReportScreen, SearchScreen, help_renderable
 
 REDRAW_S = 0.25
 HEADER_S = 1.0 + REDRAW_S  # the header (its age, an action's progress) is drawn at least this often: a tick
@@ -60,10 +60,14 @@ class CockpitScreen(Screen):
     ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bisect", "bundle", "flightrec")
 
     def __init__(self, monitor: Monitor | None = None, state: HostState | None = None,
-                 layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True):
+                 layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True,
+                 ask_host_keys: bool = False):
         """`monitor` watches a host (or a run spanning nodes); without one, `state` is a recorded
-        moment, watched through a ReplayMonitor."""
+        moment, watched through a ReplayMonitor. `ask_host_keys`: an operator is at this screen,
+        so a host key no known_hosts file lists is asked about as ssh asks (headless, refused)."""
         super().__init__()
+        self.ask_host_keys = ask_host_keys
+        self.declined: str | None = None  # the host key the operator said no to: quit, nothing recorded
         self.monitor = monitor if monitor is not None else ReplayMonitor(state, layout)
         self.owns_monitor = owns_monitor
         self.state = self.monitor.state
@@ -76,7 +80,7 @@ class CockpitScreen(Screen):
         self.ready = asyncio.Event()
         self.error: str | None = None
         self._log_path: str | None = None
-        self._gpu_count = -1
+        self._gpu_count: int | str = -1  # the GPUs drawn, or what was said of none
         self._status_text = ""
         self._status_lines = 0
         self._status_at = 0.0
@@ -169,7 +173,21 @@ class CockpitScreen(Screen):
             self.refresh_bindings()
             return
         try:
-            await self.monitor.open(kept=True)
+            while True:
+                try:
+                    await self.monitor.open(kept=True)
+                    break
+                except UnknownHostKey as exc:
+                    if not self.ask_host_keys:
+                        raise
+                    title, lines = exc.question()
+                    if not await self.app.push_screen_wait(
+                            ConfirmScreen(title, lines, "Are you sure you want to continue connecting?")):
+                        self.declined = f"the host key of {exc.label} ({exc.key_type} {exc.fingerprint}) was not " \
+                                        f"recorded; nothing done"
+                        self.app.exit()
+                        return
+                    say(self, exc.record(), timeout=TOAST_S)  # then connect again: the next hop's key may be new
         except CockpitError as exc:
             self.error = str(exc)
             self.state.link_state = "failed"
@@ -252,9 +270,10 @@ class CockpitScreen(Screen):
 
     def _ensure_gpu_panes(self) -> None:
         n = len(self.state.gpus)
-        if n == self._gpu_count:
+        seen = n or self._empty_gpus()  # no GPUs: drawn again when what is said of them changes
+        if seen == self._gpu_count:
             return
-        self._gpu_count = n
+        self._gpu_count = seen
         grid = self.grid
         grid.remove_children()
         self.grid.styles.grid_size_columns = 4 if n >= 4 else max(1, n)
@@ -282,7 +301,10 @@ class CockpitScreen(Screen):
         if self.error:
             return "no connection: the header says why; q quits"
         if self.state.seq or not self.monitor.live:
-            return "no GPUs on this host (the agent found neither NVML nor nvidia-smi)"
+            agent = self.state.agent
+            why = next((w for w in agent.warnings if "no GPU" in w or "no NVIDIA driver" in w), None)
+            where = agent.hostname if agent.hostname != "?" else self.state.target
+            return f"no GPUs on {where}: " + (why.split(" (")[0] if why else "the agent found neither NVML nor nvidia-smi")
         return f"connecting to {self.state.target}…"
 
     def _status(self) -> None:
@@ -364,7 +386,12 @@ class CockpitScreen(Screen):
         self.app.push_screen(HelpScreen(help_renderable(keys)))
 
     def action_evidence(self) -> None:
-        """The verdict with every line of its evidence, wrapped: what the header can only begin."""
+        """The verdict with every line of its evidence, wrapped: what the header can only begin
+        (without a connection, the whole reason)."""
+        if self.error:
+            self.app.push_screen(ReportScreen(f"cannot connect to {self.state.target}",
+                                              [self.error, "q quits (exit status 2)"]))
+            return
         v = self.verdict
         lines = [f"phase: {self.phase}"]
         lines += [f"{key}: {value}" for key, value in (("detail", v.detail), ("since", v.doc()["since"]),

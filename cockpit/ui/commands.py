@@ -63,10 +63,11 @@ COCKPIT = (
         "Kill the selected process"),
     Key("A", "ablate", "Ablate", "ablation: each on/off combination of the chosen flag sets, then a table",
         "Ablate: each on/off combination of flag sets"),
-    Key("B", "bisect", "Bisect", "bisect: the smallest set of the flag sets on (the last relaunch's, else the "
-        "layout's) that still hangs, one launch after another (ddmin); the plan first, progress in the header, "
-        "the answer in a report; [b]B[/b] again stops it cleanly (a later bisect resumes from the ledger)",
-        "Bisect: the smallest set of flag sets that still hangs", show=False),
+    Key("B", "bisect", "Bisect", "bisect: which flag sets make the launch hang, between the ledger's failing run "
+        "and the good one (running, or in the ledger; else chosen as [on]/[off] toggles), one launch after "
+        "another, a flaky hang too; the plan first, the odds as they move in the header, the answer with its "
+        "odds in a report; [b]B[/b] again stops it cleanly (a later bisect resumes from the ledger)",
+        "Bisect: which flag sets make the launch hang, with its odds", show=False),
     Key("colon", "app.command_palette", "Commands",
         "command palette: every action here by name (type kill, dump, shm, ...)", show=False),
     Key("tab", "app.focus_next", "Next pane", "move to the next pane: GPUs, ranks, ports, log", show=False),

@@ -23,7 +23,7 @@ FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nv
 def hint(screen: Screen) -> str | None:
     """What to do when there is nothing to show."""
     if screen.error:
-        return "q quits (exit status 2); check the host name, or that sshd answers there"
+        return ("e: the whole reason · " if shows(screen, "evidence") else "") + "q quits (exit status 2)"
     if screen.monitor.live and not screen.state.seq:
         return None
     if any(p.alive for p in screen.state.procs.values()):

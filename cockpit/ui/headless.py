@@ -27,7 +27,9 @@ async def render(app: CockpitApp, size: tuple[int, int], wait: float | None, svg
             await asyncio.sleep(0.05)
         monitor = app.cockpit.monitor
         start = time.monotonic()
-        if wait is None and monitor.live:
+        if app.error:
+            pass  # nothing to look at: refused as soon as the link is (`snapshot --json` refuses as fast)
+        elif wait is None and monitor.live:
             while app.is_running and monitor.still_looking(start):
                 await asyncio.sleep(0.1)
             monitor.say_undecided()

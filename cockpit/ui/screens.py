@@ -160,6 +160,13 @@ def arg_diff(old: list[str], new: list[str]) -> tuple[list[tuple[str, bool]], li
     return shown, removed
 
 
+def flag_prompt(layout, name: str, on: bool) -> Text:
+    """A flag set as a toggle reads it: [on] / [off] (not by colour alone), its name, its flags."""
+    flags = visible(" ".join(layout.flag_sets[name]))
+    return Text.assemble(("[on]  " if on else "[off] ", "bold" if on else "grey62"),
+                         (visible(name), "bold" if on else ""), (f"  {flags}", "grey50"))
+
+
 class RelaunchScreen(ModalScreen["RunSpec | None"]):
     """Flag sets as toggles that read [on] / [off] (not by colour alone), parameters as labelled
     fields, and the exact command line that will run, with what differs from the current run
@@ -199,9 +206,7 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         yield Footer()
 
     def _prompt(self, name: str, on: bool) -> Text:
-        flags = visible(" ".join(self.profile.flag_sets[name]))
-        return Text.assemble(("[on]  " if on else "[off] ", "bold" if on else "grey62"),
-                             (visible(name), "bold" if on else ""), (f"  {flags}", "grey50"))
+        return flag_prompt(self.profile, name, on)
 
     def on_mount(self) -> None:
         self.query_one("#sets").focus()
@@ -256,6 +261,88 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
     def action_launch(self) -> None:
         self.dismiss(self.spec())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class BisectScreen(ModalScreen["tuple[list[str], list[str]] | None"]):
+    """`B` when the ledger does not name both sides: the failing configuration and the good one
+    as the relaunch screen's [on]/[off] toggles, the suspects (the flag sets that differ) said as
+    they change; ctrl+r takes them, never with nothing to search (it says what to switch)."""
+
+    BINDINGS = [Binding("ctrl+r", "bisect", "Bisect"),
+                Binding("space", "toggle", "Toggle flag set"),
+                Binding("tab", "focus_next", "Other side", show=False),
+                Binding("escape", "cancel", "Cancel", key_display="esc")]
+
+    def __init__(self, layout, failing: list[str], good: list[str], why: str):
+        super().__init__()
+        self.profile, self.failing, self.good, self.why = layout, failing, good, why
+
+    DEFAULT_CSS = """
+    BisectScreen { align: center middle; }
+    BisectScreen .sides { height: 1fr; }
+    BisectScreen .side { width: 1fr; height: 1fr; }
+    BisectScreen SelectionList { height: 1fr; }
+    """
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import SelectionList
+
+        with Vertical(classes="dialog"):
+            yield Static(as_text(f"bisect: {self.profile.name}", "bold"))
+            yield Static(as_text(self.why, "yellow"))
+            yield Static(as_text("space: on/off · tab: the other side · ctrl+r: bisect", "grey62"))
+            yield Static(id="suspects")
+            with Horizontal(classes="sides"):
+                for side, on, label in (("failing", self.failing, "the failing configuration"),
+                                        ("good", self.good, "the good configuration")):
+                    with Vertical(classes="side"):
+                        yield Static(as_text(label, "bold"), classes="field-label")
+                        yield SelectionList(*[(flag_prompt(self.profile, name, name in on), name, name in on)
+                                              for name in self.profile.flag_sets], id=side, compact=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#failing").focus()
+        self._show()
+
+    def chosen(self) -> tuple[list[str], list[str]]:
+        from textual.widgets import SelectionList
+
+        sides = [self.query_one(f"#{side}", SelectionList).selected for side in ("failing", "good")]
+        return tuple([n for n in self.profile.flag_sets if n in on] for on in sides)  # type: ignore[return-value]
+
+    def suspects(self) -> list[str]:
+        failing, good = self.chosen()
+        return [n if n in failing else f"{n} off" for n in self.profile.flag_sets if (n in failing) != (n in good)]
+
+    def _show(self, refused: bool = False) -> None:
+        said = self.suspects()
+        text = (as_text("suspects: " + ", ".join(said), "bold") if said else
+                as_text("the same configuration on both sides: switch a suspect on in the failing one (or off in "
+                        "the good one)", "bold red" if refused else "yellow"))
+        self.query_one("#suspects", Static).update(text)
+
+    def on_selection_list_selected_changed(self, event) -> None:
+        lst = event.selection_list
+        for index, name in enumerate(self.profile.flag_sets):
+            lst.replace_option_prompt_at_index(index, flag_prompt(self.profile, name, name in lst.selected))
+        self._show()
+
+    def action_toggle(self) -> None:
+        from textual.widgets import SelectionList
+
+        lst = self.focused
+        if isinstance(lst, SelectionList) and lst.highlighted is not None:
+            lst.toggle(lst.get_option_at_index(lst.highlighted).value)
+
+    def action_bisect(self) -> None:
+        if not self.suspects():
+            self._show(refused=True)
+            return
+        self.dismiss(self.chosen())
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -200,7 +200,7 @@ def test_cli_kill_over_ssh_finds_the_run_by_the_port_it_owns(sim_state, tmp_path
         common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),
                   *sshd.cli_args()]
         no = run_cli("kill", *common)
-        assert no.returncode == 2 and "--yes" in no.stderr and proc.poll() is None
+        assert no.returncode == 1 and "--yes" in no.stderr and proc.poll() is None  # no answer: declined
         res = run_cli("kill", *common, "--yes", "--json")
         assert res.returncode == 0, res.stderr
         report = json.loads(res.stdout)  # stdout is the one JSON document
@@ -214,28 +214,59 @@ def test_cli_kill_over_ssh_finds_the_run_by_the_port_it_owns(sim_state, tmp_path
             pass
 
 
+def bare_interpreter(tmp_path) -> str:
+    """This Python by another path, in a folder with no py-spy beside it (the venv's is not)."""
+    folder = tmp_path / "bare" / "bin"
+    folder.mkdir(parents=True)
+    (folder / "python3").symlink_to(sys.executable)
+    return str(folder / "python3")
+
+
+def test_dump_over_ssh_finds_the_pyspy_beside_the_layouts_interpreter(sim_state, tmp_path, sshd):
+    """The ssh session's PATH has no py-spy; the layout's interpreter's own bin (this venv's) has:
+    that one is used, nothing uploaded."""
+    proc, port = start_server_by_hand(sim_state, tmp_path, 2)
+    try:
+        layout = tmp_path / "l.yaml"
+        layout.write_text(f"command: [-m, cockpit.sim.server]\npython: {sys.executable}\nports: [{port}]\n"
+                          f"watch: ['*--port {port}*']\n")
+        res = run_cli("dump", "cockpit-test", "--python", bare_interpreter(tmp_path), "--sim", str(sim_state),
+                      "--layout", str(layout), *sshd.cli_args(), "--json",
+                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["pyspy"] == str(Path(sys.executable).parent / "py-spy") and "uploading" not in res.stderr
+        assert sorted(r for g in doc["groups"] for r in g["ranks"]) == [0, 1] and doc["failed"] == {}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path, sshd):
-    """The ssh session's PATH has no py-spy (it lives in this venv): --upload-pyspy sends ours."""
-    uploaded = Path(os.path.expanduser("~")) / ".cache" / "gpu-cockpit" / "py-spy"
+    """Neither the interpreter's bin nor the ssh session's PATH has py-spy: the refusal says where
+    it looked; --upload-pyspy sends ours."""
+    uploaded = sshd.home / ".cache" / "gpu-cockpit" / "py-spy"
     existed = uploaded.exists()
     proc, port = start_server_by_hand(sim_state, tmp_path, 2)
+    python = bare_interpreter(tmp_path)
     try:
         layout = tmp_path / "l.yaml"
         # the run is found as the kill finds it (its port): another sim server on this host is not dumped
         layout.write_text(f"command: [-m, cockpit.sim.server]\nports: [{port}]\nwatch: ['*--port {port}*']\n")
-        common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),
+        common = ["cockpit-test", "--python", python, "--sim", str(sim_state), "--layout", str(layout),
                   *sshd.cli_args()]
         env = {"XDG_STATE_HOME": str(tmp_path / "state")}
         if not existed:
             missing = run_cli("dump", *common, env=env)
             assert missing.returncode == 2 and "--upload-pyspy" in missing.stderr
+            assert f"looked for: {Path(python).parent}/py-spy; PATH (" in missing.stderr
+            assert f"; {uploaded})" in missing.stderr
         res = run_cli("dump", *common, "--upload-pyspy", "--json", env=env)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert uploaded.exists() and doc["failed"] == {} and doc["dead"] == []
         ours = dumps.pyspy_info(dumps.local_pyspy())
         said = f"uploading py-spy {ours['version']} ({ours['path']}, {ours['size']} bytes, sha256 {ours['sha256']}) " \
-               f"to cockpit-test:{Path(os.path.expanduser('~'))}/.cache/gpu-cockpit/py-spy"
+               f"to cockpit-test:{sshd.home}/.cache/gpu-cockpit/py-spy"
         assert said in res.stderr.splitlines()  # said before it is sent
         assert doc["pyspy"] == str(uploaded) and doc["pyspy_version"] == ours["version"]
         again = run_cli("dump", *common, "--full", env=env)  # the uploaded one is found again, every frame shown

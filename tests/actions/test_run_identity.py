@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from cockpit.common.errors import CockpitError
 from cockpit.runs import run as runmod
 from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
-from conftest import free_port, run_cli
+from conftest import cannot_run, free_port, run_cli
 from simhost import gone
 from test_safety import (_take_pid, all_alive, end_session, json_tail, layout_file, session_procs, sleeper,
                          start_by_hand, wait_ready)
@@ -123,13 +124,15 @@ def test_a_same_model_server_on_the_engines_default_port_is_not_the_layouts(sim_
     model = f"/models/default-port-{os.getpid()}-{free_port()}"
     log = tmp_path / "theirs.log"
     host = f"127.{os.getpid() % 200 + 1}.{free_port() % 250 + 1}.9"  # 30000 on its own loopback address: free
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, 30000))
+        except OSError as e:
+            cannot_run(f"port 30000 on {host} is taken here ({e.strerror}): the colleague's server needs it")
     theirs = subprocess.Popen(sim_argv(None, model) + ["--host", host], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                               env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
     try:
-        try:
-            wait_ready(log, theirs)
-        except AssertionError:
-            pytest.skip(f"port 30000 is taken on {host} here: the colleague's server needs it")
+        wait_ready(log, theirs)
         assert 30000 in agent_kill._listens(theirs.pid)
         procs = session_procs(theirs.pid)
         port = free_port()
@@ -152,13 +155,13 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
     port, model = free_port(), f"/models/netns-{os.getpid()}-{free_port()}"
     log = tmp_path / "netns.log"
     script = f"ip link set lo up && exec {shlex.join(sim_argv(port, model))} > {shlex.quote(str(log))} 2>&1"
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        cannot_run(f"cannot make a network namespace here: unshare -n: {probe.stderr.strip()}")
     proc = subprocess.Popen(["unshare", "-n", "sh", "-c", script], env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)),
                             start_new_session=True)
     try:
-        try:
-            wait_ready(log, proc, timeout=60)
-        except AssertionError:
-            pytest.skip("cannot make a network namespace here (unshare -n needs CAP_SYS_ADMIN)")
+        wait_ready(log, proc, timeout=60)
         procs = session_procs(proc.pid)
         assert port not in agent_ports.listening_ports() and port in agent_kill._listens(proc.pid)
         found = agent_kill.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
@@ -175,12 +178,10 @@ def _ledger(layout: Path, tmp_path: Path, *records: dict) -> None:
     from cockpit.runs.layoutfile import parse_layout
 
     lay = parse_layout(layout.read_text(), str(layout))
-    os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
         for rec in records:
             runs.append_ledger(lay, rec)
-    finally:
-        del os.environ["XDG_STATE_HOME"]
 
 
 TITLED = "exec -a sglang::scheduler_TP0 sleep 600"  # a rank's title, as SGLang sets it
@@ -206,8 +207,6 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
     setsid_then_exit = [sys.executable, "-c", f"import os,subprocess; os.setsid(); "
                         f"subprocess.Popen(['bash', '-c', {TITLED!r}]); os._exit(0)"]
     imposter = _take_pid(ours.pid, setsid_then_exit, new_session=False)
-    if imposter is None:
-        pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")
     imposter.wait()
     try:
         deadline = time.monotonic() + 10

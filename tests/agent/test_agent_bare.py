@@ -11,6 +11,7 @@ import json
 import marshal
 import os
 import platform
+import pwd
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from cockpit.agent import gpus, nvml
 from cockpit.common.errors import CockpitError
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.link.target import parse_target
+from conftest import cannot_run
 
 AGENT = Path(shipped.__file__).parent
 OPTIONAL = {"pynvml", "psutil"}  # imported inside functions only, and only when present
@@ -55,7 +57,7 @@ def test_the_payload_is_a_marshalled_table_of_the_agents_modules_that_the_bootst
     be another); the same bytes every time."""
     argv, payload = shipped.agent_argv("python3", 1.0, None)
     table = marshal.loads(payload)
-    assert argv[5] == str(len(payload)) and payload[:1] == b"{"
+    assert argv[1:5] == ["-I", "-S", "-u", "-c"] and argv[6] == str(len(payload)) and payload[:1] == b"{"
     assert table["python"] == "" and table["code"] == b""
     here = sorted(f.stem for f in Path(shipped.__file__).parent.glob("*.py") if f.name != "__init__.py")
     assert sorted(table["modules"]) == here and "memimport" in here and "nvml" in here
@@ -244,7 +246,7 @@ int nvmlEventSetFree(void *s) { return 0; }
 def fake_libnvml(tmp_path_factory):
     """A real shared library named libnvidia-ml.so.1, built here, that the dynamic loader finds."""
     if not (os.path.exists("/usr/bin/cc") or os.path.exists("/usr/bin/gcc")):
-        pytest.skip("no C compiler")
+        cannot_run("no C compiler (apt-get install gcc)")
     where = tmp_path_factory.mktemp("libnvml")
     (where / "nvml.c").write_text(FAKE_NVML)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(where / "libnvidia-ml.so.1"), str(where / "nvml.c")],
@@ -293,12 +295,13 @@ def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python
 
 def _interpreter(version: str) -> str:
     """A real Python of that version (on PATH, else pyenv's), or the test is skipped."""
-    found = next(iter(sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))), None) or \
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)  # the user's own (tests run with a sealed HOME): only read
+    found = next(iter(sorted(home.glob(f".pyenv/versions/{version}.*/bin/python{version}"))), None) or \
         shutil.which("python" + version)
     if found and "/shims/" in str(found):
         found = None  # pyenv's shim runs only the versions selected
     if not found:
-        pytest.skip(f"no Python {version} on this machine")
+        cannot_run(f"no Python {version} on this machine (pyenv install {version})")
     return str(found)
 
 

@@ -10,6 +10,7 @@ import pytest
 from cockpit.agent import kill, facts as agent_facts, gpus as agent_gpus, kill as agent_kill, logs as agent_logs, ports as agent_ports, procs as agent_procs, web as agent_web
 from cockpit.agent import procs as procs_mod
 from cockpit.sim import fakenvml
+from conftest import cannot_run
 
 
 def test_log_tail_follows_growth_rotation_truncation_and_waits_for_missing(tmp_path):
@@ -76,7 +77,7 @@ def test_listeners_one_dump_for_both_families_equals_one_per_family_and_sees_eac
     """The kept netlink socket answers each sample afresh: a listener opened or closed between two
     asks shows in the next; the one old-style dump finds what the two per-family dumps find."""
     if not agent_ports._DIAG.ok:
-        pytest.skip("no netlink sock_diag here")
+        cannot_run("no netlink sock_diag here")
     v4 = socket.socket()
     v4.bind(("127.0.0.1", 0))
     v4.listen()
@@ -116,7 +117,7 @@ def test_listeners_one_dump_for_both_families_equals_one_per_family_and_sees_eac
 
 def test_a_kernel_refusing_the_old_request_gets_one_dump_per_family_and_a_timeout_changes_nothing(monkeypatch):
     if not agent_ports._DIAG.ok:
-        pytest.skip("no netlink sock_diag here")
+        cannot_run("no netlink sock_diag here")
     real = agent_ports._dump
     kinds = []
 
@@ -387,7 +388,7 @@ def test_the_full_scan_waits_while_no_process_is_born(monkeypatch):
     import time
 
     if not agent_procs._HAVE_PROC:
-        pytest.skip("needs /proc")
+        cannot_run("needs /proc")
     newest = [1000]
     monkeypatch.setattr(procs_mod, "_last_pid", lambda: newest[0])
     monkeypatch.setattr(procs_mod, "SCAN_EVERY_S", 0.0)
@@ -418,7 +419,7 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
     import sys
 
     if not agent_procs._HAVE_PROC:
-        pytest.skip("needs /proc")
+        cannot_run("needs /proc")
     code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
             "print('retitled', flush=True)\nsys.stdin.readline()")
     old = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -478,7 +479,7 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
     import time
 
     if not agent_procs._HAVE_PROC:
-        pytest.skip("needs /proc")
+        cannot_run("needs /proc")
     code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
             "print('retitled', flush=True)\nsys.stdin.readline()")
     young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

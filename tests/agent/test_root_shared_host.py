@@ -6,47 +6,15 @@ symlink, a FIFO or someone else's file is refused and said, never read nor block
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from cockpit.agent import agent_source, facts as agent_facts, logs as agent_logs, main as agent_main, shm as agent_shm
+from fixtures_shared import as_user, chown_tree
 
 PY = "/usr/bin/python3"  # the system python: this test's venv is root's, another user cannot run it
-
-
-@pytest.fixture(scope="module")
-def users():
-    """Two throwaway users, removed at the end."""
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("needs root and useradd")
-    names = [f"gck{os.getpid() % 100000}{c}" for c in "ab"]
-    for name in names:
-        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True, capture_output=True)
-    try:
-        yield [pwd.getpwnam(n).pw_uid for n in names]
-    finally:
-        for name in names:
-            subprocess.run(["userdel", "-f", name], capture_output=True)
-
-
-def as_user(uid: int):
-    def become():
-        os.setgid(uid)
-        os.setgroups([])
-        os.setuid(uid)
-    return become
-
-
-def chown_tree(path: Path, uid: int) -> None:
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            os.lchown(name, uid, uid)
 
 
 def end(*procs: subprocess.Popen) -> None:

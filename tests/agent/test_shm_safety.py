@@ -199,9 +199,9 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
                                    {(made["dev"], made["ino"]): time.time()})  # the monitor saw the run hold it
         assert {e["name"]: e["why"] for e in seen.remove}[ours[2].name].startswith("held by the run while it lived")
         lines = "\n".join(actions.describe_shm_for_run(found, "/dev/shm"))
-        assert f"rm {colleague_files[0].name}" not in lines
-        said = next(line for line in lines.splitlines() if colleague_files[0].name in line)
-        assert said.startswith("  left (") and "cannot tell whose it is" in said  # its reason said once for all
+        assert colleague_files[0].name not in lines  # not the run's: counted, never listed
+        said = next(line for line in lines.splitlines() if line.startswith("  left ("))
+        assert "cannot tell whose it is" in said and "not tied to this run" in said  # its reason said once for all
 
         # found by its ports or command: the same rules (what it holds or held, what carries its pid)
         other = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "owns port 30000"))

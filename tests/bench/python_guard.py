@@ -1,6 +1,7 @@
-"""What the interpreter check costs where the agent starts as root: `python -I -c pass` started
-directly and through GUARD (cockpit/agent/__init__.py: /bin/sh, one find(1) per chain), median
-of N starts each, interleaved.
+"""What the interpreter check costs as root: the agent's start (`python -I -S -c pass`) directly
+and through GUARD, and a server's check before its launch (CHECK on `python -c pass`, in `/`: its
+whole import path, .pth files and what they name) (cockpit/agent/guard.py: /bin/sh, find(1), the
+interpreter asked under -I -S what it imports from), median of N starts each, interleaved.
 
     python tests/bench/python_guard.py [--python /usr/bin/python3] [--n 30]
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 
-from cockpit.agent import guarded  # noqa: E402
+from cockpit.agent.guard import CHECK, guarded  # noqa: E402
 
 
 def once(argv: list[str]) -> float:
@@ -30,13 +31,15 @@ def main() -> None:
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--n", type=int, default=30)
     args = ap.parse_args()
-    plain = [args.python, "-I", "-c", "pass"]
-    direct, checked = [], []
+    plain = [args.python, "-I", "-S", "-c", "pass"]
+    direct, checked, server = [], [], []
     for _ in range(args.n):
         direct.append(once(plain))
         checked.append(once(guarded(plain)))
-    d, c = statistics.median(direct) * 1000, statistics.median(checked) * 1000
-    print(f"{args.python}: direct {d:.1f} ms, through the check {c:.1f} ms (+{c - d:.1f} ms), median of {args.n}")
+        server.append(once(["/bin/sh", "-c", CHECK, args.python, "-c", "pass"]))
+    d, c, s = (statistics.median(x) * 1000 for x in (direct, checked, server))
+    print(f"{args.python}: the agent's start direct {d:.1f} ms, through the check {c:.1f} ms (+{c - d:.1f} ms); "
+          f"a server's check alone {s:.1f} ms; median of {args.n}")
 
 
 if __name__ == "__main__":

@@ -26,3 +26,5 @@ echo "== the UI process in tmux, quiet host, 8 GPUs"
 $PY tests/bench/ui_tmux_cpu.py --mode idle --seconds "$S" --json "$OUT/ui_tmux_idle.json" | grep -E "cpu|rss"
 echo "== cockpit explain: lines per second, healthy and failure-heavy logs; hostile lines' worst case"
 $PY tests/bench/explain_rate.py --lines 100000 1000000 --json "$OUT/explain_rate.json" 2>&1 | grep -E "lines/s|slowest"
+echo "== cockpit bisect: launches to an answer at 0.95, a flaky hang (p 0.34, 0.2) and every deterministic one against ddmin"
+$PY tests/bench/bisect_launches.py --seeds 20 --json "$OUT/bisect_launches.json" | grep -E '"(p|found_at_confidence|launches_median|launches_max)"'

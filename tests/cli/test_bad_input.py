@@ -57,6 +57,7 @@ def test_cli_bad_layout_is_one_line_and_exit_2(tmp_path):
     assert res.returncode == 2 and f"{replay}:1: not a JSON snapshot" in res.stderr
 
 
+@pytest.mark.timeout(120)  # a pattern that backtracks or a loop that never ends fails here, not the suite
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_frame_decoder_never_raises(data):
@@ -64,6 +65,7 @@ def test_frame_decoder_never_raises(data):
     assert frame is None or (isinstance(frame, dict) and frame["v"] == 1)
 
 
+@pytest.mark.timeout(120)  # a pattern that backtracks or a loop that never ends fails here, not the suite
 @settings(max_examples=200, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=4),
@@ -76,6 +78,7 @@ def test_layout_and_fleet_loaders_only_ever_raise_one_line_errors(value):
             assert str(exc).startswith("fuzz.yaml:") and "\n" not in str(exc)
 
 
+@pytest.mark.timeout(120)  # a pattern that backtracks or a loop that never ends fails here, not the suite
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=300))
 def test_layout_and_fleet_loaders_survive_any_text(text):

@@ -32,28 +32,19 @@ from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layouts import resolve_layout
 
-from conftest import free_port, run_cli
+from conftest import free_port, need, run_cli
 from simhost import wait_for
-from test_demo_screen import FAST_DEMO
+from fixtures_shared import FAST_DEMO
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_TEST = ROOT / "tests" / "alerts" / "gpu-cockpit-rules.test.yml"
 CAPTURE = os.environ.get("COCKPIT_EXPORTER_CAPTURE")  # a folder: keep Prometheus's answers (docs/exporter.md)
 
 
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is missing: scripts/test installs Debian's prometheus package")
-        pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
-    return path
-
-
 # ----------------------------------------------------------------------------- the rules
 
 def test_the_shipped_rules_pass_promtool_check_and_their_unit_tests():
-    promtool = need("promtool")
+    promtool = need("promtool", package="prometheus")
     check = subprocess.run([promtool, "check", "rules", str(exporter.RULES)], capture_output=True, text=True,
                            timeout=60)
     assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
@@ -110,7 +101,7 @@ def test_host_text_in_labels_is_masked_bounded_and_escaped():
     assert hosts == {want, "gpu-b"}
     for fam in families.values():  # no label is free text: a known set, a GPU index, a rank
         for s in fam.samples:
-            assert set(s.labels) <= {"host", "state", "gpu", "rank", "run", "layout", "result"}, s
+            assert set(s.labels) <= {"host", "state", "gpu", "rank", "run", "layout", "result", "xid"}, s
             assert all(len(v) <= exporter.LABEL_MAX for v in s.labels.values()), s
     current = {s.labels["host"]: s.labels["state"] for s in families["gpu_cockpit_verdict"].samples if s.value == 1}
     assert current == {want: "stalled-spinning", "gpu-b": "ok"}
@@ -118,8 +109,8 @@ def test_host_text_in_labels_is_masked_bounded_and_escaped():
     stall = {s.labels["state"] for s in families["gpu_cockpit_stall_evidence"].samples
              if s.value == 1}
     assert stall == {"launch_stopped"}
-    odd = {s.labels["host"]: s.value for s in families["gpu_cockpit_odd_rank"].samples}
-    assert odd == {want: 3.0}
+    odd = {s.labels["host"]: (s.labels["rank"], s.value) for s in families["gpu_cockpit_odd_rank_info"].samples}
+    assert odd == {want: ("3", 1.0)}
     secs = {s.labels["host"]: s.value for s in families["gpu_cockpit_verdict_seconds"].samples}
     assert 41 <= secs[want] < 60
     util = [s for s in families["gpu_cockpit_gpu_utilization_ratio"].samples if s.labels["host"] == "gpu-b"]
@@ -128,6 +119,49 @@ def test_host_text_in_labels_is_masked_bounded_and_escaped():
     if promtool:  # the exposition as Prometheus's own linter reads it
         lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_identifiers_are_labels_of_info_series_and_counts_are_counters():
+    """Prometheus's conventions (docs/exporter.md): an Xid code and the odd rank are labels of
+    series whose value is 1; the engine's generation tokens and the ECC count are `_total`
+    counters (the cockpit's own tokens/s stays beside); a run the cockpit did not launch is named
+    by its process group; `promtool check metrics` finds nothing to say."""
+    from cockpit.host.state import Proc, XidEvent
+    from cockpit.read.metrics import Scrape
+
+    watch = fleet_of("gpu-a", "gpu-b")
+    a, b = watch.members
+    judged(a, Verdict(VerdictName.STALLED_SPINNING, ["x"], odd_rank=5))
+    judged(b, Verdict(VerdictName.OK, ["tokens moving"]))
+    s = a.state
+    s.gpus[1].ecc_uncorrected = 2
+    now = s.sample_ts
+    s.xid = [XidEvent(1, now - 900, 31), XidEvent(1, now - 60, 79), XidEvent(1, now - 30, 48), XidEvent(1, now - 5, 79)]
+    for n in range(3):  # a run started by hand: ranks in process group 4242, no ledger record
+        s.procs[100 + n] = Proc(pid=100 + n, ppid=1, cmdline=[f"sglang::scheduler_TP{n}"], status="S", rank=n, pgid=4242)
+    b.state.metrics.add(Scrape(time.monotonic() - 2, 200, {"generation_tokens": 1000.0, "running": 2.0}))
+    b.state.metrics.add(Scrape(time.monotonic(), 200, {"generation_tokens": 1600.0, "running": 2.0}))
+    text = exposition(exporter.Exporter(watch))
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    xids = {(x.labels["gpu"], x.labels["xid"]): x.value for x in families["gpu_cockpit_gpu_xid_info"].samples}
+    assert xids == {("1", "79"): 1.0, ("1", "48"): 1.0}  # the last 5 minutes' codes, each once
+    count = {x.labels["gpu"]: x.value for x in families["gpu_cockpit_gpu_xid_recent_events"].samples}
+    assert count == {"1": 3.0}
+    assert "gpu_cockpit_gpu_xid_recent{" not in text and "gpu_cockpit_odd_rank{" not in text
+    assert families["gpu_cockpit_gpu_ecc_uncorrected_errors"].type == "counter"
+    ecc = {(x.labels["host"], x.labels["gpu"]): x.value for x in families["gpu_cockpit_gpu_ecc_uncorrected_errors"].samples
+           if x.name.endswith("_total")}
+    assert ecc[("gpu-a", "1")] == 2.0 and ecc[("gpu-a", "0")] == 0.0
+    tokens = families["gpu_cockpit_generation_tokens"]
+    assert tokens.type == "counter" and [(x.name, x.value) for x in tokens.samples
+                                         if x.name.endswith("_total")] == [("gpu_cockpit_generation_tokens_total", 1600.0)]
+    rate = families["gpu_cockpit_tokens_per_second"].samples
+    assert [x.labels["host"] for x in rate] == ["gpu-b"] and 250 < rate[0].value < 350
+    runs = {x.labels["host"]: x.labels["run"] for x in families["gpu_cockpit_run_info"].samples}
+    assert runs == {"gpu-a": "pgid:4242"}  # gpu-b has no run: no series, never run=""
+    lint = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                          timeout=30)
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
 
 
 def test_link_states_and_stall_kinds_are_a_fixed_set():
@@ -269,7 +303,7 @@ def _fetch(url: str) -> dict | None:
 
 
 async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_path, monkeypatch):
-    prometheus = need("prometheus")
+    prometheus = need("prometheus", package="prometheus")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     (tmp_path / "run").mkdir()

@@ -381,3 +381,21 @@ def test_ranks_that_hit_the_watchdog_in_the_same_second_are_said_together():
     _, verdict = settle(Watchdog(), st, 1)
     assert verdict.name == "crashed" and verdict.odd_rank is None
     assert verdict.evidence[0] == "all 8 ranks together: nccl-timeout"
+
+
+def test_ranks_gone_after_a_stop_the_log_tells_are_stopped_not_crashed():
+    """SGLang's tokenizer manager says it received the operator's SIGTERM (its sigterm_handler's words); the
+    scheduler's error and the ranks going after it are its shutdown's. A failure before the stop is a crash."""
+    stop = ("[2026-12-01 10:00:00] SIGTERM received. signum=<Signals.SIGTERM: 15> frame=None. Draining requests and "
+            "shutting down...")
+    err = "[2026-12-01 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):"
+    st = host([(r, 10.0) for r in range(4)], [(0, 45.0, 30000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1", stop, err])
+    st.apply({"t": "sample", "seq": 2, "gpus": [{"index": i} for i in range(4)], "procs": [],
+              "gone": [100 + r for r in range(4)]})
+    phase, verdict = Watchdog().update(st, 1.0, "/l")
+    assert verdict.name == "stopped" and verdict.odd_rank is None, verdict
+    assert "SIGTERM" in verdict.evidence[0] and phase.name != "crashed"
+    st2 = host([(r, 10.0) for r in range(4)], [(0, 45.0, 30000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1", err, stop])
+    st2.apply({"t": "sample", "seq": 2, "gpus": [{"index": i} for i in range(4)], "procs": [],
+               "gone": [100 + r for r in range(4)]})
+    assert Watchdog().update(st2, 1.0, "/l")[1].name == "crashed"

@@ -91,7 +91,7 @@ def test_json_shape(capsys):
     assert cmd_explain(argparse.Namespace(log=str(path), engine="auto", json=True)) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"engine", "detected", "lines", "phase", "verdict", "ranks", "timeline", "failures", "last_time",
-                        "silent_s", "window_s"}
+                        "silent_s", "window_s", "findings"}
     assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines", "together",
                                    "all_ranks"}
     assert doc["phase"] == "capturing cuda graphs" and doc["verdict"]["name"] == "crashed"

@@ -5,13 +5,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from cockpit.link.target import parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.ui.app import CockpitApp, save_text
-from conftest import SSHD, Sshd
+from conftest import Sshd, need
 from simhost import gone, kill_groups, until
 
 
@@ -32,9 +30,9 @@ def kill_sshd_and_its_connections(server: Sshd) -> None:
     server.proc.wait()
 
 
-@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
 async def test_link_loss_is_said_then_the_cockpit_reconnects_on_its_own(tmp_path, sim_state, ranks):
     rank = ranks.spawn("sglang::scheduler_TP0", gpu=0, mib=5000)
+    need("sshd", package="openssh-server")
     server = Sshd(tmp_path)
     server.start()
     try:
@@ -75,11 +73,11 @@ def freeze(server: Sshd, sig: str) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
 async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim_state, ranks):
     """The connection stays open but nothing comes (the host's side frozen with SIGSTOP): ssh
     keepalives would take 30 s; the cockpit says so within two refresh intervals and reconnects."""
     rank = ranks.spawn("sglang::scheduler_TP0", gpu=0, mib=5000)
+    need("sshd", package="openssh-server")
     server = Sshd(tmp_path)
     server.start()
     frozen: list[int] = []
@@ -119,12 +117,12 @@ async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim
         server.stop()
 
 
-@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
 async def test_a_host_that_hangs_during_the_first_requests_is_not_waited_on(tmp_path, sim_state, ranks):
     """The host hangs right after the agent said hello, while the monitor is still finding the
     run: a kept link (screen, fleet) ends the silent connection at once, not after the first
     request's 30 s timeout; the request in flight is told the link was lost."""
     ranks.spawn("sglang::scheduler_TP0", gpu=0, mib=5000)
+    need("sshd", package="openssh-server")
     server = Sshd(tmp_path)
     server.start()
     frozen: list[int] = []
@@ -158,7 +156,6 @@ async def test_a_host_that_hangs_during_the_first_requests_is_not_waited_on(tmp_
         server.stop()
 
 
-@pytest.mark.skipif(not os.path.exists(SSHD), reason="sshd is not installed")
 async def test_host_python_losing_its_packages_then_vanishing_between_connects_is_said_and_survived(
         tmp_path, sim_state, ranks):
     """The agent is killed; before the cockpit reconnects, the host's interpreter loses its site
@@ -174,6 +171,7 @@ async def test_host_python_losing_its_packages_then_vanishing_between_connects_i
             python.chmod(0o755)
 
     host_python("")
+    need("sshd", package="openssh-server")
     server = Sshd(tmp_path)
     server.start()
     try:

@@ -14,7 +14,6 @@ from cockpit.cli.demo import demo_app, end_demo
 
 from conftest import run_cli
 from simhost import until
-from test_demo_screen import demo_env  # noqa: F401 (the fast demo's fixture)
 
 STALLED = ("stalled-idle", "stalled-spinning")
 

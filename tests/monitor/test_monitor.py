@@ -52,12 +52,19 @@ def test_a_layouts_own_phases_mark_the_log_and_the_phase(tmp_path):
 
 
 def test_a_layout_with_phases_opens_in_snapshot(tmp_path, sim_state):
+    """The layout's own phase, read from its log by a headless snapshot; no rank of its run is up
+    (nothing runs `-m my.server`): watching, and the snapshot says so."""
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore pid=9) INFO Loading safetensors checkpoint shards: 50% Completed | 1/2\n"
+                   "(EngineCore pid=9) INFO Compiling the drafter, step 1\n")
     path = tmp_path / "phased.yaml"
-    path.write_text(PHASED)
+    path.write_text(PHASED + f"log: {log}\n")
     res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(path), "--json", "--wait", "0")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["verdict"]["name"] in ("no run", "watching", "ok") and doc["phase"]["name"]
+    assert doc["phase"] == {"name": "compiling drafter", "detail": ""}, doc["phase"]
+    assert doc["verdict"]["name"] == "watching" and doc["verdict"]["evidence"][0] == "no rank of the run seen yet", \
+        doc["verdict"]
 
 
 def hang_layout(tmp_path, port: int) -> str:

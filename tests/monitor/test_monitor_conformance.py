@@ -75,7 +75,7 @@ class Watched:
             f"ports: [{self.ports[0]}]\n" if kind == "host" else ""
         self.path = tmp / "conformance.yaml"
         self.path.write_text(
-            "name: conformance\nengine: sglang\ncommand: [-m, cockpit.sim.server]\n"
+            f"name: conformance\nengine: sglang\ncommand: [-m, cockpit.sim.server]\nlog_dir: {tmp}/runs\n"
             f"base_flags: [--tp-size, '2', --port, '{self.ports[0]}', --sim-speed, '4', --sim-shm-dir, "
             f"'{tmp}/launched']\nstall: {{idle_s: 600, spin_s: {spin_s}}}\n" + watch)
         (tmp / "launched").mkdir()

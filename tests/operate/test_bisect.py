@@ -1,11 +1,11 @@
-"""Bisect: the pure ddmin search (cockpit/runs/bisect.py) against oracles, then `cockpit bisect` on
-the simulated host with real processes: one of four flag sets hangs (across a Ctrl+C and a resume),
-two hang only together, a flaky hang found with --repeat."""
+"""Bisect: the plan and its ledger records, then `cockpit bisect` on the simulated host with real
+processes: one of four flag sets hangs (across a Ctrl+C and a resume), two hang only together, a
+seeded flaky hang found with its odds, `B` in the cockpit. The search's odds, pure:
+tests/runs/test_bisect_odds.py."""
 
-import itertools
 import json
 import os
-import random
+import re
 import signal
 import subprocess
 import sys
@@ -13,88 +13,12 @@ import time
 
 import pytest
 
+from bisect_oracle import drive, layout_of, layout_text, sim_flaky
 from cockpit.common.errors import CockpitError
-from cockpit.runs.bisect import EXIT, advance, ddmin, describe_answer, judge, make_plan
+from cockpit.runs.bisect import EXIT, advance, describe_answer, make_plan
 from cockpit.runs.layoutfile import parse_layout
 from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
 from conftest import free_port, run_cli
-
-LAYOUT = """\
-name: {name}
-engine: sglang
-command: [-m, cockpit.sim.server]
-base_flags: [--tp-size, "2", --port, "{port}", --sim-traffic, "2"]
-flag_sets:
-  graphs: [--cuda-graph-max-bs, "80"]
-  eagle3: [--speculative-algorithm, EAGLE3, --speculative-draft-model-path, /d]
-  allreduce: [--disable-custom-all-reduce]
-  attn: [--attention-backend, fa3]
-  part_a: [--sim-hang-part, a]
-  part_b: [--sim-hang-part, b]
-  flaky: [--sim-hang-prob, "0.5"]
-enabled: [{enabled}]
-params:
-  mem_fraction_static: 0.85
-log_dir: {tmp}/runs
-ports: [{port}]
-watch: []
-stall: {{idle_s: 3, spin_s: 3}}
-kill_wait_s: 1
-sim: {{speed: 8, seed: {seed}}}
-"""
-
-
-def layout_of(enabled="", tmp="/tmp", port=1, seed=1):
-    return parse_layout(LAYOUT.format(name="b", port=port, tmp=tmp, enabled=enabled, seed=seed), "b.yaml")
-
-
-def drive(plan, fails, known=None, launched=0):
-    """Run the search to its end against an oracle `fails(flag_sets) -> bool or outcome`; returns
-    (the final step, the candidates launched in order, every outcome)."""
-    outcomes = {k: list(v) for k, v in (known or {}).items()}
-    order = []
-    for _ in range(1000):
-        step = advance(plan, outcomes, launched + len(order))
-        if step.status:
-            return step, order, outcomes
-        said = fails(plan.spec(step.applied).enabled)
-        outcome = said if isinstance(said, str) else ("stalled-idle" if said else "ready")
-        order.append(step.applied)
-        outcomes.setdefault(step.applied, []).append(outcome)
-    raise AssertionError("the search never ended")
-
-
-# ----------------------------------------------------------------------------- the search, pure
-
-
-def test_one_of_four_is_found_alone_in_few_launches():
-    plan = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h")
-    assert plan.names == ["graphs", "eagle3", "allreduce", "attn"]
-    step, order, _ = drive(plan, lambda on: "eagle3" in on)
-    assert (step.status, step.answer) == ("found", ["eagle3"])
-    assert describe_answer(plan, step.answer) == "eagle3"
-    assert order[0] == frozenset(plan.names)  # the failing configuration first
-    assert order[-1] == frozenset()  # a single delta is blamed only once the good configuration passes
-    assert len(order) <= plan.max_launches() and len(order) < 2 ** 4
-
-
-def test_a_pair_is_found_as_the_pair_and_each_alone_passes():
-    plan = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h")
-    step, order, outcomes = drive(plan, lambda on: {"allreduce", "attn"} <= set(on))
-    assert (step.status, step.answer) == ("found", ["allreduce", "attn"])
-    assert describe_answer(plan, step.answer) == "allreduce with attn"
-    assert judge(outcomes[frozenset({"allreduce"})], 1) is False and judge(outcomes[frozenset({"attn"})], 1) is False
-
-
-def test_every_single_and_pair_culprit_among_six_is_found_1_minimal():
-    names = ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b"]
-    plan = make_plan(layout_of(", ".join(names)), "h")
-    for size in (1, 2):
-        for culprit in itertools.combinations(names, size):
-            step, order, _ = drive(plan, lambda on: set(culprit) <= set(on))
-            assert (step.status, set(step.answer)) == ("found", set(culprit))
-            assert len(order) <= plan.max_launches()
-            assert len(set(order)) == len(order)  # a judged candidate is never launched again
 
 
 def test_a_flag_set_off_in_the_failing_configuration_is_a_delta_too():
@@ -107,21 +31,6 @@ def test_a_flag_set_off_in_the_failing_configuration_is_a_delta_too():
     assert describe_answer(plan, step.answer) == "graphs off with eagle3"
 
 
-def test_the_readme_walk_through_on_the_demo_layout():
-    """`cockpit bisect demo --good no_cuda_graph`: the simulated EAGLE-3 deadlock is in the draft
-    CUDA graph's capture (cockpit/sim/server.py skips it with --disable-cuda-graph), so the answer
-    is the pair, in 3 launches; `B` on the demo (EAGLE-3 on) plans at most 2."""
-    from cockpit.runs.layouts import resolve_layout
-
-    demo = resolve_layout("demo")
-    plan = make_plan(demo, "demo", good=["no_cuda_graph"])
-    step, order, _ = drive(plan, lambda on: "eagle3" in on and "no_cuda_graph" not in on)
-    assert describe_answer(plan, step.answer) == "eagle3 with no_cuda_graph off" and len(order) == 3
-    assert plan.describe()[0] == "bisect over 2: eagle3, no_cuda_graph off"
-    ui = make_plan(demo, "demo", failing=demo.enabled)
-    assert ui.describe()[0] == "bisect over 1: eagle3" and "at most 2 launches" in ui.describe()[-1]
-
-
 def test_sets_vary_does_not_name_hold_the_failing_side():
     plan = make_plan(layout_of("graphs, attn"), "h", vary=["eagle3"])
     assert plan.names == ["eagle3"] and plan.held == ["graphs", "attn"]
@@ -132,87 +41,16 @@ def test_a_parameter_named_in_vary_is_searched_between_its_values():
     plan = make_plan(layout_of("eagle3"), "h", vary=["eagle3", "mem_fraction_static=0.7"])
     assert plan.spec([]).params == {"mem_fraction_static": "0.7"}
     assert plan.spec(plan.names).params == {"mem_fraction_static": 0.85}
-    high = lambda on, params: params.get("mem_fraction_static") == 0.85  # noqa: E731
     outcomes, order = {}, []
     while True:
         step = advance(plan, outcomes, len(order))
         if step.status:
             break
-        spec = plan.spec(step.applied)
         order.append(step.applied)
-        outcomes.setdefault(step.applied, []).append("crashed" if high(spec.enabled, spec.params) else "ready")
-    assert step.answer == ["mem_fraction_static"]
+        high = plan.spec(step.applied).params.get("mem_fraction_static") == 0.85
+        outcomes.setdefault(step.applied, []).append("crashed" if high else "ready")
+    assert step.answer == ["mem_fraction_static"] and step.probability >= 0.95
     assert describe_answer(plan, step.answer) == "mem_fraction_static=0.85 (good: 0.7)"
-
-
-def test_a_pass_needs_repeat_clean_launches_and_a_failure_is_final():
-    assert judge(["ready", "ready"], 3) is None
-    assert judge(["ready", "ready", "ready"], 3) is False
-    assert judge(["ready", "stalled-spinning"], 3) is True
-    assert judge(["interrupted"], 1) is None and judge(["timeout"], 1) is True
-
-
-def test_a_flaky_hang_is_found_with_repeat():
-    """A hang that shows one launch in two: with --repeat 5 a candidate holding it is cleared
-    only when five launches in a row stay clean (1 in 32), and is never launched after its
-    first failure."""
-    plan = make_plan(layout_of("graphs, flaky, allreduce"), "h", repeat=5)
-    found = 0
-    for seed in range(40):
-        rng = random.Random(seed)
-        step, order, outcomes = drive(plan, lambda on: "flaky" in on and rng.random() < 0.5)
-        found += step.answer == ["flaky"]
-        for applied, said in outcomes.items():
-            assert said.count("stalled-idle") <= 1 and (said[-1] == "stalled-idle" or said.count("ready") == 5)
-    assert found >= 30  # the odds of clearing it wrongly are small; each draw's outcome is checked above
-    once = make_plan(layout_of("graphs, flaky, allreduce"), "h", repeat=1)
-    misses = sum(drive(once, lambda on: "flaky" in on and rng.random() < 0.5)[0].answer != ["flaky"]
-                 for rng in (random.Random(s) for s in range(40)))
-    assert misses > 40 - found  # without repeat the flaky hang is missed more often
-
-
-def test_not_reproduced_good_fails_and_the_budget_end_the_search():
-    plan = make_plan(layout_of("graphs, eagle3"), "h", repeat=2)
-    step, order, _ = drive(plan, lambda on: False)
-    assert step.status == "not reproduced" and len(order) == 2 and EXIT[step.status] == 3
-    step, order, _ = drive(plan, lambda on: True)
-    assert step.status == "good fails" and order[-1] == frozenset() and EXIT[step.status] == 4
-    small = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h", budget=3)
-    step, order, _ = drive(small, lambda on: "eagle3" in on)
-    assert step.status == "budget exhausted" and len(order) == 3 and EXIT[step.status] == 5
-    assert step.answer == ["graphs", "eagle3"]  # the smallest failing candidate known when it stopped
-
-
-def test_resuming_replays_what_is_known_and_launches_only_the_rest():
-    plan = make_plan(layout_of("graphs, eagle3, allreduce, attn"), "h")
-    fails = lambda on: "attn" in on  # noqa: E731
-    _, whole, outcomes = drive(plan, fails)
-    for cut in range(len(whole)):
-        known = {k: v for k, v in outcomes.items() if k in whole[:cut]}
-        step, rest, _ = drive(plan, fails, known=known, launched=cut)
-        assert step.answer == ["attn"] and rest == whole[cut:]
-    # a larger budget goes on where a smaller one stopped: the same bisect (its identity ignores it)
-    assert make_plan(layout_of("graphs, eagle3"), "h", budget=2, repeat=3).identity() == \
-        make_plan(layout_of("graphs, eagle3"), "h").identity() != make_plan(layout_of("graphs, eagle3"), "other").identity()
-    edited = layout_of("graphs, eagle3")
-    edited.flag_sets["eagle3"] = ["--speculative-algorithm", "EAGLE"]
-    assert make_plan(edited, "h").identity() != make_plan(layout_of("graphs, eagle3"), "h").identity()
-    assert make_plan(layout_of("graphs, eagle3"), "h", good=["attn"], vary=["graphs", "eagle3", "attn"]).identity() \
-        != make_plan(layout_of("graphs, eagle3"), "h").identity()
-
-
-def test_ddmin_is_zellers_on_a_plain_list():
-    search = ddmin([1, 2, 3, 4, 5, 6, 7, 8])
-    culprit = {3, 7}
-    applied = next(search)
-    tried = []
-    try:
-        while True:
-            tried.append(applied)
-            applied = search.send(culprit <= applied)
-    except StopIteration as done:
-        assert sorted(done.value) == [3, 7]
-    assert len(tried) <= 8 * 8 + 3 * 8
 
 
 @pytest.mark.parametrize("enabled, kw, message", [
@@ -220,7 +58,7 @@ def test_ddmin_is_zellers_on_a_plain_list():
     ("", {"good": ["nope"]}, "no flag set 'nope'"),
     ("attn", {"vary": ["attn"], "good": ["attn"]}, "attn is on in both"),
     ("attn", {"vary": ["attn"], "good": ["eagle3"]}, "--good eagle3: eagle3 is off .* add it to --vary"),
-    ("attn", {"repeat": 0}, "at least 1 clean launch"),
+    ("attn", {"confidence": 2}, "a probability from 0.5"),
     ("attn", {"budget": 0}, "at least 1 launch"),
     ("", {}, "nothing to bisect"),
 ])
@@ -249,12 +87,14 @@ def test_the_ledger_groups_a_bisects_runs_under_its_line_and_keeps_its_records_a
     lines = describe_ledger(runs, now=3.0, bisects=[group])
     starts = [line.split()[0] for line in lines[1:] if not line.startswith("    ")]
     assert starts == ["r1", "bisect-1:", "r2", "r4", "r3"]
-    assert "bisect-1: found eagle3, 2 launches" in lines
+    assert "bisect-1: found eagle3, 2 launches" in lines  # a result written before bisects kept their odds
+    append_ledger(layout, {"event": "bisect-result", "bisect_id": "bisect-1", "status": "found", "answer": ["eagle3"],
+                           "answer_text": "eagle3", "probability": 0.9712})
+    assert "bisect-1: found eagle3 (97% likely), 2 launches" in describe_ledger(runs, now=3.0, bisects=read_bisects(layout))
     assert describe_ledger(runs, now=3.0)[1].startswith("r1")  # without bisects: every run in its place
 
 
 def test_the_exit_statuses_are_those_the_readme_and_help_say():
-    import re
     from pathlib import Path
 
     readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
@@ -277,10 +117,9 @@ def bisect_host(tmp_path, sim_state):
     port = free_port()
     made = []
 
-    def make(enabled: str, seed: int = 1):
+    def make(enabled: str, seed: int = 1, prob: float = 0.5):
         path = tmp_path / f"b{len(made)}.yaml"
-        path.write_text(LAYOUT.format(name=f"b{port}x{len(made)}", port=port, tmp=tmp_path, enabled=enabled,
-                                      seed=seed))
+        path.write_text(layout_text(enabled, tmp_path, port, seed, name=f"b{port}x{len(made)}", prob=prob))
         made.append(path)
         return path, ["local", "--sim", str(sim_state), "--layout", str(path)]
 
@@ -300,22 +139,24 @@ def bisect_cli(target, env, *extra, timeout=400):
     return res, doc
 
 
-def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
+def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host, monkeypatch):
     make, env, port = bisect_host
     path, target = make("graphs, eagle3, allreduce, attn")
     layout = parse_layout(path.read_text(), str(path))
+    said = open(path.parent / "bisect-stderr.txt", "w+")  # a file, not a pipe: a full pipe would block its progress
     proc = subprocess.Popen([sys.executable, "-m", "cockpit", "bisect", *target, "--settle", "1", "--timeout", "60",
                              "--interval", "0.25", "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+                            stderr=said, text=True)
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
     try:
         deadline = time.monotonic() + 200
         while not (read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            assert time.monotonic() < deadline and proc.poll() is None, said.read() if proc.poll() else ""
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)  # while the third candidate is under way
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == EXIT["interrupted"], err[-2000:]
+        out, _ = proc.communicate(timeout=120)
+        said.seek(0)
+        assert proc.returncode == EXIT["interrupted"], said.read()[-2000:]
         first = json.loads(out)
         assert first["status"] == "interrupted" and not running(port)  # nothing left running
         assert first["steps"][-1]["outcome"] == "interrupted"
@@ -324,28 +165,37 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host):
         runs = read_ledger(layout)
         assert all(r.get("stop") or r["outcome"] != "unknown" for r in runs)
     finally:
-        del os.environ["XDG_STATE_HOME"]
+        said.close()
     res, doc = bisect_cli(target, env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert doc["status"] == "found" and doc["answer"] == ["eagle3"] and doc["answer_text"] == "eagle3"
+    assert doc["probability"] >= 0.95 and doc["odds"][0] == ["eagle3", doc["probability"]]
     assert doc["resumed"] == len(first["steps"]) and doc["bisect_id"] == first["bisect_id"]
-    again = [s["candidate"] for s in doc["steps"][doc["resumed"]:]]
-    assert not set(again) & {s["candidate"] for s in judged}  # what was judged is not launched again
+    # the search goes on from what the ledger holds: the same launches as a search told those outcomes
+    plan = make_plan(layout, "local")
+    known: dict = {}
+    for s in judged:
+        known.setdefault(frozenset(s["applied"]), []).append(s["outcome"])
+    _, rest, _ = drive(plan, lambda on: "eagle3" in on, known=known, launched=len(first["steps"]))
+    assert [frozenset(s["applied"]) for s in doc["steps"][doc["resumed"]:]] == rest
     for s in doc["steps"]:
         assert s["outcome"] in ("stalled-idle", "ready", "interrupted") and s["seconds"] > 0 and s["run"]
         assert ("eagle3" in s["candidate"]) == (s["outcome"] == "stalled-idle") or s["outcome"] == "interrupted"
-    assert doc["steps"][-1]["candidate"] == "no flag sets" and doc["steps"][-1]["outcome"] == "ready"
+    assert doc["facts"].get("driver") and all(s["odds"] for s in doc["steps"][doc["resumed"]:])
     assert not running(port)
     table = run_cli("runs", "--layout", str(path), env=env).stdout
-    assert f"{doc['bisect_id']}: found eagle3, {len(doc['steps'])} launches" in table
-    # a third call has nothing left to launch: the answer from the ledger
+    assert f"{doc['bisect_id']}: found eagle3 ({doc['probability']:.0%} likely), {len(doc['steps'])} launches" in table
+    # a third call has nothing left to launch: the answer from the ledger, and its plan says so
     res, doc3 = bisect_cli(target, env)
     assert res.returncode == 0 and doc3["answer"] == ["eagle3"] and doc3["launched_now"] == 0
+    res = run_cli("bisect", *target, "--yes", env=env, timeout=120)
+    assert res.returncode == 0 and "nothing is launched nor stopped" in res.stdout + res.stderr
+    assert "killed" not in res.stdout + res.stderr
     # --fresh starts anew; a budget of one launch ends it after the failing configuration
     res, fresh = bisect_cli(target, env, "--fresh", "--budget", "1")
     assert res.returncode == EXIT["budget exhausted"] == 5, res.stderr[-2000:]
     assert fresh["bisect_id"] != doc["bisect_id"] and fresh["resumed"] == 0 and fresh["launches"] == 1
-    assert fresh["steps"][0]["outcome"] == "stalled-idle" and fresh["answer"] == ["graphs", "eagle3", "allreduce", "attn"]
+    assert fresh["steps"][0]["outcome"] == "stalled-idle" and fresh["probability"] < 0.95  # the likeliest so far
     assert not running(port)
 
 
@@ -355,40 +205,54 @@ def test_two_that_hang_only_together_are_found_as_the_pair(bisect_host):
     res, doc = bisect_cli(target, env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert doc["answer"] == ["part_a", "part_b"] and doc["answer_text"] == "part_a with part_b"
-    by = {s["candidate"]: s["outcome"] for s in doc["steps"]}
-    assert by["graphs,allreduce,part_a,part_b"] == "stalled-idle"
-    assert by["part_a"] == by["part_b"] == "ready"  # each alone passes
+    assert doc["probability"] >= 0.95 and doc["steps"][0]["candidate"] == "graphs,allreduce,part_a,part_b"
+    said = res.stderr.splitlines()
+    assert all(a != b for a, b in zip(said, said[1:]))  # the progress: a line per change of state, not per sample
+    assert sum("capturing cuda graphs" in line for line in said) <= 3 * len(doc["steps"])
+    for s in doc["steps"]:  # a launch hangs exactly when it holds both
+        assert (s["outcome"] == "stalled-idle") == ({"part_a", "part_b"} <= set(s["applied"]))
     assert not running(port)
     text = run_cli("runs", "--layout", str(path), env=env).stdout
     assert "found part_a with part_b" in text
 
 
-def test_a_flaky_hang_is_found_with_repeat_on_the_simulated_host(bisect_host):
-    """One launch in two hangs: a clean launch of a candidate holding it does not clear it, the
-    first hang does (and it is not launched again)."""
+def test_a_flaky_hang_is_found_with_its_odds_on_the_simulated_host(bisect_host):
+    """One launch in two hangs (the simulated host's seeded draw): the failing configuration's first
+    launch passes and ends nothing; the answer comes with its odds, and every launch is the one the
+    pure search names for the outcomes the host's draws give (tests/runs/bisect_oracle.py)."""
     make, env, port = bisect_host
-    # the simulated host's draws for seed 28 (its n-th flaky launch, cockpit/sim/server.py): clean,
-    # hang, clean, hang: each candidate holding the hang comes up clean before it hangs
-    path, target = make("graphs, flaky", seed=28)
-    res, doc = bisect_cli(target, env, "--repeat", "2", timeout=600)
+    path, target = make("graphs, flaky", seed=11, prob=0.5)
+    res, doc = bisect_cli(target, env, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert doc["answer"] == ["flaky"] and doc["status"] == "found"
-    outcomes = {c: [s["outcome"] for s in doc["steps"] if s["candidate"] == c] for c in ("graphs,flaky", "flaky")}
-    assert outcomes == {"graphs,flaky": ["ready", "stalled-idle"], "flaky": ["ready", "stalled-idle"]}
-    assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "graphs"] == ["ready"] * 2
-    assert [s["outcome"] for s in doc["steps"] if s["candidate"] == "no flag sets"] == ["ready"] * 2
+    assert doc["status"] == "found" and doc["answer"] == ["flaky"] and doc["probability"] >= 0.95
+    assert 0 < doc["rate"] < 0.9  # read as flaky
+    plan = make_plan(parse_layout(path.read_text(), str(path)), "local")
+    step, order, outcomes = drive(plan, sim_flaky(11, 0.5))
+    assert [frozenset(s["applied"]) for s in doc["steps"]] == order
+    assert [s["outcome"] for s in doc["steps"]][:2] == ["ready", outcomes[frozenset(plan.names)][1]]
+    assert round(step.probability, 4) == doc["probability"]
+    text = bisect_cli_text(target, env)
+    assert f"flaky, {doc['probability']:.0%} likely; a flaky hang: about 1 launch in" in text
     assert not running(port)
 
 
+def bisect_cli_text(target, env) -> str:
+    """The plain report of the bisect the ledger already answers (nothing launched)."""
+    res = run_cli("bisect", *target, "--settle", "1", "--timeout", "60", "--interval", "0.25", "--yes", env=env,
+                  timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
 async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim_state, tmp_path, monkeypatch):
-    """B: the plan (the sets, the most launches), the progress in the header; B again stops it
-    cleanly; B once more resumes it to the answer, in a report; L then shows the bisect's runs
-    under its line."""
+    """B: the sides chosen, the plan (the sets, the most launches), the progress and the odds in
+    the header; B again stops it cleanly; B once more resumes it to the answer with its odds, in a
+    report; L then shows the bisect's runs under its line."""
     from cockpit.monitor import demo
     from cockpit.ui.app import CockpitApp, save_text
-    from cockpit.ui.screens import ConfirmScreen, ReportScreen
+    from cockpit.ui.screens import BisectScreen, ConfirmScreen, ReportScreen
     from simhost import until
-    from test_ui import sim_monitor
+    from fixtures_shared import sim_monitor
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     port = free_port()
@@ -402,13 +266,18 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
     try:
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: app.cockpit.verdict.name == "stalled-idle", 60)
-            await pilot.press("B")
+            await pilot.press("B")  # the run on screen fails; no run came up yet: both sides to choose
+            await until(pilot, lambda: isinstance(app.screen, BisectScreen), 30)
+            await until(pilot, lambda: "suspects: eagle3" in save_text(app, None), 10)
+            await pilot.press("ctrl+r")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
-            await until(pilot, lambda: "at most 2 launches" in save_text(app, None), 10)
+            most = make_plan(layout, "local", failing=["eagle3"]).most()
+            await until(pilot, lambda: f"at most {most} launches" in save_text(app, None), 10)
             plan = save_text(app, None)
             assert "bisect over 1: eagle3" in plan and "the run: launched by this cockpit" in plan
             await pilot.press("y")
-            await until(pilot, lambda: "bisect: launch 1 of at most 2, eagle3" in save_text(app, None), 30)
+            await until(pilot, lambda: f"bisect: launch 1 of at most {most}, eagle3 (odds: eagle3" in
+                        " ".join(save_text(app, None).split()), 30)
             await pilot.press("B")  # while it runs: stop it
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
             await until(pilot, lambda: "Stop the bisection?" in save_text(app, None), 10)
@@ -420,21 +289,23 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             assert not running(port)  # the launch under way is stopped, verified gone
             (group,) = read_bisects(layout)
             assert [s["outcome"] for s in group["steps"]] == ["interrupted"]
-            await pilot.press("B")  # the same bisect again: it resumes
+            await pilot.press("B")  # the same bisect again (the ledger's failing run; none came up): it resumes
+            await until(pilot, lambda: isinstance(app.screen, BisectScreen), 30)
+            await pilot.press("ctrl+r")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
             await until(pilot, lambda: "1 launch already in the ledger" in save_text(app, None), 10)
             await pilot.press("y")
             await until(pilot, lambda: isinstance(app.screen, ReportScreen), 120)
-            await until(pilot, lambda: "the smallest failing set: eagle3" in save_text(app, None), 10)
+            await until(pilot, lambda: "the smallest failing set: eagle3, " in save_text(app, None), 10)
             report = save_text(app, None)
             assert "stalled-idle" in report and "no flag sets" in report and "ready" in report
             await pilot.press("escape")
             await until(pilot, lambda: app.cockpit.busy is None, 30)
             assert not running(port)  # the last candidate is stopped with the bisect
             await pilot.press("L")
-            await until(pilot, lambda: "found eagle3, 3 launches" in save_text(app, None), 10)
+            await until(pilot, lambda: re.search(r"found eagle3 \(\d+% likely\), 3 launches", save_text(app, None)), 10)
             ledger = save_text(app, None).splitlines()
-            head = next(i for i, line in enumerate(ledger) if "found eagle3, 3 launches" in line)
+            head = next(i for i, line in enumerate(ledger) if "% likely), 3 launches" in line)
             (group,) = read_bisects(layout)
             assert [s["outcome"] for s in group["steps"]] == ["interrupted", "stalled-idle", "ready"]
             at = [next(i for i, line in enumerate(ledger) if run in line) for run in group["runs"]]
@@ -443,3 +314,65 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             assert before < head  # the run the bisect stopped first is not one of its own
     finally:
         subprocess.run(["pkill", "-9", "-f", f"sim.server.*port {port}"])
+
+
+# ----------------------------------------------------------------------------- the report and the resume's plan
+
+
+def bisect_doc(steps, status="found", answer=("eagle3",), p=0.97):
+    text = ", ".join(answer)
+    return {"bisect_id": "bisect-x", "status": status, "answer": list(answer), "answer_text": text, "why": "",
+            "probability": p, "rate": 1.0, "odds": [[text, p]], "launches": len(steps), "launched_now": len(steps),
+            "resumed": 0, "set_aside": 0, "steps": steps}
+
+
+def test_the_report_at_80_columns_never_splits_a_value_and_counts_in_words():
+    """Rendered as the report dialog renders it at 80x24 (about 74 columns inside): every flag set,
+    outcome and time whole on one line; `1 launch`."""
+    import io
+
+    from rich.console import Console
+
+    from cockpit.operate.bisect import describe_bisect
+    from cockpit.ui.screens import Hanging
+
+    sets = ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b", "no_custom_all_reduce", "flaky"]
+    steps = [{"run": f"layout-with-a-long-name-20261205-0859{n:02d}-981", "candidate": ",".join(sets[:n + 1]),
+              "outcome": "stalled-spinning", "seconds": 1234.0, "odds": [["eagle3", 0.5 + n / 20]]}
+             for n in range(len(sets))]
+    lines = describe_bisect(bisect_doc(steps))
+    console = Console(width=74, file=io.StringIO(), color_system=None, record=True)
+    console.print(Hanging(lines))
+    shown = console.export_text().splitlines()
+    for value in sets + ["stalled-spinning", "1234 s", "85%"] + [s["run"] for s in steps]:
+        assert any(value in line for line in shown), value
+    assert all(len(line) <= 74 for line in shown)
+    one = describe_bisect(bisect_doc(steps[:1]))
+    assert one[1] == "1 launch" and "1 launches" not in "\n".join(one)
+
+
+def test_the_resumes_plan_says_nothing_is_launched_nor_killed_when_the_ledger_answers():
+    from cockpit.operate.bisect import Prepared, split_steps
+
+    plan = make_plan(layout_of("graphs, eagle3"), "h")
+    steps = [{"applied": ["graphs", "eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
+             {"applied": ["graphs"], "outcome": "ready", "facts": {"driver": "550.54"}},
+             {"applied": ["eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
+             {"applied": [], "outcome": "ready", "facts": {"driver": "550.54"}},
+             {"applied": ["graphs"], "outcome": "stalled-idle"}]  # a ledger from before facts were kept
+    kept, aside = split_steps(steps, {"driver": "550.54", "torch": "2.8.0"})
+    assert kept == steps and aside == []
+    from cockpit.operate.bisect import known_outcomes
+
+    ready = Prepared(plan, {"driver": "550.54"}, {"bisect_id": "bisect-1", "steps": steps}, steps[:4], [],
+                     advance(plan, known_outcomes(plan, steps[:4]), 4))
+    text = "\n".join(ready.describe())
+    assert not ready.launches and "nothing is launched nor stopped" in text and "killed" not in text
+    assert "resumes bisect-1: 4 launches already in the ledger" in text
+    # after a driver upgrade the same launches are set aside: the bisect starts over, and says why
+    kept, aside = split_steps(steps, {"driver": "560.28"})
+    assert kept == steps[4:] and aside == steps[:4]
+    again = Prepared(plan, {"driver": "560.28"}, {"bisect_id": "bisect-1", "steps": steps}, kept, aside,
+                     advance(plan, known_outcomes(plan, kept), len(kept)))
+    said = "\n".join(again.describe())
+    assert again.launches and "4 launches of it set aside: made under other host facts (driver 550.54 → 560.28)" in said

@@ -63,8 +63,8 @@ def corpus_lines() -> list[str]:
                 pass  # a malformed document kept as one on purpose
     for path in sorted((TESTS / "fixtures").glob("*.json")):
         lines += _strings(json.loads(path.read_text(encoding="utf-8")))
-    for name in ("read/test_logrules.py", "read/test_log_shapes.py", "agent/test_log_lines.py", "judge/test_explain.py",
-                 "judge/test_diagnose.py"):
+    for name in ("read/test_logrules.py", "read/test_log_shapes.py", "read/test_log_stops.py", "agent/test_log_lines.py",
+                 "judge/test_explain.py", "judge/test_diagnose.py"):
         tree = ast.parse((TESTS / name).read_text(encoding="utf-8"))
         lines += [s for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
                   for s in node.value.splitlines()]

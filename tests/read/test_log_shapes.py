@@ -196,21 +196,30 @@ def _hostile():
     return mod
 
 
+@pytest.mark.timeout(120)  # all of them take ~10 s on the 2-core machine; a quadratic pattern, minutes
 def test_every_hostile_line_is_judged():
     """A 64 KiB line drawn from each pattern's worst case (tests/data/hostile_lines.py), classified and
-    fed to a tracker, then all of them as one log through explain. A quadratic pattern would hang here
-    for minutes: the per-line time is tests/bench/explain_rate.py's (docs/BENCHMARKS.md)."""
+    fed to a tracker, then all of them as one log through explain: crashed, at the first line that
+    alone is a failure of its own (not a report of another's), for its cause. A quadratic pattern
+    would hang here for minutes (the timeout fails it): the per-line time is
+    tests/bench/explain_rate.py's (docs/BENCHMARKS.md)."""
     from cockpit.judge.explain import explain
 
     hostile = _hostile().HOSTILE
     assert len(hostile) > 500 and all(len(line) == 64 << 10 for line in hostile.values())
     assert {"NAMED_RANK/pg", "ANSI/osc", "HTTP/no-space", "SGLANG_TAG/0/near-miss"} <= hostile.keys()
-    for name, line in hostile.items():
+    alone = []
+    for n, (name, line) in enumerate(hostile.items(), 1):
         t = LogTracker(LogRules("auto"))
         ll = t.feed(line)
         assert ll.text == line and t.n == 1, name
+        if ll.kind == "failure" and not ll.consequence:
+            alone.append((n, ll.cause))
     doc = explain(list(hostile.values()))
-    assert doc["lines"] == len(hostile) and doc["verdict"]["name"] in ("crashed", "stalled", "ok")
+    verdict = doc["verdict"]
+    assert doc["lines"] == len(hostile) and alone, doc["lines"]
+    assert (verdict["name"], verdict["line"], verdict["cause"]) == ("crashed", *alone[0]), (verdict, alone[:3])
+    assert verdict["evidence_lines"][0] == alone[0][0]
 
 
 def test_the_word_gates_never_skip_a_rule_that_matches():
@@ -220,7 +229,7 @@ def test_the_word_gates_never_skip_a_rule_that_matches():
 
     rules = L.LogRules("auto")
     families = [rx for rx, _ in L.STALLS] + [r.pattern for r in L.FAILURES] + [rx for _, rx in L.CAUSE_RX] + [
-        L.ERROR, L.WARNING]
+        L.CUDA_OWN_RX, L.ERROR, L.WARNING]
     phases = [rx for table in rules._tables.values() for rx, _ in table]
     samples = list(_hostile().PATHS.values())
     for path in sorted(CORPUS.glob("*.log")):
@@ -233,6 +242,8 @@ def test_the_word_gates_never_skip_a_rule_that_matches():
             checked += 1
         if any(rx.search(msg) for rx in failures):
             assert L._fail_words(msg), msg  # the gate of a line at INFO or DEBUG level
+        if any(rx.search(msg) for rx, _ in L.STOPS):
+            assert L._stop_words(msg), msg  # classify's gate of the stop rules
         if any(rx.search(msg) for rx in phases):
             assert L._phase_words(msg), msg
             checked += 1
@@ -396,3 +407,4 @@ def test_failures_piling_up_keep_the_tracker_bounded():
     # the last one is rank 7's (r=7 at i=2999); rank 0's line after it withdrew every rank 0 traceback
     assert all(f.rank != 0 for f in t.failures[-8:]) and t.first_failure() is not None
     assert track(lines + ["Load weight begin."], "sglang").first_failure() is None  # a line of no rank: all went on
+

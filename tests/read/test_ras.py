@@ -25,7 +25,7 @@ from cockpit.link.target import parse_target
 from cockpit.host.state import HostState
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 
-from conftest import free_port
+from conftest import cannot_run, free_port
 from simhost import wait_for
 
 DATA = Path(__file__).parents[1] / "data" / "nccl-ras"
@@ -415,7 +415,7 @@ def test_a_numeric_ras_address_is_connected_to_without_a_name_lookup(host, monke
         srv = socket.socket(family)
         srv.bind(("::1" if host == "::1" else "127.0.0.1", 0))
     except OSError:
-        pytest.skip("no %s loopback here" % host)
+        cannot_run("no %s loopback here" % host)
     srv.listen()
     lookups = []
     real = socket.create_connection

@@ -93,35 +93,32 @@ def test_launch_reaches_the_verdict_with_its_evidence(sim_layout, flag, outcome,
     assert f": {outcome}" in res.stdout and evidence in res.stdout, res.stdout
 
 
-def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout):
+def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout, monkeypatch):
     path, target, env = sim_layout
     proc = subprocess.Popen([sys.executable, "-m", "cockpit", "ablate", *target, "--vary", "eagle3", "--yes",
                              "--timeout", "60"], env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     layout = parse_layout(path.read_text(), str(path))
-    os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-    try:
-        deadline = time.monotonic() + 60
-        while not read_ledger(layout):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        rows = read_ledger(layout)
-        assert len(rows) == 1 and rows[0]["flag_sets"] == ["eagle3"] and rows[0]["outcome"] == "unknown"
-        assert rows[0]["argv"][1:3] == ["-m", "cockpit.sim.server"]
-        res = run_cli("runs", "--layout", str(path), env=env)
-        assert rows[0]["run_id"] in res.stdout
-        alive = subprocess.run(["pgrep", "-f", f"sim.server.*port {layout.ports[0]}"], capture_output=True, text=True)
-        assert alive.stdout.strip()  # the run outlives the cockpit that launched it
-        # the next start finds it again (the layout watches no titles: only the ledger knows it)
-        res = run_cli("kill", *target, "--yes", "--json", env=env)
-        assert res.returncode == 0, res.stderr
-        report = json.loads(res.stdout[res.stdout.index("{"):])
-        assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 10  # a launcher may end some first
-    finally:
-        del os.environ["XDG_STATE_HOME"]
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
+    deadline = time.monotonic() + 60
+    while not read_ledger(layout):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rows = read_ledger(layout)
+    assert len(rows) == 1 and rows[0]["flag_sets"] == ["eagle3"] and rows[0]["outcome"] == "unknown"
+    assert rows[0]["argv"][1:3] == ["-m", "cockpit.sim.server"]
+    res = run_cli("runs", "--layout", str(path), env=env)
+    assert rows[0]["run_id"] in res.stdout
+    alive = subprocess.run(["pgrep", "-f", f"sim.server.*port {layout.ports[0]}"], capture_output=True, text=True)
+    assert alive.stdout.strip()  # the run outlives the cockpit that launched it
+    # the next start finds it again (the layout watches no titles: only the ledger knows it)
+    res = run_cli("kill", *target, "--yes", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout[res.stdout.index("{"):])
+    assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 10  # a launcher may end some first
 
 
 async def test_a_runs_log_follows_xdg_cache_home_as_the_xdg_spec_says(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import free_port, run_cli, wait_port
+from conftest import cannot_run, free_port, run_cli, wait_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -54,9 +54,7 @@ def browser_missing() -> str | None:
 def browser():
     missing = browser_missing()
     if missing:
-        if os.environ.get("CI"):
-            pytest.fail(missing + ": scripts/test installs them")
-        pytest.skip(missing)
+        cannot_run(missing + ": scripts/test installs them")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from cockpit.cli import build_parser
 from cockpit.cli.demo import _reap_stale_demos, demo_app, end_demo
@@ -23,45 +22,7 @@ from cockpit.runs.ledger import describe_ledger, read_ledger
 from cockpit.ui.app import save_text
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen
 
-from conftest import free_port
 from simhost import until
-
-FAST_DEMO = """\
-name: fastdemo
-engine: sglang
-command: [-m, cockpit.sim.server]
-base_flags: [--tp-size, "8", --host, 127.0.0.1, --port, "{port}", --sim-traffic, "2"]
-flag_sets:
-  eagle3: [--speculative-algorithm, EAGLE3, --speculative-num-steps, "3", --speculative-eagle-topk, "1"]
-  no_cuda_graph: [--disable-cuda-graph]
-enabled: [eagle3]
-params:
-  mem_fraction_static: 0.85
-log_dir: {logs}
-ports: [{port}]
-endpoints: [/health]
-stall: {{idle_s: 3, spin_s: 3}}
-kill_wait_s: 2
-sim: {{gpus: 8, model: rtx-pro-6000, seed: 7, speed: 4}}
-"""
-
-
-@pytest.fixture
-def demo_env(tmp_path, monkeypatch):
-    """A private runtime folder (the demos' folders) and state folder (the ledger)."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    (tmp_path / "run").mkdir()
-    path = tmp_path / "fastdemo.yaml"
-    path.write_text(FAST_DEMO.format(port=free_port(), logs=tmp_path / "logs"))
-    args = build_parser().parse_args(["demo", "--layout", str(path), "--interval", "0.25"])
-    made = []
-    yield args, resolve_layout(str(path)), made
-    for pgid in made:  # whatever the test left, by its own process groups only
-        try:
-            os.killpg(pgid, 9)
-        except OSError:
-            pass
 
 
 def group_members(pgids: list[int]) -> list[psutil.Process]:

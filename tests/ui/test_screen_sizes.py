@@ -23,7 +23,6 @@ from cockpit.ui.commands import COCKPIT, key_name
 from cockpit.ui.fleet import COLUMNS, column_widths
 from cockpit.ui.screens import ConfirmScreen, Hanging, ReportScreen
 from simhost import until  # noqa: E402
-from test_demo_screen import demo_env  # noqa: F401  (the fast demo's fixture)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SIZES = [(80, 24), (100, 30), (160, 50)]

@@ -16,7 +16,6 @@ from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_name
 from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import HelpScreen, help_plain
-from test_ui import live_app  # noqa: F401  (a fixture)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
