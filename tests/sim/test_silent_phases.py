@@ -13,6 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import asyncio
@@ -29,12 +32,13 @@ from cockpit.runs.layoutfile import load_layout
 from cockpit.sim import fakenvml
 
 
-def launch(tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5) -> tuple[dict, list[dict]]:
+def launch(tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5,
+           port: int | None = None) -> tuple[dict, list[dict]]:
     """`cockpit launch local --layout L --sim DIR --yes --json` of a layout with no stall
     settings; returns its outcome row and the verdicts the ledger kept."""
     state = tmp_path / "sim"
     fakenvml.write_host(str(state), gpus=8, model="rtx-pro-6000", seed=5)
-    port = free_port()
+    port = port or free_port()
     layout = tmp_path / "first.yaml"
     layout.write_text(json.dumps({
         "name": "first", "engine": "sglang", "python": sys.executable, "command": ["-m", "cockpit.sim.server"],
@@ -73,6 +77,37 @@ def test_a_hang_is_called_stalled_on_the_stacks_evidence(tmp_path, flags, phase)
     if phase == "serving":
         assert verdicts[-1]["detail"] == "requests frozen", verdicts[-1]
         assert any("generation tokens frozen" in e for e in row["evidence"]), row["evidence"]
+
+
+def test_a_strangers_404s_every_2_s_never_move_a_hung_server(tmp_path):
+    """Issue 44: another user requests a missing page every 2 s from the server hung while serving
+    (its HTTP front end answers 404, one access line each): still stalled, requests frozen, the
+    log never said to show work (the access lines make no token, and the engine's counters stand;
+    each rule alone: tests/judge/test_fast_stall.py)."""
+    port, stop, answered = free_port(), threading.Event(), []
+
+    def stranger() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/completions/x", timeout=2)
+            except urllib.error.HTTPError as exc:
+                answered.append(exc.code)
+            except OSError:
+                pass  # not up yet
+            stop.wait(2)
+
+    who = threading.Thread(target=stranger, daemon=True)
+    who.start()
+    try:
+        row, verdicts = launch(tmp_path, ["--sim-speed", "4", "--sim-stall-at", "serving", "--sim-traffic", "2"],
+                               settle=60, port=port)
+    finally:
+        stop.set()
+        who.join(10)
+    lines = (next((tmp_path / "runs").glob("*.log"))).read_text()
+    assert 404 in answered and '"GET /v1/completions/x HTTP/1.1" 404' in lines, (answered, lines[-2000:])
+    assert row["outcome"] == "stalled-idle" and verdicts[-1]["detail"] == "requests frozen", (row, verdicts[-1])
+    assert not any("the log shows work" in e for e in row["evidence"]), row["evidence"]
 
 
 def test_a_rank_outside_the_collective_is_named(tmp_path):
