@@ -182,6 +182,37 @@ def test_a_look_from_before_the_silence_or_one_that_moved_calls_nothing_and_the_
     assert dog.update(st, QUIET_S + 5 + LOOK_EVERY_S, "/l") and dog.want_look
 
 
+def test_spinning_gpus_and_a_look_where_no_rank_moved_is_stalled_spinning_in_seconds():
+    """Ranks 0-2's GPUs poll a flag at 100 % and low power, rank 3's is idle, the log silent: a
+    look where no rank moved and the others wait in the collective is stalled-spinning, rank 3
+    named, long before the 60 s spin window; a look where rank 3 moved calls nothing."""
+    def spinning() -> HostState:
+        st = host()
+        for i in range(3):
+            st.gpus[i].util_pct, st.gpus[i].power_w = 100, 120.0
+        return st
+
+    dog = Watchdog()
+    dog.looks = True
+    st = spinning()
+    dog.update(st, 0.0, "/l")
+    dog.update(st, QUIET_S + 1, "/l")
+    assert dog.want_look
+    look = still(QUIET_S + 6, odd=3)
+    look.waits[3], look.where[3] = None, "capture_one_graph (server.py:270)"
+    moved = StackLook(look.at, look.gap_s, dict(look.waits), dict(look.where), moved=[3])
+    dog.seen_stacks(moved)
+    assert dog.update(st, QUIET_S + 6.5, "/l")[1].name != "stalled-spinning"
+    other = Watchdog()
+    other.looks = True
+    other.update(st, 0.0, "/l")
+    other.update(st, QUIET_S + 1, "/l")
+    other.seen_stacks(look)
+    _, v = other.update(st, QUIET_S + 6.5, "/l")
+    assert v.name == "stalled-spinning" and v.odd_rank == 3, v
+    assert v.evidence[0].startswith("stacks: rank 3 not in a wait"), v.evidence
+
+
 def test_without_looks_the_windows_decide_as_before():
     """A monitor that takes no look (--no-forensics, --read-only, a fleet's overview): no look is
     asked for, and the default windows decide."""
