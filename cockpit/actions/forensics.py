@@ -10,7 +10,7 @@ line's `--no-forensics` turns it off."""
 
 from __future__ import annotations
 
-import re
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -18,14 +18,10 @@ from cockpit.actions import dumps, kill
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import visible
 from cockpit.read.findings import Finding, rank_ranges
-from cockpit.read.stacks import Group, Thread
+from cockpit.read.stacks import COLLECTIVE, Group, StackLook, Thread, group_stacks, look_of
 
 DEADLINE_S = 20.0  # py-spy's own deadline per rank: a look waits at most this (plus the request's slack)
 
-# torch.distributed's collectives and the engines' wrappers of them (vLLM's and SGLang's
-# tensor_model_parallel_all_reduce, pynccl's and custom all-reduce's methods), by function name
-COLLECTIVE = re.compile(r"(?:^|_)(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|"
-                        r"send|recv|isend|irecv|gather|scatter|reduce)(?:_|$)", re.I)
 
 
 @dataclass
@@ -56,7 +52,7 @@ class Forensics:
 def _collective(thread: Thread | None):
     """The innermost Python frame of a collective, if the thread waits in one."""
     for f in thread.python if thread is not None else []:
-        if COLLECTIVE.search(f.name):
+        if COLLECTIVE.search(f.name.rsplit(".", 1)[-1]):
             return f
     return None
 
@@ -114,4 +110,49 @@ async def gather(session, run, folder: str) -> Forensics:
             out.lines += [f"flight recorder: {line}" for line in result.get("lines") or []]
     except CockpitError as exc:
         out.lines.append(f"flight recorder: {exc}")
+    return out
+
+
+LOOK_DEADLINE_S = 8.0  # py-spy's deadline for one non-blocking dump of a rank
+
+
+async def look(session, run, gap_s: float) -> StackLook:
+    """A stack look (read/stacks.py: StackLook): every live rank of `run` (as the kill finds it)
+    dumped twice with py-spy --nonblocking, `gap_s` apart, never paused, with the bytes each read
+    meanwhile; the odd rank from the second dump. Nothing is written: the stall's forensics, if it
+    is one, come after. A CockpitError when no rank can be dumped (no py-spy, no ptrace rights)."""
+    plan = await kill.member_plan(session, run, verb="dump")
+    members, _left = kill.of_run(session.state, plan)
+    ranks = kill.rank_pids(session.state, members)
+    if not ranks:
+        raise CockpitError("no live rank of the run to look at")
+    pyspy, check = await dumps.ensure_pyspy(session)
+    if not pyspy:
+        raise CockpitError("py-spy is not installed on the host: the stall windows alone decide")
+    if check.get("problems"):
+        raise CockpitError("cannot read the ranks' stacks: " + "; ".join(check["problems"]))
+    keys = {pid: (rank if rank is not None else n) for n, (rank, pid) in enumerate(ranks)}
+
+    async def one() -> tuple[dict[int, str], dict[int, int], dict[int, str], float]:
+        data = await session.request("dump", timeout=LOOK_DEADLINE_S + 30, pids=list(keys), pyspy=pyspy,
+                                     deadline_s=LOOK_DEADLINE_S, nonblocking=True)
+        texts, read, bad = {}, {}, {}
+        for pid, key in keys.items():
+            d = data["dumps"].get(str(pid)) or {"ok": False, "errors": ["no answer"]}
+            if d.get("ok"):
+                texts[key] = d["text"]
+                if isinstance(d.get("rchar"), int):
+                    read[key] = d["rchar"]
+            else:
+                bad[key] = "dead" if d.get("dead") else "; ".join(d.get("errors") or ["no dump"])[:200]
+        return texts, read, bad, time.monotonic()
+
+    first, read1, bad1, at1 = await one()
+    await asyncio.sleep(gap_s)
+    second, read2, bad2, at2 = await one()
+    read = {k: read2[k] - read1[k] for k in read1.keys() & read2.keys()}
+    out = look_of(first, second, at2 - at1, at2, read, {**bad1, **bad2})
+    found = odd_rank(group_stacks(second))
+    if found is not None:
+        out.odd_rank, out.odd_said = found.odd_rank, list(found.evidence)
     return out

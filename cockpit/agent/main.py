@@ -405,8 +405,8 @@ class Agent:
     def cmd_dump_check(self, pyspy=None, beside=()):
         return pyspy_check(pyspy, beside)
 
-    def cmd_dump(self, pids, pyspy=None, deadline_s=20.0, native=True):
-        return pyspy_dump(pids, pyspy, deadline_s, native)
+    def cmd_dump(self, pids, pyspy=None, deadline_s=20.0, native=True, nonblocking=False):
+        return pyspy_dump(pids, pyspy, deadline_s, native, nonblocking)
 
     def cmd_ras(self, host=None, port=None, fmt="json", verbose=True, timeout=RAS_TIMEOUT_S):
         """One RAS status now (the bundle's), at the polled address unless told otherwise."""

@@ -110,11 +110,25 @@ def pyspy_target(pid):
     return {"status": "Z" if state == "Z" else "gone", "exit_code": code}
 
 
-def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
+def read_chars(pid):
+    """The bytes the process has read so far (/proc/PID/io rchar: files, pipes, sockets), or None."""
+    try:
+        with open("/proc/%d/io" % pid) as fh:
+            for line in fh:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True, nonblocking=False):
     """py-spy dumps of every pid at once: --native first, then a plain dump when native
     unwinding fails or runs past the deadline (py-spy 336, 398). A pid that is gone or a zombie
     is answered as dead (with its exit code where the kernel still has it), before py-spy runs on
-    it and again when py-spy fails because it died meanwhile."""
+    it and again when py-spy fails because it died meanwhile. `nonblocking`: the process is not
+    paused (Python frames only: py-spy cannot unwind native frames so), and each answer carries
+    the bytes it had read (`rchar`), so two such dumps tell a rank reading from one waiting."""
     check = pyspy_check(pyspy)
     exe = check["pyspy"]
     results = {}
@@ -135,6 +149,8 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
         tries = [[exe, "dump", "--pid", str(pid), "--native"], [exe, "dump", "--pid", str(pid)]]
         if not native:
             tries = tries[1:]
+        if nonblocking:
+            tries = [[exe, "dump", "--pid", str(pid), "--nonblocking"]]
         errors = []
         for argv in tries:
             try:
@@ -144,7 +160,7 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True):
                 continue
             if out.returncode == 0 and out.stdout.strip():
                 results[pid] = {"ok": True, "dead": False, "native": "--native" in argv, "text": out.stdout,
-                                "errors": errors}
+                                "errors": errors, "rchar": read_chars(pid) if nonblocking else None}
                 return
             said = (out.stderr or out.stdout).strip()
             errors.append(said.splitlines()[0] if said else "exit %d" % out.returncode)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from cockpit.host.state import HostState
 from cockpit.judge.evidence import merge
 from cockpit.judge.verdict import REQUESTS_FROZEN, Phase, V, Verdict, VerdictName
-from cockpit.read.logrules import LogLine, LogRules, LogTracker, progress_of
+from cockpit.read.logrules import ACCESS_LINE, LogLine, LogRules, LogTracker, progress_of
+from cockpit.read.stacks import StackLook
 from cockpit.read.xid import LOST, meaning
 
 
@@ -98,8 +99,24 @@ SPAWN_GRACE_S = 20.0  # ranks all spawn within this of each other: fewer after i
 XID_BEFORE_S = 300.0  # an Xid this long before a rank's death (or just after it) names the cause
 XID_AFTER_S = 30.0
 HW_SLOW_S = 5.0  # the hardware holds a GPU's clocks down this long: the run is slow
-REPLAY_WINDOW_S = 60.0
-UNSTALL_SAMPLES = 3  # samples in a row showing the run's own progress that end a stall  # NVLink or PCIe replays that grew within this: the link is retrying
+REPLAY_WINDOW_S = 60.0  # NVLink or PCIe replays that grew within this: the link is retrying
+UNSTALL_SAMPLES = 3  # samples in a row showing the run's own progress that end a stall
+# The fast stall (docs/diagnosis.md#a-stall-called-in-seconds): once the cheap signals (log, CPU, GPUs, port) are
+# silent QUIET_S, every rank is dumped twice without stopping it, LOOK_GAP_S apart; a look that
+# finds them all still in waits calls the stall. At most one look every LOOK_EVERY_S while silent.
+QUIET_S = 5.0
+LOOK_GAP_S = 4.0
+LOOK_EVERY_S = 30.0
+LOOK_SLACK_S = 8.0  # a look's dumps and their round trips, on a loaded host
+# Windows learned from the layout's good runs (NVRx's way): a phase silent and idle for longer
+# than LEARNED_FACTOR times the longest it took in LEARNED_RUNS or more good runs is stalled
+LEARNED_FACTOR = 2.0
+LEARNED_MIN_S = 10.0
+LEARNED_RUNS = 2
+STALE_SCRAPES = 3  # a metrics scrape older than this many scrape intervals is stale: no tokens said moving
+# An access line is work only where it answers a generation (a 2xx POST to a completion or a
+# generate route): a probe, a 4xx, a model list or metrics page produces no token
+GENERATION_PATH = re.compile(r"/(?:v\d+/)?(?:chat/)?(?:completions|generate|responses|generate_stream)(?:[/?]|$)")
 
 
 def _duration(seconds: float) -> str:
@@ -123,6 +140,7 @@ class Progress:
     frozen: str | None = None  # requests in flight, nothing done: the evidence line
     frozen_since_s: float | None = None  # how long the requests have been frozen
     serving_idle: bool = False  # the engine says nothing is running or waiting
+    pending: bool = False  # requests in flight with nothing made (stats lines, or fresh metrics): work waits
 
 
 def _clock(stamp: str | None) -> float | None:
@@ -160,8 +178,14 @@ class Watchdog:
 
     def __init__(self, idle_s: float = 120.0, spin_s: float = 60.0, slow_factor: float = 3.0,
                  earlier: dict[str, float] | None = None, ports: list[int] | None = None, sources=None,
-                 metrics: bool = False):
+                 metrics: bool = False, windows: dict[str, tuple[float, int]] | None = None):
         self.idle_s, self.spin_s, self.slow_factor = idle_s, spin_s, slow_factor
+        self.windows = windows or {}  # phase -> (longest seconds in the layout's good runs, how many runs)
+        self.looks = False  # the monitor takes stack looks when asked (want_look): the fast stall
+        self.look: StackLook | None = None  # the last stack look of this run
+        self.want_look = False  # the cheap signals are silent: a stack look would decide
+        self.scrape_every_s = 2.0  # the monitor's metrics interval: older scrapes are stale
+        self._look_valid, self._look_left = False, None  # a look of this silence; seconds until one decides
         self.metrics = metrics  # the layout has the engine's metrics: "idle" needs their word
         self.sources = list(sources or [])  # more evidence: (state, now, watchdog, stalled) -> [Finding] (evidence.py)
         self.earlier = earlier or {}  # phase -> typical seconds to reach it in earlier runs
@@ -204,6 +228,12 @@ class Watchdog:
         self._reset_progress()
         self._replays = {}
         self._stall, self._unstall = None, (0, 0)
+        self.look, self.want_look = None, False
+        self._look_valid, self._look_left = False, None
+
+    def seen_stacks(self, look: StackLook) -> None:
+        """A stack look the monitor took (cockpit/actions/forensics.py: look), judged at the next update."""
+        self.look = look
 
     def begin(self, state: HostState, started: float | None = None) -> None:
         """A run starts now (launched, or found replacing the last one): the lines the logs hold
@@ -324,7 +354,7 @@ class Watchdog:
         seen = gpus or list(state.gpus.values())
         idle = (alive and all(_cpu_idle(p) for p in alive)
                 and all((g.util_pct or 0) < IDLE_GPU_PCT for g in seen)
-                and (not port_open or prog.frozen is not None))
+                and (not port_open or prog.pending))
         window = self.idle_s if resident else 2 * self.idle_s
         held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
         if idle and held >= window and prog.idle_s >= window:
@@ -337,8 +367,13 @@ class Watchdog:
             if prog.frozen:
                 ev.insert(0, prog.frozen)
             return phase, Verdict("stalled-idle", ev, detail=kind, since=self._since_host(state, held))
+        idle_held = held if idle else 0.0
         spin, odd, ev = self._spin(alive, state)
         held = self._back_dated(self._held("spin", spin, now), spin, alive, state, prog.idle_s, busy=True)
+        fast = self._fast(state, phase, prog, alive, gpus, resident, port_open, kind, idle_held,
+                          held if spin else 0.0, odd, ev, now)
+        if fast is not None:
+            return phase, fast
         if spin and held >= self.spin_s and prog.idle_s >= self.spin_s:
             ev = ([prog.frozen] if prog.frozen else []) + ev + [f"held for {held:.0f} s, {prog.said}"]
             if port_open:
@@ -364,13 +399,61 @@ class Watchdog:
 
     def _watching(self, state: HostState, prog: Progress, why: list[str]) -> Verdict:
         """Not decided yet: what the look waits for, and until when (the stall windows from the
-        last sign of work, on the host's clock)."""
+        last sign of work, on the host's clock; sooner where a stack look will decide)."""
         left = max(0.0, max(self.idle_s, self.spin_s) - prog.idle_s)
+        said = f"the stall thresholds (idle {self.idle_s:.0f} s, spin {self.spin_s:.0f} s)"
+        if self._look_left is not None and self._look_left < left:
+            left = self._look_left
+            said = f"a stack look once the cheap signals are silent {QUIET_S:.0f} s"
         until = state.sample_ts + left if state.sample_ts is not None else None
         stamp = time.strftime("%H:%M:%S", time.localtime(until)) if until is not None else "?"
-        return Verdict("watching", why + [f"waiting for a sign of progress (a log line, tokens, a phase) or the stall "
-                                          f"thresholds (idle {self.idle_s:.0f} s, spin {self.spin_s:.0f} s): "
-                                          f"decided by {stamp}"], until=until)
+        looked = self.look.evidence() if self._look_valid else []
+        return Verdict("watching", why + looked + [f"waiting for a sign of progress (a log line, tokens, a phase) or "
+                                                   f"{said}: decided by {stamp}"], until=until)
+
+    def _fast(self, state: HostState, phase: Phase, prog: Progress, alive, gpus, resident: bool, port_open: bool,
+              kind: str, idle_held: float, spin_held: float, spin_odd: int | None, spin_ev: list[str],
+              now: float) -> Verdict | None:
+        """The stall called in seconds, on positive evidence rather than a long wait: the cheap
+        signals (log, CPU, GPUs, port with work pending or a launch under way) silent QUIET_S,
+        then a stack look (every rank dumped twice, LOOK_GAP_S apart, without stopping it) that
+        finds them all still in waits; or, second, a phase silent and idle far longer than the
+        layout's good runs ever took in it (the learned windows)."""
+        silent = min(max(idle_held, spin_held), prog.idle_s)
+        if any(p.rank is None and not _cpu_idle(p) for p in state.live_procs()):
+            silent = 0.0  # a process of the run beside its ranks at work (an engine core compiling): it moves
+        look = self.look
+        valid = self._look_valid = look is not None and silent > 0 and look.at - look.gap_s >= now - silent - 1.0
+        self.want_look = self.looks and silent >= QUIET_S and self._stall is None and \
+            (not valid or now - look.at >= LOOK_EVERY_S)  # a stall declared has its forensics: no more looks
+        self._look_left = None
+        if self.looks and silent > 0 and not valid:
+            self._look_left = max(0.0, QUIET_S - silent) + LOOK_GAP_S + LOOK_SLACK_S
+        since = self._since_host(state, silent)
+        cheap = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})" if idle_held else None,
+                 _gpus_said(state, gpus, resident) if idle_held else None,
+                 f"{prog.said}, port {'closed' if not port_open else 'open'}", f"in phase '{phase}'"]
+        cheap = [c for c in cheap if c] + ([prog.frozen] if prog.frozen else [])
+        if valid and look is not None:
+            if idle_held and look.still:
+                return Verdict("stalled-idle", look.evidence() + cheap, look.odd_rank, detail=kind, since=since)
+            if spin_held and look.parked:
+                odd = look.odd_rank if look.odd_rank is not None else spin_odd
+                return Verdict("stalled-spinning", look.evidence() + spin_ev + cheap[-2:], odd, detail=kind,
+                               since=since)
+        span = self.windows.get(phase.name)
+        if not idle_held or silent < QUIET_S or span is None or span[1] < LEARNED_RUNS:
+            return None
+        if valid and look is not None and not look.still:
+            return None  # the stacks say it moves (reading, computing, a rendezvous): they outrank a window
+        limit = max(LEARNED_MIN_S, LEARNED_FACTOR * span[0])
+        in_phase = max(now - self.phase_at.get(phase.name, now), prog.idle_s)
+        if in_phase < limit:
+            self._look_left = min(self._look_left if self._look_left is not None else limit, limit - in_phase)
+            return None
+        return Verdict("stalled-idle", [f"phase '{phase.name}' took at most {span[0]:.0f} s in {span[1]} good runs "
+                                        f"of this layout; in it {in_phase:.0f} s, silent and idle (learned window "
+                                        f"{limit:.0f} s)"] + cheap, detail=kind, since=since)
 
     @staticmethod
     def _since_host(state: HostState, held: float) -> float | None:
@@ -378,7 +461,7 @@ class Watchdog:
 
     @staticmethod
     def _stall_kind(phase: Phase, prog: Progress) -> str:
-        if prog.frozen is not None:
+        if prog.frozen is not None or prog.pending:
             return REQUESTS_FROZEN
         if phase.name in ("ready", "serving", "warmup", "port open"):
             return "serving stopped"
@@ -416,16 +499,35 @@ class Watchdog:
         elif self._work is not None and since_work < min(self.idle_s, self.spin_s):
             work.append(f"the log shows work {_duration(since_work)} ago")  # stats lines at 0 tokens/s are no work
         view = state.metrics
-        h = view.header() if view is not None else {}
-        idle_engine = False
+        fresh = view is not None and self._fresh(view, now)
+        h = view.header() if fresh else {}
+        idle_engine = pending = False
         if h.get("tokens_per_s"):
             work.append(f"tokens moving: {h['tokens_per_s']:.0f} tok/s (the engine's metrics)")
         elif h.get("running") == 0 and not h.get("waiting"):  # (tokens frozen while requests run: metrics.findings)
             idle_engine = True
+        if fresh and view.frozen_since is not None:
+            # the engine's own counters say requests run and nothing is made: whatever else the log
+            # says (access lines, warnings), it is not the run moving; the stall holds
+            pending = True
+            work = [w for w in work if not w.startswith("the log shows work")]
+            since_work = max(since_work, view.frozen_for(now))
+            said = f"{said}; the engine's metrics: requests running, generation tokens frozen for " \
+                   f"{_duration(view.frozen_for(now))}"
         computing = self._computing(state)
         if computing:
             work.append(computing)
-        return Progress(since_work, said, work, frozen, frozen_s, idle_engine)
+        return Progress(since_work, said, work, frozen, frozen_s, idle_engine, pending or frozen is not None)
+
+    def _fresh(self, view, now: float) -> bool:
+        """The last good scrape is no older than STALE_SCRAPES scrape intervals (the monitor's, or
+        the last two good scrapes' spacing on a slow host): an endpoint that stopped answering says
+        nothing of tokens, moving or frozen."""
+        good = [sc.at for sc in view.scrapes if not sc.error][-2:]
+        if not good:
+            return False
+        every = max(self.scrape_every_s, good[1] - good[0] if len(good) == 2 else 0.0)
+        return now - good[-1] <= STALE_SCRAPES * every
 
     @staticmethod
     def _host_age(state: HostState, clock: float | None) -> float | None:
@@ -649,6 +751,8 @@ class Watchdog:
         at = (_clock(line.time), now)
         self._last = at
         kind = progress_of(line)
+        if kind == "work" and line.http is not None and not _generation(line):
+            kind = "none"  # a 4xx, a probe, a model list: the HTTP front end answers, no token is made
         if line.stats is not None:
             self._stats = line
         if kind == "work":
@@ -762,6 +866,13 @@ class Watchdog:
             return {}
         return {name: round(max(0.0, at - self.started), 1)
                 for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])}
+
+
+def _generation(line: LogLine) -> bool:
+    """An access line that answered a generation: a 2xx POST to a completion or generate route."""
+    m = ACCESS_LINE.search(line.message or line.text)
+    return m is not None and m.group(1) == "POST" and m.group(3).startswith("2") and \
+        GENERATION_PATH.search(m.group(2)) is not None
 
 
 def _cpu_idle(p) -> bool:

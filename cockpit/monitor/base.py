@@ -18,7 +18,7 @@ from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.host.state import HostState, Proc
-from cockpit.judge.diagnose import Watchdog
+from cockpit.judge.diagnose import LOOK_GAP_S, Watchdog
 from cockpit.judge.evidence import default_sources, merge
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
@@ -29,6 +29,7 @@ from cockpit.runs.ledger import (
     note_seen,
     note_stop,
     note_verdict,
+    phase_windows,
     record_ended,
     record_seen,
     typical_phase_seconds,
@@ -54,7 +55,8 @@ def watchdog_for(layout: Layout | None) -> Watchdog:
         return Watchdog(sources=default_sources())
     s = layout.stall
     return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports,
-                    sources=default_sources(), metrics=bool(layout.metrics and layout.ports))
+                    sources=default_sources(), metrics=bool(layout.metrics and layout.ports),
+                    windows=phase_windows(layout))
 
 
 def rules_for(layout: Layout | None) -> LogRules:
@@ -276,6 +278,8 @@ class MonitorBase:
         verdict's own `until` (the stall windows from the run's last sign of work, on the host's
         clock) not passed by two samples, and never past PLAIN_LOOK_S: a plain look answers in
         seconds whatever it finds (what it could not decide, it says, with how to watch longer)."""
+        if self._log_went_quiet(since):
+            return time.monotonic() < since + PLAIN_LOOK_S
         if self.decided():
             return False
         slack = 2 * self.session.opts.interval + 1.0
@@ -283,6 +287,18 @@ class MonitorBase:
             return False
         until, ts = self.verdict.until, self.state.sample_ts
         return until is None or ts is None or ts < until + slack
+
+    def _log_went_quiet(self, since: float) -> bool:
+        """`ok` on the log's work alone, and no line written since the look began (`since`, local
+        monotonic): a hang that began a moment before the look reads so. The look goes on while a
+        stack look can still decide (the watchdog's fast stall), never past PLAIN_LOOK_S."""
+        v, ts, got = self.verdict, self.state.sample_ts, self.state.received_at
+        if v.name != VerdictName.OK or not v.evidence or not self.watchdog.looks or ts is None or got is None:
+            return False
+        if not all(e.startswith("the log shows work") for e in v.evidence):
+            return False
+        log = next((lg for lg in self.state.logs.values() if lg.written_at is not None), None)
+        return log is not None and log.written_at is not None and log.written_at < ts - (got - since)
 
     def _judge_afresh(self, started: float | None = None, resumed: bool = False) -> None:
         """A run starts (or the last one ended): its phases, clocks and dead processes are
@@ -379,6 +395,37 @@ class MonitorBase:
                     self._forensics_for = None  # judged outside the event loop (a test feeding states)
         if self.forensics is not None and self.forensics.finding is not None:
             self.verdict = merge(self.verdict, [self.forensics.finding], self.state)
+
+    _look_task: asyncio.Task[None] | None = None
+    _looks_off: str | None = None  # why this run's stacks cannot be looked at (no py-spy, no ptrace rights)
+
+    def _stack_look(self) -> None:
+        """The watchdog's fast stall (diagnose.Watchdog._fast): the cheap signals are silent, so every
+        rank's stack is looked at twice (forensics.look), one look at a time, by a monitor that
+        gathers forensics (auto_dump, not --read-only); the look is judged as soon as it is back."""
+        dog = self.watchdog
+        dog.looks = self.forensics_on and self._looks_off is None
+        if not dog.want_look or not dog.looks or self.stopping or \
+                (self._look_task is not None and not self._look_task.done()):
+            return
+        dog.want_look = False
+        try:
+            self._look_task = asyncio.get_running_loop().create_task(self._take_look(dog))
+        except RuntimeError:
+            pass  # judged outside the event loop (a test feeding states)
+
+    async def _take_look(self, dog: Watchdog) -> None:
+        try:
+            found = await forensics.look(self.session, self.run, LOOK_GAP_S)
+        except CockpitError as exc:
+            self._looks_off = str(exc)
+            self.state.notes.append(f"stack look: {exc}")
+            dog.looks = False
+            return
+        if dog is self.watchdog:
+            dog.seen_stacks(found)
+            self.update()
+            self._emit(MonitorEvent("sample"))
 
     def _stall_records(self, state: str) -> list[dict[str, Any]]:
         """The host's forensics records (`gathering` claims or `done`) of this stall: naming a

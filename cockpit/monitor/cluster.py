@@ -621,6 +621,7 @@ class ClusterMonitor(MonitorBase):
         if not state.seq or state.link_state != "up" or not self._judgeable():
             return
         before = self.verdict
+        self.watchdog.looks = self.forensics_on and self._looks_off is None  # a stack look over every node's ranks
         phase, v = self.watchdog.update(state, now if now is not None else time.monotonic())
         if v.name == VerdictName.CRASHED:
             for n in self._parts():
@@ -649,6 +650,7 @@ class ClusterMonitor(MonitorBase):
         self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
                                                       odd_node=odd_node)
         self._stall_forensics()  # gathered once for all, on the merged state
+        self._stack_look()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
@@ -671,6 +673,7 @@ class ClusterMonitor(MonitorBase):
         self._judge_afresh(started, resumed)
         self.verdict = NodeVerdict(VerdictName.WATCHING, [])
         self.forensics, self._forensics_for = None, None
+        self._looks_off = None
 
     def run_ended(self) -> None:
         """The operator's kill of the whole job's run, verified on every node: no run until one
@@ -835,8 +838,9 @@ class ClusterMonitor(MonitorBase):
         await asyncio.gather(*tasks, refresh())
 
     async def close(self) -> None:
-        if self._forensics_task is not None and not self._forensics_task.done():
-            self._forensics_task.cancel()
+        for task in (self._forensics_task, self._look_task):
+            if task is not None and not task.done():
+                task.cancel()
         await asyncio.gather(*(n.monitor.close() for n in self.nodes if n.monitor is not None),
                              return_exceptions=True)
         if self._jobs_link is not None:

@@ -92,6 +92,7 @@ class HostMonitor(MonitorBase):
         self.forensics_on = bool(layout.auto_dump) if layout is not None else False
         self._forensics_task: asyncio.Task[None] | None = None
         self._forensics_for: tuple[object, ...] | None = None  # the stall they were gathered for
+        self._probing = False  # a probe loop runs (the screen's keep, or a look's judging)
         self.shm_held: dict[tuple[int, int], float] = {}  # (device, inode) of /dev/shm files the run held -> when seen
         self._shm_look_at = 0.0
         # a watch of the caller's own processes (a Slurm job's on its node): that is the run's tree, kept
@@ -131,6 +132,8 @@ class HostMonitor(MonitorBase):
             if self.verdict.name != before.name:
                 self._emit(MonitorEvent("verdict", before=before))
             return
+        self.watchdog.looks = self.forensics_on and self._looks_off is None
+        self.watchdog.scrape_every_s = self.probe_every_s
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
@@ -139,6 +142,7 @@ class HostMonitor(MonitorBase):
             self.run_ended()  # another cockpit killed the whole run and verified it gone: no run
             return
         self._stall_forensics()
+        self._stack_look()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
 
@@ -302,6 +306,7 @@ class HostMonitor(MonitorBase):
         self.operator_kills = {}
         self.state.metrics = metrics.MetricsView()
         self.forensics, self._forensics_for = None, None
+        self._looks_off = None
         self.shm_held, self._shm_look_at = {}, 0.0
 
     def run_ended(self) -> None:
@@ -412,6 +417,13 @@ class HostMonitor(MonitorBase):
     async def _probe_loop(self) -> None:
         """The round-trip time and the layout's endpoints, one round after another: polls never
         overlap, and a hung endpoint is answered from a thread on the host."""
+        self._probing = True
+        try:
+            await self._probe_rounds()
+        finally:
+            self._probing = False
+
+    async def _probe_rounds(self) -> None:
         ports = self.layout.ports if self.layout else []
         endpoints = self.layout.endpoints if self.layout else []
         while True:
@@ -538,8 +550,9 @@ class HostMonitor(MonitorBase):
         view.add(metrics.scrape_of(answer))
 
     async def close(self) -> None:
-        if self._forensics_task is not None and not self._forensics_task.done():
-            self._forensics_task.cancel()
+        for task in (self._forensics_task, self._look_task):
+            if task is not None and not task.done():
+                task.cancel()
         await self.session.close()
 
     @asynccontextmanager
@@ -558,7 +571,11 @@ class HostMonitor(MonitorBase):
 
     @asynccontextmanager
     async def judging(self) -> AsyncIterator[None]:
-        """While a one-shot look judges: the endpoints and metrics probed, as on screen."""
+        """While a one-shot look judges (or a launch is watched): the endpoints and metrics probed,
+        as on screen; where the screen's own probes run already (keep), those."""
+        if self._probing:
+            yield
+            return
         probes = asyncio.create_task(self._probe_loop())
         try:
             yield

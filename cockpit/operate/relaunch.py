@@ -45,6 +45,12 @@ async def follow_to_outcome(monitor: Monitor, timeout: float, progress: Progress
     verdict is the monitor's own: the screen shows the same. `interrupted()` true (the operator's
     Ctrl+C, SIGTERM, SIGHUP or a closed output during a launch, an ablation or a bisect) ends the
     watch with `interrupted`, the run left for its caller to stop."""
+    async with monitor.judging():  # the endpoints and the engine's metrics probed, as on screen
+        return await _follow(monitor, timeout, progress, settle, interrupted)
+
+
+async def _follow(monitor: Monitor, timeout: float, progress: Progress | None, settle: float,
+                  interrupted: Callable[[], bool] | None) -> tuple[str, list[str]]:
     deadline = time.monotonic() + timeout
     ready_at = None
     while True:

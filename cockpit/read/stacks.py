@@ -247,3 +247,141 @@ def exit_text(code: int | None) -> str:
         except ValueError:
             pass
     return f"exit code {code}"
+
+
+# ----------------------------------------------------------------------------- waits
+
+# torch.distributed's collectives and the engines' wrappers of them (vLLM's and SGLang's
+# tensor_model_parallel_all_reduce, pynccl's and custom all-reduce's methods), by function name
+COLLECTIVE = re.compile(r"(?:^|[_.])(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|"
+                        r"send|recv|isend|irecv|gather|scatter|reduce)(?:_|$)", re.I)
+# Waiting for peers that may still come (torch's rendezvous and its store, a node not yet up):
+# healthy for as long as the rendezvous timeout, never called from the stacks alone
+RENDEZVOUS = re.compile(r"rendezvous|store_based_barrier|init_process_group|(?:TCP|File|Prefix|Hash)Store|"
+                        r"wait_for_peers|wait_for_workers|wait_for_nodes", re.I)
+# The innermost Python frames of a thread that waits for something else to happen
+WAIT_FRAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("a CUDA synchronize", re.compile(r"synchronize|cuda.*wait|event_wait|stream_wait", re.I)),
+    ("a queue get", re.compile(r"(?:^|\.)(?:get|_recv_bytes|_recv|recv_pyobj|recv_multipart)$", re.I)),
+    ("a socket poll", re.compile(r"(?:^|\.)(?:select|poll|epoll|_poll|recv|recv_into|accept|_run_once)$|zmq", re.I)),
+    ("a lock or condition wait", re.compile(r"(?:^|\.)(?:wait|wait_for|acquire|join|_wait_for_tstate_lock)$", re.I)),
+)
+# A thread in these is reading (weights from a disk, a file): moving however still its stack
+READING = re.compile(r"(?:^|[._])(?:read|readinto|pread|load_file|safe_open|mmap|copyfileobj)", re.I)
+WAIT_LOOP = re.compile(r"wait|sleep|idle|poll|spin|block|hang|pending", re.I)
+
+
+def wait_of(thread: Thread | None) -> tuple[str | None, str]:
+    """What the thread waits in, read from its Python frames: `rendezvous` (peers that may still
+    come), a collective (by name), a CUDA synchronize, a queue get, a socket poll, a lock or
+    condition wait, a sleep in a wait loop (py-spy saw it idle in a function named for waiting);
+    None when it is not waiting (reading, computing, or no frame), with where it is."""
+    frames = thread.python if thread is not None else []
+    if not frames:
+        return None, "no Python frame"
+    where = f"{frames[0].name} ({frames[0].file.rsplit('/', 1)[-1]}" + \
+        (f":{frames[0].line})" if frames[0].line is not None else ")")
+    if any(RENDEZVOUS.search(f.name) or RENDEZVOUS.search(f.file.rsplit("/", 1)[-1]) for f in frames):
+        return "rendezvous", where
+    if READING.search(frames[0].name):
+        return None, where
+    op = next((f for f in frames if COLLECTIVE.search(f.name.rsplit(".", 1)[-1])), None)
+    if op is not None:
+        return f"a collective ({op.name})", where
+    for kind, pattern in WAIT_FRAMES:
+        if any(pattern.search(f.name) for f in frames[:3]):
+            return kind, where
+    if thread is not None and thread.state == "idle" and WAIT_LOOP.search(frames[0].name):
+        return "a sleep in a wait loop", where
+    return None, where
+
+
+def same_place(a: Thread | None, b: Thread | None) -> bool:
+    """The same Python frames, line numbers included: the thread did not move between the dumps
+    (or came back to exactly where it was, which a wait loop does)."""
+    return a is not None and b is not None and bool(a.python) and \
+        [str(f) for f in a.python] == [str(f) for f in b.python]
+
+
+def _same_frames(a: Thread | None, b: Thread | None) -> bool:
+    """The same functions, lines aside: a loop that spins in place reads at its lines in turn."""
+    return a is not None and b is not None and bool(a.python) and \
+        [f.key for f in a.python] == [f.key for f in b.python]
+
+
+@dataclass
+class StackLook:
+    """Every rank of the run dumped twice without stopping it (py-spy --nonblocking), `gap_s`
+    apart: where each rank is, whether it moved, and what it waits in. `still` is the positive
+    evidence of a stall: every rank read, none moved, none reading, each in a wait no one else
+    can end (a rendezvous waits for peers that may still come: it never is)."""
+
+    at: float  # local monotonic time of the second dump
+    gap_s: float
+    waits: dict[int, str | None] = field(default_factory=dict)  # rank -> what it waits in (None: not waiting)
+    where: dict[int, str] = field(default_factory=dict)  # rank -> its innermost Python frame
+    moved: list[int] = field(default_factory=list)  # ranks whose stack changed between the dumps
+    reading: list[int] = field(default_factory=list)  # ranks that read bytes between the dumps
+    unread: dict[int, str] = field(default_factory=dict)  # rank -> why no dump of it was read
+    odd_rank: int | None = None
+    odd_said: list[str] = field(default_factory=list)  # what the stacks say of the odd rank
+
+    @property
+    def still(self) -> bool:
+        return bool(self.waits) and not self.moved and not self.reading and not self.unread and all(
+            w is not None and w != "rendezvous" for w in self.waits.values())
+
+    @property
+    def parked(self) -> bool:
+        """No rank moved, and some wait in a collective: with the GPUs spinning, the ranks outside
+        it (a rank looping where it should not) hold the others there."""
+        return bool(self.waits) and not self.moved and not self.reading and not self.unread and \
+            "rendezvous" not in self.waits.values() and any((w or "").startswith("a collective") for w in self.waits.values())
+
+    def evidence(self) -> list[str]:
+        """What the look saw, in words for the verdict."""
+        n = len(self.waits) + len(self.unread)
+        if self.still:
+            kinds: dict[str, list[int]] = {}
+            for rank, w in sorted(self.waits.items()):
+                kinds.setdefault(str(w), []).append(rank)
+            said = "; ".join(f"{_who(r)} in {k} at {self.where[r[0]]}" for k, r in kinds.items())
+            return [f"stacks unchanged across two dumps {self.gap_s:.0f} s apart, all in waits: {visible(said)}"] + \
+                [visible(s) for s in self.odd_said]
+        why = []
+        if self.unread:
+            why.append(f"{len(self.unread)} of {n} ranks not read ({visible('; '.join(sorted(set(self.unread.values()))))})")
+        if self.moved:
+            why.append(f"{_who(self.moved)} moved between two dumps {self.gap_s:.0f} s apart")
+        if self.reading:
+            why.append(f"{_who(self.reading)} reading")
+        rdv = sorted(r for r, w in self.waits.items() if w == "rendezvous")
+        if rdv:
+            why.append(f"{_who(rdv)} in a rendezvous at {visible(self.where[rdv[0]])}: waiting for peers that may "
+                       f"still come")
+        busy = sorted(r for r, w in self.waits.items() if w is None and r not in self.moved)
+        if busy:
+            why.append(f"{_who(busy)} not in a wait: {visible(self.where[busy[0]])}")
+        return ["stacks: " + "; ".join(why)]
+
+
+def look_of(first: dict[int, str], second: dict[int, str], gap_s: float, at: float,
+            read_bytes: dict[int, int] | None = None, unread: dict[int, str] | None = None) -> StackLook:
+    """Two dumps of the same ranks (rank -> py-spy text) compared; `read_bytes`: bytes each rank
+    read between them (its /proc io), a rank reading more than READ_MOVING bytes moves."""
+    look = StackLook(at, gap_s, unread=dict(unread or {}))
+    for rank in sorted(set(first) | set(second)):
+        if rank not in first or rank not in second:
+            look.unread.setdefault(rank, "one of the two dumps failed")
+            continue
+        a, b = main_thread(parse_dump(first[rank])), main_thread(parse_dump(second[rank]))
+        wait, where = wait_of(b)
+        look.waits[rank], look.where[rank] = wait, where
+        if not (same_place(a, b) if wait is not None else _same_frames(a, b)):
+            look.moved.append(rank)
+        if (read_bytes or {}).get(rank, 0) > READ_MOVING:
+            look.reading.append(rank)
+    return look
+
+
+READ_MOVING = 1 << 20  # bytes a rank reads between the two dumps that say it is loading, not waiting

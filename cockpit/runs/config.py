@@ -18,6 +18,9 @@ class LayoutError(CockpitError):
 
 @dataclass
 class Stall:
+    """The windows that decide where no stack can be read: with py-spy, a stall is called from
+    two stack dumps once the cheap signals are silent 5 s (docs/diagnosis.md#a-stall-called-in-seconds)."""
+
     idle_s: float = 120.0  # all ranks quiet, log silent, port closed for this long: stalled-idle
     spin_s: float = 60.0  # GPUs pinned at low power, no progress for this long: stalled-spinning
     slow_factor: float = 3.0  # a phase this many times slower than earlier runs: slow

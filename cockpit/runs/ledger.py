@@ -147,6 +147,21 @@ def typical_phase_seconds(layout: Layout) -> dict[str, float]:
     return {k: sorted(v)[len(v) // 2] for k, v in spans.items() if v}
 
 
+def phase_windows(layout: Layout) -> dict[str, tuple[float, int]]:
+    """The longest each phase lasted in the layout's good runs (reached ready, never called
+    stalled or crashed), and in how many: the learned stall windows (diagnose.Watchdog)."""
+    spans: dict[str, list[float]] = {}
+    for run in read_ledger(layout):
+        times = run.get("phase_times") or {}
+        bad = {str(h.get("verdict")) for h in run.get("verdicts") or []} | {str(run.get("outcome"))}
+        if "ready" not in times or bad & {"crashed", "stalled-idle", "stalled-spinning"}:
+            continue
+        ordered = sorted(((k, v) for k, v in times.items() if isinstance(v, (int, float))), key=lambda kv: kv[1])
+        for (name, at), (_, nxt) in zip(ordered, ordered[1:]):
+            spans.setdefault(name, []).append(nxt - at)
+    return {k: (max(v), len(v)) for k, v in spans.items()}
+
+
 def _clock(ts) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
 

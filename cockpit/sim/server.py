@@ -29,6 +29,14 @@ and reproduces failures from the field, chosen by flags:
                                    (a flaky hang); the draw is seeded by --sim-seed and the
                                    count of such launches kept in --sim-state, so a sequence of
                                    launches repeats
+  --sim-stall-at PHASE             every rank blocks in a collective at that point (init, load,
+                                   kv, capture, serving): the seed's hang moved to each phase
+  --sim-jit-s S                    healthy, silent: every rank compiles kernels on the CPU for S
+                                   (real) seconds after its KV cache, the log silent
+  --sim-late-node-s S              healthy, silent: every rank waits S seconds in the rendezvous
+                                   for a node that comes late (a socket polled, 0 % CPU)
+  --sim-slow-disk-s S              healthy, silent: the weights are read from a slow disk for S
+                                   seconds before the first shard's line (a real file read)
   --sim-leak-shm                   leaves nccl-, psm_ and sgl_shm_ entries in the shm folder
   --sim-orphans                    workers outlive a SIGKILLed parent and keep their GPU memory
 
@@ -43,6 +51,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import select
 import signal
 import socket
 import sys
@@ -56,6 +65,7 @@ from cockpit.sim.flightrec import SimFlightRecorder
 MODEL_GB = 496.0  # a 1T-parameter MoE in INT4, across all ranks
 DRAFT_GB = 2.0
 SHARDS = 64
+STALL_POINTS = ("init", "load", "kv", "capture", "serving")
 
 
 # ----------------------------------------------------------------------------- args
@@ -97,6 +107,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-slowdown-rank", type=int, default=None)
     p.add_argument("--sim-hang-part", action="append", default=[], metavar="NAME")
     p.add_argument("--sim-hang-prob", type=float, default=0.0, metavar="P")
+    p.add_argument("--sim-stall-at", choices=STALL_POINTS, default=None)
+    p.add_argument("--sim-jit-s", type=float, default=0.0, metavar="S")
+    p.add_argument("--sim-late-node-s", type=float, default=0.0, metavar="S")
+    p.add_argument("--sim-slow-disk-s", type=float, default=0.0, metavar="S")
     p.add_argument("--sim-leak-shm", action="store_true")
     p.add_argument("--sim-orphans", action="store_true")
     p.add_argument("--sim-traffic", type=float, default=0.0, metavar="REQ_S",
@@ -187,6 +201,8 @@ class Rank:
         if self.args.sim_leak_shm:
             self.held.append(make_shm(self.args.sim_shm_dir, f"nccl-{rand_tag(self.args, self.rank)}", 4 << 20, hold=True))
         self.clock.sleep(0.4)
+        if self.args.sim_late_node_s:
+            rendezvous_wait_for_nodes(self)
         self.log("Init torch distributed ends. mem usage=0.59 GB")
 
     def load_model(self) -> None:
@@ -194,7 +210,11 @@ class Rank:
         weights_mib = min(MODEL_GB / args.tp_size, self.total_mib / 1024 * 0.8) * 1024
         self.log(f"Load weight begin. avail mem={self.avail()} GB")
         start = time.monotonic()
+        if args.sim_slow_disk_s:
+            read_weights_from_disk(self)
         for shard in range(1, SHARDS + 1):
+            if shard == SHARDS // 2:
+                stall_at(self, "load")
             self.clock.sleep(0.08)
             self.publish(600 + weights_mib * shard / SHARDS)
             if self.rank == args.sim_crash_rank and shard == SHARDS // 3:
@@ -236,6 +256,7 @@ class Rank:
             self.log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.avail()} GB")
             if self.rank == self.args.sim_capture_hang_rank:
                 self.wait_for_graph_pool()
+            stall_at(self, "capture")
             if self.args.sim_capture_hang_rank is not None:
                 self.publish(activity="blocked")  # waiting in the collective for the rank that never comes
             for _bs in range(8):
@@ -308,6 +329,8 @@ class Rank:
                 self.publish(activity="busy")
             if self.rank == self.args.sim_hang_rank and steps >= 40:
                 self.sample_tokens()
+            if steps >= 40:
+                stall_at(self, "serving")
             self.all_reduce()
             steps += 1
             if self.rank == 0:
@@ -338,8 +361,12 @@ def run_scheduler_process(args, rank, shared, ready) -> None:
     watch_parent(args)
     r = Rank(args, rank, shared)
     r.init_torch_distributed()
+    stall_at(r, "init")
     r.load_model()
     r.allocate_kv_cache()
+    stall_at(r, "kv")
+    if args.sim_jit_s:
+        jit_compile_kernels(r)
     r.capture_cuda_graph()
     if args.sim_deadlock:
         r.warmup_collective()
@@ -349,6 +376,71 @@ def run_scheduler_process(args, rank, shared, ready) -> None:
     if rank in (args.sim_xid_rank, args.sim_lost_rank):
         threading.Thread(target=gpu_falls, args=(r,), daemon=True).start()
     r.event_loop()
+
+
+def stall_at(rank: Rank, where: str) -> None:
+    """--sim-stall-at: every rank blocks in a collective here (the draft barrier waits for one
+    party more than there are ranks), its GPU idle: the seed's hang, moved to this phase."""
+    if rank.args.sim_stall_at != where:
+        return
+    rank.publish(activity="blocked")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    rank.all_reduce(draft=True)
+
+
+# Healthy phases that are silent in the log yet moving: never a stall.
+
+
+def jit_compile_kernels(rank: Rank) -> None:
+    """--sim-jit-s: kernels compiled on the CPU by the first rank (as DeepGEMM's JIT does at
+    start, the others waiting for its cache in a collective), the log silent meanwhile; that
+    rank's CPU busy, its stack moving."""
+    if rank.rank == rank.args.first_rank:
+        deadline = time.monotonic() + rank.args.sim_jit_s
+        n = 0
+        while time.monotonic() < deadline:
+            n = compile_one_kernel(n)
+    rank.all_reduce()
+
+
+def compile_one_kernel(n: int) -> int:
+    x = n
+    for i in range(20000):
+        x = (x * 1103515245 + i) & 0xFFFFFFFF
+    return x
+
+
+def rendezvous_wait_for_nodes(rank: Rank) -> None:
+    """--sim-late-node-s: the rendezvous waits for a node that comes late, polling its socket
+    (0 % CPU, the log silent), as torch's store-based rendezvous does until the timeout."""
+    store = socket.socketpair()
+    deadline = time.monotonic() + rank.args.sim_late_node_s
+    while time.monotonic() < deadline:
+        select.select([store[0]], [], [], min(1.0, max(0.01, deadline - time.monotonic())))
+    store[0].close()
+    store[1].close()
+
+
+def read_weights_from_disk(rank: Rank) -> None:
+    """--sim-slow-disk-s: a huge checkpoint read from a slow disk before the loader prints
+    anything: a real file read chunk by chunk at a slow disk's pace (the rank's read bytes grow,
+    its CPU near idle), the log silent."""
+    folder = rank.args.sim_state or rank.args.sim_shm_dir
+    path = os.path.join(folder, f"weights-rank{rank.rank}.bin")
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(1 << 20) * 4)
+    deadline = time.monotonic() + rank.args.sim_slow_disk_s
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while time.monotonic() < deadline:
+                if not os.read(fd, 1 << 20):
+                    os.lseek(fd, 0, os.SEEK_SET)
+                time.sleep(0.1)  # the disk's pace: 10 MiB/s
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(path)
 
 
 def gpu_falls(rank: Rank) -> None:

@@ -1,0 +1,181 @@
+"""The simulated host under a layout that says nothing about stalls (every operator's first): its
+hangs called stalled on the stacks' evidence, long before the default windows, with the rank
+that is not where the others are; and its healthy phases that are silent in the log yet moving
+(a JIT on the CPU, a rendezvous waiting for a late node, a weight load from a slow disk, a server
+with no request) never called stalled. Each is a real `cockpit launch` watching a real run; the
+verdicts it went through are read from the ledger. No time is asserted: the detection times are
+tests/bench/stall_detect.py's (docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import asyncio
+
+import pytest
+
+from conftest import free_port
+from simhost import kill_groups, wait_for
+
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.link.target import parse_target
+from cockpit.monitor.host import HostMonitor
+from cockpit.runs.layoutfile import load_layout
+from cockpit.sim import fakenvml
+
+
+def launch(tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5,
+           port: int | None = None) -> tuple[dict, list[dict]]:
+    """`cockpit launch local --layout L --sim DIR --yes --json` of a layout with no stall
+    settings; returns its outcome row and the verdicts the ledger kept."""
+    state = tmp_path / "sim"
+    fakenvml.write_host(str(state), gpus=8, model="rtx-pro-6000", seed=5)
+    port = port or free_port()
+    layout = tmp_path / "first.yaml"
+    layout.write_text(json.dumps({
+        "name": "first", "engine": "sglang", "python": sys.executable, "command": ["-m", "cockpit.sim.server"],
+        "base_flags": ["--tp-size", "8", "--port", str(port), "--enable-metrics", "--sim-shm-dir", str(tmp_path),
+                       *flags], "log_dir": str(tmp_path / "runs"), "ports": [port]}))
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "home" / "state")}
+    try:
+        out = subprocess.run([sys.executable, "-m", "cockpit", "launch", "local", "--layout", str(layout), "--sim",
+                              str(state), "--yes", "--json", "--timeout", str(timeout), "--settle", str(settle)],
+                             capture_output=True, text=True, env=env, timeout=timeout + 120)
+    finally:
+        rows = [json.loads(line) for p in (tmp_path / "home").rglob("ledger/*.jsonl")
+                for line in p.read_text().splitlines() if line.strip()]
+        for pgid in {r["pgid"] for r in rows if isinstance(r.get("pgid"), int)}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert out.stdout.strip().startswith("{"), out.stderr[-2000:]
+    return json.loads(out.stdout), [r for r in rows if r.get("event") == "verdict"]
+
+
+@pytest.mark.parametrize("flags, phase", [
+    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"], "capturing draft cuda graphs"),
+    (["--sim-stall-at", "init"], "loading weights"),
+    (["--sim-stall-at", "serving", "--sim-traffic", "2"], "serving"),
+], ids=["seed", "init", "serving"])
+def test_a_hang_is_called_stalled_on_the_stacks_evidence(tmp_path, flags, phase):
+    """Every rank blocked in a collective, the log silent: stalled on the positive evidence of two
+    dumps, whatever the phase (before the weights, the seed's own, with requests frozen)."""
+    row, verdicts = launch(tmp_path, ["--sim-speed", "4", *flags], settle=60)  # the serving hang comes after ready
+    assert row["outcome"] == "stalled-idle", row
+    assert row["evidence"][0].startswith("stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 in "
+                                         "a collective (Rank.all_reduce)"), row["evidence"]
+    assert not any(str(v["verdict"]).startswith("stalled") for v in verdicts[:-1])
+    if phase == "serving":
+        assert verdicts[-1]["detail"] == "requests frozen", verdicts[-1]
+        assert any("generation tokens frozen" in e for e in row["evidence"]), row["evidence"]
+
+
+def test_a_strangers_404s_every_2_s_never_move_a_hung_server(tmp_path):
+    """Issue 44: another user requests a missing page every 2 s from the server hung while serving
+    (its HTTP front end answers 404, one access line each): still stalled, requests frozen, the
+    log never said to show work (the access lines make no token, and the engine's counters stand;
+    each rule alone: tests/judge/test_fast_stall.py)."""
+    port, stop, answered = free_port(), threading.Event(), []
+
+    def stranger() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/completions/x", timeout=2)
+            except urllib.error.HTTPError as exc:
+                answered.append(exc.code)
+            except OSError:
+                pass  # not up yet
+            stop.wait(2)
+
+    who = threading.Thread(target=stranger, daemon=True)
+    who.start()
+    try:
+        row, verdicts = launch(tmp_path, ["--sim-speed", "4", "--sim-stall-at", "serving", "--sim-traffic", "2"],
+                               settle=60, port=port)
+    finally:
+        stop.set()
+        who.join(10)
+    lines = (next((tmp_path / "runs").glob("*.log"))).read_text()
+    assert 404 in answered and '"GET /v1/completions/x HTTP/1.1" 404' in lines, (answered, lines[-2000:])
+    assert row["outcome"] == "stalled-idle" and verdicts[-1]["detail"] == "requests frozen", (row, verdicts[-1])
+    assert not any("the log shows work" in e for e in row["evidence"]), row["evidence"]
+
+
+def test_a_rank_outside_the_collective_is_named(tmp_path):
+    """Rank 3 stops while capturing CUDA graphs, outside any collective; the others wait in it:
+    stalled, rank 3 named from the stacks."""
+    row, verdicts = launch(tmp_path, ["--sim-speed", "4", "--sim-capture-hang-rank", "3"])
+    assert row["outcome"] == "stalled-idle" and verdicts[-1]["odd_rank"] == 3, (row, verdicts[-1])
+    assert any("rank 3 not in Rank.all_reduce" in e for e in row["evidence"]), row["evidence"]
+
+
+def test_the_demos_launch_at_a_third_of_its_speed_is_never_stalled(tmp_path):
+    """A slow host: the demo's server (its flags, EAGLE-3 off: the demo's hang is the seed's) at a
+    third of its speed, its weight load and graph capture three times as long and as silent, then
+    serving: ready, and no verdict on the way a stall."""
+    row, verdicts = launch(tmp_path, ["--model-path", "/shared/kimi-k2.5-int4", "--trust-remote-code",
+                                      "--sim-speed", "0.33", "--sim-traffic", "1"], timeout=120, settle=20)
+    assert row["outcome"] == "ready", row
+    assert verdicts and not any(str(v["verdict"]).startswith("stalled") for v in verdicts), verdicts
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--sim-jit-s", "20"], None),  # rank 0 busy on the CPU: the cheap signals are not silent, no look
+    (["--sim-late-node-s", "20"], "in a rendezvous"),
+    (["--sim-slow-disk-s", "20"], "reading"),
+    ([], None),  # the idle server
+], ids=["jit", "late-node", "slow-disk", "idle-server"])
+async def test_a_healthy_phase_silent_in_the_log_is_never_stalled(tmp_path, sim_state, monkeypatch, flags, said):
+    """A run started by hand, watched by a monitor as a screen keeps one, with a layout that says
+    nothing about stalls: its phase runs 20 s silent in the log, then the server comes up and
+    serves nothing. No verdict on the way is a stall; where the ranks sit idle (the rendezvous,
+    the slow disk) a stack look is taken and says why it is none; the idle server is `ok` and
+    never looked at."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    port = free_port()
+    log = tmp_path / "server.log"
+    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--sim-speed", "4",
+                               "--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    layout = tmp_path / "first.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n")
+    lay = load_layout(str(layout))
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)),
+                          layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    verdicts: list[str] = []
+    looks = []
+
+    def seen(event):
+        verdicts.append(str(monitor.verdict.name))
+        if monitor.watchdog.look is not None and monitor.watchdog.look not in looks:
+            looks.append(monitor.watchdog.look)
+
+    monitor.subscribe(seen)
+    try:
+        await monitor.open(kept=True)
+        kept = asyncio.create_task(monitor.keep())
+        await wait_for(lambda: monitor.phase.name in ("ready", "serving"), 150, "the server up", log.read_text)
+        up = len(looks)
+        await monitor.session.wait_samples(40, timeout=120)  # idle, serving nothing, past the quiet window
+        assert monitor.verdict.name.value == "ok", monitor.verdict
+        assert len(looks) == up  # a server with no request has no work waiting: never looked at
+        kept.cancel()
+    finally:
+        await monitor.close()
+        kill_groups([server.pid])
+    assert not any(v.startswith("stalled") for v in verdicts), verdicts
+    if said is not None:
+        assert looks and not any(look.still for look in looks), looks
+        assert any(said in look.evidence()[0] for look in looks), [look.evidence() for look in looks]
