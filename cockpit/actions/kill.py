@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from cockpit.common.errors import CockpitError, LinkLost
-from cockpit.common.hosttext import count, these, visible
+from cockpit.common.hosttext import count, visible
 from cockpit.common.secrets import mask_text
 from cockpit.host.session import HostSession
 from cockpit.host.state import HostState

@@ -22,7 +22,6 @@ searched again). A server's check (CHECK) also holds its workdir to the same rul
 Standard library only, Python 3.8 syntax: this module travels with the agent, which checks a
 server's interpreter the same way before a launch (`CHECK`)."""
 
-import os
 import subprocess
 
 EXIT_UNTRUSTED = 5  # the check's refusal

@@ -13,16 +13,15 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cockpit.actions import forensics, kill
+from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError, LinkLost
 from cockpit.common.hosttext import count
 from cockpit.host.servers import Server, servers_of, tree_pids, tree_view
 from cockpit.host.session import HostSession, SessionOptions, WatchList
-from cockpit.host.state import HISTORY_LEN, HostState, Proc
+from cockpit.host.state import HISTORY_LEN, HostState
 from cockpit.judge.diagnose import phase_of
-from cockpit.judge.evidence import merge
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import Target
 from cockpit.monitor.base import (
@@ -36,7 +35,7 @@ from cockpit.monitor.base import (
 )
 from cockpit.read import metrics
 from cockpit.runs.config import Layout
-from cockpit.runs.ledger import append_ledger, ledger_path
+from cockpit.runs.ledger import ledger_path
 from cockpit.runs.run import Run
 
 PROBE_EVERY_S = 2.0

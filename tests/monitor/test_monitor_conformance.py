@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from contextlib import asynccontextmanager
