@@ -8,12 +8,14 @@ tests/bench/stall_detect.py's (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -141,19 +143,7 @@ async def test_a_healthy_phase_silent_in_the_log_is_never_stalled(tmp_path, sim_
     the slow disk) a stack look is taken and says why it is none; the idle server is `ok` and
     never looked at."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    port = free_port()
-    log = tmp_path / "server.log"
-    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--sim-speed", "4",
-                               "--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
-    layout = tmp_path / "first.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n")
-    lay = load_layout(str(layout))
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)),
-                          layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    server, log, monitor = by_hand(tmp_path, sim_state, flags)
     verdicts: list[str] = []
     looks = []
 
@@ -179,3 +169,82 @@ async def test_a_healthy_phase_silent_in_the_log_is_never_stalled(tmp_path, sim_
     if said is not None:
         assert looks and not any(look.still for look in looks), looks
         assert any(said in look.evidence()[0] for look in looks), [look.evidence() for look in looks]
+
+
+def by_hand(tmp_path: Path, sim_state, flags: list[str], layout_extra: str = ""):
+    """A TP-2 simulated server started by hand (as the operator story's are), its log a file, and a
+    monitor as a screen keeps one, with a layout naming its port and nothing about stalls."""
+    port = free_port()
+    log = tmp_path / "server.log"
+    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--sim-speed", "4",
+                               "--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    layout = tmp_path / "first.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{layout_extra}")
+    lay = load_layout(str(layout))
+    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
+                                                                sim_state=str(sim_state)),
+                          layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    return server, log, monitor
+
+
+@pytest.mark.parametrize("switch", ["auto_dump: false\n", "--no-forensics"], ids=["layout", "cli"])
+async def test_with_forensics_off_no_stack_look_is_taken(tmp_path, sim_state, monkeypatch, switch):
+    """Looks follow the forensics switch: with `auto_dump: false` in the layout, or `--no-forensics`
+    as the CLI reads it, a hang before the weights is silent well past the quiet window and the look
+    gap, and no rank is dumped: the verdict waits for the stall windows (120 s), never stalled on a look."""
+    from cockpit.cli.attach import forensics_allowed
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    server, log, monitor = by_hand(tmp_path, sim_state, ["--sim-stall-at", "init"],
+                                   switch if switch.endswith("\n") else "")
+    args = argparse.Namespace(read_only=False, no_forensics=switch == "--no-forensics")
+    monitor.forensics_on = forensics_allowed(args, monitor.layout)
+    assert monitor.forensics_on is False
+    verdicts: list[str] = []
+    monitor.subscribe(lambda event: verdicts.append(str(monitor.verdict.name)))
+    try:
+        await monitor.open(kept=True)
+        kept = asyncio.create_task(monitor.keep())
+        await wait_for(lambda: "Init torch distributed ends" in log.read_text(), 60, "the hang", log.read_text)
+        await monitor.session.wait_samples(80, timeout=120)  # 20 s and more of silence: 5 s quiet + 4 s gap, twice
+        assert monitor.watchdog.looks is False and monitor.watchdog.look is None, monitor.watchdog.look.evidence()
+        assert not monitor.verdict.name.value.startswith("stalled"), (monitor.verdict, log.read_text()[-500:])
+        kept.cancel()
+    finally:
+        await monitor.close()
+        kill_groups([server.pid])
+    assert not any(v.startswith("stalled") for v in verdicts), verdicts
+
+
+def test_a_cold_look_just_after_the_last_line_goes_on_until_a_stack_look_decides(tmp_path):
+    """A one-shot `cockpit snapshot` (its default wait) begun a second after a hang's last line, by a
+    cockpit that never saw the run before: it does not answer on its first sample, but goes on while a
+    stack look can decide, and says stalled on the stacks' evidence."""
+    state = tmp_path / "sim"
+    fakenvml.write_host(str(state), gpus=8, model="rtx-pro-6000", seed=5)
+    port = free_port()
+    log = tmp_path / "server.log"
+    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "8", "--sim-speed", "4",
+                               "--port", str(port), "--sim-shm-dir", str(tmp_path), "--sim-stall-at", "init"],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "COCKPIT_SIM_STATE": str(state)})
+    layout = tmp_path / "first.yaml"
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n")
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "home" / "state")}
+    try:
+        deadline = time.monotonic() + 90
+        while not ("Init torch distributed ends" in log.read_text() and time.time() - log.stat().st_mtime >= 1.0):
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        out = subprocess.run([sys.executable, "-m", "cockpit", "snapshot", "local", "--layout", str(layout), "--sim",
+                              str(state), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        kill_groups([server.pid])
+    assert out.returncode == 0 and out.stdout.startswith("{"), out.stderr[-2000:]
+    verdict = json.loads(out.stdout)["verdict"]
+    assert verdict["name"] == "stalled-idle", verdict
+    assert verdict["evidence"][0].startswith("stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 "
+                                             "in a collective"), verdict["evidence"]
