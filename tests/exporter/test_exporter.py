@@ -366,7 +366,10 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
         alerts = await wait_for(lambda: watch_states(), 240, "the stall alert to fire")
         stalled = next(a for a in alerts["data"]["alerts"] if a["labels"]["alertname"] == "GpuCockpitRunStalled")
         assert stalled["labels"]["host"] == "demo" and stalled["labels"]["severity"] == "critical"
-        assert stalled["annotations"]["summary"] == "demo: the run is stalled"
+        # the demo's launched run is followed: the alert is that run's (its tree's root), never the host's twice
+        assert re.fullmatch(r"root:\d+", stalled["labels"].get("run", "")), stalled["labels"]
+        assert stalled["annotations"]["summary"] == f"demo: the run ({stalled['labels']['run']}) is stalled"
+        assert sum(a["labels"]["alertname"] == "GpuCockpitRunStalled" for a in alerts["data"]["alerts"]) == 1
         assert seen_states & {"stalled-idle", "stalled-spinning"}, seen_states
         query = _get(f"{api}/query?query=" + urllib.parse.quote('ALERTS{alertstate="firing"}'))
         assert any(r["metric"]["alertname"] == "GpuCockpitRunStalled" and r["metric"]["host"] == "demo"

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cockpit.common.errors import CockpitError
@@ -21,6 +24,7 @@ from cockpit.link.slurm import parse_listpids, parse_scontrol_job
 from cockpit.link.target import parse_target
 from cockpit.sim import fakenvml
 from conftest import free_port, run_cli
+from simhost import kill_groups
 from engines import container_engine, slurm  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,10 +114,31 @@ def cli(slurm, *args, timeout=90):  # noqa: F811
     return run_cli(*args, "--python", sys.executable, timeout=timeout, env={**slurm.env, "PYTHONPATH": str(REPO)})
 
 
+def neighbour_on_n1(tmp_path: Path, name: str) -> subprocess.Popen:
+    """A single-node server of the same command started by hand on node n1's GPUs beside the job (as
+    a colleague's is), its own process group and port."""
+    folder = tmp_path / name
+    folder.mkdir()
+    log = folder / "server.log"
+    p = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(free_port()),
+                          "--sim-speed", "8", "--sim-shm-dir", str(folder)], stdout=open(log, "w"),
+                         stderr=subprocess.STDOUT, start_new_session=True,
+                         env={**os.environ, "COCKPIT_SIM_STATE": str(tmp_path / "n1"), "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 40
+    while "fired up" not in log.read_text():
+        assert time.monotonic() < deadline and p.poll() is None, log.read_text()[-300:]
+        time.sleep(0.2)
+    return p
+
+
 def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_killed_on_both(slurm, tmp_path):  # noqa: F811
+    """Beside it on n1, a single-node server of the same command (issue 44): never one of the job's
+    processes, its end never the job's crash, and the job's kill leaves it serving."""
     t_start = time.monotonic()
     job = start_job(slurm, tmp_path, "--sim-traffic 2 --sim-hang-rank 3")
     print(f"servers up in {time.monotonic() - t_start:.1f} s")
+    neighbour = neighbour_on_n1(tmp_path, "nb1")
+    theirs = {neighbour.pid, *(c.pid for c in psutil.Process(neighbour.pid).children(recursive=True))}
     try:
         layout = tmp_path / "layout.yaml"
         layout.write_text(LAYOUT)
@@ -135,6 +160,18 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         assert v["evidence"][0].startswith("rank 3 is on node n2 (pid ")
         # ready until the first request of the sim's traffic, serving after: either is the job up
         assert doc["phase"]["name"] in ("ready", "serving") and doc["log"]["path"].startswith("n1:")
+        assert not theirs & {p["pid"] for p in doc["processes"]}, "the neighbour's processes read as the job's"
+        assert len(theirs) == 3 and neighbour.poll() is None  # its server and two ranks, serving
+
+        ended = threading.Timer(3, os.killpg, (neighbour.pid, signal.SIGKILL))  # the neighbour ends mid-look
+        ended.start()
+        res = cli(slurm, "snapshot", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--layout", str(layout), "--json",
+                  "--wait", "8")
+        ended.join()
+        assert neighbour.wait(10) == -signal.SIGKILL
+        v = json.loads(res.stdout)["verdict"]
+        assert (v["name"], v["odd_rank"]) == ("stalled-spinning", 3), v  # never crashed: not one of its ranks
+        neighbour = neighbour_on_n1(tmp_path, "nb2")
 
         print(f"snapshot in {took:.1f} s")
         t_kill = time.monotonic()
@@ -146,10 +183,13 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         while (run_procs(str(tmp_path)) or slurm.job_state(job) != "gone") and time.monotonic() < deadline:
             time.sleep(0.2)
         print(f"kill and the job's end in {time.monotonic() - t_kill:.1f} s")
-        assert run_procs(str(tmp_path)) == [], "something of the run is left on a node"
+        assert [line for line in run_procs(str(tmp_path)) if str(tmp_path / "nb2") not in line] == [], \
+            "something of the run is left on a node"
         assert slurm.job_state(job) == "gone"  # the batch script ended the job once its steps were gone
+        assert neighbour.poll() is None, "the job's kill touched the server beside it"
     finally:
         subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
+        kill_groups([neighbour.pid])
 
 
 async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):  # noqa: F811
