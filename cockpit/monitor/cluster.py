@@ -32,7 +32,7 @@ import copy
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +56,10 @@ GPU_STRIDE = 1000
 DEV_STRIDE = 1 << 48  # a node's /dev/shm device number on the job's numbers: node * DEV_STRIDE + dev
 REFRESH_PIDS_S = 10.0  # a step started later in the job (a relaunch) is found this often
 NODE_RANK_FLAGS = ("--node-rank", "--node_rank")
+# agent commands a job answers from its first node: one host's facts (py-spy there, the host's
+# errors and metrics) and a launch, which starts on the node the operator's cockpit reaches first
+FIRST_NODE = frozenset({"dump_check", "host_facts", "ras", "metrics", "find_runs", "launch_check", "launch",
+                        "stdout_of"})
 
 
 def node_of(key: int) -> tuple[int, int]:
@@ -317,24 +321,24 @@ class ClusterSession:
                 for q in [getattr(p, "node_pid", None)] if isinstance(q, int)}
 
     async def request(self, cmd: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
+        """A command of the job: spread over its nodes (FANNED) or asked of its first node
+        (FIRST_NODE); any other is an error naming it, never sent anywhere."""
+        fanned = self._fanned.get(cmd)
+        if fanned is None and cmd not in FIRST_NODE:
+            raise CockpitError(f"a Slurm job's cockpit has no command {cmd!r}: it spreads "
+                               f"{', '.join(sorted(self._fanned))} over the nodes and asks "
+                               f"{', '.join(sorted(FIRST_NODE))} of the first")
         nodes = self._up()
         if not nodes:
             raise LinkLost("no node of the job is connected")
-        if cmd == "kill_plan":
-            return await self._kill_plan(args, timeout)
-        if cmd == "kill":
-            return await self._kill(args, timeout)
-        if cmd == "dump":
-            return await self._dump(args, timeout)
-        if cmd == "fr_dump":
-            return await self._fr_dump(args, timeout)
-        if cmd == "note":
-            return await self._note(args, timeout)
-        if cmd == "shm_audit":
-            return await self._shm_audit(args, timeout)
-        if cmd == "shm_clean":
-            return await self._shm_clean(args, timeout)
+        if fanned is not None:
+            return await fanned(args, timeout)
         return await nodes[0].host.session.request(cmd, timeout=timeout, **args)
+
+    @property
+    def _fanned(self) -> dict[str, Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]]:
+        return {"kill_plan": self._kill_plan, "kill": self._kill, "dump": self._dump, "fr_dump": self._fr_dump,
+                "note": self._note, "shm_audit": self._shm_audit, "shm_clean": self._shm_clean}
 
     async def _kill_plan(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The run of a Slurm job is the job's processes on each node (`scontrol listpids`, which

@@ -349,3 +349,18 @@ def test_a_nodes_part_stopped_whole_elsewhere_reads_stopped_then_no_run_never_cr
     sample(n2, acts=[record("stop", [12, 13]), record("ended", [12, 13])])
     assert (m.verdict.name.value, m.phase.name) == ("no run", "no run"), m.verdict
     assert "crashed" not in seen, seen
+
+
+async def test_a_jobs_cockpit_refuses_a_command_it_does_not_know_in_words():
+    """A command the job neither spreads over its nodes nor asks of its first node is an error
+    naming it, raised before any node is asked (none is connected here)."""
+    from cockpit.common.errors import CockpitError, LinkLost
+    from cockpit.monitor.cluster import FIRST_NODE
+
+    m = ClusterMonitor(parse_target("slurm:7"), SessionOptions(), None)
+    with pytest.raises(CockpitError, match="no command 'reboot'") as err:
+        await m.session.request("reboot")
+    assert not isinstance(err.value, LinkLost) and "kill_plan" in str(err.value) and "host_facts" in str(err.value)
+    for known in ("kill_plan", "dump", "shm_audit", *sorted(FIRST_NODE)):  # known: on to the nodes, none up here
+        with pytest.raises(LinkLost):
+            await m.session.request(known)
