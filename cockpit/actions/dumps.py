@@ -24,6 +24,7 @@ from cockpit.host.state import HostState, Proc
 from cockpit.read import flightrec
 from cockpit.read.stacks import Group, describe_groups, exit_text, group_stacks
 from cockpit.runs.ledger import state_home
+from cockpit.runs.run import Run
 
 
 @dataclass
@@ -279,6 +280,31 @@ async def dump_ranks(session: HostSession, ranks: list[tuple[int | None, int]], 
     result = DumpSet(folder, group_stacks(texts), failed, data["check"] or check, dead, pyspy)
     _write_private(folder / "groups.txt", "\n".join(result.report(full=True)) + "\n")
     return result
+
+
+@dataclass
+class DumpPlan:
+    """What a stack dump touches: the ranks of `run`, found as the kill finds them (never another
+    run's or another user's), and a line for each watched rank left alone."""
+
+    run: Run
+    rule: str
+    ranks: list[tuple[int | None, int]]
+    left: list[str]
+
+    def describe(self) -> list[str]:
+        return [f"the run: {self.rule}"] + self.left
+
+
+async def plan_dump(session: HostSession, run: Run, root: int | None = None, verb: str = "dump",
+                    live_only: bool = False) -> DumpPlan:
+    """The one way a dump finds the run's ranks (the screen's `d`, `cockpit dump`, a relaunch's
+    stall, the bundle, the stall's forensics): kill.member_plan, then its members' ranks, the
+    dead ones too (said dead) unless `live_only`."""
+    plan = await kill.member_plan(session, run, root, verb)
+    members, left = kill.of_run(session.state, plan)
+    ranks = kill.rank_pids(session.state, members) if live_only else dump_targets(session.state, members)
+    return DumpPlan(run, plan.rule, ranks, left)
 
 
 # ----------------------------------------------------------------------------- flight recorder

@@ -14,7 +14,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from cockpit.actions import dumps, kill
+from cockpit.actions import dumps
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import visible
 from cockpit.read.findings import Finding, rank_ranges
@@ -94,12 +94,10 @@ async def gather(session, run, folder: str) -> Forensics:
     Run) as the kill finds it (never another user's ranks); the odd rank from them. The dumps go
     to the run's folder `folder`."""
     try:
-        plan = await kill.member_plan(session, run, verb="dump")
-        members, _left = kill.of_run(session.state, plan)
-        ranks = kill.rank_pids(session.state, members)
-        if not ranks:
+        plan = await dumps.plan_dump(session, run, live_only=True)
+        if not plan.ranks:
             return Forensics(error="no live rank of the run to dump")
-        stacks = await dumps.dump_ranks(session, ranks, folder, deadline_s=DEADLINE_S)
+        stacks = await dumps.dump_ranks(session, plan.ranks, folder, deadline_s=DEADLINE_S)
     except CockpitError as exc:
         return Forensics(error=str(exc))
     found = odd_rank(stacks.groups)
@@ -121,9 +119,7 @@ async def look(session, run, gap_s: float) -> StackLook:
     dumped twice with py-spy --nonblocking, `gap_s` apart, never paused, with the bytes each read
     meanwhile; the odd rank from the second dump. Nothing is written: the stall's forensics, if it
     is one, come after. A CockpitError when no rank can be dumped (no py-spy, no ptrace rights)."""
-    plan = await kill.member_plan(session, run, verb="dump")
-    members, _left = kill.of_run(session.state, plan)
-    ranks = kill.rank_pids(session.state, members)
+    ranks = (await dumps.plan_dump(session, run, live_only=True)).ranks
     if not ranks:
         raise CockpitError("no live rank of the run to look at")
     pyspy, check = await dumps.ensure_pyspy(session)

@@ -120,18 +120,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            session = monitor.session
-            plan = await actions.member_plan(session, monitor.run, args.pid, "dump")  # as the kill finds it
-            members, left = actions.of_run(session.state, plan)
-            for line in [f"the run: {plan.rule}"] + left:
+            plan = await monitor.plan_dump(args.pid, "dump")  # as the kill finds it
+            for line in plan.describe():
                 print(visible(line), file=sys.stderr, flush=True)
-            ranks = dumps.dump_targets(session.state, members)
-            if not ranks:
-                raise CockpitError(f"no rank of the run to dump on {session.target.label}: no watched process of it "
-                                   f"is alive")
-            return await dumps.dump_ranks(session, ranks, monitor.run.folder_name(monitor.target.label), upload=args.upload_pyspy,
-                                          say=lambda line: print(line, file=sys.stderr, flush=True),
-                                          python=monitor.layout.python if monitor.layout is not None else None)
+            if not plan.ranks:
+                raise CockpitError(f"no rank of the run to dump on {monitor.session.target.label}: no watched process "
+                                   f"of it is alive")
+            return await monitor.dump_stacks(plan, upload=args.upload_pyspy,
+                                             say=lambda line: print(line, file=sys.stderr, flush=True),
+                                             python=monitor.layout.python if monitor.layout is not None else None)
 
     result = run_async(go())
     if args.json:

@@ -12,7 +12,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from cockpit.actions import forensics, kill
+from cockpit.actions import dumps, forensics, kill
 from cockpit.actions.forensics import Forensics
 from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
@@ -145,6 +145,11 @@ class Monitor(Protocol):
     async def forensics_done(self) -> None: ...
     async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
                    whole_run: bool = True) -> dict[str, Any]: ...
+    async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
+                        run: Run | None = None) -> dumps.DumpPlan: ...
+    async def dump_stacks(self, plan: dumps.DumpPlan, folder: str | None = None, upload: bool = False,
+                          say: Callable[[str], None] | None = None, python: str | None = None,
+                          deadline_s: float = 20.0) -> dumps.DumpSet: ...
 
 
 class MonitorBase:
@@ -372,6 +377,18 @@ class MonitorBase:
             if whole_run and report["verified"]:
                 self.run_ended()
         return report
+
+    async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
+                        run: Run | None = None) -> dumps.DumpPlan:
+        """The ranks a stack dump of `run` (the run followed) would touch: the plan to show."""
+        return await dumps.plan_dump(self.session, run or self.run, root, verb, live_only)
+
+    async def dump_stacks(self, plan: dumps.DumpPlan, folder: str | None = None, upload: bool = False,
+                          say: Callable[[str], None] | None = None, python: str | None = None,
+                          deadline_s: float = 20.0) -> dumps.DumpSet:
+        """Carry out a dump plan: the ranks' stacks, kept in `folder` (the run's own by default)."""
+        return await dumps.dump_ranks(self.session, plan.ranks, folder or plan.run.folder_name(self.target.label),
+                                      upload=upload, deadline_s=deadline_s, say=say, python=python)
 
     def _stall_forensics(self) -> None:
         """A stall declared on the run followed: its forensics are gathered once, by one cockpit

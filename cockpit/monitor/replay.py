@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+from cockpit.actions.dumps import DumpPlan
 from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.host.state import HostState
@@ -67,6 +68,10 @@ class ReplayMonitor(MonitorBase):
     async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
                    whole_run: bool = True) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no host to act on: attach to the host itself")
+
+    async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
+                        run: Run | None = None) -> DumpPlan:
+        raise CockpitError("a replayed snapshot has no ranks to dump: attach to the host itself")
 
     @contextmanager
     def stopping_for(self, why: str, plan: KillPlan | None = None) -> Iterator[None]:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan, ShmForRun
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
@@ -55,8 +54,7 @@ async def host_facts(monitor: Monitor) -> dict[str, str]:
     facts: dict[str, Any] = {"driver": monitor.state.agent.driver}
     pids: list[int] = []
     try:
-        plan = await kill.member_plan(monitor.session, monitor.run, verb="bisect")
-        pids = [pid for _, pid in kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])]
+        pids = [pid for _, pid in (await monitor.plan_dump(verb="bisect", live_only=True)).ranks]
     except CockpitError:
         pass
     try:

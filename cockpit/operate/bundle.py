@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit import __version__
-from cockpit.actions import dumps, kill
+from cockpit.actions import dumps
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_line
@@ -84,15 +84,13 @@ async def _stacks(monitor: Monitor, m: _Members, run: str, read_only: bool) -> N
     if read_only:
         return m.miss("stacks", "--read-only: attaching py-spy to the ranks is an action")
     try:
-        plan = await kill.member_plan(monitor.session, monitor.run, verb="bundle")
+        plan = await monitor.plan_dump(verb="bundle", live_only=True)
     except CockpitError as exc:
         return m.miss("stacks", exc)
-    ranks = kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])
-    if not ranks:
+    if not plan.ranks:
         return m.miss("stacks", "no live process of the run to dump")
     try:
-        result = await dumps.dump_ranks(monitor.session, ranks, run,
-                                        python=monitor.layout.python if monitor.layout is not None else None)
+        result = await monitor.dump_stacks(plan, run, python=monitor.layout.python if monitor.layout is not None else None)
     except CockpitError as exc:
         return m.miss("stacks", exc)
     for f in sorted(result.folder.iterdir()):
@@ -198,8 +196,7 @@ async def _facts(monitor: Monitor, m: _Members, read_only: bool = False) -> None
     on the host but the agent: no nvidia-smi, dmesg or journalctl (the versions are read from
     files)."""
     try:
-        plan = await kill.member_plan(monitor.session, monitor.run, verb="bundle")
-        pids = [pid for _, pid in kill.rank_pids(monitor.state, kill.of_run(monitor.state, plan)[0])]
+        pids = [pid for _, pid in (await monitor.plan_dump(verb="bundle", live_only=True)).ranks]
     except CockpitError as exc:
         pids = []
         m.miss("versions of the run's packages", exc)

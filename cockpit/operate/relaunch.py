@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cockpit.actions import dumps, kill
+from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import check_launch, launch, refuse_unasked
 from cockpit.common.errors import CockpitError
@@ -169,10 +169,8 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
             evidence = evidence + [f"stacks: {line}" for line in gathered.lines]
         else:
             try:
-                members = await kill.member_plan(session, run)  # the run just launched, as the kill finds it
-                result = await dumps.dump_ranks(session, dumps.dump_targets(session.state,
-                                                                            kill.of_run(session.state, members)[0]),
-                                                run.folder_name(session.target.label))
+                ranks = await monitor.plan_dump(run=run)  # the run just launched, as the kill finds it
+                result = await monitor.dump_stacks(ranks, run.folder_name(session.target.label))
                 folder = str(result.folder)
                 evidence = evidence + [f"stacks: {line}" for line in result.report()]
             except CockpitError as exc:

@@ -10,14 +10,12 @@ from contextlib import asynccontextmanager
 from rich.text import Text
 from textual.screen import Screen
 
-from cockpit.actions.dumps import PyspyMissing, collect, dump_ranks, dump_targets, ensure_pyspy, missing
+from cockpit.actions.dumps import PyspyMissing, collect, ensure_pyspy, missing
 from cockpit.actions.kill import (
     describe_clean,
     describe_kill,
     describe_shm,
-    member_plan,
     listed,
-    of_run,
     plan_kill,
     shm_audit,
     shm_clean,
@@ -185,16 +183,14 @@ class ActionRunner:
         async with self.exclusive("stack dump") as go:
             if not go:
                 return
-            state = self.screen.state
-            plan = await member_plan(self.monitor.session, self.monitor.run)  # as the kill finds it: never another's ranks
-            ranks = dump_targets(state, of_run(state, plan)[0])
+            plan = await self.monitor.plan_dump()  # as the kill finds it: never another's ranks
+            ranks = plan.ranks
             if not ranks:
                 self.notify("no rank to dump", severity="warning")
                 return
             await self.pyspy("dump the stacks")
             self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
-            result = await dump_ranks(self.monitor.session, ranks, self.monitor.run.folder_name(self.monitor.target.label),
-                                      say=lambda line: self.notify(line), python=self.python)
+            result = await self.monitor.dump_stacks(plan, say=lambda line: self.notify(line), python=self.python)
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
             self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
