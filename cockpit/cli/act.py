@@ -30,14 +30,13 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
     async def go() -> dict | None:
         async with attached(args) as monitor:
-            session = monitor.session
             scope = process_scope(args.pid) if args.pid else monitor.scope()
-            plan = await actions.plan_kill(session, scope)
+            plan = await monitor.plan_stop(scope)
             if not plan.entries:
                 why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
-                raise CockpitError(f"nothing to kill on {session.target.label}: no process of the run is alive"
+                raise CockpitError(f"nothing to kill on {monitor.target.label}: no process of the run is alive"
                                    + (f" ({why})" if why else "")
-                                   if not args.pid else f"no process {args.pid} on {session.target.label}")
+                                   if not args.pid else f"no process {args.pid} on {monitor.target.label}")
             if not confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes,
                            args.json):
                 return None
@@ -73,8 +72,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            session = monitor.session
-            audit = await actions.shm_audit(session, args.dir)
+            audit = await monitor.shm_audit(args.dir)
             other_dir = not audit.get("default", os.path.normpath(args.dir) == actions.SHM_DEFAULT)
             if other_dir:  # the folder as the host resolves it: `/dev/../dev/shm` is /dev/shm, a symlink is not
                 refuse_other(audit["folder"])
@@ -93,7 +91,7 @@ def cmd_shm(args: argparse.Namespace) -> int:
                     [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
                         f"--yes-other-dir does)?", False):
                 return audit, None
-            return audit, await actions.shm_clean(session, chosen, audit["folder"], other_dir=other_dir)
+            return audit, await monitor.shm_clean(chosen, audit["folder"], other_dir=other_dir)
 
     audit, cleaned = run_async(go())
     if args.json:
@@ -124,7 +122,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
             for line in plan.describe():
                 print(visible(line), file=sys.stderr, flush=True)
             if not plan.ranks:
-                raise CockpitError(f"no rank of the run to dump on {monitor.session.target.label}: no watched process "
+                raise CockpitError(f"no rank of the run to dump on {monitor.target.label}: no watched process "
                                    f"of it is alive")
             return await monitor.dump_stacks(plan, upload=args.upload_pyspy,
                                              say=lambda line: print(line, file=sys.stderr, flush=True),

@@ -12,7 +12,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from cockpit.actions import dumps, forensics, kill
+from cockpit.actions import dumps, forensics, kill, launch
 from cockpit.actions.forensics import Forensics
 from cockpit.actions.kill import KillPlan
 from cockpit.common.errors import CockpitError
@@ -35,6 +35,7 @@ from cockpit.runs.ledger import (
     typical_phase_seconds,
 )
 from cockpit.runs.run import Run, Scope
+from cockpit.runs.spec import RunSpec
 
 PLAIN_LOOK_S = 15.0  # the longest a plain look (no --wait) judges before it answers
 
@@ -147,6 +148,13 @@ class Monitor(Protocol):
                    whole_run: bool = True) -> dict[str, Any]: ...
     async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
                         run: Run | None = None) -> dumps.DumpPlan: ...
+    async def plan_stop(self, scope: Scope | None = None, allow_ambiguous: bool = False) -> KillPlan: ...
+    async def shm_audit(self, folder: str = kill.SHM_DEFAULT, uid: int | None = None) -> dict[str, Any]: ...
+    async def shm_clean(self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None,
+                        other_dir: bool = False) -> dict[str, Any]: ...
+    async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]: ...
+    async def check_launch(self, spec: RunSpec) -> None: ...
+    async def launch(self, spec: RunSpec) -> Run: ...
     async def dump_stacks(self, plan: dumps.DumpPlan, folder: str | None = None, upload: bool = False,
                           say: Callable[[str], None] | None = None, python: str | None = None,
                           deadline_s: float = 20.0) -> dumps.DumpSet: ...
@@ -377,6 +385,39 @@ class MonitorBase:
             if whole_run and report["verified"]:
                 self.run_ended()
         return report
+
+    # The acts on the host, each planned (what it will touch, for the operator to confirm), then
+    # carried out exactly as planned; the floors above (ui, cli, operate) act through these alone.
+
+    async def plan_stop(self, scope: Scope | None = None, allow_ambiguous: bool = False) -> KillPlan:
+        """What a stop of `scope` (the run followed) would signal: carried out by `stop`."""
+        return await kill.plan_kill(self.session, scope or self.scope(), allow_ambiguous)
+
+    async def shm_audit(self, folder: str = kill.SHM_DEFAULT, uid: int | None = None) -> dict[str, Any]:
+        """Every entry of the shared-memory folder, each removable or kept with its reason."""
+        return dict(await kill.shm_audit(self.session, folder, uid))
+
+    async def shm_clean(self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None,
+                        other_dir: bool = False) -> dict[str, Any]:
+        """Remove exactly these audited entries, each re-checked on the host."""
+        return dict(await kill.shm_clean(self.session, entries, folder, uid, other_dir))
+
+    async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
+        """The host's facts (`items` of nvidia_smi, xid, versions; the versions of these pids' run)."""
+        return await self.session.request("host_facts", timeout=timeout, items=items, pids=pids)  # type: ignore[no-any-return]
+
+    async def check_launch(self, spec: RunSpec) -> None:
+        """A launch's check alone (interpreter, import path, workdir): a refusal starts nothing."""
+        await launch.check_launch(self.session, self._launch_layout(), spec)
+
+    async def launch(self, spec: RunSpec) -> Run:
+        """Start the layout's run as `spec` says; the caller follows the Run returned."""
+        return await launch.launch(self.session, self._launch_layout(), spec)
+
+    def _launch_layout(self) -> Layout:
+        if self.layout is None:
+            raise CockpitError("a relaunch needs a layout: it names what is launched")
+        return self.layout
 
     async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
                         run: Run | None = None) -> dumps.DumpPlan:

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from cockpit.actions.dumps import DumpPlan
-from cockpit.actions.kill import KillPlan
+from cockpit.actions.kill import SHM_DEFAULT, KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.host.state import HostState
 from cockpit.judge.diagnose import phase_of
@@ -18,7 +18,8 @@ from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.link.target import parse_target
 from cockpit.monitor.base import MonitorBase, MonitorEvent, watchdog_for
 from cockpit.runs.config import Layout
-from cockpit.runs.run import Run
+from cockpit.runs.run import Run, Scope
+from cockpit.runs.spec import RunSpec
 
 
 class ReplayMonitor(MonitorBase):
@@ -72,6 +73,25 @@ class ReplayMonitor(MonitorBase):
     async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
                         run: Run | None = None) -> DumpPlan:
         raise CockpitError("a replayed snapshot has no ranks to dump: attach to the host itself")
+
+    async def plan_stop(self, scope: Scope | None = None, allow_ambiguous: bool = False) -> KillPlan:
+        raise CockpitError("a replayed snapshot has no host to act on: attach to the host itself")
+
+    async def shm_audit(self, folder: str = SHM_DEFAULT, uid: int | None = None) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no /dev/shm to read: attach to the host itself")
+
+    async def shm_clean(self, entries: list[Any], folder: str = SHM_DEFAULT, uid: int | None = None,
+                        other_dir: bool = False) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no /dev/shm to clean: attach to the host itself")
+
+    async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no host to ask: attach to the host itself")
+
+    async def check_launch(self, spec: RunSpec) -> None:
+        raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")
+
+    async def launch(self, spec: RunSpec) -> Run:
+        raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")
 
     @contextmanager
     def stopping_for(self, why: str, plan: KillPlan | None = None) -> Iterator[None]:

@@ -58,7 +58,7 @@ async def host_facts(monitor: Monitor) -> dict[str, str]:
     except CockpitError:
         pass
     try:
-        answer = await monitor.session.request("host_facts", timeout=60, items=["versions"], pids=pids[:2])
+        answer = await monitor.host_facts(["versions"], pids[:2])
     except CockpitError:
         answer = {}
     data = (answer.get("versions") or {}).get("data") or {}

@@ -202,7 +202,7 @@ async def _facts(monitor: Monitor, m: _Members, read_only: bool = False) -> None
         m.miss("versions of the run's packages", exc)
     items = ["versions"] if read_only else ["nvidia_smi", "xid", "versions"]
     try:
-        facts = await monitor.session.request("host_facts", timeout=150, items=items, pids=pids[:4])
+        facts = await monitor.host_facts(items, pids[:4], timeout=150)
     except CockpitError as exc:
         for item in ("nvidia-smi -q", "xid", "versions"):
             m.miss(item, exc)

@@ -12,7 +12,7 @@ from typing import Any
 
 from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
-from cockpit.actions.launch import check_launch, launch, refuse_unasked
+from cockpit.actions.launch import refuse_unasked
 from cockpit.common.errors import CockpitError
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.monitor.base import Monitor
@@ -98,14 +98,13 @@ async def plan_relaunch(monitor: Monitor, clean_shm: bool = True
     as listed (name, device, inode; kill.shm_for_run), the others said as left. Returns
     (plan, the ShmForRun or None when shm is left alone, lines).
     Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
-    session = monitor.session
-    plan = await kill.plan_kill(session, monitor.scope())
+    plan = await monitor.plan_stop()
     lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
              if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
     lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
     found = None
     if clean_shm:
-        audit = await kill.shm_audit(session, uid=plan.uid)  # before the kill: the run still holds its files
+        audit = await monitor.shm_audit(uid=plan.uid)  # before the kill: the run still holds its files
         found = kill.shm_for_run(audit, plan, monitor.shm_held)
         lines += kill.describe_shm_for_run(found, audit["folder"])
     return plan, found, lines
@@ -121,7 +120,7 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
     carried out. Without them (an ablation's later steps) they are made here and said through
     `progress(None, line)` before anything is signalled or removed. The row returned (and kept in
     the ledger) says the stop and clean in one line, `summary`."""
-    session, layout = monitor.session, monitor.layout
+    layout = monitor.layout
     if layout is None:
         raise CockpitError("a relaunch needs a layout: it names what is launched")
 
@@ -129,7 +128,7 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
         if progress:
             progress(None, line)
 
-    await check_launch(session, layout, spec)  # a launch refused stops nothing
+    await monitor.check_launch(spec)  # a launch refused stops nothing
     if plan is None:
         plan, found, lines = await plan_relaunch(monitor, clean_shm)
         shm = found if shm is None else shm
@@ -145,19 +144,19 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
         said.append(stopped["summary"] if stopped else "no run to stop")
         if clean_shm:
             if shm is None:  # the plan came without it: only what the kill leaves tied to the run
-                audit = await kill.shm_audit(session, uid=plan.uid)
+                audit = await monitor.shm_audit(uid=plan.uid)
                 shm = kill.shm_for_run(audit, plan, monitor.shm_held)
                 for line in kill.describe_shm_for_run(shm, audit["folder"]):
                     say(line)
             done: dict[str, Any] = {"removed": [], "skipped": []}
             if shm.remove:
-                done = await kill.shm_clean(session, shm.remove, uid=plan.uid)
+                done = await monitor.shm_clean(shm.remove, uid=plan.uid)
                 removed = done["removed"]
                 for line in kill.describe_clean(done, by_exit=bool(plan.entries)):
                     say(line)
             said.append(kill.summarize_clean(done, len(shm.left), by_exit=bool(plan.entries)))
             say(said[-1])  # the clean in one line, last: what a screen's progress keeps
-        run = await launch(session, layout, spec)
+        run = await monitor.launch(spec)
         monitor.follow(run)  # the door: the new run alone watched, judged afresh
     outcome, evidence = await follow_to_outcome(monitor, timeout, progress, settle, interrupted)
     folder = None
@@ -170,7 +169,7 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
         else:
             try:
                 ranks = await monitor.plan_dump(run=run)  # the run just launched, as the kill finds it
-                result = await monitor.dump_stacks(ranks, run.folder_name(session.target.label))
+                result = await monitor.dump_stacks(ranks)
                 folder = str(result.folder)
                 evidence = evidence + [f"stacks: {line}" for line in result.report()]
             except CockpitError as exc:
@@ -207,7 +206,7 @@ async def ablate(monitor: Monitor, vary: list[str], timeout: float, progress: Pr
 async def end_own_run(monitor: Monitor, why: str, progress: Progress | None = None) -> dict[str, Any] | None:
     """The last run of an ablation or a bisect stopped (monitor.stop, verified), its plan said
     first; only the run it launched itself (refuse_unasked)."""
-    plan = await kill.plan_kill(monitor.session, monitor.scope())
+    plan = await monitor.plan_stop()
     if plan.entries and progress:
         for line in ["the last run is killed:"] + plan.describe():
             progress(None, line)

@@ -16,9 +16,6 @@ from cockpit.actions.kill import (
     describe_kill,
     describe_shm,
     listed,
-    plan_kill,
-    shm_audit,
-    shm_clean,
     summarize_clean,
 )
 from cockpit.actions.launch import launch_python, sim_flags
@@ -140,8 +137,7 @@ class ActionRunner:
         async with self.exclusive(what) as go:
             if not go:
                 return
-            session = self.monitor.session
-            plan = await plan_kill(session, scope)
+            plan = await self.monitor.plan_stop(scope)
             if not plan.entries:
                 self.notify("nothing to kill: no process of it is alive", severity="warning")
                 return
@@ -159,8 +155,7 @@ class ActionRunner:
         async with self.exclusive("shm audit") as go:
             if not go:
                 return
-            session = self.monitor.session
-            audit = await shm_audit(session)
+            audit = await self.monitor.shm_audit()
             removable = [e for e in audit["entries"] if e["removable"]]
             keys = {"c": f"clean {len(removable)} removable"} if removable else {}
             none = {} if removable else {"c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
@@ -174,7 +169,7 @@ class ActionRunner:
                 f"Remove {these(len(removable), 'entry', 'entries')} (held ones and those of live creators are kept)?"))
             if not ok:
                 return
-            done = await shm_clean(session, [listed(e) for e in removable], audit["folder"])
+            done = await self.monitor.shm_clean([listed(e) for e in removable], audit["folder"])
             lines = describe_clean(done)
             self.done("shm clean", summarize_clean(done), report=lines)
             await self.ask(ReportScreen(f"shm clean: {summarize_clean(done)}", lines))
