@@ -9,7 +9,6 @@ import argparse
 import os
 import sys
 
-from cockpit.actions import dumps
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
 from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, print_json, run_async, say, writable
@@ -151,8 +150,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             if args.upload_pyspy:
-                await dumps.ensure_pyspy(monitor.session, upload=True, python=monitor.layout.python if monitor.layout
-                                         else None, say=lambda line: print(line, file=sys.stderr, flush=True))
+                await monitor.pyspy_check(upload=True, python=monitor.layout.python if monitor.layout else None,
+                                          say=lambda line: print(line, file=sys.stderr, flush=True))
             await monitor.look(args.wait)
             return await bundle.make_bundle(monitor, read_only=args.read_only)
 
@@ -175,7 +174,7 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            return await dumps.collect(monitor.session, monitor.run, trigger=not args.no_trigger, root=args.pid)
+            return await monitor.flight_record(trigger=not args.no_trigger, root=args.pid)
 
     answer, result = run_async(go())
     if args.json:

@@ -154,6 +154,10 @@ class Monitor(Protocol):
                         other_dir: bool = False) -> dict[str, Any]: ...
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]: ...
     async def check_launch(self, spec: RunSpec) -> None: ...
+    async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
+                          python: str | None = None) -> tuple[str | None, dict[str, Any]]: ...
+    def pyspy_missing(self, check: dict[str, Any]) -> dumps.PyspyMissing: ...
+    async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]: ...
     async def launch(self, spec: RunSpec) -> Run: ...
     async def dump_stacks(self, plan: dumps.DumpPlan, folder: str | None = None, upload: bool = False,
                           say: Callable[[str], None] | None = None, python: str | None = None,
@@ -413,6 +417,20 @@ class MonitorBase:
     async def launch(self, spec: RunSpec) -> Run:
         """Start the layout's run as `spec` says; the caller follows the Run returned."""
         return await launch.launch(self.session, self._launch_layout(), spec)
+
+    async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
+                          python: str | None = None) -> tuple[str | None, dict[str, Any]]:
+        """py-spy on the host (the layout's interpreter's, the PATH's, an earlier upload; `upload`:
+        this cockpit's sent where there is none): its path, or None, and the check."""
+        return await dumps.ensure_pyspy(self.session, upload, say, python)
+
+    def pyspy_missing(self, check: dict[str, Any]) -> dumps.PyspyMissing:
+        """No py-spy on the host, said with where it was looked for and what upload is offered."""
+        return dumps.missing(self.session, check)
+
+    async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every live rank's flight-recorder dump of the run (`root` names it), compared."""
+        return await dumps.collect(self.session, self.run, trigger, root)
 
     def _launch_layout(self) -> Layout:
         if self.layout is None:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from cockpit.actions.dumps import DumpPlan
+from cockpit.actions.dumps import DumpPlan, PyspyMissing
 from cockpit.actions.kill import SHM_DEFAULT, KillPlan
 from cockpit.common.errors import CockpitError
 from cockpit.host.state import HostState
@@ -86,6 +86,16 @@ class ReplayMonitor(MonitorBase):
 
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no host to ask: attach to the host itself")
+
+    async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
+                          python: str | None = None) -> tuple[str | None, dict[str, Any]]:
+        raise CockpitError("a replayed snapshot has no host to run py-spy on: attach to the host itself")
+
+    def pyspy_missing(self, check: dict[str, Any]) -> PyspyMissing:
+        raise CockpitError("a replayed snapshot has no host to run py-spy on: attach to the host itself")
+
+    async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
 
     async def check_launch(self, spec: RunSpec) -> None:
         raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from rich.text import Text
 from textual.screen import Screen
 
-from cockpit.actions.dumps import PyspyMissing, collect, ensure_pyspy, missing
+from cockpit.actions.dumps import PyspyMissing
 from cockpit.actions.kill import (
     describe_clean,
     describe_kill,
@@ -109,11 +109,11 @@ class ActionRunner:
         """py-spy on the host before `then` needs it: the layout's interpreter's own, the host's
         PATH, an earlier upload; where there is none, this cockpit's offered (what is copied where),
         asked once per host while this cockpit runs. PyspyMissing when none is there in the end."""
-        session, label = self.monitor.session, self.monitor.target.label
-        path, check = await ensure_pyspy(session, python=self.python)
+        label = self.monitor.target.label
+        path, check = await self.monitor.pyspy_check(python=self.python)
         if path:
             return
-        refusal = missing(session, check)
+        refusal = self.monitor.pyspy_missing(check)
         offer = refusal.offer
         if offer is None or UPLOADS.get(label) is False:
             raise refusal
@@ -129,7 +129,7 @@ class ActionRunner:
             if not UPLOADS[label]:
                 raise refusal
         self.progress = f"uploading py-spy to {label}:{offer['dest']}"
-        await ensure_pyspy(session, upload=True, say=self.notify, python=self.python)
+        await self.monitor.pyspy_check(upload=True, say=self.notify, python=self.python)
 
     # ------------------------------------------------------------------ workflows
 
@@ -339,7 +339,7 @@ class ActionRunner:
     async def flightrec(self) -> None:
         async with self.exclusive("flight recorder") as go:
             if go:
-                answer, result = await collect(self.monitor.session, self.monitor.run)
+                answer, result = await self.monitor.flight_record()
                 lines = flightrec.describe(answer, result)
                 odd = result.get("odd_rank")
                 self.done("flight recorder", f"{count(len(answer.get('ranks') or {}), 'rank')} read"
