@@ -154,6 +154,12 @@ class Monitor(Protocol):
                         other_dir: bool = False) -> dict[str, Any]: ...
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]: ...
     async def check_launch(self, spec: RunSpec) -> None: ...
+    async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None: ...
+    async def ras(self) -> dict[str, Any]: ...
+    async def metrics_page(self, port: int, path: str) -> dict[str, Any]: ...
+    async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]: ...
+    async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]: ...
+    def link_describe(self) -> dict[str, Any] | None: ...
     async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
                           python: str | None = None) -> tuple[str | None, dict[str, Any]]: ...
     def pyspy_missing(self, check: dict[str, Any]) -> dumps.PyspyMissing: ...
@@ -431,6 +437,32 @@ class MonitorBase:
     async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every live rank's flight-recorder dump of the run (`root` names it), compared."""
         return await dumps.collect(self.session, self.run, trigger, root)
+
+    async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
+        """Until `n` more samples of the host came in (a workflow's tick)."""
+        await self.session.wait_samples(n, timeout=timeout)
+
+    async def ras(self) -> dict[str, Any]:
+        """NCCL RAS's verbose status, asked on the host (the bundle's)."""
+        return await self.session.request("ras", timeout=40)  # type: ignore[no-any-return]
+
+    async def metrics_page(self, port: int, path: str) -> dict[str, Any]:
+        """One scrape of the run's metrics page on the host's loopback."""
+        return await self.session.request("metrics", port=port, path=path, timeout=20)  # type: ignore[no-any-return]
+
+    async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]:
+        """The live ranks a flight-recorder read asks (as the kill finds the run), and those left alone."""
+        return await dumps.run_rank_pids(self.session, self.run, verb=verb)
+
+    async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]:
+        """The ranks' flight-recorder dumps as the host read them, uncompared (the bundle keeps them)."""
+        return await self.session.request("fr_dump", timeout=60, pids=pids, trigger=trigger,  # type: ignore[no-any-return]
+                                          raw=True, wait_s=15)
+
+    def link_describe(self) -> dict[str, Any] | None:
+        """How a container or a Slurm node was reached and whose pids (docs/targets.md); None for a host."""
+        describe = getattr(getattr(self.session, "link", None), "describe", None)
+        return describe() if describe is not None else None
 
     def _launch_layout(self) -> Layout:
         if self.layout is None:

@@ -97,6 +97,21 @@ class ReplayMonitor(MonitorBase):
     async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
 
+    async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
+        raise CockpitError("a replayed snapshot takes no new samples: attach to the host itself")
+
+    async def ras(self) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no host to ask NCCL RAS: attach to the host itself")
+
+    async def metrics_page(self, port: int, path: str) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no host to scrape: attach to the host itself")
+
+    async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]:
+        raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
+
+    async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
+
     async def check_launch(self, spec: RunSpec) -> None:
         raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")
 

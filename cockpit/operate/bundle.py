@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from cockpit import __version__
-from cockpit.actions import dumps
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.common.secrets import mask_line
@@ -109,7 +108,7 @@ async def _ras(monitor: Monitor, m: _Members) -> dict[str, Any] | None:
                       f"than 2.24, or NCCL_RAS_ENABLE=0")
         return None
     try:
-        answer: dict[str, Any] = await monitor.session.request("ras", timeout=40)
+        answer: dict[str, Any] = await monitor.ras()
     except CockpitError as exc:
         m.miss("ras", exc)
         return None
@@ -136,7 +135,7 @@ def _rank_number(key: Any) -> int:
 
 async def _flight(monitor: Monitor, m: _Members, read_only: bool) -> dict[str, Any] | None:
     try:
-        pids, _left = await dumps.run_rank_pids(monitor.session, monitor.run, verb="bundle")
+        pids, _left = await monitor.flight_ranks(verb="bundle")
     except CockpitError as exc:
         m.miss("flight recorder", exc)
         return None
@@ -144,8 +143,7 @@ async def _flight(monitor: Monitor, m: _Members, read_only: bool) -> dict[str, A
         m.miss("flight recorder", "no live process of the run")
         return None
     try:
-        answer = await monitor.session.request("fr_dump", timeout=60, pids=pids, trigger=not read_only, raw=True,
-                                               wait_s=15)
+        answer = await monitor.flight_dump_raw(pids, trigger=not read_only)
     except CockpitError as exc:
         m.miss("flight recorder", exc)
         return None
@@ -233,7 +231,7 @@ async def _metrics(monitor: Monitor, m: _Members) -> None:
         if n == 2:
             await asyncio.sleep(METRICS_GAP_S)
         try:
-            answer = await monitor.session.request("metrics", port=ports[0], path=path, timeout=20)
+            answer = await monitor.metrics_page(ports[0], path)
         except CockpitError as exc:
             return m.miss(f"metrics scrape {n}", exc)
         if answer.get("status") != 200:

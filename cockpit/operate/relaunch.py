@@ -54,7 +54,7 @@ async def _follow(monitor: Monitor, timeout: float, progress: Progress | None, s
     deadline = time.monotonic() + timeout
     ready_at = None
     while True:
-        await monitor.session.wait_samples(1, timeout=30)
+        await monitor.wait_samples(1, timeout=30)
         if interrupted is not None and interrupted():
             return "interrupted", ["the operator stopped watching before the run's outcome"]
         now = time.monotonic()
@@ -63,7 +63,7 @@ async def _follow(monitor: Monitor, timeout: float, progress: Progress | None, s
             progress(phase, verdict)
         if verdict.name in TERMINAL:
             for _ in range(2):  # the log's own account (exit code, traceback) comes a tick after the ranks die
-                await monitor.session.wait_samples(1, timeout=30)
+                await monitor.wait_samples(1, timeout=30)
                 if monitor.verdict.name in TERMINAL:
                     verdict = monitor.verdict
             return verdict.name.value, verdict.evidence

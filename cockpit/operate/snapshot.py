@@ -16,9 +16,9 @@ def monitor_doc(monitor: Monitor, log_lines: int = LOG_LINES) -> dict[str, Any]:
     doc["looked_s"] = monitor.looked_s
     found = monitor.forensics
     doc["forensics"] = found.doc() if found is not None else None
-    describe = getattr(getattr(monitor.session, "link", None), "describe", None)
-    if describe is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
-        doc["link"] = describe()
+    link = monitor.link_describe()
+    if link is not None:  # a container or a Slurm node: how it was reached, whose pids (docs/targets.md)
+        doc["link"] = link
     runs = getattr(monitor, "runs_doc", None)
     if runs is not None:  # the host's servers: each its own run, or the run followed and its neighbours
         doc.update(runs())

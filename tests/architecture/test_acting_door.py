@@ -30,3 +30,9 @@ def test_the_ranks_of_a_dump_are_found_in_one_place():
     assert [u.split(":")[0] for u in finders] == ["cockpit/actions/dumps.py"] * len(finders) and finders, finders
     plans = _uses(("actions", "monitor"), re.compile(r"\bplan_dump\s*\("))
     assert {u.split(":")[0] for u in plans} >= {"cockpit/actions/dumps.py", "cockpit/monitor/base.py"}, plans
+
+
+def test_the_workflows_act_through_the_monitor_alone():
+    """cockpit/operate/ takes no session: each act is a monitor's verb (the screen's and the CLI's
+    remaining uses are listed in docs/ARCHITECTURE.md's acting path)."""
+    assert _uses(("operate",), re.compile(r"\.session\b")) == []
