@@ -76,6 +76,21 @@ async def test_a_replayed_snapshot_is_a_monitor_with_nothing_to_act_on():
         assert await monitor.look(None) >= 0
     with pytest.raises(CockpitError, match="no host to act on"):
         await monitor.stop(None, "test")
+    from cockpit.runs.spec import RunSpec
+
+    acts = {"plan_stop": monitor.plan_stop(), "shm_audit": monitor.shm_audit(), "shm_clean": monitor.shm_clean([]),
+            "plan_dump": monitor.plan_dump(), "pyspy_check": monitor.pyspy_check(),
+            "flight_record": monitor.flight_record(), "host_facts": monitor.host_facts(["versions"], []),
+            "check_launch": monitor.check_launch(RunSpec()), "launch": monitor.launch(RunSpec()),
+            "ras": monitor.ras(), "metrics_page": monitor.metrics_page(30000, "/metrics"),
+            "flight_ranks": monitor.flight_ranks(), "flight_dump_raw": monitor.flight_dump_raw([1], False),
+            "wait_samples": monitor.wait_samples()}
+    for act in acts.values():  # each refused in words, naming what to do instead
+        with pytest.raises(CockpitError, match="a replayed snapshot .*: attach to the host itself"):
+            await act
+    with pytest.raises(CockpitError, match="a replayed snapshot .*: attach to the host itself"):
+        monitor.pyspy_missing({})
+    assert monitor.link_describe() is None
 
 
 def test_a_job_stopped_whole_stays_no_run_while_its_nodes_still_send_samples():
