@@ -13,7 +13,6 @@ import shlex
 import signal
 import sys
 
-from cockpit.actions import launch
 from cockpit.cli.attach import attached
 from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, json_text, run_async, say, writable
 from cockpit.common.errors import CockpitError
@@ -127,9 +126,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            session, layout = monitor.session, monitor.layout
+            layout = monitor.layout
             spec = _spec(args, layout)
-            argv = build_argv(layout, spec, launch.launch_python(layout, session)) + launch.sim_flags(layout, session)
+            argv = build_argv(layout, spec, monitor.launch_python()) + monitor.sim_flags()
             plan, names, lines = await relaunch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
             if not confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes,
                            args.json):

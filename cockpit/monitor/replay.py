@@ -112,6 +112,12 @@ class ReplayMonitor(MonitorBase):
     async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
 
+    def launch_python(self) -> str:
+        raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")
+
+    def sim_flags(self) -> list[str]:
+        raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")
+
     async def check_launch(self, spec: RunSpec) -> None:
         raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")
 

@@ -18,7 +18,6 @@ from cockpit.actions.kill import (
     listed,
     summarize_clean,
 )
-from cockpit.actions.launch import launch_python, sim_flags
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count, these, visible
 from cockpit.operate import bundle
@@ -199,9 +198,8 @@ class ActionRunner:
                 await self.ask(ReportScreen(f"{title}, every frame", result.report(full=True) + tail))
 
     def _launch_dialog(self, **kw) -> RelaunchScreen:
-        session = self.monitor.session
-        return RelaunchScreen(self.layout, self._current_spec(), launch_python(self.layout, session),
-                              sim_flags(self.layout, session), **kw)
+        return RelaunchScreen(self.layout, self._current_spec(), self.monitor.launch_python(), self.monitor.sim_flags(),
+                              **kw)
 
     def _current_spec(self) -> RunSpec:
         if self.spec is None:
