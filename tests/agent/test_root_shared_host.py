@@ -168,12 +168,10 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     import asyncio
     import sys
     import tarfile
-    from types import SimpleNamespace
-
     from cockpit.operate import bundle
-    from cockpit.runs.run import Run
     from cockpit.link.target import parse_target
-    from cockpit.host.session import HostSession, SessionOptions, WatchList
+    from cockpit.host.session import SessionOptions, WatchList
+    from cockpit.monitor.host import HostMonitor
     from test_flightrec_dump_safety import start_rank, stop
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -185,12 +183,12 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     rank = start_rank(0, tmp_path)
 
     async def go():
-        session = HostSession(parse_target("local"), SessionOptions(python=str(wrapper), interval=0.25),
-                              WatchList(patterns=[f"sglang::*_gck{os.getpid()}"]))
+        monitor = HostMonitor(parse_target("local"), SessionOptions(python=str(wrapper), interval=0.25), None,
+                              watch=WatchList(patterns=[f"sglang::*_gck{os.getpid()}"]))
+        session = monitor.session
         await session.connect()
         try:
             await session.wait_samples(3)
-            monitor = SimpleNamespace(session=session, layout=None, state=session.state, run=Run())
             m = bundle._Members()
             await bundle._flight(monitor, m, read_only=False)
             return m
