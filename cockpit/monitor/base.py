@@ -93,6 +93,16 @@ def same_process(proc: Proc, started: float | None) -> bool:
     return started is None or proc.started is None or abs(started - proc.started) < 1.0
 
 
+@dataclass(frozen=True)
+class LinkView:
+    """What the screen reads of the link to the host (its header, its bindings): why it is down
+    or was lost, and how often it came back. Read-only: acting goes through the monitor's verbs."""
+
+    error: str | None
+    lost_reason: str | None
+    reconnects: int
+
+
 @runtime_checkable
 class Monitor(Protocol):
     """What every kind of monitor is (one host: HostMonitor; a run spanning Slurm nodes:
@@ -154,6 +164,7 @@ class Monitor(Protocol):
                         other_dir: bool = False) -> dict[str, Any]: ...
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]: ...
     async def check_launch(self, spec: RunSpec) -> None: ...
+    def link(self) -> LinkView | None: ...
     def launch_python(self) -> str: ...
     def sim_flags(self) -> list[str]: ...
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None: ...
@@ -473,6 +484,12 @@ class MonitorBase:
     def sim_flags(self) -> list[str]:
         """The simulated server's flags a launch on a simulated host adds; none on a real one."""
         return launch.sim_flags(self._launch_layout(), self.session)
+
+    def link(self) -> LinkView | None:
+        """The link as the screen reads it; None for a recorded moment (no link)."""
+        if self.session is None:
+            return None
+        return LinkView(self.session.link_error, self.session.lost_reason, self.session.reconnects)
 
     def _launch_layout(self) -> Layout:
         if self.layout is None:

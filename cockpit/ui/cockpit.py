@@ -20,7 +20,7 @@ from cockpit.common.errors import CockpitError, UnknownHostKey
 from cockpit.common.hosttext import as_text
 from cockpit.host.state import HostState
 from cockpit.judge.verdict import Phase, Verdict
-from cockpit.monitor.base import Monitor, MonitorEvent
+from cockpit.monitor.base import LinkView, Monitor, MonitorEvent
 from cockpit.monitor.replay import ReplayMonitor
 from cockpit.runs.config import Layout
 from cockpit.runs.run import process_scope
@@ -90,8 +90,8 @@ class CockpitScreen(Screen):
         self._opened_seq: int | None = None  # the sample count when the monitor was open (its run found)
 
     @property
-    def session(self):
-        return self.monitor.session
+    def link(self) -> LinkView | None:
+        return self.monitor.link()
 
     @property
     def phase(self) -> Phase:
@@ -205,7 +205,8 @@ class CockpitScreen(Screen):
 
     @property
     def link_error(self) -> str | None:
-        return self.session.link_error if self.session is not None else None
+        link = self.link
+        return link.error if link is not None else None
 
     def _on_event(self, event: MonitorEvent) -> None:
         if event.kind == "log" and event.path == self._log_path:
@@ -226,7 +227,10 @@ class CockpitScreen(Screen):
     def _watch_link(self) -> None:
         """Link changes seen by the session become a redraw, the right bindings and, when it comes
         back, a notification."""
-        seen = (self.state.link_state, self.session.link_error, self.session.reconnects)
+        link = self.link
+        if link is None:
+            return
+        seen = (self.state.link_state, link.error, link.reconnects)
         if seen == self._link_seen:
             return
         back = self._link_seen is not None and seen[2] > self._link_seen[2]
@@ -239,8 +243,7 @@ class CockpitScreen(Screen):
     def _tick(self) -> None:
         if not self.view.is_attached:
             return  # quitting: the widgets are gone
-        if self.session is not None:
-            self._watch_link()
+        self._watch_link()
         self.set_class(self.state.link_state.startswith(("lost", "down", "failed")), "stale")
         while self.state.notes:
             say(self, self.state.notes.popleft(), timeout=TOAST_S)
@@ -349,7 +352,7 @@ class CockpitScreen(Screen):
         if action in self.ACTIONS:
             if action in ("relaunch", "ablate", "bisect") and (self.profile is None or not self.profile.command):
                 return False
-            return not self.read_only and self.session is not None and self.state.link_state == "up"
+            return not self.read_only and self.link is not None and self.state.link_state == "up"
         if action == "ledger":
             return self.profile is not None
         if action == "report":

@@ -32,7 +32,10 @@ def test_the_ranks_of_a_dump_are_found_in_one_place():
     assert {u.split(":")[0] for u in plans} >= {"cockpit/actions/dumps.py", "cockpit/monitor/base.py"}, plans
 
 
-def test_the_workflows_act_through_the_monitor_alone():
-    """cockpit/operate/ takes no session: each act is a monitor's verb (the screen's and the CLI's
-    remaining uses are listed in docs/ARCHITECTURE.md's acting path)."""
-    assert _uses(("operate",), re.compile(r"\.session\b")) == []
+def test_the_screen_and_the_workflows_act_through_the_monitor_alone():
+    """cockpit/ui/ and cockpit/operate/ take no session: each act is a monitor's verb, the header
+    reads the monitor's LinkView (the CLI's remaining uses are listed in docs/ARCHITECTURE.md's
+    acting path)."""
+    uses = [u for u in _uses(("ui", "operate"), re.compile(r"\.session\b"))
+            if not u.split(": ", 1)[1].startswith(("from ", "import "))]
+    assert uses == []

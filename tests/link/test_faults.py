@@ -93,7 +93,7 @@ async def test_a_silent_link_is_declared_lost_within_two_intervals(tmp_path, sim
             # the wall time this test waited depends on the machine's load, this does not. The
             # check runs every 0.125 s; a gap over 0.5 s is the cockpit's own stall, not counted,
             # so by construction it is said at most 0.5 s after the threshold
-            silent = float(app.cockpit.session.lost_reason.split()[3])
+            silent = float(app.cockpit.link.lost_reason.split()[3])
             assert 1.0 <= silent <= 1.5
             await until(pilot, lambda: "link lost, retrying (1)" in save_text(app, None), 5)
             assert f"why: no data for {silent:.1f} s" in save_text(app, None)
