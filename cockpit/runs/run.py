@@ -126,6 +126,8 @@ class Run:
         for g in watch.pgids:
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
+        if layout is None and not launched and not watch.patterns and watch.pids:
+            return Scope(pids=[int(p) for p in watch.pids])  # the one server on the host, followed: its own tree
         return Scope(launched=launched, ports=list(layout.ports) if layout else [],
                      command=list(layout.command) if layout else [], model=layout_model(layout),
                      patterns=watch.patterns, default_port=layout_default_port(layout),
