@@ -30,6 +30,7 @@ class Engine:
     (signatures); read/logrules.py compiles them."""
 
     name: str
+    title: str = ""  # its name as its makers write it, in the operator's words ("SGLang")
     default_port: int | None = None  # where the server listens without --port
     metrics_path: str = ""  # its Prometheus page on the first port ("" when it has none)
     metrics: dict[str, tuple[str, ...]] = field(default_factory=dict)  # family -> its names, newest first

@@ -5,6 +5,7 @@ from cockpit.engines.base import LOADER_BAR, Engine, Failure
 
 ENGINE = Engine(
     name="sglang",
+    title="SGLang",
     default_port=30000,
     metrics_path="/metrics",
     metrics={

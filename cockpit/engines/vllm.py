@@ -6,6 +6,7 @@ from cockpit.engines.base import LOADER_BAR, Engine, Failure
 
 ENGINE = Engine(
     name="vllm",
+    title="vLLM",
     default_port=8000,
     metrics_path="/metrics",
     metrics={  # older names last
