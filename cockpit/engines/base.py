@@ -47,7 +47,7 @@ class Engine:
     launch: tuple[str, ...] = ()  # regexes: a new launch printed its arguments
     source_mark: str = ""  # a path part every frame of its code holds (a cheap test before source_dirs)
     source_dirs: tuple[str, ...] = ()  # regexes: path parts of its serving code in a traceback's frames
-    harness_dirs: tuple[str, ...] = ()  # regexes: its test and benchmark code's (a client's traceback, not the server's)
+    harness_dirs: tuple[str, ...] = ()  # regexes: its tests' and benchmarks' code (a client's traceback)
     writers: str = ""  # regex: the process names it prefixes its lines with, `(Name pid=N)`
     prefix: str = ""  # the log prefix shape it writes: "bracket" (`[time TP3] `) or "writer" (`(Name pid=N) `)
     metrics_hint: str = ""  # what a 404 from its metrics page means ("SGLang needs --enable-metrics")

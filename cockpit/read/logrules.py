@@ -662,7 +662,8 @@ REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fast
 # harness or a client (unittest's, pytest's, SGLang's test utilities, vLLM's benchmarks, a test_*.py or bench_*.py
 # script) and none of the engine's serving code (SGLang's retry helper in sglang/srt/utils wraps every test, and
 # `vllm bench` comes in through vllm/entrypoints/cli)
-HARNESS_FRAME = re.compile("|".join([r"/(?:unittest|_pytest|pytest)/", *(rx for e in engines.logged() for rx in e.harness_dirs),
+HARNESS_FRAME = re.compile("|".join([r"/(?:unittest|_pytest|pytest)/",
+                                      *(rx for e in engines.logged() for rx in e.harness_dirs),
                                       r"/(?:test_|bench_|benchmark_)[^/]*\.py$"]))
 ENGINE_FRAME = re.compile("|".join(rx for e in engines.logged() for rx in e.source_dirs))
 ENGINE_MARKS = tuple(e.source_mark for e in engines.logged() if e.source_mark)
