@@ -3,7 +3,7 @@
 An engine module (`sglang.py`, `vllm.py`, `none.py`) holds an `ENGINE` (`base.Engine`): its name,
 process titles, log prefix shape and phase rules, the failures and stalls it owns, /dev/shm prefixes,
 metric names and default port. Every other floor asks this table; the agent and the simulated host
-keep their own copies (they travel alone), checked equal by tests/engines/test_engines.py."""
+keep their own copies (they travel alone), checked equal by tests/architecture/test_engines.py."""
 
 from __future__ import annotations
 
