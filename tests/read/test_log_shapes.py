@@ -207,7 +207,7 @@ def test_every_hostile_line_is_judged():
 
     hostile = _hostile().HOSTILE
     assert len(hostile) > 500 and all(len(line) == 64 << 10 for line in hostile.values())
-    assert {"NAMED_RANK/pg", "ANSI/osc", "HTTP/no-space", "SGLANG_TAG/0/near-miss"} <= hostile.keys()
+    assert {"NAMED_RANK/pg", "ANSI/osc", "HTTP/no-space", "BRACKET_TAG/0/near-miss"} <= hostile.keys()
     alone = []
     for n, (name, line) in enumerate(hostile.items(), 1):
         t = LogTracker(LogRules("auto"))
