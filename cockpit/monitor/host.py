@@ -545,7 +545,7 @@ class HostMonitor(MonitorBase):
             return  # another's listener on the run's port: its /metrics are never the run's
         view.endpoint = f"{ports[0]}{path}"
         view.health = self.probes.get((ports[0], "/health"))
-        answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.WANTED, timeout=10)
+        answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.wanted(), timeout=10)
         view.add(metrics.scrape_of(answer))
 
     async def close(self) -> None:
