@@ -55,7 +55,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
          arg("--dir", default="/dev/shm",
              help="the shm folder (default /dev/shm); cleaning another folder needs --yes-other-dir or a yes asked"),
          arg("--clean", action="store_true",
-             help="remove files named like an inference run's (nccl-, torch_, psm_, sgl_shm_, vllm_, MPI...), "
+             help="remove files named like an inference run's (nccl-, torch_, psm_, the engines', MPI...), "
                   "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why"),
          YES, arg("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm"), JSON)
 def cmd_shm(args: argparse.Namespace) -> int:

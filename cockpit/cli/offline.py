@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from cockpit import engines
 from cockpit.cli.base import JSON, READ_ONLY_NOOP, arg, command, print_json, say
 from cockpit.common.hosttext import visible
 from cockpit.judge.explain import SILENT_S, describe, explain, read_log, silence
@@ -15,7 +16,8 @@ from cockpit.runs.layouts import resolve_layout
 
 @command("runs",
          arg("--layout", required=True, metavar="FILE",
-             help="the layout whose runs to list: a .yaml path or a shipped name (demo, sglang-tp8, vllm-tp8)"),
+             help="the layout whose runs to list: a .yaml path or a shipped name (demo, "
+                  + ", ".join(f"{e.name}-tp8" for e in engines.logged()) + ")"),
          JSON, READ_ONLY_NOOP, common=False)
 def cmd_runs(args: argparse.Namespace) -> int:
     layout = resolve_layout(args.layout)
@@ -29,7 +31,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 @command("explain",
          arg("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)"),
-         arg("--engine", choices=["sglang", "vllm", "auto"], default="auto",
+         arg("--engine", choices=[*(e.name for e in engines.logged()), "auto"], default="auto",
              help="whose log it is (default: detected from the lines)"),
          JSON, READ_ONLY_NOOP, common=False)
 def cmd_explain(args: argparse.Namespace) -> int:

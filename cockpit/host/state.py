@@ -13,6 +13,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from cockpit import engines
 from cockpit.agent.acts import ACTS
 from cockpit.agent.protocol import HELLO, LOG, SAMPLE
 from cockpit.common.hosttext import count
@@ -43,7 +44,10 @@ XID_RECENT_S = 300.0  # an Xid this recent is news: the pane and the fleet row s
 FORGIVEN_TICK_PCT = 25.0  # what one clock tick reads as over a 40 ms window (Proc.one_tick)
 
 _TITLE_RANK = re.compile(r"(?:^|_)TP(\d+)(?:_|$)")
-_ENGINE_TITLE = re.compile(r"^(sglang::|VLLM::|VllmWorker)")
+_TITLES = tuple(t for e in engines.ENGINES.values() for t in e.titles)  # a rank's title prefix
+_WORKER_TITLES = tuple(e.worker_title + "-" for e in engines.ENGINES.values() if e.worker_title)
+_LAUNCHERS = tuple(mark for e in engines.ENGINES.values() for mark in e.launchers)
+_ENGINE_TITLE = re.compile("^(" + "|".join(re.escape(t) for t in (*_TITLES, *(w[:-1] for w in _WORKER_TITLES))) + ")")
 _LOG_PID = re.compile(r"\bpid=(\d+)\)")
 
 
@@ -54,7 +58,7 @@ def role_of(name: str, cmdline: list[str] | None = None) -> tuple[str | None, in
     if cmdline and len(cmdline) == 1 and cmdline[0].startswith(title[:15]):
         title = cmdline[0]  # setproctitle rewrites argv: the full title survives the 15-char comm
     joined = " ".join(cmdline or [])
-    for prefix in ("sglang::", "VLLM::"):
+    for prefix in _TITLES:
         if title.startswith(prefix):
             rest = title[len(prefix):]
             base, _, dims = rest.partition("_")
@@ -63,10 +67,9 @@ def role_of(name: str, cmdline: list[str] | None = None) -> tuple[str | None, in
             if role.startswith("enginecore"):
                 role = "engine"
             return role, int(m.group(1)) if m else None
-    if "sglang.launch_server" in joined or "cockpit.sim.server" in joined or " serve " in f" {joined} " \
-            or "vllm.entrypoints" in joined:
+    if any(mark in joined for mark in _LAUNCHERS) or "cockpit.sim.server" in joined or " serve " in f" {joined} ":
         return "server", None
-    if title.startswith("VllmWorker-"):
+    if title.startswith(_WORKER_TITLES):
         return "worker", int(title.rsplit("-", 1)[1]) if title.rsplit("-", 1)[1].isdigit() else None
     return None, None
 

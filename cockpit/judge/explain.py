@@ -23,11 +23,13 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 
+from cockpit import engines
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count, visible
-from cockpit.read.logrules import ANSI, ENGINES, LogRules, LogTracker, detect_engine
+from cockpit.read.logrules import ANSI, LogRules, LogTracker, detect_engine
 
 EVIDENCE_CHARS = 200
+_WRITERS = ", ".join(f"{e.title}'s" for e in engines.logged())  # who writes a server log
 DETECT_LINES = 5000  # engine "auto" decides from this many lines before reading on
 LINE_MAX = 64 << 10  # the agent's LOG_LINE_MAX: a line is cut where the live path cuts it
 CHUNK = 1 << 20
@@ -175,8 +177,9 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
     `silent_s` (the file's age): a log that stopped short of ready (or of an end) for at least
     `window_s` reads `stalled` (cause `silent`), if it is the live log. A file in which nothing
     is an engine's (no engine, phase, failure or stall tell) reads `not a server log`."""
-    if engine not in ("auto", *ENGINES):
-        raise CockpitError(f"--engine {engine!r}: one of sglang, vllm, auto")
+    known = [e.name for e in engines.logged()]
+    if engine not in ("auto", *known):
+        raise CockpitError(f"--engine {engine!r}: one of {', '.join(known)}, auto")
     it = iter(lines)
     head: list[str] = []
     detected = False
@@ -193,11 +196,11 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         add(classify(text))
     for text in it:
         add(classify(text))
-    engine_name = engine if engine in ENGINES else tracker.rules.detected
+    engine_name = engine if engine in known else tracker.rules.detected
     reached = tracker.reached()
     return {
         "engine": engine_name,
-        "detected": detected or (engine_name is not None and engine not in ENGINES),
+        "detected": detected or (engine_name is not None and engine not in known),
         "lines": tracker.n,
         "phase": reached[-1].phase if reached else None,
         "verdict": {"together": [], "all_ranks": False, **_verdict(tracker, engine_name, silent_s, window_s)},
@@ -285,7 +288,7 @@ def describe(result: dict) -> list[str]:
         out.append(f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
                    f"(first tell line {v['line']})")
     elif v["name"] == "not a server log":
-        out.append("verdict: not a server log: no line in it is SGLang's, vLLM's or torch's "
+        out.append(f"verdict: not a server log: no line in it is {_WRITERS} or torch's "
                    "(give the file the server writes its output to)")
     elif v["name"] == "empty":
         out.append("verdict: none: the log is empty (0 lines), nothing to judge: check the file or the pipe")

@@ -622,15 +622,15 @@ class MonitorBase:
         self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
                                 "turns it off)")
         found = await forensics.gather(self.session, self.run, run)
+        doc = found.doc()
+        if self.layout is not None and self.run.run_id:  # in the ledger by the time anyone sees them
+            append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id, "forensics": doc})
         self.forensics = found
         if found.finding is not None:
             self.state.notes.append(f"stall forensics: {'; '.join(found.finding.evidence)} ({found.folder})")
         elif found.error:
             self.state.notes.append(f"stall forensics: none gathered: {found.error}")
-        doc = found.doc()
         await self._note_forensics("done", dict(doc, lines=[line[:400] for line in doc["lines"][:60]]))
-        if self.layout is not None and self.run.run_id:
-            append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id, "forensics": doc})
         self.update()
         self._emit(MonitorEvent("sample"))
 

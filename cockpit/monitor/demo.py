@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from cockpit import engines
 from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import find_live_run, launch
@@ -39,7 +40,7 @@ SERVER = "cockpit.sim.server"  # the launcher's command line
 def _simulated(title: str) -> bool:
     """A process of the simulated server (its launcher, or a rank under its title): a process
     group without one is not a demo's (its number was reused) and is left alone."""
-    return SERVER in title or title.startswith(("sglang::", "VLLM::"))
+    return SERVER in title or title.startswith(tuple(t for e in engines.ENGINES.values() for t in e.titles))
 
 
 def prepare_host(layout: Layout, state: str) -> None:

@@ -358,9 +358,9 @@ class HostMonitor(MonitorBase):
                     self.follow(found, resumed=True)
                     self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)"
                                                      if found.run_id else f"following the layout's run: {found.rule}")
-                elif not self._given_tree and not self.layout.watch:
+                elif not self._given_tree and not self.layout.watch and not self._server_patterns:
                     # no run: no server on the host is judged as this one (a layout's own `watch:`
-                    # patterns name the operator's processes: those stay watched)
+                    # patterns, or the caller's, name the operator's processes: those stay watched)
                     self.session.watch_run(None, None)
                     self._watch_moved = True
             elif self.layout is None and not self._given_tree:
@@ -545,7 +545,7 @@ class HostMonitor(MonitorBase):
             return  # another's listener on the run's port: its /metrics are never the run's
         view.endpoint = f"{ports[0]}{path}"
         view.health = self.probes.get((ports[0], "/health"))
-        answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.WANTED, timeout=10)
+        answer = await self.session.request("metrics", port=ports[0], path=path, want=metrics.wanted(), timeout=10)
         view.add(metrics.scrape_of(answer))
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cockpit import engines
 from cockpit.actions.kill import KillPlan, ShmForRun
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
@@ -35,7 +36,8 @@ from cockpit.runs.config import Layout
 from cockpit.runs.ledger import append_ledger, read_bisects
 from cockpit.runs.spec import new_run_id
 
-FACT_KEYS = ("driver", "cuda_driver", "torch", "sglang", "vllm", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
+FACT_KEYS = ("driver", "cuda_driver", "torch", *(p for e in engines.ENGINES.values() for p in e.packages),
+             "nvidia-nccl-cu12", "nvidia-nccl-cu13",
              "flashinfer-python", "triton", "python")
 
 

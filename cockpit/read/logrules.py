@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from cockpit import engines
+from cockpit.engines.base import LOADER_BAR
 from cockpit.read.findings import Finding
 
 
@@ -66,7 +68,6 @@ class PhaseRule:
     phase: str
 
 
-ENGINES = ("sglang", "vllm")
 
 # The phases a launch goes through, in order. A post-mortem timeline only moves forward along it
 # (ranks print the same marks at different times); a new launch starts it again.
@@ -76,54 +77,23 @@ PHASE_ORDER = [
     "port open", "warmup", "ready", "serving",
 ]
 
-# A weight loader's progress bar (tqdm's "desc: NN%|bar| done/total"): safetensors and pt checkpoints
-# (SGLang, vLLM: "Loading safetensors checkpoint shards"), vLLM's fastsafetensors iterator ("Loading
-# safetensors using Fastsafetensor loader"), the Run:ai streamer ("Loading safetensors using Runai Model
-# Streamer"), multi-threaded shard loading, GGUF files.
-LOADER_BAR = (r"\b(?:Loading (?:(?:safetensors|pt|np_cache) checkpoint shards|safetensors using |GGUF|gguf)"
-              r"|Multi-thread loading (?:shards|weights))")
 # The capture stages: a later begin moves the phase back into capture (a draft-extend capture after the
 # draft capture ended, a stage run again), whatever the order (see LogTracker._mark).
 CAPTURE_PHASES = ("capturing cuda graphs", "cuda graphs captured", "capturing draft cuda graphs",
                   "draft cuda graphs captured")
 
-# (regex over the message, phase) in launch order; the last rule that matches a line wins.
-SGLANG_PHASES = [
-    (r"Init torch distributed begin", "starting"),
-    (r"Load weight begin|" + LOADER_BAR, "loading weights"),
-    (r"Load weight end", "weights loaded"),
-    (r"KV Cache is allocated|Memory pool end", "kv cache"),
-    (r"Capture cuda graph begin|Capture cuda graph bs|^Capturing batches \(", "capturing cuda graphs"),
-    (r"Capture cuda graph end", "cuda graphs captured"),
-    (r"Capture draft (?:extend )?cuda graph begin", "capturing draft cuda graphs"),
-    (r"Capture draft (?:extend )?cuda graph end", "draft cuda graphs captured"),
-    (r"Uvicorn running on|Application startup complete", "port open"),
-    (r"The server is fired up and ready to roll", "ready"),
-    (r"\b(?:Prefill|Decode) batch\b|\"POST /(?:generate|v1/[^\s\"]+) HTTP/[\d.]+\" 200", "serving"),
-]
-VLLM_PHASES = [
-    (r"Initializing an? (?:V1 )?LLM engine", "starting"),
-    (r"Starting to load model|" + LOADER_BAR, "loading weights"),
-    (r"Loading weights took|Model loading took|Loading model weights took", "weights loaded"),
-    (r"torch\.compile take|torch\.compile took|Compiling a graph for|Dynamo bytecode transform time", "compiling"),
-    (r"Available KV cache memory|GPU KV cache size|# (?:GPU|cuda) blocks|Maximum concurrency for", "kv cache"),
-    (r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs", "capturing cuda graphs"),
-    (r"Graph capturing finished", "cuda graphs captured"),
-    (r"init engine \(profile, create kv cache, warmup model\) took", "engine initialized"),
-    (r"Starting vLLM API server|Uvicorn running on", "port open"),
-    (r"Application startup complete", "ready"),
-    (r"Avg prompt throughput|\"POST /v1/[^\s\"]+ HTTP/[\d.]+\" 200", "serving"),
-]
-ENGINE_PHASES = {"sglang": SGLANG_PHASES, "vllm": VLLM_PHASES}
-
 # A new launch of the server (its arguments printed): a post-mortem starts over from here.
-LAUNCH = re.compile(r"server_args=ServerArgs\(|vLLM API server version|non-default args:")
+LAUNCH = re.compile("|".join(rx for e in engines.logged() for rx in e.launch))
+LAUNCH_HEADS = tuple(re.split(r"[\\(|?*+\[{.^$]", rx, maxsplit=1)[0] for e in engines.logged() for rx in e.launch)
 
 # ----------------------------------------------------------------------------- prefixes
 
 # Colour codes (also those whose ESC byte a copy turned into U+FFFD or wrote out as "^[", a terminal
 # capture's caret notation), a carriage return, and a
 # literal "^M" at a line's end (a terminal's \r, pasted as text).
+_BRACKET = engines.with_prefix("bracket")  # the engine whose lines open `[time TP3] `
+_WRITER = engines.with_prefix("writer")  # the engine whose lines open `(Name pid=N) `
+
 ANSI = re.compile(r"(?:[\x1b\ufffd]|\^\[)\[[0-9;]*[A-Za-z]|\x1b\][^\x07\x1b]*\x07|\r|\^M$")
 # What a container, a log shipper or a pager puts in front of the server's own line.
 OUTER = [
@@ -140,7 +110,7 @@ OUTER = [
     re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
     # a Ray actor that runs SGLang ("(SGLangEngine pid=6680) ", slime, verl): Ray's prefix, not vLLM's;
     # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
-    re.compile(r"^\(\w*(?i:sglang)\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
+    re.compile(rf"^\(\w*(?i:{_BRACKET})\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
 ]
 OUTER_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx in OUTER))  # one match rules out every layer
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")  # docker's; a wrapper's own time is not the line's
@@ -151,12 +121,11 @@ PIPE_FIELDS = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)[ T](?P<t>\d\d:\d\d:\d\d)(?:[.,
                          r"(?:[\w.<>-]{1,120}:[\w.<>-]{1,120}:\d{1,6} - |[\w.<>-]{1,80} \| )?")
 PIPE_LEVELS = {"TRACE": "DEBUG", "SUCCESS": "INFO", "WARN": "WARNING"}
 # SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
-SGLANG_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
-SGLANG_TAG = re.compile(r"(?<![A-Z_])([A-Z][A-Z_]*+)(\d+)")  # a tag starts where no letter stands before it
+BRACKET_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
+BRACKET_TAG = re.compile(r"(?<![A-Z_])([A-Z][A-Z_]*+)(\d+)")  # a tag starts where no letter stands before it
 # vLLM: "(VllmWorker rank=3 pid=406) ", "(Worker_PP1_TP2 pid=130) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) "
-VLLM_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
-VLLM_WHO = re.compile(r"(?:Vllm\w*|VLLM\w*|(?:DP)?EngineCore\w*|A[Pp][Ii]Server\w*|RayWorkerWrapper|Worker(?:_\w+)?"
-                      r"|WorkerProc|LLMEngine|MultiprocExecutor)(?: |$)")
+WRITER_PREFIX = re.compile(r"\(([A-Za-z_][\w]*(?: [\w=]+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\) ?")
+WRITER_NAMES = re.compile(engines.ENGINES[_WRITER].writers)  # the engine's own processes; others are Ray actors
 # Site formats of the same logging record (a site's own formatter, NVIDIA NIM's wrapper of vLLM):
 # "2024-12-19 21:40:35 ERROR 56542 [file.py:64] msg", "ERROR 2025-07-21 14:34:24.934 file.py:62] msg"
 SITE_LEVEL = re.compile(
@@ -165,23 +134,23 @@ SITE_LEVEL = re.compile(
     r"|(?P<l2>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d)(?:[.,]\d+)? "
     r"\[?[\w./<>-]+:\d+\]) ?")
 # SGLang 0.2 (2024): "[gpu_id=1] msg"
-SGLANG_GPU_ID = re.compile(r"\[gpu_id=(\d+)\] ?")
-VLLM_LEVEL = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
+GPU_ID_PREFIX = re.compile(r"\[gpu_id=(\d+)\] ?")
+LEVEL_PREFIX = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
 # torch c10: "[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] ", "[rank0]:[E ProcessGroupNCCL.cpp:563] "
 TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
 TORCH_RANK_LEAD = re.compile(r"\[rank(\d+)\]: ?")  # torchrun's per-rank prefix in front of a whole line
 RULE_CHARS = 8 << 10  # the rules read this much of a line: a longer one (up to the agent's 64 KiB) costs no more
 PREFIX_WINDOW = 160  # prefixes are looked for this far into a line, past whatever an outer layer put first
-LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # VLLM_LEVEL's and SITE_LEVEL's 2nd start
+LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # LEVEL_PREFIX's and SITE_LEVEL's 2nd start
 # The common shapes whole, for `_parse_common`: the prefix (atomic: the general parse's own match,
 # never another split of it), then what rules out every further prefix the general parse could read
 # after it: no "[" (SGLang's, torch's, a rank's) nor "(" (a vLLM writer's) in the next 60
 # characters, and for SGLang's no level or digit (a vLLM or site level) right after it.
 NO_PREFIX_AHEAD = r"(?=[^\[(]{60}|[^\[(]*\Z)"
-SGLANG_COMMON = re.compile(r"(?>\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?)"
+BRACKET_COMMON = re.compile(r"(?>\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?)"
                            r"(?!\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )" + NO_PREFIX_AHEAD)
-VLLM_COMMON = re.compile(r"(?>(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+LEVEL_COMMON = re.compile(r"(?>(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
                          r"\[?[\w./<>-]+:\d+\] ?)" + NO_PREFIX_AHEAD)
 NO_PREFIX = re.compile(r"(?=[^\[\](]{60}|[^\[\](]*\Z)")  # nor a level's "file:N]" in reach
 
@@ -203,11 +172,14 @@ class Parsed(NamedTuple):
 @functools.lru_cache(maxsize=512)  # a run's writers are few; a hostile log's many only evict
 def _rank_of_tags(tags: str) -> int | None:
     """SGLang's tags, e.g. " DP0 PP1 TP3 EP3": the TP rank, else the PP rank, else the DP rank."""
-    found = {name: int(num) for name, num in SGLANG_TAG.findall(tags)}
+    found = {name: int(num) for name, num in BRACKET_TAG.findall(tags)}
     for name in ("TP", "PP", "DP"):
         if name in found:
             return found[name]
     return None
+
+
+_WORKER = engines.ENGINES[_WRITER].worker_title or "Worker"
 
 
 @functools.lru_cache(maxsize=512)
@@ -216,7 +188,7 @@ def _rank_of_who(who: str) -> int | None:
     m = re.search(r"(?:^|[_ ])TP(\d+)(?!\d)", who) or re.search(r"rank=(\d+)", who)
     if m:
         return int(next(g for g in m.groups() if g is not None))
-    if who.startswith(("Worker", "VllmWorker")):
+    if who.startswith(("Worker", _WORKER)):
         m = re.search(r"_PP(\d+)", who)
         if m:
             return int(m.group(1))
@@ -266,37 +238,37 @@ def _parse_common(text: str) -> Parsed | None:
     behind an optional `(Writer pid=N) `, and a line with no prefix at all (uvicorn's `INFO:     ...`, a
     traceback's indented lines):
     one match of the shape's own pattern, which also rules out every other prefix the general parse
-    could still find (SGLANG_COMMON, VLLM_COMMON, NO_PREFIX)."""
+    could still find (BRACKET_COMMON, LEVEL_COMMON, NO_PREFIX)."""
     s = text if len(text) <= RULE_CHARS else text[:RULE_CHARS]
     if "\x1b" in s or "\ufffd" in s or "^" in s or "\r" in s:
         return None
     c = s[:1]
     if c == "[":
-        m = SGLANG_COMMON.match(s)
+        m = BRACKET_COMMON.match(s)
         if m is None or m.end() > PREFIX_WINDOW:  # the general parse reads SGLang's within the window
             return None
         time, tags = m.group(1, 2)
         if tags:
             tags = tags.strip()
-            return _new(Parsed, (s[m.end():], time, tags, _rank_of_tags(tags), None, "sglang"))
-        return _new(Parsed, (s[m.end():], time, None, None, None, "sglang"))
+            return _new(Parsed, (s[m.end():], time, tags, _rank_of_tags(tags), None, _BRACKET))
+        return _new(Parsed, (s[m.end():], time, None, None, None, _BRACKET))
     if c == "(":
-        m = VLLM_PREFIX.match(s, 0, PREFIX_WINDOW)
+        m = WRITER_PREFIX.match(s, 0, PREFIX_WINDOW)
         if m is None:
             return None
         who, pos = m.group(1), m.end()
         if "glang" in who.lower() or s.startswith("(", pos):
             return None  # Ray's prefix of an SGLang actor (an outer layer), or a nested writer
         rank = _rank_of_who(who)
-        m = VLLM_COMMON.match(s, pos)
+        m = LEVEL_COMMON.match(s, pos)
         if m is not None:
-            return _new(Parsed, (s[m.end():], m.group(2), who, rank, m.group(1), "vllm"))
+            return _new(Parsed, (s[m.end():], m.group(2), who, rank, m.group(1), _WRITER))
         if s.startswith(LEVEL_WORDS, pos) or s[pos:pos + 1].isdigit() or NO_PREFIX.match(s, pos) is None:
             return None
-        return _new(Parsed, (s[pos:], None, who, rank, None, "vllm" if VLLM_WHO.match(who) else None))
-    m = VLLM_COMMON.match(s)
+        return _new(Parsed, (s[pos:], None, who, rank, None, _WRITER if WRITER_NAMES.match(who) else None))
+    m = LEVEL_COMMON.match(s)
     if m is not None:
-        return _new(Parsed, (s[m.end():], m.group(2), None, None, m.group(1), "vllm"))
+        return _new(Parsed, (s[m.end():], m.group(2), None, None, m.group(1), _WRITER))
     if c.isalpha():
         if s.startswith(LEVEL_WORDS) or s[3:4] == " ":
             return None  # a level the general parse reads, journald's prefix
@@ -330,37 +302,37 @@ def parse_general(text: str) -> Parsed:
     pos = 0
     c = s[:1]
     if c == "[":  # SGLang's prefix where it mostly stands: first
-        m = SGLANG_PREFIX.match(s, 0, PREFIX_WINDOW) or _find_match(SGLANG_PREFIX, s, "[", 1, 60, PREFIX_WINDOW)
+        m = BRACKET_PREFIX.match(s, 0, PREFIX_WINDOW) or _find_match(BRACKET_PREFIX, s, "[", 1, 60, PREFIX_WINDOW)
     else:
-        m = _find_match(SGLANG_PREFIX, s, "[", 0, 60, PREFIX_WINDOW) if "[" in s else None
+        m = _find_match(BRACKET_PREFIX, s, "[", 0, 60, PREFIX_WINDOW) if "[" in s else None
     if m:
-        time, engine, pos = m.group(1), "sglang", m.end()
+        time, engine, pos = m.group(1), _BRACKET, m.end()
         tags = m.group(2)
         if tags:
             tags = tags.strip()
             who, rank = tags, _rank_of_tags(tags)
-    m = _find_match(VLLM_PREFIX, s, "(", pos, pos + 60, pos + PREFIX_WINDOW) \
+    m = _find_match(WRITER_PREFIX, s, "(", pos, pos + 60, pos + PREFIX_WINDOW) \
         if s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0 else None
     if m:
         # vLLM's own processes name the engine; any other "(Name pid=N)" is a Ray actor's prefix
-        who, engine, pos = m.group(1), ("vllm" if VLLM_WHO.match(m.group(1)) else engine), m.end()
+        who, engine, pos = m.group(1), (_WRITER if WRITER_NAMES.match(m.group(1)) else engine), m.end()
         rank = _rank_of_who(who)
         # nested: "(EngineCore_0 pid=..) (VllmWorker TP1 pid=..) ": the innermost writer wrote it
-        while (inner := VLLM_PREFIX.match(s, pos)) is not None:
+        while (inner := WRITER_PREFIX.match(s, pos)) is not None:
             who, pos = inner.group(1), inner.end()
             inner_rank = _rank_of_who(who)
             rank = inner_rank if inner_rank is not None else rank
     elif engine is None and s.startswith("[gpu_id=", pos):
-        m = SGLANG_GPU_ID.match(s, pos)
+        m = GPU_ID_PREFIX.match(s, pos)
         if m:
-            rank, engine, pos = int(m.group(1)), "sglang", m.end()
+            rank, engine, pos = int(m.group(1)), _BRACKET, m.end()
             who = f"gpu_id={rank}"
     leveled = s.startswith(LEVEL_WORDS, pos)
-    m = VLLM_LEVEL.match(s, pos) if leveled else None
-    if m is None and engine != "sglang" and _level_near(s, pos, pos + 60):
-        m = VLLM_LEVEL.search(s, pos, pos + 60)
+    m = LEVEL_PREFIX.match(s, pos) if leveled else None
+    if m is None and engine != _BRACKET and _level_near(s, pos, pos + 60):
+        m = LEVEL_PREFIX.search(s, pos, pos + 60)
     if m:
-        level, time, engine, pos = m.group(1), m.group(2), engine or "vllm", m.end()
+        level, time, engine, pos = m.group(1), m.group(2), engine or _WRITER, m.end()
     elif leveled or s[pos:pos + 1].isdigit():
         m = SITE_LEVEL.match(s, pos)
         if m:
@@ -575,41 +547,8 @@ def _f(rx: str, cause: str = "exception", consequence: bool = False, header: boo
 
 # Groups a pattern may have: `rank` (the rank it names), `code` (the exit code it names).
 FAILURES = [
-    # SGLang (python/sglang/srt/managers/scheduler.py, entrypoints/engine.py, launch_server)
-    _f(r"Rank (?P<rank>\d+) scheduler died during initialization \(exit code: (?P<code>-?\d+)\)"),
-    _f(r"Rank (?P<rank>\d+) scheduler is dead"),
-    _f(r"^Exit code: (?P<code>-?\d+)\s*$"),
-    _f(r"Scheduler hit an exception", header=True),
-    _f(r"(?:TpModelWorkerClient|DataParallelController|DetokenizerManager|TokenizerManager) hit an exception",
-       header=True),
-    _f(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti)", header=True),
-    _f(r"Capture cuda graph failed", header=True),
-    # http_server.py _wait_and_warmup: the warm-up request failed; SGLang then kills its own process tree
-    _f(r"Initialization failed\. warmup error", header=True),
-    # the parent told by a failing child (a crash, never the operator's stop): 0.4's "Received sigquit from a
-    # child process", newer "SIGQUIT received. signum=..., frame=.... It usually means one child failed.", and
-    # the gRPC server's "Received SIGQUIT from scheduler process. Scheduler failed, shutting down gRPC server."
-    _f(r"Received (?:sigquit from a child proces|SIGQUIT from scheduler process\. Scheduler failed)"
-       r"|^SIGQUIT received\. [^\n]{0,200}?child failed", consequence=True),
-    # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
-    _f(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
-    # vLLM (vllm/v1/executor/multiproc_executor.py, v1/engine/core.py, executor/multiproc_worker_utils.py)
-    _f(r"WorkerProc hit an exception|WorkerProc failed to start", header=True),
-    _f(r"EngineCore failed to start", header=True),
-    _f(r"EngineCore hit an exception", header=True),  # V1 core.py, run_engine_core (0.7-0.9)
-    # V0 worker_base.py execute_method (Ray and multiproc workers): logger.exception, the traceback follows
-    _f(r"Error executing method \S+\. This might cause deadlock in distributed execution", header=True),
-    _f(r"EngineCore encountered a fatal error", consequence=True, header=True),
-    _f(r"Exception in worker \S+ while processing method", header=True),
-    _f(r"Worker proc (?:VllmWorker|Worker)[-_](?:TP)?(?P<rank>\d+) died unexpectedly"
-       r"(?: \(exit code: (?P<code>-?\d+)\))?", "died", consequence=True),
-    _f(r"Worker \w+ pid \d+ died, exit code: (?P<code>-?\d+)", "died", consequence=True),
-    # V1 core_client.py: the front end saw its engine process go (whatever ended it is told elsewhere, if at all)
-    _f(r"Engine core proc \S+ died unexpectedly", "died", consequence=True),
-    _f(r"Engine core initialization failed|Engine process failed to start"
-       r"|WorkerProc initialization failed due to an exception", consequence=True),
-    _f(r"EngineDeadError|Engine loop has died", consequence=True),  # also AsyncEngineDeadError, MQEngineDeadError
-    _f(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
+    # the engines' own (cockpit/engines/), in the table's order
+    *(_f(f.pattern, f.cause, f.consequence, f.header) for e in engines.logged() for f in e.failures),
     # torch (c10d ProcessGroupNCCL), the C++ runtime, Python's faulthandler
     _f(r"Watchdog caught collective operation timeout", "nccl-timeout"),
     # the same watchdog's other words for it, without that line (torch 2.4-2.9's ProcessGroupNCCL.cpp:
@@ -694,15 +633,7 @@ def stop_of(message: str) -> str | None:
 
 
 # Stall tells: lines that say the run is waiting on something that may never come.
-STALLS = [
-    # vllm/distributed/device_communicators/shm_broadcast.py: a rank has not read the last broadcast
-    (re.compile(r"No available shared memory broadcast block found in \d+ seconds?"), "shm-broadcast"),
-    # vllm/executor/ray_utils.py: Ray cannot place the workers (no free GPU, wrong node IP); repeats until
-    # it can, which may be never
-    (re.compile(r"Waiting for creating a placement group of specs for \d+ seconds"), "placement-group"),
-    # sglang/srt/entrypoints/http_server.py: the scheduler answers no health check
-    (re.compile(r"Health check failed\. Server couldn't get a response from detokenizer"), "health-check"),
-]
+STALLS = [(re.compile(rx), cause) for e in engines.logged() for rx, cause in e.stalls]
 
 # A rank reporting that a peer went away (NCCL's ncclRemoteError, torch's "remote process exited or there
 # was a network error"): a victim; the rank that failed first is another.
@@ -731,9 +662,11 @@ REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fast
 # harness or a client (unittest's, pytest's, SGLang's test utilities, vLLM's benchmarks, a test_*.py or bench_*.py
 # script) and none of the engine's serving code (SGLang's retry helper in sglang/srt/utils wraps every test, and
 # `vllm bench` comes in through vllm/entrypoints/cli)
-HARNESS_FRAME = re.compile(r"/(?:unittest|_pytest|pytest)/|/sglang/test/|/vllm/benchmarks/"
-                           r"|/(?:test_|bench_|benchmark_)[^/]*\.py$")
-ENGINE_FRAME = re.compile(r"/sglang/srt/(?!utils\b)|/vllm/(?!vllm/|benchmarks/|entrypoints/cli/)")
+HARNESS_FRAME = re.compile("|".join([r"/(?:unittest|_pytest|pytest)/",
+                                      *(rx for e in engines.logged() for rx in e.harness_dirs),
+                                      r"/(?:test_|bench_|benchmark_)[^/]*\.py$"]))
+ENGINE_FRAME = re.compile("|".join(rx for e in engines.logged() for rx in e.source_dirs))
+ENGINE_MARKS = tuple(e.source_mark for e in engines.logged() if e.source_mark)
 MAX_FOREIGN = 8  # another program's tracebacks said, the first ones; the rest counted
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
 BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
@@ -748,10 +681,10 @@ PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|ge
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
 RATE = r"(\d+(?:\.\d*)?|\.\d+)"  # a number as float() reads it ("1.2.3" or "." is none: a hostile line's, no crash)
-VLLM_STATS = re.compile(rf"Avg prompt throughput: {RATE} tokens/s, Avg generation throughput: {RATE} tokens/s, "
+INTERVAL_STATS = re.compile(rf"Avg prompt throughput: {RATE} tokens/s, Avg generation throughput: {RATE} tokens/s, "
                         r"Running: (\d+) reqs")
-SGLANG_DECODE = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): " + RATE)
-SGLANG_PREFILL = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
+DECODE_STATS = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): " + RATE)
+PREFILL_STATS = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
 OFFLINE_DONE = re.compile(r"Processed prompts: 100%[^\n]{0,400}?\| ?(\d+)/(\1) ")
 # how near an allocator's OOM warning must come before a rank's failure to name its cause
@@ -762,30 +695,23 @@ WARNING = re.compile(r"\bWARN(ING)?\b")
 SHARDS = re.compile(r"(?:checkpoint shards|loader|Streamer|shards|weights|GGUF|gguf):[^\n]{0,400}?\|\s{0,8}(\d+)/(\d+)")
 
 # What tells the engines apart, for engine "auto": (regex over the raw line, weight).
-SIGNATURES = {
-    "sglang": [
-        (re.compile(r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
-                    r"|Capture cuda graph|Prefill batch\b|Decode batch\b|Memory pool end|KV Cache is allocated"
-                    r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout="), 1),
-    ],
-    "vllm": [
-        (re.compile(r"vllm|vLLM|VllmWorker|EngineCore|Avg prompt throughput|Graph capturing finished"
-                    r"|Model loading took|GPU KV cache size|shm_broadcast|WorkerProc"), 1),
-    ],
-}
+SIGNATURES = {e.name: [(re.compile(rx), 1) for rx in e.signatures] for e in engines.logged()}
 
 
 def exit_cause(code: int | None) -> str | None:
     return EXIT_CAUSE.get(code) if code is not None else None
 
 
-def _phase_words(m: str) -> bool:
-    """Whether a message holds a word every engine phase rule needs (as `_hot`, checked on the corpus)."""
-    return ("aptur" in m or "oad" in m or "KV " in m or "HTTP/" in m or " batch" in m or "took" in m
-            or "Init torch" in m or "Memory pool" in m or "Uvicorn" in m or "Application startup" in m
-            or "fired up" in m or "LLM engine" in m or "torch.compile" in m or "Compiling a graph" in m
-            or "Dynamo" in m or "blocks" in m or "Maximum concurrency" in m or "init engine" in m
-            or "vLLM API" in m or "throughput" in m)
+def _words_of(names) -> tuple[str, ...] | None:
+    """The words one of which every line marking a phase of these engines holds (a cheap test before
+    their regexes: `Engine.phase_words`); None when an engine names none (every line is searched)."""
+    words: list[str] = []
+    for name in names:
+        engine = engines.get(name)
+        if engine is None or not engine.phase_words:
+            return None
+        words += [w for w in engine.phase_words if w not in words]
+    return tuple(words)
 
 
 # Text that lists what might have happened (Ray's "There are some potential root causes. (1) The process
@@ -821,9 +747,9 @@ def cause_of(message: str) -> str | None:
 
 
 def line_engine(text: str, parsed: Parsed | None = None) -> dict[str, int]:
-    """How strongly a line says SGLang or vLLM wrote it: a prefix counts 3, a telling string 1."""
+    """How strongly a line says each engine wrote it: a prefix counts 3, a telling string 1."""
     p = parsed or parse(text)
-    score = {"sglang": 0, "vllm": 0}
+    score = dict.fromkeys(SIGNATURES, 0)
     if p.engine:
         score[p.engine] += 3
     for engine, sigs in SIGNATURES.items():
@@ -842,13 +768,18 @@ def _holds_any(text: str, words: tuple[str, ...]) -> bool:
 
 
 def detect_engine(lines) -> str | None:
-    """The engine that wrote these lines (sglang or vllm), or None when they do not say."""
-    total = {"sglang": 0, "vllm": 0}
+    """The engine that wrote these lines, or None when they do not say (or two say it alike)."""
+    total = dict.fromkeys(SIGNATURES, 0)
     for text in lines:
         for engine, n in line_engine(text).items():
             total[engine] += n
-    best = max(total, key=total.get)
-    if total[best] == 0 or total["sglang"] == total["vllm"]:
+    return _leader(total)
+
+
+def _leader(scores: dict[str, int]) -> str | None:
+    """The engine scored above every other, if any."""
+    best = max(scores, key=scores.get)
+    if scores[best] == 0 or any(n == scores[best] for e, n in scores.items() if e != best):
         return None
     return best
 
@@ -857,23 +788,26 @@ class LogRules:
     """An engine's rules (plus a layout's own phases) for classifying its log lines. Engine "auto"
     (or any unknown name) decides from the lines themselves as they come (`detected`)."""
 
-    def __init__(self, engine: str = "sglang", extra: list[PhaseRule] | None = None, general: bool = False):
+    def __init__(self, engine: str = engines.DEFAULT, extra: list[PhaseRule] | None = None, general: bool = False):
         """`general`: every line parsed by `parse_general`, none by the common shapes' parse (the
         reference tests/read/test_log_fastpath.py compares `classify` with)."""
         self.engine = engine
-        self._learning = engine not in ENGINE_PHASES
+        known = engines.get(engine)
+        self._tables = {e.name: [(re.compile(rx), phase) for rx, phase in e.phases]
+                        for e in ([known] if known is not None and known.phases else engines.logged())}
+        self._learning = known is None or not known.phases
         self._fast = not general
         self.extra = [(r.pattern, r.phase) for r in extra or []]
-        self._scores = {"sglang": 0, "vllm": 0}
-        self.detected: str | None = engine if engine in ENGINE_PHASES else None
-        self._tables = {name: [(re.compile(rx), phase) for rx, phase in table] for name, table in ENGINE_PHASES.items()}
+        self._scores = dict.fromkeys(self._tables, 0)
+        self.detected: str | None = None if self._learning else engine
         self._set_phases()
 
     def _set_phases(self) -> None:
         if self.detected:
             table = self._tables[self.detected]
-        else:  # not known yet: both engines' marks (vLLM's first, so SGLang's win a tie)
-            table = self._tables["vllm"] + self._tables["sglang"]
+        else:  # not known yet: every engine's marks (the table's first last, so its win a tie)
+            table = [rule for name in reversed(self._tables) for rule in self._tables[name]]
+        self._words = _words_of([self.detected] if self.detected else self._tables)
         self.phases = table + self.extra
         self._table = table
         # one search rules out the many lines that mark none of the engine's phases
@@ -883,15 +817,18 @@ class LogRules:
         self._serving = re.compile("|".join(f"(?:{rx})" for rx in serving))
 
     def _learn(self, text: str, parsed: Parsed) -> None:
-        if self.engine in ENGINE_PHASES:
+        if not self._learning:
             return
         for engine, n in line_engine(text, parsed).items():
-            self._scores[engine] += n
-        lead = max(self._scores, key=self._scores.get)
-        other = "vllm" if lead == "sglang" else "sglang"
-        if self._scores[lead] > self._scores[other] and lead != self.detected:
+            if engine in self._scores:
+                self._scores[engine] += n
+        lead = _leader(self._scores)
+        if lead is not None and lead != self.detected:
             self.detected = lead
             self._set_phases()
+
+    def _phase_words(self, m: str) -> bool:
+        return self._words is None or _holds_any(m, self._words)
 
     def phase_of(self, text: str) -> str | None:
         return self._phase(parse(text).message)
@@ -900,7 +837,7 @@ class LogRules:
         for rx, name in reversed(self.extra):  # a layout's own phases first, with their own flags
             if rx.search(message):
                 return name
-        return self._engine_phase(message) if _phase_words(message) else None
+        return self._engine_phase(message) if self._phase_words(message) else None
 
     def _engine_phase(self, message: str) -> str | None:
         if not self._any_phase.search(message):
@@ -955,7 +892,7 @@ class LogRules:
         elif self.extra:
             phase = self._phase(msg)
         else:
-            phase = self._engine_phase(msg) if _phase_words(msg) else None
+            phase = self._engine_phase(msg) if self._phase_words(msg) else None
         if quiet or level is None and not hot:  # the common line: no error, no warning
             return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
                                   _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
@@ -1117,19 +1054,19 @@ def _stats(message: str) -> tuple[tuple[float, int | None] | None, str | None]:
     """An engine's stats line: (tokens/s, requests running), and the engine whose it is. Cheap
     substring tests first: most lines are none."""
     if "throughput" in message:
-        m = VLLM_STATS.search(message)
+        m = INTERVAL_STATS.search(message)
         if m:
             prompt, generation, running = m.group(1, 2, 3)
-            return (float(prompt) + float(generation), int(running)), "vllm"
-        m = SGLANG_DECODE.search(message)
+            return (float(prompt) + float(generation), int(running)), _WRITER
+        m = DECODE_STATS.search(message)
         if m:
             running, generation = m.group(1, 2)
-            return (float(generation), int(running)), "sglang"
+            return (float(generation), int(running)), _BRACKET
     if "Prefill batch" in message:
-        m = SGLANG_PREFILL.search(message)
+        m = PREFILL_STATS.search(message)
         if m:  # requests entering the batch: work, whatever their new tokens (a cached prefix has none)
             tokens, running = m.group(1, 2)
-            return (1.0 + float(tokens), int(running) if running else None), "sglang"
+            return (1.0 + float(tokens), int(running) if running else None), _BRACKET
     return None, None
 
 
@@ -1282,7 +1219,7 @@ class LogTracker:
             self.last_time = time
         if rank is not None:
             self.ranks.add(rank)
-        if ("args" in msg or "vLLM API server version" in msg) and LAUNCH.search(msg) \
+        if _holds_any(msg, LAUNCH_HEADS) and LAUNCH.search(msg) \
                 and (self._failures or self.stop or self.timeline and self.phase != "starting"):
             self._restart()
         if stop is not None and self.stop is None and not self._failures and kind != "failure":
@@ -1380,7 +1317,7 @@ class LogTracker:
                 trace.request = True
             if not trace.harness and ("test" in path or "bench" in path):
                 trace.harness = HARNESS_FRAME.search(path) is not None
-            if not trace.engine and ("/sglang/srt/" in path or "/vllm/" in path):
+            if not trace.engine and _holds_any(path, ENGINE_MARKS):
                 trace.engine = ENGINE_FRAME.search(path) is not None
 
     def _trace_failure(self, ll: LogLine, msg: str) -> None:

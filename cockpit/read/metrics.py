@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from cockpit import engines
 from cockpit.read.findings import Finding
 
 METRICS_SENT = 8 << 20  # the agent sends at most this much of a page (cockpit/agent/web.py)
@@ -27,15 +28,19 @@ MAX_LABEL_LEN = 256
 HISTORY = 120
 BACKOFF_S = 60.0  # a 404 (metrics not enabled) is asked again only after this long
 
-# family -> the names the engines give it (SGLang, vLLM; older vLLM names last)
-FAMILIES = {
-    "generation_tokens": ("sglang:generation_tokens_total", "vllm:generation_tokens_total"),
-    "prompt_tokens": ("sglang:prompt_tokens_total", "vllm:prompt_tokens_total"),
-    "running": ("sglang:num_running_reqs", "vllm:num_requests_running"),
-    "waiting": ("sglang:num_queue_reqs", "vllm:num_requests_waiting"),
-    "kv_usage": ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-}
-WANTED = sorted({n for names in FAMILIES.values() for n in names})
+FAMILY_NAMES = ("generation_tokens", "prompt_tokens", "running", "waiting", "kv_usage")
+
+
+def families() -> dict[str, tuple[str, ...]]:
+    """family -> the names the engines give it, in the engines' table order (cockpit/engines/)."""
+    return {family: tuple(n for e in engines.ENGINES.values() for n in e.metrics.get(family, ()))
+            for family in FAMILY_NAMES}
+
+
+def wanted() -> list[str]:
+    """Every metric name the agent is asked to send back."""
+    return sorted({n for names in families().values() for n in names})
+
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
@@ -161,12 +166,13 @@ def scrape_of(answer: dict, at: float | None = None) -> Scrape:
     if answer.get("error") or status is None:
         return Scrape(at, status, error=str(answer.get("error") or "no HTTP answer")[:200])
     if status != 200:
-        why = "not found: metrics are off (SGLang needs --enable-metrics)" if status == 404 else f"HTTP {status}"
+        hints = "; ".join(e.metrics_hint for e in engines.ENGINES.values() if e.metrics_hint)
+        why = f"not found: metrics are off ({hints})" if status == 404 else f"HTTP {status}"
         return Scrape(at, status, error=why)
     notes = [f"the metrics page was over {METRICS_SENT >> 20} MiB: the agent sent its first {METRICS_SENT >> 20} MiB"] \
         if answer.get("truncated") else []
     samples, bad = parse(str(answer.get("body") or ""), notes)
-    return Scrape(at, status, {k: family_value(samples, names) for k, names in FAMILIES.items()}, skipped=bad,
+    return Scrape(at, status, {k: family_value(samples, names) for k, names in families().items()}, skipped=bad,
                   notes=notes)
 
 

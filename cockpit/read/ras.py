@@ -14,6 +14,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from cockpit import engines
 from cockpit.common.hosttext import count
 from cockpit.read.findings import Finding, rank_ranges
 
@@ -23,8 +24,9 @@ MAX_RANKS = 4096
 HISTORY = 64  # polls kept (every ~5 s: five minutes)
 FIELD_MAX = 200
 
+_ENGINES_OWN = " and ".join(f"{e.title}'s" for e in engines.ENGINES.values() if e.title)
 BLIND_SYMMETRIC = ("RAS shows no skew: a hang where every rank is inside the same collective looks like this, and "
-                   "so does a collective outside NCCL (custom all-reduce, SGLang's and vLLM's default for small "
+                   f"so does a collective outside NCCL (custom all-reduce, {_ENGINES_OWN} default for small "
                    "TP messages, bypasses NCCL): RAS cannot name a rank here")
 
 

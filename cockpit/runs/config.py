@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cockpit import engines
 from cockpit.common.errors import CockpitError
 from cockpit.read.logrules import PhaseRule
 
-ENGINES = ("sglang", "vllm", "none")
 SIM_MODELS = ("rtx-pro-6000", "h200")
 
 
@@ -38,7 +38,7 @@ class Sim:
 class Layout:
     path: str
     name: str
-    engine: str = "sglang"
+    engine: str = engines.DEFAULT
     python: str = "python3"
     trust_python: bool = False  # as root, run `python` even where another user can change it
     command: list[str] = field(default_factory=list)

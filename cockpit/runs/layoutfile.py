@@ -12,8 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from cockpit import engines
 from cockpit.read.logrules import PhaseRule
-from cockpit.runs.config import ENGINES, SIM_MODELS, Layout, LayoutError, Sim, Stall
+from cockpit.runs.config import SIM_MODELS, Layout, LayoutError, Sim, Stall
 
 # key -> (kind, required)
 _TOP = {
@@ -25,6 +26,7 @@ _TOP = {
     "stall": ("stall", False), "kill_wait_s": ("nonneg", False), "auto_dump": ("bool", False),
     "sim": ("sim", False), "metrics": ("metrics", False),
 }
+_EXAMPLE = engines.ENGINES[engines.DEFAULT].launchers[0]  # a server module, for the missing-command hint
 _STALL = {"idle_s": "nonneg", "spin_s": "nonneg", "slow_factor": "nonneg"}
 _SIM = {"gpus": "gpus", "model": "simmodel", "seed": "int", "speed": "nonneg"}
 
@@ -126,8 +128,8 @@ class YamlLoader:
             return self.boolean(node, what)
         if kind == "engine":
             value = self.string(node, what)
-            if value not in ENGINES:
-                raise self.fail(node, f"engine must be one of {', '.join(ENGINES)}, got {value!r}")
+            if value not in engines.ENGINES:
+                raise self.fail(node, f"engine must be one of {', '.join(engines.names())}, got {value!r}")
             return value
         if kind == "simmodel":
             value = self.string(node, what)
@@ -197,7 +199,7 @@ class YamlLoader:
             nodes[key] = knode
         for key, (_, required) in _TOP.items():
             if required and key not in fields:
-                raise self.fail(root, f"missing {key}: add e.g. `{key}: [-m, sglang.launch_server]`")
+                raise self.fail(root, f"missing {key}: add e.g. `{key}: [-m, {_EXAMPLE}]`")
         if not fields["command"]:
             raise self.fail(nodes["command"], "command is empty: name at least the module or program to run")
         for name in fields.get("enabled", []):
@@ -205,7 +207,8 @@ class YamlLoader:
                 raise self.fail(nodes["enabled"], f"enabled names {name!r}, which is not a flag set in flag_sets")
         fields.setdefault("name", Path(self.path).stem)
         if "metrics" not in fields:
-            fields["metrics"] = "/metrics" if fields.get("engine", "sglang") in ("sglang", "vllm") else ""
+            engine = engines.get(fields.get("engine", engines.DEFAULT))
+            fields["metrics"] = engine.metrics_path if engine is not None else ""
         fields["metrics"] = fields["metrics"] or None
         fields.setdefault("flag_sets", {}).setdefault("forensics", [])  # torch's flight recorder armed (flightrec.py)
         return Layout(path=self.path, **fields)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from cockpit import engines
 from cockpit.runs.config import Layout
 
 if TYPE_CHECKING:
@@ -74,12 +75,10 @@ def layout_model(layout: Layout | None) -> str | None:
     return None
 
 
-# The engines' default ports: a server started without `--port` listens there.
-ENGINE_DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
-
-
 def layout_default_port(layout: Layout | None) -> int | None:
-    return ENGINE_DEFAULT_PORT.get(layout.engine or "") if layout is not None else None
+    """The engine's default port: a server started without `--port` listens there."""
+    engine = engines.get(layout.engine) if layout is not None else None
+    return engine.default_port if engine is not None else None
 
 
 def process_scope(pid: int) -> Scope:
@@ -126,6 +125,8 @@ class Run:
         for g in watch.pgids:
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
+        if layout is None and not launched and not watch.patterns and watch.pids:
+            return Scope(pids=[int(p) for p in watch.pids])  # the one server on the host, followed: its own tree
         return Scope(launched=launched, ports=list(layout.ports) if layout else [],
                      command=list(layout.command) if layout else [], model=layout_model(layout),
                      patterns=watch.patterns, default_port=layout_default_port(layout),

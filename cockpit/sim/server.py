@@ -352,11 +352,28 @@ class Rank:
             pass
 
 
+# The engines' own words the simulated host speaks: its copy of cockpit/engines/ (it travels alone),
+# checked equal by tests/engines/test_engines.py.
+TITLES = {"sglang": "sglang::", "vllm": "VLLM::"}  # the ranks' process-title prefixes
+METRICS = {  # engine -> (name, type, help, the value it reports) as the engine exports them
+    "sglang": (("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+               ("generation_tokens_total", "counter", "Number of generation tokens processed.", "generated"),
+               ("num_running_reqs", "gauge", "The number of running requests.", "running"),
+               ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", "waiting"),
+               ("token_usage", "gauge", "The token usage.", "kv")),
+    "vllm": (("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+             ("generation_tokens_total", "counter", "Number of generation tokens processed.", "generated"),
+             ("num_requests_running", "gauge", "Number of requests in model execution batches.", "running"),
+             ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "waiting"),
+             ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv")),
+}
+
+
 def run_scheduler_process(args, rank, shared, ready) -> None:
     """Entry point of one rank's process (the name SGLang uses)."""
     import setproctitle
 
-    title = f"sglang::scheduler_TP{rank}" if args.engine == "sglang" else f"VLLM::Worker_TP{rank}"
+    title = TITLES[args.engine] + (f"scheduler_TP{rank}" if args.engine == "sglang" else f"Worker_TP{rank}")
     setproctitle.setproctitle(title)
     watch_parent(args)
     r = Rank(args, rank, shared)
@@ -494,7 +511,7 @@ def watch_parent(args) -> None:
 def run_detokenizer_process(args) -> None:
     import setproctitle
 
-    setproctitle.setproctitle("sglang::detokenizer")
+    setproctitle.setproctitle(TITLES["sglang"] + "detokenizer")
     watch_parent(args)
     while True:
         time.sleep(1)
@@ -504,7 +521,7 @@ def run_engine_core(args, shared, ready) -> None:
     """vLLM: EngineCore owns the workers, which are its children."""
     import setproctitle
 
-    setproctitle.setproctitle("VLLM::EngineCore")
+    setproctitle.setproctitle(TITLES["vllm"] + "EngineCore")
     watch_parent(args)
     ctx = mp.get_context("spawn")
     inner = ctx.Queue()
@@ -589,22 +606,14 @@ class Server:
         model = self.args.model_path.replace("\\", "\\\\").replace('"', '\\"')
         if self.args.engine == "sglang":
             lab = f'{{model_name="{model}",engine_type="unified",tp_rank="0",pp_rank="0"}}'
-            rows = [("prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
-                    ("generation_tokens_total", "counter", "Number of generation tokens processed.", gen),
-                    ("num_running_reqs", "gauge", "The number of running requests.", self.running),
-                    ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
-                    ("token_usage", "gauge", "The token usage.", round(kv, 4))]
-            pre = "sglang"
         else:
             lab = f'{{engine="0",model_name="{model}"}}'
-            rows = [("prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
-                    ("generation_tokens_total", "counter", "Number of generation tokens processed.", gen),
-                    ("num_requests_running", "gauge", "Number of requests in model execution batches.", self.running),
-                    ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
-                    ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", round(kv, 4))]
-            pre = "vllm"
+        pre = self.args.engine
+        values = {"prompt": self.prompt_tokens, "generated": gen, "running": self.running, "waiting": 0,
+                  "kv": round(kv, 4)}
         out = []
-        for name, kind, help_, value in rows:
+        for name, kind, help_, what in METRICS[pre]:
+            value = values[what]
             out += [f"# HELP {pre}:{name} {help_}", f"# TYPE {pre}:{name} {kind}", f"{pre}:{name}{lab} {float(value)!r}"]
         return "\n".join(out) + "\n"
 

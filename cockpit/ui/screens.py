@@ -415,7 +415,7 @@ def help_renderable(commands=COCKPIT + RANK_TABLE + RUNS_TABLE):
         para("\n[b]Phases[/b] (read from the log, in launch order)"),
         _table([("", "starting · loading weights N/M · weights loaded · kv cache · capturing cuda graphs · "
                      "cuda graphs captured · capturing draft cuda graphs · draft cuda graphs captured · port open · "
-                     "ready · serving; vLLM adds compiling and engine initialized. crashed / exited: every rank "
+                     "ready · serving; an engine may add compiling and engine initialized. crashed / exited: every rank "
                      "gone.")], indent=0),
         para("\n[b]Colours[/b]"),
         _table(COLOUR_HELP),

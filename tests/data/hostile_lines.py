@@ -125,8 +125,8 @@ def hostile() -> tuple[dict[str, str], dict[str, str]]:
         "NAMED_RANK/pg": "[PG " * (LINE // 4),  # each "[PG " starts an attempt that looks for "Rank "
         "ANSI/osc": "\x1b]" * (LINE // 2),  # each OSC start looks for its BEL
         "HTTP/no-space": '"GET /' * (LINE // 6),  # each request start looks for " HTTP/"
-        "SGLANG_PREFIX/tags": "[2025-04-21 04:13:43" + " TP1" * (LINE // 4),
-        "VLLM_PREFIX/nested": "(VllmWorker TP1 pid=1) " * (LINE // 23),
+        "BRACKET_PREFIX/tags": "[2025-04-21 04:13:43" + " TP1" * (LINE // 4),
+        "WRITER_PREFIX/nested": "(VllmWorker TP1 pid=1) " * (LINE // 23),
         "traceback/frames": '  File "' + "a" * (LINE - 9),
         "cut/tail": "x Error executing metho" * (LINE // 23),
         "listed/causes": "(1) The process is killed by SIGKILL " * (LINE // 38),

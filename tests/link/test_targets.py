@@ -161,7 +161,7 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         # ready until the first request of the sim's traffic, serving after: either is the job up
         assert doc["phase"]["name"] in ("ready", "serving") and doc["log"]["path"].startswith("n1:")
         assert not theirs & {p["pid"] for p in doc["processes"]}, "the neighbour's processes read as the job's"
-        assert len(theirs) == 3 and neighbour.poll() is None  # its server and two ranks, serving
+        assert len(theirs) >= 3 and neighbour.poll() is None  # its server and its ranks, serving
 
         ended = threading.Timer(3, os.killpg, (neighbour.pid, signal.SIGKILL))  # the neighbour ends mid-look
         ended.start()

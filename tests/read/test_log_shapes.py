@@ -207,7 +207,7 @@ def test_every_hostile_line_is_judged():
 
     hostile = _hostile().HOSTILE
     assert len(hostile) > 500 and all(len(line) == 64 << 10 for line in hostile.values())
-    assert {"NAMED_RANK/pg", "ANSI/osc", "HTTP/no-space", "SGLANG_TAG/0/near-miss"} <= hostile.keys()
+    assert {"NAMED_RANK/pg", "ANSI/osc", "HTTP/no-space", "BRACKET_TAG/0/near-miss"} <= hostile.keys()
     alone = []
     for n, (name, line) in enumerate(hostile.items(), 1):
         t = LogTracker(LogRules("auto"))
@@ -223,14 +223,15 @@ def test_every_hostile_line_is_judged():
 
 
 def test_the_word_gates_never_skip_a_rule_that_matches():
-    """`_hot`, `_fail_words` and `_phase_words` let a line skip whole rule families; every string that walks a rule's
+    """`_hot`, `_fail_words` and the engines' `phase_words` let a line skip whole rule families; every string that walks a rule's
     pattern (and matches it), and every line of the real-log corpus, that a family matches holds a word."""
+    from cockpit import engines
     from cockpit.read import logrules as L
 
     rules = L.LogRules("auto")
     families = [rx for rx, _ in L.STALLS] + [r.pattern for r in L.FAILURES] + [rx for _, rx in L.CAUSE_RX] + [
         L.CUDA_OWN_RX, L.ERROR, L.WARNING]
-    phases = [rx for table in rules._tables.values() for rx, _ in table]
+    phases = {name: [rx for rx, _ in table] for name, table in rules._tables.items()}
     samples = list(_hostile().PATHS.values())
     for path in sorted(CORPUS.glob("*.log")):
         samples += [parse(line).message for line in corpus(path.name)]
@@ -244,9 +245,10 @@ def test_the_word_gates_never_skip_a_rule_that_matches():
             assert L._fail_words(msg), msg  # the gate of a line at INFO or DEBUG level
         if any(rx.search(msg) for rx, _ in L.STOPS):
             assert L._stop_words(msg), msg  # classify's gate of the stop rules
-        if any(rx.search(msg) for rx in phases):
-            assert L._phase_words(msg), msg
-            checked += 1
+        for name, table in phases.items():  # each engine's own words (Engine.phase_words) gate its phases
+            if any(rx.search(msg) for rx in table):
+                assert rules._phase_words(msg) and L._holds_any(msg, engines.get(name).phase_words), (name, msg)
+                checked += 1
     assert checked > 500
 
 

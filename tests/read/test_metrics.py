@@ -45,8 +45,8 @@ vllm:generation_tokens_total{engine="0",model_name="m"} 1000.0 1764516932000
 def test_sglang_documented_example_parses_whole():
     samples, bad = metrics.parse(SGLANG_DOC)
     assert bad == 0 and len(samples) == 6
-    assert metrics.family_value(samples, metrics.FAMILIES["generation_tokens"]) == 7557572.0
-    assert metrics.family_value(samples, metrics.FAMILIES["kv_usage"]) == 0.28
+    assert metrics.family_value(samples, metrics.families()["generation_tokens"]) == 7557572.0
+    assert metrics.family_value(samples, metrics.families()["kv_usage"]) == 0.28
     inf = [s for s in samples if s.labels.get("le") == "+Inf"]
     assert inf and inf[0].value == 1.0
 
@@ -54,9 +54,9 @@ def test_sglang_documented_example_parses_whole():
 def test_vllm_series_of_several_engines_add_up_and_timestamps_are_allowed():
     samples, bad = metrics.parse(VLLM)
     assert bad == 0
-    assert metrics.family_value(samples, metrics.FAMILIES["running"]) == 5.0
-    assert metrics.family_value(samples, metrics.FAMILIES["waiting"]) == 7.0
-    assert metrics.family_value(samples, metrics.FAMILIES["generation_tokens"]) == 1000.0
+    assert metrics.family_value(samples, metrics.families()["running"]) == 5.0
+    assert metrics.family_value(samples, metrics.families()["waiting"]) == 7.0
+    assert metrics.family_value(samples, metrics.families()["generation_tokens"]) == 1000.0
 
 
 def test_per_tp_rank_series_count_once_and_escapes_and_hostile_lines():
@@ -67,11 +67,11 @@ def test_per_tp_rank_series_count_once_and_escapes_and_hostile_lines():
             '{} 5\nsglang:token_usage 0.5 1 2\nsglang:token_usage abc\n' + "x" * 100_000 + "{\n")
     samples, bad = metrics.parse(text)
     assert bad == 5
-    assert metrics.family_value(samples, metrics.FAMILIES["generation_tokens"]) == 50.0  # tp rank 0's only
+    assert metrics.family_value(samples, metrics.families()["generation_tokens"]) == 50.0  # tp rank 0's only
     assert samples[0].labels["model_name"] == 'a"b'
     running = [s for s in samples if s.name == "sglang:num_running_reqs"][0]
     assert math.isnan(running.value) and running.labels["model_name"] == "[bold red]x[/]\n"  # data, not markup
-    assert metrics.family_value(samples, metrics.FAMILIES["running"]) is None  # NaN is no number
+    assert metrics.family_value(samples, metrics.families()["running"]) is None  # NaN is no number
 
 
 def scrape(at, gen, running, status=200):
@@ -115,12 +115,12 @@ async def test_the_simulated_hang_freezes_tokens_while_requests_run(sim_state, t
                                                   "--enable-metrics"]) as run:
         await wait_for(lambda: "ready to roll" in run.log_text(), 40, "ready")
         view = metrics.MetricsView()
-        first = await run.session.request("metrics", port=port, want=metrics.WANTED)
+        first = await run.session.request("metrics", port=port, want=metrics.wanted())
         assert first["status"] == 200 and "sglang:num_running_reqs" in first["body"] and "# HELP" in first["body"]
         view.add(metrics.scrape_of(first))
         for _ in range(40):
             await asyncio.sleep(0.5)
-            view.add(metrics.scrape_of(await run.session.request("metrics", port=port, want=metrics.WANTED)))
+            view.add(metrics.scrape_of(await run.session.request("metrics", port=port, want=metrics.wanted())))
             if view.frozen_for(view.scrapes[-1].at) > 3:
                 break
         h = view.header()

@@ -171,18 +171,26 @@ async def test_a_healthy_phase_silent_in_the_log_is_never_stalled(tmp_path, sim_
         assert any(said in look.evidence()[0] for look in looks), [look.evidence() for look in looks]
 
 
-def by_hand(tmp_path: Path, sim_state, flags: list[str], layout_extra: str = ""):
-    """A TP-2 simulated server started by hand (as the operator story's are), its log a file, and a
-    monitor as a screen keeps one, with a layout naming its port and nothing about stalls."""
+def started_by_hand(tmp_path: Path, sim_state, flags: list[str], tp: int = 2, layout_extra: str = ""):
+    """A simulated server started by hand (as the operator story's are), its log a file, and a layout
+    naming its port and nothing about stalls."""
     port = free_port()
     log = tmp_path / "server.log"
-    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--sim-speed", "4",
+    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", str(tp), "--sim-speed", "4",
                                "--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
                               stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
                               env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
     layout = tmp_path / "first.yaml"
     layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{layout_extra}")
+                      f"{layout_extra}")
+    return server, log, layout
+
+
+def by_hand(tmp_path: Path, sim_state, flags: list[str], layout_extra: str = ""):
+    """A TP-2 server started by hand, and a monitor as a screen keeps one, its layout watching the
+    server's processes."""
+    server, log, layout = started_by_hand(tmp_path, sim_state, flags, layout_extra=(
+        f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{layout_extra}"))
     lay = load_layout(str(layout))
     monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
                                                                 sim_state=str(sim_state)),
@@ -225,14 +233,7 @@ def test_a_cold_look_just_after_the_last_line_goes_on_until_a_stack_look_decides
     stack look can decide, and says stalled on the stacks' evidence."""
     state = tmp_path / "sim"
     fakenvml.write_host(str(state), gpus=8, model="rtx-pro-6000", seed=5)
-    port = free_port()
-    log = tmp_path / "server.log"
-    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "8", "--sim-speed", "4",
-                               "--port", str(port), "--sim-shm-dir", str(tmp_path), "--sim-stall-at", "init"],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(state)})
-    layout = tmp_path / "first.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n")
+    server, log, layout = started_by_hand(tmp_path, state, ["--sim-stall-at", "init"], tp=8)
     env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "home" / "state")}
     try:
         deadline = time.monotonic() + 90

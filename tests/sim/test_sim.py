@@ -16,7 +16,7 @@ from cockpit.read import metrics
 def generated(body: str) -> float:
     """The generation-token counter of a metrics page, read as the cockpit reads it."""
     samples, bad = metrics.parse(body)
-    value = metrics.family_value(samples, metrics.FAMILIES["generation_tokens"])
+    value = metrics.family_value(samples, metrics.families()["generation_tokens"])
     assert value is not None and bad == 0, body
     return value
 
