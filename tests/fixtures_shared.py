@@ -93,7 +93,7 @@ async def live_app(sim_state, tmp_path):
     runs = []
 
     async def on_connect(monitor):
-        run = await demo.start_demo(monitor.session, layout, str(sim_state))
+        run = await demo.start_demo(monitor)
         runs.append(run.record)
         monitor.follow(run)  # the run it launched is the one it follows, as `cockpit demo` does
 

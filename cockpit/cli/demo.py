@@ -11,10 +11,7 @@ from cockpit.cli.attach import build_monitor, session_options
 from cockpit.cli.base import arg, command, need_terminal, run_async, say
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
-from cockpit.host.session import WatchList
-from cockpit.link.target import parse_target
 from cockpit.monitor import demo
-from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.ledger import record_seen
 from cockpit.ui.app import CockpitApp
@@ -62,7 +59,7 @@ def demo_app(args: argparse.Namespace, layout):
 
     async def on_connect(monitor) -> None:
         if not args.no_server:
-            monitor.follow(await demo.start_demo(monitor.session, layout, state))
+            monitor.follow(await demo.start_demo(monitor))
 
     monitor = build_monitor(args, on_connect=on_connect, layout=layout, sim_state=state)
     return CockpitApp(monitor=monitor, read_only=args.read_only), layout, state
@@ -75,7 +72,7 @@ async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[st
         # the ledger keeps the verdict the screen showed last, not "stopped"
         record_seen(monitor.run, monitor.verdict, monitor.phase, monitor.watchdog.phase_times())
     try:
-        stopped, left = await _stop_demo_runs(monitor.session.opts, layout, state)
+        stopped, left = await demo.stop_demo_runs(session_options(args, layout, monitor.target, state), layout, state)
     except CockpitError as exc:
         return [f"the demo's runs were not stopped: {exc}; the next `cockpit demo` stops them"]
     lines = [f"demo run not fully stopped: {line}" for line in left]
@@ -84,21 +81,6 @@ async def end_demo(args: argparse.Namespace, app, layout, state: str) -> list[st
     if not args.sim and not left:
         demo.remove_state(state)
     return lines
-
-
-async def _stop_demo_runs(opts, layout, sim_state: str) -> tuple[int, list[str]]:
-    """Every run this demo launched (the first and each relaunch) ends with it, through a monitor
-    of its own (the screen's is closed by now) and the one stop workflow."""
-    monitor = HostMonitor(parse_target("demo"), opts, layout, watch=WatchList(patterns=[]), on_connect=_no_run)
-    await monitor.session.connect()
-    try:
-        return await demo.stop_demo(monitor, sim_state)
-    finally:
-        await monitor.close()
-
-
-async def _no_run(_monitor) -> None:
-    """A monitor that follows no run until told (the demo's end names each run it stops)."""
 
 
 async def _reap_stale_demos(args: argparse.Namespace, layout) -> list[str]:
@@ -110,7 +92,7 @@ async def _reap_stale_demos(args: argparse.Namespace, layout) -> list[str]:
         try:
             opts = session_options(args, layout, None, state)
             opts.python = sys.executable
-            _stopped, not_gone = await _stop_demo_runs(opts, layout, state)
+            _stopped, not_gone = await demo.stop_demo_runs(opts, layout, state)
         except CockpitError as exc:
             not_gone = [f"{state}: {exc}"]
         left += not_gone

@@ -23,10 +23,12 @@ from typing import Any
 from cockpit import engines
 from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
-from cockpit.actions.launch import find_live_run, launch
+from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError
-from cockpit.host.session import HostSession, WatchList
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.link.target import parse_target
 from cockpit.monitor.base import Monitor
+from cockpit.monitor.host import HostMonitor
 from cockpit.runs.config import Layout
 from cockpit.runs.ledger import read_ledger
 from cockpit.runs.run import Run, Scope
@@ -155,30 +157,33 @@ def runs_of(layout: Layout, state: str, host: str = "demo") -> list[dict[str, An
             and (r.get("env") or {}).get("COCKPIT_SIM_STATE") == state]
 
 
-async def start_demo(session: HostSession, layout: Layout, state: str) -> Run:
-    """Launch the demo's run the way every run is launched (recorded in the ledger first)."""
-    return await launch(session, layout, default_spec(layout))
+async def start_demo(monitor: Monitor) -> Run:
+    """Launch the demo's run the way every run is launched: the monitor's verb, recorded in the
+    ledger first."""
+    if monitor.layout is None:
+        raise CockpitError("the demo has no layout to launch")
+    return await monitor.launch(default_spec(monitor.layout))
 
 
 def _run(layout: Layout | None, rec: dict[str, Any]) -> Run:
     return Run(layout, rec, f"the demo's run (process group {rec['pgid']})")
 
 
-async def _members(session: HostSession, rec: dict[str, Any]) -> KillPlan | None:
+async def _members(monitor: Monitor, rec: dict[str, Any]) -> KillPlan | None:
     """The live processes of a run, found from its process group and its leader's start time, if
     they are still the demo server's (a pgid reused by something else is not touched)."""
-    plan = await kill.plan_kill(session, Scope(launched=Run(None, rec).launched()), allow_ambiguous=True)
+    plan = await monitor.plan_stop(Scope(launched=Run(None, rec).launched()), allow_ambiguous=True)
     if not any(_simulated(e.get("title", "")) for e in plan.entries):
         return None
     return plan
 
 
-def follower(layout: Layout, state: str) -> tuple[WatchList, Callable[[Monitor], Awaitable[None]]]:
+def follower(layout: Layout, state: str) -> tuple[WatchList, Callable[[HostMonitor], Awaitable[None]]]:
     """What a cockpit attached to the demo in `state` watches (the demo's port, no process
     patterns: another demo's processes or anything else here are not shown or judged) and the
     hook that finds the demo's current run once connected."""
 
-    async def on_connect(monitor: Monitor) -> None:
+    async def on_connect(monitor: HostMonitor) -> None:
         run = await find_live_run(monitor.session, layout, demo_state=state)
         if run is not None:
             monitor.follow(run, resumed=True)
@@ -197,7 +202,7 @@ async def stop_demo(monitor: Monitor, state: str, wait_s: float = 5.0) -> tuple[
     if monitor.layout is None:
         return stopped, left
     for rec in runs_of(monitor.layout, state, monitor.target.label):
-        plan = await _members(monitor.session, rec)
+        plan = await _members(monitor, rec)
         if plan is None:
             continue
         monitor.follow(_run(monitor.layout, rec))
@@ -206,6 +211,21 @@ async def stop_demo(monitor: Monitor, state: str, wait_s: float = 5.0) -> tuple[
         if not report["verified"]:
             left.append(f"{rec['run_id']}: " + "; ".join(kill.describe_kill(report)[1:]))
     return stopped, left
+
+
+async def stop_demo_runs(opts: SessionOptions, layout: Layout, state: str) -> tuple[int, list[str]]:
+    """Every run a demo launched (the first and each relaunch) ends with it, through a monitor of
+    its own (the screen's is closed by now) that follows no run until `stop_demo` names each."""
+    monitor = HostMonitor(parse_target("demo"), opts, layout, watch=WatchList(patterns=[]), on_connect=_no_run)
+    await monitor.session.connect()
+    try:
+        return await stop_demo(monitor, state)
+    finally:
+        await monitor.close()
+
+
+async def _no_run(_monitor: Monitor) -> None:
+    """A monitor that follows no run until told."""
 
 
 def need_live_state(base: Path | None = None) -> str:
@@ -218,5 +238,5 @@ def need_live_state(base: Path | None = None) -> str:
 
 
 __all__ = ["prepare_host", "demo_base", "new_state", "live_states", "stale_states", "remove_state",
-           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "stop_demo",
+           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "stop_demo", "stop_demo_runs",
            "need_live_state"]

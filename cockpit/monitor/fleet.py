@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -21,11 +21,13 @@ from cockpit.host.snapshot import snapshot_doc
 from cockpit.host.state import HostState
 from cockpit.link.target import agent_python, parse_target
 from cockpit.judge.verdict import Phase, Verdict
-from cockpit.monitor.base import Monitor
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.config import Layout, LayoutError
 from cockpit.runs.layoutfile import YamlLoader, compose_yaml, read_config
 from cockpit.runs.layouts import resolve_layout
+
+if TYPE_CHECKING:  # imported where a job is watched: a fleet of hosts does without its import
+    from cockpit.monitor.cluster import ClusterMonitor
 
 SCHEMA = "gpu-cockpit.fleet/1"
 DEFAULT_CONCURRENCY = 16
@@ -173,7 +175,7 @@ class Member:
         self.opts = opts
         target = parse_target(host.target)
         self.demo_error: str | None = None  # `demo` with no demo running: said in the row, asked again
-        self.monitor: Monitor
+        self.monitor: HostMonitor | ClusterMonitor  # each host's own session: its link's error is the row's
         if target.kind == "slurm" and not target.node:  # a job: one row, all its nodes (cockpit/monitor/cluster.py)
             from cockpit.monitor.cluster import ClusterMonitor
 

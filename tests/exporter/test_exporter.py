@@ -319,7 +319,7 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
     await monitor.session.connect()
     procs: list[subprocess.Popen] = []
     try:
-        run = await demo.start_demo(monitor.session, layout, state)
+        run = await demo.start_demo(monitor)
         assert run.run_id and run.record.get("pgid"), run
         # the test's copy of the shipped rules: a short for: (the shipped one is minutes)
         rules = tmp_path / "rules.yml"

@@ -260,7 +260,7 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
     layout.name = f"ui{port}"
 
     async def on_connect(monitor):
-        monitor.follow(await demo.start_demo(monitor.session, layout, str(sim_state)))
+        monitor.follow(await demo.start_demo(monitor))
 
     app = CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
     try:

@@ -35,7 +35,7 @@ def screen_host(sim_state, tmp_path, monkeypatch):
         layout.name = f"scr{port}"
 
         async def on_connect(monitor):
-            monitor.follow(await demo.start_demo(monitor.session, layout, str(sim_state)))
+            monitor.follow(await demo.start_demo(monitor))
 
         return layout, CockpitApp(monitor=sim_monitor(sim_state, port, layout, on_connect))
 

@@ -44,7 +44,7 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
     runs = []
 
     async def on_connect(monitor):
-        run = await demo.start_demo(monitor.session, layout, sim_state)
+        run = await demo.start_demo(monitor)
         runs.append(run.record)
         monitor.follow(run)
 

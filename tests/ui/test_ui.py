@@ -297,7 +297,7 @@ sim: {{speed: 4, seed: 1}}
     runs = []
 
     async def on_connect(monitor):
-        run = await demo.start_demo(monitor.session, layout, str(sim_state))
+        run = await demo.start_demo(monitor)
         runs.append(run.record)
         monitor.follow(run)  # as `cockpit demo` does: the ledger gets what was seen of it
 
