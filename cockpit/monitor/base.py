@@ -161,6 +161,7 @@ class Monitor(Protocol):
     async def shm_clean(self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None,
                         other_dir: bool = False) -> dict[str, Any]: ...
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]: ...
+    async def run_versions(self) -> dict[str, Any]: ...
     async def check_launch(self, spec: RunSpec) -> None: ...
     def link(self) -> LinkView | None: ...
     def launch_python(self) -> str: ...
@@ -426,6 +427,20 @@ class MonitorBase:
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
         """The host's facts (`items` of nvidia_smi, xid, versions; the versions of these pids' run)."""
         return await self.session.request("host_facts", timeout=timeout, items=items, pids=pids)  # type: ignore[no-any-return]
+
+    async def run_versions(self) -> dict[str, Any]:
+        """The driver and CUDA, and the package versions of the run alive now (read by the agent
+        from its first ranks' package metadata); what the host does not say is left out."""
+        pids: list[int] = []
+        try:
+            pids = [pid for _, pid in (await self.plan_dump(verb="bisect", live_only=True)).ranks]
+        except CockpitError:
+            pass
+        try:
+            answer = await self.host_facts(["versions"], pids[:2])
+        except CockpitError:
+            return {}
+        return dict((answer.get("versions") or {}).get("data") or {})
 
     async def check_launch(self, spec: RunSpec) -> None:
         """A launch's check alone (interpreter, import path, workdir): a refusal starts nothing."""

@@ -87,6 +87,9 @@ class ReplayMonitor(MonitorBase):
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no host to ask: attach to the host itself")
 
+    async def run_versions(self) -> dict[str, Any]:
+        raise CockpitError("a replayed snapshot has no run to ask for its versions: attach to the host itself")
+
     async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
                           python: str | None = None) -> tuple[str | None, dict[str, Any]]:
         raise CockpitError("a replayed snapshot has no host to run py-spy on: attach to the host itself")

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit import engines
 from cockpit.actions.kill import KillPlan, ShmForRun
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
@@ -27,46 +26,17 @@ from cockpit.runs.bisect import (
     Plan,
     Step,
     advance,
+    bisect_facts,
     describe_answer,
     facts_agree,
     facts_changed,
+    known_outcomes,
     spec_doc,
+    split_steps,
 )
-from cockpit.runs.config import Layout
-from cockpit.runs.ledger import append_ledger, read_bisects
+from cockpit.runs.ledger import append_ledger, resumable_bisect
 from cockpit.runs.spec import new_run_id
 
-FACT_KEYS = ("driver", "cuda_driver", "torch", *(p for e in engines.ENGINES.values() for p in e.packages),
-             "nvidia-nccl-cu12", "nvidia-nccl-cu13",
-             "flashinfer-python", "triton", "python")
-
-
-def resumable(layout: Layout, plan: Plan) -> dict[str, Any] | None:
-    """The latest bisect in the ledger with the same layout, host and configurations: the one a
-    second call goes on with."""
-    identity = plan.identity()
-    same = [b for b in read_bisects(layout) if b["plan"].get("identity") == identity]
-    return same[-1] if same else None
-
-
-async def host_facts(monitor: Monitor) -> dict[str, str]:
-    """What a launch's outcome is keyed by beside its command: the driver and CUDA, and the
-    package versions of the run alive now (read from its package metadata; none when no run is
-    alive). A fact the host does not say is left out, never compared."""
-    facts: dict[str, Any] = {"driver": monitor.state.agent.driver}
-    pids: list[int] = []
-    try:
-        pids = [pid for _, pid in (await monitor.plan_dump(verb="bisect", live_only=True)).ranks]
-    except CockpitError:
-        pass
-    try:
-        answer = await monitor.host_facts(["versions"], pids[:2])
-    except CockpitError:
-        answer = {}
-    data = (answer.get("versions") or {}).get("data") or {}
-    facts.update({k: data.get(k) for k in ("driver", "cuda_driver") if data.get(k)})
-    facts.update({k: v for k, v in (data.get("run") or {}).items() if k in FACT_KEYS})
-    return {k: str(v)[:64] for k, v in facts.items() if k in FACT_KEYS and v}
 
 
 @dataclass
@@ -110,18 +80,12 @@ def answer_text(plan: Plan, step: Step) -> str:
     return f"{describe_answer(plan, step.answer)}, {step.probability:.0%} likely" if step.answer else "no answer yet"
 
 
-def split_steps(steps: list[dict[str, Any]], facts: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The steps made under facts that agree with `facts` (evidence), and the others."""
-    kept = [s for s in steps if facts_agree(s.get("facts") or {}, facts)]
-    return kept, [s for s in steps if s not in kept]
-
-
 async def prepare(monitor: Monitor, plan: Plan, fresh: bool = False) -> Prepared:
     layout = monitor.layout
     if layout is None:
         raise CockpitError("bisect: a layout names what is launched")
-    facts = await host_facts(monitor)
-    before = None if fresh else resumable(layout, plan)
+    facts = bisect_facts(monitor.state.agent.driver, await monitor.run_versions())
+    before = None if fresh else resumable_bisect(layout, plan.identity())
     steps, aside = split_steps(list(before["steps"]) if before else [], facts)
     step = advance(plan, known_outcomes(plan, steps), len(steps))
     return Prepared(plan, facts, before, steps, aside, step)
@@ -147,18 +111,6 @@ def configurations(runs: list[dict[str, Any]], current: list[str] | None, health
     good = current if health == "good" else next((sets(r) for r in reversed(runs) if came_up(r) and not failed(r)),
                                                  None)
     return failing, good
-
-
-def known_outcomes(plan: Plan, steps: list[dict[str, Any]]) -> dict[frozenset[str], list[str]]:
-    """Each candidate's launches' outcomes, in order, from the bisect's steps (interrupted ones
-    judge nothing)."""
-    names = set(plan.names)
-    outcomes: dict[frozenset[str], list[str]] = {}
-    for step in steps:
-        applied = step.get("applied")
-        if isinstance(applied, list) and set(applied) <= names and step.get("outcome") not in NOT_JUDGED:
-            outcomes.setdefault(frozenset(applied), []).append(str(step.get("outcome")))
-    return outcomes
 
 
 def candidate_text(plan: Plan, applied: Iterable[str]) -> str:
@@ -222,7 +174,7 @@ async def bisect(monitor: Monitor, plan: Plan, timeout: float, progress: Progres
                                 plan=first_plan if first else None, shm=first_shm if first else None,
                                 dump_on_stall=False, interrupted=interrupted)
         first = False
-        seen = await host_facts(monitor)  # the run just launched is alive: its own package versions
+        seen = bisect_facts(monitor.state.agent.driver, await monitor.run_versions())  # the run just launched: its own
         if not facts_agree(seen, facts):  # the host changed under the bisect: what came before is set aside
             steps, more = split_steps(steps, seen)
             aside += more

@@ -15,7 +15,9 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
+from cockpit import engines
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count
 from cockpit.runs.spec import RunSpec
@@ -377,10 +379,43 @@ def describe_odds(plan: Plan, now: Odds, answer) -> str:
     return describe_answer(plan, now.names_of(answer))
 
 
+FACT_KEYS = ("driver", "cuda_driver", "torch", *(p for e in engines.ENGINES.values() for p in e.packages),
+             "nvidia-nccl-cu12", "nvidia-nccl-cu13",
+             "flashinfer-python", "triton", "python")
+
+
+def bisect_facts(driver: str | None, versions: dict[str, Any]) -> dict[str, str]:
+    """What a launch's outcome is keyed by beside its command: the driver and CUDA, and the
+    package versions of the run alive then (`versions`: the agent's answer; empty when no run was
+    alive). A fact the host does not say is left out, never compared."""
+    facts: dict[str, Any] = {"driver": driver}
+    facts.update({k: versions.get(k) for k in ("driver", "cuda_driver") if versions.get(k)})
+    facts.update({k: v for k, v in (versions.get("run") or {}).items() if k in FACT_KEYS})
+    return {k: str(v)[:64] for k, v in facts.items() if k in FACT_KEYS and v}
+
+
 def facts_agree(a: dict, b: dict) -> bool:
     """Whether two launches ran under the same host facts (versions): every fact both name is
     the same; one only one names is not compared (no run alive to read it from, an older ledger)."""
     return all(a[k] == b[k] for k in a.keys() & b.keys())
+
+
+def split_steps(steps: list[dict[str, Any]], facts: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The steps made under facts that agree with `facts` (evidence), and the others."""
+    kept = [s for s in steps if facts_agree(s.get("facts") or {}, facts)]
+    return kept, [s for s in steps if s not in kept]
+
+
+def known_outcomes(plan: Plan, steps: list[dict[str, Any]]) -> dict[frozenset[str], list[str]]:
+    """Each candidate's launches' outcomes, in order, from the bisect's steps (interrupted ones
+    judge nothing)."""
+    names = set(plan.names)
+    outcomes: dict[frozenset[str], list[str]] = {}
+    for step in steps:
+        applied = step.get("applied")
+        if isinstance(applied, list) and set(applied) <= names and step.get("outcome") not in NOT_JUDGED:
+            outcomes.setdefault(frozenset(applied), []).append(str(step.get("outcome")))
+    return outcomes
 
 
 def facts_changed(old: dict, new: dict) -> str:

@@ -255,6 +255,13 @@ def read_bisects(layout: Layout) -> list[dict]:
     return [b for b in found.values() if b["plan"] is not None]
 
 
+def resumable_bisect(layout: Layout, identity: str) -> dict | None:
+    """The latest bisect in the ledger with the same layout, host and configurations (its plan's
+    `identity`): the one a second call goes on with."""
+    same = [b for b in read_bisects(layout) if b["plan"].get("identity") == identity]
+    return same[-1] if same else None
+
+
 def describe_bisect_line(b: dict) -> str:
     """`bisect-...: found eagle3 (97% likely), 5 launches`, or where it stands (a result written
     before bisects kept their odds reads without them)."""

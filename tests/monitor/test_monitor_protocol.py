@@ -81,6 +81,7 @@ async def test_a_replayed_snapshot_is_a_monitor_with_nothing_to_act_on():
     acts = {"plan_stop": monitor.plan_stop(), "shm_audit": monitor.shm_audit(), "shm_clean": monitor.shm_clean([]),
             "plan_dump": monitor.plan_dump(), "pyspy_check": monitor.pyspy_check(),
             "flight_record": monitor.flight_record(), "host_facts": monitor.host_facts(["versions"], []),
+            "run_versions": monitor.run_versions(),
             "check_launch": monitor.check_launch(RunSpec()), "launch": monitor.launch(RunSpec()),
             "ras": monitor.ras(), "metrics_page": monitor.metrics_page(30000, "/metrics"),
             "flight_ranks": monitor.flight_ranks(), "flight_dump_raw": monitor.flight_dump_raw([1], False),

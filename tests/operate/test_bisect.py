@@ -352,7 +352,8 @@ def test_the_report_at_80_columns_never_splits_a_value_and_counts_in_words():
 
 
 def test_the_resumes_plan_says_nothing_is_launched_nor_killed_when_the_ledger_answers():
-    from cockpit.operate.bisect import Prepared, split_steps
+    from cockpit.operate.bisect import Prepared
+    from cockpit.runs.bisect import split_steps
 
     plan = make_plan(layout_of("graphs, eagle3"), "h")
     steps = [{"applied": ["graphs", "eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
@@ -362,7 +363,7 @@ def test_the_resumes_plan_says_nothing_is_launched_nor_killed_when_the_ledger_an
              {"applied": ["graphs"], "outcome": "stalled-idle"}]  # a ledger from before facts were kept
     kept, aside = split_steps(steps, {"driver": "550.54", "torch": "2.8.0"})
     assert kept == steps and aside == []
-    from cockpit.operate.bisect import known_outcomes
+    from cockpit.runs.bisect import known_outcomes
 
     ready = Prepared(plan, {"driver": "550.54"}, {"bisect_id": "bisect-1", "steps": steps}, steps[:4], [],
                      advance(plan, known_outcomes(plan, steps[:4]), 4))
