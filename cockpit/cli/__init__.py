@@ -26,6 +26,7 @@ import sys
 
 from cockpit import __version__
 from cockpit.cli.base import REGISTERED, common_options, handle, say
+from cockpit.operate import acts
 
 COMMANDS: dict[str, tuple[str, str]] = {  # name: (its family module, its help), in --help's order
     "open": ("screen", "open the cockpit on a host (the default command)"),
@@ -35,15 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name: (its family module, its help),
     "serve": ("serve", "serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default, behind a token"),
     "exporter": ("exporter", "serve the fleet's verdicts as Prometheus metrics (on 127.0.0.1 unless --listen says "
                             "otherwise)"),
-    "kill": ("act", "kill the run (or one process), then verify it is gone"),
-    "shm": ("act", "audit the host's /dev/shm; --clean removes what is safe to remove"),
-    "dump": ("act", "py-spy stack dumps of every rank, grouped"),
-    "bundle": ("act", "one .tar.gz of a hang, in the run's folder: stacks, NCCL RAS, flight recorder, "
-                      "nvidia-smi -q, Xid lines, log tail, metrics, versions, verdict, manifest"),
-    "flightrec": ("act", "trigger torch's flight-recorder dump on every rank and compare their last collectives"),
-    "launch": ("launch", "(re)launch the layout's server with flag sets toggled, and watch it"),
-    "ablate": ("launch", "each on/off combination of flag sets in turn, then a table of outcomes"),
-    "bisect": ("launch", "which flag sets make the launch hang, with its odds (a flaky hang too)"),
+    **acts.commands(),  # the acts on a host's run: their table (cockpit/operate/acts.py) names them
     "runs": ("offline", "the ledger: every launch of a layout and what became of it"),
     "explain": ("offline", "post-mortem of a saved server log: the phases reached, the rank that failed and why"),
 }

@@ -11,12 +11,39 @@ import sys
 
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, print_json, run_async, say, writable
+from cockpit.cli.base import (
+    JSON,
+    TARGET,
+    YES,
+    Prompt,
+    arg,
+    command,
+    confirm,
+    declined,
+    print_json,
+    run_async,
+    say,
+    writable,
+)
 from cockpit.common.errors import CockpitError
-from cockpit.common.hosttext import these, visible
-from cockpit.operate import bundle
+from cockpit.operate import bundle, perform
 from cockpit.read import flightrec
-from cockpit.runs.run import process_scope
+
+
+class ShmPrompt(Prompt):
+    """A clean of another folder than /dev/shm is asked twice: --yes answers the list, only
+    --yes-other-dir (or a second yes) the folder."""
+
+    def __init__(self, args: argparse.Namespace, folder: str, other_dir: bool):
+        super().__init__(args)
+        self.folder, self.other_dir = folder, other_dir
+
+    async def confirm(self, title: str, lines: list[str], question: str) -> bool:
+        if not await super().confirm(title, lines, question):
+            return False
+        return not self.other_dir or self.args.yes_other_dir or confirm(
+            [], f"{self.folder} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
+            False)
 
 
 @command("kill", TARGET,
@@ -29,17 +56,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
     async def go() -> dict | None:
         async with attached(args) as monitor:
-            scope = process_scope(args.pid) if args.pid else monitor.scope()
-            plan = await monitor.plan_stop(scope)
-            if not plan.entries:
-                why = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
-                raise CockpitError(f"nothing to kill on {monitor.target.label}: no process of the run is alive"
-                                   + (f" ({why})" if why else "")
-                                   if not args.pid else f"no process {args.pid} on {monitor.target.label}")
-            if not confirm(plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?", args.yes,
-                           args.json):
-                return None
-            return await monitor.stop(plan, "cockpit kill: asked by the operator", args.wait, whole_run=not args.pid)
+            return await perform.stop(monitor, Prompt(args), "kill", "cockpit kill: asked by the operator", args.pid,
+                                      args.wait)
 
     report = run_async(go())
     if report is None:
@@ -77,20 +95,10 @@ def cmd_shm(args: argparse.Namespace) -> int:
                 refuse_other(audit["folder"])
             if not args.clean:
                 return audit, None
-            chosen = [actions.listed(e) for e in audit["entries"] if e["removable"]]
             if not args.json:
                 say("\n".join(actions.describe_shm(audit)))
-            if not chosen:
-                return audit, {"removed": [], "skipped": [], "freed_bytes": 0}
-            if not confirm([f"  rm {visible(e['name'])}" for e in chosen],
-                           f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?", args.yes,
-                           args.json):
-                return audit, None
-            if other_dir and not args.yes_other_dir and not confirm(
-                    [], f"{audit['folder']} is not /dev/shm: clean it anyway (--yes does not answer this; "
-                        f"--yes-other-dir does)?", False):
-                return audit, None
-            return audit, await monitor.shm_clean(chosen, audit["folder"], other_dir=other_dir)
+            return audit, await perform.clean_shm(monitor, audit, ShmPrompt(args, audit["folder"], other_dir),
+                                                  other_dir=other_dir)
 
     audit, cleaned = run_async(go())
     if args.json:
@@ -117,15 +125,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            plan = await monitor.plan_dump(args.pid, "dump")  # as the kill finds it
-            for line in plan.describe():
-                print(visible(line), file=sys.stderr, flush=True)
-            if not plan.ranks:
-                raise CockpitError(f"no rank of the run to dump on {monitor.target.label}: no watched process "
-                                   f"of it is alive")
-            return await monitor.dump_stacks(plan, upload=args.upload_pyspy,
-                                             say=lambda line: print(line, file=sys.stderr, flush=True),
-                                             python=monitor.layout.python if monitor.layout is not None else None)
+            return (await perform.dump(monitor, Prompt(args, upload=args.upload_pyspy), args.pid))[1]
 
     result = run_async(go())
     if args.json:

@@ -133,6 +133,28 @@ def confirm(lines: list[str], question: str, yes: bool, json_out: bool = False) 
     return answer.strip().lower() in ("y", "yes")
 
 
+class Prompt:
+    """The terminal as an act's Asker (cockpit/operate/perform.py): the plan printed and asked, or
+    taken under --yes (with --json, printed on stderr); what the act tells as it goes on stderr;
+    py-spy sent only under --upload-pyspy."""
+
+    def __init__(self, args: argparse.Namespace, upload: bool = False):
+        self.args = args
+        self.upload = upload
+
+    async def confirm(self, title: str, lines: list[str], question: str) -> bool:
+        return confirm(lines, question, getattr(self.args, "yes", False), getattr(self.args, "json", False))
+
+    def tell(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def under_way(self, text: str) -> None:
+        """The terminal keeps quiet while an act goes on: its report follows."""
+
+    async def pyspy(self, then: str) -> bool:
+        return self.upload
+
+
 def declined(nothing: str) -> int:
     """A plan declined at the prompt: said, and exit status 1 (README "Exit status")."""
     say(f"declined: {nothing}", file=sys.stderr)

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from cockpit import engines
-from cockpit.engines.base import LOADER_BAR
 from cockpit.read.findings import Finding
 
 

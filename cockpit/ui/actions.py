@@ -15,12 +15,11 @@ from cockpit.actions.kill import (
     describe_clean,
     describe_kill,
     describe_shm,
-    listed,
     summarize_clean,
 )
 from cockpit.common.errors import CockpitError
-from cockpit.common.hosttext import as_text, count, these, visible
-from cockpit.operate import bundle
+from cockpit.common.hosttext import as_text, count
+from cockpit.operate import bundle, perform
 from cockpit.operate.bisect import bisect, configurations, describe_bisect, prepare
 from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
@@ -78,6 +77,22 @@ class ActionRunner:
     async def ask(self, screen):
         return await self.screen.app.push_screen_wait(screen)
 
+    # the screen as an act's Asker (cockpit/operate/perform.py)
+
+    async def confirm(self, title: str, lines: list[str], question: str) -> bool:
+        return bool(await self.ask(ConfirmScreen(title, lines, question)))
+
+    def tell(self, line: str) -> None:
+        self.notify(line)
+
+    def under_way(self, text: str) -> None:
+        self.progress = text
+
+    async def pyspy(self, then: str) -> bool:
+        """py-spy made sure of here, asking the operator (`ensure_pyspy`): nothing left to send."""
+        await self.ensure_pyspy(then)
+        return False
+
     @asynccontextmanager
     async def exclusive(self, name: str):
         """One action at a time; its failure is a notification, never a crash of the screen."""
@@ -104,7 +119,7 @@ class ActionRunner:
         """The layout's interpreter: py-spy is looked for beside it first."""
         return self.layout.python if self.layout is not None else None
 
-    async def pyspy(self, then: str) -> None:
+    async def ensure_pyspy(self, then: str) -> None:
         """py-spy on the host before `then` needs it: the layout's interpreter's own, the host's
         PATH, an earlier upload; where there is none, this cockpit's offered (what is copied where),
         asked once per host while this cockpit runs. PyspyMissing when none is there in the end."""
@@ -132,20 +147,14 @@ class ActionRunner:
 
     # ------------------------------------------------------------------ workflows
 
-    async def kill(self, scope, what: str) -> None:
+    async def kill(self, pid: int | None, what: str) -> None:
+        """`K`: the run, which then reads no run; `k`: process `pid` (and what it started)."""
         async with self.exclusive(what) as go:
             if not go:
                 return
-            plan = await self.monitor.plan_stop(scope)
-            if not plan.entries:
-                self.notify("nothing to kill: no process of it is alive", severity="warning")
+            report = await perform.stop(self.monitor, self, what, f"{what}: asked by the operator", pid)
+            if report is None:
                 return
-            ok = await self.ask(ConfirmScreen(what, plan.describe(), f"Signal {these(len(plan.entries), 'process', 'processes')}?"))
-            if not ok:
-                return
-            self.progress = "SIGTERM sent, waiting"
-            # `K`: the run, which then reads no run; `k`: one process (and what it started)
-            report = await self.monitor.stop(plan, f"{what}: asked by the operator", whole_run=not scope.pids)
             lines = describe_kill(report)
             self.done(what, report["summary"], good=report["verified"], report=lines)
             await self.ask(ReportScreen(f"{what}: {report['summary']}", lines))
@@ -163,12 +172,9 @@ class ActionRunner:
                                                  describe_shm(audit, others=False), keys, none))
             if choice != "c":
                 return
-            ok = await self.ask(ConfirmScreen(
-                "clean shm", [f"rm {audit['folder']}/{visible(e['name'])}" for e in removable],
-                f"Remove {these(len(removable), 'entry', 'entries')} (held ones and those of live creators are kept)?"))
-            if not ok:
+            done = await perform.clean_shm(self.monitor, audit, self)
+            if done is None:
                 return
-            done = await self.monitor.shm_clean([listed(e) for e in removable], audit["folder"])
             lines = describe_clean(done)
             self.done("shm clean", summarize_clean(done), report=lines)
             await self.ask(ReportScreen(f"shm clean: {summarize_clean(done)}", lines))
@@ -177,14 +183,8 @@ class ActionRunner:
         async with self.exclusive("stack dump") as go:
             if not go:
                 return
-            plan = await self.monitor.plan_dump()  # as the kill finds it: never another's ranks
+            plan, result = await perform.dump(self.monitor, self)
             ranks = plan.ranks
-            if not ranks:
-                self.notify("no rank to dump", severity="warning")
-                return
-            await self.pyspy("dump the stacks")
-            self.progress = f"py-spy on {count(len(ranks), 'process', 'processes')}"
-            result = await self.monitor.dump_stacks(plan, say=lambda line: self.notify(line), python=self.python)
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
             self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
@@ -325,7 +325,7 @@ class ActionRunner:
             if go:
                 if not self.screen.read_only:
                     try:
-                        await self.pyspy("collect the bundle")
+                        await self.ensure_pyspy("collect the bundle")
                     except PyspyMissing:
                         pass  # the bundle's manifest says the stacks are missing, and why
                 self.notify("collecting the hang bundle (stacks, RAS, flight recorder, metrics, ...)")

@@ -23,7 +23,7 @@ from cockpit.judge.verdict import Phase, Verdict
 from cockpit.monitor.base import LinkView, Monitor, MonitorEvent
 from cockpit.monitor.replay import ReplayMonitor
 from cockpit.runs.config import Layout
-from cockpit.runs.run import process_scope
+from cockpit.operate.acts import ACT
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, bindings
 from cockpit.ui.fmt import say
@@ -58,7 +58,6 @@ class CockpitScreen(Screen):
     # actions of the operator story first, then the view's keys. `?` lists every one.
     BINDINGS = bindings(COCKPIT)
     ALLOW_IN_MAXIMIZED_VIEW = "#status, FittedFooter"
-    ACTIONS = ("kill_one", "kill_run", "shm", "dump", "relaunch", "ablate", "bisect", "bundle", "flightrec")
 
     def __init__(self, monitor: Monitor | None = None, state: HostState | None = None,
                  layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True,
@@ -347,12 +346,12 @@ class CockpitScreen(Screen):
     # ------------------------------------------------------------------ keys
 
     def check_action(self, action: str, parameters) -> bool | None:
-        """Only bindings that can do something are shown: no actions without a live link, none
-        at all in --read-only."""
-        if action in self.ACTIONS:
-            if action in ("relaunch", "ablate", "bisect") and (self.profile is None or not self.profile.command):
-                return False
-            return not self.read_only and self.link is not None and self.state.link_state == "up"
+        """Only bindings that can do something are shown: an act as the table of acts allows it
+        (a live link, not --read-only, a launch command where it needs one)."""
+        act = ACT.get(action)
+        if act is not None:
+            return act.allowed(self.link is not None and self.state.link_state == "up", self.read_only,
+                               self.profile is not None and bool(self.profile.command))
         if action == "ledger":
             return self.profile is not None
         if action == "report":
@@ -374,10 +373,10 @@ class CockpitScreen(Screen):
         if pid is None or not self.state.procs.get(pid) or not self.state.procs[pid].alive:
             self.notify("select a live process in the rank tree first", severity="warning")
             return
-        self.run_worker(self.actions.kill(process_scope(pid), f"kill pid {pid}"), group="action")
+        self.run_worker(self.actions.kill(pid, f"kill pid {pid}"), group="action")
 
     def action_kill_run(self) -> None:
-        self.run_worker(self.actions.kill(self.monitor.scope(), "kill the run"), group="action")
+        self.run_worker(self.actions.kill(None, "kill the run"), group="action")
 
     def action_shm(self) -> None:
         self.run_worker(self.actions.shm(), group="action")

@@ -1,12 +1,15 @@
 """Each screen's one command table: every key with its action, its footer label, its line in the
 help and its palette title. The bindings, the footer, the help screen and the command palette are
-all drawn from these tables, so a key is described once."""
+all drawn from these tables, so a key is described once; the acts on the run are the table of
+acts' rows (cockpit/operate/acts.py), which the CLI's commands share."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from textual.binding import Binding
+
+from cockpit.operate.acts import ACT, Act
 
 KEY_NAMES = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "esc", "space": "space"}
 PALETTE_KEY = "ctrl+p"  # the App's own binding for the palette, beside `:`
@@ -28,6 +31,11 @@ class Key:
         return Binding(self.key, self.action, self.label, show=self.show, key_display=self.key_display)
 
 
+def act_key(act: Act) -> Key:
+    """An act of the table of acts (cockpit/operate/acts.py) as a key of the screen."""
+    return Key(act.key, act.name, act.label, act.help, act.palette, show=act.show)
+
+
 COCKPIT = (
     Key("question_mark", "help", "Help", "this help", "Help: every key, verdict, phase and colour",
         key_display="?"),
@@ -35,21 +43,12 @@ COCKPIT = (
     Key("escape", "back", "Fleet", "back to the fleet (a host's cockpit opened from it)", "Back to the fleet"),
     Key("e", "evidence", "Why", "the verdict's whole evidence, every line wrapped (the header shows the first "
         "as it fits)", "Why: the verdict's whole evidence"),
-    Key("r", "relaunch", "Relaunch", "relaunch: flag sets as \\[on]/\\[off] toggles, parameters as fields, the "
-        "command shown as a diff of argument lists; ctrl+r launches (the current run is stopped first)",
-        "Relaunch with flag sets toggled"),
-    Key("d", "dump", "Stacks", "py-spy dump of every rank, identical stacks grouped, the odd one out shown",
-        "Dump every rank's stack (py-spy)"),
-    Key("K", "kill_run", "Kill run", "kill the whole run: SIGTERM, wait, SIGKILL, then verify GPUs and ports",
-        "Kill the run"),
-    Key("s", "shm", "Shm", "/dev/shm: every entry, who holds it; [b]c[/b] there cleans what is safe",
-        "Shm: audit /dev/shm (and clean)"),
-    Key("b", "bundle", "Bundle", "save the hang bundle: one .tar.gz in the run's folder (stacks, NCCL RAS, flight "
-        "recorder, nvidia-smi -q, Xid lines, log tail, metrics, versions, verdict, manifest)",
-        "Bundle: save the hang bundle"),
-    Key("F", "flightrec", "Flight rec.", "flight recorder: trigger torch's dump on every rank and compare their "
-        "last collectives (the rank that never joined is named)", "Flight recorder: dump and compare every rank",
-        show=False),
+    act_key(ACT["relaunch"]),
+    act_key(ACT["dump"]),
+    act_key(ACT["kill_run"]),
+    act_key(ACT["shm"]),
+    act_key(ACT["bundle"]),
+    act_key(ACT["flightrec"]),
     Key("L", "ledger", "Runs", "the ledger of this layout's runs: what the cockpit saw of each one",
         "Ledger: the runs of this layout"),
     Key("v", "report", "Report", "the last action's full report again (its one-line summary stays in the header)",
@@ -59,15 +58,9 @@ COCKPIT = (
     Key("t", "rank_filter", "Rank", "show one rank's log lines (cycles TP0…TPn, then all)",
         "Rank: show one rank's log lines"),
     Key("f", "follow", "Follow", "follow the log on / off", "Follow the log on / off"),
-    Key("k", "kill_one", "Kill pid", "kill the selected process (asks first, names every pid)",
-        "Kill the selected process"),
-    Key("A", "ablate", "Ablate", "ablation: each on/off combination of the chosen flag sets, then a table",
-        "Ablate: each on/off combination of flag sets"),
-    Key("B", "bisect", "Bisect", "bisect: which flag sets make the launch hang, between the ledger's failing run "
-        "and the good one (running, or in the ledger; else chosen as [on]/[off] toggles), one launch after "
-        "another, a flaky hang too; the plan first, the odds as they move in the header, the answer with its "
-        "odds in a report; [b]B[/b] again stops it cleanly (a later bisect resumes from the ledger)",
-        "Bisect: which flag sets make the launch hang, with its odds", show=False),
+    act_key(ACT["kill_one"]),
+    act_key(ACT["ablate"]),
+    act_key(ACT["bisect"]),
     Key("colon", "app.command_palette", "Commands",
         "command palette: every action here by name (type kill, dump, shm, ...)", show=False),
     Key("tab", "app.focus_next", "Next pane", "move to the next pane: GPUs, ranks, ports, log", show=False),

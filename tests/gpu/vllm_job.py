@@ -54,7 +54,7 @@ def worker(rank, world, args, tokens, ready):
     log = open(args.log, "a")
     who = f"Worker_TP{rank}"
     torch.cuda.set_device(0)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+    _store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
     dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
     line(log, who, "Starting to load model /models/tiny...", where="gpu_model_runner.py:1770")
     weights = torch.empty(int(args.weights_gb * (1 << 30)) // 2, dtype=torch.bfloat16, device="cuda")
@@ -140,7 +140,7 @@ def main():
                            f"'tensor_parallel_size': 2}}", where="utils.py:326")
     import torch.distributed as dist
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, is_master=True,
+    _store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, is_master=True,
                           wait_for_workers=False)  # the rendezvous, held here from the start
     ctx = mp.get_context("spawn")
     tokens, ready = ctx.Value("q", 0), ctx.Event()

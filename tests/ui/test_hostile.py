@@ -306,7 +306,7 @@ async def test_live_screen_notifications_and_dialogs_with_hostile_host_text(host
             assert "c" in app.screen.keys, "an nccl- entry held by no process is removable"
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 20)
-            await until(pilot, lambda: f"rm /dev/shm/nccl-{TOKEN}-^[[2J^MHIDDEN[/x]" in _dialog(app), 20)
+            await until(pilot, lambda: f"rm nccl-{TOKEN}-^[[2J^MHIDDEN[/x]" in _dialog(app), 20)  # the CLI's words
             _screen(app)
             await pilot.press("n")
             await until(pilot, lambda: app.screen is app.cockpit and app.cockpit.busy is None, 20)

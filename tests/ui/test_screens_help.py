@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cockpit.runs.layouts import resolve_layout
 from cockpit.host.snapshot import state_from_doc
+from cockpit.operate.acts import ACTS
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_name
@@ -127,12 +128,12 @@ async def test_kill_from_the_palette_asks_as_K_does_and_the_header_says_it_waits
         header = next(line for line in text.splitlines() if "kill the run:" in line)
         assert "ready ok" not in header
         assert not re.search(r"\b1 processes|\bprocess groups \d+:", text)
-        assert re.search(r"Signal (this process|these \d+ processes)\?", text)
+        assert re.search(r"kill (this process|these \d+ processes)\?", text)  # as `cockpit kill` asks
         await pilot.press("n")
         await until(pilot, lambda: app.cockpit.busy is None, 10)
         app.cockpit.read_only = True
         offered = titles(app, app.cockpit)
-        assert not {PALETTE_TITLES[a] for a in CockpitScreen.ACTIONS if a in PALETTE_TITLES} & offered
+        assert not {PALETTE_TITLES[a.name] for a in ACTS} & offered
 
 
 async def test_a_log_search_without_a_match_says_so():

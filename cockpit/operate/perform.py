@@ -1,0 +1,79 @@
+"""Each act on the run carried out once, for the screen and the CLI alike: plan through the
+monitor's verbs, show exactly what will be touched and ask, carry it out, and hand back what the
+report needs. Where they differ they differ only in how they ask and tell: an `Asker` is the
+screen's dialogs and notifications (cockpit/ui/actions.py) or the terminal's prompt, --yes and
+stderr (cockpit/cli/act.py). The acts themselves are named in cockpit/operate/acts.py."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from cockpit.actions.dumps import DumpPlan, DumpSet
+from cockpit.actions.kill import listed
+from cockpit.common.errors import CockpitError
+from cockpit.common.hosttext import count, these, visible
+from cockpit.monitor.base import Monitor
+from cockpit.runs.run import process_scope
+
+
+class Asker(Protocol):
+    """How an act asks and tells, where the operator is."""
+
+    async def confirm(self, title: str, lines: list[str], question: str) -> bool:
+        """`lines` (what will be touched) shown, then `question` asked; False declines."""
+
+    def tell(self, line: str) -> None:
+        """A line as the act goes (what it found, what it sends where)."""
+
+    def under_way(self, text: str) -> None:
+        """What is under way now (the screen's header; the terminal keeps quiet)."""
+
+    async def pyspy(self, then: str) -> bool:
+        """Whether this install's py-spy is to be sent where the host has none, before `then`."""
+
+
+async def stop(monitor: Monitor, asker: Asker, what: str, why: str, pid: int | None = None,
+               wait: float | None = None) -> dict[str, Any] | None:
+    """Kill the run, or process `pid` and what it started: planned, shown and asked, then the
+    monitor's one stop workflow (SIGTERM, wait, SIGKILL, verified). None when declined; a
+    CockpitError when nothing of it is alive."""
+    plan = await monitor.plan_stop(process_scope(pid) if pid else monitor.scope())
+    if not plan.entries:
+        label = monitor.target.label
+        if pid:
+            raise CockpitError(f"no process {pid} on {label}")
+        why_not = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
+        raise CockpitError(f"nothing to kill on {label}: no process of the run is alive"
+                           + (f" ({why_not})" if why_not else ""))
+    if not await asker.confirm(what, plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?"):
+        return None
+    asker.under_way("SIGTERM sent, waiting")
+    return await monitor.stop(plan, why, wait, whole_run=not pid)
+
+
+async def clean_shm(monitor: Monitor, audit: dict[str, Any], asker: Asker, other_dir: bool = False
+                    ) -> dict[str, Any] | None:
+    """Remove the audit's removable entries, each named and asked first, each checked again on the
+    host before it goes. None when declined; with nothing removable, nothing is asked."""
+    chosen = [listed(e) for e in audit["entries"] if e["removable"]]
+    if not chosen:
+        return {"removed": [], "skipped": [], "freed_bytes": 0}
+    if not await asker.confirm("clean shm", [f"  rm {visible(e['name'])}" for e in chosen],
+                               f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?"):
+        return None
+    asker.under_way(f"removing {count(len(chosen), 'entry', 'entries')} of {audit['folder']}")
+    return await monitor.shm_clean(chosen, audit["folder"], other_dir=other_dir)
+
+
+async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple[DumpPlan, DumpSet]:
+    """Every rank's stack: the run's ranks found as the kill finds them (never another's), said,
+    py-spy made sure of, then dumped. A CockpitError when no rank of it is alive."""
+    plan = await monitor.plan_dump(root, "dump")
+    for line in plan.describe():
+        asker.tell(visible(line))
+    if not plan.ranks:
+        raise CockpitError(f"no rank of the run to dump on {monitor.target.label}: no watched process of it is alive")
+    upload = await asker.pyspy("dump the stacks")
+    asker.under_way(f"py-spy on {count(len(plan.ranks), 'process', 'processes')}")
+    return plan, await monitor.dump_stacks(plan, upload=upload, say=asker.tell,
+                                           python=monitor.layout.python if monitor.layout is not None else None)
