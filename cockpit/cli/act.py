@@ -1,5 +1,6 @@
 """The commands that act on a host's run or gather its evidence: `kill`, `shm` (audit, clean),
-`dump` (every rank's stack), `bundle` (a hang's .tar.gz), `flightrec` (torch's flight recorder).
+`dump` (every rank's stack), `bundle` (a hang's .tar.gz), `flightrec` (torch's flight recorder),
+and any act registered with a generic workflow (cockpit/operate/perform.py).
 Each plans, says the plan and asks (or takes --yes), then carries it out through the host's one
 monitor; --read-only refuses each that would act."""
 
@@ -12,6 +13,7 @@ import sys
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
 from cockpit.cli.base import (
+    REGISTERED,
     JSON,
     TARGET,
     YES,
@@ -27,6 +29,7 @@ from cockpit.cli.base import (
 )
 from cockpit.common.errors import CockpitError
 from cockpit.operate import bundle, perform
+from cockpit.operate.acts import ACT
 from cockpit.read import flightrec
 
 
@@ -184,3 +187,32 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
         say("\n".join(flightrec.describe(answer, result)))
     return 0 if answer.get("armed") else 3
 
+
+
+def _generic(name: str) -> None:
+    """`cockpit COMMAND TARGET [--yes] [--json]` for an act whose workflow is generic
+    (cockpit/operate/perform.py): planned, asked (or --yes), carried out, its Outcome printed; exit
+    status 3 when it did not go as asked, 1 when declined."""
+    act = ACT[name]
+
+    @command(act.command, TARGET, YES, JSON)
+    def cmd(args: argparse.Namespace) -> int:
+        writable(args)
+
+        async def go():
+            async with attached(args) as monitor:
+                return await perform.WORKFLOWS[name](monitor, Prompt(args))
+
+        outcome = run_async(go())
+        if outcome is None:
+            return declined(f"{act.command}: nothing was done")
+        if args.json:
+            print_json(outcome.doc)
+        else:
+            say("\n".join([outcome.summary] + outcome.lines))
+        return 0 if outcome.ok else 3
+
+
+for _name in perform.WORKFLOWS:  # the acts with nothing of their own here
+    if ACT[_name].family == "act" and ACT[_name].command not in REGISTERED:
+        _generic(_name)

@@ -424,9 +424,14 @@ class MonitorBase:
         """Remove exactly these audited entries, each re-checked on the host."""
         return dict(await kill.shm_clean(self.session, entries, folder, uid, other_dir))
 
+    async def _request(self, cmd: str, timeout: float, **args: Any) -> dict[str, Any]:
+        """One agent command, for the verbs that are one question to the host: the one place they
+        reach the link (a replayed snapshot refuses here, in words, whatever the verb)."""
+        return await self.session.request(cmd, timeout=timeout, **args)  # type: ignore[no-any-return]
+
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
         """The host's facts (`items` of nvidia_smi, xid, versions; the versions of these pids' run)."""
-        return await self.session.request("host_facts", timeout=timeout, items=items, pids=pids)  # type: ignore[no-any-return]
+        return await self._request("host_facts", timeout, items=items, pids=pids)
 
     async def run_versions(self) -> dict[str, Any]:
         """The driver and CUDA, and the package versions of the run alive now (read by the agent
@@ -470,11 +475,11 @@ class MonitorBase:
 
     async def ras(self) -> dict[str, Any]:
         """NCCL RAS's verbose status, asked on the host (the bundle's)."""
-        return await self.session.request("ras", timeout=40)  # type: ignore[no-any-return]
+        return await self._request("ras", 40)
 
     async def metrics_page(self, port: int, path: str) -> dict[str, Any]:
         """One scrape of the run's metrics page on the host's loopback."""
-        return await self.session.request("metrics", port=port, path=path, timeout=20)  # type: ignore[no-any-return]
+        return await self._request("metrics", 20, port=port, path=path)
 
     async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]:
         """The live ranks a flight-recorder read asks (as the kill finds the run), and those left alone."""
@@ -482,8 +487,7 @@ class MonitorBase:
 
     async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]:
         """The ranks' flight-recorder dumps as the host read them, uncompared (the bundle keeps them)."""
-        return await self.session.request("fr_dump", timeout=60, pids=pids, trigger=trigger,  # type: ignore[no-any-return]
-                                          raw=True, wait_s=15)
+        return await self._request("fr_dump", 60, pids=pids, trigger=trigger, raw=True, wait_s=15)
 
     def link_describe(self) -> dict[str, Any] | None:
         """How a container or a Slurm node was reached and whose pids (docs/targets.md); None for a host."""

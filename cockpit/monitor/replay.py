@@ -84,8 +84,10 @@ class ReplayMonitor(MonitorBase):
                         other_dir: bool = False) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no /dev/shm to clean: attach to the host itself")
 
-    async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]:
-        raise CockpitError("a replayed snapshot has no host to ask: attach to the host itself")
+    async def _request(self, cmd: str, timeout: float, **args: Any) -> dict[str, Any]:
+        """Every verb that is one question to the host (its facts, NCCL RAS, a metrics page, the
+        flight recorder's raw dumps, and any added later) is refused here, in words."""
+        raise CockpitError(f"a replayed snapshot has no host to ask ({cmd}): attach to the host itself")
 
     async def run_versions(self) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no run to ask for its versions: attach to the host itself")
@@ -103,16 +105,7 @@ class ReplayMonitor(MonitorBase):
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
         raise CockpitError("a replayed snapshot takes no new samples: attach to the host itself")
 
-    async def ras(self) -> dict[str, Any]:
-        raise CockpitError("a replayed snapshot has no host to ask NCCL RAS: attach to the host itself")
-
-    async def metrics_page(self, port: int, path: str) -> dict[str, Any]:
-        raise CockpitError("a replayed snapshot has no host to scrape: attach to the host itself")
-
     async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]:
-        raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
-
-    async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
 
     def launch_python(self) -> str:

@@ -7,7 +7,9 @@ are the model.
 The screen's bindings, footer, help, palette and allowed-check (cockpit/ui/commands.py,
 cockpit/ui/cockpit.py) and the CLI's act commands and their --help lines (cockpit/cli/__init__.py)
 are drawn from `ACTS`. Each act's plan, confirm and carry-out is written once, for both, in
-cockpit/operate/perform.py. This module imports nothing: `cockpit --help` reads it."""
+cockpit/operate/perform.py: an act with a workflow there and no dialog or command of its own
+(`register`) is offered by the screen and the CLI with nothing more. This module imports nothing:
+`cockpit --help` reads it."""
 
 from __future__ import annotations
 
@@ -73,6 +75,17 @@ ACTS: tuple[Act, ...] = (
 )
 
 ACT = {a.name: a for a in ACTS}
+
+
+def register(act: Act) -> None:
+    """One more act: its key on the screen and its command in the CLI follow from this row and
+    its workflow (cockpit/operate/perform.py, `@workflow`); registered before the screen and the
+    CLI are imported, as a plug-in's module is."""
+    global ACTS
+    if act.name in ACT or any(a.key == act.key for a in ACTS):
+        raise ValueError(f"act {act.name!r} (key {act.key!r}): the name or the key is taken")
+    ACTS = ACTS + (act,)
+    ACT[act.name] = act
 
 
 def commands() -> dict[str, tuple[str, str]]:

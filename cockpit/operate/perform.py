@@ -6,6 +6,8 @@ stderr (cockpit/cli/act.py). The acts themselves are named in cockpit/operate/ac
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cockpit.actions.dumps import DumpPlan, DumpSet
@@ -30,6 +32,32 @@ class Asker(Protocol):
 
     async def pyspy(self, then: str) -> bool:
         """Whether this install's py-spy is to be sent where the host has none, before `then`."""
+
+
+@dataclass
+class Outcome:
+    """What an act carried out hands back: its one line (the screen's header, the CLI's first
+    line), its report, its --json document, and whether it went as asked (else a red line on the
+    screen and exit status 3)."""
+
+    summary: str
+    lines: list[str] = field(default_factory=list)
+    doc: dict[str, Any] = field(default_factory=dict)
+    ok: bool = True
+
+
+Workflow = Callable[[Monitor, Asker], Awaitable[Outcome | None]]
+WORKFLOWS: dict[str, Workflow] = {}  # the acts that the screen and the CLI carry out with nothing of their own
+
+
+def workflow(name: str) -> Callable[[Workflow], Workflow]:
+    """Register `fn` as the act `name`'s whole workflow (plan, ask through the Asker, carry out):
+    the screen's key and the CLI's command then run it and show its Outcome (None: declined)."""
+    def register(fn: Workflow) -> Workflow:
+        WORKFLOWS[name] = fn
+        return fn
+
+    return register
 
 
 async def stop(monitor: Monitor, asker: Asker, what: str, why: str, pid: int | None = None,

@@ -20,6 +20,7 @@ from cockpit.actions.kill import (
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count
 from cockpit.operate import bundle, perform
+from cockpit.operate.acts import ACT
 from cockpit.operate.bisect import bisect, configurations, describe_bisect, prepare
 from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
@@ -146,6 +147,34 @@ class ActionRunner:
         await self.monitor.pyspy_check(upload=True, say=self.notify, python=self.python)
 
     # ------------------------------------------------------------------ workflows
+
+    async def act(self, name: str) -> None:
+        """The act `name` (cockpit/operate/acts.py): this runner's own workflow of that name (its
+        dialogs), else the act's generic one (cockpit/operate/perform.py), its Outcome reported."""
+        if name not in perform.WORKFLOWS:
+            await getattr(self, name)()
+            return
+        act = ACT[name]
+        async with self.exclusive(act.label.lower()) as go:
+            if not go:
+                return
+            outcome = await perform.WORKFLOWS[name](self.monitor, self)
+            if outcome is None:
+                return
+            self.done(act.label.lower(), outcome.summary, good=outcome.ok, report=outcome.lines)
+            await self.ask(ReportScreen(f"{act.label.lower()}: {outcome.summary}", outcome.lines))
+
+    async def kill_run(self) -> None:
+        await self.kill(None, "kill the run")
+
+    async def kill_one(self) -> None:
+        """`k`: the process selected in the rank tree, and what it started."""
+        pid = self.screen.ranks.selected_pid()
+        procs = self.screen.state.procs
+        if pid is None or not procs.get(pid) or not procs[pid].alive:
+            self.notify("select a live process in the rank tree first", severity="warning")
+            return
+        await self.kill(pid, f"kill pid {pid}")
 
     async def kill(self, pid: int | None, what: str) -> None:
         """`K`: the run, which then reads no run; `k`: process `pid` (and what it started)."""

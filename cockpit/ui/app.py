@@ -24,7 +24,7 @@ def cockpit_commands(screen: Screen):
     for c in COCKPIT:
         if c.palette is None or not screen.check_action(c.action, ()):
             continue
-        what = Text.from_markup(c.help).plain
+        what = Text.from_markup(c.help).plain + ("; asks first" if c.asks else "")
 
         async def run(action: str = c.action) -> None:
             await screen.run_action(action)

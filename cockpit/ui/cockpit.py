@@ -23,7 +23,7 @@ from cockpit.judge.verdict import Phase, Verdict
 from cockpit.monitor.base import LinkView, Monitor, MonitorEvent
 from cockpit.monitor.replay import ReplayMonitor
 from cockpit.runs.config import Layout
-from cockpit.operate.acts import ACT
+from cockpit.operate.acts import ACT, ACTS
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, bindings
 from cockpit.ui.fmt import say
@@ -368,37 +368,6 @@ class CockpitScreen(Screen):
         elif self.focused is not None:
             self.maximize(self.focused, container=False)
 
-    def action_kill_one(self) -> None:
-        pid = self.ranks.selected_pid()
-        if pid is None or not self.state.procs.get(pid) or not self.state.procs[pid].alive:
-            self.notify("select a live process in the rank tree first", severity="warning")
-            return
-        self.run_worker(self.actions.kill(pid, f"kill pid {pid}"), group="action")
-
-    def action_kill_run(self) -> None:
-        self.run_worker(self.actions.kill(None, "kill the run"), group="action")
-
-    def action_shm(self) -> None:
-        self.run_worker(self.actions.shm(), group="action")
-
-    def action_dump(self) -> None:
-        self.run_worker(self.actions.dump(), group="action")
-
-    def action_bundle(self) -> None:
-        self.run_worker(self.actions.bundle(), group="action")
-
-    def action_flightrec(self) -> None:
-        self.run_worker(self.actions.flightrec(), group="action")
-
-    def action_relaunch(self) -> None:
-        self.run_worker(self.actions.relaunch(), group="action")
-
-    def action_ablate(self) -> None:
-        self.run_worker(self.actions.ablate(), group="action")
-
-    def action_bisect(self) -> None:
-        self.run_worker(self.actions.bisect(), group="action")
-
     def action_ledger(self) -> None:
         self.actions.ledger()
 
@@ -456,3 +425,15 @@ class CockpitScreen(Screen):
             self._unsubscribe()
         if self.owns_monitor:
             await self.monitor.close()
+
+
+def _act_action(name: str):
+    def action(self: CockpitScreen) -> None:
+        self.run_worker(self.actions.act(name), group="action")
+
+    action.__doc__ = f"The act {name!r} of the table of acts (cockpit/operate/acts.py), as a worker of the screen."
+    return action
+
+
+for _act in ACTS:  # each act's key runs it: its own workflow on the ActionRunner, or the generic one
+    setattr(CockpitScreen, f"action_{_act.name}", _act_action(_act.name))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from textual.binding import Binding
 
-from cockpit.operate.acts import ACT, Act
+from cockpit.operate.acts import ACT, ACTS, Act
 
 KEY_NAMES = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "esc", "space": "space"}
 PALETTE_KEY = "ctrl+p"  # the App's own binding for the palette, beside `:`
@@ -26,6 +26,7 @@ class Key:
     palette: str | None = None  # the palette's title: offered there while the key would work
     show: bool = True  # in the footer
     key_display: str | None = None
+    asks: bool = False  # an act that changes the host: its plan is shown and confirmed first
 
     def binding(self) -> Binding:
         return Binding(self.key, self.action, self.label, show=self.show, key_display=self.key_display)
@@ -33,7 +34,7 @@ class Key:
 
 def act_key(act: Act) -> Key:
     """An act of the table of acts (cockpit/operate/acts.py) as a key of the screen."""
-    return Key(act.key, act.name, act.label, act.help, act.palette, show=act.show)
+    return Key(act.key, act.name, act.label, act.help, act.palette, show=act.show, asks=act.asks)
 
 
 COCKPIT = (
@@ -66,6 +67,7 @@ COCKPIT = (
     Key("tab", "app.focus_next", "Next pane", "move to the next pane: GPUs, ranks, ports, log", show=False),
     Key("shift+tab", "app.focus_previous", "Prev pane", "move to the previous pane", show=False),
 )
+COCKPIT += tuple(act_key(a) for a in ACTS if a.name not in {k.action for k in COCKPIT})  # an act registered later
 
 FLEET = (
     Key("q", "app.quit", "Quit", "quit"),

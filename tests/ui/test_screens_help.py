@@ -116,6 +116,9 @@ async def test_kill_from_the_palette_asks_as_K_does_and_the_header_says_it_waits
         await until(pilot, lambda: app.state.link_state == "up" and any(p.alive for p in app.state.procs.values()))
         await until(pilot, lambda: PALETTE_TITLES["kill_run"] in titles(app, app.cockpit), 20)
         assert PALETTE_TITLES["dump"] in titles(app, app.cockpit)
+        helps = {c.title: c.help for c in app.get_system_commands(app.cockpit)}
+        assert helps[PALETTE_TITLES["kill_run"]].endswith("; asks first")  # dangerous, in the table of acts
+        assert not helps[PALETTE_TITLES["dump"]].endswith("; asks first")
         await pilot.press("colon")
         await pilot.pause(0.3)
         for ch in "kill the run":
