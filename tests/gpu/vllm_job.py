@@ -54,7 +54,7 @@ def worker(rank, world, args, tokens, ready):
     log = open(args.log, "a")
     who = f"Worker_TP{rank}"
     torch.cuda.set_device(0)
-    _store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
     dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
     line(log, who, "Starting to load model /models/tiny...", where="gpu_model_runner.py:1770")
     weights = torch.empty(int(args.weights_gb * (1 << 30)) // 2, dtype=torch.bfloat16, device="cuda")
