@@ -131,3 +131,17 @@ def chown_tree(path: Path, uid: int) -> None:
     for root, dirs, files in os.walk(path):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
             os.lchown(name, uid, uid)
+
+
+def help_plain(width: int = 100) -> str:
+    """The cockpit's help as plain text at `width`: what its help screen shows, without colours."""
+    import io
+
+    from rich.console import Console
+
+    from cockpit.ui.commands import COCKPIT, RANK_TABLE
+    from cockpit.ui.screens import help_renderable
+
+    console = Console(width=width, file=io.StringIO(), color_system=None, record=True)
+    console.print(help_renderable(COCKPIT + RANK_TABLE))
+    return console.export_text()

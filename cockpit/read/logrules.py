@@ -358,12 +358,6 @@ def parse_general(text: str) -> Parsed:
     return _new(Parsed, (s[pos:], time, who, rank, level or outer_level, engine))
 
 
-def line_rank(text: str) -> int | None:
-    """The rank that wrote a log line, from its prefix: SGLang `[... TP3]`, vLLM `(VllmWorker TP3 pid=..)`,
-    `(VllmWorker rank=3 pid=..)`, `(Worker_PP1_TP3 pid=..)`, torch `[rank3]:`."""
-    return parse(text).rank
-
-
 # ----------------------------------------------------------------------------- failures
 
 # The causes a failure can name, and how much of a root cause each is: a post-mortem names the

@@ -80,10 +80,6 @@ LEAST = {"host": 8, "link": 6, "ms": 4, "util/GPU": 9, "mem/GPU": 8, "phase": 10
 SHRINKS = ("alerts", "phase", "verdict", "link", "host")  # what gives way first on a narrow screen, in turn
 
 
-def column_widths(cells: list[list[list[Segment]]], width: int) -> list[int]:
-    return fit_widths([cell_widths(row) for row in cells], width)
-
-
 def cell_widths(row: list[list[Segment]]) -> list[int]:
     """What each of a row's cells needs, one space after it included."""
     return [sum(len(s.text) for s in cell) + 1 for cell in row]

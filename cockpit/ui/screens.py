@@ -426,16 +426,6 @@ def help_renderable(commands=COCKPIT + RANK_TABLE + RUNS_TABLE):
     )
 
 
-def help_plain(commands=COCKPIT + RANK_TABLE, width: int = 100) -> str:
-    """The help as plain text at `width` (what the screen shows, without colours)."""
-    import io
-
-    from rich.console import Console
-
-    console = Console(width=width, file=io.StringIO(), color_system=None, record=True)
-    console.print(help_renderable(commands))
-    return console.export_text()
-
 
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", key_display="esc")]

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from cockpit.read.logrules import LogRules, LogTracker, PhaseRule, detect_engine, line_rank, parse
+from cockpit.read.logrules import LogRules, LogTracker, PhaseRule, detect_engine, parse
 
 # ----------------------------------------------------------------------------- prefixes
 
@@ -73,7 +73,7 @@ from cockpit.read.logrules import LogRules, LogTracker, PhaseRule, detect_engine
 def test_prefixes_name_the_writer_its_rank_and_time(text, rank, who, time):
     p = parse(text)
     assert (p.rank, p.who, p.time) == (rank, who, time)
-    assert line_rank(text) == rank
+    assert parse(text).rank == rank
 
 
 def test_the_message_is_the_text_after_every_prefix():

@@ -101,7 +101,7 @@ async def test_help_explains_every_verdict_and_scrolls_at_80x24():
         await pilot.press("question_mark")
         await pilot.pause(0.2)
         assert isinstance(app.screen, HelpScreen)
-        from cockpit.ui.screens import help_plain
+        from fixtures_shared import help_plain
 
         HELP = help_plain()
 

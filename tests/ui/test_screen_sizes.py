@@ -20,7 +20,7 @@ from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.run import Scope
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.commands import COCKPIT, key_name
-from cockpit.ui.fleet import COLUMNS, column_widths
+from cockpit.ui.fleet import COLUMNS, cell_widths, fit_widths
 from cockpit.ui.screens import ConfirmScreen, Hanging, ReportScreen
 from simhost import until  # noqa: E402
 
@@ -105,13 +105,13 @@ def test_fleet_columns_share_the_width_by_what_they_hold():
 
     rows = [cells("capturing draft cuda graphs", "stalled-idle (rank 3)",
                   "all 8 ranks alive, CPU < 5 %, GPU utilization < 5 % on all 8 GPUs")]
-    widths = column_widths(rows, 120)
+    widths = fit_widths([cell_widths(r) for r in rows], 120)
     got = dict(zip(COLUMNS, widths))
     assert sum(widths) == 120
     assert got["phase"] > len("capturing draft cuda graphs") and got["verdict"] > len("stalled-idle (rank 3)")
     assert got["link"] <= 6  # the short link leaves its room to the alerts, which take the rest
     assert got["alerts"] == 120 - sum(w for name, w in got.items() if name != "alerts") > 30
-    narrow = dict(zip(COLUMNS, column_widths(rows, 80)))
+    narrow = dict(zip(COLUMNS, fit_widths([cell_widths(r) for r in rows], 80)))
     assert sum(narrow.values()) == 80 and narrow["host"] >= len("kimi-box") + 1
 
 

@@ -16,7 +16,8 @@ from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_name
 from cockpit.ui.ranks import RankTable
-from cockpit.ui.screens import HelpScreen, help_plain
+from cockpit.ui.screens import HelpScreen
+from fixtures_shared import help_plain
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
