@@ -158,8 +158,7 @@ class Exporter:
 
     def families(self) -> list:
         """Every metric family, read from the monitors now (on the event loop's thread)."""
-        from prometheus_client.core import CounterMetricFamily as C
-        from prometheus_client.core import GaugeMetricFamily as G
+        from prometheus_client.core import CounterMetricFamily as C, GaugeMetricFamily as G
 
         t0 = time.perf_counter()
         self.watch()

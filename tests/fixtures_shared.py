@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cannot_run, free_port
+from simhost import kill_groups
 
 from cockpit.cli import build_parser
 from cockpit.host.session import SessionOptions, WatchList
@@ -21,9 +23,6 @@ from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layoutfile import parse_layout
 from cockpit.runs.layouts import resolve_layout
 from cockpit.ui.app import CockpitApp
-from conftest import cannot_run, free_port
-from simhost import kill_groups
-
 
 # ----------------------------------------------------------------------------- the fast demo
 

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
 
 
 async def wait_for(predicate, timeout: float = 30.0, what: str = "condition", context=None):

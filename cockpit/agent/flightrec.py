@@ -67,7 +67,7 @@ def read_fr_dump(data):
             doc = fr_unpickler()(data)
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
                 MemoryError, RecursionError, UnicodeDecodeError) as exc:
-            raise ValueError("not a readable flight-recorder dump: %s" % (str(exc)[:160] or type(exc).__name__))
+            raise ValueError("not a readable flight-recorder dump: %s" % (str(exc)[:160] or type(exc).__name__)) from None
     if not isinstance(doc, dict):
         raise ValueError("not a flight-recorder dump: a %s, not a dict" % type(doc).__name__)
     return doc

@@ -9,8 +9,21 @@ import signal
 import time
 
 from .ports import _proc_net_listeners, port_value, socket_inodes, socket_table
-from .procs import (DEFAULT_PATTERNS, _CLK_TCK, _boot_time, _environ, _proc_stat, _protected, _read_cmdline, _read_proc,
-                    _start_ticks, _uid, _user, _when, pidfd)
+from .procs import (
+    _CLK_TCK,
+    DEFAULT_PATTERNS,
+    _boot_time,
+    _environ,
+    _proc_stat,
+    _protected,
+    _read_cmdline,
+    _read_proc,
+    _start_ticks,
+    _uid,
+    _user,
+    _when,
+    pidfd,
+)
 
 _SIGNALS = {"TERM": 15, "KILL": 9}
 

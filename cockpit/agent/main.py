@@ -490,7 +490,7 @@ def main(argv, procs):
             install_sim_nvml(int(args.pop(0)))
         elif flag == "--sim-state":
             sim_state = os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
-    if sys.version_info < (3, 8):
+    if sys.version_info < (3, 8):  # noqa: UP036 - the host's Python may be older than the agent's floor
         emit({"t": FATAL, "code": "python-too-old",
               "msg": "Python %s on the host is too old: gpu-cockpit's agent needs Python >= 3.8 "
                      "(name another interpreter with --python)" % platform.python_version()})

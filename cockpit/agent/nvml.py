@@ -134,7 +134,7 @@ class c_nvmlEventData_t(ctypes.Structure):
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
-class ProcessInfo(object):
+class ProcessInfo:
     """A process row as pynvml gives it: usedGpuMemory None when NVML cannot tell (no rights)."""
 
     __slots__ = ("pid", "usedGpuMemory")

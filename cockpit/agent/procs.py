@@ -50,7 +50,7 @@ def _boot_time():
     if _BOOT is None:
         try:
             with open("/proc/stat") as fh:
-                _BOOT = next(float(l.split()[1]) for l in fh if l.startswith("btime"))
+                _BOOT = next(float(line.split()[1]) for line in fh if line.startswith("btime"))
         except (OSError, StopIteration):
             _BOOT = 0.0
     return _BOOT

@@ -130,7 +130,7 @@ def _born(path, st, dir_fd=None):
         if _LIBC is None:
             _LIBC = ctypes.CDLL(None, use_errno=True)
         buf = ctypes.create_string_buffer(256)
-        fn = getattr(_LIBC, "statx")
+        fn = _LIBC.statx
         fd = -100 if dir_fd is None else dir_fd  # AT_FDCWD
         if fn(fd, os.fsencode(path), 0x100 | 0x800, 0x800, buf) == 0:  # AT_SYMLINK_NOFOLLOW, STATX_BTIME
             mask = int.from_bytes(buf.raw[0:4], "little")

@@ -13,8 +13,8 @@ import sys
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
 from cockpit.cli.base import (
-    REGISTERED,
     JSON,
+    REGISTERED,
     TARGET,
     YES,
     Prompt,

@@ -35,7 +35,7 @@ class WatchList:
     ports: list[int] = field(default_factory=list)
 
     @classmethod
-    def for_layout(cls, layout) -> "WatchList":
+    def for_layout(cls, layout) -> WatchList:
         """The layout's process patterns, log and ports; the SGLang/vLLM defaults without one."""
         if layout is None:
             return cls()

@@ -135,7 +135,7 @@ def _lines(stream, name: str, *others, bar: Progress | None = None) -> Iterator[
         if partial or skipped:
             yield _line(partial, skipped)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise CockpitError(f"{name}: not a readable gzip file ({exc}): gunzip it to check, or pass the plain log")
+        raise CockpitError(f"{name}: not a readable gzip file ({exc}): gunzip it to check, or pass the plain log") from None
     except OSError as exc:
         raise CockpitError(f"{name}: cannot read: {exc.strerror or exc}") from None
     finally:

@@ -190,7 +190,7 @@ class ClusterState(HostState):
                 h.index = k * GPU_STRIDE + i
                 h.processes = [(base + pid, mib) for pid, mib in g.processes]
                 label = f"{n.name}:{i}"
-                setattr(h, "label", label)
+                h.label = label
                 gpus[h.index] = h
                 self.gpu_labels[h.index] = label
                 if i in st.gpu_history:
@@ -242,7 +242,7 @@ class ClusterState(HostState):
                 repeats |= r in seen and seen[r] != name
                 seen[r] = name
         for p in procs.values():
-            setattr(p, "local_rank", p.rank)
+            p.local_rank = p.rank
         if not repeats:
             return
         per_node = max(len({p.rank for p in ranks}) for ranks in by_node.values())
@@ -252,7 +252,7 @@ class ClusterState(HostState):
                               if getattr(p, "node", None) == name and p.role == "server" and p.cmdline
                               for r in [_flag(p.cmdline, NODE_RANK_FLAGS)] if r is not None), order.get(name, 0))
             for p in ranks:
-                p.rank = node_rank * per_node + getattr(p, "local_rank")
+                p.rank = node_rank * per_node + p.local_rank
 
 
 class ClusterSession:

@@ -15,8 +15,8 @@ import os
 import shutil
 import socket
 import tempfile
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

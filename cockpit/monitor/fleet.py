@@ -19,8 +19,8 @@ from cockpit.common.errors import CockpitError
 from cockpit.host.session import SessionOptions
 from cockpit.host.snapshot import snapshot_doc
 from cockpit.host.state import HostState
-from cockpit.link.target import agent_python, parse_target
 from cockpit.judge.verdict import Phase, Verdict
+from cockpit.link.target import agent_python, parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.config import Layout, LayoutError
 from cockpit.runs.layoutfile import YamlLoader, compose_yaml, read_config

@@ -38,7 +38,6 @@ from cockpit.runs.ledger import append_ledger, resumable_bisect
 from cockpit.runs.spec import new_run_id
 
 
-
 @dataclass
 class Prepared:
     """A bisect as it stands before it launches: the one it resumes (`before`), the steps whose

@@ -225,7 +225,7 @@ def describe_groups(groups: list[Group], full: bool = False) -> list[str]:
             lines.extend(f"    {visible(d)}" for d in g.diff[2:])
         if full and g.stacks:
             seen = set()
-            for fold, ranks in natives or [(None, g.ranks)]:
+            for _fold, ranks in natives or [(None, g.ranks)]:
                 rank = ranks[0]
                 if rank in seen or rank not in g.stacks:
                     continue

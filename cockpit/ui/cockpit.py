@@ -22,8 +22,8 @@ from cockpit.host.state import HostState
 from cockpit.judge.verdict import Phase, Verdict
 from cockpit.monitor.base import LinkView, Monitor, MonitorEvent
 from cockpit.monitor.replay import ReplayMonitor
-from cockpit.runs.config import Layout
 from cockpit.operate.acts import ACT, ACTS
+from cockpit.runs.config import Layout
 from cockpit.ui.actions import ActionRunner
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, bindings
 from cockpit.ui.fmt import say

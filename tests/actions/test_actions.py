@@ -11,15 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-
-from cockpit.actions import kill as actions
-from cockpit.actions import dumps
-from cockpit.read import findings
-from cockpit.runs import run as runmod
-from cockpit.runs.run import Run
-from cockpit.read import stacks
 from conftest import free_port, run_cli
 from simhost import SimRun, gone, kill_groups, wait_for
+
+from cockpit.actions import dumps, kill as actions
+from cockpit.read import findings, stacks
+from cockpit.runs import run as runmod
+from cockpit.runs.run import Run
 
 
 def ready(run):
@@ -448,8 +446,8 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
     """Real ranks: 0 lives (dumped by real py-spy), 1 is killed and left a zombie by its parent,
     2 is killed and reaped (the agent launched it, so its exit code is known). A py-spy first on
     PATH is not the one used on local: the cockpit's own is."""
-    from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions, WatchList
+    from cockpit.link.target import parse_target
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     decoy = tmp_path / "bin" / "py-spy"

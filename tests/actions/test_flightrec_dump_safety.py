@@ -15,13 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from cockpit.actions import kill as actions
-from cockpit.actions import dumps
-from cockpit.runs.run import Run
-from cockpit.read import flightrec
+from cockpit.actions import dumps, kill as actions
 from cockpit.agent.flightrec import fr_dump
-from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
+from cockpit.read import flightrec
+from cockpit.runs.run import Run
 
 DATA = Path(__file__).parents[1] / "data" / "flight-recorder"
 FAKE = Path(__file__).parents[1] / "fake_fr_rank.py"

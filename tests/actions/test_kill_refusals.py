@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cannot_run, free_port
+from simhost import gone
 
 from cockpit.actions import kill as actions
 from cockpit.common.errors import CockpitError
@@ -18,8 +20,6 @@ from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.link.target import parse_target
 from cockpit.runs.layoutfile import parse_layout
 from cockpit.runs.run import Run, Scope
-from conftest import cannot_run, free_port
-from simhost import gone
 
 NOBODY = 65534
 

@@ -15,18 +15,26 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cockpit.actions import kill as actions
-from cockpit.actions import launch
-from cockpit.agent import kill as agent_kill, ports as agent_ports, procs as agent_procs
-from cockpit.common.errors import CockpitError
-from cockpit.runs import run as runmod
-from cockpit.link.target import parse_target
-from cockpit.host.session import HostSession, SessionOptions, WatchList
 from conftest import cannot_run, free_port, run_cli
 from simhost import gone
-from test_safety import (_take_pid, all_alive, end_session, json_tail, layout_file, session_procs, sleeper,
-                         start_by_hand, wait_ready)
+from test_safety import (
+    _take_pid,
+    all_alive,
+    end_session,
+    json_tail,
+    layout_file,
+    session_procs,
+    sleeper,
+    start_by_hand,
+    wait_ready,
+)
+
+from cockpit.actions import kill as actions, launch
+from cockpit.agent import kill as agent_kill, ports as agent_ports, procs as agent_procs
+from cockpit.common.errors import CockpitError
+from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
+from cockpit.runs import run as runmod
 
 NOBODY = 65534
 

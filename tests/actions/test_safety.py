@@ -17,16 +17,23 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cockpit.actions import kill as actions
-from cockpit.agent import kill, kill as agent_kill, logs as agent_logs, procs as agent_procs, protocol as agent_protocol, shm as agent_shm
-from cockpit.agent import procs as procs_mod
-from cockpit.common.errors import CockpitError
-from cockpit.runs import run as runmod
-from cockpit.link.target import parse_target
-from cockpit.host.session import HostSession, SessionOptions, WatchList
 from conftest import cannot_run, free_port, run_cli
 from simhost import gone, wait_for
+
+from cockpit.actions import kill as actions
+from cockpit.agent import (
+    kill,
+    kill as agent_kill,
+    logs as agent_logs,
+    procs as agent_procs,
+    procs as procs_mod,
+    protocol as agent_protocol,
+    shm as agent_shm,
+)
+from cockpit.common.errors import CockpitError
+from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
+from cockpit.runs import run as runmod
 
 NOBODY = 65534
 
@@ -128,8 +135,8 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert not any(f" {pid} " in plan_text for pid in their_procs)
         assert all_alive(their_procs)
 
-        from cockpit.runs.layoutfile import parse_layout
         from cockpit.runs import ledger as runs
+        from cockpit.runs.layoutfile import parse_layout
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             ours = runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1]

@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cannot_run
 
 import cockpit.agent as shipped
 from cockpit.agent import gpus, nvml
 from cockpit.common.errors import CockpitError
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.link.target import parse_target
-from conftest import cannot_run
 
 AGENT = Path(shipped.__file__).parent
 OPTIONAL = {"pynvml", "psutil"}  # imported inside functions only, and only when present

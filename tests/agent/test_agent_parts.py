@@ -6,11 +6,20 @@ import socket
 import threading
 
 import pytest
-
-from cockpit.agent import kill, facts as agent_facts, gpus as agent_gpus, kill as agent_kill, logs as agent_logs, ports as agent_ports, procs as agent_procs, web as agent_web
-from cockpit.agent import procs as procs_mod
-from cockpit.sim import fakenvml
 from conftest import cannot_run
+
+from cockpit.agent import (
+    facts as agent_facts,
+    gpus as agent_gpus,
+    kill,
+    kill as agent_kill,
+    logs as agent_logs,
+    ports as agent_ports,
+    procs as agent_procs,
+    procs as procs_mod,
+    web as agent_web,
+)
+from cockpit.sim import fakenvml
 
 
 def test_log_tail_follows_growth_rotation_truncation_and_waits_for_missing(tmp_path):
@@ -42,7 +51,7 @@ def test_log_tail_starts_near_the_end_and_reads_bounded_bytes(tmp_path):
     event, lines = tail.poll()
     assert event == "opened"
     assert 0 < len(lines) <= agent_logs.LOG_INITIAL_BYTES // 100 + 1
-    assert all(l == "x" * 99 for l in lines)
+    assert all(line == "x" * 99 for line in lines)
     with open(path, "a") as fh:
         fh.write(line * 2000)  # 200 KB at once: read in bounded slices
     _, first = tail.poll()
@@ -138,7 +147,7 @@ def test_a_kernel_refusing_the_old_request_gets_one_dump_per_family_and_a_timeou
                                              agent_ports.SOCK_DIAG_BY_FAMILY]
 
         def timing_out(*_a):
-            raise socket.timeout("timed out")
+            raise TimeoutError("timed out")
 
         monkeypatch.setattr(agent_ports, "_dump", timing_out)
         diag = agent_ports._Diag()

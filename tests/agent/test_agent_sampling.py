@@ -7,13 +7,15 @@ import socket
 
 import pytest
 
-from cockpit.agent import gpus as agent_gpus, main as agent_main, ports as agent_ports, procs as agent_procs
-from cockpit.sim import fakenvml
-
-
 # ----------------------------------------------------------------------------- Xid lines (issue 28)
-
-from cockpit.agent import xid as agent_xid  # noqa: E402
+from cockpit.agent import (
+    gpus as agent_gpus,
+    main as agent_main,
+    ports as agent_ports,
+    procs as agent_procs,
+    xid as agent_xid,  # noqa: E402
+)
+from cockpit.sim import fakenvml
 
 
 @pytest.mark.parametrize("line, want", [

@@ -5,7 +5,6 @@ the JSON snapshot (replayed) all say it."""
 
 import asyncio
 
-
 from conftest import free_port
 from simhost import SimRun, wait_for
 

@@ -8,8 +8,8 @@ import sys
 import time
 
 from cockpit.agent import logs as agent_logs
-from cockpit.link.target import parse_target
 from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
 
 WRITER = r"""
 import sys
@@ -53,7 +53,7 @@ def test_a_log_that_never_writes_a_newline_holds_at_most_one_capped_line(tmp_pat
     try:
         write("line before")
         assert tail.poll() == (None, ["before"])
-        for i in range(48):  # 3 MiB without a newline, read as it grows
+        for _ in range(48):  # 3 MiB without a newline, read as it grows
             write("chunk")
             event, lines = tail.poll()
             assert event is None and lines == []

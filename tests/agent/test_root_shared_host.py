@@ -11,8 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from cockpit.agent import agent_source, facts as agent_facts, logs as agent_logs, main as agent_main, shm as agent_shm
 from fixtures_shared import as_user, chown_tree
+
+from cockpit.agent import agent_source, facts as agent_facts, logs as agent_logs, main as agent_main, shm as agent_shm
 
 PY = "/usr/bin/python3"  # the system python: this test's venv is root's, another user cannot run it
 
@@ -168,11 +169,13 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     import asyncio
     import sys
     import tarfile
-    from cockpit.operate import bundle
-    from cockpit.link.target import parse_target
-    from cockpit.host.session import SessionOptions, WatchList
-    from cockpit.monitor.host import HostMonitor
+
     from test_flightrec_dump_safety import start_rank, stop
+
+    from cockpit.host.session import SessionOptions, WatchList
+    from cockpit.link.target import parse_target
+    from cockpit.monitor.host import HostMonitor
+    from cockpit.operate import bundle
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("FAKE_FR_TITLE_SUFFIX", f"_gck{os.getpid()}")  # this test's rank only, whatever else runs here
@@ -341,9 +344,9 @@ def test_serve_takes_only_loopback_hosts_and_never_logs_its_token(tmp_path):
     import asyncio
 
     import aiohttp
+    from test_browser import start_serve
 
     from cockpit.serve import is_loopback
-    from test_browser import start_serve
 
     assert not any(is_loopback(h) for h in ("127.evil.example", "127.0.0.1.nip.io", "localhost.evil", "0.0.0.0", ""))
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "localhost", "LOCALHOST.", "::1", "[::1]"))

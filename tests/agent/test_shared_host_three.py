@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cockpit.agent.guard import PROBE, roots
-from cockpit.sim import fakenvml
 from conftest import free_port
 from fixtures_shared import chown_tree
 from test_shared_host_two import cockpit, plant
+
+from cockpit.agent.guard import PROBE, roots
+from cockpit.sim import fakenvml
 
 PY = "/usr/bin/python3"
 

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import cannot_run
 from fixtures_shared import chown_tree
 

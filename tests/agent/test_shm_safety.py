@@ -14,12 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from cockpit.actions import kill as actions
+from cockpit.agent import kill as agent_kill, protocol as agent_protocol, shm as agent_shm, shm as shm_mod
 from cockpit.runs import run as runmod
-from cockpit.agent import kill as agent_kill, protocol as agent_protocol, shm as agent_shm
-from cockpit.agent import shm as shm_mod
-from conftest import run_cli
 
 SHM = Path("/dev/shm")
 TAG = f"gpu-cockpit-test-{os.getpid()}"

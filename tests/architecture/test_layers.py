@@ -7,10 +7,10 @@ anywhere."""
 import importlib.util
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import grimp
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

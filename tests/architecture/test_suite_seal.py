@@ -13,8 +13,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from cockpit.agent import acts
 from conftest import SEALED, run_cli
+
+from cockpit.agent import acts
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cockpit.agent import gpus as agent_gpus, ports as agent_ports, procs as agent_procs  # noqa: E402
+from cockpit.agent import gpus as agent_gpus, ports as agent_ports, procs as agent_procs
 
 
 def spawn_tree(n: int) -> list[subprocess.Popen]:
@@ -67,7 +67,7 @@ def kill_tree(kids: list[subprocess.Popen]) -> None:
 def nvml_floor(nvml, handles, reps: int) -> float:
     """Seconds per GPU for exactly the calls one sample makes, each timed alone."""
     reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     calls = [
         lambda h: nvml.nvmlDeviceGetUtilizationRates(h),
         lambda h: nvml.nvmlDeviceGetMemoryInfo(h),
@@ -106,7 +106,7 @@ def sample_cost(tree: int, reps: int) -> dict:
         procs.sample(time.monotonic(), force_scan=True)
         watched = len(procs.watched)
         per_tick, gpu_only = [], []
-        for i in range(reps):
+        for _ in range(reps):
             t0 = time.process_time()
             g = gpus.sample(slow=False)
             t1 = time.process_time()
@@ -140,8 +140,8 @@ def sample_cost(tree: int, reps: int) -> dict:
 async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: str | None = None) -> dict:
     import psutil
 
-    from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions
+    from cockpit.link.target import parse_target
 
     kids = spawn_tree(tree)
     nbytes = 0

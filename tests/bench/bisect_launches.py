@@ -16,10 +16,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "runs"), str(ROOT / "tests" / "bench")]
 
-from benchlib import pct, report  # noqa: E402
-from bisect_oracle import ddmin_launches, drive, flaky, layout_of  # noqa: E402
-from cockpit.runs.bisect import make_plan  # noqa: E402
-from cockpit.runs.layouts import resolve_layout  # noqa: E402
+from benchlib import pct, report
+from bisect_oracle import ddmin_launches, drive, flaky, layout_of
+
+from cockpit.runs.bisect import make_plan
+from cockpit.runs.layouts import resolve_layout
 
 
 def flaky_runs(p: float, seeds: int, budget: int | None) -> dict:
@@ -43,9 +44,9 @@ def deterministic() -> dict:
         plan = make_plan(layout_of(", ".join(names)), "h")
         for size in (1, 2):
             for culprit in itertools.combinations(names, size):
-                step, order, _ = drive(plan, lambda on: set(culprit) <= set(on))
+                step, order, _ = drive(plan, lambda on, culprit=culprit: set(culprit) <= set(on))
                 rows.append({"deltas": len(names), "cause": "+".join(culprit), "launches": len(order),
-                             "ddmin": ddmin_launches(plan.names, lambda a: set(culprit) <= set(a)),
+                             "ddmin": ddmin_launches(plan.names, lambda a, culprit=culprit: set(culprit) <= set(a)),
                              "right": set(step.answer) == set(culprit), "probability": round(step.probability, 3)})
     demo = resolve_layout("demo")
     for label, plan, fails in (

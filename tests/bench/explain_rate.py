@@ -25,10 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cockpit.judge.explain import explain, read_log  # noqa: E402
-from cockpit.read.logrules import LogRules, LogTracker  # noqa: E402
+from cockpit.judge.explain import explain, read_log
+from cockpit.read.logrules import LogRules, LogTracker
+
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-from benchlib import report  # noqa: E402
+from benchlib import report
 
 CORPUS = ROOT / "tests" / "data" / "real-logs"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
 
-from benchlib import pct, report  # noqa: E402
-from conftest import free_port  # noqa: E402
-from fleet_scale import start_hosts, tree_cpu_s  # noqa: E402
+from benchlib import pct, report
+from conftest import free_port
+from fleet_scale import start_hosts, tree_cpu_s
 
 
 def rss_mib_of(pid: int) -> float:

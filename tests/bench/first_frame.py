@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from conftest import Sshd  # noqa: E402
+from conftest import Sshd
 
-from cockpit.sim import fakenvml  # noqa: E402
+from cockpit.sim import fakenvml
 
 FIRST_FRAME = r"""
 import asyncio, json, os, sys, time

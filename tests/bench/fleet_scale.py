@@ -33,15 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TREE = Path(os.environ.get("FLEET_SCALE_TREE", ROOT))  # whose cockpit is measured (--compare)
 sys.path[:0] = [str(TREE), str(ROOT / "tests"), str(ROOT / "tests" / "bench")]
 
-from benchlib import pct, report, rss_mib  # noqa: E402
-from conftest import free_port  # noqa: E402
+from benchlib import pct, report, rss_mib
+from conftest import free_port
 
-from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor  # noqa: E402
-from cockpit.host.session import SessionOptions  # noqa: E402
-from cockpit.sim import fakenvml  # noqa: E402
-from cockpit.ui.app import save_text  # noqa: E402
-from cockpit.ui import fleet as fleet_ui  # noqa: E402
-from cockpit.ui.fleet import HEAP_SETTLE_S, SORTS, FleetApp  # noqa: E402
+from cockpit.host.session import SessionOptions
+from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
+from cockpit.sim import fakenvml
+from cockpit.ui import fleet as fleet_ui
+from cockpit.ui.app import save_text
+from cockpit.ui.fleet import HEAP_SETTLE_S, SORTS, FleetApp
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 

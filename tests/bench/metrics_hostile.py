@@ -18,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "agent")]
 
-from cockpit.read import metrics  # noqa: E402
-from test_shared_host_two import hostile_line  # noqa: E402
+from test_shared_host_two import hostile_line
+
+from cockpit.read import metrics
 
 
 def best(parse, text: str, n: int = 3) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 
-from cockpit.agent.guard import CHECK, guarded  # noqa: E402
+from cockpit.agent.guard import CHECK, guarded
 
 
 def once(argv: list[str]) -> float:

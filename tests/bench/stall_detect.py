@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchlib import pct, report  # noqa: E402
+from benchlib import pct, report
 
 SEED = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"]
 HANGS = {"seed": SEED, "init": ["--sim-stall-at", "init"], "load": ["--sim-stall-at", "load"],

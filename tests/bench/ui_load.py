@@ -22,16 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
-from agent_cost import kill_tree, spawn_tree  # noqa: E402
-from benchlib import pct, report, rss_mib  # noqa: E402
+from agent_cost import kill_tree, spawn_tree
+from benchlib import pct, report, rss_mib
 
-from cockpit.runs.layoutfile import parse_layout  # noqa: E402
-from cockpit.link.target import parse_target  # noqa: E402
+from cockpit.host.session import SessionOptions, WatchList
+from cockpit.link.target import parse_target
 from cockpit.monitor.host import HostMonitor
-from cockpit.host.session import SessionOptions, WatchList  # noqa: E402
-from cockpit.sim import fakenvml  # noqa: E402
-from cockpit.ui.app import CockpitApp, save_text  # noqa: E402
-from cockpit.ui.logview import LogView  # noqa: E402
+from cockpit.runs.layoutfile import parse_layout
+from cockpit.sim import fakenvml
+from cockpit.ui.app import CockpitApp, save_text
+from cockpit.ui.logview import LogView
 
 
 def flood(path: Path, rate: int, stop: threading.Event) -> None:

@@ -5,13 +5,13 @@ import json
 import sys
 
 import pytest
+from conftest import free_port, run_cli
 from hypothesis import given, settings, strategies as st
 
+from cockpit.host.session import decode_frame
+from cockpit.monitor.fleet import parse_fleet
 from cockpit.runs.config import LayoutError
 from cockpit.runs.layoutfile import parse_layout
-from cockpit.monitor.fleet import parse_fleet
-from cockpit.host.session import decode_frame
-from conftest import free_port, run_cli
 
 GOOD = "command: [-m, sglang.launch_server]\n"
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import run_cli, unprivileged
 
 REPLAY = "tests/fixtures/demo-serving.json"

@@ -4,11 +4,20 @@ through the ledger, JSON and the screen in tests/actions/test_safety.py."""
 import time
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 
-from cockpit.common.secrets import (MASK, MAX_TEXT, is_secret_flag, is_secret_name, mask_argv, mask_env, mask_line, mask_record,
-                             mask_text, mask_url)
+from cockpit.common.secrets import (
+    MASK,
+    MAX_TEXT,
+    is_secret_flag,
+    is_secret_name,
+    mask_argv,
+    mask_env,
+    mask_line,
+    mask_record,
+    mask_text,
+    mask_url,
+)
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "MYSQL_PASSWD",

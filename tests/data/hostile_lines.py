@@ -13,7 +13,7 @@ tests/bench/explain_rate.py (the slowest line's time)."""
 from __future__ import annotations
 
 import re
-import re._parser as sre  # noqa: the parser of the re module, to walk a pattern's structure
+import re._parser as sre  # the parser of the re module, to walk a pattern's structure
 
 from cockpit.read import logrules
 

@@ -20,7 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port, need, run_cli
+from fixtures_shared import FAST_DEMO
 from prometheus_client.parser import text_string_to_metric_families
+from simhost import wait_for
 
 from cockpit import exporter
 from cockpit.host.session import SessionOptions, WatchList
@@ -31,10 +34,6 @@ from cockpit.monitor import demo
 from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layouts import resolve_layout
-
-from conftest import free_port, need, run_cli
-from simhost import wait_for
-from fixtures_shared import FAST_DEMO
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_TEST = ROOT / "tests" / "alerts" / "gpu-cockpit-rules.test.yml"
@@ -431,8 +430,9 @@ async def test_a_tp2_servers_ranks_are_its_own_beside_the_hosts_other_servers(si
     server is a run of its own in the per-run series: its own verdict, its own 2 ranks."""
     import asyncio
 
-    from cockpit.runs.layoutfile import load_layout
     from test_safety import end_session, layout_file, start_by_hand
+
+    from cockpit.runs.layoutfile import load_layout
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     ports = [free_port() for _ in range(3)]

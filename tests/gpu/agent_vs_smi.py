@@ -76,8 +76,8 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
     import psutil
 
     import cockpit.agent as shipped
-    from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions
+    from cockpit.link.target import parse_target
 
     kids = spawn_tree(tree)
     monitors: dict[str, object] = {label: psutil.Process(pid) for label, pid in (watch or {}).items()}

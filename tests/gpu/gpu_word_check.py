@@ -15,9 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cockpit.agent import gpus as agent_gpus  # noqa: E402
-from cockpit.agent import nvml as shim  # noqa: E402
-from cockpit.agent import xid as agent_xid  # noqa: E402
+from cockpit.agent import (
+    gpus as agent_gpus,  # noqa: E402
+    nvml as shim,  # noqa: E402
+    xid as agent_xid,  # noqa: E402
+)
 
 
 def answer(n, fn, *args):

@@ -14,15 +14,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cockpit.actions import kill as actions  # noqa: E402
-from cockpit.actions import dumps  # noqa: E402
-from cockpit.runs.run import Run  # noqa: E402
-from cockpit.read import stacks
-from cockpit.runs.layoutfile import parse_layout  # noqa: E402
-from cockpit.judge.diagnose import Watchdog  # noqa: E402
-from cockpit.link.target import parse_target  # noqa: E402
+from cockpit.actions import (
+    dumps,  # noqa: E402
+    kill as actions,  # noqa: E402
+)
 from cockpit.host.session import HostSession, SessionOptions, WatchList  # noqa: E402
 from cockpit.host.snapshot import snapshot_doc, state_from_doc  # noqa: E402
+from cockpit.judge.diagnose import Watchdog  # noqa: E402
+from cockpit.link.target import parse_target  # noqa: E402
+from cockpit.read import stacks
+from cockpit.runs.layoutfile import parse_layout  # noqa: E402
+from cockpit.runs.run import Run  # noqa: E402
 from cockpit.ui.app import CockpitApp  # noqa: E402
 from cockpit.ui.headless import render  # noqa: E402
 

@@ -63,8 +63,8 @@ def read_all(n):
 def through_the_agent(python):
     import asyncio
 
-    from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions
+    from cockpit.link.target import parse_target
 
     async def look():
         session = HostSession(parse_target("local"), SessionOptions(python=python, python_named=True))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cockpit.link.target import parse_target  # noqa: E402
 from cockpit.host.session import HostSession, SessionOptions, WatchList  # noqa: E402
 from cockpit.host.snapshot import snapshot_doc  # noqa: E402
+from cockpit.link.target import parse_target  # noqa: E402
 
 
 def smi(query: str, fields: str) -> list[list[str]]:

@@ -1,8 +1,8 @@
 """Verdicts from figures seen on real hosts, fed to the watchdog as frames."""
 
+from cockpit.host.state import HostState
 from cockpit.judge.diagnose import Watchdog, phase_of
 from cockpit.read.logrules import line_rank
-from cockpit.host.state import HostState
 
 
 def host(ranks, gpus, log=()):
@@ -261,7 +261,7 @@ def test_probe_access_lines_are_no_progress():
     """The cockpit's own /health probes write access lines into vLLM's log every few seconds:
     they prove the HTTP server answers, not that the run moves."""
     lines = ["[x TP0] Capture cuda graph begin."] + \
-        ['INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK'.format(n=n) for n in range(5)]
+        [f'INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK' for n in range(5)]
     st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 90000), (0, 80.0, 90000)], lines)
     dog = Watchdog(spin_s=15, idle_s=20)
     dog.update(st, 0.0, "/l")
@@ -281,7 +281,7 @@ def test_a_frozen_stats_line_under_fresh_probe_lines_dates_from_its_own_clock():
 
     stamp = calendar.timegm((2026, 12, 1, 10, 0, 10))
     lines = [VLLM_STATS.format(s=0, g="512.3", n=8), VLLM_STATS.format(s=10, g="0.0", n=8)] + \
-        ['(APIServer pid=1) INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK'.format(n=n) for n in range(30)]
+        [f'(APIServer pid=1) INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK' for n in range(30)]
     st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 9866), (0, 80.0, 9866)], lines)
     st.ports = [type(st.ports[0])(8000, True, 100)]
     st.agent.utc_offset = 3600  # the host's local time is UTC+1: the line's 10:00:10 is 09:00:10 UTC

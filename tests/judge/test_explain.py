@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.common.errors import CockpitError
 from cockpit.cli.offline import cmd_explain
+from cockpit.common.errors import CockpitError
 from cockpit.judge.explain import describe, explain, read_log
 
 CORPUS = Path(__file__).parents[1] / "data" / "real-logs"

@@ -2,8 +2,9 @@
 ends it only on UNSTALL_SAMPLES samples in a row (docs/verdicts.md), so a blip never clears an
 alert; and the odd rank of a spinning stall named by its CPU when every GPU polls."""
 
-from cockpit.judge.diagnose import UNSTALL_SAMPLES, Watchdog
 from test_diagnose import host, settle
+
+from cockpit.judge.diagnose import UNSTALL_SAMPLES, Watchdog
 
 RANKS = 4
 

@@ -5,14 +5,13 @@ import os
 import subprocess
 import sys
 
-from cockpit.link.target import parse_target
-from cockpit.monitor.host import HostMonitor
-from cockpit.host.session import HostSession, SessionOptions, WatchList
-from cockpit.ui.app import CockpitApp, save_text
 from conftest import Sshd, need
 from simhost import gone, kill_groups, until
 
-
+from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.link.target import parse_target
+from cockpit.monitor.host import HostMonitor
+from cockpit.ui.app import CockpitApp, save_text
 
 
 def cockpit_over(server: Sshd, sim_state, python: str = sys.executable) -> CockpitApp:

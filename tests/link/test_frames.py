@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
+from cockpit.host.session import HostSession, SessionOptions
 from cockpit.link.base import MAX_FRAME_BYTES, FrameTooLong, LineReader
 from cockpit.link.local import LocalLink
 from cockpit.link.ssh import SshLink
 from cockpit.link.target import parse_target
-from cockpit.host.session import HostSession, SessionOptions
 
 
 def test_line_reader_returns_whole_lines_whatever_the_chunks_and_skips_only_the_over_long_one():

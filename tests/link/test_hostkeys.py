@@ -8,12 +8,12 @@ import sys
 
 import asyncssh
 import pytest
+from conftest import run_cli
 
 from cockpit.common.errors import CockpitError
+from cockpit.host.session import HostSession, SessionOptions
 from cockpit.link.ssh import SshLink
 from cockpit.link.target import parse_target
-from cockpit.host.session import HostSession, SessionOptions
-from conftest import run_cli
 
 
 def config(sshd, path, *extra: str, alias: str = "kh") -> str:

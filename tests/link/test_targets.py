@@ -17,15 +17,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import free_port, run_cli
+from engines import container_engine, slurm  # noqa: F401  (fixtures)
+from simhost import kill_groups
 
 from cockpit.common.errors import CockpitError
 from cockpit.link.container import translate_sample
 from cockpit.link.slurm import parse_listpids, parse_scontrol_job
 from cockpit.link.target import parse_target
 from cockpit.sim import fakenvml
-from conftest import free_port, run_cli
-from simhost import kill_groups
-from engines import container_engine, slurm  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUT = """\

@@ -6,9 +6,10 @@ from __future__ import annotations
 import socket
 from dataclasses import replace
 
+from conftest import free_port
+
 from cockpit.monitor import demo
 from cockpit.runs.layouts import resolve_layout
-from conftest import free_port
 
 
 def port_flag(layout) -> int:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 LAUNCHER = textwrap.dedent("""\

@@ -10,10 +10,10 @@ import tarfile
 import time
 from pathlib import Path
 
-from cockpit.cli.demo import demo_app, end_demo
-
 from conftest import run_cli
 from simhost import until
+
+from cockpit.cli.demo import demo_app, end_demo
 
 STALLED = ("stalled-idle", "stalled-spinning")
 

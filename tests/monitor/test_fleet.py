@@ -11,19 +11,19 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import free_port, run_cli
+from simhost import until
 
-from cockpit.runs.config import LayoutError
+from cockpit.host.session import SessionOptions
 from cockpit.host.state import Gpu
 from cockpit.judge.verdict import Verdict, VerdictName
 from cockpit.monitor import fleet as fleet_monitor
 from cockpit.monitor.fleet import FleetHost, FleetMonitor, Member, Row, parse_fleet
-from cockpit.host.session import SessionOptions
+from cockpit.runs.config import LayoutError
+from cockpit.ui import fleet as fleet_ui
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
-from cockpit.ui import fleet as fleet_ui
 from cockpit.ui.fleet import COLUMNS, FleetApp, FleetScreen, FleetTable, HeapSettler
-from conftest import free_port, run_cli
-from simhost import until
 
 
 class Blackhole:

@@ -14,15 +14,15 @@ import sys
 import urllib.request
 
 import pytest
+from conftest import free_port, run_cli
+from simhost import kill_groups, wait_for
 
-from cockpit.monitor.base import PLAIN_LOOK_S
 from cockpit.agent import acts as acts_mod
 from cockpit.agent.protocol import Refused
 from cockpit.host.session import SessionOptions, WatchList
 from cockpit.link.target import parse_target
+from cockpit.monitor.base import PLAIN_LOOK_S
 from cockpit.monitor.host import HostMonitor
-from conftest import free_port, run_cli
-from simhost import kill_groups, wait_for
 
 
 def test_a_record_written_by_one_agent_is_read_by_another_and_only_once(tmp_path):

@@ -9,18 +9,19 @@ import signal
 import subprocess
 import sys
 
-from cockpit.runs.layoutfile import parse_layout
-from cockpit.judge.verdict import VerdictName
-from cockpit.judge.diagnose import Watchdog, phase_of
-from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
-from cockpit.host.state import HostState
-from cockpit.monitor.host import rules_for
+from conftest import free_port, run_cli
+from simhost import kill_groups, until
+
 from cockpit.host.session import SessionOptions
+from cockpit.host.state import HostState
+from cockpit.judge.diagnose import Watchdog, phase_of
+from cockpit.judge.verdict import VerdictName
+from cockpit.monitor.fleet import Fleet, FleetHost, FleetMonitor
+from cockpit.monitor.host import rules_for
+from cockpit.runs.layoutfile import parse_layout
 from cockpit.ui.app import save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.fleet import FleetApp
-from conftest import free_port, run_cli
-from simhost import kill_groups, until
 
 PHASED = """\
 name: phased
@@ -151,10 +152,11 @@ async def test_a_server_restarted_by_hand_into_another_log_is_followed_there(sim
     from it, and the old run's end is not a crash of the new one."""
     import asyncio
 
+    from simhost import wait_for
+
+    from cockpit.host.session import WatchList
     from cockpit.link.target import parse_target
     from cockpit.monitor.host import HostMonitor
-    from cockpit.host.session import WatchList
-    from simhost import wait_for
 
     port = free_port()
     argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port), "--sim-speed", "4",

@@ -21,6 +21,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from conftest import free_port
+from engines import slurm  # noqa: F401  (the fixture)
+from simhost import gone, kill_groups, wait_for
 
 from cockpit.actions import kill
 from cockpit.actions.launch import launch
@@ -32,9 +35,6 @@ from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layoutfile import load_layout
 from cockpit.runs.spec import RunSpec
 from cockpit.sim import fakenvml
-from conftest import free_port
-from engines import slurm  # noqa: F401  (the fixture)
-from simhost import gone, kill_groups, wait_for
 
 KINDS = ("host", "cluster")
 SERVER = [sys.executable, "-m", "cockpit.sim.server", "--sim-speed", "4"]

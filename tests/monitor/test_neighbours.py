@@ -13,15 +13,16 @@ import subprocess
 import sys
 import time
 
+from conftest import free_port, run_cli
+from simhost import gone, kill_groups, until, wait_for
+from test_safety import end_session, json_tail, layout_file, session_procs, start_by_hand
+
 from cockpit.agent import procs as agent_procs
 from cockpit.host.session import SessionOptions, WatchList
 from cockpit.judge.verdict import VerdictName
 from cockpit.link.target import parse_target
 from cockpit.monitor.host import HostMonitor
 from cockpit.runs.layoutfile import load_layout
-from conftest import free_port, run_cli
-from simhost import gone, kill_groups, until, wait_for
-from test_safety import end_session, json_tail, layout_file, session_procs, start_by_hand
 
 
 def three_servers(sim_state, tmp_path):

@@ -12,13 +12,13 @@ import sys
 import time
 
 import pytest
-
 from bisect_oracle import drive, layout_of, layout_text, sim_flaky
+from conftest import free_port, run_cli
+
 from cockpit.common.errors import CockpitError
 from cockpit.runs.bisect import EXIT, advance, describe_answer, make_plan
 from cockpit.runs.layoutfile import parse_layout
 from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
-from conftest import free_port, run_cli
 
 
 def test_a_flag_set_off_in_the_failing_configuration_is_a_delta_too():
@@ -103,7 +103,7 @@ def test_the_exit_statuses_are_those_the_readme_and_help_say():
     assert codes == set(EXIT.values()) | {1, 2}
     res = run_cli("bisect", "--help")
     help_text = " ".join(res.stdout.split())
-    for status, code in EXIT.items():
+    for code in EXIT.values():
         assert f"{code} " in help_text.split("exit status:")[1]
     assert "4 the good configuration fails too" in help_text and "5 the launch budget spent first" in help_text
     assert "3 no failure reproduced" in help_text and "130 interrupted" in help_text
@@ -248,11 +248,12 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
     """B: the sides chosen, the plan (the sets, the most launches), the progress and the odds in
     the header; B again stops it cleanly; B once more resumes it to the answer with its odds, in a
     report; L then shows the bisect's runs under its line."""
+    from fixtures_shared import sim_monitor
+    from simhost import until
+
     from cockpit.monitor import demo
     from cockpit.ui.app import CockpitApp, save_text
     from cockpit.ui.screens import BisectScreen, ConfirmScreen, ReportScreen
-    from simhost import until
-    from fixtures_shared import sim_monitor
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     port = free_port()

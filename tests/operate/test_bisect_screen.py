@@ -5,14 +5,14 @@ nothing to search; a failure's whole reason a key away (`v`)."""
 import subprocess
 
 import pytest
-
 from bisect_oracle import layout_of
+from conftest import free_port
+from simhost import until
+
 from cockpit.common.errors import CockpitError
 from cockpit.monitor import demo
 from cockpit.runs.bisect import make_plan
 from cockpit.runs.ledger import append_ledger
-from conftest import free_port
-from simhost import until
 
 
 def failing_run(layout, sets, run_id="earlier-1"):
@@ -24,8 +24,9 @@ def failing_run(layout, sets, run_id="earlier-1"):
 @pytest.fixture
 def screen_host(sim_state, tmp_path, monkeypatch):
     """A cockpit on the simulated host whose layout runs with `enabled` (a healthy launch)."""
-    from cockpit.ui.app import CockpitApp
     from test_ui import sim_monitor
+
+    from cockpit.ui.app import CockpitApp
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     port = free_port()

@@ -11,14 +11,14 @@ import sys
 import tarfile
 from pathlib import Path
 
-from cockpit.monitor import demo
-from cockpit.runs.layoutfile import load_layout
-from cockpit.link.target import parse_target
-from cockpit.monitor.host import HostMonitor
-from cockpit.host.session import SessionOptions
-
 from conftest import free_port, run_cli
 from simhost import kill_groups, wait_for
+
+from cockpit.host.session import SessionOptions
+from cockpit.link.target import parse_target
+from cockpit.monitor import demo
+from cockpit.monitor.host import HostMonitor
+from cockpit.runs.layoutfile import load_layout
 
 
 def fast_demo(tmp_path: Path, port: int) -> Path:

@@ -7,11 +7,10 @@ import signal
 import sys
 
 import pytest
-
-from cockpit.link.target import parse_target
-from cockpit.host.session import HostSession, SessionOptions
-
 from conftest import run_cli
+
+from cockpit.host.session import HostSession, SessionOptions
+from cockpit.link.target import parse_target
 
 
 @pytest.fixture

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.read import flightrec
 from cockpit.agent.flightrec import fr_dump, read_fr_dump, slim_fr_dump
-from cockpit.judge.verdict import Verdict, VerdictName
-from cockpit.judge.evidence import merge
-from cockpit.link.target import parse_target
-from cockpit.host.state import HostState
 from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.host.state import HostState
+from cockpit.judge.evidence import merge
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.link.target import parse_target
+from cockpit.read import flightrec
 
 DATA = Path(__file__).parents[1] / "data" / "flight-recorder"
 
@@ -199,8 +199,9 @@ def test_the_simulated_server_keeps_a_flight_recorder_that_names_its_hung_rank(s
     import sys
     import time
 
-    from cockpit.read.flightrec import forensics_env
     from conftest import free_port, run_cli
+
+    from cockpit.read.flightrec import forensics_env
 
     port = free_port()
     layout = tmp_path / "fr.yaml"

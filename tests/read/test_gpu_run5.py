@@ -12,9 +12,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from cockpit.read import flightrec
-from cockpit.read import ras
 from cockpit.agent.flightrec import read_fr_dump, slim_fr_dump
+from cockpit.read import flightrec, ras
 
 DATA = Path(__file__).parents[1] / "data"
 RUN5 = DATA / "gpu-run5"

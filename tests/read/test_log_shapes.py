@@ -5,10 +5,9 @@ cut lines, access logs, ranks failing together), and the tracker linear in failu
 import re
 
 import pytest
-
-from cockpit.read.logrules import LogRules, LogTracker, parse
 from test_logrules import one, track
 
+from cockpit.read.logrules import LogRules, LogTracker, parse
 
 # ----------------------------------------------------------------------------- tracebacks with no failure header
 

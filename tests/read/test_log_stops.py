@@ -3,7 +3,6 @@ stop the server says it received (its shutdown's failures are no crash), another
 server's log (a finding), a failure header glued mid-line by interleaved writes, torch's other watchdog words,
 and CUDA's own error strings (issue 48). Each line quoted from a public source, named beside it."""
 import pytest
-
 from test_logrules import one, track
 
 # vLLM V1's shutdown after the operator's SIGTERM (gpustack/gpustack#5740, as posted)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import math
 
-from cockpit.read import metrics
-from cockpit.judge.verdict import Verdict, VerdictName
-from cockpit.judge.evidence import merge
-from cockpit.host.state import HostState
-
 from conftest import free_port
 from simhost import SimRun, wait_for
+
+from cockpit.host.state import HostState
+from cockpit.judge.evidence import merge
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.read import metrics
 
 # From SGLang's documentation (docs.sglang.io, "Production Metrics"), as its server prints it.
 SGLANG_DOC = """# HELP sglang:prompt_tokens_total Number of prefill tokens processed.

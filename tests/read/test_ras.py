@@ -15,18 +15,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cockpit.read import ras
-from cockpit.agent import ras as agent_ras
-from cockpit.judge.verdict import Verdict, VerdictName
-from cockpit.judge.diagnose import Watchdog
-from cockpit.judge.evidence import default_sources, merge
-from cockpit.link.target import parse_target
-from cockpit.host.state import HostState
-from cockpit.host.session import HostSession, SessionOptions, WatchList
-
 from conftest import cannot_run, free_port
 from simhost import wait_for
+
+from cockpit.agent import ras as agent_ras
+from cockpit.host.session import HostSession, SessionOptions, WatchList
+from cockpit.host.state import HostState
+from cockpit.judge.diagnose import Watchdog
+from cockpit.judge.evidence import default_sources, merge
+from cockpit.judge.verdict import Verdict, VerdictName
+from cockpit.link.target import parse_target
+from cockpit.read import ras
 
 DATA = Path(__file__).parents[1] / "data" / "nccl-ras"
 

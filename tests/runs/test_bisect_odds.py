@@ -5,9 +5,10 @@ for a single cause, the failing configuration's first pass ending nothing, the h
 import itertools
 
 import pytest
-
 from bisect_oracle import ddmin_launches, drive, flaky, layout_of
+
 from cockpit.common.errors import CockpitError
+from cockpit.operate.bisect import odds_text
 from cockpit.runs.bisect import (
     DEFAULT_CONFIDENCE,
     EXIT,
@@ -18,7 +19,6 @@ from cockpit.runs.bisect import (
     make_plan,
     odds,
 )
-from cockpit.operate.bisect import odds_text
 from cockpit.runs.layouts import resolve_layout
 
 FOUR = ["graphs", "flaky", "allreduce", "attn"]
@@ -70,10 +70,10 @@ def test_a_deterministic_hang_takes_no_more_launches_than_ddmin_for_one_cause():
         ours = theirs = 0
         for size in (1, 2):
             for culprit in itertools.combinations(names, size):
-                step, order, _ = drive(plan, lambda on: set(culprit) <= set(on))
+                step, order, _ = drive(plan, lambda on, culprit=culprit: set(culprit) <= set(on))
                 assert step.status == "found" and set(step.answer) == set(culprit) and step.probability >= 0.95
                 assert step.rate is not None and step.rate > 0.95  # it hangs every launch that holds it
-                before = ddmin_launches(plan.names, lambda applied: set(culprit) <= set(applied))
+                before = ddmin_launches(plan.names, lambda applied, culprit=culprit: set(culprit) <= set(applied))
                 if size == 1:
                     assert len(order) <= before, culprit
                 ours, theirs = ours + len(order), theirs + before

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port, run_cli
 
 from cockpit.runs.layoutfile import parse_layout
-from cockpit.runs.spec import RunSpec, build_argv, combinations
 from cockpit.runs.ledger import masked, read_ledger
-from conftest import free_port, run_cli
+from cockpit.runs.spec import RunSpec, build_argv, combinations
 
 LAYOUT = """\
 name: {name}
@@ -124,8 +124,8 @@ def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout, monkey
 async def test_a_runs_log_follows_xdg_cache_home_as_the_xdg_spec_says(tmp_path, monkeypatch):
     """A layout's log_dir under ~/.cache/ moves to $XDG_CACHE_HOME on the host when that is an
     absolute path (a relative one is ignored, as the spec says)."""
-    from cockpit.link.target import parse_target
     from cockpit.host.session import HostSession, SessionOptions
+    from cockpit.link.target import parse_target
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     for cache, expect in ((str(tmp_path / "cache"), tmp_path / "cache" / "gpu-cockpit" / "runs" / "x.log"),

@@ -9,6 +9,7 @@ tests/bench/stall_detect.py's (docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -20,10 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import asyncio
-
 import pytest
-
 from conftest import free_port
 from simhost import kill_groups, wait_for
 

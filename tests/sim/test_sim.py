@@ -6,7 +6,6 @@ import signal
 import time
 
 import pytest
-
 from conftest import free_port
 from simhost import SimRun, wait_for
 

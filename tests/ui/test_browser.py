@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import cannot_run, free_port, run_cli, wait_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+from simhost import until
 
 from cockpit.cli import build_parser
 from cockpit.cli.demo import _reap_stale_demos, demo_app, end_demo
@@ -21,8 +22,6 @@ from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.ledger import describe_ledger, read_ledger
 from cockpit.ui.app import save_text
 from cockpit.ui.screens import ConfirmScreen, RelaunchScreen
-
-from simhost import until
 
 
 def group_members(pgids: list[int]) -> list[psutil.Process]:
@@ -260,8 +259,8 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
     """`k` on one rank, confirmed: `stopped` (the rank stopped by the operator), never `crashed`,
     also once the kill's own window has closed and the server took its other ranks down. Then a
     launch, `K`, confirmed and verified gone: verdict and phase `no run`, no tokens/s of the dead run."""
-    from cockpit.runs.run import process_scope
     from cockpit.read.metrics import describe as describe_metrics
+    from cockpit.runs.run import process_scope
     from cockpit.ui.screens import ReportScreen
 
     args, layout, pgids = healthy_demo(demo_env, tmp_path)
@@ -289,8 +288,8 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
         assert "verdict stopped" in text and "rank 3 stopped by the operator" in text and "crashed" not in text, text
 
         # a run again, then K: no run
-        from cockpit.runs.spec import default_spec
         from cockpit.actions.launch import launch
+        from cockpit.runs.spec import default_spec
 
         with monitor.stopping_for("launching"):  # as a relaunch does
             monitor.new_run()
@@ -301,7 +300,7 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
                         and "tok/s" in describe_metrics(app.state.metrics), 90)
         except AssertionError:
             raise AssertionError((app.cockpit.phase, monitor.verdict, describe_metrics(app.state.metrics),
-                                  list(app.state.logs), save_text(app, None)))
+                                  list(app.state.logs), save_text(app, None))) from None
         app.cockpit.action_kill_run()
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
         await pilot.press("y")

@@ -11,13 +11,13 @@ import sys
 
 import asyncssh
 import pytest
+from conftest import run_cli
+from simhost import until  # noqa: E402
 
 from cockpit.cli import parse_args
 from cockpit.cli.attach import build_monitor
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.screens import ConfirmScreen, ReportScreen
-from conftest import run_cli
-from simhost import until  # noqa: E402
 
 SIZES = [(80, 24), (160, 50)]
 

@@ -17,11 +17,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from simhost import until
 
 from cockpit.common.hosttext import as_text, escape_markup, visible
 from cockpit.sim import fakenvml
-
-from simhost import until
 
 EVIL = "[/x] [@click=app.quit] \x1b]52;c;aGFjaw==\x07 \x1b[2J \rHIDDEN"
 TOKEN = f"hostile{os.getpid()}"
@@ -220,11 +219,11 @@ def _has_click_meta(text) -> bool:
 
 
 async def test_live_screen_notifications_and_dialogs_with_hostile_host_text(hostile):
-    from cockpit.runs.config import Layout
+    from cockpit.host.session import SessionOptions, WatchList
     from cockpit.link.target import parse_target
     from cockpit.monitor.host import HostMonitor
+    from cockpit.runs.config import Layout
     from cockpit.runs.spec import default_spec
-    from cockpit.host.session import SessionOptions, WatchList
     from cockpit.ui.app import CockpitApp
     from cockpit.ui.ranks import RankTable
     from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
@@ -333,8 +332,8 @@ async def test_live_screen_notifications_and_dialogs_with_hostile_host_text(host
 
 
 async def test_fleet_screen_with_a_hostile_host_name_and_link_error(tmp_path):
-    from cockpit.monitor.fleet import FleetMonitor, parse_fleet
     from cockpit.host.session import SessionOptions
+    from cockpit.monitor.fleet import FleetMonitor, parse_fleet
     from cockpit.ui.cockpit import CockpitScreen
     from cockpit.ui.fleet import FleetApp, FleetScreen
 

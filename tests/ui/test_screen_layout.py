@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from cockpit.host.snapshot import state_from_doc
 from cockpit.judge.verdict import VerdictName
 from cockpit.runs.layouts import resolve_layout
 from cockpit.runs.spec import RunSpec, build_argv
-from cockpit.host.snapshot import state_from_doc
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.cockpit import GpuView
 from cockpit.ui.ranks import RankTable

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 from rich.segment import Segment
+from simhost import until  # noqa: E402
 
 from cockpit.actions.kill import KillPlan, summarize_clean, summarize_kill
 from cockpit.common.hosttext import visible
@@ -22,7 +23,6 @@ from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.commands import COCKPIT, key_name
 from cockpit.ui.fleet import COLUMNS, cell_widths, fit_widths
 from cockpit.ui.screens import ConfirmScreen, Hanging, ReportScreen
-from simhost import until  # noqa: E402
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SIZES = [(80, 24), (100, 30), (160, 50)]
@@ -143,7 +143,7 @@ async def test_no_dialog_cuts_a_word_at_any_size(demo_env):
                     await pilot.press(key)
                     await until(pilot, lambda: isinstance(app.screen, (ConfirmScreen, ReportScreen)), 60)
                     dialog = app.screen
-                    await until(pilot, lambda: visible(dialog.title_text) in " ".join(dialog_rows(app)), 10)
+                    await until(pilot, lambda dialog=dialog: visible(dialog.title_text) in " ".join(dialog_rows(app)), 10)
                     known = set(words(" ".join(visible(line) for line in dialog.lines + [dialog.title_text]))) \
                         | set(words(getattr(dialog, "question", ""))) | {"y", "yes", "·", "n", "no"}
                     seen = words(" ".join(dialog_rows(app)))

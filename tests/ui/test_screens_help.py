@@ -9,15 +9,16 @@ import json
 import re
 from pathlib import Path
 
-from cockpit.runs.layouts import resolve_layout
+from fixtures_shared import help_plain
+
 from cockpit.host.snapshot import state_from_doc
 from cockpit.operate.acts import ACTS
+from cockpit.runs.layouts import resolve_layout
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.cockpit import CockpitScreen
 from cockpit.ui.commands import COCKPIT, RANK_TABLE, key_name
 from cockpit.ui.ranks import RankTable
 from cockpit.ui.screens import HelpScreen
-from fixtures_shared import help_plain
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 

@@ -12,6 +12,8 @@ import sys
 import time
 
 import pytest
+from conftest import free_port
+from simhost import until  # noqa: E402
 
 from cockpit.actions import dumps
 from cockpit.cli import parse_args
@@ -19,8 +21,6 @@ from cockpit.cli.attach import build_monitor
 from cockpit.ui import actions as ui_actions
 from cockpit.ui.app import CockpitApp, save_text
 from cockpit.ui.screens import ConfirmScreen, ReportScreen
-from conftest import free_port
-from simhost import until  # noqa: E402
 
 SIZES = [(80, 24), (160, 50)]
 

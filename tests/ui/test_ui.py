@@ -6,25 +6,24 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import free_port, run_cli
+from fixtures_shared import sim_monitor
 from rich.console import Console
 from rich.text import Text
+from simhost import until
 
-from cockpit.runs.layoutfile import parse_layout
 from cockpit.host.snapshot import state_from_doc
-from cockpit.runs.layouts import resolve_layout
 from cockpit.monitor import demo
+from cockpit.runs.layoutfile import parse_layout
+from cockpit.runs.layouts import resolve_layout
 from cockpit.ui import cockpit as cockpit_screen
 from cockpit.ui.app import CockpitApp, save_text
-from cockpit.ui.screens import HelpScreen
 from cockpit.ui.fmt import bar
 from cockpit.ui.gpus import GpuPane, _segments
 from cockpit.ui.logview import LogView
 from cockpit.ui.ports import PortsTable
 from cockpit.ui.ranks import RankTable
-
-from conftest import free_port, run_cli
-from fixtures_shared import sim_monitor
-from simhost import until
+from cockpit.ui.screens import HelpScreen
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -83,7 +82,7 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
         await pilot.press("t")
         assert log.rank == 0
         lines = log.visible_lines()
-        assert lines and all(" TP0]" in l for l in lines)
+        assert lines and all(" TP0]" in line for line in lines)
         for _ in range(8):
             await pilot.press("t")
         assert log.rank is None
