@@ -260,7 +260,6 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
     also once the kill's own window has closed and the server took its other ranks down. Then a
     launch, `K`, confirmed and verified gone: verdict and phase `no run`, no tokens/s of the dead run."""
     from cockpit.read.metrics import describe as describe_metrics
-    from cockpit.runs.run import process_scope
     from cockpit.ui.screens import ReportScreen
 
     args, layout, pgids = healthy_demo(demo_env, tmp_path)
@@ -275,7 +274,7 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
         monitor.subscribe(lambda e: (verdicts.append(monitor.verdict.name.value), phases.append(monitor.phase.name))
                           if e.kind in ("verdict", "sample") else None)
         pid = next(p.pid for p in app.state.ranks() if p.rank == 3 and p.alive)
-        app.cockpit.run_worker(app.cockpit.actions.kill(process_scope(pid), f"kill pid {pid}"), group="action")
+        app.cockpit.run_worker(app.cockpit.actions.kill(pid, f"kill pid {pid}"), group="action")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, ReportScreen), 30)
