@@ -64,13 +64,14 @@ MIB = 1024 * 1024
 
 # ----------------------------------------------------------------------------- label values
 
+
 @functools.lru_cache(maxsize=4096)
 def label(text, limit: int = LABEL_MAX) -> str:
     """Host text as a label value: secrets masked, control characters made visible, at most
     `limit` characters (the last one an ellipsis when cut). prometheus-client escapes the rest
     (backslash, quote, newline) in the exposition."""
     text = visible(mask_line(str(text)))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def link_kind(link_state: str) -> str:
@@ -112,6 +113,7 @@ def _iso(ts: float | None) -> str:
 
 
 # ----------------------------------------------------------------------------- the exporter
+
 
 class Exporter:
     """The fleet's monitors, read at scrape time; each verdict change noted (for the seconds in
@@ -165,50 +167,92 @@ class Exporter:
         H, HS = ["host"], ["host", "state"]
         verdict = G(f"{NS}_verdict", "The run's verdict: 1 for the current state, 0 for the others", labels=HS)
         phase = G(f"{NS}_phase", "The run's phase: 1 for the current state, 0 for the others", labels=HS)
-        link = G(f"{NS}_link", "The link to the host: 1 for the current state (up, connecting, down, lost)",
-                 labels=HS)
-        seconds = G(f"{NS}_verdict_seconds", "Seconds in the current verdict (a stall's from its host-side start)",
-                    labels=H)
-        odd = G(f"{NS}_odd_rank_info", "1, its rank label the rank the verdict names (the odd one out of a stall, "
-                                       "the crashed one); absent when none", labels=["host", "rank"])
+        link = G(f"{NS}_link", "The link to the host: 1 for the current state (up, connecting, down, lost)", labels=HS)
+        seconds = G(
+            f"{NS}_verdict_seconds", "Seconds in the current verdict (a stall's from its host-side start)", labels=H
+        )
+        odd = G(
+            f"{NS}_odd_rank_info",
+            "1, its rank label the rank the verdict names (the odd one out of a stall, "
+            "the crashed one); absent when none",
+            labels=["host", "rank"],
+        )
         dead = G(f"{NS}_dead_ranks", "Ranks of the run that are gone or zombies", labels=H)
         ranks = G(f"{NS}_ranks", "Ranks of the run seen (alive or not)", labels=H)
-        stall = G(f"{NS}_stall_evidence", "While stalled, what the stall's evidence is: 1 for the current kind "
-                                          "(requests_frozen, serving_stopped, launch_stopped, other)", labels=HS)
-        tokens = G(f"{NS}_tokens_per_second", "Generation tokens per second, from the engine's metrics (the rate "
-                                              "the cockpit's header shows; rate() of generation_tokens_total is "
-                                              "Prometheus's own)", labels=H)
-        generated = C(f"{NS}_generation_tokens", "Generation tokens the engine counted since its run started, from its "
-                                                 "metrics (a relaunch starts it again)", labels=H)
+        stall = G(
+            f"{NS}_stall_evidence",
+            "While stalled, what the stall's evidence is: 1 for the current kind "
+            "(requests_frozen, serving_stopped, launch_stopped, other)",
+            labels=HS,
+        )
+        tokens = G(
+            f"{NS}_tokens_per_second",
+            "Generation tokens per second, from the engine's metrics (the rate "
+            "the cockpit's header shows; rate() of generation_tokens_total is "
+            "Prometheus's own)",
+            labels=H,
+        )
+        generated = C(
+            f"{NS}_generation_tokens",
+            "Generation tokens the engine counted since its run started, from its metrics (a relaunch starts it again)",
+            labels=H,
+        )
         running = G(f"{NS}_requests_running", "Requests running, from the engine's metrics", labels=H)
         waiting = G(f"{NS}_requests_waiting", "Requests waiting, from the engine's metrics", labels=H)
         rtt = G(f"{NS}_link_rtt_seconds", "Round-trip time of the link to the agent", labels=H)
         age = G(f"{NS}_sample_age_seconds", "Seconds since the host's last sample arrived", labels=H)
-        run = G(f"{NS}_run_info", "The run on the host (1): its ledger id, else (started elsewhere) pgid:N of its "
-                                  "process group or port:N of its port; and the layout", labels=["host", "run", "layout"])
-        each = G(f"{NS}_server_verdict", "Each run on the host, one server's process tree (root:PID), judged on "
-                                         "its own tree: 1 for its current verdict (no layout and several servers: "
-                                         "one per server; else the run followed)", labels=["host", "run", "state"])
-        each_ranks = G(f"{NS}_server_ranks", "Ranks of each run on the host (root:PID), its own tree's alone",
-                       labels=["host", "run"])
+        run = G(
+            f"{NS}_run_info",
+            "The run on the host (1): its ledger id, else (started elsewhere) pgid:N of its "
+            "process group or port:N of its port; and the layout",
+            labels=["host", "run", "layout"],
+        )
+        each = G(
+            f"{NS}_server_verdict",
+            "Each run on the host, one server's process tree (root:PID), judged on "
+            "its own tree: 1 for its current verdict (no layout and several servers: "
+            "one per server; else the run followed)",
+            labels=["host", "run", "state"],
+        )
+        each_ranks = G(
+            f"{NS}_server_ranks",
+            "Ranks of each run on the host (root:PID), its own tree's alone",
+            labels=["host", "run"],
+        )
         GL = ["host", "gpu", "rank"]
         util = G(f"{NS}_gpu_utilization_ratio", "GPU utilization, 0 to 1", labels=GL)
         used = G(f"{NS}_gpu_memory_used_bytes", "GPU memory used", labels=GL)
         total = G(f"{NS}_gpu_memory_total_bytes", "GPU memory in all", labels=GL)
         power = G(f"{NS}_gpu_power_watts", "GPU power draw", labels=GL)
         temp = G(f"{NS}_gpu_temperature_celsius", "GPU temperature", labels=GL)
-        ecc = C(f"{NS}_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors since the driver loaded (NVML's volatile "
-                                                    "count) where the GPU has ECC", labels=GL)
+        ecc = C(
+            f"{NS}_gpu_ecc_uncorrected_errors",
+            "Uncorrected ECC errors since the driver loaded (NVML's volatile count) where the GPU has ECC",
+            labels=GL,
+        )
         lost = G(f"{NS}_gpu_lost", "1 when NVML reports the GPU lost (fallen off the bus), else 0", labels=GL)
-        remap = G(f"{NS}_gpu_row_remap_pending", "1 while a remapped row waits for a GPU reset, where the GPU remaps rows",
-                  labels=GL)
-        xid = G(f"{NS}_gpu_xid_info", "1 for each Xid code the GPU raised in the last 5 minutes, its code the xid "
-                                      f"label (the latest {XID_CODES} codes; docs/xid.md)", labels=[*GL, "xid"])
+        remap = G(
+            f"{NS}_gpu_row_remap_pending",
+            "1 while a remapped row waits for a GPU reset, where the GPU remaps rows",
+            labels=GL,
+        )
+        xid = G(
+            f"{NS}_gpu_xid_info",
+            "1 for each Xid code the GPU raised in the last 5 minutes, its code the xid "
+            f"label (the latest {XID_CODES} codes; docs/xid.md)",
+            labels=[*GL, "xid"],
+        )
         xids = G(f"{NS}_gpu_xid_recent_events", "Xid events the GPU raised in the last 5 minutes", labels=GL)
-        hw = G(f"{NS}_gpu_hw_slowdown", "1 while the hardware holds the GPU's clocks down (HW slowdown, thermal, "
-                                        "power brake), else 0", labels=GL)
-        capped = G(f"{NS}_gpus_not_exported", f"GPUs a host reports past the {MAX_HOST_GPUS} exported per host "
-                                              f"(absent when none)", labels=H)
+        hw = G(
+            f"{NS}_gpu_hw_slowdown",
+            "1 while the hardware holds the GPU's clocks down (HW slowdown, thermal, power brake), else 0",
+            labels=GL,
+        )
+        capped = G(
+            f"{NS}_gpus_not_exported",
+            f"GPUs a host reports past the {MAX_HOST_GPUS} exported per host (absent when none)",
+            labels=H,
+        )
         for m in self.fleet.members:
             mon, s = m.monitor, m.state
             host = label(m.host.name)
@@ -293,12 +337,45 @@ class Exporter:
                         xid.add_metric([*labels, str(int(code))], 1.0)
         hosts = G(f"{NS}_hosts", "Hosts in the fleet this exporter watches")
         hosts.add_metric([], float(len(self.fleet.members)))
-        out = [verdict, phase, link, seconds, odd, dead, ranks, stall, tokens, generated, running, waiting, rtt, age,
-               run, each, each_ranks, util, used, total, power, temp, ecc, lost, remap, xid, xids, hw, capped, hosts]
+        out = [
+            verdict,
+            phase,
+            link,
+            seconds,
+            odd,
+            dead,
+            ranks,
+            stall,
+            tokens,
+            generated,
+            running,
+            waiting,
+            rtt,
+            age,
+            run,
+            each,
+            each_ranks,
+            util,
+            used,
+            total,
+            power,
+            temp,
+            ecc,
+            lost,
+            remap,
+            xid,
+            xids,
+            hw,
+            capped,
+            hosts,
+        ]
         if self.hook is not None:
-            hook = C(f"{NS}_on_change_runs", "--on-change runs by result (ok, failed, timeout, error, "
-                                             "coalesced: a change replaced by a later one while the hook ran)",
-                     labels=["result"])
+            hook = C(
+                f"{NS}_on_change_runs",
+                "--on-change runs by result (ok, failed, timeout, error, "
+                "coalesced: a change replaced by a later one while the hook ran)",
+                labels=["result"],
+            )
             for result in OnChange.RESULTS:
                 hook.add_metric([result], float(self.hook.results[result]))
             out.append(hook)
@@ -314,8 +391,9 @@ def run_name(monitor, state) -> str | None:
     following = getattr(monitor, "following", None) or {}
     if following.get("run_id"):
         return str(following["run_id"])
-    live = [p for p in state.ranks() if p.alive and p.status != "Z"] or \
-        [p for p in state.live_procs() if p.role == "server"]
+    live = [p for p in state.ranks() if p.alive and p.status != "Z"] or [
+        p for p in state.live_procs() if p.role == "server"
+    ]
     groups = Counter(p.pgid for p in live if p.pgid)
     if groups:
         return f"pgid:{groups.most_common(1)[0][0]}"
@@ -373,8 +451,9 @@ class OnChange:
         try:
             argv = shlex.split(text)
         except ValueError as exc:
-            raise CockpitError(f"--on-change: {exc}: quote it as a shell would (it is split once, never run "
-                               f"by a shell)") from None
+            raise CockpitError(
+                f"--on-change: {exc}: quote it as a shell would (it is split once, never run by a shell)"
+            ) from None
         if not argv:
             raise CockpitError("--on-change: name a command, e.g. --on-change '/usr/local/bin/page-oncall --team gpu'")
         exe = argv[0]
@@ -408,8 +487,13 @@ class OnChange:
         what = f"{env['GPU_COCKPIT_HOST']} {env['GPU_COCKPIT_PREVIOUS']} -> {env['GPU_COCKPIT_VERDICT']}"
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv, env={**os.environ, **env}, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+                *self.argv,
+                env={**os.environ, **env},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             self.results["error"] += 1
             self._say(f"{what}: cannot run {self.argv[0]}: {exc.strerror or exc}")
@@ -478,6 +562,7 @@ class LoopCollector:
 
 
 # ----------------------------------------------------------------------------- the command
+
 
 def parse_listen(text: str) -> tuple[str, int]:
     """`ADDR:PORT`, `[V6ADDR]:PORT` or `:PORT` (loopback)."""
@@ -592,9 +677,12 @@ async def serve(fleet, host: str, port: int, hook: OnChange | None = None, out=N
     fleet.start()
     exporter.watch()
     shown = f"[{host}]" if ":" in host else host
-    print(f"cockpit exporter: {len(fleet.members)} host(s); metrics on http://{shown}:{port}/metrics"
-          + ("" if is_loopback(host) else " (plain HTTP, no authentication: keep it on a trusted network)"),
-          file=out, flush=True)
+    print(
+        f"cockpit exporter: {len(fleet.members)} host(s); metrics on http://{shown}:{port}/metrics"
+        + ("" if is_loopback(host) else " (plain HTTP, no authentication: keep it on a trusted network)"),
+        file=out,
+        flush=True,
+    )
     try:
         while not stop.is_set():
             exporter.watch()

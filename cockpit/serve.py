@@ -77,8 +77,9 @@ def served_command(args: argparse.Namespace) -> list[str]:
         if value is None:
             continue
         value = str(value)
-        if flag in ("ssh_config", "known_hosts") or (flag == "layout" and (
-                value.endswith((".yaml", ".yml")) or "/" in value or os.path.exists(value))):
+        if flag in ("ssh_config", "known_hosts") or (
+            flag == "layout" and (value.endswith((".yaml", ".yml")) or "/" in value or os.path.exists(value))
+        ):
             value = _absolute(value)
         elif flag == "sim" and not args.fleet and not args.hosts and args.target in ("local", "demo"):
             value = _absolute(value)  # a folder on this machine
@@ -96,8 +97,9 @@ def served_shell(args: argparse.Namespace) -> str:
     return "cd / && exec " + shlex.join(served_command(args))
 
 
-_EXTERNAL = re.compile(r"""<(?:link|script)\b[^>]*?\b(?:href|src)\s*=\s*["']?(?:https?:)?//[^>]*>(?:\s*</script>)?""",
-                       re.IGNORECASE)
+_EXTERNAL = re.compile(
+    r"""<(?:link|script)\b[^>]*?\b(?:href|src)\s*=\s*["']?(?:https?:)?//[^>]*>(?:\s*</script>)?""", re.IGNORECASE
+)
 LOCAL_FONT = """<style>
       @font-face { font-family: "Roboto Mono"; font-style: normal;
         src: url("{{ config.static.url }}fonts/RobotoMono-VariableFont_wght.ttf") format("truetype"); }
@@ -148,12 +150,14 @@ def make_server(command: str, host: str, port: int, token: str, title: str = "gp
         async def _make_app(self) -> web.Application:
             app = web.Application(middlewares=[self.guard])
             aiohttp_jinja2.setup(app, loader=OwnPage(self.templates_path))
-            app.add_routes([
-                web.get("/", self.handle_index, name="index"),
-                web.get("/ws/{token}", self.handle_websocket, name="websocket"),
-                web.get("/download/{key}", self.handle_download, name="download"),
-                web.static("/static", self.statics_path, name="static"),
-            ])
+            app.add_routes(
+                [
+                    web.get("/", self.handle_index, name="index"),
+                    web.get("/ws/{token}", self.handle_websocket, name="websocket"),
+                    web.get("/download/{key}", self.handle_download, name="download"),
+                    web.static("/static", self.statics_path, name="static"),
+                ]
+            )
             app.on_startup.append(self.on_startup)
             app.on_shutdown.append(self.on_shutdown)
             return app
@@ -237,13 +241,18 @@ def check_port(bind: str, port: int) -> None:
                 probe.bind(addr)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise CockpitError(f"port {port} on {bind} is already in use (another server?): "
-                                       f"choose a free one with --port N") from None
+                    raise CockpitError(
+                        f"port {port} on {bind} is already in use (another server?): choose a free one with --port N"
+                    ) from None
                 if exc.errno == errno.EACCES:
-                    raise CockpitError(f"port {port} on {bind}: permission denied (ports below 1024 need root): "
-                                       f"choose another with --port N") from None
-                raise CockpitError(f"--bind {bind} --port {port}: cannot listen there ({exc.strerror}): "
-                                   f"choose another --bind or --port") from None
+                    raise CockpitError(
+                        f"port {port} on {bind}: permission denied (ports below 1024 need root): "
+                        f"choose another with --port N"
+                    ) from None
+                raise CockpitError(
+                    f"--bind {bind} --port {port}: cannot listen there ({exc.strerror}): "
+                    f"choose another --bind or --port"
+                ) from None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -251,25 +260,35 @@ def serve(args: argparse.Namespace) -> int:
         raise CockpitError(f"--port {args.port}: between 1 and 65535")
     loopback = is_loopback(args.bind)
     if not loopback and not args.allow_remote:
-        raise CockpitError(f"--bind {args.bind}: the page is plain HTTP, so its token and every key cross the "
-                           f"network unencrypted; keep 127.0.0.1 and reach it with "
-                           f"`ssh -L {args.port}:127.0.0.1:{args.port} HOST`, or add --allow-remote")
+        raise CockpitError(
+            f"--bind {args.bind}: the page is plain HTTP, so its token and every key cross the "
+            f"network unencrypted; keep 127.0.0.1 and reach it with "
+            f"`ssh -L {args.port}:127.0.0.1:{args.port} HOST`, or add --allow-remote"
+        )
     try:
         import textual_serve.server  # noqa: F401
     except ImportError:
-        raise CockpitError(f"serve needs textual-serve, from gpu-cockpit's `serve` extra: {install_hint('serve')}") from None
+        raise CockpitError(
+            f"serve needs textual-serve, from gpu-cockpit's `serve` extra: {install_hint('serve')}"
+        ) from None
     check_port(args.bind, args.port)
     if not loopback:
-        print(f"cockpit: WARNING: serving on {args.bind}:{args.port} over plain HTTP: the token and the screen "
-              f"cross the network unencrypted", file=sys.stderr)
+        print(
+            f"cockpit: WARNING: serving on {args.bind}:{args.port} over plain HTTP: the token and the screen "
+            f"cross the network unencrypted",
+            file=sys.stderr,
+        )
     command = served_command(args)
     if "--read-only" not in command:
-        print("cockpit: actions are ON in the browser (--allow-actions): kill, shm clean and relaunch work there",
-              file=sys.stderr)
+        print(
+            "cockpit: actions are ON in the browser (--allow-actions): kill, shm clean and relaunch work there",
+            file=sys.stderr,
+        )
     server = make_server(served_shell(args), args.bind, args.port, secrets.token_urlsafe(TOKEN_BYTES))
     try:
         server.serve()
     except OSError as exc:  # taken between the check and the server's own bind
-        raise CockpitError(f"port {args.port} on {args.bind}: cannot listen ({exc.strerror or exc}): "
-                           f"choose a free one with --port N") from None
+        raise CockpitError(
+            f"port {args.port} on {args.bind}: cannot listen ({exc.strerror or exc}): choose a free one with --port N"
+        ) from None
     return 0

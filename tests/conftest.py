@@ -47,7 +47,9 @@ class Sshd:
     def __init__(self, root: Path):
         self.root = root
         self.port = free_port()
-        self.user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        self.user = (
+            os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        )
         for name in ("host_key", "client_key"):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
         (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
@@ -58,7 +60,8 @@ class Sshd:
         self.known_hosts = root / "known_hosts"
         self.known_hosts.write_text(self.host_key_line)
         self.config = root / "sshd_config"
-        self.config.write_text(textwrap.dedent(f"""\
+        self.config.write_text(
+            textwrap.dedent(f"""\
             Port {self.port}
             ListenAddress 127.0.0.1
             HostKey {root}/host_key
@@ -73,9 +76,11 @@ class Sshd:
             MaxSessions 50
             MaxStartups 100:30:200
             SetEnv HOME={self.home}
-            """))
+            """)
+        )
         self.client_config = root / "ssh_config"
-        self.client_config.write_text(textwrap.dedent(f"""\
+        self.client_config.write_text(
+            textwrap.dedent(f"""\
             Host cockpit-test
                 HostName 127.0.0.1
                 Port {self.port}
@@ -83,12 +88,15 @@ class Sshd:
                 IdentityFile {root}/client_key
                 IdentitiesOnly yes
                 UserKnownHostsFile {self.known_hosts}
-            """))
+            """)
+        )
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         os.makedirs("/run/sshd", exist_ok=True)
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stderr=open(self.root / "sshd.log", "ab"))
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(self.config)], stderr=open(self.root / "sshd.log", "ab")
+        )
         wait_port(self.port)
 
     def stop(self) -> None:
@@ -113,8 +121,9 @@ def cannot_run(reason: str) -> NoReturn:
 def need(*tools: str, package: str) -> str:
     """The first tool's path; one missing cannot run (apt-get install PACKAGE)."""
     __tracebackhide__ = True
-    paths = [shutil.which(t) or next((d + t for d in ("/usr/sbin/", "/sbin/") if os.path.exists(d + t)), None)
-             for t in tools]
+    paths = [
+        shutil.which(t) or next((d + t for d in ("/usr/sbin/", "/sbin/") if os.path.exists(d + t)), None) for t in tools
+    ]
     missing = [t for t, path in zip(tools, paths) if path is None]
     if missing:
         cannot_run(f"{', '.join(missing)} not installed: apt-get install {package} (scripts/test does)")
@@ -137,8 +146,14 @@ def pytest_runtest_makereport(item, call):
 # (~/.local/state/gpu-cockpit/host/acts.jsonl) is read by every cockpit of the host, run logs go to
 # ~/.cache, demos to $XDG_RUNTIME_DIR. Each test (and, before any test starts, the session's and
 # modules' fixtures) gets a home and XDG folders of its own; the processes it starts inherit them.
-SEALED = {"HOME": "home", "XDG_STATE_HOME": "state", "XDG_CACHE_HOME": "cache", "XDG_CONFIG_HOME": "config",
-          "XDG_DATA_HOME": "data", "XDG_RUNTIME_DIR": "run"}
+SEALED = {
+    "HOME": "home",
+    "XDG_STATE_HOME": "state",
+    "XDG_CACHE_HOME": "cache",
+    "XDG_CONFIG_HOME": "config",
+    "XDG_DATA_HOME": "data",
+    "XDG_RUNTIME_DIR": "run",
+}
 
 
 def seal(mp: pytest.MonkeyPatch, folder: Path) -> Path:
@@ -201,8 +216,12 @@ class Ranks:
         self.procs: list[subprocess.Popen] = []
 
     def spawn(self, title: str, gpu: int = -1, mib: int = 0) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, title, str(gpu), str(mib), str(self.state)],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, title, str(gpu), str(mib), str(self.state)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         assert p.stdout.readline().strip() == "ready"
         self.procs.append(p)
         return p
@@ -221,13 +240,16 @@ def ranks(sim_state):
     r.stop()
 
 
-def run_cli(*args: str, timeout: float = 60, env: dict | None = None, under: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = 60, env: dict | None = None, under: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     """The real `cockpit` command in a subprocess, as a user runs it (`under` a wrapper such as
     `unprivileged()`, when given)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([*under, sys.executable, "-m", "cockpit", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    return subprocess.run(
+        [*under, sys.executable, "-m", "cockpit", *args], capture_output=True, text=True, timeout=timeout, env=full_env
+    )
 
 
 def unprivileged() -> tuple[str, ...]:
@@ -266,10 +288,17 @@ _STARTS = {
     "browser": lambda fx, src: "chromium" in src or "webdriver" in src,
     "engines": lambda fx, src: bool({"slurm", "container_engine"} & fx) or 'need("prometheus"' in src,
     "sshd": lambda fx, src: "sshd" in fx,
-    "ui": lambda fx, src: bool({"snap_compare", "live_app", "demo_env"} & fx) or "run_test(" in src
-    or "run_headless(" in src or "save_text(" in src or "save_svg(" in src,
-    "sim": lambda fx, src: bool({"sim_state", "started_elsewhere", "shared", "users"} & fx)
-    or any(w in src for w in ("run_cli(", "subprocess", "HostMonitor(", "Popen(", "connect(", "start_agent")),
+    "ui": lambda fx, src: (
+        bool({"snap_compare", "live_app", "demo_env"} & fx)
+        or "run_test(" in src
+        or "run_headless(" in src
+        or "save_text(" in src
+        or "save_svg(" in src
+    ),
+    "sim": lambda fx, src: (
+        bool({"sim_state", "started_elsewhere", "shared", "users"} & fx)
+        or any(w in src for w in ("run_cli(", "subprocess", "HostMonitor(", "Popen(", "connect(", "start_agent"))
+    ),
 }
 
 
@@ -301,8 +330,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--tier-report", metavar="FILE", help="write each tier's count and time, and the slowest tests, "
-                     "as markdown (docs/TEST-DURATIONS.md)")
+    parser.addoption(
+        "--tier-report",
+        metavar="FILE",
+        help="write each tier's count and time, and the slowest tests, as markdown (docs/TEST-DURATIONS.md)",
+    )
 
 
 _took: dict[str, float] = {}
@@ -317,10 +349,15 @@ def pytest_sessionfinish(session, exitstatus):
     if not path or not _took:
         return
     tiers = {item.nodeid: tier_of(item) for item in session.items}
-    lines = ["# Test durations", "",
-             f"What `{' '.join(['pytest', *session.config.invocation_params.args])}` took, by tier (tests/conftest.py marks "
-             "each test by the heaviest thing it starts), on this project's 2-core machine. Written by `--tier-report`.",
-             "", "| tier | tests | seconds |", "|---|---:|---:|"]
+    lines = [
+        "# Test durations",
+        "",
+        f"What `{' '.join(['pytest', *session.config.invocation_params.args])}` took, by tier (tests/conftest.py marks "
+        "each test by the heaviest thing it starts), on this project's 2-core machine. Written by `--tier-report`.",
+        "",
+        "| tier | tests | seconds |",
+        "|---|---:|---:|",
+    ]
     for tier in TIERS:
         ids = [n for n, t in tiers.items() if t == tier and n in _took]
         lines.append(f"| {tier} | {len(ids)} | {sum(_took[n] for n in ids):.0f} |")
@@ -330,5 +367,7 @@ def pytest_sessionfinish(session, exitstatus):
         lines.append(f"| {took:.1f} | {tiers.get(nodeid, '?')} | `{nodeid}` |")
     Path(path).write_text("\n".join(lines) + "\n")
     whole = {str(Path(a).resolve()) for a in session.config.args} <= {str(Path(__file__).parent)}
-    if whole and not (session.config.option.markexpr or session.config.option.keyword):  # a full run: the slow list anew
+    if whole and not (
+        session.config.option.markexpr or session.config.option.keyword
+    ):  # a full run: the slow list anew
         SLOW_LIST.write_text("".join(f"{n}\n" for n, took in sorted(_took.items()) if took > SLOW_S))

@@ -75,9 +75,12 @@ class Slurm:
         self.munge.mkdir(mode=0o755, exist_ok=True)
         shutil.chown(self.munge, "munge", "munge")
         ports = [free_port() for _ in range(3)]
-        nodes = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1 RealMemory=1000"
-                          for n, p in zip(self.NODES, ports[1:]))
-        self.conf.write_text(textwrap.dedent(f"""\
+        nodes = "\n".join(
+            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1 RealMemory=1000"
+            for n, p in zip(self.NODES, ports[1:])
+        )
+        self.conf.write_text(
+            textwrap.dedent(f"""\
             ClusterName=cockpit
             SlurmctldHost=localhost
             SlurmctldPort={ports[0]}
@@ -100,10 +103,24 @@ class Slurm:
             MailProg=/bin/true
             ReturnToService=2
             KillWait=5
-            """) + nodes + "\nPartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
-        subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={self.munge}/munge.sock",
-                        f"--pid-file={self.munge}/munged.pid", f"--log-file={self.munge}/munged.log",
-                        f"--seed-file={self.munge}/seed"], check=True)
+            """)
+            + nodes
+            + "\nPartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+        )
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                "/usr/sbin/munged",
+                f"--socket={self.munge}/munge.sock",
+                f"--pid-file={self.munge}/munged.pid",
+                f"--log-file={self.munge}/munged.log",
+                f"--seed-file={self.munge}/seed",
+            ],
+            check=True,
+        )
         subprocess.run(["slurmctld", "-c", "-f", str(self.conf)], check=True, env=self.env)
         for n in self.NODES:
             subprocess.run(["slurmd", "-f", str(self.conf), "-N", n], check=True, env=self.env)
@@ -114,8 +131,13 @@ class Slurm:
         return res.returncode == 0 and res.stdout.split()[:2] == ["idle", "2"]
 
     def sbatch(self, script: Path, env: dict, nodes: int = 2) -> str:
-        res = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", "-o", str(script) + ".out", str(script)],
-                             capture_output=True, text=True, env={**self.env, **env}, check=True)
+        res = subprocess.run(
+            ["sbatch", "--parsable", f"-N{nodes}", "-o", str(script) + ".out", str(script)],
+            capture_output=True,
+            text=True,
+            env={**self.env, **env},
+            check=True,
+        )
         return res.stdout.strip().split(";")[0]
 
     def job_state(self, job: str) -> str:
@@ -164,9 +186,23 @@ class Docker:
     def start(self) -> None:
         r = self.root
         self.proc = subprocess.Popen(
-            ["dockerd", "--data-root", str(r / "data"), "--exec-root", str(r / "exec"), "--pidfile",
-             str(r / "dockerd.pid"), "-H", f"unix://{self.sock}", "--iptables=false", "--ip6tables=false",
-             "--bridge=none"], stdout=open(r / "dockerd.log", "wb"), stderr=subprocess.STDOUT)
+            [
+                "dockerd",
+                "--data-root",
+                str(r / "data"),
+                "--exec-root",
+                str(r / "exec"),
+                "--pidfile",
+                str(r / "dockerd.pid"),
+                "-H",
+                f"unix://{self.sock}",
+                "--iptables=false",
+                "--ip6tables=false",
+                "--bridge=none",
+            ],
+            stdout=open(r / "dockerd.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
         _until(lambda: self.cli("version", check=False).returncode == 0, 30, f"dockerd did not start: {r}/dockerd.log")
         self.cli("import", str(base_image_tar(r)), "cockpit-base")
 
@@ -199,8 +235,9 @@ class Podman:
     def __init__(self, root: Path):
         self.root = root
         conf, storage = root / "containers.conf", root / "storage.conf"
-        conf.write_text('[containers]\ndefault_ulimits=["nofile=20000:20000","nproc=32768:32768"]\n'
-                        '[engine]\nruntime="runc"\n')
+        conf.write_text(
+            '[containers]\ndefault_ulimits=["nofile=20000:20000","nproc=32768:32768"]\n[engine]\nruntime="runc"\n'
+        )
         storage.write_text(f'[storage]\ndriver="vfs"\ngraphroot="{root}/storage"\nrunroot="{root}/run"\n')
         self.own = {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
 

@@ -80,8 +80,9 @@ def main():
     while True:
         conn, _ = srv.accept()
         held.append(conn)  # a silent server keeps every connection open
-        threading.Thread(target=serve, args=(conn, mode, answer_of(json_file), answer_of(text_file)),
-                         daemon=True).start()
+        threading.Thread(
+            target=serve, args=(conn, mode, answer_of(json_file), answer_of(text_file)), daemon=True
+        ).start()
         time.sleep(0)
 
 

@@ -66,8 +66,10 @@ def demo_env(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- the live cockpit
 
+
 def layout_for(port: int, log_dir: Path):
-    return parse_layout(f"""
+    return parse_layout(
+        f"""
 name: uitest
 engine: sglang
 command: [-m, cockpit.sim.server]
@@ -75,14 +77,20 @@ base_flags: [--tp-size, "8", --port, "{port}", --sim-speed, "4", --sim-traffic, 
 log_dir: {log_dir}
 ports: [{port}]
 endpoints: [/health, /v1/models]
-""", "uitest.yaml")
+""",
+        "uitest.yaml",
+    )
 
 
 def sim_monitor(sim_state, port, layout, on_connect) -> HostMonitor:
     """A fast-ticking monitor of the simulated host that watches only the run it launches."""
-    return HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                             sim_state=str(sim_state)), layout,
-                       on_connect=on_connect, watch=WatchList(patterns=[], ports=[port]))
+    return HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        layout,
+        on_connect=on_connect,
+        watch=WatchList(patterns=[], ports=[port]),
+    )
 
 
 @pytest.fixture
@@ -102,6 +110,7 @@ async def live_app(sim_state, tmp_path):
 
 
 # ----------------------------------------------------------------------------- other users
+
 
 @pytest.fixture(scope="module")
 def users():
@@ -123,6 +132,7 @@ def as_user(uid: int):
         os.setgid(uid)
         os.setgroups([])
         os.setuid(uid)
+
     return become
 
 

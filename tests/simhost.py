@@ -29,17 +29,32 @@ class SimRun:
 
     def __init__(self, state: Path, tmp: Path, port: int, args: list[str]):
         self.state, self.tmp, self.port, self.args = state, tmp, port, args
-        self.session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                         sim_state=str(state)),
-                                   WatchList(patterns=[]))  # this run only, not whatever else runs here
+        self.session = HostSession(
+            parse_target("local"),
+            SessionOptions(python=sys.executable, interval=0.25, sim_state=str(state)),
+            WatchList(patterns=[]),
+        )  # this run only, not whatever else runs here
         self.run: dict = {}
 
     async def __aenter__(self):
         await self.session.connect()
-        argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "8", "--port", str(self.port),
-                "--sim-speed", "4", "--sim-shm-dir", str(self.tmp), *self.args]
-        self.run = await self.session.request("launch", argv=argv, env={"COCKPIT_SIM_STATE": str(self.state)},
-                                              log=str(self.tmp / "run.log"))
+        argv = [
+            sys.executable,
+            "-m",
+            "cockpit.sim.server",
+            "--tp-size",
+            "8",
+            "--port",
+            str(self.port),
+            "--sim-speed",
+            "4",
+            "--sim-shm-dir",
+            str(self.tmp),
+            *self.args,
+        ]
+        self.run = await self.session.request(
+            "launch", argv=argv, env={"COCKPIT_SIM_STATE": str(self.state)}, log=str(self.tmp / "run.log")
+        )
         self.session.watch_run(self.run["pgid"], self.run["log"])
         while not self.session.watch_current():
             await self.session.wait_samples(1)
@@ -83,6 +98,19 @@ def kill_groups(pgids) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def end_session(proc) -> None:
+    """SIGKILL the session a test started (its process group) and reap its leader."""
+    kill_groups([proc.pid])
+    proc.wait(10)
+
+
+def sleeper():
+    """A process of a session of its own, asleep: a pid a test can plan, reuse or kill."""
+    import subprocess
+
+    return subprocess.Popen(["sleep", "600"], start_new_session=True)
 
 
 def gone(pid: int) -> bool:

@@ -62,8 +62,11 @@ def dump_targets(state: HostState, pids: set[int] | None = None) -> list[tuple[i
         if pids is not None and p.pid not in pids:
             continue
         cur = by_rank.get(p.rank)
-        if cur is None or (_dead(cur) and not _dead(p)) or \
-                (_dead(cur) == _dead(p) and (p.gone_at or 0.0) > (cur.gone_at or 0.0)):
+        if (
+            cur is None
+            or (_dead(cur) and not _dead(p))
+            or (_dead(cur) == _dead(p) and (p.gone_at or 0.0) > (cur.gone_at or 0.0))
+        ):
             by_rank[p.rank] = p
     if by_rank:
         return [(rank, p.pid) for rank, p in sorted(by_rank.items())]
@@ -96,8 +99,13 @@ def pyspy_info(path: str) -> dict:
         version = out.stdout.strip().rsplit(" ", 1)[-1] or "?"
     except (OSError, subprocess.SubprocessError):
         version = "?"
-    return {"path": path, "version": version, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-            "data": data}
+    return {
+        "path": path,
+        "version": version,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "data": data,
+    }
 
 
 class PyspyMissing(CockpitError):
@@ -126,8 +134,9 @@ def upload_dest(session: HostSession) -> str:
     return f"{session.state.agent.home or '/tmp'}/.cache/gpu-cockpit/py-spy"
 
 
-async def ensure_pyspy(session: HostSession, upload: bool = False, say: Callable[[str], None] | None = None,
-                       python: str | None = None) -> tuple[str | None, dict]:
+async def ensure_pyspy(
+    session: HostSession, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+) -> tuple[str | None, dict]:
     """py-spy for the host. On `local` (and the demo) the cockpit's own py-spy; elsewhere the one
     beside the layout's interpreter (`python`, and the agent's: its venv's bin), else the host's
     PATH, else the one an earlier upload left in the host's cache folder, else (when asked, and
@@ -151,8 +160,10 @@ async def ensure_pyspy(session: HostSession, upload: bool = False, say: Callable
     if isinstance(offer, str):
         raise CockpitError(offer)
     if say:
-        say(f"uploading py-spy {offer['version']} ({offer['path']}, {offer['size']} bytes, sha256 {offer['sha256']}) "
-            f"to {session.target.label}:{dest}")
+        say(
+            f"uploading py-spy {offer['version']} ({offer['path']}, {offer['size']} bytes, sha256 {offer['sha256']}) "
+            f"to {session.target.label}:{dest}"
+        )
     home = dest.rsplit("/", 1)[0]
     await session.link.run(["mkdir", "-p", home])
     res = await session.link.run(["dd", f"of={dest}", "status=none"], input=offer["data"], timeout=120)
@@ -170,11 +181,15 @@ def upload_offer(session: HostSession, check: dict) -> dict | str:
     on the host), or why none can be sent."""
     ours = local_pyspy()
     if not ours:
-        return ("py-spy is missing on the host and in this cockpit's environment (it is a dependency of "
-                "gpu-cockpit: reinstall it, or pip install py-spy next to it)")
+        return (
+            "py-spy is missing on the host and in this cockpit's environment (it is a dependency of "
+            "gpu-cockpit: reinstall it, or pip install py-spy next to it)"
+        )
     if check.get("arch") != platform.machine():
-        return (f"py-spy is missing on the host, whose architecture ({check.get('arch')}) differs from this "
-                f"machine's ({platform.machine()}): install py-spy there")
+        return (
+            f"py-spy is missing on the host, whose architecture ({check.get('arch')}) differs from this "
+            f"machine's ({platform.machine()}): install py-spy there"
+        )
     return dict(pyspy_info(ours), dest=upload_dest(session))
 
 
@@ -182,11 +197,16 @@ def missing(session: HostSession, check: dict) -> PyspyMissing:
     """No py-spy where it was looked for: said with where, and what can be done."""
     offer = upload_offer(session, check)
     looked = "; ".join(check.get("looked") or [])
-    fix = (f"or dump again with --upload-pyspy to send this install's py-spy {offer['version']} to {offer['dest']}"
-           if isinstance(offer, dict) else offer)
-    return PyspyMissing(f"py-spy is not installed on {session.target.label} (looked for: {looked}): install it "
-                        f"there (pip install py-spy into the layout's environment), {fix}",
-                        offer if isinstance(offer, dict) else None)
+    fix = (
+        f"or dump again with --upload-pyspy to send this install's py-spy {offer['version']} to {offer['dest']}"
+        if isinstance(offer, dict)
+        else offer
+    )
+    return PyspyMissing(
+        f"py-spy is not installed on {session.target.label} (looked for: {looked}): install it "
+        f"there (pip install py-spy into the layout's environment), {fix}",
+        offer if isinstance(offer, dict) else None,
+    )
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -221,17 +241,35 @@ class DumpSet:
         return lines
 
     def as_json(self) -> dict:
-        return {"folder": str(self.folder), "pyspy": self.pyspy, "pyspy_version": self.check.get("version"),
-                "failed": self.failed, "dead": [d.as_json() for d in self.dead],
-                "groups": [{"ranks": g.ranks, "odd": g.odd, "frames": list(g.frames), "diff": g.diff,
-                            "native": [{"fold": fold, "ranks": ranks} for fold, ranks in g.natives()],
-                            "stacks": {str(r): [str(f) for f in t.frames] for r, t in g.stacks.items()}}
-                           for g in self.groups]}
+        return {
+            "folder": str(self.folder),
+            "pyspy": self.pyspy,
+            "pyspy_version": self.check.get("version"),
+            "failed": self.failed,
+            "dead": [d.as_json() for d in self.dead],
+            "groups": [
+                {
+                    "ranks": g.ranks,
+                    "odd": g.odd,
+                    "frames": list(g.frames),
+                    "diff": g.diff,
+                    "native": [{"fold": fold, "ranks": ranks} for fold, ranks in g.natives()],
+                    "stacks": {str(r): [str(f) for f in t.frames] for r, t in g.stacks.items()},
+                }
+                for g in self.groups
+            ],
+        }
 
 
-async def dump_ranks(session: HostSession, ranks: list[tuple[int | None, int]], run: str,
-                     upload: bool = False, deadline_s: float = 20.0,
-                     say: Callable[[str], None] | None = None, python: str | None = None) -> DumpSet:
+async def dump_ranks(
+    session: HostSession,
+    ranks: list[tuple[int | None, int]],
+    run: str,
+    upload: bool = False,
+    deadline_s: float = 20.0,
+    say: Callable[[str], None] | None = None,
+    python: str | None = None,
+) -> DumpSet:
     """Dumps the ranks' stacks. A rank the host state already knows dead is reported dead with
     its exit code, and nothing runs on it; a zombie, or a rank that died since the last sample,
     the agent finds dead before py-spy runs (py-spy fails on those with an unhelpful error)."""
@@ -255,8 +293,9 @@ async def dump_ranks(session: HostSession, ranks: list[tuple[int | None, int]], 
             raise CockpitError("cannot attach to the ranks: " + "; ".join(check["problems"]))
     data = {"dumps": {}, "check": check}
     if ask:
-        data = await session.request("dump", timeout=deadline_s + 30, pids=[pid for _, _, pid in ask], pyspy=pyspy,
-                                     deadline_s=deadline_s)
+        data = await session.request(
+            "dump", timeout=deadline_s + 30, pids=[pid for _, _, pid in ask], pyspy=pyspy, deadline_s=deadline_s
+        )
     folder = dumps_dir(run)
     texts: dict[int, str] = {}
     failed: dict[int, list[str]] = {}
@@ -296,8 +335,9 @@ class DumpPlan:
         return [f"the run: {self.rule}"] + self.left
 
 
-async def plan_dump(session: HostSession, run: Run, root: int | None = None, verb: str = "dump",
-                    live_only: bool = False) -> DumpPlan:
+async def plan_dump(
+    session: HostSession, run: Run, root: int | None = None, verb: str = "dump", live_only: bool = False
+) -> DumpPlan:
     """The one way a dump finds the run's ranks (the screen's `d`, `cockpit dump`, a relaunch's
     stall, the bundle, the stall's forensics): kill.member_plan, then its members' ranks, the
     dead ones too (said dead) unless `live_only`."""

@@ -23,7 +23,6 @@ from cockpit.read.stacks import COLLECTIVE, Group, StackLook, Thread, group_stac
 DEADLINE_S = 20.0  # py-spy's own deadline per rank: a look waits at most this (plus the request's slack)
 
 
-
 @dataclass
 class Forensics:
     """What one stall's forensics found."""
@@ -35,18 +34,27 @@ class Forensics:
     at: float = field(default_factory=time.time)
 
     def doc(self) -> dict:
-        return {"folder": self.folder, "lines": self.lines, "error": self.error, "at": self.at,
-                "odd_rank": self.finding.odd_rank if self.finding else None,
-                "evidence": self.finding.evidence if self.finding else []}
+        return {
+            "folder": self.folder,
+            "lines": self.lines,
+            "error": self.error,
+            "at": self.at,
+            "odd_rank": self.finding.odd_rank if self.finding else None,
+            "evidence": self.finding.evidence if self.finding else [],
+        }
 
     @classmethod
     def from_doc(cls, doc: dict) -> Forensics:
         """As the ledger keeps it (`doc`): another cockpit's forensics of the same stall."""
         evidence = [str(e) for e in doc.get("evidence") or []][:8]
         rank = doc.get("odd_rank") if isinstance(doc.get("odd_rank"), int) else None
-        return cls(Finding("stacks", evidence, odd_rank=rank) if evidence else None,
-                   str(doc["folder"]) if doc.get("folder") else None,
-                   [str(x) for x in doc.get("lines") or []][:200], doc.get("error"), float(doc["at"]))
+        return cls(
+            Finding("stacks", evidence, odd_rank=rank) if evidence else None,
+            str(doc["folder"]) if doc.get("folder") else None,
+            [str(x) for x in doc.get("lines") or []][:200],
+            doc.get("error"),
+            float(doc["at"]),
+        )
 
 
 def _collective(thread: Thread | None):
@@ -75,17 +83,27 @@ def odd_rank(groups: list[Group]) -> Finding | None:
     if inside and outside and len(outside) <= len(inside):
         op = next(iter(inside.values()))
         ranks = sorted(inside)
-        lines = [f"rank{'s' if len(outside) > 1 else ''} {rank_ranges(outside)} not in {op.name}: "
-                 f"{'; '.join(f'rank {r} in {_where(threads[r])}' for r in outside[:3])}",
-                 f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} wait{'s' if len(ranks) == 1 else ''} in "
-                 f"{op.name} ({op.file.rsplit('/', 1)[-1]}{':' + str(op.line) if op.line is not None else ''})"]
+        lines = [
+            f"rank{'s' if len(outside) > 1 else ''} {rank_ranges(outside)} not in {op.name}: "
+            f"{'; '.join(f'rank {r} in {_where(threads[r])}' for r in outside[:3])}",
+            f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} wait{'s' if len(ranks) == 1 else ''} in "
+            f"{op.name} ({op.file.rsplit('/', 1)[-1]}{':' + str(op.line) if op.line is not None else ''})",
+        ]
         return Finding("stacks", [visible(line) for line in lines], odd_rank=outside[0] if len(outside) == 1 else None)
     odd = [g for g in groups if g.odd]
     if len(odd) == 1 and len(odd[0].ranks) == 1:
         r = odd[0].ranks[0]
         major = groups[0]
-        return Finding("stacks", [visible(f"rank {r} is not where the others are: rank {r} in {_where(threads[r])}; "
-                                          f"ranks {rank_ranges(major.ranks)} in {_where(major.shown)}")], odd_rank=r)
+        return Finding(
+            "stacks",
+            [
+                visible(
+                    f"rank {r} is not where the others are: rank {r} in {_where(threads[r])}; "
+                    f"ranks {rank_ranges(major.ranks)} in {_where(major.shown)}"
+                )
+            ],
+            odd_rank=r,
+        )
     return None
 
 
@@ -130,8 +148,14 @@ async def look(session, run, gap_s: float) -> StackLook:
     keys = {pid: (rank if rank is not None else n) for n, (rank, pid) in enumerate(ranks)}
 
     async def one() -> tuple[dict[int, str], dict[int, int], dict[int, str], float]:
-        data = await session.request("dump", timeout=LOOK_DEADLINE_S + 30, pids=list(keys), pyspy=pyspy,
-                                     deadline_s=LOOK_DEADLINE_S, nonblocking=True)
+        data = await session.request(
+            "dump",
+            timeout=LOOK_DEADLINE_S + 30,
+            pids=list(keys),
+            pyspy=pyspy,
+            deadline_s=LOOK_DEADLINE_S,
+            nonblocking=True,
+        )
         texts, read, bad = {}, {}, {}
         for pid, key in keys.items():
             d = data["dumps"].get(str(pid)) or {"ok": False, "errors": ["no answer"]}

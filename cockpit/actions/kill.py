@@ -58,8 +58,10 @@ def elide(text: str, limit: int) -> str:
 
 
 def describe_candidate(n: int, c: dict) -> str:
-    return (f"[{n}] pid {c['root']} ({c['user']}, started {when(c.get('started'))}, {c.get('processes', '?')} processes, "
-            f"{c['rule']}): {visible(mask_text(c.get('title', '')))[:80]}")
+    return (
+        f"[{n}] pid {c['root']} ({c['user']}, started {when(c.get('started'))}, {c.get('processes', '?')} processes, "
+        f"{c['rule']}): {visible(mask_text(c.get('title', '')))[:80]}"
+    )
 
 
 @dataclass
@@ -81,16 +83,20 @@ class KillPlan:
         lines = [f"the run: {self.rule}"] if self.rule else []
         lines.append(f"{'pid':>7} {'user':<8} {'started':<19} {'pgid':>7} st  command")
         for e in self.entries:
-            lines.append(f"{e['pid']:>7} {str(e.get('user', '?'))[:8]:<8} {when(e.get('started')):<19} {e['pgid']:>7} "
-                         f"{e['status']:<3} {elide(visible(e['title']), TITLE_SHOWN)}")
+            lines.append(
+                f"{e['pid']:>7} {str(e.get('user', '?'))[:8]:<8} {when(e.get('started')):<19} {e['pgid']:>7} "
+                f"{e['status']:<3} {elide(visible(e['title']), TITLE_SHOWN)}"
+            )
         for f in self.foreign:
             lines.append(f"left alone: pid {f['root']} ({f['rule']}): {f['why']}")
         for note in self.notes:
             lines.append(f"note: {note}")
         groups = sorted({e["pgid"] for e in self.entries})
-        lines.append(f"{count(len(self.entries), 'process', 'processes')} in "
-                     f"{'process group' if len(groups) == 1 else 'process groups'} {', '.join(map(str, groups)) or '-'}: "
-                     f"SIGTERM, then SIGKILL after the wait, each only while its start time still matches")
+        lines.append(
+            f"{count(len(self.entries), 'process', 'processes')} in "
+            f"{'process group' if len(groups) == 1 else 'process groups'} {', '.join(map(str, groups)) or '-'}: "
+            f"SIGTERM, then SIGKILL after the wait, each only while its start time still matches"
+        )
         return lines
 
 
@@ -102,19 +108,31 @@ async def plan_kill(session: HostSession, scope: Scope, allow_ambiguous: bool = 
     """The plan for the operator to confirm. Two runs or more: AmbiguousRun (one line naming each
     and how to choose), unless `allow_ambiguous` (then the plan is empty, the candidates listed)."""
     data = await session.request("kill_plan", timeout=60, **scope.args())
-    plan = KillPlan(scope, _masked_plan(data.get("plan") or []), data.get("rule"), data.get("candidates") or [],
-                    data.get("notes") or [], data.get("foreign") or [], data.get("sessions") or [],
-                    data.get("root"), data.get("uid"), data.get("planned_at"))
+    plan = KillPlan(
+        scope,
+        _masked_plan(data.get("plan") or []),
+        data.get("rule"),
+        data.get("candidates") or [],
+        data.get("notes") or [],
+        data.get("foreign") or [],
+        data.get("sessions") or [],
+        data.get("root"),
+        data.get("uid"),
+        data.get("planned_at"),
+    )
     if len(plan.candidates) > 1 and not allow_ambiguous:
-        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {session.target.label}, not merged: choose one: "
-                           f"`cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
-                           f"process and press k)",
-                           plan.candidates)
+        raise AmbiguousRun(
+            f"{len(plan.candidates)} runs found on {session.target.label}, not merged: choose one: "
+            f"`cockpit kill {session.target.label} --pid ROOT` (in the cockpit: select its root "
+            f"process and press k)",
+            plan.candidates,
+        )
     return plan
 
 
-async def member_plan(session: HostSession, run: Run | None = None, root: int | None = None,
-                      verb: str = "dump") -> KillPlan:
+async def member_plan(
+    session: HostSession, run: Run | None = None, root: int | None = None, verb: str = "dump"
+) -> KillPlan:
     """The processes of `run` a dump or a flight-recorder read acts on, found exactly as a kill
     finds them (the same plan, nothing signalled): `root` (`--pid ROOT`) names the run; else the
     run followed (its scope); which run that is, find_live_run decides. Two runs or more:
@@ -124,14 +142,20 @@ async def member_plan(session: HostSession, run: Run | None = None, root: int | 
     plan = await plan_kill(session, scope, allow_ambiguous=True)
     label = session.target.label
     if len(plan.candidates) > 1:
-        raise AmbiguousRun(f"{len(plan.candidates)} runs found on {label}, not merged: choose one: "
-                           f"`cockpit {verb} {label} --pid ROOT`", plan.candidates)
+        raise AmbiguousRun(
+            f"{len(plan.candidates)} runs found on {label}, not merged: choose one: "
+            f"`cockpit {verb} {label} --pid ROOT`",
+            plan.candidates,
+        )
     if not plan.entries:
-        why = "; ".join(plan.notes + [f"pid {f['root']} ({f.get('user', '?')}) left alone: {f['why']}"
-                                      for f in plan.foreign])
-        raise CockpitError(f"{verb}: no run found on {label}, and processes that are not the run's are never "
-                           f"touched" + (f" ({why})" if why else "") + f"; name one with `cockpit {verb} {label} "
-                           f"--pid ROOT`")
+        why = "; ".join(
+            plan.notes + [f"pid {f['root']} ({f.get('user', '?')}) left alone: {f['why']}" for f in plan.foreign]
+        )
+        raise CockpitError(
+            f"{verb}: no run found on {label}, and processes that are not the run's are never "
+            f"touched" + (f" ({why})" if why else "") + f"; name one with `cockpit {verb} {label} "
+            f"--pid ROOT`"
+        )
     return plan
 
 
@@ -148,24 +172,40 @@ def of_run(state: HostState, plan: KillPlan) -> tuple[set[int], list[str]]:
             keep.add(p.pid)
         elif p.rank is not None or p.alive:
             if p.rank is not None:
-                left.append(f"left alone: rank {p.rank} pid {p.pid} ({visible(p.title)[:60]}): not a process of the "
-                            f"run ({plan.rule or 'the plan'})")
+                left.append(
+                    f"left alone: rank {p.rank} pid {p.pid} ({visible(p.title)[:60]}): not a process of the "
+                    f"run ({plan.rule or 'the plan'})"
+                )
     return keep, left
 
 
-async def kill(session: HostSession, plan: KillPlan, wait_s: float = DEFAULT_KILL_WAIT_S,
-               ports: list[int] | None = None, why: str | None = None, run_id: str | None = None) -> dict:
+async def kill(
+    session: HostSession,
+    plan: KillPlan,
+    wait_s: float = DEFAULT_KILL_WAIT_S,
+    ports: list[int] | None = None,
+    why: str | None = None,
+    run_id: str | None = None,
+) -> dict:
     """Carry out exactly the plan (each pid checked against its planned start time and user before
     each signal), then verify: processes left, their GPU memory, the ports. With `why`, the agent
     first records on the host who stops which processes (and, a whole run verified gone, that it
     ended): every cockpit watching reads the deaths as the operator's, not as a crash."""
-    entries = [{k: e[k] for k in ("pid", "start", "uid", "started", "title", "pgid", "sid") if k in e}
-               for e in plan.entries]
+    entries = [
+        {k: e[k] for k in ("pid", "start", "uid", "started", "title", "pgid", "sid") if k in e} for e in plan.entries
+    ]
     who = {"why": why, "by": operator_id(), "run_id": run_id, "whole": not plan.scope.pids} if why else {}
     try:
-        report = await session.request("kill", timeout=wait_s + 60, plan=entries, wait_s=wait_s,
-                                       sessions=plan.sessions, ports=list(ports or []), since=plan.planned_at,
-                                       **who)
+        report = await session.request(
+            "kill",
+            timeout=wait_s + 60,
+            plan=entries,
+            wait_s=wait_s,
+            sessions=plan.sessions,
+            ports=list(ports or []),
+            since=plan.planned_at,
+            **who,
+        )
     except LinkLost:
         # The agent lived inside what was killed (a container whose main process ended, a Slurm job
         # whose script ended): the link's engine says whether anything of it is left.
@@ -209,8 +249,10 @@ def summarize_clean(done: dict, left: int = 0, by_exit: bool = False) -> str:
 
 
 def describe_kill(report: dict) -> list[str]:
-    lines = [f"SIGTERM {len(report['term'])}, SIGKILL {len(report['killed'])} "
-             f"({', '.join(map(str, report['killed'])) or 'none needed'})"]
+    lines = [
+        f"SIGTERM {len(report['term'])}, SIGKILL {len(report['killed'])} "
+        f"({', '.join(map(str, report['killed'])) or 'none needed'})"
+    ]
     if report["verified"]:
         lines.append("verified: no process of the run left, no GPU memory held by it, its ports closed")
     for s in report.get("skipped") or []:
@@ -239,8 +281,9 @@ async def shm_audit(session: HostSession, folder: str = SHM_DEFAULT, uid: int | 
     return await session.request("shm_audit", timeout=60, folder=folder, uid=uid)
 
 
-async def shm_clean(session: HostSession, names: list, folder: str = SHM_DEFAULT, uid: int | None = None,
-                    other_dir: bool = False) -> dict:
+async def shm_clean(
+    session: HostSession, names: list, folder: str = SHM_DEFAULT, uid: int | None = None, other_dir: bool = False
+) -> dict:
     """Remove these entries, each re-checked by the agent. Each is a name or, better, the entry
     as listed ({"name", "dev", "ino", "born_ns"}: `listed`), so that only the file the operator saw is
     removed. A folder other than /dev/shm is refused unless `other_dir` says the operator named
@@ -293,8 +336,13 @@ def shm_for_run(audit: dict, plan: KillPlan | None, held_before: dict | None = N
         seen = held_before.get((e.get("dev"), e.get("ino")))
         tie = None
         if held - set(members):
-            out.left.append({"name": e["name"], "why": "held by pid " + ",".join(map(str, sorted(held))),
-                             "kind": "held by processes that are not the run's"})
+            out.left.append(
+                {
+                    "name": e["name"],
+                    "why": "held by pid " + ",".join(map(str, sorted(held))),
+                    "kind": "held by processes that are not the run's",
+                }
+            )
             continue
         if held:
             tie = "held by the run's pid " + ",".join(map(str, sorted(held)))
@@ -303,20 +351,33 @@ def shm_for_run(audit: dict, plan: KillPlan | None, held_before: dict | None = N
         elif creator in members and born >= float(members[creator].get("started") or 0.0) - 1.0:
             tie = f"its name carries the run's pid {creator}"
         elif e.get("creator_alive"):
-            out.left.append({"name": e["name"], "why": f"its creator pid {creator} is alive",
-                             "kind": "their creator, not the run's, is alive"})
+            out.left.append(
+                {
+                    "name": e["name"],
+                    "why": f"its creator pid {creator} is alive",
+                    "kind": "their creator, not the run's, is alive",
+                }
+            )
             continue
         if tie:
             out.remove.append(dict(listed(e), why=tie))
         else:
-            out.left.append({"name": e["name"], "why": f"{unclaimed(e)}; not held by the run while the cockpit "
-                                                       f"watched it, no pid of it in its name: `cockpit shm --clean` "
-                                                       f"removes it if asked", "kind": UNTIED})
+            out.left.append(
+                {
+                    "name": e["name"],
+                    "why": f"{unclaimed(e)}; not held by the run while the cockpit "
+                    f"watched it, no pid of it in its name: `cockpit shm --clean` "
+                    f"removes it if asked",
+                    "kind": UNTIED,
+                }
+            )
     return out
 
 
-UNTIED = ("cannot tell whose it is: held by no process, not held by the run while the cockpit watched it, no pid "
-          "of it in the name (`cockpit shm --clean` removes such entries if asked)")
+UNTIED = (
+    "cannot tell whose it is: held by no process, not held by the run while the cockpit watched it, no pid "
+    "of it in the name (`cockpit shm --clean` removes such entries if asked)"
+)
 
 
 def unclaimed(e: dict) -> str:
@@ -324,7 +385,8 @@ def unclaimed(e: dict) -> str:
     `cockpit shm` (removable when asked) and by a relaunch's clean (left: not this run's)."""
     creator = e.get("creator")
     return "cannot tell whose it is: held by no process, " + (
-        f"its creator pid {creator} dead" if creator is not None else "no creator pid in its name")
+        f"its creator pid {creator} dead" if creator is not None else "no creator pid in its name"
+    )
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -348,22 +410,32 @@ def describe_shm(audit: dict, others: bool = True) -> list[str]:
     lines = [f"{'name':<{width}} {'size':>10} {'age':>8} {'owner':<8} removable?"]
     for e in mine:
         held = f"  held by {','.join(map(str, e['held_by']))}" if e["held_by"] else ""
-        creator = "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
+        creator = (
+            "" if e["creator"] is None else f"  creator {e['creator']} {'alive' if e['creator_alive'] else 'dead'}"
+        )
         why = f"removable: {unclaimed(e)}" if e["removable"] else f"kept: {e.get('why') or 'kept'}"
         mark = f"{why.split(':', 1)[0]} ({notes.setdefault(why, len(notes) + 1)})"
-        lines.append(f"{visible(e['name'])[:44]:<{width}} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
-                     f"{visible(e['owner'])[:8]:<8} {mark}{held}{creator}")
+        lines.append(
+            f"{visible(e['name'])[:44]:<{width}} {human_bytes(e['size']):>10} {e['age_s']:>7.0f}s "
+            f"{visible(e['owner'])[:8]:<8} {mark}{held}{creator}"
+        )
     lines += [f"({n}) {why}" for why, n in notes.items()]
     if len(mine) < len(audit["entries"]):
-        lines.append(f"and {count(len(audit['entries']) - len(mine), 'entry', 'entries')} of other users, not listed "
-                     f"(never removed by a clean of {audit.get('user') or 'this user'}'s: `cockpit shm` lists them)")
+        lines.append(
+            f"and {count(len(audit['entries']) - len(mine), 'entry', 'entries')} of other users, not listed "
+            f"(never removed by a clean of {audit.get('user') or 'this user'}'s: `cockpit shm` lists them)"
+        )
     removable = [e for e in audit["entries"] if e["removable"]]
-    lines.append(f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "
-                 f"({human_bytes(sum(e['bytes'] for e in removable))}), free {human_bytes(audit['free_bytes'])} "
-                 f"of {human_bytes(audit['total_bytes'])}")
+    lines.append(
+        f"{audit['folder']}: {len(audit['entries'])} entries, {len(removable)} removable "
+        f"({human_bytes(sum(e['bytes'] for e in removable))}), free {human_bytes(audit['free_bytes'])} "
+        f"of {human_bytes(audit['total_bytes'])}"
+    )
     if audit.get("user"):
-        lines.append(f"removable: files named like an inference run's ({', '.join(audit.get('prefixes') or [])}), "
-                     f"owned by {audit['user']}, held by no process, their creator dead")
+        lines.append(
+            f"removable: files named like an inference run's ({', '.join(audit.get('prefixes') or [])}), "
+            f"owned by {audit['user']}, held by no process, their creator dead"
+        )
     return lines
 
 
@@ -374,8 +446,10 @@ def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
     `cockpit shm` list them)."""
     lines = []
     if found.remove:
-        lines.append(f"then the run's {count(len(found.remove), 'entry', 'entries')} of {folder}: removed, each "
-                     f"checked again first (one the run's own exit removed first is said so):")
+        lines.append(
+            f"then the run's {count(len(found.remove), 'entry', 'entries')} of {folder}: removed, each "
+            f"checked again first (one the run's own exit removed first is said so):"
+        )
         lines += [f"  rm {visible(e['name'])}  ({e['why']})" for e in found.remove]
     else:
         lines.append(f"nothing of the run's to remove from {folder}")
@@ -385,8 +459,10 @@ def describe_shm_for_run(found: ShmForRun, folder: str) -> list[str]:
     for kind, n in kinds.items():
         lines.append(f"  left ({count(n, 'entry', 'entries')}, not tied to this run): {kind}")
     if found.others:
-        lines.append(f"  not touched ({count(found.others, 'entry', 'entries')}): another user's, or not named like "
-                     f"an inference run's")
+        lines.append(
+            f"  not touched ({count(found.others, 'entry', 'entries')}): another user's, or not named like "
+            f"an inference run's"
+        )
     if found.left or found.others:
         lines.append(f"  (`s`, or `cockpit shm`, lists every entry of {folder} with why)")
     return lines
@@ -397,8 +473,10 @@ def describe_clean(done: dict, by_exit: bool = False) -> list[str]:
     gone = "already removed by the run's own exit" if by_exit else "already gone"
     lines = [f"removed {count(len(done['removed']), 'entry', 'entries')}, freed {human_bytes(done['freed_bytes'])}"]
     lines += [f"removed {visible(n)}" for n in done["removed"]]
-    lines += [f"{gone} {visible(s['name'])}" if s.get("gone") else f"kept {visible(s['name'])}: {s['why']}"
-              for s in done["skipped"]]
+    lines += [
+        f"{gone} {visible(s['name'])}" if s.get("gone") else f"kept {visible(s['name'])}: {s['why']}"
+        for s in done["skipped"]
+    ]
     return lines
 
 

@@ -33,29 +33,55 @@ async def find_live_run(session, layout: Layout, demo_state: str | None = None, 
     (`leader_seen_ticks`: the monitor's door notes it, ledger.note_seen); the Run, the rule that
     found it. No launch of it alive: the run started elsewhere (`find_started_elsewhere`), unless
     `elsewhere` is off (a Slurm job's node, whose run is the job's processes)."""
-    records = [r for r in list(reversed(read_ledger(layout)))
-               if r.get("host") == session.target.label and r.get("pgid") and r.get("start") is not None
-               and not r.get("ended")  # a run killed whole and verified gone is never resumed
-               and (demo_state is None or (r.get("env") or {}).get("COCKPIT_SIM_STATE") == demo_state)][:20]
+    records = [
+        r
+        for r in list(reversed(read_ledger(layout)))
+        if r.get("host") == session.target.label
+        and r.get("pgid")
+        and r.get("start") is not None
+        and not r.get("ended")  # a run killed whole and verified gone is never resumed
+        and (demo_state is None or (r.get("env") or {}).get("COCKPIT_SIM_STATE") == demo_state)
+    ][:20]
     if not session.state.seq:
         await session.wait_samples(1)  # the first sample carries the host's record of launches
     mine = {str(r.get("run_id")) for r in records}
     if demo_state is None:
-        records += [{"run_id": r["run_id"], "pgid": r["pgid"], "pid": r.get("pid"), "start": r["start"],
-                     "boot": r.get("boot"), "uid": r.get("uid"), "log": r.get("log"), "host": session.target.label,
-                     "by": r.get("by"), "from_host": True}
-                    for r in session.state.launches(layout.name)[:20] if r["run_id"] not in mine]
+        records += [
+            {
+                "run_id": r["run_id"],
+                "pgid": r["pgid"],
+                "pid": r.get("pid"),
+                "start": r["start"],
+                "boot": r.get("boot"),
+                "uid": r.get("uid"),
+                "log": r.get("log"),
+                "host": session.target.label,
+                "by": r.get("by"),
+                "from_host": True,
+            }
+            for r in session.state.launches(layout.name)[:20]
+            if r["run_id"] not in mine
+        ]
     if records:
         launched = [{k: r[k] for k in LAUNCHED_KEYS if r.get(k) is not None} for r in records]
-        found = await session.request("find_runs", timeout=60, launched=launched, command=list(layout.command),
-                                      patterns=session.watch.patterns, layout=layout.name)
+        found = await session.request(
+            "find_runs",
+            timeout=60,
+            launched=launched,
+            command=list(layout.command),
+            patterns=session.watch.patterns,
+            layout=layout.name,
+        )
         alive = {s: c for c in found.get("runs") or [] for s in c.get("sessions") or []}
         for run in records:
             cand = alive.get(int(run["pgid"]))
             if cand is not None:
-                seen = {"leader_seen_ticks": cand["leader_seen_ticks"]} if cand.get("leader_seen_ticks") is not None \
+                seen = (
+                    {"leader_seen_ticks": cand["leader_seen_ticks"]}
+                    if cand.get("leader_seen_ticks") is not None
                     else {}
-                rule = (f"the demo's run (process group {run['pgid']})" if demo_state is not None else cand["rule"])
+                )
+                rule = f"the demo's run (process group {run['pgid']})" if demo_state is not None else cand["rule"]
                 return Run(layout, {**run, "root": cand["root"], **seen}, rule)
     if demo_state is not None or not elsewhere:
         return None
@@ -69,20 +95,34 @@ async def find_started_elsewhere(session, layout: Layout) -> Run | None:
     is its tree's root (pid and start) and the file its server writes to: that tree alone is the
     run; a server on another port is a neighbour, never the run. Two found: none followed, both
     named in the host's notes."""
-    found = await session.request("find_runs", timeout=60, ports=list(layout.ports), command=list(layout.command),
-                                  model=layout_model(layout), default_port=layout_default_port(layout),
-                                  patterns=session.watch.patterns)
+    found = await session.request(
+        "find_runs",
+        timeout=60,
+        ports=list(layout.ports),
+        command=list(layout.command),
+        model=layout_model(layout),
+        default_port=layout_default_port(layout),
+        patterns=session.watch.patterns,
+    )
     runs = found.get("runs") or []
     if len(runs) > 1:
-        session.state.notes.append(f"{len(runs)} servers match the layout {layout.name} (roots "
-                                   f"{', '.join(str(c['root']) for c in runs)}): none followed; name the port, "
-                                   "or kill the one that is not yours with --pid")
+        session.state.notes.append(
+            f"{len(runs)} servers match the layout {layout.name} (roots "
+            f"{', '.join(str(c['root']) for c in runs)}): none followed; name the port, "
+            "or kill the one that is not yours with --pid"
+        )
     if len(runs) != 1:
         return None
     cand = runs[0]
     members = [int(e["pid"]) for e in cand.get("members") or []]
-    rec: dict[str, Any] = {"root": cand["root"], "pid": cand["root"], "root_start": cand.get("root_start"),
-                           "uid": cand.get("uid"), "user": cand.get("user"), "host": session.target.label}
+    rec: dict[str, Any] = {
+        "root": cand["root"],
+        "pid": cand["root"],
+        "root_start": cand.get("root_start"),
+        "uid": cand.get("uid"),
+        "user": cand.get("user"),
+        "host": session.target.label,
+    }
     log = layout.log
     if not log:
         pids = [cand["root"]] + [p for p in members if p != cand["root"]]
@@ -135,17 +175,48 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
     the caller's monitor follows the Run returned (its door watches it)."""
     run_id = new_run_id(layout)
     argv, env, log = _launched(session, layout, spec, run_id)
-    append_ledger(layout, {"event": "launch", "run_id": run_id, "layout": layout.name, "host": session.target.label,
-                           "time": time.time(), "argv": mask_argv(argv), "flag_sets": list(spec.enabled),
-                           "params": dict(spec.params), "env": masked(env), "log": log,
-                           "stall": {"idle_s": layout.stall.idle_s, "spin_s": layout.stall.spin_s}})
-    run = await session.request("launch", argv=argv, env=env, cwd=layout.workdir, log=log, run_id=run_id,
-                                layout=layout.name, ports=list(layout.ports), by=operator_id(),
-                                check=not session.opts.trust_python)
+    append_ledger(
+        layout,
+        {
+            "event": "launch",
+            "run_id": run_id,
+            "layout": layout.name,
+            "host": session.target.label,
+            "time": time.time(),
+            "argv": mask_argv(argv),
+            "flag_sets": list(spec.enabled),
+            "params": dict(spec.params),
+            "env": masked(env),
+            "log": log,
+            "stall": {"idle_s": layout.stall.idle_s, "spin_s": layout.stall.spin_s},
+        },
+    )
+    run = await session.request(
+        "launch",
+        argv=argv,
+        env=env,
+        cwd=layout.workdir,
+        log=log,
+        run_id=run_id,
+        layout=layout.name,
+        ports=list(layout.ports),
+        by=operator_id(),
+        check=not session.opts.trust_python,
+    )
     run["run_id"] = run_id
-    append_ledger(layout, {"event": "started", "run_id": run_id, "pid": run["pid"], "pgid": run["pgid"],
-                           "log": run["log"], "start": run.get("start"), "boot": run.get("boot"),
-                           "uid": run.get("uid")})
+    append_ledger(
+        layout,
+        {
+            "event": "started",
+            "run_id": run_id,
+            "pid": run["pid"],
+            "pgid": run["pgid"],
+            "log": run["log"],
+            "start": run.get("start"),
+            "boot": run.get("boot"),
+            "uid": run.get("uid"),
+        },
+    )
     return Run(layout, run, f"launched by this cockpit (ledger): process group {run['pgid']}")
 
 
@@ -157,11 +228,16 @@ def refuse_unasked(plan: KillPlan, launched: Mapping[str, Any] | None) -> None:
     if not plan.entries:
         return
     pgid = int(launched["pgid"]) if launched and launched.get("pgid") else None
-    own = (pgid is not None and plan.sessions == [pgid]
-           and (plan.rule or "").startswith("launched by this cockpit (ledger)"))
+    own = (
+        pgid is not None
+        and plan.sessions == [pgid]
+        and (plan.rule or "").startswith("launched by this cockpit (ledger)")
+    )
     if not own:
-        raise CockpitError(f"the run found ({plan.rule}; root pid {plan.root}, {len(plan.entries)} processes) is not "
-                           f"the one this ablation launched"
-                           + (f" (process group {pgid})" if pgid is not None else "")
-                           + ": nothing was killed; kill it yourself if it is yours (`cockpit kill`, which asks), "
-                           "then start again")
+        raise CockpitError(
+            f"the run found ({plan.rule}; root pid {plan.root}, {len(plan.entries)} processes) is not "
+            f"the one this ablation launched"
+            + (f" (process group {pgid})" if pgid is not None else "")
+            + ": nothing was killed; kill it yourself if it is yours (`cockpit kill`, which asks), "
+            "then start again"
+        )

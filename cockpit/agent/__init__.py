@@ -32,10 +32,15 @@ BOOTSTRAP = (
     "import marshal\n"
     "a=marshal.loads(b);c=marshal.loads(a['code']) if a['python']==sys.version else {}\n"
     "g={'__name__':'cockpit_agent_boot'}\n"
-    "exec(marshal.loads(c['memimport']) if 'memimport' in c else compile(a['modules']['memimport'],'" + ORIGIN + PACKAGE + "/memimport.py','exec'),g)\n"
+    "exec(marshal.loads(c['memimport']) if 'memimport' in c else compile(a['modules']['memimport'],'"
+    + ORIGIN
+    + PACKAGE
+    + "/memimport.py','exec'),g)\n"
     "sys.exit(g['run'](a['modules'],c,sys.argv[2:]))\n"
 )
 EXIT_TOO_OLD = 4
+
+
 def agent_modules() -> list[Path]:
     """The modules that run on the host: every module of this package but the operator's own."""
     return sorted(p for p in _HERE.glob("*.py") if p.name not in OPERATOR_ONLY)
@@ -46,8 +51,14 @@ def pack_agent(sources: dict[str, bytes], code: dict[str, bytes] | None = None) 
     marshalled {name: marshalled code object} or b""}. Code objects load only in the very Python
     that made them: the host uses them only when its `sys.version` is this one, else it compiles
     the sources."""
-    return marshal.dumps({"modules": dict(sorted(sources.items())), "python": sys.version if code else "",
-                          "code": marshal.dumps(dict(sorted(code.items()))) if code else b""}, 2)
+    return marshal.dumps(
+        {
+            "modules": dict(sorted(sources.items())),
+            "python": sys.version if code else "",
+            "code": marshal.dumps(dict(sorted(code.items()))) if code else b"",
+        },
+        2,
+    )
 
 
 def _cached_code(path: Path) -> bytes | None:
@@ -62,9 +73,12 @@ def _cached_code(path: Path) -> bytes | None:
             st, data = path.stat(), cfile.read_bytes()
         except OSError:
             data = b""
-        if (data[:4] == MAGIC_NUMBER and data[4:8] == bytes(4)
-                and data[8:12] == (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
-                and data[12:16] == (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")):
+        if (
+            data[:4] == MAGIC_NUMBER
+            and data[4:8] == bytes(4)
+            and data[8:12] == (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+            and data[12:16] == (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+        ):
             return data[16:]
         if attempt or sys.dont_write_bytecode:
             return None

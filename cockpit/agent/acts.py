@@ -37,8 +37,10 @@ def own_folder(folder):
     record read from it is believed by every cockpit; the operator's ledger is held the same way)."""
     st = os.lstat(folder)
     if not st_mod.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise Refused("the cockpit's state folder %s is not a folder of this user that only it can write: "
-                      "refused; remove it (it is made again)" % folder)
+        raise Refused(
+            "the cockpit's state folder %s is not a folder of this user that only it can write: "
+            "refused; remove it (it is made again)" % folder
+        )
 
 
 def open_own(path, flags, make_dirs=False):
@@ -66,8 +68,7 @@ class Acts:
         returns it as written."""
         if rec.get("act") not in ACTS:
             raise ValueError("unknown act %r" % (rec.get("act"),))
-        rec = dict(rec, at=round(time.time(), 3), boot=_boot_time(),
-                   id=binascii.hexlify(os.urandom(6)).decode())
+        rec = dict(rec, at=round(time.time(), 3), boot=_boot_time(), id=binascii.hexlify(os.urandom(6)).decode())
         line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
         if len(line) > LINE_MAX:
             raise Refused("a record of %d bytes is longer than %d: not written" % (len(line), LINE_MAX))
@@ -140,8 +141,13 @@ class Acts:
                 rec = json.loads(raw.decode("utf-8", "replace"))
             except ValueError:
                 continue
-            if isinstance(rec, dict) and rec.get("act") in ACTS and isinstance(rec.get("id"), str) \
-                    and isinstance(rec.get("boot"), (int, float)) and abs(rec["boot"] - boot) <= 2:
+            if (
+                isinstance(rec, dict)
+                and rec.get("act") in ACTS
+                and isinstance(rec.get("id"), str)
+                and isinstance(rec.get("boot"), (int, float))
+                and abs(rec["boot"] - boot) <= 2
+            ):
                 out.append(rec)
         return out[-SENT_MAX:] or None
 
@@ -156,8 +162,13 @@ class Acts:
         for rec in reversed(recs):
             if rec["act"] == "ended":
                 ended.update(int(g) for g in rec.get("pgids") or [] if isinstance(g, int))
-            elif rec["act"] == "launch" and isinstance(rec.get("pgid"), int) and rec["pgid"] not in ended \
-                    and rec.get("start") is not None and (layout is None or rec.get("layout") == layout):
+            elif (
+                rec["act"] == "launch"
+                and isinstance(rec.get("pgid"), int)
+                and rec["pgid"] not in ended
+                and rec.get("start") is not None
+                and (layout is None or rec.get("layout") == layout)
+            ):
                 out.append({k: rec[k] for k in ("pgid", "start", "boot", "uid", "run_id") if rec.get(k) is not None})
         return out
 
@@ -174,5 +185,5 @@ def _tail(fd, size):
         data += chunk
     if start:
         nl = data.find(b"\n")
-        data = data[nl + 1:] if nl >= 0 else b""
+        data = data[nl + 1 :] if nl >= 0 else b""
     return data

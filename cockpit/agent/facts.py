@@ -1,5 +1,4 @@
-"""Host facts for the bundle: nvidia-smi -q, Xid lines, the versions of the packages a rank imports.
-"""
+"""Host facts for the bundle: nvidia-smi -q, Xid lines, the versions of the packages a rank imports."""
 
 import os
 import platform
@@ -20,11 +19,24 @@ def _run_argv(argv, timeout):
         return None, "", "%s: no answer in %.0f s" % (" ".join(argv), timeout)
     except OSError as exc:
         return None, "", "%s: %s" % (argv[0], exc.strerror or exc)
-    return out.returncode, out.stdout.decode("utf-8", "replace")[:8 << 20], out.stderr.decode("utf-8", "replace")[:4000]
+    return (
+        out.returncode,
+        out.stdout.decode("utf-8", "replace")[: 8 << 20],
+        out.stderr.decode("utf-8", "replace")[:4000],
+    )
 
 
-VERSION_PACKAGES = ("torch", "sglang", "vllm", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "flashinfer-python", "triton",
-                    "transformers", "cuda-python")
+VERSION_PACKAGES = (
+    "torch",
+    "sglang",
+    "vllm",
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "flashinfer-python",
+    "triton",
+    "transformers",
+    "cuda-python",
+)
 METADATA_MAX = 1 << 20
 
 
@@ -80,7 +92,7 @@ def _site_dirs(pid):
                 for marker in ("/site-packages/", "/dist-packages/"):
                     cut = path.find(marker)
                     if cut > 0:
-                        site = path[:cut + len(marker) - 1]
+                        site = path[: cut + len(marker) - 1]
                         if site not in found:
                             found.append(site)
     except OSError:
@@ -104,11 +116,20 @@ def host_facts(items, pids=(), driver=None, nvml=None):
             rc, text, err = _run_argv(argv, 30)
             if rc == 0 and text.strip():
                 lines = [line for line in text.splitlines() if "NVRM: Xid" in line or "Xid (" in line]
-                out["xid"] = {"text": "\n".join(lines[-2000:]), "source": " ".join(argv), "lines_read": len(text.splitlines()),
-                              "count": len(lines)}
+                out["xid"] = {
+                    "text": "\n".join(lines[-2000:]),
+                    "source": " ".join(argv),
+                    "lines_read": len(text.splitlines()),
+                    "count": len(lines),
+                }
                 break
-            tried.append("%s: %s" % (" ".join(argv), (err or text).strip().splitlines()[0][:160] if (err or text).strip()
-                                     else "exit %s" % rc))
+            tried.append(
+                "%s: %s"
+                % (
+                    " ".join(argv),
+                    (err or text).strip().splitlines()[0][:160] if (err or text).strip() else "exit %s" % rc,
+                )
+            )
         else:
             out["xid"] = {"error": "; ".join(tried)}
     if "versions" in items:

@@ -1,5 +1,4 @@
-"""torch's flight recorder: pokes each rank's dump pipe and reads dumps as plain containers only.
-"""
+"""torch's flight recorder: pokes each rank's dump pipe and reads dumps as plain containers only."""
 
 import json
 import os
@@ -12,9 +11,24 @@ from .shm import _fd_ids
 
 FR_MAX_BYTES = 64 << 20
 FR_KEEP_ENTRIES = 400  # per rank, the newest: what a comparison needs
-FR_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
-             "state", "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns", "is_p2p",
-             "retired", "timeout_ms", "input_sizes", "duration_ms")
+FR_FIELDS = (
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "state",
+    "time_created_ns",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "is_p2p",
+    "retired",
+    "timeout_ms",
+    "input_sizes",
+    "duration_ms",
+)
 FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FR_PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -65,9 +79,21 @@ def read_fr_dump(data):
     else:
         try:
             doc = fr_unpickler()(data)
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-                MemoryError, RecursionError, UnicodeDecodeError) as exc:
-            raise ValueError("not a readable flight-recorder dump: %s" % (str(exc)[:160] or type(exc).__name__)) from None
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            AttributeError,
+            IndexError,
+            KeyError,
+            MemoryError,
+            RecursionError,
+            UnicodeDecodeError,
+        ) as exc:
+            raise ValueError(
+                "not a readable flight-recorder dump: %s" % (str(exc)[:160] or type(exc).__name__)
+            ) from None
     if not isinstance(doc, dict):
         raise ValueError("not a flight-recorder dump: a %s, not a dict" % type(doc).__name__)
     return doc
@@ -93,9 +119,16 @@ def slim_fr_dump(doc):
     newest FR_KEEP_ENTRIES entries with their identifying fields."""
     entries = doc.get("entries") if isinstance(doc.get("entries"), list) else []
     keep = [{k: e.get(k) for k in FR_FIELDS if k in e} for e in entries[-FR_KEEP_ENTRIES:] if isinstance(e, dict)]
-    return _plainify({"version": doc.get("version"), "pg_status": doc.get("pg_status"), "pg_config": doc.get("pg_config"),
-                      "comm_lib_version": doc.get("comm_lib_version") or doc.get("nccl_version"),
-                      "entries": keep, "entries_total": len(entries)})
+    return _plainify(
+        {
+            "version": doc.get("version"),
+            "pg_status": doc.get("pg_status"),
+            "pg_config": doc.get("pg_config"),
+            "comm_lib_version": doc.get("comm_lib_version") or doc.get("nccl_version"),
+            "entries": keep,
+            "entries_total": len(entries),
+        }
+    )
 
 
 def _proc_path(pid, path):
@@ -130,8 +163,10 @@ def open_regular(path, uids=None, limit=None):
         if not stat.S_ISREG(st.st_mode):
             raise OSError("not a regular file: not read")
         if owners is not None and st.st_uid not in owners:
-            raise OSError("owned by %s, not by the run's user (%s): not read"
-                          % (_user(st.st_uid), ", ".join(sorted(_user(u) for u in owners))))
+            raise OSError(
+                "owned by %s, not by the run's user (%s): not read"
+                % (_user(st.st_uid), ", ".join(sorted(_user(u) for u in owners)))
+            )
         if st.st_nlink > 1 and st.st_uid != os.geteuid():
             raise OSError("has other hard links: not read")
         if limit is not None and st.st_size > limit:
@@ -215,17 +250,23 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
         if uid is None:
             continue
         if _uid(source) != uid:
-            problems.append("pid %d: its environment is that of pid %d, of another user (%s): its pipe and dump "
-                            "paths are not used" % (int(pid), source, _user(_uid(source))))
+            problems.append(
+                "pid %d: its environment is that of pid %d, of another user (%s): its pipe and dump "
+                "paths are not used" % (int(pid), source, _user(_uid(source)))
+            )
             continue
         size = next((env[v] for v in FR_BUFFER_VARS if env.get(v)), "")
         if not size.strip().isdigit() or int(size) <= 0:
-            problems.append("pid %d: no %s: the flight recorder keeps nothing" % (int(pid), " or ".join(FR_BUFFER_VARS)))
+            problems.append(
+                "pid %d: no %s: the flight recorder keeps nothing" % (int(pid), " or ".join(FR_BUFFER_VARS))
+            )
             continue
         prefix = next((env[v] for v in FR_FILE_VARS if env.get(v)), None)
         if prefix is None:
             home = env.get("HOME") or "/tmp"
-            prefix = os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "torch", "comm_lib_trace_rank_")
+            prefix = os.path.join(
+                env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "torch", "comm_lib_trace_rank_"
+            )
         prefix = _proc_path(int(pid), prefix)
         if prefix:
             prefixes[prefix] = uid
@@ -240,8 +281,11 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
         # only <stem><rank>.pipe, as torch's DumpPipe names it, and only the one the rank holds open
         for stem, owners in stems.items():
             pipe_name = re.compile(re.escape(os.path.basename(stem)) + r"[0-9]+\.pipe")
-            paths = [p for p in sorted(glob.glob(glob.escape(stem) + "[0-9]*.pipe"))[:1024]
-                     if pipe_name.fullmatch(os.path.basename(p))]
+            paths = [
+                p
+                for p in sorted(glob.glob(glob.escape(stem) + "[0-9]*.pipe"))[:1024]
+                if pipe_name.fullmatch(os.path.basename(p))
+            ]
             for pid, uid in owners:
                 held = _fd_ids(pid, None) or set()
                 mine = []
@@ -255,8 +299,10 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
                         poke_errors.append("%s: %s" % (path, exc.strerror or exc))
                 poked.extend(mine)
                 if not mine:
-                    problems.append("pid %d: no dump pipe %s<rank>.pipe of its own (a FIFO it holds open, of its "
-                                    "user) to write to" % (pid, stem))
+                    problems.append(
+                        "pid %d: no dump pipe %s<rank>.pipe of its own (a FIFO it holds open, of its "
+                        "user) to write to" % (pid, stem)
+                    )
     ranks = {}
     deadline = time.monotonic() + (wait_s if poked else 0.0)
     want = len(poked)
@@ -264,7 +310,7 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
         found = {}
         for prefix in prefixes:
             for path in glob.glob(glob.escape(prefix) + "*")[:1024]:
-                suffix = path[len(prefix):]
+                suffix = path[len(prefix) :]
                 if not suffix.isdigit():
                     continue
                 try:
@@ -290,10 +336,20 @@ def fr_dump(pids, trigger=True, wait_s=15.0, raw=False, limit=FR_MAX_BYTES):
             entry["error"] = str(exc)[:200]
         ranks[str(rank)] = entry
     if not prefixes:
-        problems.insert(0, "no rank has the flight recorder armed (TORCH_NCCL_TRACE_BUFFER_SIZE, "
-                           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE, TORCH_NCCL_DUMP_ON_TIMEOUT=1: the forensics flag set)")
+        problems.insert(
+            0,
+            "no rank has the flight recorder armed (TORCH_NCCL_TRACE_BUFFER_SIZE, "
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE, TORCH_NCCL_DUMP_ON_TIMEOUT=1: the forensics flag set)",
+        )
     elif trigger and not poked:
-        problems.append("no rank's dump pipe (<stem><rank>.pipe) was found to write to: " + ("; ".join(poke_errors)
-                                                                                            or "none exists yet"))
-    return {"ranks": ranks, "poked": poked, "problems": problems[:20], "armed": bool(prefixes),
-            "triggered_at": started if trigger else None}
+        problems.append(
+            "no rank's dump pipe (<stem><rank>.pipe) was found to write to: "
+            + ("; ".join(poke_errors) or "none exists yet")
+        )
+    return {
+        "ranks": ranks,
+        "poked": poked,
+        "problems": problems[:20],
+        "armed": bool(prefixes),
+        "triggered_at": started if trigger else None,
+    }

@@ -70,7 +70,9 @@ class NvmlGpus:
                 self.handles.append(None)
         self.unsupported = [set() for _ in self.handles]
         self.ecc = [None] * count
-        self.lost = [h is None for h in self.handles]  # NVML said GPU_IS_LOST, or its handle stopped answering: for good
+        self.lost = [
+            h is None for h in self.handles
+        ]  # NVML said GPU_IS_LOST, or its handle stopped answering: for good
         self.health = [{} for _ in range(count)]  # the slow clock's fields (state.GPU_HEALTH on the other side)
         self._links = [None] * count  # the GPU's active NVLinks, asked once
         self._procs = [None] * count  # (memory used, process rows, when asked) per GPU
@@ -81,7 +83,9 @@ class NvmlGpus:
         self._static = []
         for i, h in enumerate(self.handles):
             if self.lost[i]:
-                self._static.append({"index": i, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None})
+                self._static.append(
+                    {"index": i, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None}
+                )
                 continue
             mem = self._call(i, "mem", self._mem, h)
             limit = self._call(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
@@ -159,11 +163,22 @@ class NvmlGpus:
                     self.lost[i] = True
                     continue
             out = {}
-            self.ecc[i] = self._call(i, "ecc", nvml.nvmlDeviceGetTotalEccErrors, h,
-                                     nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
-            out["ecc_aggregate"] = self._call(i, "ecc_aggregate", nvml.nvmlDeviceGetTotalEccErrors, h,
-                                              nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                              getattr(nvml, "NVML_AGGREGATE_ECC", 1))
+            self.ecc[i] = self._call(
+                i,
+                "ecc",
+                nvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,
+            )
+            out["ecc_aggregate"] = self._call(
+                i,
+                "ecc_aggregate",
+                nvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                getattr(nvml, "NVML_AGGREGATE_ECC", 1),
+            )
             rows = self._call(i, "remap", getattr(nvml, "nvmlDeviceGetRemappedRows", _none), h)
             if rows is not None:
                 out["remap_corrected"], out["remap_uncorrected"] = int(rows[0]), int(rows[1])
@@ -230,14 +245,10 @@ class NvmlGpus:
                     "util_pct": None if util is None else util.gpu,
                     "mem_used_mib": None if mem is None else mem.used // 1048576,
                     "mem_total_mib": None if mem is None else mem.total // 1048576,
-                    "temp_c": self._call(
-                        i, "temp", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU
-                    ),
+                    "temp_c": self._call(i, "temp", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
                     "power_w": None if power is None else round(power / 1000.0, 1),
                     "power_limit_w": self._static[i]["power_limit_w"],
-                    "sm_clock_mhz": self._call(
-                        i, "clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM
-                    ),
+                    "sm_clock_mhz": self._call(i, "clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
                     "throttle": reasons,
                     "ecc_uncorrected": self.ecc[i],
                     "processes": procs,
@@ -247,8 +258,17 @@ class NvmlGpus:
 
     def _lost_row(self, i):
         """A GPU NVML reports lost: said so, not left as a missing sample."""
-        return {"index": i, "lost": True, "util_pct": None, "mem_used_mib": None, "temp_c": None, "power_w": None,
-                "sm_clock_mhz": None, "throttle": None, "processes": []}
+        return {
+            "index": i,
+            "lost": True,
+            "util_pct": None,
+            "mem_used_mib": None,
+            "temp_c": None,
+            "power_w": None,
+            "sm_clock_mhz": None,
+            "throttle": None,
+            "processes": [],
+        }
 
     def _gpu_procs(self, i, h, mem):
         """The GPU's processes and their memory: the costliest NVML call of a sample (0.3 ms on an
@@ -257,8 +277,13 @@ class NvmlGpus:
         now = time.monotonic()
         used = None if mem is None else mem.used
         last = self._procs[i]
-        if (last is not None and used is not None and last[0] == used and now - last[2] < GPU_PROCS_EVERY_S
-                and all(_alive(row[0]) for row in last[1])):
+        if (
+            last is not None
+            and used is not None
+            and last[0] == used
+            and now - last[2] < GPU_PROCS_EVERY_S
+            and all(_alive(row[0]) for row in last[1])
+        ):
             return last[1]
         procs = self._call(i, "procs", self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
         rows = [[p.pid, None if p.usedGpuMemory is None else p.usedGpuMemory // 1048576] for p in procs]
@@ -286,9 +311,14 @@ class SmiGpus:
         self._apps_pending = {}
         self.driver = None
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version,index,uuid,name,memory.total,power.limit",
-             "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20,
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,index,uuid,name,memory.total,power.limit",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         if out.returncode != 0:
             raise OSError(out.stderr.strip() or "nvidia-smi failed")
@@ -307,12 +337,21 @@ class SmiGpus:
         self.procs = [
             subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=" + SMI_FIELDS, "--format=csv,noheader,nounits", "-lms", ms],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
             ),
             subprocess.Popen(
-                ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
-                 "--format=csv,noheader,nounits", "-lms", ms],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                [
+                    "nvidia-smi",
+                    "--query-compute-apps=gpu_uuid,pid,used_memory",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    ms,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
             ),
         ]
         for target, proc in ((self._read_gpus, self.procs[0]), (self._read_apps, self.procs[1])):
@@ -409,15 +448,22 @@ def open_gpus(interval, warnings):
         return NvmlGpus(pynvml)
     except Exception as exc:
         msg = str(exc) or type(exc).__name__
-        if "Driver Not Loaded" in msg or (not getattr(pynvml, "CTYPES", False) and (
-                "LibraryNotFound" in type(exc).__name__ or "not found" in msg.lower())):
+        if "Driver Not Loaded" in msg or (
+            not getattr(pynvml, "CTYPES", False)
+            and ("LibraryNotFound" in type(exc).__name__ or "not found" in msg.lower())
+        ):
             warnings.append("no NVIDIA driver on this host (" + msg + "): no GPU data")
             return NoGpus()
         if missing:
             warnings.append("no NVIDIA driver on this host (" + msg + "): trying nvidia-smi")
         elif getattr(pynvml, "CTYPES", False):
-            warnings.append("pynvml is not installed for " + sys.executable + " and NVML cannot load (" + msg
-                            + "): trying nvidia-smi")
+            warnings.append(
+                "pynvml is not installed for "
+                + sys.executable
+                + " and NVML cannot load ("
+                + msg
+                + "): trying nvidia-smi"
+            )
         else:
             warnings.append("pynvml failed (" + msg + "): trying nvidia-smi")
     try:

@@ -188,7 +188,8 @@ site_dirs = _probe["site_dirs"]
 roots = _probe["roots"]
 
 # $m is `exec` (GUARD: the interpreter runs once checked) or `:` (CHECK: the check alone).
-_BODY = """\
+_BODY = (
+    """\
 o=$PATH
 case $0 in */*) p=$0;; *) p=$(command -v "$0") || { $m "$0" "$@"; exit 0; };; esac
 PATH=/usr/bin:/bin:/usr/sbin:/sbin:$o
@@ -230,7 +231,9 @@ e() {
 e
 g() {
  l=$(PATH=$o "$p" -I -S - "$@" 2>/dev/null <<'PROBE'
-""" + PROBE + """
+"""
+    + PROBE
+    + """
 PROBE
 ) || { pe=$?; return; }
  IFS='
@@ -251,16 +254,21 @@ if [ -n "$nf" ]; then
  exit 5
 fi
 if [ -n "$pe" ]; then
- echo "gpu-cockpit: $0 is not run as root: it could not list the folders it imports from (exit $pe with -I -S); """ + TRUST + """" >&2
+ echo "gpu-cockpit: $0 is not run as root: it could not list the folders it imports from (exit $pe with -I -S); """
+    + TRUST
+    + """" >&2
  exit 5
 fi
 if [ -n "$b" ]; then
  set -f; set -- $(ls -ldn "$b" 2>/dev/null)
- echo "gpu-cockpit: $0 is not run as root: $b (mode $1, owner uid $3, group $4) can be changed by a user other than root; """ + TRUST + """" >&2
+ echo "gpu-cockpit: $0 is not run as root: $b (mode $1, owner uid $3, group $4) can be changed by a user other than root; """
+    + TRUST
+    + """" >&2
  exit 5
 fi
 PATH=$o
 """
+)
 GUARD = "m=exec\n" + _BODY + 'exec "$p" "$@"\n'
 CHECK = "m=:\n" + _BODY + "exit 0\n"
 
@@ -274,8 +282,15 @@ def check_python(argv, cwd, env):
     """None when the interpreter `argv` starts (in `cwd`, with `env`) may run as this user (not
     root, or nothing of its import path another user can change), else the one line that says
     what another user can change and the way out."""
-    res = subprocess.run(["/bin/sh", "-c", CHECK] + list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    res = subprocess.run(
+        ["/bin/sh", "-c", CHECK] + list(argv),
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
     if res.returncode == 0:
         return None
     lines = res.stderr.decode("utf-8", "replace").strip().splitlines()

@@ -28,7 +28,6 @@ from .procs import (
 _SIGNALS = {"TERM": 15, "KILL": 9}
 
 
-
 TITLE_MAX = 2000  # characters of a command line in a plan: a bound on the frame, said when reached
 
 
@@ -36,6 +35,7 @@ def _shown(text):
     """A command line as a plan shows it: whole up to TITLE_MAX, else cut with how much is left
     out (never silently)."""
     return text if len(text) <= TITLE_MAX else "%s… (+%d characters)" % (text[:TITLE_MAX], len(text) - TITLE_MAX)
+
 
 def _matches(patterns, name, text):
     for pat in patterns or ():
@@ -85,9 +85,19 @@ class _Table:
 
     def entry(self, pid):
         r = self.rows[pid]
-        return {"pid": pid, "start": r["_start"], "started": r["started"], "uid": r["uid"], "user": _user(r["uid"]),
-                "ppid": r["ppid"], "pgid": r["pgid"], "sid": r["sid"], "status": r["status"], "name": r["name"],
-                "title": _shown(self.text(pid))}
+        return {
+            "pid": pid,
+            "start": r["_start"],
+            "started": r["started"],
+            "uid": r["uid"],
+            "user": _user(r["uid"]),
+            "ppid": r["ppid"],
+            "pgid": r["pgid"],
+            "sid": r["sid"],
+            "status": r["status"],
+            "name": r["name"],
+            "title": _shown(self.text(pid)),
+        }
 
     def climb(self, pid, member, protected, memo=None):
         """From a process of the run up to the highest ancestor that is of the run too (same user,
@@ -168,21 +178,21 @@ def _head(argv):
     while i < len(argv):
         a = argv[i]
         if a == "--":
-            return argv[:i + 2]
+            return argv[: i + 2]
         if a.startswith("-") and not a.startswith("--") and len(a) > 1:
             if a[:2] in ("-X", "-W") and len(a) > 2:  # -Xdev, -Werror: the value attached
                 i += 1
                 continue
             if a[-1] == "m":  # -m MODULE (or -um MODULE)
-                return argv[:i + 2]
+                return argv[: i + 2]
             if "c" in a[1:]:  # -c STRING (or bash -lc STRING)
-                return argv[:i + 1]
+                return argv[: i + 1]
             i += 2 if a in _VALUE_OPTS else 1
             continue
         if a.startswith("--"):
             i += 1
             continue
-        return argv[:i + 1]  # the script
+        return argv[: i + 1]  # the script
     return argv
 
 
@@ -192,7 +202,7 @@ def _program_text(argv):
     words = _words(argv)
     head = _head(words)
     more = []
-    for w in words[len(head):len(head) + 2]:
+    for w in words[len(head) : len(head) + 2]:
         if not _SUBCOMMAND.match(w):
             break
         more.append(w)
@@ -224,7 +234,7 @@ def command_matches(argv, command, model=None, ports=(), default_port=None):
     want = [c.rsplit("/", 1)[-1] for c in command]
     n = len(want)
     head = len(_head(words))
-    if not any(names[i:i + n] == want for i in range(min(head, len(names) - n + 1))):
+    if not any(names[i : i + n] == want for i in range(min(head, len(names) - n + 1))):
         return False
     if model and model not in words and not any(a.endswith("=" + model) for a in words):
         return False
@@ -273,9 +283,17 @@ def _candidate(table, root, rule, protected, extra=()):
     row = table.rows[root]
     uid = row["uid"]
     members = table.tree([root] + list(extra), uid, protected)
-    return {"rule": rule, "root": root, "root_start": row["_start"], "uid": uid, "user": _user(uid),
-            "started": row["started"], "title": _shown(table.text(root)), "sessions": [],
-            "members": [table.entry(p) for p in sorted(members)]}
+    return {
+        "rule": rule,
+        "root": root,
+        "root_start": row["_start"],
+        "uid": uid,
+        "user": _user(uid),
+        "started": row["started"],
+        "title": _shown(table.text(root)),
+        "sessions": [],
+        "members": [table.entry(p) for p in sorted(members)],
+    }
 
 
 def _launched_run(table, rec, known, patterns, command, protected, notes, seen=None):
@@ -297,7 +315,9 @@ def _launched_run(table, rec, known, patterns, command, protected, notes, seen=N
     if start is None and known:
         start = known.get(pgid)
     if start is None:
-        notes.append("process group %d: its leader's start time was not recorded, so it is not trusted as the run" % pgid)
+        notes.append(
+            "process group %d: its leader's start time was not recorded, so it is not trusted as the run" % pgid
+        )
         return None
     boot = rec.get("boot")
     if boot is not None and abs(float(boot) - _boot_time()) > 2:
@@ -306,43 +326,77 @@ def _launched_run(table, rec, known, patterns, command, protected, notes, seen=N
     start = int(start)
     leader = table.rows.get(pgid)
     if leader is not None and leader["_start"] != start:
-        notes.append("pid %d is now another process (started %s): the run recorded as process group %d has ended"
-                     % (pgid, _when(leader["started"]), pgid))
+        notes.append(
+            "pid %d is now another process (started %s): the run recorded as process group %d has ended"
+            % (pgid, _when(leader["started"]), pgid)
+        )
         return None
     if leader is not None:
         uid = leader["uid"]
-        extra = [p for p, r in table.rows.items()
-                 if (r["pgid"] == pgid or r["sid"] == pgid) and r["uid"] == uid and r["_start"] >= start]
-        cand = _candidate(table, pgid, "launched by this cockpit (ledger): process group %d, leader started %s"
-                          % (pgid, _when(leader["started"])), protected, extra)
+        extra = [
+            p
+            for p, r in table.rows.items()
+            if (r["pgid"] == pgid or r["sid"] == pgid) and r["uid"] == uid and r["_start"] >= start
+        ]
+        cand = _candidate(
+            table,
+            pgid,
+            "launched by this cockpit (ledger): process group %d, leader started %s" % (pgid, _when(leader["started"])),
+            protected,
+            extra,
+        )
         cand["sessions"] = [pgid]
         cand["leader_seen_ticks"] = _now_ticks()
         return cand
     uid = rec.get("uid")
     run_id = rec.get("run_id")
-    members = [p for p, r in table.rows.items()
-               if (r["pgid"] == pgid or r["sid"] == pgid) and p not in protected and r["status"] != "Z"
-               and (uid is None or r["uid"] == int(uid))]
+    members = [
+        p
+        for p, r in table.rows.items()
+        if (r["pgid"] == pgid or r["sid"] == pgid)
+        and p not in protected
+        and r["status"] != "Z"
+        and (uid is None or r["uid"] == int(uid))
+    ]
     if not members:
         return None
     marks = [int(t) for t in (rec.get("seen_ticks"), (seen or {}).get(pgid)) if t is not None]
     last_seen = max(marks) if marks else None
-    proof = [p for p in members if table.rows[p]["_start"] >= start
-             and ((last_seen is not None and table.rows[p]["_start"] <= last_seen) or _has_marker(p, run_id))]
+    proof = [
+        p
+        for p in members
+        if table.rows[p]["_start"] >= start
+        and ((last_seen is not None and table.rows[p]["_start"] <= last_seen) or _has_marker(p, run_id))
+    ]
     if not proof:
-        notes.append("process group %d: its leader is gone and none of the %d processes now in it was started while "
-                     "the run's leader was seen alive or carries the run's launch marker (%s): pid %d may have been "
-                     "reused, so they are not the run (name one with --pid to act on it anyway)"
-                     % (pgid, len(members), LAUNCH_MARKER, pgid))
+        notes.append(
+            "process group %d: its leader is gone and none of the %d processes now in it was started while "
+            "the run's leader was seen alive or carries the run's launch marker (%s): pid %d may have been "
+            "reused, so they are not the run (name one with --pid to act on it anyway)"
+            % (pgid, len(members), LAUNCH_MARKER, pgid)
+        )
         return None
     pats = list(DEFAULT_PATTERNS) + list(patterns or [])
-    survivors = [p for p in members if table.rows[p]["_start"] >= start
-                 and (p in proof or _is_titled(pats, table.rows[p]["name"], table.argv(p))
-                      or command_matches(table.argv(p), command))]
+    survivors = [
+        p
+        for p in members
+        if table.rows[p]["_start"] >= start
+        and (
+            p in proof
+            or _is_titled(pats, table.rows[p]["name"], table.argv(p))
+            or command_matches(table.argv(p), command)
+        )
+    ]
     tops = [p for p in survivors if table.rows[p]["ppid"] not in survivors]
     root = min(tops)
-    cand = _candidate(table, root, "launched by this cockpit (ledger): process group %d, its leader gone, %d "
-                      "processes of it left" % (pgid, len(survivors)), protected, survivors)
+    cand = _candidate(
+        table,
+        root,
+        "launched by this cockpit (ledger): process group %d, its leader gone, %d "
+        "processes of it left" % (pgid, len(survivors)),
+        protected,
+        survivors,
+    )
     cand["uid"] = table.rows[root]["uid"]
     cand["sessions"] = [pgid]
     return cand
@@ -352,8 +406,9 @@ def _group(table, found, member, rule_of, protected):
     """Candidate runs from processes found by one rule: each climbs to its run's root; a root
     inside another's tree is part of that run. Distinct roots are distinct runs, never merged."""
     memo = {}
-    roots = sorted(set(table.climb(p, member, protected, memo) for p in found
-                       if p in table.rows and p not in protected))
+    roots = sorted(
+        set(table.climb(p, member, protected, memo) for p in found if p in table.rows and p not in protected)
+    )
     trees = {r: table.tree([r], table.rows[r]["uid"], protected) for r in roots}
     inside = set()
     for r in roots:
@@ -371,20 +426,27 @@ def _off_port(table, cand, ports, notes):
     theirs = _netns(root)
     want = set(int(p) for p in ports)
     if mine is not None and theirs is not None and mine != theirs:
-        return ("pid %d (%s) runs the layout's command in another network namespace: its port is not this "
-                "host's port %s" % (root, cand["user"], ", ".join(map(str, sorted(want)))))
+        return (
+            "pid %d (%s) runs the layout's command in another network namespace: its port is not this "
+            "host's port %s" % (root, cand["user"], ", ".join(map(str, sorted(want))))
+        )
     if port_value(_words(table.argv(root))) is None:
         held = set()
         for e in cand["members"]:
             held |= _listens(e["pid"])
         if held and not held & want:
-            return ("pid %d (%s) runs the layout's command but listens on port %s, not on %s"
-                    % (root, cand["user"], ", ".join(map(str, sorted(held))), ", ".join(map(str, sorted(want)))))
+            return "pid %d (%s) runs the layout's command but listens on port %s, not on %s" % (
+                root,
+                cand["user"],
+                ", ".join(map(str, sorted(held))),
+                ", ".join(map(str, sorted(want))),
+            )
     return None
 
 
-def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, known=None, table=None,
-              default_port=None, seen=None):
+def find_runs(
+    launched=(), ports=(), command=(), model=None, patterns=None, known=None, table=None, default_port=None, seen=None
+):
     """The run, in this order: the one this cockpit launched (process group and its leader's start
     time, both checked; its leader gone, a survivor proven to be of it); else the tree of the
     process that owns the layout's ports; else of the processes whose program is the layout's
@@ -407,15 +469,26 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
         mine = []
         for c in runs:
             if c["uid"] != me:
-                foreign.append({"root": c["root"], "uid": c["uid"], "user": c["user"], "title": c["title"],
-                                "rule": c["rule"], "why": "runs as %s, not as %s: another user's processes are "
-                                "never in a run (name it with --pid to act on it anyway)" % (c["user"], _user(me))})
+                foreign.append(
+                    {
+                        "root": c["root"],
+                        "uid": c["uid"],
+                        "user": c["user"],
+                        "title": c["title"],
+                        "rule": c["rule"],
+                        "why": "runs as %s, not as %s: another user's processes are "
+                        "never in a run (name it with --pid to act on it anyway)" % (c["user"], _user(me)),
+                    }
+                )
             else:
                 mine.append(c)
         return {"runs": mine, "rule": how, "notes": notes, "foreign": foreign}
 
-    runs = [c for c in (_launched_run(table, rec, known, pats, command, protected, notes, seen)
-                        for rec in launched or ()) if c is not None]
+    runs = [
+        c
+        for c in (_launched_run(table, rec, known, pats, command, protected, notes, seen) for rec in launched or ())
+        if c is not None
+    ]
     if runs:
         return finish(runs, "ledger")
 
@@ -425,12 +498,14 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
     if ports:
         owners = _port_owners(table, ports)
         if owners:
+
             def member(pid):
                 return pid in owners or serves(pid)
 
             def rule(root, tree):
                 held = sorted(set(p for pid in tree if pid in owners for p in owners[pid]))
                 return "owns port %s" % ", ".join(map(str, held))
+
             return finish(_group(table, list(owners), member, rule, protected), "ports")
         notes.append("no process listens on port %s" % ", ".join(map(str, ports)))
     if command:
@@ -450,8 +525,10 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
             if runs or not ports:
                 return finish(runs, "command")
         else:
-            notes.append("no process runs %s%s" % (" ".join(command), " on port %s" % ", ".join(map(str, ports))
-                                                   if ports else ""))
+            notes.append(
+                "no process runs %s%s"
+                % (" ".join(command), " on port %s" % ", ".join(map(str, ports)) if ports else "")
+            )
     if launched or ports or command:
         return finish([], "none")  # told what the run is: titles never find one host-wide
     found = [p for p, r in table.rows.items() if p not in protected and _is_titled(pats, r["name"], table.argv(p))]
@@ -464,6 +541,7 @@ def find_runs(launched=(), ports=(), command=(), model=None, patterns=None, know
         text = _program_text(table.argv(root))
         pat = next((p for p in pats if fnmatch.fnmatchcase(r["name"], p) or fnmatch.fnmatchcase(text, p)), "?")
         return "title matches %s (no layout: name one with --layout to find the run by its ports and command)" % pat
+
     return finish(_group(table, found, member, rule, protected), "titles")
 
 
@@ -501,6 +579,7 @@ def host_servers(patterns=None, table=None, sim_state=None):
 
     def member(pid):
         return _is_titled(pats, table.rows[pid]["name"], table.argv(pid))
+
     runs = _group(table, found, member, lambda r, t: "title", protected)
     # a rank's title (`VLLM::Worker_TP0`) with a parent of its user that is no server by title (a
     # server whose program the patterns do not name): the parent spawned the ranks, it is the root
@@ -508,13 +587,19 @@ def host_servers(patterns=None, table=None, sim_state=None):
     for c in runs:
         row = table.rows[c["root"]]
         parent = table.rows.get(row["ppid"])
-        if _RANK_TITLE.match(row["name"]) and parent is not None and parent["pid"] > 1 \
-                and parent["pid"] not in protected and parent["uid"] == row["uid"]:
+        if (
+            _RANK_TITLE.match(row["name"])
+            and parent is not None
+            and parent["pid"] > 1
+            and parent["pid"] not in protected
+            and parent["uid"] == row["uid"]
+        ):
             parents.setdefault(parent["pid"], []).append(c["root"])
     if parents:
         lifted = set(p for kids in parents.values() for p in kids)
-        runs = [c for c in runs if c["root"] not in lifted] + [_candidate(table, p, "title", protected)
-                                                              for p in sorted(parents)]
+        runs = [c for c in runs if c["root"] not in lifted] + [
+            _candidate(table, p, "title", protected) for p in sorted(parents)
+        ]
         inside = set()
         for c in runs:
             inside |= set(e["pid"] for e in c["members"]) - {c["root"]}
@@ -534,14 +619,26 @@ def host_servers(patterns=None, table=None, sim_state=None):
         tp = _flag_text(argv, ("--tp-size", "--tp", "--tensor-parallel-size", "-tp"))
         model = _flag_text(argv, ("--model-path", "--model"))
         if model is None and "serve" in argv[:4]:
-            after = argv[argv.index("serve") + 1:]
+            after = argv[argv.index("serve") + 1 :]
             model = after[0] if after and not after[0].startswith("-") else None
-        out.append({"root": c["root"], "root_start": c["root_start"], "uid": c["uid"], "user": c["user"],
-                    "started": c["started"], "title": c["title"], "ports": sorted(ports),
-                    "port_named": port_value(argv), "model": model,
-                    "tp_size": int(tp) if tp and tp.isdigit() else None,
-                    "members": [{"pid": e["pid"], "name": e["name"], "title": e["title"][:200], "status": e["status"]}
-                                for e in c["members"][:MEMBERS_MAX]]})
+        out.append(
+            {
+                "root": c["root"],
+                "root_start": c["root_start"],
+                "uid": c["uid"],
+                "user": c["user"],
+                "started": c["started"],
+                "title": c["title"],
+                "ports": sorted(ports),
+                "port_named": port_value(argv),
+                "model": model,
+                "tp_size": int(tp) if tp and tp.isdigit() else None,
+                "members": [
+                    {"pid": e["pid"], "name": e["name"], "title": e["title"][:200], "status": e["status"]}
+                    for e in c["members"][:MEMBERS_MAX]
+                ],
+            }
+        )
     for s in out:  # descriptors not readable: the socket's uid names its user, the port its command line
         if not s["ports"] and s["port_named"] is not None and s["port_named"] not in held:
             got = listening.get(s["port_named"])
@@ -557,8 +654,9 @@ def _summary(c):
     return out
 
 
-def run_plan(pids=(), launched=(), ports=(), command=(), model=None, patterns=None, known=None,
-             default_port=None, seen=None):
+def run_plan(
+    pids=(), launched=(), ports=(), command=(), model=None, patterns=None, known=None, default_port=None, seen=None
+):
     """What a kill will signal, for the operator to confirm: every pid with its start time, user
     and command, and the rule that found the run. Two runs found: no plan, both listed.
     `planned_at` (clock ticks since boot, read before the process table): a process of the run
@@ -580,17 +678,38 @@ def run_plan(pids=(), launched=(), ports=(), command=(), model=None, patterns=No
                 if all(e["pid"] != p for e in entries):
                     entries.append(table.entry(p))
             rules.append("pid %d (%s) and what it started" % (pid, _user(row["uid"])))
-        return {"plan": entries, "rule": "; ".join(rules) or "no such process", "candidates": [], "notes": [],
-                "foreign": [], "sessions": [], "root": int(pids[0]) if len(pids) == 1 else None,
-                "planned_at": planned_at}
+        return {
+            "plan": entries,
+            "rule": "; ".join(rules) or "no such process",
+            "candidates": [],
+            "notes": [],
+            "foreign": [],
+            "sessions": [],
+            "root": int(pids[0]) if len(pids) == 1 else None,
+            "planned_at": planned_at,
+        }
     found = find_runs(launched, ports, command, model, patterns, known, table, default_port, seen)
     runs = found["runs"]
-    out = {"plan": [], "rule": None, "candidates": [_summary(c) for c in runs], "notes": found["notes"],
-           "foreign": found["foreign"], "sessions": [], "root": None, "planned_at": planned_at}
+    out = {
+        "plan": [],
+        "rule": None,
+        "candidates": [_summary(c) for c in runs],
+        "notes": found["notes"],
+        "foreign": found["foreign"],
+        "sessions": [],
+        "root": None,
+        "planned_at": planned_at,
+    }
     if len(runs) == 1:
         run = runs[0]
-        out.update(plan=run["members"], rule=run["rule"], sessions=run["sessions"], root=run["root"],
-                   uid=run["uid"], user=run["user"])
+        out.update(
+            plan=run["members"],
+            rule=run["rule"],
+            sessions=run["sessions"],
+            root=run["root"],
+            uid=run["uid"],
+            user=run["user"],
+        )
     return out
 
 
@@ -610,8 +729,10 @@ def _still(entry, protected):
     if row is None:
         return "gone"
     if row["_start"] != entry["start"]:
-        return ("pid reused: now a process started %s, not the planned one (started %s): not signalled"
-                % (_when(row["started"]), _when(entry.get("started"))))
+        return "pid reused: now a process started %s, not the planned one (started %s): not signalled" % (
+            _when(row["started"]),
+            _when(entry.get("started")),
+        )
     if entry.get("uid") is not None:
         uid = _uid(pid)
         if uid is not None and uid != entry["uid"]:
@@ -724,8 +845,9 @@ def _newcomers(plan, sessions, protected, since=None, groups=((), ()), seen_chil
     for pid, row in table.rows.items():
         if pid in planned or pid in protected or row["uid"] not in uids or row["status"] == "Z":
             continue
-        if row["sid"] in sessions or (since is not None and row["_start"] >= since
-                                      and (row["pgid"] in pgids or row["sid"] in sids)):
+        if row["sid"] in sessions or (
+            since is not None and row["_start"] >= since and (row["pgid"] in pgids or row["sid"] in sids)
+        ):
             out[pid] = table.entry(pid)
             for kid in table.tree([pid], row["uid"], protected):
                 if kid not in planned and table.rows[kid]["status"] != "Z":
@@ -794,8 +916,21 @@ def kill_run(plan, wait_s=10.0, sessions=(), since=None, **_old):
     late = []
     for pid, e in sorted(newcomers.items()):
         if _still(e, protected) is None:
-            late.append({"pid": pid, "title": e["title"], "user": e["user"], "started": e["started"],
-                         "why": "appeared after the plan: not signalled"})
+            late.append(
+                {
+                    "pid": pid,
+                    "title": e["title"],
+                    "user": e["user"],
+                    "started": e["started"],
+                    "why": "appeared after the plan: not signalled",
+                }
+            )
             remaining.append(pid)
-    return {"term": term, "killed": killed, "vanished": vanished, "skipped": skipped, "newcomers": late,
-            "remaining": remaining}
+    return {
+        "term": term,
+        "killed": killed,
+        "vanished": vanished,
+        "skipped": skipped,
+        "newcomers": late,
+        "remaining": remaining,
+    }

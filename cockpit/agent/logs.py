@@ -1,5 +1,4 @@
-"""Log files followed from their end in whole lines, and the run's log opened safely for appending.
-"""
+"""Log files followed from their end in whole lines, and the run's log opened safely for appending."""
 
 import os
 
@@ -149,8 +148,10 @@ def open_log(path):
         fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, make_dirs=True)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise Refused("the log %s: %s: refused (one may have been planted there); remove it or set another "
-                          "log_dir in the layout" % (path, exc.strerror)) from None
+            raise Refused(
+                "the log %s: %s: refused (one may have been planted there); remove it or set another "
+                "log_dir in the layout" % (path, exc.strerror)
+            ) from None
         raise Refused("cannot open the log %s: %s" % (path, exc.strerror or exc)) from None
     st = os.fstat(fd)
     problem = None

@@ -32,8 +32,22 @@ SLOW_EVERY_S = 10.0  # ECC counters and other rarely changing fields
 
 
 class Agent:
-    THREADED = ("kill", "kill_plan", "find_runs", "servers", "dump", "dump_check", "shm_audit", "shm_clean", "http",
-                "launch_check", "ras", "metrics", "fr_dump", "host_facts")  # may be slow: answered from a thread, so samples keep flowing
+    THREADED = (
+        "kill",
+        "kill_plan",
+        "find_runs",
+        "servers",
+        "dump",
+        "dump_check",
+        "shm_audit",
+        "shm_clean",
+        "http",
+        "launch_check",
+        "ras",
+        "metrics",
+        "fr_dump",
+        "host_facts",
+    )  # may be slow: answered from a thread, so samples keep flowing
 
     def __init__(self, interval, procs):
         self.interval = interval
@@ -80,7 +94,22 @@ class Agent:
             "health_ms": getattr(self.gpus, "health_ms", None),  # one slow-clock round of health calls, all GPUs
             "procs_source": "proc" if _HAVE_PROC else "psutil" if psutil else "none",
             "interval": self.interval,
-            "caps": ["gpus", "procs", "ports", "logs", "http", "launch", "kill", "shm", "dump", "ras", "metrics", "fr_dump", "host_facts", "acts"],
+            "caps": [
+                "gpus",
+                "procs",
+                "ports",
+                "logs",
+                "http",
+                "launch",
+                "kill",
+                "shm",
+                "dump",
+                "ras",
+                "metrics",
+                "fr_dump",
+                "host_facts",
+                "acts",
+            ],
             "warnings": self.warnings,
         }
 
@@ -114,9 +143,13 @@ class Agent:
                     frame["event"] = event
                 emit(frame)
         self.seq += 1
-        frame = {"t": SAMPLE, "seq": self.seq, "ts": round(time.time(), 3),
-                 "gpus": self._delta(self.sent_gpus, gpus, "index"),
-                 "procs": self._moved(rows)}
+        frame = {
+            "t": SAMPLE,
+            "seq": self.seq,
+            "ts": round(time.time(), 3),
+            "gpus": self._delta(self.sent_gpus, gpus, "index"),
+            "procs": self._moved(rows),
+        }
         gone = [pid for pid in gone if self.sent_procs.pop(pid, None) is not None]
         if gone:
             frame["gone"] = gone
@@ -236,8 +269,7 @@ class Agent:
         self.force_scan = True
         return {"patterns": self.procs.patterns, "logs": list(self.logs), "interval": self.interval}
 
-    def cmd_launch(self, argv, env=None, cwd=None, log=None, run_id=None, layout=None, ports=(), by=None,
-                   check=True):
+    def cmd_launch(self, argv, env=None, cwd=None, log=None, run_id=None, layout=None, ports=(), by=None, check=True):
         """Start a run detached in its own session (it outlives the agent and the link), its
         output appended to `log` (created 0600, never through a symlink); the run's process group
         is watched from now on. It starts in `cwd` (the layout's workdir), else in `/`: never in
@@ -253,18 +285,27 @@ class Agent:
         log = log or "~/.cache/gpu-cockpit/runs/run.log"
         cache = os.environ.get("XDG_CACHE_HOME", "")
         if log.startswith("~/.cache/") and os.path.isabs(cache):  # the XDG spec: only an absolute path counts
-            log = os.path.join(cache, log[len("~/.cache/"):])
+            log = os.path.join(cache, log[len("~/.cache/") :])
         log = os.path.expanduser(log)
         full_env = dict(os.environ)
         full_env.update(env or {})
         if check:
             self.cmd_launch_check(argv, env, cwd)
         elif not os.path.isdir(cwd):
-            raise Refused("the workdir %s is not a folder on this host: set workdir: in the layout to one that is" % cwd)
+            raise Refused(
+                "the workdir %s is not a folder on this host: set workdir: in the layout to one that is" % cwd
+            )
         fd = open_log(log)
         try:
-            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
-                                     cwd=cwd, env=full_env, start_new_session=True)
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=full_env,
+                start_new_session=True,
+            )
         finally:
             os.close(fd)
         start = _start_ticks(popen.pid)
@@ -273,13 +314,32 @@ class Agent:
         self.leader_seen[popen.pid] = start
         self.procs.configure(pgids=self.procs.pgids | {popen.pid})
         self.force_scan = True
-        run = {"pid": popen.pid, "pgid": popen.pid, "log": log, "started": time.time(), "start": start,
-               "boot": _boot_time(), "uid": os.geteuid(), "user": _user(os.geteuid())}
+        run = {
+            "pid": popen.pid,
+            "pgid": popen.pid,
+            "log": log,
+            "started": time.time(),
+            "start": start,
+            "boot": _boot_time(),
+            "uid": os.geteuid(),
+            "user": _user(os.geteuid()),
+        }
         if run_id:
             try:
-                self.acts.note({"act": "launch", "run_id": str(run_id), "layout": layout, "pgid": popen.pid,
-                                "pid": popen.pid, "start": start, "uid": run["uid"], "log": log,
-                                "ports": [int(p) for p in ports or ()], "by": by})
+                self.acts.note(
+                    {
+                        "act": "launch",
+                        "run_id": str(run_id),
+                        "layout": layout,
+                        "pgid": popen.pid,
+                        "pid": popen.pid,
+                        "start": start,
+                        "uid": run["uid"],
+                        "log": log,
+                        "ports": [int(p) for p in ports or ()],
+                        "by": by,
+                    }
+                )
             except (OSError, Refused) as exc:
                 run["acts_error"] = str(exc)
         return run
@@ -289,7 +349,9 @@ class Agent:
         as root; Refused in one line, nothing started."""
         cwd = os.path.expanduser(cwd) if cwd else "/"
         if not os.path.isdir(cwd):
-            raise Refused("the workdir %s is not a folder on this host: set workdir: in the layout to one that is" % cwd)
+            raise Refused(
+                "the workdir %s is not a folder on this host: set workdir: in the layout to one that is" % cwd
+            )
         full_env = dict(os.environ)
         full_env.update(env or {})
         refused = check_python(argv, cwd, full_env)
@@ -329,38 +391,73 @@ class Agent:
             return out
         return list(known.values())
 
-    def cmd_find_runs(self, launched=(), ports=(), command=(), model=None, patterns=None, default_port=None,
-                      layout=None):
-        return find_runs(self._launched(launched, layout), ports, command, model, patterns, self.launched_runs,
-                         default_port=default_port, seen=self.leader_seen)
+    def cmd_find_runs(
+        self, launched=(), ports=(), command=(), model=None, patterns=None, default_port=None, layout=None
+    ):
+        return find_runs(
+            self._launched(launched, layout),
+            ports,
+            command,
+            model,
+            patterns,
+            self.launched_runs,
+            default_port=default_port,
+            seen=self.leader_seen,
+        )
 
     def cmd_servers(self, patterns=None):
         """Every server on the host, each its own tree (kill.host_servers): the host's runs, and a
         run's neighbours."""
         return host_servers(patterns, sim_state=self.sim_state)
 
-    def cmd_kill_plan(self, pgids=(), sids=(), pids=(), launched=(), ports=(), command=(), model=None,
-                      patterns=None, default_port=None, layout=None):
+    def cmd_kill_plan(
+        self,
+        pgids=(),
+        sids=(),
+        pids=(),
+        launched=(),
+        ports=(),
+        command=(),
+        model=None,
+        patterns=None,
+        default_port=None,
+        layout=None,
+    ):
         """The plan to confirm. `pids`: those processes and what they started. Otherwise the run
         found from the hints (find_runs); bare process groups count as launched runs only when
         this agent launched them (it knows their leaders' start times) or the host's record of
         acts holds their launch."""
-        launched = list(launched or []) + [{"pgid": int(g)} for g in pgids or ()
-                                           if all(int(r.get("pgid", -1)) != int(g) for r in launched or [])]
+        launched = list(launched or []) + [
+            {"pgid": int(g)} for g in pgids or () if all(int(r.get("pgid", -1)) != int(g) for r in launched or [])
+        ]
         launched = self._launched(launched, layout)
         if pids:
             return run_plan(pids=list(pids))
-        return run_plan(launched=launched, ports=ports, command=command, model=model, patterns=patterns,
-                        known=self.launched_runs, default_port=default_port, seen=self.leader_seen)
+        return run_plan(
+            launched=launched,
+            ports=ports,
+            command=command,
+            model=model,
+            patterns=patterns,
+            known=self.launched_runs,
+            default_port=default_port,
+            seen=self.leader_seen,
+        )
 
-    def cmd_kill(self, plan, wait_s=10.0, sessions=(), ports=(), since=None, why=None, by=None, run_id=None,
-                 whole=False, **_old):
+    def cmd_kill(
+        self, plan, wait_s=10.0, sessions=(), ports=(), since=None, why=None, by=None, run_id=None, whole=False, **_old
+    ):
         """Carry out the plan, then verify: what is left of it, its GPU memory, its ports. With
         `why`, the host's record of acts says who stops which processes before the first signal
         (every cockpit reads their deaths as the operator's), and a `whole` run verified gone as
         ended."""
-        who = {"why": str(why), "by": by, "run_id": run_id, "pgids": [int(s) for s in sessions or ()],
-               "processes": [[int(e["pid"]), e.get("start"), e.get("started")] for e in plan]}
+        who = {
+            "why": str(why),
+            "by": by,
+            "run_id": run_id,
+            "pgids": [int(s) for s in sessions or ()],
+            "processes": [[int(e["pid"]), e.get("start"), e.get("started")] for e in plan],
+        }
         unrecorded = None
         if why:
             try:
@@ -491,9 +588,14 @@ def main(argv, procs):
         elif flag == "--sim-state":
             sim_state = os.environ["COCKPIT_SIM_STATE"] = args.pop(0)
     if sys.version_info < (3, 8):  # noqa: UP036 - the host's Python may be older than the agent's floor
-        emit({"t": FATAL, "code": "python-too-old",
-              "msg": "Python %s on the host is too old: gpu-cockpit's agent needs Python >= 3.8 "
-                     "(name another interpreter with --python)" % platform.python_version()})
+        emit(
+            {
+                "t": FATAL,
+                "code": "python-too-old",
+                "msg": "Python %s on the host is too old: gpu-cockpit's agent needs Python >= 3.8 "
+                "(name another interpreter with --python)" % platform.python_version(),
+            }
+        )
         return 2
     psutil = None
     if not _HAVE_PROC:  # /proc has everything the agent reads; psutil only stands in where it is missing

@@ -23,16 +23,17 @@ class TableImporter:
     def _name(self, fullname):
         if fullname == PACKAGE:
             return ""
-        if fullname.startswith(PACKAGE + ".") and fullname[len(PACKAGE) + 1:] in self.sources:
-            return fullname[len(PACKAGE) + 1:]
+        if fullname.startswith(PACKAGE + ".") and fullname[len(PACKAGE) + 1 :] in self.sources:
+            return fullname[len(PACKAGE) + 1 :]
         return None
 
     def find_spec(self, fullname, path=None, target=None):
         name = self._name(fullname)
         if name is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self, origin=ORIGIN + fullname.replace(".", "/") + ".py",
-                                              is_package=name == "")
+        return importlib.machinery.ModuleSpec(
+            fullname, self, origin=ORIGIN + fullname.replace(".", "/") + ".py", is_package=name == ""
+        )
 
     def create_module(self, spec):
         return None  # the default module

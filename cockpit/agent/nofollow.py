@@ -34,8 +34,13 @@ def _openat2():
                 def call(path, flags, mode):
                     creates = flags & os.O_CREAT or (tmpfile and flags & tmpfile == tmpfile)
                     how = OpenHow(flags, mode if creates else 0, RESOLVE_NO_SYMLINKS)  # EINVAL with a mode else
-                    fd = libc.syscall(ctypes.c_long(number), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(path),
-                                      ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+                    fd = libc.syscall(
+                        ctypes.c_long(number),
+                        ctypes.c_int(_AT_FDCWD),
+                        ctypes.c_char_p(path),
+                        ctypes.byref(how),
+                        ctypes.c_size_t(ctypes.sizeof(how)),
+                    )
                     if fd < 0:
                         return -ctypes.get_errno()
                     return fd
@@ -46,8 +51,10 @@ def _openat2():
 
 
 def _refusal(shown, last):
-    return OSError(errno.ELOOP, "is a symbolic link: not followed" if last else
-                   "its folder %s is a symbolic link: not followed" % shown)
+    return OSError(
+        errno.ELOOP,
+        "is a symbolic link: not followed" if last else "its folder %s is a symbolic link: not followed" % shown,
+    )
 
 
 def _is_link(name, dfd):

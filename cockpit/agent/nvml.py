@@ -87,10 +87,14 @@ class NVMLError_GpuIsLost(NVMLError):
     pass
 
 
-_ERRORS = {NVML_ERROR_NOT_SUPPORTED: NVMLError_NotSupported, NVML_ERROR_DRIVER_NOT_LOADED: NVMLError_DriverNotLoaded,
-           NVML_ERROR_TIMEOUT: NVMLError_Timeout, NVML_ERROR_GPU_IS_LOST: NVMLError_GpuIsLost,
-           NVML_ERROR_LIBRARY_NOT_FOUND: NVMLError_LibraryNotFound,
-           NVML_ERROR_FUNCTION_NOT_FOUND: NVMLError_FunctionNotFound}
+_ERRORS = {
+    NVML_ERROR_NOT_SUPPORTED: NVMLError_NotSupported,
+    NVML_ERROR_DRIVER_NOT_LOADED: NVMLError_DriverNotLoaded,
+    NVML_ERROR_TIMEOUT: NVMLError_Timeout,
+    NVML_ERROR_GPU_IS_LOST: NVMLError_GpuIsLost,
+    NVML_ERROR_LIBRARY_NOT_FOUND: NVMLError_LibraryNotFound,
+    NVML_ERROR_FUNCTION_NOT_FOUND: NVMLError_FunctionNotFound,
+}
 
 
 class c_nvmlUtilization_t(ctypes.Structure):
@@ -104,8 +108,13 @@ class c_nvmlMemory_t(ctypes.Structure):
 class c_nvmlMemory_v2_t(ctypes.Structure):
     """v2 counts the driver's reserved memory apart, so `used` is what nvidia-smi shows."""
 
-    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
-                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 nvmlMemory_v2 = ctypes.sizeof(c_nvmlMemory_v2_t) | (2 << 24)  # 0x02000028, as NVML_STRUCT_VERSION makes it
@@ -114,24 +123,39 @@ nvmlMemory_v2 = ctypes.sizeof(c_nvmlMemory_v2_t) | (2 << 24)  # 0x02000028, as N
 class c_nvmlProcessInfo_t(ctypes.Structure):
     """nvmlProcessInfo_v2_t, which the _v3 process queries fill."""
 
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
 
 
 class c_nvmlPciInfo_t(ctypes.Structure):
     """nvmlPciInfo_t (the _v3 call): busId is "00000000:3B:00.0", the kernel log's is shorter."""
 
-    _fields_ = [("busIdLegacy", ctypes.c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE), ("domain", ctypes.c_uint),
-                ("bus", ctypes.c_uint), ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint),
-                ("pciSubSystemId", ctypes.c_uint), ("busId", ctypes.c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE)]
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE),
+    ]
 
 
 class c_nvmlEventData_t(ctypes.Structure):
     """nvmlEventData_t: which device, the event's type bit, its data (the Xid code for an Xid
     event) and, since CUDA 11, the MIG instance ids."""
 
-    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+    _fields_ = [
+        ("device", ctypes.c_void_p),
+        ("eventType", ctypes.c_ulonglong),
+        ("eventData", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
 
 
 class ProcessInfo:
@@ -272,8 +296,9 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle):
 
 def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
     out = ctypes.c_ulonglong()
-    _call("nvmlDeviceGetTotalEccErrors", handle, ctypes.c_int(error_type), ctypes.c_int(counter_type),
-          ctypes.byref(out))
+    _call(
+        "nvmlDeviceGetTotalEccErrors", handle, ctypes.c_int(error_type), ctypes.c_int(counter_type), ctypes.byref(out)
+    )
     return out.value
 
 
@@ -294,7 +319,7 @@ def nvmlDeviceGetComputeRunningProcesses(handle):
         ret = fn(handle, ctypes.byref(count), rows)
         if ret != NVML_ERROR_INSUFFICIENT_SIZE:
             _check(ret)
-            return [ProcessInfo(r.pid, r.usedGpuMemory) for r in rows[:count.value]]
+            return [ProcessInfo(r.pid, r.usedGpuMemory) for r in rows[: count.value]]
     _check(ret)
 
 

@@ -90,13 +90,18 @@ class _Diag:
         ports = {}
         if self.compat:
             self.seq += 1
-            _dump(sock, TCPDIAG_GETSOCK, struct.pack("=BBBB48xII", 0, 0, 0, 0, TCPF_LISTEN, 0), self.seq, ports,
-                  uids)
+            _dump(sock, TCPDIAG_GETSOCK, struct.pack("=BBBB48xII", 0, 0, 0, 0, TCPF_LISTEN, 0), self.seq, ports, uids)
             return ports
         for family in (socket.AF_INET, socket.AF_INET6):
             self.seq += 1
-            _dump(sock, SOCK_DIAG_BY_FAMILY, struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, TCPF_LISTEN),
-                  self.seq, ports, uids)
+            _dump(
+                sock,
+                SOCK_DIAG_BY_FAMILY,
+                struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, TCPF_LISTEN),
+                self.seq,
+                ports,
+                uids,
+            )
         return ports
 
 
@@ -258,8 +263,13 @@ class Ports:
         listener opened. A port that an old process opens later is seen up to that much later."""
         now = time.monotonic() if now is None else now
         last = self._listening
-        if last is None or watched != self._watched or now - self._read_at >= LISTENERS_EVERY_S \
-                or any(port not in last for port in self.configured) or any(port not in last for port in self._named):
+        if (
+            last is None
+            or watched != self._watched
+            or now - self._read_at >= LISTENERS_EVERY_S
+            or any(port not in last for port in self.configured)
+            or any(port not in last for port in self._named)
+        ):
             self._listening, self._read_at = listening_ports(), now
         return self._listening
 
@@ -319,5 +329,9 @@ class Ports:
             uids = set(_uid_of(w) for w in watched) - {None}
             return {"holder_uid": uid, "holder_user": _user(uid), "theirs": None if uid in uids else False}
         sessions = set(_sid(w) for w in watched) - {None}
-        return {"holder": pid, "holder_uid": uid, "holder_user": None if uid is None else _user(uid),
-                "theirs": sid in sessions}
+        return {
+            "holder": pid,
+            "holder_uid": uid,
+            "holder_user": None if uid is None else _user(uid),
+            "theirs": sid in sessions,
+        }

@@ -31,11 +31,22 @@ PRIMED_KEEP_S = 60.0  # a process first watched this soon after the agent's star
 TICK_SAID_PCT = 2.0  # a busy row says what one clock tick reads as (`cpu_tick`) where it is this much or more
 PIDFDS_MAX = 256  # watched processes read less often while still: one pidfd each (and an eighth of the fd limit)
 UNREAD = object()  # a live process's stat that could not be read this tick (no descriptor left): its row stands
-SCAN_QUIET_MAX_S = 120.0  # while no pid is born the full scan waits, but never longer than this (a whole scan of a host costs ms)
+SCAN_QUIET_MAX_S = (
+    120.0  # while no pid is born the full scan waits, but never longer than this (a whole scan of a host costs ms)
+)
 
 _STATUS = {
-    "running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
-    "zombie": "Z", "dead": "X", "idle": "I", "wake-kill": "K", "waking": "W", "parked": "P",
+    "running": "R",
+    "sleeping": "S",
+    "disk-sleep": "D",
+    "stopped": "T",
+    "tracing-stop": "t",
+    "zombie": "Z",
+    "dead": "X",
+    "idle": "I",
+    "wake-kill": "K",
+    "waking": "W",
+    "parked": "P",
 }
 
 
@@ -137,7 +148,7 @@ def _proc_stat(pid, data=None):
     if not data:
         return None
     lpar, rpar = data.find(b"("), data.rfind(b")")
-    f = data[rpar + 2:].split()
+    f = data[rpar + 2 :].split()
     if len(f) < 22:
         return None
     state = f[0].decode()
@@ -147,7 +158,7 @@ def _proc_stat(pid, data=None):
     return {
         "pid": pid,
         "ppid": int(f[1]),
-        "name": data[lpar + 1:rpar].decode("utf-8", "replace"),
+        "name": data[lpar + 1 : rpar].decode("utf-8", "replace"),
         "status": state,
         "rss_mib": round(int(f[21]) * _PAGE / 1048576.0, 1),
         "threads": int(f[17]),
@@ -165,10 +176,10 @@ def _stat_ids(data):
     if not data:
         return None
     lpar, rpar = data.find(b"("), data.rfind(b")")
-    f = data[rpar + 2:].split(None, 21)
+    f = data[rpar + 2 :].split(None, 21)
     if len(f) < 21 or f[0] in (b"X", b"x"):
         return None
-    return int(f[19]), int(f[1]), int(f[2]), data[lpar + 1:rpar].decode("utf-8", "replace"), int(f[11]) + int(f[12])
+    return int(f[19]), int(f[1]), int(f[2]), data[lpar + 1 : rpar].decode("utf-8", "replace"), int(f[11]) + int(f[12])
 
 
 def _swept(pid, before, newest):
@@ -482,17 +493,21 @@ class Procs:
                     continue
                 start, ppid, pgid, comm, _ = ids
                 argv = _read_cmdline(pid)
-                if ppid in self.watched or pid in self.pids or pgid in self.pgids \
-                        or self._matches(comm, " ".join(argv)):
+                if (
+                    ppid in self.watched
+                    or pid in self.pids
+                    or pgid in self.pgids
+                    or self._matches(comm, " ".join(argv))
+                ):
                     return False  # a new child (the ticks' cursor may have passed it) or a new root: built again
                 born[pid] = (start, ppid, pgid, comm, argv)
                 self._match[pid] = (comm, argv, False)
             died = [int(n) for n in was - listed if n.isdigit()]
         pids = self._pids
         if newest >= before:
-            swept = pids[bisect.bisect_right(pids, before):bisect.bisect_right(pids, newest)]
+            swept = pids[bisect.bisect_right(pids, before) : bisect.bisect_right(pids, newest)]
         else:  # the cursor wrapped
-            swept = pids[bisect.bisect_right(pids, before):] + pids[:bisect.bisect_right(pids, newest)]
+            swept = pids[bisect.bisect_right(pids, before) :] + pids[: bisect.bisect_right(pids, newest)]
         young = [pid for pid in self._young if pid in last and last[pid][0] > settled_before]
         for pid in set(swept).union(young).difference(died):
             row = last.get(pid)
@@ -535,7 +550,9 @@ class Procs:
                 return
             parents = set()
             for pid in range(first + 1, newest + 1):
-                ids = _stat_ids(_read_proc("/proc/%d/stat" % pid))  # a thread's own id reads too; its "parent" is checked below
+                ids = _stat_ids(
+                    _read_proc("/proc/%d/stat" % pid)
+                )  # a thread's own id reads too; its "parent" is checked below
                 if ids is not None and ids[1] in self.watched:
                     parents.add(ids[1])
             stack = list(parents)
@@ -560,8 +577,12 @@ class Procs:
         that did not move is not in `rows`: its last row stands (`self.rows`). Each tick reads the
         processes that moved lately and those due; one that stood still waits STILL_EVERY_S."""
         if force_scan or now - self.last_scan >= SCAN_EVERY_S:
-            if (not force_scan and self.scan_pid is not None and now - self.last_full < SCAN_QUIET_MAX_S
-                    and _last_pid() == self.scan_pid):
+            if (
+                not force_scan
+                and self.scan_pid is not None
+                and now - self.last_full < SCAN_QUIET_MAX_S
+                and _last_pid() == self.scan_pid
+            ):
                 # no process was born on the host since the last full scan: no new tree can have
                 # appeared (a process that retitles itself into a pattern without any birth
                 # waits for the next scan, at most SCAN_QUIET_MAX_S)

@@ -14,7 +14,9 @@ HELLO, SAMPLE, LOG, RESULT, ERROR, FATAL = "hello", "sample", "log", "result", "
 
 
 _out_lock = threading.Lock()
-_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # one encoder: json.dumps with options builds one a call
+_encode = json.JSONEncoder(
+    separators=(",", ":"), default=str
+).encode  # one encoder: json.dumps with options builds one a call
 
 
 def emit(frame):
@@ -23,7 +25,7 @@ def emit(frame):
     with _out_lock:  # straight to the descriptor, whole: the frames are the only writes to stdout
         try:
             while data:
-                data = data[os.write(1, data):]
+                data = data[os.write(1, data) :]
         except OSError:
             os._exit(0)  # the cockpit went away
 

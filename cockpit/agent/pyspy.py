@@ -1,5 +1,4 @@
-"""py-spy stack dumps of the ranks, and the checks a dump needs, said before it is needed.
-"""
+"""py-spy stack dumps of the ranks, and the checks a dump needs, said before it is needed."""
 
 import os
 import platform
@@ -20,7 +19,7 @@ def pyspy_check(pyspy=None, beside=()):
     path = pyspy if pyspy and os.access(pyspy, os.X_OK) and os.path.isfile(pyspy) else None
     if pyspy and not path:
         looked.append(pyspy)
-    for folder in ([] if path or pyspy else beside):
+    for folder in [] if path or pyspy else beside:
         cand = os.path.join(folder, "py-spy")
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
             unsafe = _changeable_by_others(cand)
@@ -62,8 +61,16 @@ def pyspy_check(pyspy=None, beside=()):
         problems.append("root without CAP_SYS_PTRACE (in a container: run it with --cap-add SYS_PTRACE)")
     elif not root and scope:
         problems.append("kernel.yama.ptrace_scope=%d: only root may attach (sysctl kernel.yama.ptrace_scope=0)" % scope)
-    return {"pyspy": path, "version": version, "root": root, "cap_sys_ptrace": cap, "ptrace_scope": scope,
-            "arch": platform.machine(), "problems": problems, "looked": looked}
+    return {
+        "pyspy": path,
+        "version": version,
+        "root": root,
+        "cap_sys_ptrace": cap,
+        "ptrace_scope": scope,
+        "arch": platform.machine(),
+        "problems": problems,
+        "looked": looked,
+    }
 
 
 def _changeable_by_others(path):
@@ -95,7 +102,7 @@ def pyspy_target(pid):
             data = fh.read()
     except OSError:
         return {"status": "gone", "exit_code": None}
-    f = data[data.rfind(b")") + 2:].split()
+    f = data[data.rfind(b")") + 2 :].split()
     state = f[0].decode() if f else "?"
     if state not in ("Z", "X", "x"):
         return None
@@ -134,8 +141,15 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True, nonblocking=False
     results = {}
 
     def dead(pid, found, errors):
-        results[pid] = {"ok": False, "dead": True, "status": found["status"], "exit_code": found["exit_code"],
-                        "native": False, "text": "", "errors": errors}
+        results[pid] = {
+            "ok": False,
+            "dead": True,
+            "status": found["status"],
+            "exit_code": found["exit_code"],
+            "native": False,
+            "text": "",
+            "errors": errors,
+        }
 
     def one(pid):
         found = pyspy_target(pid)
@@ -143,8 +157,13 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True, nonblocking=False
             dead(pid, found, [])
             return
         if not exe:
-            results[pid] = {"ok": False, "dead": False, "native": False, "text": "",
-                            "errors": ["py-spy is not installed on the host"]}
+            results[pid] = {
+                "ok": False,
+                "dead": False,
+                "native": False,
+                "text": "",
+                "errors": ["py-spy is not installed on the host"],
+            }
             return
         tries = [[exe, "dump", "--pid", str(pid), "--native"], [exe, "dump", "--pid", str(pid)]]
         if not native:
@@ -159,8 +178,14 @@ def pyspy_dump(pids, pyspy=None, deadline_s=20.0, native=True, nonblocking=False
                 errors.append("%s timed out" % " ".join(argv[1:]))
                 continue
             if out.returncode == 0 and out.stdout.strip():
-                results[pid] = {"ok": True, "dead": False, "native": "--native" in argv, "text": out.stdout,
-                                "errors": errors, "rchar": read_chars(pid) if nonblocking else None}
+                results[pid] = {
+                    "ok": True,
+                    "dead": False,
+                    "native": "--native" in argv,
+                    "text": out.stdout,
+                    "errors": errors,
+                    "rchar": read_chars(pid) if nonblocking else None,
+                }
                 return
             said = (out.stderr or out.stdout).strip()
             errors.append(said.splitlines()[0] if said else "exit %d" % out.returncode)

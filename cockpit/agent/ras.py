@@ -1,5 +1,4 @@
-"""NCCL RAS: its address from a rank's environment and one bounded conversation, polled from a thread.
-"""
+"""NCCL RAS: its address from a rank's environment and one bounded conversation, polled from a thread."""
 
 import json
 import socket
@@ -63,7 +62,7 @@ class _Conversation:
                 return data
             data += chunk
         self.truncated = True
-        return data[:self.limit]
+        return data[: self.limit]
 
 
 def _connect(host, port, timeout):
@@ -86,8 +85,7 @@ def _connect(host, port, timeout):
     return socket.create_connection((host, port), timeout=timeout)
 
 
-def ras_query(host="127.0.0.1", port=RAS_PORT, fmt="json", verbose=True, timeout=RAS_TIMEOUT_S,
-              limit=RAS_MAX_BYTES):
+def ras_query(host="127.0.0.1", port=RAS_PORT, fmt="json", verbose=True, timeout=RAS_TIMEOUT_S, limit=RAS_MAX_BYTES):
     """One conversation with NCCL's RAS service, as NCCL's own client has it: CLIENT PROTOCOL 2,
     SET FORMAT json (NCCL >= 2.28; text when the server does not know it), VERBOSE STATUS, then
     the report until the server closes. Never raises: the answer says what went wrong. A JSON

@@ -30,8 +30,12 @@ SHM_FAMILIES = (
     ("ucx_", "MPI (UCX)"),
 )
 # Names that carry their creator's pid.
-SHM_CREATOR = [re.compile(r"^sgl_shm_[A-Za-z_]*?_(\d+)_"), re.compile(r"^multi_tokenizer_args_(\d+)"),
-               re.compile(r"^torch_(\d+)_"), re.compile(r"^__KMP_REGISTERED_LIB_(\d+)")]
+SHM_CREATOR = [
+    re.compile(r"^sgl_shm_[A-Za-z_]*?_(\d+)_"),
+    re.compile(r"^multi_tokenizer_args_(\d+)"),
+    re.compile(r"^torch_(\d+)_"),
+    re.compile(r"^__KMP_REGISTERED_LIB_(\d+)"),
+]
 
 
 def _maps_ids(pid, dev):
@@ -161,16 +165,25 @@ def _shm_folder(folder):
 def _shm_folder_ok(folder, other_dir):
     real, default = _shm_folder(folder)
     if not default and not other_dir:
-        raise Refused("%s is not /dev/shm: a clean touches another folder only when the operator names it and "
-                      "confirms (cockpit shm --dir %s --clean --yes-other-dir)" % (folder, folder))
+        raise Refused(
+            "%s is not /dev/shm: a clean touches another folder only when the operator names it and "
+            "confirms (cockpit shm --dir %s --clean --yes-other-dir)" % (folder, folder)
+        )
     return real
 
 
 def _kind(mode):
     import stat as st_mod
 
-    return ("symlink" if st_mod.S_ISLNK(mode) else "dir" if st_mod.S_ISDIR(mode)
-            else "file" if st_mod.S_ISREG(mode) else "special file")
+    return (
+        "symlink"
+        if st_mod.S_ISLNK(mode)
+        else "dir"
+        if st_mod.S_ISDIR(mode)
+        else "file"
+        if st_mod.S_ISREG(mode)
+        else "special file"
+    )
 
 
 def shm_audit(folder=SHM_DEFAULT, uid=None):
@@ -218,27 +231,55 @@ def shm_audit(folder=SHM_DEFAULT, uid=None):
             elif held:
                 why = "held by pid " + ",".join(map(str, held))
             elif blind:
-                why = ("cannot tell who holds it: what %d processes map or hold open cannot be read here (pid %s%s, "
-                       "not %s's; run as root to see them)"
-                       % (len(blind), ",".join(map(str, blind[:5])), "…" if len(blind) > 5 else "", _user(os.geteuid())))
+                why = (
+                    "cannot tell who holds it: what %d processes map or hold open cannot be read here (pid %s%s, "
+                    "not %s's; run as root to see them)"
+                    % (len(blind), ",".join(map(str, blind[:5])), "…" if len(blind) > 5 else "", _user(os.geteuid()))
+                )
             elif alive:
                 why = "its creator pid %d is alive" % creator
             else:
                 why = None
-            entries.append({
-                "name": name, "kind": kind, "family": family, "bytes": st.st_blocks * 512 if kind == "file" else 0,
-                "size": st.st_size, "age_s": round(now - st.st_mtime, 1), "owner": _user(st.st_uid), "uid": st.st_uid,
-                "dev": st.st_dev, "ino": st.st_ino, "born": born, "born_ns": born_ns, "born_how": born_how, "held_by": held,
-                "creator": creator, "creator_alive": alive, "creator_started": creator_started,
-                "removable": why is None, "why": why,
-            })
+            entries.append(
+                {
+                    "name": name,
+                    "kind": kind,
+                    "family": family,
+                    "bytes": st.st_blocks * 512 if kind == "file" else 0,
+                    "size": st.st_size,
+                    "age_s": round(now - st.st_mtime, 1),
+                    "owner": _user(st.st_uid),
+                    "uid": st.st_uid,
+                    "dev": st.st_dev,
+                    "ino": st.st_ino,
+                    "born": born,
+                    "born_ns": born_ns,
+                    "born_how": born_how,
+                    "held_by": held,
+                    "creator": creator,
+                    "creator_alive": alive,
+                    "creator_started": creator_started,
+                    "removable": why is None,
+                    "why": why,
+                }
+            )
     finally:
         os.close(dfd)
     vfs = os.statvfs(folder)
-    return {"folder": folder, "asked": asked, "default": default, "entries": entries,
-            "free_bytes": vfs.f_bavail * vfs.f_frsize, "total_bytes": vfs.f_blocks * vfs.f_frsize, "uid": run_uid,
-            "user": _user(run_uid), "prefixes": [p for p, _ in SHM_FAMILIES], "checked_at": now,
-            "unreadable_pids": blind[:50], "unreadable": len(blind)}
+    return {
+        "folder": folder,
+        "asked": asked,
+        "default": default,
+        "entries": entries,
+        "free_bytes": vfs.f_bavail * vfs.f_frsize,
+        "total_bytes": vfs.f_blocks * vfs.f_frsize,
+        "uid": run_uid,
+        "user": _user(run_uid),
+        "prefixes": [p for p, _ in SHM_FAMILIES],
+        "checked_at": now,
+        "unreadable_pids": blind[:50],
+        "unreadable": len(blind),
+    }
 
 
 def shm_clean(folder, names, uid=None, other_dir=False):
@@ -270,19 +311,36 @@ def shm_clean(folder, names, uid=None, other_dir=False):
                 skipped.append({"name": name, "why": "gone since it was listed", "gone": True})
             elif not entry["removable"]:
                 skipped.append({"name": name, "why": entry["why"]})
-            elif want is not None and (want[1] != entry["ino"] or want[0] not in (None, entry["dev"])
-                                       or want[2] not in (None, entry["born_ns"])):
-                skipped.append({"name": name, "why": "another file than the one listed (inode %d, made %s; now "
-                                                     "inode %d, made %s): replaced since"
-                                                     % (want[1], _when((want[2] or 0) / 1e9), entry["ino"],
-                                                        _when(entry["born"]))})
+            elif want is not None and (
+                want[1] != entry["ino"]
+                or want[0] not in (None, entry["dev"])
+                or want[2] not in (None, entry["born_ns"])
+            ):
+                skipped.append(
+                    {
+                        "name": name,
+                        "why": "another file than the one listed (inode %d, made %s; now "
+                        "inode %d, made %s): replaced since"
+                        % (want[1], _when((want[2] or 0) / 1e9), entry["ino"], _when(entry["born"])),
+                    }
+                )
             else:
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    if (not st_mod.S_ISREG(st.st_mode) or st.st_ino != entry["ino"] or st.st_dev != entry["dev"]
-                            or st.st_uid != entry["uid"] or _born(name, st, dfd)[0] != entry["born_ns"]):
-                        skipped.append({"name": name, "why": "changed since it was checked (now a %s, inode %d)"
-                                                             % (_kind(st.st_mode), st.st_ino)})
+                    if (
+                        not st_mod.S_ISREG(st.st_mode)
+                        or st.st_ino != entry["ino"]
+                        or st.st_dev != entry["dev"]
+                        or st.st_uid != entry["uid"]
+                        or _born(name, st, dfd)[0] != entry["born_ns"]
+                    ):
+                        skipped.append(
+                            {
+                                "name": name,
+                                "why": "changed since it was checked (now a %s, inode %d)"
+                                % (_kind(st.st_mode), st.st_ino),
+                            }
+                        )
                         continue
                     os.unlink(name, dir_fd=dfd)
                     removed.append(name)

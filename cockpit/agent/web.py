@@ -22,8 +22,13 @@ def _fetch(port, path, timeout, limit, accept=""):
     timeout = min(max(float(timeout), 0.01), MAX_TIMEOUT_S)
     with _lock:
         if port in _in_flight:
-            return {"port": port, "path": path, "status": None, "busy": True,
-                    "error": "an earlier request to this port is still under way"}
+            return {
+                "port": port,
+                "path": path,
+                "status": None,
+                "busy": True,
+                "error": "an earlier request to this port is still under way",
+            }
         _in_flight.add(port)
     start = time.monotonic()
     deadline = start + timeout
@@ -32,8 +37,11 @@ def _fetch(port, path, timeout, limit, accept=""):
         sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.sendall(("GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nUser-Agent: gpu-cockpit\r\n%s\r\n"
-                          % (path, port, accept)).encode())
+            sock.sendall(
+                (
+                    "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nUser-Agent: gpu-cockpit\r\n%s\r\n" % (path, port, accept)
+                ).encode()
+            )
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -50,8 +58,12 @@ def _fetch(port, path, timeout, limit, accept=""):
         finally:
             sock.close()
     except OSError as exc:
-        return {"port": port, "path": path, "status": None,
-                "error": getattr(exc, "strerror", None) or str(exc) or "timeout"}
+        return {
+            "port": port,
+            "path": path,
+            "status": None,
+            "error": getattr(exc, "strerror", None) or str(exc) or "timeout",
+        }
     finally:
         with _lock:
             _in_flight.discard(port)
@@ -70,8 +82,13 @@ def http_get(port, path, timeout=2.0):
         return got
     data, _, ms = got
     head, _, body = data.partition(b"\r\n\r\n")
-    return {"port": int(port), "path": path, "status": _status(head), "ms": ms,
-            "body": body[:4096].decode("utf-8", "replace")}
+    return {
+        "port": int(port),
+        "path": path,
+        "status": _status(head),
+        "ms": ms,
+        "body": body[:4096].decode("utf-8", "replace"),
+    }
 
 
 def http_body(port, path, timeout=5.0, limit=METRICS_MAX_BYTES, want=None):
@@ -85,6 +102,9 @@ def http_body(port, path, timeout=5.0, limit=METRICS_MAX_BYTES, want=None):
     text = body.decode("utf-8", "replace")
     if want:
         names = tuple(want)
-        text = "\n".join(line for line in text.splitlines()
-                         if line.startswith(names) or (line.startswith("# ") and any(n in line for n in names)))
+        text = "\n".join(
+            line
+            for line in text.splitlines()
+            if line.startswith(names) or (line.startswith("# ") and any(n in line for n in names))
+        )
     return {"port": int(port), "path": path, "status": _status(head), "ms": ms, "body": text, "truncated": truncated}

@@ -21,8 +21,10 @@ WAIT_MS = 10000  # one wait in the driver, which returns at once on an event: th
 # NVRM: Xid (PCI:0000:c1:00): 94, pid='<unknown>', name=<unknown>, Contained: ...
 # Anchored at the driver's own prefix, at the start of the message: text that merely contains it
 # (a process name, a path, a user's line echoed by another kernel message) is no Xid.
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.\d)?\):\s*(\d+)"
-                  r"(?:,\s*pid=['\"]?(\d+|<unknown>)['\"]?)?")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.\d)?\):\s*(\d+)"
+    r"(?:,\s*pid=['\"]?(\d+|<unknown>)['\"]?)?"
+)
 # A line of dmesg or syslog: the kernel's message after its timestamp and syslog's "HOST kernel:".
 _LINE = re.compile(r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: )?(?:\[ *\d+\.\d+\] *)?")
 KERNEL_FACILITY = 0  # a /dev/kmsg record's facility (its priority >> 3): userspace cannot write it
@@ -38,8 +40,11 @@ def parse_xid(line, start=None):
     if m is None:
         return None
     domain, bus, dev, code, pid = m.groups()
-    return ("%04x:%s:%s" % (int(domain, 16) & 0xFFFF, bus.lower(), dev.lower()), int(code),
-            int(pid) if pid and pid.isdigit() else None)
+    return (
+        "%04x:%s:%s" % (int(domain, 16) & 0xFFFF, bus.lower(), dev.lower()),
+        int(code),
+        int(pid) if pid and pid.isdigit() else None,
+    )
 
 
 def bus_key(bus_id):
@@ -109,8 +114,11 @@ class XidWatch:
         registered = 0
         for h in handles:
             try:
-                supported = nvml.nvmlDeviceGetSupportedEventTypes(h) if hasattr(
-                    nvml, "nvmlDeviceGetSupportedEventTypes") else (xid | ecc)
+                supported = (
+                    nvml.nvmlDeviceGetSupportedEventTypes(h)
+                    if hasattr(nvml, "nvmlDeviceGetSupportedEventTypes")
+                    else (xid | ecc)
+                )
                 want = supported & (xid | ecc)
                 if want & xid:
                     nvml.nvmlDeviceRegisterEvents(h, want, eventset)
@@ -145,8 +153,13 @@ class XidWatch:
                 index = nvml.nvmlDeviceGetIndex(data.device)
             except Exception:
                 index = None
-            code = int(data.eventData) if data.eventType & getattr(nvml, "nvmlEventTypeXidCriticalError", 0x8) else \
-                48 if data.eventType & getattr(nvml, "nvmlEventTypeDoubleBitEccError", 0x2) else int(data.eventData)
+            code = (
+                int(data.eventData)
+                if data.eventType & getattr(nvml, "nvmlEventTypeXidCriticalError", 0x8)
+                else 48
+                if data.eventType & getattr(nvml, "nvmlEventTypeDoubleBitEccError", 0x2)
+                else int(data.eventData)
+            )
             self._add(index, time.time(), code, None)
 
     def _kmsg(self):

@@ -34,8 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name: (its family module, its help),
     "snapshot": ("snapshot", "render the host's state once, without a terminal, and exit"),
     "fleet": ("screen", "one row per host of a fleet; enter opens a host's cockpit"),
     "serve": ("serve", "serve the cockpit to a browser (textual-serve), on 127.0.0.1 by default, behind a token"),
-    "exporter": ("exporter", "serve the fleet's verdicts as Prometheus metrics (on 127.0.0.1 unless --listen says "
-                            "otherwise)"),
+    "exporter": (
+        "exporter",
+        "serve the fleet's verdicts as Prometheus metrics (on 127.0.0.1 unless --listen says otherwise)",
+    ),
     **acts.commands(),  # the acts on a host's run: their table (cockpit/operate/acts.py) names them
     "runs": ("offline", "the ledger: every launch of a layout and what became of it"),
     "explain": ("offline", "post-mortem of a saved server log: the phases reached, the rank that failed and why"),
@@ -90,14 +92,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Durations that cannot be negative (nor zero, for an interval or a timeout) are refused at
     once, in one line."""
-    for name, least, strict in (("interval", 0.0, True), ("wait", 0.0, False), ("timeout", 0.0, True),
-                                ("settle", 0.0, False)):
+    for name, least, strict in (
+        ("interval", 0.0, True),
+        ("wait", 0.0, False),
+        ("timeout", 0.0, True),
+        ("settle", 0.0, False),
+    ):
         value = getattr(args, name, None)
         if value is None:
             continue
         if value != value or value in (float("inf"), float("-inf")) or value < least or (strict and value == least):
-            parser.exit(2, f"cockpit {args.command}: --{name} {value:g}: must be "
-                           f"{'more than' if strict else 'at least'} {least:g} seconds\n")
+            parser.exit(
+                2,
+                f"cockpit {args.command}: --{name} {value:g}: must be "
+                f"{'more than' if strict else 'at least'} {least:g} seconds\n",
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         import difflib
 
         near = difflib.get_close_matches(argv[0], list(COMMANDS), n=1, cutoff=0.7)
-        say(f"cockpit: unknown command {argv[0]!r}" + (f": did you mean {near[0]!r}?" if near else
-            f": one of {', '.join(sorted(COMMANDS))}"), file=sys.stderr)
+        say(
+            f"cockpit: unknown command {argv[0]!r}"
+            + (f": did you mean {near[0]!r}?" if near else f": one of {', '.join(sorted(COMMANDS))}"),
+            file=sys.stderr,
+        )
         return 2
     if not argv or (argv[0] not in COMMANDS and not argv[0].startswith("-")):
         argv = ["open"] + argv

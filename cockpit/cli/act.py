@@ -44,23 +44,38 @@ class ShmPrompt(Prompt):
     async def confirm(self, title: str, lines: list[str], question: str) -> bool:
         if not await super().confirm(title, lines, question):
             return False
-        return not self.other_dir or self.args.yes_other_dir or confirm(
-            [], f"{self.folder} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
-            False)
+        return (
+            not self.other_dir
+            or self.args.yes_other_dir
+            or confirm(
+                [],
+                f"{self.folder} is not /dev/shm: clean it anyway (--yes does not answer this; --yes-other-dir does)?",
+                False,
+            )
+        )
 
 
-@command("kill", TARGET,
-         arg("--pid", type=int, help="kill this process (and what it started, as its user) instead of the run "
-                                     "found; how to choose when two runs are found"),
-         arg("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)"),
-         YES, JSON)
+@command(
+    "kill",
+    TARGET,
+    arg(
+        "--pid",
+        type=int,
+        help="kill this process (and what it started, as its user) instead of the run "
+        "found; how to choose when two runs are found",
+    ),
+    arg("--wait", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)"),
+    YES,
+    JSON,
+)
 def cmd_kill(args: argparse.Namespace) -> int:
     writable(args)
 
     async def go() -> dict | None:
         async with attached(args) as monitor:
-            return await perform.stop(monitor, Prompt(args), "kill", "cockpit kill: asked by the operator", args.pid,
-                                      args.wait)
+            return await perform.stop(
+                monitor, Prompt(args), "kill", "cockpit kill: asked by the operator", args.pid, args.wait
+            )
 
     report = run_async(go())
     if report is None:
@@ -72,20 +87,33 @@ def cmd_kill(args: argparse.Namespace) -> int:
     return 0 if report["verified"] else 3
 
 
-@command("shm", TARGET,
-         arg("--dir", default="/dev/shm",
-             help="the shm folder (default /dev/shm); cleaning another folder needs --yes-other-dir or a yes asked"),
-         arg("--clean", action="store_true",
-             help="remove files named like an inference run's (nccl-, torch_, psm_, the engines', MPI...), "
-                  "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why"),
-         YES, arg("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm"), JSON)
+@command(
+    "shm",
+    TARGET,
+    arg(
+        "--dir",
+        default="/dev/shm",
+        help="the shm folder (default /dev/shm); cleaning another folder needs --yes-other-dir or a yes asked",
+    ),
+    arg(
+        "--clean",
+        action="store_true",
+        help="remove files named like an inference run's (nccl-, torch_, psm_, the engines', MPI...), "
+        "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why",
+    ),
+    YES,
+    arg("--yes-other-dir", action="store_true", help="confirm cleaning a --dir other than /dev/shm"),
+    JSON,
+)
 def cmd_shm(args: argparse.Namespace) -> int:
     if args.clean:
         writable(args)
+
     def refuse_other(folder: str) -> None:
         if args.clean and not args.yes_other_dir and not sys.stdin.isatty():
-            raise CockpitError(f"--dir {args.dir} is not /dev/shm ({folder}): pass --yes-other-dir to clean it "
-                               f"(--yes alone does not)")
+            raise CockpitError(
+                f"--dir {args.dir} is not /dev/shm ({folder}): pass --yes-other-dir to clean it (--yes alone does not)"
+            )
 
     if os.path.normpath(args.dir) != actions.SHM_DEFAULT:
         refuse_other(args.dir)
@@ -100,13 +128,19 @@ def cmd_shm(args: argparse.Namespace) -> int:
                 return audit, None
             if not args.json:
                 say("\n".join(actions.describe_shm(audit)))
-            return audit, await perform.clean_shm(monitor, audit, ShmPrompt(args, audit["folder"], other_dir),
-                                                  other_dir=other_dir)
+            return audit, await perform.clean_shm(
+                monitor, audit, ShmPrompt(args, audit["folder"], other_dir), other_dir=other_dir
+            )
 
     audit, cleaned = run_async(go())
     if args.json:
-        print_json({"audit": audit, "clean": cleaned,
-                    "summary": actions.summarize_clean(cleaned) if cleaned is not None else None})
+        print_json(
+            {
+                "audit": audit,
+                "clean": cleaned,
+                "summary": actions.summarize_clean(cleaned) if cleaned is not None else None,
+            }
+        )
     elif cleaned is None:
         if not args.clean:
             say("\n".join(actions.describe_shm(audit)))
@@ -115,14 +149,30 @@ def cmd_shm(args: argparse.Namespace) -> int:
     return declined("nothing was removed") if args.clean and cleaned is None else 0
 
 
-@command("dump", TARGET,
-         arg("--upload-pyspy", action="store_true",
-             help="send this install's py-spy when the host has none (what is sent, and where, is said first)"),
-         arg("--full", "--native", dest="full", action="store_true",
-             help="every frame of each group's main thread, the native ones unfolded"),
-         arg("--pid", type=int, metavar="ROOT", help="dump this run (its root process and what it started) instead of "
-                                                     "the run found; how to choose when two runs are found"),
-         JSON)
+@command(
+    "dump",
+    TARGET,
+    arg(
+        "--upload-pyspy",
+        action="store_true",
+        help="send this install's py-spy when the host has none (what is sent, and where, is said first)",
+    ),
+    arg(
+        "--full",
+        "--native",
+        dest="full",
+        action="store_true",
+        help="every frame of each group's main thread, the native ones unfolded",
+    ),
+    arg(
+        "--pid",
+        type=int,
+        metavar="ROOT",
+        help="dump this run (its root process and what it started) instead of "
+        "the run found; how to choose when two runs are found",
+    ),
+    JSON,
+)
 def cmd_dump(args: argparse.Namespace) -> int:
     writable(args)
 
@@ -139,13 +189,24 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("bundle", TARGET,
-         arg("--wait", type=float, default=None, metavar="S",
-             help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)"),
-         arg("--upload-pyspy", action="store_true",
-             help="send this install's py-spy when the host has none, for the stacks (what is sent, and where, is "
-                  "said first)"),
-         JSON)
+@command(
+    "bundle",
+    TARGET,
+    arg(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="judge for exactly S seconds first (default: until the verdict is decided, as snapshot does)",
+    ),
+    arg(
+        "--upload-pyspy",
+        action="store_true",
+        help="send this install's py-spy when the host has none, for the stacks (what is sent, and where, is "
+        "said first)",
+    ),
+    JSON,
+)
 def cmd_bundle(args: argparse.Namespace) -> int:
     if args.upload_pyspy:
         writable(args)
@@ -153,8 +214,11 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     async def go():
         async with attached(args) as monitor:
             if args.upload_pyspy:
-                await monitor.pyspy_check(upload=True, python=monitor.layout.python if monitor.layout else None,
-                                          say=lambda line: print(line, file=sys.stderr, flush=True))
+                await monitor.pyspy_check(
+                    upload=True,
+                    python=monitor.layout.python if monitor.layout else None,
+                    say=lambda line: print(line, file=sys.stderr, flush=True),
+                )
             await monitor.look(args.wait)
             return await bundle.make_bundle(monitor, read_only=args.read_only)
 
@@ -166,11 +230,19 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("flightrec",
-         TARGET, arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
-         arg("--pid", type=int, metavar="ROOT", help="this run (its root process and what it started) instead of the "
-                                                     "run found; how to choose when two runs are found"),
-         JSON)
+@command(
+    "flightrec",
+    TARGET,
+    arg("--no-trigger", action="store_true", help="read the dumps already there (e.g. from a timeout)"),
+    arg(
+        "--pid",
+        type=int,
+        metavar="ROOT",
+        help="this run (its root process and what it started) instead of the "
+        "run found; how to choose when two runs are found",
+    ),
+    JSON,
+)
 def cmd_flightrec(args: argparse.Namespace) -> int:
     if not args.no_trigger:
         writable(args)
@@ -181,12 +253,16 @@ def cmd_flightrec(args: argparse.Namespace) -> int:
 
     answer, result = run_async(go())
     if args.json:
-        print_json({"ranks": {r: {k: v for k, v in d.items() if k != "entries"} for r, d in answer["ranks"].items()},
-                    "problems": answer.get("problems"), "comparison": result})
+        print_json(
+            {
+                "ranks": {r: {k: v for k, v in d.items() if k != "entries"} for r, d in answer["ranks"].items()},
+                "problems": answer.get("problems"),
+                "comparison": result,
+            }
+        )
     else:
         say("\n".join(flightrec.describe(answer, result)))
     return 0 if answer.get("armed") else 3
-
 
 
 def _generic(name: str) -> None:

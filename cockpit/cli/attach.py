@@ -66,8 +66,9 @@ def build_monitor(args: argparse.Namespace, on_connect=None, layout=None, sim_st
 def forensics_allowed(args: argparse.Namespace, layout) -> bool:
     """A stall's forensics are gathered automatically unless --read-only, --no-forensics or the
     layout's `auto_dump: false` says no."""
-    return not (getattr(args, "read_only", False) or getattr(args, "no_forensics", False)) \
-        and (layout is None or layout.auto_dump)
+    return not (getattr(args, "read_only", False) or getattr(args, "no_forensics", False)) and (
+        layout is None or layout.auto_dump
+    )
 
 
 @asynccontextmanager

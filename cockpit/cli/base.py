@@ -38,34 +38,48 @@ def arg(*names, **kw) -> tuple[tuple, dict]:
 
 YES = arg("--yes", action="store_true", help="do not ask: the plan is printed and carried out")
 JSON = arg("--json", action="store_true", help="print JSON instead of a table")
-TARGET = arg("target", help="the host: local, demo, an ssh alias, user@host[:port], docker:NAME[@HOST], "
-                            "podman:NAME[@HOST] or slurm:JOBID[/NODE][@LOGIN-HOST]")
-READ_ONLY_NOOP = arg("--read-only", action="store_true",
-                     help="accepted as by every command; this one never acts on a host anyway")
+TARGET = arg(
+    "target",
+    help="the host: local, demo, an ssh alias, user@host[:port], docker:NAME[@HOST], "
+    "podman:NAME[@HOST] or slurm:JOBID[/NODE][@LOGIN-HOST]",
+)
+READ_ONLY_NOOP = arg(
+    "--read-only", action="store_true", help="accepted as by every command; this one never acts on a host anyway"
+)
 
 
 def command(name: str, *arguments, common: bool = True, epilog: str | None = None):
     """Register a subcommand's arguments and handler in one place (its one-line help is with its
     name in `cockpit.cli.COMMANDS`)."""
+
     def wrap(fn):
         REGISTERED[name] = Command(name, fn, list(arguments), common, epilog)
         return fn
+
     return wrap
 
 
 def common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", metavar="FILE", help="a layout (launch profile): a .yaml path or a shipped name")
     p.add_argument("--python", metavar="PATH", help="the interpreter on the host that runs the agent (default python3)")
-    p.add_argument("--trust-python", action="store_true",
-                   help="as root, run the agent's interpreter even where a user other than root can change it")
+    p.add_argument(
+        "--trust-python",
+        action="store_true",
+        help="as root, run the agent's interpreter even where a user other than root can change it",
+    )
     p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval in seconds (default 1)")
     p.add_argument("--ssh-config", metavar="FILE", help="an ssh config file to read instead of ~/.ssh/config")
     p.add_argument("--known-hosts", metavar="FILE", help="a known_hosts file to use instead of ~/.ssh/known_hosts")
-    p.add_argument("--accept-new", action="store_true", help="trust an unknown host key and record it (never a changed one)")
+    p.add_argument(
+        "--accept-new", action="store_true", help="trust an unknown host key and record it (never a changed one)"
+    )
     p.add_argument("--sim", metavar="DIR", help="use the simulated NVML on the host, with its state in DIR there")
     p.add_argument("--read-only", action="store_true", help="watch only: every action (kill, shm clean, dump) is off")
-    p.add_argument("--no-forensics", action="store_true",
-                   help="do not gather a stall's forensics (every rank's stack, once per stall) automatically")
+    p.add_argument(
+        "--no-forensics",
+        action="store_true",
+        help="do not gather a stall's forensics (every rank's stack, once per stall) automatically",
+    )
 
 
 def handle(parse: Callable[[], argparse.Namespace]) -> int:
@@ -87,8 +101,10 @@ def handle(parse: Callable[[], argparse.Namespace]) -> int:
     except Exception as exc:  # a bug: still one line, with the way to the details
         if os.environ.get("COCKPIT_DEBUG"):
             raise
-        say(f"cockpit: internal error: {type(exc).__name__}: {exc} (rerun with COCKPIT_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+        say(
+            f"cockpit: internal error: {type(exc).__name__}: {exc} (rerun with COCKPIT_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -220,5 +236,6 @@ def need_terminal(args: argparse.Namespace) -> None:
         return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         target = "demo" if args.command == "demo" else getattr(args, "target", "local")
-        raise CockpitError(f"no terminal to draw the cockpit on: for scripts use "
-                           f"`cockpit snapshot {target} --json` (or --text)")
+        raise CockpitError(
+            f"no terminal to draw the cockpit on: for scripts use `cockpit snapshot {target} --json` (or --text)"
+        )

@@ -43,6 +43,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _end_on_hangup(app) -> None:
     """A closed terminal window (SIGHUP) or a plain kill (SIGTERM) ends the demo as q does, so its
     runs are stopped rather than left behind."""
+
     def handler(signum, frame) -> None:
         app.call_later(app.exit)
 

@@ -100,24 +100,32 @@ def _spec(args: argparse.Namespace, layout):
     _on_off(args)
     for name in args.on + args.off:
         if name not in layout.flag_sets:
-            raise CockpitError(f"{layout.path}: no flag set {name!r} (flag sets: {', '.join(layout.flag_sets) or 'none'})")
+            raise CockpitError(
+                f"{layout.path}: no flag set {name!r} (flag sets: {', '.join(layout.flag_sets) or 'none'})"
+            )
     spec.enabled = [n for n in layout.flag_sets if (n in spec.enabled or n in args.on) and n not in args.off]
     for item in args.set:
         name, sep, value = item.partition("=")
         if not sep or name not in layout.params:
-            raise CockpitError(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(layout.params) or 'no parameters'}")
+            raise CockpitError(
+                f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(layout.params) or 'no parameters'}"
+            )
         spec.params[name] = value
     return spec
 
 
-@command("launch", TARGET,
-         arg("--on", action="append", default=[], metavar="SET", help="turn a flag set on (repeatable)"),
-         arg("--off", action="append", default=[], metavar="SET", help="turn a flag set off (repeatable)"),
-         arg("--set", action="append", default=[], metavar="NAME=VALUE", help="a parameter's value"),
-         arg("--no-clean-shm", action="store_true", help="leave /dev/shm alone between runs"),
-         arg("--timeout", type=float, default=900, metavar="S", help="give up watching after S seconds"),
-         arg("--settle", type=float, default=0, metavar="S", help="keep watching S seconds after ready"),
-         YES, arg("--json", action="store_true", help="print the run's ledger row as JSON instead of lines"))
+@command(
+    "launch",
+    TARGET,
+    arg("--on", action="append", default=[], metavar="SET", help="turn a flag set on (repeatable)"),
+    arg("--off", action="append", default=[], metavar="SET", help="turn a flag set off (repeatable)"),
+    arg("--set", action="append", default=[], metavar="NAME=VALUE", help="a parameter's value"),
+    arg("--no-clean-shm", action="store_true", help="leave /dev/shm alone between runs"),
+    arg("--timeout", type=float, default=900, metavar="S", help="give up watching after S seconds"),
+    arg("--settle", type=float, default=0, metavar="S", help="keep watching S seconds after ready"),
+    YES,
+    arg("--json", action="store_true", help="print the run's ledger row as JSON instead of lines"),
+)
 def cmd_launch(args: argparse.Namespace) -> int:
     writable(args)
     _on_off(args)
@@ -130,13 +138,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
             spec = _spec(args, layout)
             argv = build_argv(layout, spec, monitor.launch_python()) + monitor.sim_flags()
             plan, names, lines = await relaunch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
-            if not confirm(lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes,
-                           args.json):
+            if not confirm(
+                lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes, args.json
+            ):
                 return None
             with Interrupt("launch") as stop:
-                row = await relaunch.run_variant(monitor, spec, args.timeout, clean_shm=not args.no_clean_shm,
-                                                 progress=stop.progress, settle=args.settle, plan=plan, shm=names,
-                                                 interrupted=stop)
+                row = await relaunch.run_variant(
+                    monitor,
+                    spec,
+                    args.timeout,
+                    clean_shm=not args.no_clean_shm,
+                    progress=stop.progress,
+                    settle=args.settle,
+                    plan=plan,
+                    shm=names,
+                    interrupted=stop,
+                )
                 if stop():
                     await relaunch.end_own_run(monitor, "stopped: the launch is interrupted", stop.progress)
                 return row, stop
@@ -148,15 +165,27 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.json:
         stop.out(json_text(mask_record(row)), raw=True)  # secrets masked, as in the ledger
     else:
-        stop.out("\n".join([row["summary"], f"{row['run_id']}: {row['outcome']}",
-                            *(f"  {line}" for line in row["evidence"]), f"log: {row['log']}"]))
+        stop.out(
+            "\n".join(
+                [
+                    row["summary"],
+                    f"{row['run_id']}: {row['outcome']}",
+                    *(f"  {line}" for line in row["evidence"]),
+                    f"log: {row['log']}",
+                ]
+            )
+        )
     return 130 if stop.why else relaunch.exit_status([row["outcome"]])
 
 
-@command("ablate", TARGET,
-         arg("--vary", required=True, metavar="SET,SET", help="flag sets to switch on and off"),
-         arg("--timeout", type=float, default=900, metavar="S", help="per combination"),
-         YES, JSON)
+@command(
+    "ablate",
+    TARGET,
+    arg("--vary", required=True, metavar="SET,SET", help="flag sets to switch on and off"),
+    arg("--timeout", type=float, default=900, metavar="S", help="per combination"),
+    YES,
+    JSON,
+)
 def cmd_ablate(args: argparse.Namespace) -> int:
     writable(args)
     vary = [v for v in args.vary.split(",") if v]
@@ -165,13 +194,23 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         async with attached(args) as monitor:
             specs = combinations(monitor.layout, vary)
             plan, names, lines = await relaunch.plan_relaunch(monitor)
-            if not confirm(lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
-                           f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
-                           args.yes, args.json):
+            if not confirm(
+                lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
+                f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
+                args.yes,
+                args.json,
+            ):
                 return None
             with Interrupt("ablation") as stop:
-                return await relaunch.ablate(monitor, vary, args.timeout, progress=stop.progress, first_plan=plan,
-                                             first_shm=names, interrupted=stop), stop
+                return await relaunch.ablate(
+                    monitor,
+                    vary,
+                    args.timeout,
+                    progress=stop.progress,
+                    first_plan=plan,
+                    first_shm=names,
+                    interrupted=stop,
+                ), stop
 
     done = run_async(go())
     if done is None:
@@ -181,32 +220,62 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 130 if stop.why else relaunch.exit_status([r["outcome"] for r in rows])
 
 
-BISECT_EXITS = ("exit status: 0 the smallest failing set found (at the confidence asked); 1 not confirmed; 2 bad input or an error; "
-                "3 no failure reproduced with the failing configuration; 4 the good configuration fails too; "
-                "5 the launch budget spent first; 130 interrupted (Ctrl+C, SIGTERM, SIGHUP or a closed output: the current run is stopped, a second "
-                "call with the same arguments resumes)")
+BISECT_EXITS = (
+    "exit status: 0 the smallest failing set found (at the confidence asked); 1 not confirmed; 2 bad input or an error; "
+    "3 no failure reproduced with the failing configuration; 4 the good configuration fails too; "
+    "5 the launch budget spent first; 130 interrupted (Ctrl+C, SIGTERM, SIGHUP or a closed output: the current run is stopped, a second "
+    "call with the same arguments resumes)"
+)
 
 
 def _names(text: str | None) -> list[str] | None:
     return None if text is None else [v for v in text.split(",") if v]
 
 
-@command("bisect", TARGET,
-         arg("--vary", metavar="SET,SET", help="the flag sets (and parameters: NAME, or NAME=GOOD_VALUE) to search; "
-                                               "default every flag set that differs between the two configurations"),
-         arg("--good", metavar="SET,SET", default=None,
-             help="the good configuration's flag sets (default none); the failing one is the layout's enabled sets "
-                  "plus those --vary names"),
-         arg("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="P",
-             help="end when one answer is at least P likely (default 0.95); every launch is weighed, a flaky "
-                  "hang's passes too"),
-         arg("--budget", type=int, default=None, metavar="LAUNCHES",
-             help="launch at most this many (resumed ones count; default 16 + 8 per suspect)"),
-         arg("--settle", type=float, default=None, metavar="S",
-             help="a launch passes once ready (or serving) for S seconds (default 10)"),
-         arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
-         arg("--fresh", action="store_true", help="start again instead of resuming the same bisect from the ledger"),
-         YES, JSON, epilog=BISECT_EXITS)
+@command(
+    "bisect",
+    TARGET,
+    arg(
+        "--vary",
+        metavar="SET,SET",
+        help="the flag sets (and parameters: NAME, or NAME=GOOD_VALUE) to search; "
+        "default every flag set that differs between the two configurations",
+    ),
+    arg(
+        "--good",
+        metavar="SET,SET",
+        default=None,
+        help="the good configuration's flag sets (default none); the failing one is the layout's enabled sets "
+        "plus those --vary names",
+    ),
+    arg(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        metavar="P",
+        help="end when one answer is at least P likely (default 0.95); every launch is weighed, a flaky "
+        "hang's passes too",
+    ),
+    arg(
+        "--budget",
+        type=int,
+        default=None,
+        metavar="LAUNCHES",
+        help="launch at most this many (resumed ones count; default 16 + 8 per suspect)",
+    ),
+    arg(
+        "--settle",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a launch passes once ready (or serving) for S seconds (default 10)",
+    ),
+    arg("--timeout", type=float, default=900, metavar="S", help="per launch: not ready by then fails"),
+    arg("--fresh", action="store_true", help="start again instead of resuming the same bisect from the ledger"),
+    YES,
+    JSON,
+    epilog=BISECT_EXITS,
+)
 def cmd_bisect(args: argparse.Namespace) -> int:
     writable(args)
     check_counts(args.confidence, args.budget)  # before connecting
@@ -215,17 +284,31 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            plan = make_plan(monitor.layout, monitor.target.label, good=_names(args.good), vary=_names(args.vary),
-                             confidence=args.confidence, budget=args.budget,
-                             settle=DEFAULT_SETTLE_S if args.settle is None else args.settle)
+            plan = make_plan(
+                monitor.layout,
+                monitor.target.label,
+                good=_names(args.good),
+                vary=_names(args.vary),
+                confidence=args.confidence,
+                budget=args.budget,
+                settle=DEFAULT_SETTLE_S if args.settle is None else args.settle,
+            )
             ready = await bisect.prepare(monitor, plan, args.fresh)
             first, names, kill_lines = await relaunch.plan_relaunch(monitor) if ready.launches else (None, None, [])
             question = "bisect (each launch kills the one before)?" if ready.launches else "show its answer?"
             if not confirm(ready.describe() + kill_lines, question, args.yes, args.json):
                 return None
             with Interrupt("bisect (a second call resumes it)") as stop:
-                return await bisect.bisect(monitor, plan, args.timeout, progress=stop.progress, first_plan=first,
-                                           first_shm=names, interrupted=stop, fresh=args.fresh), stop
+                return await bisect.bisect(
+                    monitor,
+                    plan,
+                    args.timeout,
+                    progress=stop.progress,
+                    first_plan=first,
+                    first_shm=names,
+                    interrupted=stop,
+                    fresh=args.fresh,
+                ), stop
 
     done = run_async(go())
     if done is None:

@@ -14,11 +14,20 @@ from cockpit.runs import ledger as runs
 from cockpit.runs.layouts import resolve_layout
 
 
-@command("runs",
-         arg("--layout", required=True, metavar="FILE",
-             help="the layout whose runs to list: a .yaml path or a shipped name (demo, "
-                  + ", ".join(f"{e.name}-tp8" for e in engines.logged()) + ")"),
-         JSON, READ_ONLY_NOOP, common=False)
+@command(
+    "runs",
+    arg(
+        "--layout",
+        required=True,
+        metavar="FILE",
+        help="the layout whose runs to list: a .yaml path or a shipped name (demo, "
+        + ", ".join(f"{e.name}-tp8" for e in engines.logged())
+        + ")",
+    ),
+    JSON,
+    READ_ONLY_NOOP,
+    common=False,
+)
 def cmd_runs(args: argparse.Namespace) -> int:
     layout = resolve_layout(args.layout)
     rows = runs.read_ledger(layout)
@@ -29,14 +38,24 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("explain",
-         arg("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)"),
-         arg("--engine", choices=[*(e.name for e in engines.logged()), "auto"], default="auto",
-             help="whose log it is (default: detected from the lines)"),
-         JSON, READ_ONLY_NOOP, common=False)
+@command(
+    "explain",
+    arg("log", metavar="LOG", help="the server's log file (.gz is fine; - reads stdin)"),
+    arg(
+        "--engine",
+        choices=[*(e.name for e in engines.logged()), "auto"],
+        default="auto",
+        help="whose log it is (default: detected from the lines)",
+    ),
+    JSON,
+    READ_ONLY_NOOP,
+    common=False,
+)
 def cmd_explain(args: argparse.Namespace) -> int:
     window = runs.stall_window_of(args.log, SILENT_S) if args.log != "-" else SILENT_S
-    result = explain(read_log(args.log, progress=True), getattr(args, "engine", None) or "auto", silence(args.log), window)
+    result = explain(
+        read_log(args.log, progress=True), getattr(args, "engine", None) or "auto", silence(args.log), window
+    )
     result["window_s"] = window
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))

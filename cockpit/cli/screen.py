@@ -24,10 +24,12 @@ def cmd_open(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("fleet",
-         arg("fleet_file", nargs="?", metavar="FLEET.yaml", help="the fleet file (docs/fleet.md)"),
-         arg("--hosts", metavar="A,B,C", help="these hosts instead of a fleet file"),
-         arg("--concurrency", type=int, default=None, metavar="N", help="connections opened at once (default 16)"))
+@command(
+    "fleet",
+    arg("fleet_file", nargs="?", metavar="FLEET.yaml", help="the fleet file (docs/fleet.md)"),
+    arg("--hosts", metavar="A,B,C", help="these hosts instead of a fleet file"),
+    arg("--concurrency", type=int, default=None, metavar="N", help="connections opened at once (default 16)"),
+)
 def cmd_fleet(args: argparse.Namespace) -> int:
     fleet = fleet_monitor(args)
     need_terminal(args)

@@ -19,22 +19,43 @@ from cockpit.link import early
 from cockpit.link.target import agent_python, parse_target, python_checked
 
 
-@command("snapshot",
-         arg("target", nargs="?", help="the host; omit it with --replay"),
-         arg("--json", action="store_true", help="print the JSON document (docs/snapshot-schema.md)"),
-         arg("--svg", metavar="FILE", help="save the cockpit screen as SVG"),
-         arg("--text", metavar="FILE", nargs="?", const="-",
-             help="the screen as text (to FILE, or stdout); the default when no format is named"),
-         arg("--size", default=None, metavar="COLSxROWS",
-             help="screen size for --svg/--text (default: the terminal's for text on a terminal, else 160x50)"),
-         arg("--wait", type=float, default=None, metavar="S",
-             help="judge for exactly S seconds (0: the instant look); by default it looks until the verdict "
-                  "is decided, at most the layout's stall window (docs/snapshot-schema.md)"),
-         arg("--replay", metavar="FILE.json", help="render a saved --json document instead of a live host"),
-         arg("--fleet", metavar="FLEET.yaml", help="every host of a fleet file, as one JSON document"),
-         arg("--hosts", metavar="A,B,C", help="a fleet of these hosts, as one JSON document"),
-         arg("--timeout", type=float, default=30.0, metavar="S",
-             help="with --fleet/--hosts: give up on hosts not answering after S seconds (default 30)"))
+@command(
+    "snapshot",
+    arg("target", nargs="?", help="the host; omit it with --replay"),
+    arg("--json", action="store_true", help="print the JSON document (docs/snapshot-schema.md)"),
+    arg("--svg", metavar="FILE", help="save the cockpit screen as SVG"),
+    arg(
+        "--text",
+        metavar="FILE",
+        nargs="?",
+        const="-",
+        help="the screen as text (to FILE, or stdout); the default when no format is named",
+    ),
+    arg(
+        "--size",
+        default=None,
+        metavar="COLSxROWS",
+        help="screen size for --svg/--text (default: the terminal's for text on a terminal, else 160x50)",
+    ),
+    arg(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="judge for exactly S seconds (0: the instant look); by default it looks until the verdict "
+        "is decided, at most the layout's stall window (docs/snapshot-schema.md)",
+    ),
+    arg("--replay", metavar="FILE.json", help="render a saved --json document instead of a live host"),
+    arg("--fleet", metavar="FLEET.yaml", help="every host of a fleet file, as one JSON document"),
+    arg("--hosts", metavar="A,B,C", help="a fleet of these hosts, as one JSON document"),
+    arg(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="with --fleet/--hosts: give up on hosts not answering after S seconds (default 30)",
+    ),
+)
 def cmd_snapshot(args: argparse.Namespace) -> int:
     if not (args.json or args.svg or args.text):  # what a person reads, on a terminal or through a pipe
         if args.fleet or args.hosts:
@@ -96,8 +117,14 @@ def start_agent_early(args: argparse.Namespace) -> None:
     target = parse_target(args.target)
     if target.kind == "local" and not args.layout:
         python = args.python or agent_python(target, None)
-        early.start(*agent_argv(python, args.interval or 1.0, args.sim,
-                                python_checked(target, python, getattr(args, "trust_python", False))))
+        early.start(
+            *agent_argv(
+                python,
+                args.interval or 1.0,
+                args.sim,
+                python_checked(target, python, getattr(args, "trust_python", False)),
+            )
+        )
 
 
 async def _snapshot_doc(args: argparse.Namespace) -> dict:
@@ -136,7 +163,9 @@ def _replay_doc(path: str) -> dict:
     except OSError as exc:
         raise CockpitError(f"{path}: cannot read: {exc.strerror}") from None
     except ValueError as exc:
-        raise CockpitError(f"{path}:{getattr(exc, 'lineno', 1)}: not a JSON snapshot ({exc.msg}): make one with snapshot --json") from None
+        raise CockpitError(
+            f"{path}:{getattr(exc, 'lineno', 1)}: not a JSON snapshot ({exc.msg}): make one with snapshot --json"
+        ) from None
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("gpu-cockpit.snapshot/"):
         raise CockpitError(f"{path}:1: not a gpu-cockpit snapshot (no schema field): make one with snapshot --json")
     return doc

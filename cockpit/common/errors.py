@@ -25,20 +25,37 @@ class UnknownHostKey(CockpitError):
     does (`question`); `record()` is the yes (the key appended to the user's known_hosts by the
     link that met it), returning what ssh then says."""
 
-    def __init__(self, msg: str, label: str, entry_name: str, key_type: str, fingerprint: str, path: str,
-                 accept: Callable[[], str]):
+    def __init__(
+        self,
+        msg: str,
+        label: str,
+        entry_name: str,
+        key_type: str,
+        fingerprint: str,
+        path: str,
+        accept: Callable[[], str],
+    ):
         super().__init__(msg)
-        self.label, self.entry_name, self.key_type, self.fingerprint, self.path = \
-            label, entry_name, key_type, fingerprint, path
+        self.label, self.entry_name, self.key_type, self.fingerprint, self.path = (
+            label,
+            entry_name,
+            key_type,
+            fingerprint,
+            path,
+        )
         self._accept = accept
 
     def question(self) -> tuple[str, list[str]]:
         """ssh's own words: the title, then the lines above its question."""
-        return (f"The authenticity of host '{self.label} ({self.entry_name})' can't be established.",
-                [f"{self.key_type} key fingerprint is {self.fingerprint}.",
-                 f"yes records it in {self.path} (as ssh does) and connects; no quits, nothing recorded.",
-                 "Compare the fingerprint with the host's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub "
-                 "there) before you answer yes."])
+        return (
+            f"The authenticity of host '{self.label} ({self.entry_name})' can't be established.",
+            [
+                f"{self.key_type} key fingerprint is {self.fingerprint}.",
+                f"yes records it in {self.path} (as ssh does) and connects; no quits, nothing recorded.",
+                "Compare the fingerprint with the host's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub "
+                "there) before you answer yes.",
+            ],
+        )
 
     def record(self) -> str:
         return self._accept()

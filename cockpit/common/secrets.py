@@ -31,8 +31,9 @@ ENV_SUFFIXES = ("_PAT",)
 # Names that contain a secret word but hold none (masking them would only hide useful settings).
 NOT_SECRET = frozenset({"TOKENIZERS_PARALLELISM"})
 
-FLAG_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pass", "auth", "pat",
-                        "credential", "credentials"})
+FLAG_WORDS = frozenset(
+    {"token", "key", "apikey", "secret", "password", "passwd", "pass", "auth", "pat", "credential", "credentials"}
+)
 
 MAX_TEXT = 1 << 20  # longer texts are cut before they are masked (a title, a line: never this long)
 
@@ -43,15 +44,34 @@ _URL_END = re.compile(r"[\s'\"<>]")
 _QUERY = re.compile(r"(?P<key>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?P<value>[^&;#\s]*)")
 _QUERY_WORDS = ("token", "key", "secret", "password", "passwd", "auth", "signature", "sig")
 # what a log line holds (mask_line)
-LINE_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "pat", "auth", "authorization",
-                        "credential", "credentials"})
-_BEARER = re.compile(r"(?i)(?P<kind>\bbearer|\bauthorization['\"]?\s{0,3}[:=]\s{0,3}['\"]?(?:basic|bearer|token|digest)?)"
-                     r"(?P<gap>\s*)[A-Za-z0-9._~+/=-]{8,}")
-_PREFIXED = re.compile(r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
-                       r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,})")
+LINE_WORDS = frozenset(
+    {
+        "token",
+        "key",
+        "apikey",
+        "secret",
+        "password",
+        "passwd",
+        "pat",
+        "auth",
+        "authorization",
+        "credential",
+        "credentials",
+    }
+)
+_BEARER = re.compile(
+    r"(?i)(?P<kind>\bbearer|\bauthorization['\"]?\s{0,3}[:=]\s{0,3}['\"]?(?:basic|bearer|token|digest)?)"
+    r"(?P<gap>\s*)[A-Za-z0-9._~+/=-]{8,}"
+)
+_PREFIXED = re.compile(
+    r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,})"
+)
 _FLAG = re.compile(r"(?<!\S)(?P<flag>--?[A-Za-z][A-Za-z0-9_.-]{0,63})(?P<sep>=|\s+)(?P<value>[^\s-]\S*)")
-_PAIR = re.compile(r"(?<![\w.-])(?P<q>['\"]?)(?P<key>[A-Za-z_][A-Za-z0-9_.-]{0,63})(?P=q)(?P<sep>\s{0,3}[=:]\s{0,3})"
-                   r"(?P<value>\[[^\]\n]{0,4096}\]|'[^'\n]{0,4096}'|\"[^\"\n]{0,4096}\"|[^\s,;)}\]'\"]{1,4096})")
+_PAIR = re.compile(
+    r"(?<![\w.-])(?P<q>['\"]?)(?P<key>[A-Za-z_][A-Za-z0-9_.-]{0,63})(?P=q)(?P<sep>\s{0,3}[=:]\s{0,3})"
+    r"(?P<value>\[[^\]\n]{0,4096}\]|'[^'\n]{0,4096}'|\"[^\"\n]{0,4096}\"|[^\s,;)}\]'\"]{1,4096})"
+)
 _COUNT = re.compile(r"[0-9][0-9.,]{0,30}[kKMG]?")
 _DONE = re.compile(r"(?i)['\"]?(?:(?:bearer|basic|token|digest)\s+)?\*\*\*['\"]?")  # masked already
 _UNSET = frozenset({"none", "null", "false", "true", "''", '""', "[]", "bearer", "basic", "token", "digest"})
@@ -117,7 +137,7 @@ def _mask_userinfo(text: str) -> str:
                 continue
             colon = text.find(":", start, at)
         user = colon >= 0 and text.find("@", start, colon) < 0
-        out.append(text[done:colon + 1] if user else text[done:start])
+        out.append(text[done : colon + 1] if user else text[done:start])
         out.append(MASK)
         done = at
     if not out:

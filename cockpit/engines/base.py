@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 # ("Loading safetensors checkpoint shards"), the fastsafetensors iterator ("Loading safetensors using
 # Fastsafetensor loader"), the Run:ai streamer ("Loading safetensors using Runai Model Streamer"),
 # multi-threaded shard loading, GGUF files. Shared by the engines whose loaders print it.
-LOADER_BAR = (r"\b(?:Loading (?:(?:safetensors|pt|np_cache) checkpoint shards|safetensors using |GGUF|gguf)"
-              r"|Multi-thread loading (?:shards|weights))")
+LOADER_BAR = (
+    r"\b(?:Loading (?:(?:safetensors|pt|np_cache) checkpoint shards|safetensors using |GGUF|gguf)"
+    r"|Multi-thread loading (?:shards|weights))"
+)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,18 @@ ENGINE = Engine(
     shm_prefixes=("sgl_shm_", "multi_tokenizer_args_"),
     packages=("sglang",),
     prefix="bracket",
-    phase_words=("aptur", "oad", "KV ", "HTTP/", " batch", "Init torch", "Memory pool", "Uvicorn",
-                 "Application startup", "fired up"),
+    phase_words=(
+        "aptur",
+        "oad",
+        "KV ",
+        "HTTP/",
+        " batch",
+        "Init torch",
+        "Memory pool",
+        "Uvicorn",
+        "Application startup",
+        "fired up",
+    ),
     phases=(
         (r"Init torch distributed begin", "starting"),
         (r"Load weight begin|" + LOADER_BAR, "loading weights"),
@@ -41,8 +51,10 @@ ENGINE = Engine(
         Failure(r"Rank (?P<rank>\d+) scheduler is dead"),
         Failure(r"^Exit code: (?P<code>-?\d+)\s*$"),
         Failure(r"Scheduler hit an exception", header=True),
-        Failure(r"(?:TpModelWorkerClient|DataParallelController|DetokenizerManager|TokenizerManager) hit an exception",
-                header=True),
+        Failure(
+            r"(?:TpModelWorkerClient|DataParallelController|DetokenizerManager|TokenizerManager) hit an exception",
+            header=True,
+        ),
         Failure(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|ControllerMulti)", header=True),
         Failure(r"Capture cuda graph failed", header=True),
         # http_server.py _wait_and_warmup: the warm-up request failed; SGLang then kills its own process tree
@@ -50,16 +62,21 @@ ENGINE = Engine(
         # the parent told by a failing child (a crash, never the operator's stop): 0.4's "Received sigquit from a
         # child process", newer "SIGQUIT received. signum=..., frame=.... It usually means one child failed.", and
         # the gRPC server's "Received SIGQUIT from scheduler process. Scheduler failed, shutting down gRPC server."
-        Failure(r"Received (?:sigquit from a child proces|SIGQUIT from scheduler process\. Scheduler failed)"
-                r"|^SIGQUIT received\. [^\n]{0,200}?child failed", consequence=True),
+        Failure(
+            r"Received (?:sigquit from a child proces|SIGQUIT from scheduler process\. Scheduler failed)"
+            r"|^SIGQUIT received\. [^\n]{0,200}?child failed",
+            consequence=True,
+        ),
         # the scheduler's own watchdog: a forward pass that never finished; it dumps stacks and kills the server
         Failure(r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout=", "watchdog-timeout"),
     ),
     # sglang/srt/entrypoints/http_server.py: the scheduler answers no health check
     stalls=((r"Health check failed\. Server couldn't get a response from detokenizer", "health-check"),),
-    signatures=(r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
-                r"|Capture cuda graph|Prefill batch\b|Decode batch\b|Memory pool end|KV Cache is allocated"
-                r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout=",),
+    signatures=(
+        r"sglang|Scheduler hit an exception|fired up and ready to roll|Load weight (?:begin|end)"
+        r"|Capture cuda graph|Prefill batch\b|Decode batch\b|Memory pool end|KV Cache is allocated"
+        r"|Received sigquit from a child|Watchdog timeout \(self\.watchdog_timeout=",
+    ),
     launch=(r"server_args=ServerArgs\(",),
     # its retry helper in sglang/srt/utils wraps every test: not serving code
     source_mark="/sglang/srt/",

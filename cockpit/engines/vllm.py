@@ -22,11 +22,28 @@ ENGINE = Engine(
     shm_prefixes=("vllm_",),
     packages=("vllm",),
     prefix="writer",
-    writers=(r"(?:Vllm\w*|VLLM\w*|(?:DP)?EngineCore\w*|A[Pp][Ii]Server\w*|RayWorkerWrapper|Worker(?:_\w+)?"
-             r"|WorkerProc|LLMEngine|MultiprocExecutor)(?: |$)"),
-    phase_words=("aptur", "oad", "KV ", "HTTP/", "took", "Uvicorn", "Application startup", "LLM engine",
-                 "torch.compile", "Compiling a graph", "Dynamo", "blocks", "Maximum concurrency", "init engine",
-                 "API server", "throughput"),
+    writers=(
+        r"(?:Vllm\w*|VLLM\w*|(?:DP)?EngineCore\w*|A[Pp][Ii]Server\w*|RayWorkerWrapper|Worker(?:_\w+)?"
+        r"|WorkerProc|LLMEngine|MultiprocExecutor)(?: |$)"
+    ),
+    phase_words=(
+        "aptur",
+        "oad",
+        "KV ",
+        "HTTP/",
+        "took",
+        "Uvicorn",
+        "Application startup",
+        "LLM engine",
+        "torch.compile",
+        "Compiling a graph",
+        "Dynamo",
+        "blocks",
+        "Maximum concurrency",
+        "init engine",
+        "API server",
+        "throughput",
+    ),
     phases=(
         (r"Initializing an? (?:V1 )?LLM engine", "starting"),
         (r"Starting to load model|" + LOADER_BAR, "loading weights"),
@@ -49,13 +66,20 @@ ENGINE = Engine(
         Failure(r"Error executing method \S+\. This might cause deadlock in distributed execution", header=True),
         Failure(r"EngineCore encountered a fatal error", consequence=True, header=True),
         Failure(r"Exception in worker \S+ while processing method", header=True),
-        Failure(r"Worker proc (?:VllmWorker|Worker)[-_](?:TP)?(?P<rank>\d+) died unexpectedly"
-                r"(?: \(exit code: (?P<code>-?\d+)\))?", "died", consequence=True),
+        Failure(
+            r"Worker proc (?:VllmWorker|Worker)[-_](?:TP)?(?P<rank>\d+) died unexpectedly"
+            r"(?: \(exit code: (?P<code>-?\d+)\))?",
+            "died",
+            consequence=True,
+        ),
         Failure(r"Worker \w+ pid \d+ died, exit code: (?P<code>-?\d+)", "died", consequence=True),
         # V1 core_client.py: the front end saw its engine process go (whatever ended it is told elsewhere, if at all)
         Failure(r"Engine core proc \S+ died unexpectedly", "died", consequence=True),
-        Failure(r"Engine core initialization failed|Engine process failed to start"
-                r"|WorkerProc initialization failed due to an exception", consequence=True),
+        Failure(
+            r"Engine core initialization failed|Engine process failed to start"
+            r"|WorkerProc initialization failed due to an exception",
+            consequence=True,
+        ),
         Failure(r"EngineDeadError|Engine loop has died", consequence=True),  # also AsyncEngineDeadError, ...
         Failure(r"Mul(?:it|ti)procExecutor got fatal signal", consequence=True),
     ),
@@ -66,8 +90,10 @@ ENGINE = Engine(
         # it can, which may be never
         (r"Waiting for creating a placement group of specs for \d+ seconds", "placement-group"),
     ),
-    signatures=(r"vllm|vLLM|VllmWorker|EngineCore|Avg prompt throughput|Graph capturing finished"
-                r"|Model loading took|GPU KV cache size|shm_broadcast|WorkerProc",),
+    signatures=(
+        r"vllm|vLLM|VllmWorker|EngineCore|Avg prompt throughput|Graph capturing finished"
+        r"|Model loading took|GPU KV cache size|shm_broadcast|WorkerProc",
+    ),
     launch=(r"vLLM API server version", r"non-default args:"),
     # `vllm bench` comes in through vllm/entrypoints/cli: not serving code
     source_mark="/vllm/",

@@ -43,12 +43,24 @@ class Server:
 
     def doc(self) -> dict[str, Any]:
         """The document's entry of this server (docs/snapshot-schema.md `runs`, `neighbours`)."""
-        since = dt.datetime.fromtimestamp(self.started, dt.timezone.utc).isoformat(timespec="seconds") \
-            if self.started else None
-        return {"root": self.root, "user": self.user, "uid": self.uid, "ports": list(self.ports), "model": self.model,
-                "tp_size": self.tp_size if self.tp_size is not None else (len(self.ranks) or None),
-                "ranks": list(self.ranks), "pids": list(self.pids), "title": self.title, "since": since,
-                "log": self.log}
+        since = (
+            dt.datetime.fromtimestamp(self.started, dt.timezone.utc).isoformat(timespec="seconds")
+            if self.started
+            else None
+        )
+        return {
+            "root": self.root,
+            "user": self.user,
+            "uid": self.uid,
+            "ports": list(self.ports),
+            "model": self.model,
+            "tp_size": self.tp_size if self.tp_size is not None else (len(self.ranks) or None),
+            "ranks": list(self.ranks),
+            "pids": list(self.pids),
+            "title": self.title,
+            "since": since,
+            "log": self.log,
+        }
 
 
 def _int(value: Any) -> int | None:
@@ -72,14 +84,22 @@ def servers_of(answer: Any) -> list[Server]:
             if rank is not None and m.get("status") != "Z":
                 ranks.append(rank)
         started = row.get("started")
-        out.append(Server(
-            root=row["root"], root_start=_int(row.get("root_start")), uid=_int(row.get("uid")),
-            user=str(row.get("user") or "?"),
-            started=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
-            title=mask_text(str(row.get("title") or "")[:400]),  # secrets never reach the screen or JSON
-            ports=[p for p in row.get("ports") or [] if _int(p) is not None], port_named=_int(row.get("port_named")),
-            model=mask_url(row["model"]) if isinstance(row.get("model"), str) else None, tp_size=_int(row.get("tp_size")),
-            pids=[m["pid"] for m in members], ranks=sorted(ranks)))
+        out.append(
+            Server(
+                root=row["root"],
+                root_start=_int(row.get("root_start")),
+                uid=_int(row.get("uid")),
+                user=str(row.get("user") or "?"),
+                started=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
+                title=mask_text(str(row.get("title") or "")[:400]),  # secrets never reach the screen or JSON
+                ports=[p for p in row.get("ports") or [] if _int(p) is not None],
+                port_named=_int(row.get("port_named")),
+                model=mask_url(row["model"]) if isinstance(row.get("model"), str) else None,
+                tp_size=_int(row.get("tp_size")),
+                pids=[m["pid"] for m in members],
+                ranks=sorted(ranks),
+            )
+        )
     return out
 
 

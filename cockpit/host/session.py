@@ -49,8 +49,17 @@ class WatchList:
 
 
 # Tried in order when no interpreter is named and python3 cannot run the agent (missing, too old).
-PYTHON_CANDIDATES = ("python3", "python3.13", "python3.12", "python3.11", "python3.10", "python3.9", "python3.8",
-                     "/usr/libexec/platform-python", "python")
+PYTHON_CANDIDATES = (
+    "python3",
+    "python3.13",
+    "python3.12",
+    "python3.11",
+    "python3.10",
+    "python3.9",
+    "python3.8",
+    "/usr/libexec/platform-python",
+    "python",
+)
 
 
 @dataclass
@@ -90,13 +99,17 @@ def decode_frame(line: bytes) -> dict | None:
     arrays or FRAME_VALUES_MAX values (counted before decoding, so the cost is bounded by the
     count, not the content)."""
     if len(line) > FRAME_CONTAINERS_MAX and line.count(b"{") + line.count(b"[") > FRAME_CONTAINERS_MAX:
-        raise FrameTooCostly(f"a frame of {len(line):,} bytes with more than {FRAME_CONTAINERS_MAX:,} objects and "
-                             f"arrays was skipped (decoding it would cost gigabytes)")
+        raise FrameTooCostly(
+            f"a frame of {len(line):,} bytes with more than {FRAME_CONTAINERS_MAX:,} objects and "
+            f"arrays was skipped (decoding it would cost gigabytes)"
+        )
     if len(line) > 2 * FRAME_VALUES_MAX:  # each value takes 2 bytes at least: a shorter frame holds fewer
         values = line.count(b",") + line.count(b":") + 1  # commas and colons inside strings count too: an upper bound
         if values > FRAME_VALUES_MAX:
-            raise FrameTooCostly(f"a frame of {len(line):,} bytes with about {values:,} values (more than "
-                                 f"{FRAME_VALUES_MAX:,}) was skipped (decoding it would cost gigabytes)")
+            raise FrameTooCostly(
+                f"a frame of {len(line):,} bytes with about {values:,} values (more than "
+                f"{FRAME_VALUES_MAX:,}) was skipped (decoding it would cost gigabytes)"
+            )
     try:
         frame = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -115,8 +128,14 @@ def reconnect_failure(exc: Exception) -> str:
 
 
 class HostSession:
-    def __init__(self, target: Target, opts: SessionOptions | None = None, watch: WatchList | None = None,
-                 on_frame: Callable[[dict], None] | None = None, state: HostState | None = None):
+    def __init__(
+        self,
+        target: Target,
+        opts: SessionOptions | None = None,
+        watch: WatchList | None = None,
+        on_frame: Callable[[dict], None] | None = None,
+        state: HostState | None = None,
+    ):
         self.target = target
         self.opts = opts or SessionOptions()
         self.watch = watch or WatchList()
@@ -160,8 +179,11 @@ class HostSession:
             python = await self._other_python(exc.reason)
             configured, hello = await self._start_agent(python)
             self.opts.python = python  # a reconnect starts with the one that worked
-            hello.setdefault("warnings", []).insert(0, f"python3 cannot run the agent here ({exc.reason}): using "
-                                                       f"{python}; name one with --python or python: in the layout")
+            hello.setdefault("warnings", []).insert(
+                0,
+                f"python3 cannot run the agent here ({exc.reason}): using "
+                f"{python}; name one with --python or python: in the layout",
+            )
         self.state.apply(hello)
         self.state.agent.warnings[:0] = self.trust_warnings  # e.g. host keys not checked: said first
         self.state.link_state = "up"
@@ -174,8 +196,9 @@ class HostSession:
     async def _start_agent(self, python: str) -> tuple[tuple[int, asyncio.Future], dict]:
         """The agent started with `python`: the config command sent (queued behind the source, so
         the first sample uses it) and the hello. PythonUnusable when that interpreter cannot run it."""
-        argv, payload = agent_argv(python, self.opts.interval, self.opts.sim_state,
-                                   python_checked(self.target, python, self.opts.trust_python))
+        argv, payload = agent_argv(
+            python, self.opts.interval, self.opts.sim_state, python_checked(self.target, python, self.opts.trust_python)
+        )
         self.stream = await self.link.start_agent(argv, payload)
         configured = self._send("config", self.watch.args())
         try:
@@ -194,8 +217,9 @@ class HostSession:
         for python in PYTHON_CANDIDATES[1:]:
             argv = [python, "-I", "-c", probe]
             try:
-                res = await self.link.run(guarded(argv) if python_checked(self.target, python, self.opts.trust_python)
-                                          else argv, timeout=10.0)
+                res = await self.link.run(
+                    guarded(argv) if python_checked(self.target, python, self.opts.trust_python) else argv, timeout=10.0
+                )
             except FileNotFoundError:
                 tried.append(f"{python} (not found)")
                 continue
@@ -208,10 +232,15 @@ class HostSession:
             if res.rc == EXIT_UNTRUSTED:
                 tried.append(f"{python} (refused: {res.stderr.decode(errors='replace').strip().partition('; ')[0]})")
                 continue
-            tried.append(f"{python} (" + (f"Python {version}" if res.rc == 0 else
-                                          "not found" if res.rc in (None, 127) else f"exit {res.rc}") + ")")
-        raise CockpitError(f"{self.target.label}: no Python >= 3.8 to run the agent; tried {', '.join(tried)}. "
-                           f"Name one with --python PATH (or python: in the layout)")
+            tried.append(
+                f"{python} ("
+                + (f"Python {version}" if res.rc == 0 else "not found" if res.rc in (None, 127) else f"exit {res.rc}")
+                + ")"
+            )
+        raise CockpitError(
+            f"{self.target.label}: no Python >= 3.8 to run the agent; tried {', '.join(tried)}. "
+            f"Name one with --python PATH (or python: in the layout)"
+        )
 
     async def _read_hello(self) -> dict:
         where = self.target.label
@@ -219,7 +248,9 @@ class HostSession:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise CockpitError(f"the agent on {where} sent nothing in {HELLO_TIMEOUT_S:.0f} s: is the host overloaded?")
+                raise CockpitError(
+                    f"the agent on {where} sent nothing in {HELLO_TIMEOUT_S:.0f} s: is the host overloaded?"
+                )
             try:
                 line = await asyncio.wait_for(self.stream.readline(), left)
             except asyncio.TimeoutError:
@@ -252,7 +283,9 @@ class HostSession:
         if rc == 127 or "No such file" in err or "not found" in err:
             return PythonUnusable(
                 f"{py} not found on {self.target.label}: install Python >= 3.8 there or name the "
-                f"interpreter with --python (or python: in the layout)", "not found")
+                f"interpreter with --python (or python: in the layout)",
+                "not found",
+            )
         if rc == EXIT_TOO_OLD:
             why = last.removeprefix("gpu-cockpit: ")
             return PythonUnusable(f"{self.target.label}: {why}; name a newer one with --python", why)
@@ -437,7 +470,8 @@ class HostSession:
         if self.stream is None or self.closed.is_set():
             return  # sent with the next connection's config
         task = asyncio.get_running_loop().create_task(
-            self._answer("config", self._send("config", self.watch.args()), 30.0))
+            self._answer("config", self._send("config", self.watch.args()), 30.0)
+        )
         self._configuring.add(task)
         task.add_done_callback(self._configured)
 

@@ -16,8 +16,9 @@ LOG_LINES = 50
 HISTORY = 60
 
 
-def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None,
-                 verdict=None, phase=None) -> dict:
+def snapshot_doc(
+    state: HostState, log_lines: int = LOG_LINES, taken_at: float | None = None, verdict=None, phase=None
+) -> dict:
     taken = dt.datetime.fromtimestamp(taken_at if taken_at is not None else (state.sample_ts or 0), dt.timezone.utc)
     a = state.agent
     log_path = next(iter(state.logs), None)
@@ -80,15 +81,27 @@ def snapshot_doc(state: HostState, log_lines: int = LOG_LINES, taken_at: float |
                 "gpu_mem_mib": p.gpu_mem_mib,
                 "exit_code": p.exit_code,
                 "last_gpus": p.last_gpus,
-                **({"node": p.node, "node_pid": p.node_pid, "step": getattr(p, "step", None)}
-                   if hasattr(p, "node") else {}),  # a run spanning nodes (cockpit/monitor/cluster.py)
+                **(
+                    {"node": p.node, "node_pid": p.node_pid, "step": getattr(p, "step", None)}
+                    if hasattr(p, "node")
+                    else {}
+                ),  # a run spanning nodes (cockpit/monitor/cluster.py)
             }
             for _, p in state.tree()
         ],
-        "ports": [{"port": p.port, "listening": p.listening, "pid": p.pid,
-                   **({"holder": p.holder, "holder_uid": p.holder_uid, "holder_user": p.holder_user,
-                      "theirs": p.theirs} if p.holder or p.holder_uid is not None else {})}
-                  for p in state.ports],
+        "ports": [
+            {
+                "port": p.port,
+                "listening": p.listening,
+                "pid": p.pid,
+                **(
+                    {"holder": p.holder, "holder_uid": p.holder_uid, "holder_user": p.holder_user, "theirs": p.theirs}
+                    if p.holder or p.holder_uid is not None
+                    else {}
+                ),
+            }
+            for p in state.ports
+        ],
         "xid": [{"gpu": e.gpu, "time": _iso(e.ts), "ts": e.ts, "code": e.code, "pid": e.pid} for e in state.xid],
         "log": {
             "path": log_path,
@@ -114,12 +127,28 @@ def gpu_health_doc(state: HostState) -> dict:
     return {
         "xid_source": state.agent.xid_source,
         "health_ms": state.agent.health_ms,
-        "xid": [{"gpu": e.gpu, "time": _iso(e.ts), "code": e.code, "meaning": meaning(e.code),
-                 "next": action(e.code), "pid": e.pid} for e in state.xid],
-        "gpus": [{"index": g.index, "uuid": g.uuid, "flags": state.gpu_flags(g.index),
-                  "throttle_reasons": g.throttle_reasons, "ecc_uncorrected": g.ecc_uncorrected,
-                  **{key: getattr(g, key) for key in GPU_HEALTH}}
-                 for g in sorted(state.gpus.values(), key=lambda g: g.index)],
+        "xid": [
+            {
+                "gpu": e.gpu,
+                "time": _iso(e.ts),
+                "code": e.code,
+                "meaning": meaning(e.code),
+                "next": action(e.code),
+                "pid": e.pid,
+            }
+            for e in state.xid
+        ],
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "flags": state.gpu_flags(g.index),
+                "throttle_reasons": g.throttle_reasons,
+                "ecc_uncorrected": g.ecc_uncorrected,
+                **{key: getattr(g, key) for key in GPU_HEALTH},
+            }
+            for g in sorted(state.gpus.values(), key=lambda g: g.index)
+        ],
     }
 
 
@@ -128,11 +157,24 @@ def state_from_doc(doc: dict) -> HostState:
     every time (the screenshots and the SVG snapshot tests use this)."""
     state = HostState(doc.get("target", "?"))
     a = doc.get("agent") or {}
-    state.apply({"t": "hello", "agent": a.get("version"), "python": a.get("python"), "executable": a.get("executable"),
-                 "hostname": a.get("hostname"), "nvml": a.get("nvml"), "driver": a.get("driver"),
-                 "psutil": a.get("psutil"), "gpu_source": a.get("gpu_source"),
-                 "procs_source": a.get("procs_source"), "xid_source": a.get("xid_source"),
-                 "health_ms": a.get("health_ms"), "warnings": a.get("warnings") or [], "gpus": doc.get("gpus") or []})
+    state.apply(
+        {
+            "t": "hello",
+            "agent": a.get("version"),
+            "python": a.get("python"),
+            "executable": a.get("executable"),
+            "hostname": a.get("hostname"),
+            "nvml": a.get("nvml"),
+            "driver": a.get("driver"),
+            "psutil": a.get("psutil"),
+            "gpu_source": a.get("gpu_source"),
+            "procs_source": a.get("procs_source"),
+            "xid_source": a.get("xid_source"),
+            "health_ms": a.get("health_ms"),
+            "warnings": a.get("warnings") or [],
+            "gpus": doc.get("gpus") or [],
+        }
+    )
     procs = []
     for p in doc.get("processes") or []:
         if p.get("alive", True):
@@ -141,20 +183,44 @@ def state_from_doc(doc: dict) -> HostState:
             if p.get("cpu_tick_pct"):
                 row["cpu_tick"] = p["cpu_tick_pct"]
             procs.append(row)
-    gpus = [dict(g, processes=[[q["pid"], q["used_mib"]] for q in g.get("processes") or []],
-                 throttle=sum(b for b, n in THROTTLE_REASONS.items() if n in (g.get("throttle_reasons") or [])))
-            for g in doc.get("gpus") or []]
-    xid = [[e.get("gpu"), e.get("ts"), e.get("code"), e.get("pid")] for e in doc.get("xid") or [] if isinstance(e, dict)]
-    state.apply({"t": "sample", "seq": 1, "ts": _parse_time(doc.get("taken_at")), "gpus": gpus, "procs": procs,
-                 "ports": doc.get("ports") or [], "xid": xid})
+    gpus = [
+        dict(
+            g,
+            processes=[[q["pid"], q["used_mib"]] for q in g.get("processes") or []],
+            throttle=sum(b for b, n in THROTTLE_REASONS.items() if n in (g.get("throttle_reasons") or [])),
+        )
+        for g in doc.get("gpus") or []
+    ]
+    xid = [
+        [e.get("gpu"), e.get("ts"), e.get("code"), e.get("pid")] for e in doc.get("xid") or [] if isinstance(e, dict)
+    ]
+    state.apply(
+        {
+            "t": "sample",
+            "seq": 1,
+            "ts": _parse_time(doc.get("taken_at")),
+            "gpus": gpus,
+            "procs": procs,
+            "ports": doc.get("ports") or [],
+            "xid": xid,
+        }
+    )
     for i, hist in (doc.get("history") or {}).items():
         state.gpu_history[int(i)] = {k: deque(v, maxlen=state.history_len) for k, v in hist.items()}
     for p in doc.get("processes") or []:
         if not p.get("alive", True):
-            state.procs[p["pid"]] = Proc(pid=p["pid"], ppid=p.get("ppid", 0), name=p.get("name", ""),
-                                         cmdline=p.get("cmdline") or [], status="X", role=p.get("role"),
-                                         rank=p.get("rank"), alive=False, exit_code=p.get("exit_code"),
-                                         last_gpus=list(p.get("last_gpus") or []))
+            state.procs[p["pid"]] = Proc(
+                pid=p["pid"],
+                ppid=p.get("ppid", 0),
+                name=p.get("name", ""),
+                cmdline=p.get("cmdline") or [],
+                status="X",
+                role=p.get("role"),
+                rank=p.get("rank"),
+                alive=False,
+                exit_code=p.get("exit_code"),
+                last_gpus=list(p.get("last_gpus") or []),
+            )
     log = doc.get("log") or {}
     if log.get("path"):
         state.apply({"t": "log", "path": log["path"], "lines": log.get("lines") or [], "event": log.get("event")})

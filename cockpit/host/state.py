@@ -60,7 +60,7 @@ def role_of(name: str, cmdline: list[str] | None = None) -> tuple[str | None, in
     joined = " ".join(cmdline or [])
     for prefix in _TITLES:
         if title.startswith(prefix):
-            rest = title[len(prefix):]
+            rest = title[len(prefix) :]
             base, _, dims = rest.partition("_")
             m = _TITLE_RANK.search(dims)
             role = base.lower()
@@ -202,8 +202,12 @@ class PortState:
         """Listening, but held by a process that is not the run's (or, its descriptors not
         readable, a socket of another user's in the kernel's table): never the run's port opening,
         its /metrics never the run's metrics."""
-        return self.listening and self.pid is None and (self.holder is not None or self.holder_uid is not None) \
+        return (
+            self.listening
+            and self.pid is None
+            and (self.holder is not None or self.holder_uid is not None)
             and self.theirs is False
+        )
 
     def held_by(self) -> str:
         user = self.holder_user or (f"uid {self.holder_uid}" if self.holder_uid is not None else "user ?")
@@ -261,21 +265,63 @@ def _is(value, kind: str) -> bool:
     if kind == "strs":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "pairs":  # [[pid, mib or null], ...]
-        return isinstance(value, list) and all(isinstance(v, list) and len(v) == 2 and _is(v[0], "int")
-                                               and _is(v[1], "num?") for v in value)
+        return isinstance(value, list) and all(
+            isinstance(v, list) and len(v) == 2 and _is(v[0], "int") and _is(v[1], "num?") for v in value
+        )
     return False
 
 
-GPU_FIELDS = {"uuid": "str?", "name": "str?", "util_pct": "num?", "mem_used_mib": "num?", "mem_total_mib": "num?",
-              "temp_c": "num?", "power_w": "num?", "power_limit_w": "num?", "sm_clock_mhz": "num?", "throttle": "int?",
-              "ecc_uncorrected": "int?", "processes": "pairs", "lost": "bool?", "ecc_aggregate": "int?",
-              "remap_corrected": "int?", "remap_uncorrected": "int?", "remap_pending": "bool?",
-              "remap_failure": "bool?", "retired_pending": "bool?", "nvlink_replay": "int?",
-              "nvlink_recovery": "int?", "nvlink_crc": "int?", "pcie_replay": "int?"}
-GPU_HEALTH = ("lost", "ecc_aggregate", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure",
-              "retired_pending", "nvlink_replay", "nvlink_recovery", "nvlink_crc", "pcie_replay")
-PROC_FIELDS = {"ppid": "int", "name": "str", "status": "str", "cpu_pct": "num", "cpu_tick": "num?", "rss_mib": "num",
-               "threads": "int", "pgid": "int?", "sid": "int?", "started": "num?", "cmdline": "strs?"}
+GPU_FIELDS = {
+    "uuid": "str?",
+    "name": "str?",
+    "util_pct": "num?",
+    "mem_used_mib": "num?",
+    "mem_total_mib": "num?",
+    "temp_c": "num?",
+    "power_w": "num?",
+    "power_limit_w": "num?",
+    "sm_clock_mhz": "num?",
+    "throttle": "int?",
+    "ecc_uncorrected": "int?",
+    "processes": "pairs",
+    "lost": "bool?",
+    "ecc_aggregate": "int?",
+    "remap_corrected": "int?",
+    "remap_uncorrected": "int?",
+    "remap_pending": "bool?",
+    "remap_failure": "bool?",
+    "retired_pending": "bool?",
+    "nvlink_replay": "int?",
+    "nvlink_recovery": "int?",
+    "nvlink_crc": "int?",
+    "pcie_replay": "int?",
+}
+GPU_HEALTH = (
+    "lost",
+    "ecc_aggregate",
+    "remap_corrected",
+    "remap_uncorrected",
+    "remap_pending",
+    "remap_failure",
+    "retired_pending",
+    "nvlink_replay",
+    "nvlink_recovery",
+    "nvlink_crc",
+    "pcie_replay",
+)
+PROC_FIELDS = {
+    "ppid": "int",
+    "name": "str",
+    "status": "str",
+    "cpu_pct": "num",
+    "cpu_tick": "num?",
+    "rss_mib": "num",
+    "threads": "int",
+    "pgid": "int?",
+    "sid": "int?",
+    "started": "num?",
+    "cmdline": "strs?",
+}
 
 
 class HostState:
@@ -371,8 +417,15 @@ class HostState:
             return []
         flags = ["LOST"] if g.lost else []
         flags += [f"Xid {c}" for c in dict.fromkeys(e.code for e in self.recent_xid(index))]
-        flags += [n for n, on in (("remap failed", g.remap_failure), ("remap pending", g.remap_pending),
-                                  ("pages pending", g.retired_pending)) if on]
+        flags += [
+            n
+            for n, on in (
+                ("remap failed", g.remap_failure),
+                ("remap pending", g.remap_pending),
+                ("pages pending", g.retired_pending),
+            )
+            if on
+        ]
         if g.ecc_uncorrected:
             flags.append(f"ECC {g.ecc_uncorrected}")
         return flags + g.hw_slowdown
@@ -382,11 +435,19 @@ class HostState:
         those known (a reconnected agent hears only new ones: what the last one heard stays)."""
         events = list(self.xid)
         for row in rows if isinstance(rows, list) else [None]:
-            if (isinstance(row, list) and len(row) == 4 and _is(row[0], "int?") and _is(row[1], "num")
-                    and _is(row[2], "int") and _is(row[3], "int?")):
+            if (
+                isinstance(row, list)
+                and len(row) == 4
+                and _is(row[0], "int?")
+                and _is(row[1], "num")
+                and _is(row[2], "int")
+                and _is(row[3], "int?")
+            ):
                 event = XidEvent(*row)
-                if not any(e.gpu == event.gpu and e.code == event.code and e.pid == event.pid
-                           and abs(e.ts - event.ts) < 1.0 for e in events):  # the kernel log read again
+                if not any(
+                    e.gpu == event.gpu and e.code == event.code and e.pid == event.pid and abs(e.ts - event.ts) < 1.0
+                    for e in events
+                ):  # the kernel log read again
                     events.append(event)
             else:
                 self.dropped["xid"] += 1
@@ -394,12 +455,20 @@ class HostState:
 
     def _hello(self, f: dict) -> None:
         self.agent = AgentInfo(
-            version=f.get("agent", "?"), python=f.get("python", "?"), executable=f.get("executable", "?"),
-            hostname=f.get("hostname", "?"), home=f.get("home"), arch=f.get("arch", "?"), nvml=f.get("nvml"),
-            driver=f.get("driver"), psutil=f.get("psutil"), pid=f.get("pid"),
+            version=f.get("agent", "?"),
+            python=f.get("python", "?"),
+            executable=f.get("executable", "?"),
+            hostname=f.get("hostname", "?"),
+            home=f.get("home"),
+            arch=f.get("arch", "?"),
+            nvml=f.get("nvml"),
+            driver=f.get("driver"),
+            psutil=f.get("psutil"),
+            pid=f.get("pid"),
             gpu_source=f["gpu_source"] if isinstance(f.get("gpu_source"), str) else None,
             procs_source=f["procs_source"] if isinstance(f.get("procs_source"), str) else None,
-            interval=float(f.get("interval") or 1.0), warnings=list(f.get("warnings") or []),
+            interval=float(f.get("interval") or 1.0),
+            warnings=list(f.get("warnings") or []),
             utc_offset=f["utc_offset"] if isinstance(f.get("utc_offset"), int) else None,
             xid_source=f["xid_source"] if isinstance(f.get("xid_source"), str) else None,
             health_ms=f["health_ms"] if _is(f.get("health_ms"), "num") else None,
@@ -417,8 +486,18 @@ class HostState:
         pid_gpus: dict[int, list[tuple[int, int | None]]] = {}
         for g in self._rows(f.get("gpus"), "index", GPU_FIELDS, "gpus"):
             gpu = self.gpus.setdefault(g["index"], Gpu(index=g["index"]))
-            for key in ("util_pct", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "power_limit_w",
-                        "sm_clock_mhz", "throttle", "ecc_uncorrected", *GPU_HEALTH):
+            for key in (
+                "util_pct",
+                "mem_used_mib",
+                "mem_total_mib",
+                "temp_c",
+                "power_w",
+                "power_limit_w",
+                "sm_clock_mhz",
+                "throttle",
+                "ecc_uncorrected",
+                *GPU_HEALTH,
+            ):
                 if key in g:
                     setattr(gpu, key, bool(g[key]) if key == "lost" else g[key])
             if "processes" in g:
@@ -468,7 +547,8 @@ class HostState:
                 proc.last_gpus = list(proc.gpus)
             # one clock tick over a window too short to tell is no sign of work: history reads it as 0
             self.proc_cpu_history.setdefault(pid, deque(maxlen=self.history_len)).append(
-                0.0 if proc.one_tick else proc.cpu_pct)
+                0.0 if proc.one_tick else proc.cpu_pct
+            )
         for row in f.get("exits") or [] if isinstance(f.get("exits"), list) else []:
             if not (isinstance(row, list) and len(row) == 2 and _is(row[0], "int") and _is(row[1], "int?")):
                 self.dropped["exits"] += 1
@@ -485,12 +565,25 @@ class HostState:
         if "ports" in f:
             ports = []
             for p in f["ports"] if isinstance(f["ports"], list) else []:
-                if isinstance(p, dict) and _is(p.get("port"), "int") and _is(p.get("pid"), "int?") \
-                        and _is(p.get("holder"), "int?") and _is(p.get("holder_uid"), "int?") \
-                        and _is(p.get("holder_user"), "str?"):
-                    ports.append(PortState(p["port"], bool(p.get("listening")), p.get("pid"), p.get("holder"),
-                                           p.get("holder_uid"), p["theirs"] if isinstance(p.get("theirs"), bool)
-                                           else None, p.get("holder_user")))
+                if (
+                    isinstance(p, dict)
+                    and _is(p.get("port"), "int")
+                    and _is(p.get("pid"), "int?")
+                    and _is(p.get("holder"), "int?")
+                    and _is(p.get("holder_uid"), "int?")
+                    and _is(p.get("holder_user"), "str?")
+                ):
+                    ports.append(
+                        PortState(
+                            p["port"],
+                            bool(p.get("listening")),
+                            p.get("pid"),
+                            p.get("holder"),
+                            p.get("holder_uid"),
+                            p["theirs"] if isinstance(p.get("theirs"), bool) else None,
+                            p.get("holder_user"),
+                        )
+                    )
                 else:
                     self.dropped["ports"] += 1
             self.ports = ports
@@ -499,8 +592,12 @@ class HostState:
 
     def _acts(self, rows) -> None:
         for rec in rows if isinstance(rows, list) else []:
-            if isinstance(rec, dict) and _is(rec.get("id"), "str") and _is(rec.get("at"), "num") \
-                    and rec.get("act") in ACTS:
+            if (
+                isinstance(rec, dict)
+                and _is(rec.get("id"), "str")
+                and _is(rec.get("at"), "num")
+                and rec.get("act") in ACTS
+            ):
                 self.acts[rec["id"]] = rec
             else:
                 self.dropped["acts"] += 1
@@ -520,8 +617,14 @@ class HostState:
         for rec in reversed(self.acts.values()):
             if rec["act"] == "ended":
                 ended.update(g for g in rec.get("pgids") or [] if _is(g, "int"))
-            elif rec["act"] == "launch" and rec.get("layout") == layout and _is(rec.get("pgid"), "int") \
-                    and rec["pgid"] not in ended and rec.get("start") is not None and _is(rec.get("run_id"), "str"):
+            elif (
+                rec["act"] == "launch"
+                and rec.get("layout") == layout
+                and _is(rec.get("pgid"), "int")
+                and rec["pgid"] not in ended
+                and rec.get("start") is not None
+                and _is(rec.get("run_id"), "str")
+            ):
                 out.append(rec)
         return out
 
@@ -543,8 +646,10 @@ class HostState:
         codes = sorted({p.exit_code for p in dead if p.exit_code is not None})
         ended = f" (exit codes {', '.join(map(str, codes))})" if codes else ""
         groups = ", ".join(str(g) for g in sorted({p.pgid for p in live if p.pgid is not None}))
-        self.notes.append(f"a new run appeared (process group {groups}): the previous run's {count(len(dead), 'rank')} "
-                          f"{'is' if len(dead) == 1 else 'are'} gone{ended}")
+        self.notes.append(
+            f"a new run appeared (process group {groups}): the previous run's {count(len(dead), 'rank')} "
+            f"{'is' if len(dead) == 1 else 'are'} gone{ended}"
+        )
         self.generation += 1
 
     def _infer_ranks(self) -> None:
@@ -552,8 +657,9 @@ class HostState:
         is named from the log's pid prefix, else from its place among its siblings: the engine
         spawns its ranks in order, so the ranks missing among them go to the nameless in start
         order."""
-        nameless = [p for p in self.procs.values()
-                    if p.rank is None and not p.cmdline and _ENGINE_TITLE.match(p.name or "")]
+        nameless = [
+            p for p in self.procs.values() if p.rank is None and not p.cmdline and _ENGINE_TITLE.match(p.name or "")
+        ]
         if not nameless:
             return
         by_parent: dict[int, list[Proc]] = {}

@@ -127,7 +127,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-
 @dataclass
 class Progress:
     """What the run's own history says of its progress, on the host's clock: how long since the
@@ -176,9 +175,17 @@ class Watchdog:
     """Turns a stream of HostStates into a verdict with its evidence. It remembers since when each
     condition has held, and when each phase was first seen (time to each phase)."""
 
-    def __init__(self, idle_s: float = 120.0, spin_s: float = 60.0, slow_factor: float = 3.0,
-                 earlier: dict[str, float] | None = None, ports: list[int] | None = None, sources=None,
-                 metrics: bool = False, windows: dict[str, tuple[float, int]] | None = None):
+    def __init__(
+        self,
+        idle_s: float = 120.0,
+        spin_s: float = 60.0,
+        slow_factor: float = 3.0,
+        earlier: dict[str, float] | None = None,
+        ports: list[int] | None = None,
+        sources=None,
+        metrics: bool = False,
+        windows: dict[str, tuple[float, int]] | None = None,
+    ):
         self.idle_s, self.spin_s, self.slow_factor = idle_s, spin_s, slow_factor
         self.windows = windows or {}  # phase -> (longest seconds in the layout's good runs, how many runs)
         self.looks = False  # the monitor takes stack looks when asked (want_look): the fast stall
@@ -205,7 +212,9 @@ class Watchdog:
         self._all_dead_at: int | None = None  # lines of the log read when every rank was first seen dead
         self._reset_progress()
         self.progress: Progress | None = None  # the last judgement's reading of the run's progress
-        self._replays: dict[tuple[int, str], tuple[int, int, float | None]] = {}  # (gpu, counter) -> (first, last, grew at)
+        self._replays: dict[
+            tuple[int, str], tuple[int, int, float | None]
+        ] = {}  # (gpu, counter) -> (first, last, grew at)
         self._stall: Verdict | None = None  # the stall declared, held until the run itself moves
         self._unstall: tuple[int, int] = (0, 0)  # (samples in a row that showed progress, the last one's seq)
 
@@ -283,8 +292,11 @@ class Watchdog:
             self._stall, self._unstall = verdict, (0, 0)
             return verdict
         stall = self._stall
-        if stall is None or verdict.name not in (V.OK, V.WATCHING) or not any(
-                p.alive and p.status != "Z" for p in state.ranks()):
+        if (
+            stall is None
+            or verdict.name not in (V.OK, V.WATCHING)
+            or not any(p.alive and p.status != "Z" for p in state.ranks())
+        ):
             self._stall = None
             return verdict
         if verdict.name == V.OK:
@@ -299,8 +311,13 @@ class Watchdog:
         else:
             self._unstall = (0, 0)
             why = "no sign of the run's own progress since"
-        return Verdict(stall.name, [e for e in stall.evidence if not e.startswith("held: ")] + [f"held: {why}"],
-                       stall.odd_rank, detail=stall.detail, since=stall.since)
+        return Verdict(
+            stall.name,
+            [e for e in stall.evidence if not e.startswith("held: ")] + [f"held: {why}"],
+            stall.odd_rank,
+            detail=stall.detail,
+            since=stall.since,
+        )
 
     def _judge(self, state: HostState, now: float, log_path: str | None = None) -> tuple[Phase, Verdict]:
         key = log_path if log_path else next(iter(state.logs), None)  # a run spanning nodes: `node:path`
@@ -352,26 +369,32 @@ class Watchdog:
         # to a rank (a container's host pids: then every GPU of the host must be idle). That is
         # weaker evidence (a download or a file lock waits as quietly): twice the window
         seen = gpus or list(state.gpus.values())
-        idle = (alive and all(_cpu_idle(p) for p in alive)
-                and all((g.util_pct or 0) < IDLE_GPU_PCT for g in seen)
-                and (not port_open or prog.pending))
+        idle = (
+            alive
+            and all(_cpu_idle(p) for p in alive)
+            and all((g.util_pct or 0) < IDLE_GPU_PCT for g in seen)
+            and (not port_open or prog.pending)
+        )
         window = self.idle_s if resident else 2 * self.idle_s
         held = self._back_dated(self._held("idle", bool(idle), now), bool(idle), alive, state, prog.idle_s)
         if idle and held >= window and prog.idle_s >= window:
-            ev = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})",
-                  _gpus_said(state, gpus, resident),
-                  f"{prog.said}, port {'closed' if not port_open else 'open'}"
-                  + "".join(f"; {pt.held_by()}" for pt in state.ports if pt.stranger and pt.port in self.ports),
-                  f"in phase '{phase}' for {held:.0f} s (threshold {window:.0f} s"
-                  + (")" if resident else ", twice the stall window: no model seen resident)")]
+            ev = [
+                f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})",
+                _gpus_said(state, gpus, resident),
+                f"{prog.said}, port {'closed' if not port_open else 'open'}"
+                + "".join(f"; {pt.held_by()}" for pt in state.ports if pt.stranger and pt.port in self.ports),
+                f"in phase '{phase}' for {held:.0f} s (threshold {window:.0f} s"
+                + (")" if resident else ", twice the stall window: no model seen resident)"),
+            ]
             if prog.frozen:
                 ev.insert(0, prog.frozen)
             return phase, Verdict("stalled-idle", ev, detail=kind, since=self._since_host(state, held))
         idle_held = held if idle else 0.0
         spin, odd, ev = self._spin(alive, state)
         held = self._back_dated(self._held("spin", spin, now), spin, alive, state, prog.idle_s, busy=True)
-        fast = self._fast(state, phase, prog, alive, gpus, resident, port_open, kind, idle_held,
-                          held if spin else 0.0, odd, ev, now)
+        fast = self._fast(
+            state, phase, prog, alive, gpus, resident, port_open, kind, idle_held, held if spin else 0.0, odd, ev, now
+        )
         if fast is not None:
             return phase, fast
         if spin and held >= self.spin_s and prog.idle_s >= self.spin_s:
@@ -385,8 +408,12 @@ class Watchdog:
             ev = [prog.frozen, f"{prog.said} (threshold {window:.0f} s)"]
             if port_open:
                 ev.append("the port still answers: health alone does not prove progress")
-            return phase, Verdict("stalled-spinning" if busy else "stalled-idle", ev, detail=REQUESTS_FROZEN,
-                                  since=self._since_host(state, prog.idle_s))  # from the last work seen
+            return phase, Verdict(
+                "stalled-spinning" if busy else "stalled-idle",
+                ev,
+                detail=REQUESTS_FROZEN,
+                since=self._since_host(state, prog.idle_s),
+            )  # from the last work seen
         slow = self._slow(phase, now) or self._gpu_slow(state, alive, now)
         if slow:
             return phase, slow
@@ -408,12 +435,30 @@ class Watchdog:
         until = state.sample_ts + left if state.sample_ts is not None else None
         stamp = time.strftime("%H:%M:%S", time.localtime(until)) if until is not None else "?"
         looked = self.look.evidence() if self._look_valid else []
-        return Verdict("watching", why + looked + [f"waiting for a sign of progress (a log line, tokens, a phase) or "
-                                                   f"{said}: decided by {stamp}"], until=until)
+        return Verdict(
+            "watching",
+            why
+            + looked
+            + [f"waiting for a sign of progress (a log line, tokens, a phase) or {said}: decided by {stamp}"],
+            until=until,
+        )
 
-    def _fast(self, state: HostState, phase: Phase, prog: Progress, alive, gpus, resident: bool, port_open: bool,
-              kind: str, idle_held: float, spin_held: float, spin_odd: int | None, spin_ev: list[str],
-              now: float) -> Verdict | None:
+    def _fast(
+        self,
+        state: HostState,
+        phase: Phase,
+        prog: Progress,
+        alive,
+        gpus,
+        resident: bool,
+        port_open: bool,
+        kind: str,
+        idle_held: float,
+        spin_held: float,
+        spin_odd: int | None,
+        spin_ev: list[str],
+        now: float,
+    ) -> Verdict | None:
         """The stall called in seconds, on positive evidence rather than a long wait: the cheap
         signals (log, CPU, GPUs, port with work pending or a launch under way) silent QUIET_S,
         then a stack look (every rank dumped twice, LOOK_GAP_S apart, without stopping it) that
@@ -424,23 +469,28 @@ class Watchdog:
             silent = 0.0  # a process of the run beside its ranks at work (an engine core compiling): it moves
         look = self.look
         valid = self._look_valid = look is not None and silent > 0 and look.at - look.gap_s >= now - silent - 1.0
-        self.want_look = self.looks and silent >= QUIET_S and self._stall is None and \
-            (not valid or now - look.at >= LOOK_EVERY_S)  # a stall declared has its forensics: no more looks
+        self.want_look = (
+            self.looks and silent >= QUIET_S and self._stall is None and (not valid or now - look.at >= LOOK_EVERY_S)
+        )  # a stall declared has its forensics: no more looks
         self._look_left = None
         if self.looks and silent > 0 and not valid:
             self._look_left = max(0.0, QUIET_S - silent) + LOOK_GAP_S + LOOK_SLACK_S
         since = self._since_host(state, silent)
-        cheap = [f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})" if idle_held else None,
-                 _gpus_said(state, gpus, resident) if idle_held else None,
-                 f"{prog.said}, port {'closed' if not port_open else 'open'}", f"in phase '{phase}'"]
+        cheap = [
+            f"all {len(alive)} ranks alive, CPU < {IDLE_CPU_PCT:.0f} % ({_cpu_said(alive)})" if idle_held else None,
+            _gpus_said(state, gpus, resident) if idle_held else None,
+            f"{prog.said}, port {'closed' if not port_open else 'open'}",
+            f"in phase '{phase}'",
+        ]
         cheap = [c for c in cheap if c] + ([prog.frozen] if prog.frozen else [])
         if valid and look is not None:
             if idle_held and look.still:
                 return Verdict("stalled-idle", look.evidence() + cheap, look.odd_rank, detail=kind, since=since)
             if spin_held and look.parked:
                 odd = look.odd_rank if look.odd_rank is not None else spin_odd
-                return Verdict("stalled-spinning", look.evidence() + spin_ev + cheap[-2:], odd, detail=kind,
-                               since=since)
+                return Verdict(
+                    "stalled-spinning", look.evidence() + spin_ev + cheap[-2:], odd, detail=kind, since=since
+                )
         span = self.windows.get(phase.name)
         if not idle_held or silent < QUIET_S or span is None or span[1] < LEARNED_RUNS:
             return None
@@ -451,9 +501,17 @@ class Watchdog:
         if in_phase < limit:
             self._look_left = min(self._look_left if self._look_left is not None else limit, limit - in_phase)
             return None
-        return Verdict("stalled-idle", [f"phase '{phase.name}' took at most {span[0]:.0f} s in {span[1]} good runs "
-                                        f"of this layout; in it {in_phase:.0f} s, silent and idle (learned window "
-                                        f"{limit:.0f} s)"] + cheap, detail=kind, since=since)
+        return Verdict(
+            "stalled-idle",
+            [
+                f"phase '{phase.name}' took at most {span[0]:.0f} s in {span[1]} good runs "
+                f"of this layout; in it {in_phase:.0f} s, silent and idle (learned window "
+                f"{limit:.0f} s)"
+            ]
+            + cheap,
+            detail=kind,
+            since=since,
+        )
 
     @staticmethod
     def _since_host(state: HostState, held: float) -> float | None:
@@ -493,8 +551,10 @@ class Watchdog:
             line, *at = self._frozen
             frozen_s = age(tuple(at))
             rate, running = line.stats
-            frozen = (f"the engine's stats say {running} request{'s' if running != 1 else ''} running at 0 tokens/s "
-                      f"since {line.time or '?'} ({_duration(frozen_s)}): requests frozen")
+            frozen = (
+                f"the engine's stats say {running} request{'s' if running != 1 else ''} running at 0 tokens/s "
+                f"since {line.time or '?'} ({_duration(frozen_s)}): requests frozen"
+            )
             since_work = max(since_work, frozen_s)
         elif self._work is not None and since_work < min(self.idle_s, self.spin_s):
             work.append(f"the log shows work {_duration(since_work)} ago")  # stats lines at 0 tokens/s are no work
@@ -512,8 +572,10 @@ class Watchdog:
             pending = True
             work = [w for w in work if not w.startswith("the log shows work")]
             since_work = max(since_work, view.frozen_for(now))
-            said = f"{said}; the engine's metrics: requests running, generation tokens frozen for " \
-                   f"{_duration(view.frozen_for(now))}"
+            said = (
+                f"{said}; the engine's metrics: requests running, generation tokens frozen for "
+                f"{_duration(view.frozen_for(now))}"
+            )
         computing = self._computing(state)
         if computing:
             work.append(computing)
@@ -556,8 +618,13 @@ class Watchdog:
         """Every GPU of a live rank busy and drawing real power: it is computing, not polling."""
         alive = [p for p in state.ranks() if p.alive and p.status != "Z"]
         gpus = {i: state.gpus[i] for p in alive for i in p.gpus if i in state.gpus}
-        if not gpus or not all((g.util_pct or 0) >= COMPUTE_GPU_PCT and g.power_w is not None and g.power_limit_w
-                               and g.power_w >= SPIN_POWER_SHARE * g.power_limit_w for g in gpus.values()):
+        if not gpus or not all(
+            (g.util_pct or 0) >= COMPUTE_GPU_PCT
+            and g.power_w is not None
+            and g.power_limit_w
+            and g.power_w >= SPIN_POWER_SHARE * g.power_limit_w
+            for g in gpus.values()
+        ):
             return None
         g = max(gpus.values(), key=lambda g: g.power_w or 0)
         return f"GPUs computing: {len(gpus)} at {min(x.util_pct or 0 for x in gpus.values())} % or more, up to {g.power_w:.0f} W"
@@ -572,9 +639,15 @@ class Watchdog:
         h = state.metrics.header() if state.metrics is not None else {}
         if (h.get("running") or 0) > 0 or (self.metrics and not state.metrics.scrapes):
             return None  # requests in flight, or metrics expected and not read yet
-        how = "the engine's metrics say none runs" if prog.serving_idle else (
-            "its last stats line says none runs" if self._stats is not None and not (self._stats.stats[1] or 0)
-            else "none seen")
+        how = (
+            "the engine's metrics say none runs"
+            if prog.serving_idle
+            else (
+                "its last stats line says none runs"
+                if self._stats is not None and not (self._stats.stats[1] or 0)
+                else "none seen"
+            )
+        )
         return [f"ready and idle: port open, GPUs idle, no request in flight ({how})"]
 
     def _quiet(self, state: HostState, log, now: float) -> tuple[float, str]:
@@ -596,8 +669,11 @@ class Watchdog:
         work (no earlier than the ranks started). A first look at an old hang names it at once."""
         if not cond or not alive:
             return held
-        flat = all(len(h) >= 1 and max(list(h)[-2:]) < IDLE_CPU_PCT or (busy and p.cpu_pct >= IDLE_CPU_PCT)
-                   for p in alive for h in [state.proc_cpu_history.get(p.pid, ())])
+        flat = all(
+            len(h) >= 1 and max(list(h)[-2:]) < IDLE_CPU_PCT or (busy and p.cpu_pct >= IDLE_CPU_PCT)
+            for p in alive
+            for h in [state.proc_cpu_history.get(p.pid, ())]
+        )
         started = [p.started for p in alive if p.started]
         if not flat or not started or state.sample_ts is None:
             return held
@@ -611,8 +687,10 @@ class Watchdog:
         held = [pt for pt in state.ports if pt.listening and pt.pid in live and pt.port in self.ports]
         if not held or self.tracker.failures:
             return None
-        return [f"up: port {', '.join(str(pt.port) for pt in held)} open, held by the run's pid "
-                f"{held[0].pid}; no GPU rank in the run to watch"]
+        return [
+            f"up: port {', '.join(str(pt.port) for pt in held)} open, held by the run's pid "
+            f"{held[0].pid}; no GPU rank in the run to watch"
+        ]
 
     def _port_open(self, state: HostState) -> bool:
         """The server's own port: the layout's (held by the run, not by a stranger: another user's
@@ -657,30 +735,40 @@ class Watchdog:
             return False, None, []
 
         def spinning(g):
-            return (g.util_pct or 0) >= SPIN_GPU_PCT and g.power_w is not None and bool(g.power_limit_w) \
+            return (
+                (g.util_pct or 0) >= SPIN_GPU_PCT
+                and g.power_w is not None
+                and bool(g.power_limit_w)
                 and g.power_w < SPIN_POWER_SHARE * g.power_limit_w
+            )
 
         spin = [r for r, g in per_rank.items() if spinning(g)]
         idle = [r for r, g in per_rank.items() if (g.util_pct or 0) < IDLE_GPU_PCT]
         if not spin or len(spin) + len(idle) != len(per_rank):
             return False, None, []
         g = per_rank[spin[0]]
-        ev = [f"GPU of rank{'s' if len(spin) > 1 else ''} {','.join(map(str, sorted(spin)))} at "
-              f"{g.util_pct} % utilization drawing {g.power_w:.0f} W of {g.power_limit_w:.0f} W: "
-              f"a kernel polling, not computing (a collective that never completes)"]
+        ev = [
+            f"GPU of rank{'s' if len(spin) > 1 else ''} {','.join(map(str, sorted(spin)))} at "
+            f"{g.util_pct} % utilization drawing {g.power_w:.0f} W of {g.power_limit_w:.0f} W: "
+            f"a kernel polling, not computing (a collective that never completes)"
+        ]
         odd = None
         if idle and len(idle) <= len(spin):
             odd = sorted(idle)[0] if len(idle) == 1 else None
-            ev.append(f"GPU of rank {','.join(map(str, sorted(idle)))} idle: not in the collective"
-                      + (f": rank {odd} is the odd one out" if odd is not None else ""))
+            ev.append(
+                f"GPU of rank {','.join(map(str, sorted(idle)))} idle: not in the collective"
+                + (f": rank {odd} is the odd one out" if odd is not None else "")
+            )
         elif not idle and len(alive) >= 3:
             cpus = sorted(p.cpu_pct for p in alive)
             median = cpus[len(cpus) // 2]
             outliers = [p for p in alive if abs(p.cpu_pct - median) > 40]
             if len(outliers) == 1:
                 odd = outliers[0].rank
-                ev.append(f"rank {odd} is the odd one out: CPU {outliers[0].cpu_pct:.0f} % against "
-                          f"{median:.0f} % for the others")
+                ev.append(
+                    f"rank {odd} is the odd one out: CPU {outliers[0].cpu_pct:.0f} % against "
+                    f"{median:.0f} % for the others"
+                )
         return True, odd, ev
 
     def _phases_since(self, position: int | None, key: str | None, log) -> None:
@@ -786,18 +874,27 @@ class Watchdog:
             code = next((int(m) for m in re.findall(r"exit code:? (-?\d+)", first.text)), None)
         ev = []
         if rank is not None:
-            ev.append(f"rank {rank} died" + (f" (exit code {code})" if code is not None else "")
-                      + (f": {first.cause}" if first is not None and first.cause not in ("exception", "died") else ""))
+            ev.append(
+                f"rank {rank} died"
+                + (f" (exit code {code})" if code is not None else "")
+                + (f": {first.cause}" if first is not None and first.cause not in ("exception", "died") else "")
+            )
         if dead:
             ev.append(f"{len(dead)} of {len(ranks)} ranks gone: {', '.join(str(p.rank) for p in dead)}")
         if first is not None and first.together:  # no one of them failed first
-            said = f"all {len(first.together)} ranks" if self.tracker.all_ranks(first.together) else \
-                f"ranks {','.join(map(str, first.together))}"
+            said = (
+                f"all {len(first.together)} ranks"
+                if self.tracker.all_ranks(first.together)
+                else f"ranks {','.join(map(str, first.together))}"
+            )
             ev.insert(0, f"{said} together: {first.cause}")
         if first is not None:
             ev += [f"log: {text.strip()[:160]}" for _, text in first.evidence[:3]]
-        ev += [f"log: {line.strip()[:160]}" for line in self._errors if first is None or
-               all(line != text for _, text in first.evidence)][:3]
+        ev += [
+            f"log: {line.strip()[:160]}"
+            for line in self._errors
+            if first is None or all(line != text for _, text in first.evidence)
+        ][:3]
         cause = _gpu_cause(state, dead)
         if cause is not None:  # the GPU's own word comes first: the log's failure is its consequence
             rank, line = cause
@@ -820,14 +917,23 @@ class Watchdog:
             if g.hw_slowdown and held >= HW_SLOW_S:
                 clocks = [x.sm_clock_mhz for j, x in state.gpus.items() if j != i and j in on and x.sm_clock_mhz]
                 vs = f" against {max(clocks)} MHz on the others" if clocks and g.sm_clock_mhz else ""
-                found.append((rank, f"GPU {i} (rank {rank}) held down by the hardware: {'/'.join(g.hw_slowdown)}"
-                                    f"{f', SM {g.sm_clock_mhz} MHz' if g.sm_clock_mhz else ''}{vs} for {held:.0f} s"))
-            for name, what in (("nvlink_replay", "NVLink replays"), ("nvlink_recovery", "NVLink recoveries"),
-                               ("pcie_replay", "PCIe replays")):
+                found.append(
+                    (
+                        rank,
+                        f"GPU {i} (rank {rank}) held down by the hardware: {'/'.join(g.hw_slowdown)}"
+                        f"{f', SM {g.sm_clock_mhz} MHz' if g.sm_clock_mhz else ''}{vs} for {held:.0f} s",
+                    )
+                )
+            for name, what in (
+                ("nvlink_replay", "NVLink replays"),
+                ("nvlink_recovery", "NVLink recoveries"),
+                ("pcie_replay", "PCIe replays"),
+            ):
                 grew = self._grew(i, name, getattr(g, name), now)
                 if grew:
-                    found.append((rank, f"GPU {i} (rank {rank}) {what} growing: +{grew} in the last "
-                                        f"{REPLAY_WINDOW_S:.0f} s"))
+                    found.append(
+                        (rank, f"GPU {i} (rank {rank}) {what} growing: +{grew} in the last {REPLAY_WINDOW_S:.0f} s")
+                    )
         if not found:
             return None
         ranks = {r for r, _ in found}
@@ -855,8 +961,13 @@ class Watchdog:
             return None
         took = now - since
         if took > self.slow_factor * typical:
-            return Verdict("slow", [f"'{phase.name}' has taken {took:.0f} s; earlier runs of this layout took "
-                                    f"{typical:.0f} s ({self.slow_factor:g}x threshold)"])
+            return Verdict(
+                "slow",
+                [
+                    f"'{phase.name}' has taken {took:.0f} s; earlier runs of this layout took "
+                    f"{typical:.0f} s ({self.slow_factor:g}x threshold)"
+                ],
+            )
         return None
 
     def phase_times(self) -> dict[str, float]:
@@ -864,15 +975,21 @@ class Watchdog:
         came (each first seen in this run's own log lines, so never before the one before it)."""
         if self.started is None:
             return {}
-        return {name: round(max(0.0, at - self.started), 1)
-                for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])}
+        return {
+            name: round(max(0.0, at - self.started), 1)
+            for name, at in sorted(self.phase_at.items(), key=lambda kv: kv[1])
+        }
 
 
 def _generation(line: LogLine) -> bool:
     """An access line that answered a generation: a 2xx POST to a completion or generate route."""
     m = ACCESS_LINE.search(line.message or line.text)
-    return m is not None and m.group(1) == "POST" and m.group(3).startswith("2") and \
-        GENERATION_PATH.search(m.group(2)) is not None
+    return (
+        m is not None
+        and m.group(1) == "POST"
+        and m.group(3).startswith("2")
+        and GENERATION_PATH.search(m.group(2)) is not None
+    )
 
 
 def _cpu_idle(p) -> bool:
@@ -884,12 +1001,16 @@ def _cpu_idle(p) -> bool:
 def _gpus_said(state: HostState, gpus, resident: bool) -> str:
     if not gpus:
         if state.gpus:
-            return (f"no rank matched to a GPU; all {len(state.gpus)} GPUs of the host at "
-                    f"< {IDLE_GPU_PCT:.0f} % utilization")
+            return (
+                f"no rank matched to a GPU; all {len(state.gpus)} GPUs of the host at "
+                f"< {IDLE_GPU_PCT:.0f} % utilization"
+            )
         return "no GPU seen (the GPUs cannot be read on this host: the CPU and the log say it alone)"
-    return (f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with "
-            + (f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident" if resident else
-               f"only {max(g.mem_used_mib or 0 for g in gpus) / 1024:.1f} GiB or less in use (no model resident)"))
+    return f"GPU utilization < {IDLE_GPU_PCT:.0f} % on all {len(gpus)} GPUs with " + (
+        f"{min(g.mem_used_mib or 0 for g in gpus) / 1024:.0f} GiB or more resident"
+        if resident
+        else f"only {max(g.mem_used_mib or 0 for g in gpus) / 1024:.1f} GiB or less in use (no model resident)"
+    )
 
 
 def _cpu_said(alive) -> str:
@@ -935,8 +1056,12 @@ def _gpu_cause(state: HostState, dead) -> tuple[int, str] | None:
                 if ev.gpu != i or died is None or not died - XID_BEFORE_S <= ev.ts <= died + XID_AFTER_S:
                     continue
                 if best is None or ev.ts < best[0]:
-                    best = (ev.ts, p.rank, f"rank {p.rank} died: GPU {i} Xid {meaning(ev.code)} at {_stamp(ev.ts)}"
-                            + (f" (pid {ev.pid})" if ev.pid else ""))
+                    best = (
+                        ev.ts,
+                        p.rank,
+                        f"rank {p.rank} died: GPU {i} Xid {meaning(ev.code)} at {_stamp(ev.ts)}"
+                        + (f" (pid {ev.pid})" if ev.pid else ""),
+                    )
             g = state.gpus.get(i)
             if best is None and g is not None and g.lost:
                 best = (float("inf"), p.rank, f"rank {p.rank} died: GPU {i} lost ({LOST}: NVML answers GPU_IS_LOST)")

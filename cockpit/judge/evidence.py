@@ -23,6 +23,7 @@ SPIN_GPU_PCT = 90.0
 
 def default_sources():
     """The sources every watchdog consults: (state, now, watchdog) -> [Finding]."""
+
     def ras_source(state, now, dog, stalled):
         view = getattr(state, "ras", None)
         return ras.findings(view, state.sample_ts, dog.spin_s, stalled) if view is not None else []
@@ -51,8 +52,10 @@ def merge(verdict, found: list[Finding], state):
         if odd is None and named:
             odd = named[0]
         elif odd is not None and named and named[0] != odd and name != VerdictName.CRASHED:
-            lines.append(f"{found[0].source if found[0].odd_rank is not None else 'a source'} names rank {named[0]}, "
-                         f"the watchdog rank {odd}")
+            lines.append(
+                f"{found[0].source if found[0].odd_rank is not None else 'a source'} names rank {named[0]}, "
+                f"the watchdog rank {odd}"
+            )
         detail = REQUESTS_FROZEN if any(f.frozen for f in found) and name != VerdictName.CRASHED else verdict.detail
         return replace(verdict, evidence=list(verdict.evidence) + lines, odd_rank=odd, detail=detail)
     strong = [f for f in found if f.stalled]
@@ -65,5 +68,10 @@ def merge(verdict, found: list[Finding], state):
     held = max((f.since_s for f in strong if f.since_s is not None), default=None)
     since = state.sample_ts - held if held is not None and state.sample_ts is not None else None
     detail = REQUESTS_FROZEN if any(f.frozen for f in strong) else None
-    return Verdict(stall, lines + [e for e in verdict.evidence if verdict.name != VerdictName.WATCHING],
-                   odd, detail=detail, since=since)
+    return Verdict(
+        stall,
+        lines + [e for e in verdict.evidence if verdict.name != VerdictName.WATCHING],
+        odd,
+        detail=detail,
+        since=since,
+    )

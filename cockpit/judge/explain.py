@@ -37,7 +37,7 @@ CHUNK = 1 << 20
 
 def short(text: str, limit: int = EVIDENCE_CHARS) -> str:
     """A log line as evidence: colour codes gone, at most `limit` characters."""
-    text = ANSI.sub("", text[:4 * limit]).rstrip()
+    text = ANSI.sub("", text[: 4 * limit]).rstrip()
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -71,8 +71,10 @@ class Progress:
         done = min(self.raw.tell(), self.size)
         width = 30
         filled = width * done // max(1, self.size)
-        self.stream.write(f"\rreading {self.name}: [{'#' * filled}{'.' * (width - filled)}] "
-                          f"{100 * done // max(1, self.size):3d}% of {self.size / 2**20:.0f} MB")
+        self.stream.write(
+            f"\rreading {self.name}: [{'#' * filled}{'.' * (width - filled)}] "
+            f"{100 * done // max(1, self.size):3d}% of {self.size / 2**20:.0f} MB"
+        )
         self.stream.flush()
         self.shown = True
 
@@ -135,7 +137,9 @@ def _lines(stream, name: str, *others, bar: Progress | None = None) -> Iterator[
         if partial or skipped:
             yield _line(partial, skipped)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise CockpitError(f"{name}: not a readable gzip file ({exc}): gunzip it to check, or pass the plain log") from None
+        raise CockpitError(
+            f"{name}: not a readable gzip file ({exc}): gunzip it to check, or pass the plain log"
+        ) from None
     except OSError as exc:
         raise CockpitError(f"{name}: cannot read: {exc.strerror or exc}") from None
     finally:
@@ -155,8 +159,9 @@ def _line(raw: bytes | bytearray, skipped: int) -> str:
 SILENT_S = 60.0  # a log that stopped short of ready this long ago is a stall, if it is the live log
 
 
-def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None = None,
-            window_s: float = SILENT_S) -> dict:
+def explain(
+    lines: Iterable[str], engine: str = "auto", silent_s: float | None = None, window_s: float = SILENT_S
+) -> dict:
     """A log's post-mortem as a JSON-able dict:
 
     engine      the engine whose rules read it ("sglang", "vllm"; None when auto found neither)
@@ -206,8 +211,10 @@ def explain(lines: Iterable[str], engine: str = "auto", silent_s: float | None =
         "verdict": {"together": [], "all_ranks": False, **_verdict(tracker, engine_name, silent_s, window_s)},
         "ranks": sorted(tracker.ranks),
         "timeline": [{"phase": m.phase, "line": m.line, "time": m.time} for m in reached],
-        "failures": [{"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence,
-                      "text": short(f.text)} for f in tracker.failures[:50]],
+        "failures": [
+            {"line": f.line, "rank": f.rank, "cause": f.cause, "consequence": f.consequence, "text": short(f.text)}
+            for f in tracker.failures[:50]
+        ],
         "last_time": tracker.last_time,
         "findings": [line for f in tracker.findings() for line in f.evidence],
         "silent_s": None if silent_s is None else round(silent_s, 1),
@@ -224,35 +231,82 @@ def _verdict(tracker: LogTracker, engine: str | None, silent_s: float | None, wi
         for n, text in first.evidence:
             seen.setdefault(n, text)
         evidence = sorted(seen.items())[:6]
-        return {"name": "crashed", "rank": first.rank, "cause": first.cause, "line": first.line, "time": first.time,
-                "evidence": [short(t) for _, t in evidence], "evidence_lines": [n for n, _ in evidence],
-                "together": list(first.together), "all_ranks": bool(first.together) and tracker.all_ranks(first.together)}
+        return {
+            "name": "crashed",
+            "rank": first.rank,
+            "cause": first.cause,
+            "line": first.line,
+            "time": first.time,
+            "evidence": [short(t) for _, t in evidence],
+            "evidence_lines": [n for n, _ in evidence],
+            "together": list(first.together),
+            "all_ranks": bool(first.together) and tracker.all_ranks(first.together),
+        }
     if tracker.stalled():
         n, last = tracker.stalls[-1]
         tells = tracker.stalls[-3:]
-        return {"name": "stalled", "rank": last.rank, "cause": last.cause, "line": tracker.stalls[0][0],
-                "time": last.time, "evidence": [short(ll.text) for _, ll in tells],
-                "evidence_lines": [k for k, _ in tells]}
+        return {
+            "name": "stalled",
+            "rank": last.rank,
+            "cause": last.cause,
+            "line": tracker.stalls[0][0],
+            "time": last.time,
+            "evidence": [short(ll.text) for _, ll in tells],
+            "evidence_lines": [k for k, _ in tells],
+        }
     if tracker.stopped():  # the failures came after the server said it was stopped: its shutdown's
         n, ll = tracker.stop
         after = tracker.failures[0]
-        return {"name": "stopped", "rank": None, "cause": ll.stop, "line": n, "time": ll.time or after.time,
-                "evidence": [short(ll.text), short(after.text)], "evidence_lines": [n, after.line]}
+        return {
+            "name": "stopped",
+            "rank": None,
+            "cause": ll.stop,
+            "line": n,
+            "time": ll.time or after.time,
+            "evidence": [short(ll.text), short(after.text)],
+            "evidence_lines": [n, after.line],
+        }
     if tracker.n == 0:  # nothing read: not a run that went well
-        return {"name": "empty", "rank": None, "cause": None, "line": None, "time": None, "evidence": [],
-                "evidence_lines": []}
+        return {
+            "name": "empty",
+            "rank": None,
+            "cause": None,
+            "line": None,
+            "time": None,
+            "evidence": [],
+            "evidence_lines": [],
+        }
     reached = tracker.reached()
     mark = reached[-1] if reached else None
     if engine is None and mark is None and not tracker.ranks and not tracker.requests:
-        return {"name": "not a server log", "rank": None, "cause": None, "line": None, "time": None,
-                "evidence": [], "evidence_lines": []}
-    if silent_s is not None and silent_s >= window_s and (mark and mark.phase) not in ENDED \
-            and not tracker.finished_at:
-        return {"name": "stalled", "rank": None, "cause": "silent", "line": mark.line if mark else None,
-                "time": mark.time if mark else None, "evidence": [f"the file was last written {_ago(silent_s)} ago"],
-                "evidence_lines": []}
-    return {"name": "ok", "rank": None, "cause": None, "line": mark.line if mark else None,
-            "time": mark.time if mark else None, "evidence": [], "evidence_lines": []}
+        return {
+            "name": "not a server log",
+            "rank": None,
+            "cause": None,
+            "line": None,
+            "time": None,
+            "evidence": [],
+            "evidence_lines": [],
+        }
+    if silent_s is not None and silent_s >= window_s and (mark and mark.phase) not in ENDED and not tracker.finished_at:
+        return {
+            "name": "stalled",
+            "rank": None,
+            "cause": "silent",
+            "line": mark.line if mark else None,
+            "time": mark.time if mark else None,
+            "evidence": [f"the file was last written {_ago(silent_s)} ago"],
+            "evidence_lines": [],
+        }
+    return {
+        "name": "ok",
+        "rank": None,
+        "cause": None,
+        "line": mark.line if mark else None,
+        "time": mark.time if mark else None,
+        "evidence": [],
+        "evidence_lines": [],
+    }
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -267,29 +321,40 @@ def describe(result: dict) -> list[str]:
     """The post-mortem as text, for people."""
     engine = result["engine"] or "unknown"
     how = " (detected)" if result["detected"] else ""
-    out = [f"engine {engine}{how}, {count(result['lines'], 'line')}, ranks {_ranks(result['ranks'])}",
-           f"phase: {result['phase'] or 'no phase mark seen'}"]
+    out = [
+        f"engine {engine}{how}, {count(result['lines'], 'line')}, ranks {_ranks(result['ranks'])}",
+        f"phase: {result['phase'] or 'no phase mark seen'}",
+    ]
     v = result["verdict"]
     if v["name"] == "crashed":
         who = f"rank {v['rank']}" if v["rank"] is not None else "no rank named"
         if v.get("together"):
-            who = (f"all {len(v['together'])} ranks" if v.get("all_ranks") else f"ranks {_ranks(v['together'])}") \
-                + " together"
+            who = (
+                f"all {len(v['together'])} ranks" if v.get("all_ranks") else f"ranks {_ranks(v['together'])}"
+            ) + " together"
         when = f", {v['time']}" if v["time"] else ""
         out.append(f"verdict: crashed: {who}, cause {v['cause']} (line {v['line']}{when})")
     elif v["name"] == "stopped":
         more = len(result["failures"])
-        out.append(f"verdict: stopped: the server said it was stopped ({v['cause']}, line {v['line']}); "
-                   f"{count(more, 'failure')} after it: its shutdown's, no crash")
+        out.append(
+            f"verdict: stopped: the server said it was stopped ({v['cause']}, line {v['line']}); "
+            f"{count(more, 'failure')} after it: its shutdown's, no crash"
+        )
     elif v["name"] == "stalled" and v["cause"] == "silent":
-        out.append(f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
-                   f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready (if this is the live log)")
+        out.append(
+            f"verdict: stalled: silent for {_ago(result['silent_s'])} at '{result['phase'] or 'the start'}' "
+            f"(threshold {result.get('window_s', SILENT_S):.0f} s), short of ready (if this is the live log)"
+        )
     elif v["name"] == "stalled":
-        out.append(f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
-                   f"(first tell line {v['line']})")
+        out.append(
+            f"verdict: stalled: the log ends on a hang tell ({v['cause']}) with nothing moving after it "
+            f"(first tell line {v['line']})"
+        )
     elif v["name"] == "not a server log":
-        out.append(f"verdict: not a server log: no line in it is {_WRITERS} or torch's "
-                   "(give the file the server writes its output to)")
+        out.append(
+            f"verdict: not a server log: no line in it is {_WRITERS} or torch's "
+            "(give the file the server writes its output to)"
+        )
     elif v["name"] == "empty":
         out.append("verdict: none: the log is empty (0 lines), nothing to judge: check the file or the pipe")
     else:
@@ -304,8 +369,10 @@ def describe(result: dict) -> list[str]:
         out.append(f"finding: {finding}")
     others = [f for f in result["failures"] if f["line"] != v.get("line")]
     if v["name"] == "crashed" and others:
-        out.append(f"other failures: {len(others)} (first at line {others[0]['line']}: rank "
-                   f"{others[0]['rank'] if others[0]['rank'] is not None else '?'}, {others[0]['cause']})")
+        out.append(
+            f"other failures: {len(others)} (first at line {others[0]['line']}: rank "
+            f"{others[0]['rank'] if others[0]['rank'] is not None else '?'}, {others[0]['cause']})"
+        )
     return out
 
 

@@ -18,7 +18,6 @@ class Phase:
         return f"{self.name} {self.detail}".strip()
 
 
-
 class VerdictName(str, Enum):
     """Every verdict the cockpit gives, the one spelling used by the screen, fleet, ledger and JSON."""
 
@@ -64,8 +63,14 @@ class Verdict:
         return self.name in ALERTING
 
     def doc(self) -> dict:
-        return {"name": self.name.value, "evidence": list(self.evidence), "odd_rank": self.odd_rank,
-                "detail": self.detail, "since": _iso(self.since), "until": _iso(self.until)}
+        return {
+            "name": self.name.value,
+            "evidence": list(self.evidence),
+            "odd_rank": self.odd_rank,
+            "detail": self.detail,
+            "since": _iso(self.since),
+            "until": _iso(self.until),
+        }
 
 
 def _iso(ts: float | None) -> str | None:

@@ -18,8 +18,9 @@ class FrameTooLong(Exception):
 
     def __init__(self, size: int, limit: int = MAX_FRAME_BYTES):
         self.size = size
-        super().__init__(f"a frame of {size} bytes from the agent is over the {limit // (1024 * 1024)} MiB "
-                         f"limit and was skipped")
+        super().__init__(
+            f"a frame of {size} bytes from the agent is over the {limit // (1024 * 1024)} MiB limit and was skipped"
+        )
 
 
 class LineReader:
@@ -43,10 +44,10 @@ class LineReader:
         while True:
             nl = self._buf.find(b"\n", max(self._start, self._scanned))
             if nl >= 0:
-                line = bytes(self._buf[self._start:nl + 1])
+                line = bytes(self._buf[self._start : nl + 1])
                 self._start = self._scanned = nl + 1
                 if self._start > len(self._buf) // 2:
-                    del self._buf[:self._start]
+                    del self._buf[: self._start]
                     self._start = self._scanned = 0
                 if self._skipping or len(line) > self.limit:
                     size, self._skipping = self._skipping + len(line), 0
@@ -59,7 +60,7 @@ class LineReader:
                 self._buf.clear()
                 self._start = self._scanned = 0
             if self._eof:
-                rest = bytes(self._buf[self._start:])
+                rest = bytes(self._buf[self._start :])
                 self._buf.clear()
                 self._start = self._scanned = 0
                 if self._skipping:
@@ -111,7 +112,9 @@ class Link(abc.ABC):
     async def connect(self) -> None: ...
 
     @abc.abstractmethod
-    async def start_agent(self, argv: list[str], payload: bytes = b"", env: dict[str, str] | None = None) -> AgentStream:
+    async def start_agent(
+        self, argv: list[str], payload: bytes = b"", env: dict[str, str] | None = None
+    ) -> AgentStream:
         """The agent started with `argv`, `payload` (its modules: agent_argv) written to its stdin first."""
 
     @abc.abstractmethod

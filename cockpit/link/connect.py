@@ -32,8 +32,9 @@ def exec_link(target: Target, opts) -> Link:
         return ContainerLink(carrier, target, where)
     if target.kind == "slurm" and target.node:
         return SlurmNodeLink(carrier, target, where)
-    raise CockpitError(f"{target.label}: a whole Slurm job is watched node by node (cockpit.monitor.cluster), "
-                       f"not one link")
+    raise CockpitError(
+        f"{target.label}: a whole Slurm job is watched node by node (cockpit.monitor.cluster), not one link"
+    )
 
 
 def make_link(target: Target, opts) -> Link:

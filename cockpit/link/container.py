@@ -108,20 +108,35 @@ class ContainerLink(ExecLink):
         return [self.engine, "exec", "-i", *envs, self.container, *argv]
 
     async def check(self) -> None:
-        res = await self.tool_run([self.engine, "inspect", "--type", "container", "--format",
-                                   "{{.State.Status}} {{.State.Pid}}", self.container])
+        res = await self.tool_run(
+            [
+                self.engine,
+                "inspect",
+                "--type",
+                "container",
+                "--format",
+                "{{.State.Status}} {{.State.Pid}}",
+                self.container,
+            ]
+        )
         if res.rc != 0:
             err = first_line(res.stderr)
             if "no such" in err.lower():
-                raise CockpitError(f"{self.label}: no container named {self.container} on {self.where} "
-                                   f"(`{self.engine} ps` lists the running ones)")
-            raise CockpitError(f"{self.label}: cannot ask the {self.engine} engine on {self.where}: {err or 'no message'} "
-                               f"(is the daemon running? {'DOCKER_HOST' if self.engine == 'docker' else 'CONTAINER_HOST'} "
-                               f"names another)")
+                raise CockpitError(
+                    f"{self.label}: no container named {self.container} on {self.where} "
+                    f"(`{self.engine} ps` lists the running ones)"
+                )
+            raise CockpitError(
+                f"{self.label}: cannot ask the {self.engine} engine on {self.where}: {err or 'no message'} "
+                f"(is the daemon running? {'DOCKER_HOST' if self.engine == 'docker' else 'CONTAINER_HOST'} "
+                f"names another)"
+            )
         status, _, pid = res.stdout.decode().strip().partition(" ")
         if status != "running":
-            raise CockpitError(f"{self.label}: container {self.container} is {status}, not running "
-                               f"(`{self.engine} start {self.container}`)")
+            raise CockpitError(
+                f"{self.label}: container {self.container} is {status}, not running "
+                f"(`{self.engine} start {self.container}`)"
+            )
         self.init_pid = int(pid) if pid.isdigit() and int(pid) > 0 else None
 
     @property
@@ -137,35 +152,65 @@ class ContainerLink(ExecLink):
 
     def notes(self) -> list[str]:
         if self.mapped:
-            return [f"inside {self.engine} container {self.container}: pids are the container's; host pids mapped "
-                    f"through /proc NSpid (init is host pid {self.init_pid}); NVML's host pids shown as the container's"]
-        return [f"inside {self.engine} container {self.container} on {self.where}: pids are the container's; host "
-                f"pids are not mapped (the engine is reached over ssh), so GPU processes NVML reports with host "
-                f"pids stay unmatched"]
+            return [
+                f"inside {self.engine} container {self.container}: pids are the container's; host pids mapped "
+                f"through /proc NSpid (init is host pid {self.init_pid}); NVML's host pids shown as the container's"
+            ]
+        return [
+            f"inside {self.engine} container {self.container} on {self.where}: pids are the container's; host "
+            f"pids are not mapped (the engine is reached over ssh), so GPU processes NVML reports with host "
+            f"pids stay unmatched"
+        ]
 
     async def start_agent(self, argv, payload=b"", env=None) -> AgentStream:
         return ContainerStream(await self.carrier.start_agent(self.wrap(list(argv), env, agent=True), payload), self)
 
     def describe(self) -> dict:
-        return {"kind": self.engine, "container": self.container, "via": self.where,
-                "pids": "container", "host_pids_mapped": self.mapped,
-                "host_pids": {str(c): h for c, h in sorted(self.host_pids().items())} if self.mapped else {}}
+        return {
+            "kind": self.engine,
+            "container": self.container,
+            "via": self.where,
+            "pids": "container",
+            "host_pids_mapped": self.mapped,
+            "host_pids": {str(c): h for c, h in sorted(self.host_pids().items())} if self.mapped else {},
+        }
 
     async def verify_gone(self, entries: list[dict]) -> dict:
         """The agent went down with the container during a kill (its main process ended): the
         engine says whether the container stopped, and a stopped container has no process left."""
         deadline = time.monotonic() + STOP_WAIT_S
         while True:  # the agent's end is seen here before the engine has marked the container stopped
-            res = await self.tool_run([self.engine, "inspect", "--type", "container", "--format",
-                                       "{{.State.Status}} {{.State.ExitCode}}", self.container])
+            res = await self.tool_run(
+                [
+                    self.engine,
+                    "inspect",
+                    "--type",
+                    "container",
+                    "--format",
+                    "{{.State.Status}} {{.State.ExitCode}}",
+                    self.container,
+                ]
+            )
             status, _, code = res.stdout.decode().strip().partition(" ") if res.rc == 0 else ("removed", "", "")
             stopped = status in ("exited", "dead", "removed", "stopped")
             if stopped or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
         pids = [e["pid"] for e in entries]
-        return {"term": pids, "killed": [], "vanished": [], "remaining": [] if stopped else pids,
-                "gpu_memory_left": [], "ports_open": [],
-                "notes": [f"container {self.container} {status}" + (f" (exit code {code})" if code else "")
-                          + (": it went down with its main process, so nothing of it is left" if stopped else
-                             ": the agent's link dropped and the container still runs")]}
+        return {
+            "term": pids,
+            "killed": [],
+            "vanished": [],
+            "remaining": [] if stopped else pids,
+            "gpu_memory_left": [],
+            "ports_open": [],
+            "notes": [
+                f"container {self.container} {status}"
+                + (f" (exit code {code})" if code else "")
+                + (
+                    ": it went down with its main process, so nothing of it is left"
+                    if stopped
+                    else ": the agent's link dropped and the container still runs"
+                )
+            ],
+        }

@@ -28,8 +28,14 @@ def start(argv: list[str], payload: bytes) -> None:
     """Start the agent `argv` in a session of its own and write its payload; a missing
     interpreter is left for the link to say when it starts the agent itself."""
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, bufsize=0)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            bufsize=0,
+        )
     except OSError:
         return
     fit_pipe(proc.stdin.fileno(), len(payload))

@@ -98,7 +98,9 @@ class ExecLink(Link):
         if res.rc == 127:
             raise CockpitError(f"{self.label}: {argv[0]} not found on {self.where}: {self.install_hint}")
         if res.rc is None:
-            raise CockpitError(f"{self.label}: `{' '.join(argv[:3])}` did not answer in {timeout:.0f} s on {self.where}")
+            raise CockpitError(
+                f"{self.label}: `{' '.join(argv[:3])}` did not answer in {timeout:.0f} s on {self.where}"
+            )
         return res
 
     async def start_agent(self, argv, payload=b"", env=None) -> AgentStream:

@@ -49,8 +49,9 @@ def _load(paths: list[str], host: str, port: int | None, user: str | None) -> _C
     except KeyError:
         local_user = str(os.getuid())
     try:
-        return _Config.load(None, paths, False, False, False, local_user,
-                            user if user else (), host, port if port else ())
+        return _Config.load(
+            None, paths, False, False, False, local_user, user if user else (), host, port if port else ()
+        )
     except (asyncssh.config.ConfigParseError, OSError) as exc:
         raise CockpitError(f"ssh config: {exc}") from None
 
@@ -86,8 +87,13 @@ class Policy:
         return self.strict in ("accept-new", "no")
 
 
-def resolve(host: str, port: int | None = None, user: str | None = None, ssh_config: str | None = None,
-            known_hosts: str | None = None) -> Policy:
+def resolve(
+    host: str,
+    port: int | None = None,
+    user: str | None = None,
+    ssh_config: str | None = None,
+    known_hosts: str | None = None,
+) -> Policy:
     """The host-key policy for `host` from the ssh config (and, without --ssh-config, the system's
     /etc/ssh/ssh_config for the host-key keywords, as OpenSSH reads it after the user's)."""
     paths = config_paths(ssh_config)
@@ -112,11 +118,17 @@ def resolve(host: str, port: int | None = None, user: str | None = None, ssh_con
     glob = values["GlobalKnownHostsFile"]
     global_files = list(DEFAULT_GLOBAL_FILES) if glob is None else list(glob)
     jump = cfg.get("ProxyJump")
-    return Policy(host=host, hostname=str(cfg.get("Hostname") or host), port=int(cfg.get("Port") or port or 22),
-                  user=user or cfg.get("User"), proxy_jump=str(jump) if jump else None,
-                  user_files=[os.path.expanduser(p) for p in user_files],
-                  global_files=[os.path.expanduser(p) for p in global_files], strict=strict,
-                  files_named=files_named)
+    return Policy(
+        host=host,
+        hostname=str(cfg.get("Hostname") or host),
+        port=int(cfg.get("Port") or port or 22),
+        user=user or cfg.get("User"),
+        proxy_jump=str(jump) if jump else None,
+        user_files=[os.path.expanduser(p) for p in user_files],
+        global_files=[os.path.expanduser(p) for p in global_files],
+        strict=strict,
+        files_named=files_named,
+    )
 
 
 @dataclass
@@ -191,8 +203,14 @@ def fingerprint(key) -> str:
     return f"{key.get_algorithm()} {key.get_fingerprint()}"
 
 
-_KEY_TYPES = {"ssh-ed25519": "ED25519", "ssh-rsa": "RSA", "ssh-dss": "DSA", "sk-ssh-ed25519@openssh.com": "ED25519-SK",
-              "sk-ecdsa-sha2-nistp256@openssh.com": "ECDSA-SK", "ssh-ed448": "ED448"}
+_KEY_TYPES = {
+    "ssh-ed25519": "ED25519",
+    "ssh-rsa": "RSA",
+    "ssh-dss": "DSA",
+    "sk-ssh-ed25519@openssh.com": "ED25519-SK",
+    "sk-ecdsa-sha2-nistp256@openssh.com": "ECDSA-SK",
+    "ssh-ed448": "ED448",
+}
 
 
 def key_type(key) -> str:
@@ -244,8 +262,7 @@ class HostKeyCheck:
         # its default: asyncssh would also trust any key listed for the peer's address.
         self.asked = (host, "", port)
         self.found = lookup(self.entries, host, "", port)
-        return ([k for _, k in self.found.trusted], [k for _, k in self.found.ca],
-                [k for _, k in self.found.revoked])
+        return ([k for _, k in self.found.trusted], [k for _, k in self.found.ca], [k for _, k in self.found.revoked])
 
     def client_factory(self):
         check = self
@@ -284,8 +301,10 @@ class HostKeyCheck:
             name = host_entry(self.asked[0], self.found.port)  # as the lines that matched name it
         if self.found.revoked and "revoked" in str(exc.reason).lower():
             lines = ", ".join(f"{e.path}:{e.line} ({fingerprint(k)})" for e, k in self.found.revoked)
-            return CockpitError(f"REVOKED host key for {where} ({name}): the key it offers is marked @revoked "
-                                f"at {lines}; refusing to connect")
+            return CockpitError(
+                f"REVOKED host key for {where} ({name}): the key it offers is marked @revoked "
+                f"at {lines}; refusing to connect"
+            )
         if self.offered is not None and self.found.trusted:
             old = "; ".join(f"{fingerprint(k)} at {e.path}:{e.line}" for e, k in self.found.trusted)
             first = self.found.trusted[0][0]
@@ -293,12 +312,15 @@ class HostKeyCheck:
                 f"HOST KEY CHANGED for {where} ({name}): REMOTE HOST IDENTIFICATION HAS CHANGED, it now offers "
                 f"{fingerprint(self.offered)}, known as {old}; refusing to connect (even with --accept-new). "
                 f"If the host was reinstalled, remove line {first.line} of {first.path} "
-                f"(ssh-keygen -f {first.path} -R '{name}') and connect again")
+                f"(ssh-keygen -f {first.path} -R '{name}') and connect again"
+            )
         if self.offered is not None:
             files = ", ".join(self.policy.user_files + [p for p in self.policy.global_files if os.path.exists(p)])
-            message = (f"unknown host key for {where} ({key_type(self.offered)} key {self.offered.get_fingerprint()}): "
-                       f"not in {files}; check it, then run again with --accept-new to record it in "
-                       f"{self.policy.user_files[0]}")
+            message = (
+                f"unknown host key for {where} ({key_type(self.offered)} key {self.offered.get_fingerprint()}): "
+                f"not in {files}; check it, then run again with --accept-new to record it in "
+                f"{self.policy.user_files[0]}"
+            )
             if self.policy.strict == "yes":  # the config forbids asking: refused, as ssh refuses
                 return CockpitError(message + " (the ssh config says StrictHostKeyChecking yes: or add it by hand)")
             key, path, kind = self.offered, self.policy.user_files[0], key_type(self.offered)
@@ -315,9 +337,12 @@ def unchecked_refusal(policy: Policy, label: str) -> CockpitError:
     return CockpitError(
         f"{label}: the ssh config says UserKnownHostsFile none, which turns host key checking off: refused. "
         f"Name a known_hosts file (or pass --known-hosts FILE); to connect unchecked on purpose, the config "
-        f"must also say StrictHostKeyChecking no")
+        f"must also say StrictHostKeyChecking no"
+    )
 
 
 def unchecked_warning(label: str) -> str:
-    return (f"host keys are NOT checked for {label}: its ssh config says UserKnownHostsFile none and "
-            f"StrictHostKeyChecking no")
+    return (
+        f"host keys are NOT checked for {label}: its ssh config says UserKnownHostsFile none and "
+        f"StrictHostKeyChecking no"
+    )

@@ -74,7 +74,8 @@ async def _spawn(argv: list[str], payload: bytes, env: dict[str, str] | None = N
     except FileNotFoundError:
         raise PythonUnusable(
             f"{argv[0]} not found on this machine: install Python >= 3.8 or name the interpreter with --python",
-            "not found") from None
+            "not found",
+        ) from None
     try:
         early.fit_pipe(proc.stdin.transport.get_extra_info("pipe").fileno(), len(payload))
     except (ValueError, AttributeError):  # it ended already (a wrapper that failed): its status says why

@@ -93,22 +93,38 @@ class SlurmNodeLink(ExecLink):
         export = ["--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(env.items()))] if env else []
         step = ["-J", AGENT_STEP if agent else PROBE_STEP]
         keep = ["/bin/sh", "-c", _KEEP] if agent else []
-        return ["srun", "--overlap", "--jobid", self.job, "--nodelist", self.node, "-N1", "-n1", "--quiet",
-                *step, *export, *keep, *argv]
+        return [
+            "srun",
+            "--overlap",
+            "--jobid",
+            self.job,
+            "--nodelist",
+            self.node,
+            "-N1",
+            "-n1",
+            "--quiet",
+            *step,
+            *export,
+            *keep,
+            *argv,
+        ]
 
     async def check(self) -> None:
         job = await find_job(self, self.job)
         if self.node not in job.nodes:
-            raise CockpitError(f"{self.label}: job {self.job} does not run on {self.node} (its nodes: "
-                               f"{', '.join(job.nodes)})")
+            raise CockpitError(
+                f"{self.label}: job {self.job} does not run on {self.node} (its nodes: {', '.join(job.nodes)})"
+            )
 
     async def job_pids(self) -> NodePids:
         """This node's processes of the job, the cockpit's own steps left out."""
         probe = ["/bin/sh", "-c", 'echo "step $SLURM_STEP_ID"; exec scontrol listpids "$0" "$1"', self.job, self.node]
         res = await self.tool_run(self.wrap(probe), timeout=30)
         if res.rc != 0:
-            raise CockpitError(f"{self.label}: cannot list the job's processes on {self.node}: "
-                               f"{first_line(res.stderr) or f'status {res.rc}'}")
+            raise CockpitError(
+                f"{self.label}: cannot list the job's processes on {self.node}: "
+                f"{first_line(res.stderr) or f'status {res.rc}'}"
+            )
         text = res.stdout.decode("utf-8", "replace")
         own = {line.split()[1] for line in text.splitlines() if line.startswith("step ") and len(line.split()) > 1}
         return parse_listpids(text, own | await self.own_steps())
@@ -135,22 +151,30 @@ async def find_job(link: ExecLink, job: str) -> Job:
     if res.rc == 0:
         j = parse_squeue_json(res.stdout.decode("utf-8", "replace"), job)
         if j is not None:
-            info = {"JobState": _state(j.get("job_state")), "NodeList": j.get("nodes") or "",
-                    "BatchHost": j.get("batch_host"), "Reason": j.get("state_reason"), "JobName": j.get("name")}
+            info = {
+                "JobState": _state(j.get("job_state")),
+                "NodeList": j.get("nodes") or "",
+                "BatchHost": j.get("batch_host"),
+                "Reason": j.get("state_reason"),
+                "JobName": j.get("name"),
+            }
     if info is None:
         res2 = await link.tool_run(["scontrol", "-o", "show", "job", job])
         if res2.rc != 0:
             err = first_line(res2.stderr) or first_line(res.stderr)
             if "invalid job id" in err.lower() or res2.rc == 1:
-                raise CockpitError(f"slurm:{job}: no such job on {where} (it ended, or the id is wrong: "
-                                   f"`squeue --me` lists yours)")
+                raise CockpitError(
+                    f"slurm:{job}: no such job on {where} (it ended, or the id is wrong: `squeue --me` lists yours)"
+                )
             raise CockpitError(f"slurm:{job}: Slurm on {where} did not answer: {err}")
         info = parse_scontrol_job(res2.stdout.decode("utf-8", "replace"))
     state = str(info.get("JobState") or "?").upper()
     if state != "RUNNING":
         why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "", "None") else ""
-        raise CockpitError(f"slurm:{job}: the job is {state}{why}, not RUNNING: no node to watch "
-                           f"{'yet (wait for it to start)' if state == 'PENDING' else '(squeue shows its state)'}")
+        raise CockpitError(
+            f"slurm:{job}: the job is {state}{why}, not RUNNING: no node to watch "
+            f"{'yet (wait for it to start)' if state == 'PENDING' else '(squeue shows its state)'}"
+        )
     nodes = await expand_nodes(link, str(info.get("NodeList") or ""))
     if not nodes:
         raise CockpitError(f"slurm:{job}: the job lists no nodes on {where}")

@@ -99,8 +99,9 @@ class SshStream(AgentStream):
 class SshLink(Link):
     name = "ssh"
 
-    def __init__(self, target: Target, ssh_config: str | None = None, known_hosts: str | None = None,
-                 accept_new: bool = False):
+    def __init__(
+        self, target: Target, ssh_config: str | None = None, known_hosts: str | None = None, accept_new: bool = False
+    ):
         self.target = target
         self.ssh_config = ssh_config
         self.known_hosts = known_hosts
@@ -132,8 +133,9 @@ class SshLink(Link):
     async def connect(self) -> None:
         for flag, path in (("--ssh-config", self.ssh_config), ("--known-hosts", self.known_hosts)):
             if path and not os.path.isfile(path):
-                raise CockpitError(f"{flag} {path}: no such file (give an existing file, or leave the flag out "
-                                   f"to use ~/.ssh)")
+                raise CockpitError(
+                    f"{flag} {path}: no such file (give an existing file, or leave the flag out to use ~/.ssh)"
+                )
         self.warnings = []
         t = self.target
         try:
@@ -142,19 +144,23 @@ class SshLink(Link):
             await self._close_hops()
             raise
 
-    async def _open(self, host: str, port: int | None, user: str | None, tunnel, label: str,
-                    depth: int) -> asyncssh.SSHClientConnection:
+    async def _open(
+        self, host: str, port: int | None, user: str | None, tunnel, label: str, depth: int
+    ) -> asyncssh.SSHClientConnection:
         """One connection, its host key checked by the config's rules; a ProxyJump in the config is
         followed here hop by hop (asyncssh would open the hops with checks of its own), each hop's
         key checked the same way and named in any refusal."""
         policy = hostkeys.resolve(host, port, user, self.ssh_config, self.known_hosts)
         if policy.proxy_jump and tunnel is None:
             if depth >= MAX_JUMPS:
-                raise CockpitError(f"{label}: ProxyJump goes more than {MAX_JUMPS} hops deep (a loop in the ssh config?)")
+                raise CockpitError(
+                    f"{label}: ProxyJump goes more than {MAX_JUMPS} hops deep (a loop in the ssh config?)"
+                )
             for hop in policy.proxy_jump.split(","):
                 hop_user, hop_host, hop_port = _parse_hop(hop)
-                tunnel = await self._open(hop_host, hop_port, hop_user, tunnel, f"ProxyJump hop {hop} (to {label})",
-                                          depth + 1)
+                tunnel = await self._open(
+                    hop_host, hop_port, hop_user, tunnel, f"ProxyJump hop {hop} (to {label})", depth + 1
+                )
                 self._hops.append(tunnel)
         if policy.unchecked and policy.strict != "no":
             raise hostkeys.unchecked_refusal(policy, label)

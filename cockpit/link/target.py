@@ -50,15 +50,18 @@ class Target:
     def on_node(self, node: str) -> Target:
         """slurm: the target of one node of this job."""
         at = f"@{self.text.split('@', 1)[1]}" if self.remote else ""
-        return Target("slurm", self.host, self.user, self.port, f"slurm:{self.name}/{node}{at}", self.name, node,
-                      self.remote)
+        return Target(
+            "slurm", self.host, self.user, self.port, f"slurm:{self.name}/{node}{at}", self.name, node, self.remote
+        )
 
 
 def _ssh(text: str, whole: str) -> tuple[str, str | None, int | None]:
     m = _SSH.match(text)
     if not m:
-        raise CockpitError(f"malformed target {whole!r}: expected local, demo, an ssh alias, user@host[:port], "
-                           f"docker:NAME[@HOST], podman:NAME[@HOST] or slurm:JOBID[/NODE][@HOST]")
+        raise CockpitError(
+            f"malformed target {whole!r}: expected local, demo, an ssh alias, user@host[:port], "
+            f"docker:NAME[@HOST], podman:NAME[@HOST] or slurm:JOBID[/NODE][@HOST]"
+        )
     port = m.group("port")
     if port is not None and not 0 < int(port) < 65536:
         raise CockpitError(f"malformed target {whole!r}: port {port} is not in 1-65535")
@@ -72,14 +75,18 @@ def _engine(kind: str, rest: str, text: str) -> Target:
     if kind == "slurm":
         what, slash, node = what.partition("/")
         if not _JOB.match(what):
-            raise CockpitError(f"malformed target {text!r}: a Slurm job id is a number (slurm:1234, slurm:1234/NODE, "
-                               f"slurm:1234@login-host); squeue lists yours")
+            raise CockpitError(
+                f"malformed target {text!r}: a Slurm job id is a number (slurm:1234, slurm:1234/NODE, "
+                f"slurm:1234@login-host); squeue lists yours"
+            )
         if slash and not _NODE.match(node):
             raise CockpitError(f"malformed target {text!r}: {node!r} is not a node name (slurm:1234/node17)")
         node = node or None
     elif not _CONTAINER.match(what):
-        raise CockpitError(f"malformed target {text!r}: expected {kind}:NAME or {kind}:NAME@HOST with the "
-                           f"container's name or id ({kind} ps lists them)")
+        raise CockpitError(
+            f"malformed target {text!r}: expected {kind}:NAME or {kind}:NAME@HOST with the "
+            f"container's name or id ({kind} ps lists them)"
+        )
     return Target(kind, host=host, user=user, port=port, text=text, name=what, node=node, remote=bool(at))
 
 

@@ -39,6 +39,7 @@ from cockpit.runs.spec import RunSpec
 
 PLAIN_LOOK_S = 15.0  # the longest a plain look (no --wait) judges before it answers
 
+
 @dataclass
 class MonitorEvent:
     """What a listener is told: `sample` (new data), `log` (classified lines of `path`), `verdict`
@@ -55,9 +56,16 @@ def watchdog_for(layout: Layout | None) -> Watchdog:
     if layout is None:
         return Watchdog(sources=default_sources())
     s = layout.stall
-    return Watchdog(s.idle_s, s.spin_s, s.slow_factor, typical_phase_seconds(layout), layout.ports,
-                    sources=default_sources(), metrics=bool(layout.metrics and layout.ports),
-                    windows=phase_windows(layout))
+    return Watchdog(
+        s.idle_s,
+        s.spin_s,
+        s.slow_factor,
+        typical_phase_seconds(layout),
+        layout.ports,
+        sources=default_sources(),
+        metrics=bool(layout.metrics and layout.ports),
+        windows=phase_windows(layout),
+    )
 
 
 def rules_for(layout: Layout | None) -> LogRules:
@@ -152,14 +160,17 @@ class Monitor(Protocol):
     async def look(self, wait: float | None = None) -> float: ...
     async def watch_for(self, seconds: float) -> None: ...
     async def forensics_done(self) -> None: ...
-    async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
-                   whole_run: bool = True) -> dict[str, Any]: ...
-    async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
-                        run: Run | None = None) -> dumps.DumpPlan: ...
+    async def stop(
+        self, plan: KillPlan, why: str, wait: float | None = None, whole_run: bool = True
+    ) -> dict[str, Any]: ...
+    async def plan_dump(
+        self, root: int | None = None, verb: str = "dump", live_only: bool = False, run: Run | None = None
+    ) -> dumps.DumpPlan: ...
     async def plan_stop(self, scope: Scope | None = None, allow_ambiguous: bool = False) -> KillPlan: ...
     async def shm_audit(self, folder: str = kill.SHM_DEFAULT, uid: int | None = None) -> dict[str, Any]: ...
-    async def shm_clean(self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None,
-                        other_dir: bool = False) -> dict[str, Any]: ...
+    async def shm_clean(
+        self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None, other_dir: bool = False
+    ) -> dict[str, Any]: ...
     async def host_facts(self, items: list[str], pids: list[int], timeout: float = 60) -> dict[str, Any]: ...
     async def run_versions(self) -> dict[str, Any]: ...
     async def check_launch(self, spec: RunSpec) -> None: ...
@@ -172,14 +183,23 @@ class Monitor(Protocol):
     async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]: ...
     async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]: ...
     def link_describe(self) -> dict[str, Any] | None: ...
-    async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
-                          python: str | None = None) -> tuple[str | None, dict[str, Any]]: ...
+    async def pyspy_check(
+        self, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+    ) -> tuple[str | None, dict[str, Any]]: ...
     def pyspy_missing(self, check: dict[str, Any]) -> dumps.PyspyMissing: ...
-    async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    async def flight_record(
+        self, trigger: bool = True, root: int | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]: ...
     async def launch(self, spec: RunSpec) -> Run: ...
-    async def dump_stacks(self, plan: dumps.DumpPlan, folder: str | None = None, upload: bool = False,
-                          say: Callable[[str], None] | None = None, python: str | None = None,
-                          deadline_s: float = 20.0) -> dumps.DumpSet: ...
+    async def dump_stacks(
+        self,
+        plan: dumps.DumpPlan,
+        folder: str | None = None,
+        upload: bool = False,
+        say: Callable[[str], None] | None = None,
+        python: str | None = None,
+        deadline_s: float = 20.0,
+    ) -> dumps.DumpSet: ...
 
 
 class MonitorBase:
@@ -239,7 +259,9 @@ class MonitorBase:
 
     def _emit(self, event: MonitorEvent) -> None:
         if event.kind == "verdict" and self.session.watch_current():
-            note_verdict(self.run, self.verdict)  # the run's history in the ledger, whoever listens (never of a sample taken
+            note_verdict(
+                self.run, self.verdict
+            )  # the run's history in the ledger, whoever listens (never of a sample taken
             # before the run was watched: a look that is cancelled at its prompt writes nothing)
         for fn in list(self._listeners):
             fn(event)
@@ -301,8 +323,11 @@ class MonitorBase:
         if not self.state.seq or self.verdict.name == VerdictName.WATCHING or not self.session.watch_current():
             return False
         port = self.layout.ports[0] if self.layout is not None and self.layout.ports else None
-        if self.verdict.name == VerdictName.OK and self.metrics_expected() and any(
-                pt.listening and pt.port == port for pt in self.state.ports):
+        if (
+            self.verdict.name == VerdictName.OK
+            and self.metrics_expected()
+            and any(pt.listening and pt.port == port for pt in self.state.ports)
+        ):
             view = self.state.metrics
             good = [s for s in view.scrapes if not s.error]
             return len(good) >= 2 or any(s.status == 404 for s in view.scrapes)
@@ -352,8 +377,10 @@ class MonitorBase:
         while not self.session.watch_current():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise CockpitError(f"{self.target.label}: the agent did not sample what is watched "
-                                   f"(the run's processes and log) within {timeout:.0f} s")
+                raise CockpitError(
+                    f"{self.target.label}: the agent did not sample what is watched "
+                    f"(the run's processes and log) within {timeout:.0f} s"
+                )
             await self.session.wait_samples(1, left)
 
     async def look(self, wait: float | None = None) -> float:
@@ -378,15 +405,16 @@ class MonitorBase:
         v = self.verdict
         if v.name == VerdictName.WATCHING:
             until = time.strftime("%H:%M:%S", time.localtime(v.until)) if v.until else None
-            v.evidence = v.evidence + ["not decided in this look: watch longer with --wait S"
-                                       + (f" (the stall thresholds decide by {until})" if until else "")]
+            v.evidence = v.evidence + [
+                "not decided in this look: watch longer with --wait S"
+                + (f" (the stall thresholds decide by {until})" if until else "")
+            ]
 
     @asynccontextmanager
     async def judging(self) -> AsyncIterator[None]:
         yield
 
-    async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
-                   whole_run: bool = True) -> dict[str, Any]:
+    async def stop(self, plan: KillPlan, why: str, wait: float | None = None, whole_run: bool = True) -> dict[str, Any]:
         """Stop the run as `plan` (a confirmed KillPlan) says: the ledger first keeps what was
         seen of the run and who stops it, from where and when (so every cockpit watching it, in
         any process, reads the deaths as the operator's: `stopped`, never `crashed`); while the
@@ -398,8 +426,9 @@ class MonitorBase:
             wait = self.layout.kill_wait_s if self.layout else kill.DEFAULT_KILL_WAIT_S
         with self.stopping_for(why, plan):
             began = time.monotonic()
-            report = await kill.kill(self.session, plan, wait, self.layout.ports if self.layout else [], why,
-                                     self.run.run_id)
+            report = await kill.kill(
+                self.session, plan, wait, self.layout.ports if self.layout else [], why, self.run.run_id
+            )
             report["seconds"] = round(time.monotonic() - began, 1)
             report["summary"] = kill.summarize_kill(plan, report)
             if report["verified"] and not plan.scope.pids:
@@ -419,8 +448,9 @@ class MonitorBase:
         """Every entry of the shared-memory folder, each removable or kept with its reason."""
         return dict(await kill.shm_audit(self.session, folder, uid))
 
-    async def shm_clean(self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None,
-                        other_dir: bool = False) -> dict[str, Any]:
+    async def shm_clean(
+        self, entries: list[Any], folder: str = kill.SHM_DEFAULT, uid: int | None = None, other_dir: bool = False
+    ) -> dict[str, Any]:
         """Remove exactly these audited entries, each re-checked on the host."""
         return dict(await kill.shm_clean(self.session, entries, folder, uid, other_dir))
 
@@ -455,8 +485,9 @@ class MonitorBase:
         """Start the layout's run as `spec` says; the caller follows the Run returned."""
         return await launch.launch(self.session, self._launch_layout(), spec)
 
-    async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
-                          python: str | None = None) -> tuple[str | None, dict[str, Any]]:
+    async def pyspy_check(
+        self, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+    ) -> tuple[str | None, dict[str, Any]]:
         """py-spy on the host (the layout's interpreter's, the PATH's, an earlier upload; `upload`:
         this cockpit's sent where there is none): its path, or None, and the check."""
         return await dumps.ensure_pyspy(self.session, upload, say, python)
@@ -465,7 +496,9 @@ class MonitorBase:
         """No py-spy on the host, said with where it was looked for and what upload is offered."""
         return dumps.missing(self.session, check)
 
-    async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def flight_record(
+        self, trigger: bool = True, root: int | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every live rank's flight-recorder dump of the run (`root` names it), compared."""
         return await dumps.collect(self.session, self.run, trigger, root)
 
@@ -513,17 +546,31 @@ class MonitorBase:
             raise CockpitError("a relaunch needs a layout: it names what is launched")
         return self.layout
 
-    async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
-                        run: Run | None = None) -> dumps.DumpPlan:
+    async def plan_dump(
+        self, root: int | None = None, verb: str = "dump", live_only: bool = False, run: Run | None = None
+    ) -> dumps.DumpPlan:
         """The ranks a stack dump of `run` (the run followed) would touch: the plan to show."""
         return await dumps.plan_dump(self.session, run or self.run, root, verb, live_only)
 
-    async def dump_stacks(self, plan: dumps.DumpPlan, folder: str | None = None, upload: bool = False,
-                          say: Callable[[str], None] | None = None, python: str | None = None,
-                          deadline_s: float = 20.0) -> dumps.DumpSet:
+    async def dump_stacks(
+        self,
+        plan: dumps.DumpPlan,
+        folder: str | None = None,
+        upload: bool = False,
+        say: Callable[[str], None] | None = None,
+        python: str | None = None,
+        deadline_s: float = 20.0,
+    ) -> dumps.DumpSet:
         """Carry out a dump plan: the ranks' stacks, kept in `folder` (the run's own by default)."""
-        return await dumps.dump_ranks(self.session, plan.ranks, folder or plan.run.folder_name(self.target.label),
-                                      upload=upload, deadline_s=deadline_s, say=say, python=python)
+        return await dumps.dump_ranks(
+            self.session,
+            plan.ranks,
+            folder or plan.run.folder_name(self.target.label),
+            upload=upload,
+            deadline_s=deadline_s,
+            say=say,
+            python=python,
+        )
 
     def _stall_forensics(self) -> None:
         """A stall declared on the run followed: its forensics are gathered once, by one cockpit
@@ -557,8 +604,12 @@ class MonitorBase:
         gathers forensics (auto_dump, not --read-only); the look is judged as soon as it is back."""
         dog = self.watchdog
         dog.looks = self.forensics_on and self._looks_off is None
-        if not dog.want_look or not dog.looks or self.stopping or \
-                (self._look_task is not None and not self._look_task.done()):
+        if (
+            not dog.want_look
+            or not dog.looks
+            or self.stopping
+            or (self._look_task is not None and not self._look_task.done())
+        ):
             return
         dog.want_look = False
         try:
@@ -588,8 +639,12 @@ class MonitorBase:
         live = {p.pid: p for p in self.state.ranks() if p.alive}
         if state == "gathering":
             since = max(since, (self.state.sample_ts or time.time()) - forensics.DEADLINE_S - 40)  # a claim expires
-        return [r for r in self.state.acts_of("forensics", since - 5) if r.get("state") == state
-                and any(pid in live and same_process(live[pid], started) for pid, started in named_processes(r))]
+        return [
+            r
+            for r in self.state.acts_of("forensics", since - 5)
+            if r.get("state") == state
+            and any(pid in live and same_process(live[pid], started) for pid, started in named_processes(r))
+        ]
 
     def _forensics_of_this_stall(self, state: str = "done") -> Any:
         """The forensics another cockpit (or this one) gathered for this stall (`done`), or the
@@ -598,15 +653,24 @@ class MonitorBase:
         if state == "gathering":
             return min(recs, key=lambda r: (r["at"], r["id"])) if recs else None
         doc = recs[-1].get("doc") if recs else None
-        return forensics.Forensics.from_doc(doc) if isinstance(doc, dict) and isinstance(doc.get("at"), (int, float)) \
+        return (
+            forensics.Forensics.from_doc(doc)
+            if isinstance(doc, dict) and isinstance(doc.get("at"), (int, float))
             else None
+        )
 
     async def _note_forensics(self, state: str, doc: dict[str, Any] | None = None) -> dict[str, Any] | None:
         ranks = [[p.pid, None, p.started] for p in self.state.ranks() if p.alive]
         try:
             noted: dict[str, Any] = await self.session.request(
-                "note", act="forensics", state=state, processes=ranks, since=self.verdict.since,
-                run_id=self.run.run_id, doc=doc)
+                "note",
+                act="forensics",
+                state=state,
+                processes=ranks,
+                since=self.verdict.since,
+                run_id=self.run.run_id,
+                doc=doc,
+            )
         except CockpitError as exc:
             self.state.notes.append(f"stall forensics: not kept on the host: {exc}")
             return None
@@ -636,8 +700,9 @@ class MonitorBase:
             self._emit(MonitorEvent("sample"))
             return
         run = self.run.folder_name(self.target.label)
-        self.state.notes.append("stalled: gathering every rank's stack once (auto_dump: false or --no-forensics "
-                                "turns it off)")
+        self.state.notes.append(
+            "stalled: gathering every rank's stack once (auto_dump: false or --no-forensics turns it off)"
+        )
         found = await forensics.gather(self.session, self.run, run)
         doc = found.doc()
         if self.layout is not None and self.run.run_id:  # in the ledger by the time anyone sees them
@@ -686,12 +751,16 @@ class MonitorBase:
             return phase, verdict  # a failure the log tells while no rank is gone: not the kill's doing
         k = kills[killed[0].pid] if killed else min(kills.values(), key=lambda k: k.at)
         stamp = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - k.at)))
-        ev = [f"{'rank ' + ', '.join(str(p.rank) for p in killed) if killed else f'pid {k.pid}'} stopped by the "
-              f"operator ({k.why}, {stamp})"]
+        ev = [
+            f"{'rank ' + ', '.join(str(p.rank) for p in killed) if killed else f'pid {k.pid}'} stopped by the "
+            f"operator ({k.why}, {stamp})"
+        ]
         others = [p for p in dead if p not in killed]
         if others:
-            ev.append(f"{count(len(others), 'more rank')} of the run went down after it: "
-                      f"{', '.join(str(p.rank) for p in others)}")
+            ev.append(
+                f"{count(len(others), 'more rank')} of the run went down after it: "
+                f"{', '.join(str(p.rank) for p in others)}"
+            )
         if phase.name == "crashed":
             phase = Phase("stopped", line=phase.line)
         return phase, Verdict(VerdictName.STOPPED, ev)

@@ -58,8 +58,9 @@ REFRESH_PIDS_S = 10.0  # a step started later in the job (a relaunch) is found t
 NODE_RANK_FLAGS = ("--node-rank", "--node_rank")
 # agent commands a job answers from its first node: one host's facts (py-spy there, the host's
 # errors and metrics) and a launch, which starts on the node the operator's cockpit reaches first
-FIRST_NODE = frozenset({"dump_check", "host_facts", "ras", "metrics", "find_runs", "launch_check", "launch",
-                        "stdout_of"})
+FIRST_NODE = frozenset(
+    {"dump_check", "host_facts", "ras", "metrics", "find_runs", "launch_check", "launch", "stdout_of"}
+)
 
 
 def node_of(key: int) -> tuple[int, int]:
@@ -118,7 +119,9 @@ class Node:
         s = self.monitor.session
         if s.state.link_state == "up":
             return "up"
-        return f"{s.state.link_state}" + (f": {s.lost_reason or s.link_error}" if (s.lost_reason or s.link_error) else "")
+        return f"{s.state.link_state}" + (
+            f": {s.lost_reason or s.link_error}" if (s.lost_reason or s.link_error) else ""
+        )
 
 
 def _flag(argv: list[str], names: tuple[str, ...]) -> int | None:
@@ -137,8 +140,10 @@ def _merged_act(rec: dict[str, Any], n: Node) -> dict[str, Any]:
     base = n.number * STRIDE
     out = dict(rec, id=f"{n.name}:{rec['id']}", node=n.name)
     if isinstance(rec.get("processes"), list):
-        out["processes"] = [[base + item[0], *item[1:]] if isinstance(item, list) and item and isinstance(item[0], int)
-                            else item for item in rec["processes"]]
+        out["processes"] = [
+            [base + item[0], *item[1:]] if isinstance(item, list) and item and isinstance(item[0], int) else item
+            for item in rec["processes"]
+        ]
     if isinstance(rec.get("pgids"), list):
         out["pgids"] = [base + g if isinstance(g, int) else g for g in rec["pgids"]]
     for key in ("pgid", "pid"):
@@ -190,7 +195,7 @@ class ClusterState(HostState):
                 h.index = k * GPU_STRIDE + i
                 h.processes = [(base + pid, mib) for pid, mib in g.processes]
                 label = f"{n.name}:{i}"
-                h.label = label
+                setattr(h, "label", label)  # noqa: B010 - a node's GPU carries its label beside the Gpu fields
                 gpus[h.index] = h
                 self.gpu_labels[h.index] = label
                 if i in st.gpu_history:
@@ -222,8 +227,9 @@ class ClusterState(HostState):
         else:
             self.agent = AgentInfo(hostname=",".join(n.name for n in nodes), warnings=warnings)
         up = [n for n in nodes if n.status == "up"]
-        self.link_state = "up" if up else ("lost" if any(n.monitor and n.monitor.session.ever_up for n in nodes)
-                                           else "connecting")
+        self.link_state = (
+            "up" if up else ("lost" if any(n.monitor and n.monitor.session.ever_up for n in nodes) else "connecting")
+        )
         done, self.rebuilt = self.rebuilt, asyncio.Event()
         done.set()
 
@@ -242,17 +248,24 @@ class ClusterState(HostState):
                 repeats |= r in seen and seen[r] != name
                 seen[r] = name
         for p in procs.values():
-            p.local_rank = p.rank
+            setattr(p, "local_rank", p.rank)  # noqa: B010 - the node's own rank, kept beside the job's
         if not repeats:
             return
         per_node = max(len({p.rank for p in ranks}) for ranks in by_node.values())
         order = {n.name: i for i, n in enumerate(live)}
         for name, ranks in by_node.items():
-            node_rank = next((r for p in procs.values()
-                              if getattr(p, "node", None) == name and p.role == "server" and p.cmdline
-                              for r in [_flag(p.cmdline, NODE_RANK_FLAGS)] if r is not None), order.get(name, 0))
+            node_rank = next(
+                (
+                    r
+                    for p in procs.values()
+                    if getattr(p, "node", None) == name and p.role == "server" and p.cmdline
+                    for r in [_flag(p.cmdline, NODE_RANK_FLAGS)]
+                    if r is not None
+                ),
+                order.get(name, 0),
+            )
             for p in ranks:
-                p.rank = node_rank * per_node + p.local_rank
+                p.rank = node_rank * per_node + getattr(p, "local_rank")  # noqa: B009
 
 
 class ClusterSession:
@@ -316,18 +329,24 @@ class ClusterSession:
     def _batch(self, k: int) -> set[int]:
         """The node's batch-script processes: never in a kill (the script ends the job itself)."""
         node = self.cluster.by_number(k)
-        return {q for p in self.state.procs.values()
-                if getattr(p, "node", None) == node.name and getattr(p, "step", None) == "batch"
-                for q in [getattr(p, "node_pid", None)] if isinstance(q, int)}
+        return {
+            q
+            for p in self.state.procs.values()
+            if getattr(p, "node", None) == node.name and getattr(p, "step", None) == "batch"
+            for q in [getattr(p, "node_pid", None)]
+            if isinstance(q, int)
+        }
 
     async def request(self, cmd: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
         """A command of the job: spread over its nodes (FANNED) or asked of its first node
         (FIRST_NODE); any other is an error naming it, never sent anywhere."""
         fanned = self._fanned.get(cmd)
         if fanned is None and cmd not in FIRST_NODE:
-            raise CockpitError(f"a Slurm job's cockpit has no command {cmd!r}: it spreads "
-                               f"{', '.join(sorted(self._fanned))} over the nodes and asks "
-                               f"{', '.join(sorted(FIRST_NODE))} of the first")
+            raise CockpitError(
+                f"a Slurm job's cockpit has no command {cmd!r}: it spreads "
+                f"{', '.join(sorted(self._fanned))} over the nodes and asks "
+                f"{', '.join(sorted(FIRST_NODE))} of the first"
+            )
         nodes = self._up()
         if not nodes:
             raise LinkLost("no node of the job is connected")
@@ -337,8 +356,15 @@ class ClusterSession:
 
     @property
     def _fanned(self) -> dict[str, Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]]:
-        return {"kill_plan": self._kill_plan, "kill": self._kill, "dump": self._dump, "fr_dump": self._fr_dump,
-                "note": self._note, "shm_audit": self._shm_audit, "shm_clean": self._shm_clean}
+        return {
+            "kill_plan": self._kill_plan,
+            "kill": self._kill,
+            "dump": self._dump,
+            "fr_dump": self._fr_dump,
+            "note": self._note,
+            "shm_audit": self._shm_audit,
+            "shm_clean": self._shm_clean,
+        }
 
     async def _kill_plan(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The run of a Slurm job is the job's processes on each node (`scontrol listpids`, which
@@ -351,60 +377,108 @@ class ClusterSession:
             if asked is not None:
                 pids = [p for p in asked.get(k, []) if p not in batch]
             else:
-                pids = sorted(q for p in self.state.procs.values() if getattr(p, "node", None) == n.name and p.alive
-                              for q in [getattr(p, "node_pid", None)] if isinstance(q, int) and q not in batch)
+                pids = sorted(
+                    q
+                    for p in self.state.procs.values()
+                    if getattr(p, "node", None) == n.name and p.alive
+                    for q in [getattr(p, "node_pid", None)]
+                    if isinstance(q, int) and q not in batch
+                )
             if not pids:
                 continue
             data = await n.host.session.request("kill_plan", timeout=timeout, pids=pids)
-            batch_sids = {p.sid - base for p in self.state.procs.values()
-                          if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in batch and p.sid}
+            batch_sids = {
+                p.sid - base
+                for p in self.state.procs.values()
+                if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in batch and p.sid
+            }
             sessions += [base + s for s in data.get("sessions") or [] if s not in batch_sids]
             for e in data["plan"]:
                 if e["pid"] in batch:
                     continue
-                plan.append({**e, "pid": base + e["pid"], "ppid": base + e["ppid"], "pgid": base + e["pgid"],
-                             "sid": base + e["sid"], "title": f"[{n.name}] {e['title']}"})
-        return {"plan": plan, "sessions": sessions,
-                "rule": None if asked is not None else f"the processes of Slurm job {self.cluster.target.text}"}
+                plan.append(
+                    {
+                        **e,
+                        "pid": base + e["pid"],
+                        "ppid": base + e["ppid"],
+                        "pgid": base + e["pgid"],
+                        "sid": base + e["sid"],
+                        "title": f"[{n.name}] {e['title']}",
+                    }
+                )
+        return {
+            "plan": plan,
+            "sessions": sessions,
+            "rule": None if asked is not None else f"the processes of Slurm job {self.cluster.target.text}",
+        }
 
     async def _kill(self, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         by_node: dict[int, list[dict[str, Any]]] = {}
         for e in args["plan"]:
             k, pid = node_of(e["pid"])
             base = k * STRIDE
-            by_node.setdefault(k, []).append({**e, "pid": pid, **{key: e[key] - base for key in ("ppid", "pgid", "sid")
-                                                                   if isinstance(e.get(key), int)}})
+            by_node.setdefault(k, []).append(
+                {
+                    **e,
+                    "pid": pid,
+                    **{key: e[key] - base for key in ("ppid", "pgid", "sid") if isinstance(e.get(key), int)},
+                }
+            )
         pgids, sids = self._split(args.get("pgids")), self._split(args.get("sids"))
         sessions = self._split(args.get("sessions"))
-        who = {key: args[key] for key in ("why", "by", "run_id", "whole") if key in args}  # each node's record of the stop
+        who = {
+            key: args[key] for key in ("why", "by", "run_id", "whole") if key in args
+        }  # each node's record of the stop
 
         async def one(k: int, plan: list[dict[str, Any]]) -> tuple[Node, dict[str, Any]]:
             n = self.cluster.by_number(k)
             base = k * STRIDE
-            batch_groups = {p.pgid - base for p in self.state.procs.values()
-                            if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in self._batch(k) and p.pgid}
+            batch_groups = {
+                p.pgid - base
+                for p in self.state.procs.values()
+                if getattr(p, "node", None) == n.name and getattr(p, "node_pid", None) in self._batch(k) and p.pgid
+            }
             try:
                 rep = await n.host.session.request(
-                    "kill", timeout=timeout, plan=plan, wait_s=args.get("wait_s", 10.0), ports=args.get("ports", []),
+                    "kill",
+                    timeout=timeout,
+                    plan=plan,
+                    wait_s=args.get("wait_s", 10.0),
+                    ports=args.get("ports", []),
                     pgids=[g for g in pgids.get(k, []) if g not in batch_groups],
-                    sids=[s for s in sids.get(k, []) if s not in batch_groups], pids=[e["pid"] for e in plan],
-                    sessions=[s for s in sessions.get(k, []) if s not in batch_groups], **who)
+                    sids=[s for s in sids.get(k, []) if s not in batch_groups],
+                    pids=[e["pid"] for e in plan],
+                    sessions=[s for s in sessions.get(k, []) if s not in batch_groups],
+                    **who,
+                )
                 note = f"node {n.name}: checked by its agent"
             except LinkLost:
                 rep = await self.cluster.verify_gone(n, plan)
                 note = rep.pop("note")
-            out: dict[str, Any] = {key: [base + p for p in rep.get(key, [])]
-                                   for key in ("term", "killed", "vanished", "remaining")}
-            out["gpu_memory_left"] = [{**g, "gpu": f"{n.name}:{g['gpu']}", "pid": f"{n.name}:{g['pid']}"}
-                                      for g in rep.get("gpu_memory_left", [])]
+            out: dict[str, Any] = {
+                key: [base + p for p in rep.get(key, [])] for key in ("term", "killed", "vanished", "remaining")
+            }
+            out["gpu_memory_left"] = [
+                {**g, "gpu": f"{n.name}:{g['gpu']}", "pid": f"{n.name}:{g['pid']}"}
+                for g in rep.get("gpu_memory_left", [])
+            ]
             out["ports_open"] = [f"{n.name}:{p}" for p in rep.get("ports_open", [])]
             out["gpus_after"] = [{**g, "index": f"{n.name}:{g['index']}"} for g in rep.get("gpus_after", [])]
             out["note"] = note + ("" if not out["remaining"] else f": {len(out['remaining'])} left")
             return n, out
 
         results = await asyncio.gather(*(one(k, plan) for k, plan in sorted(by_node.items())))
-        report: dict[str, Any] = {"term": [], "killed": [], "vanished": [], "remaining": [], "gpu_memory_left": [], "ports_open": [],
-                  "gpus_after": [], "notes": [], "nodes": {}}
+        report: dict[str, Any] = {
+            "term": [],
+            "killed": [],
+            "vanished": [],
+            "remaining": [],
+            "gpu_memory_left": [],
+            "ports_open": [],
+            "gpus_after": [],
+            "notes": [],
+            "nodes": {},
+        }
         for n, rep in results:
             for key in ("term", "killed", "vanished", "remaining", "gpu_memory_left", "ports_open", "gpus_after"):
                 report[key] += rep[key]
@@ -462,11 +536,16 @@ class ClusterSession:
         for n in self._up():
             base = n.number * STRIDE
             audit = await n.host.session.request("shm_audit", timeout=timeout, **args)
-            entries = [{**e, "node": n.name, "dev": n.number * DEV_STRIDE + e["dev"] if isinstance(e.get("dev"), int)
-                        else e.get("dev"),
-                        "held_by": [base + p for p in e.get("held_by") or []],
-                        "creator": base + e["creator"] if isinstance(e.get("creator"), int) else e.get("creator")}
-                       for e in audit.get("entries") or []]
+            entries = [
+                {
+                    **e,
+                    "node": n.name,
+                    "dev": n.number * DEV_STRIDE + e["dev"] if isinstance(e.get("dev"), int) else e.get("dev"),
+                    "held_by": [base + p for p in e.get("held_by") or []],
+                    "creator": base + e["creator"] if isinstance(e.get("creator"), int) else e.get("creator"),
+                }
+                for e in audit.get("entries") or []
+            ]
             if out is None:
                 out = {**audit, "entries": entries, "nodes": {}}
             else:
@@ -505,9 +584,14 @@ class ClusterSession:
     def watch_run(self, pgid: int | None, log: str | None, pids: list[int] | None = None) -> None:
         """A run spanning nodes is its job's processes on each node, or the run a node follows
         (its HostMonitor moved that node's watch when it followed it): no one process group."""
-        if any(n.host.following is not None and ((pgid is not None and n.host.following.get("pgid") == pgid)
-                                                 or (pids and n.host.following.get("root") in pids))
-               for n in self.cluster._parts()):
+        if any(
+            n.host.following is not None
+            and (
+                (pgid is not None and n.host.following.get("pgid") == pgid)
+                or (pids and n.host.following.get("root") in pids)
+            )
+            for n in self.cluster._parts()
+        ):
             return
         raise CockpitError(f"{self.target.label}: a run spanning nodes is followed by its job, not a process group")
 
@@ -540,8 +624,14 @@ class ClusterMonitor(MonitorBase):
 
     state: ClusterState
 
-    def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
-                 history: int = HISTORY_LEN, refresh_pids_s: float = REFRESH_PIDS_S):
+    def __init__(
+        self,
+        target: Target,
+        opts: SessionOptions | None = None,
+        layout: Layout | None = None,
+        history: int = HISTORY_LEN,
+        refresh_pids_s: float = REFRESH_PIDS_S,
+    ):
         self.target = target
         self.opts = opts or SessionOptions()
         self.layout = layout
@@ -575,14 +665,20 @@ class ClusterMonitor(MonitorBase):
     def shm_held(self) -> dict[tuple[int, int], float]:
         """The /dev/shm files each node's run held (its HostMonitor remembers them), keyed as the
         merged audit names them: (the device on the job's numbers, inode)."""
-        return {(n.number * DEV_STRIDE + dev, ino): seen for n in self._parts()
-                for (dev, ino), seen in n.host.shm_held.items()}
+        return {
+            (n.number * DEV_STRIDE + dev, ino): seen
+            for n in self._parts()
+            for (dev, ino), seen in n.host.shm_held.items()
+        }
 
     def kills(self) -> dict[int, OperatorKill]:
         """The operator's kills each node's HostMonitor knows (this cockpit's, and the stops its
         host's record holds), on the job's pids."""
-        return {n.number * STRIDE + pid: dataclasses.replace(k, pid=n.number * STRIDE + pid)
-                for n in self._parts() for pid, k in n.host.operator_kills.items()}
+        return {
+            n.number * STRIDE + pid: dataclasses.replace(k, pid=n.number * STRIDE + pid)
+            for n in self._parts()
+            for pid, k in n.host.operator_kills.items()
+        }
 
     def _on_node_event(self, node: Node, event: MonitorEvent) -> None:
         if event.kind == "sample":
@@ -592,8 +688,12 @@ class ClusterMonitor(MonitorBase):
             self._emit(MonitorEvent("sample"))
         elif event.kind == "log" and event.path:
             self._emit(MonitorEvent("log", path=f"{node.name}:{event.path}", lines=event.lines))
-        elif event.kind == "verdict" and node.host.verdict.name == VerdictName.NO_RUN and event.before is not None \
-                and event.before.name != VerdictName.NO_RUN:
+        elif (
+            event.kind == "verdict"
+            and node.host.verdict.name == VerdictName.NO_RUN
+            and event.before is not None
+            and event.before.name != VerdictName.NO_RUN
+        ):
             node.ended = True  # its part of the run ended by a stop its host records (HostMonitor._ended_elsewhere)
 
     def _follow_nodes(self, resumed: bool = False) -> None:
@@ -635,8 +735,11 @@ class ClusterMonitor(MonitorBase):
         if v.name == VerdictName.CRASHED and ended:  # a node's part ended by a recorded stop: its ranks are forgotten
             # there, so the ranks going down after it (or the lines saying so) are that stop's, not a crash
             phase = Phase("stopped", line=phase.line) if phase.name == "crashed" else phase
-            v = Verdict(VerdictName.STOPPED, [f"the run's part on node {', '.join(ended)} was stopped whole by the "
-                                              f"operator (its host's record)"] + v.evidence[:2])
+            v = Verdict(
+                VerdictName.STOPPED,
+                [f"the run's part on node {', '.join(ended)} was stopped whole by the operator (its host's record)"]
+                + v.evidence[:2],
+            )
         if self._ended_elsewhere():
             self.run_ended()  # every node's part stopped whole by another cockpit, verified gone: no run
             return
@@ -647,12 +750,18 @@ class ClusterMonitor(MonitorBase):
             if holders:
                 p = holders[0]
                 odd_node, there, step = (getattr(p, key, None) for key in ("node", "node_pid", "step"))
-                evidence.insert(0, f"rank {v.odd_rank} is on node {odd_node} (pid {there} there"
-                                   + (f", Slurm step {self.job.id}.{step}" if step and self.job else "") + ")")
+                evidence.insert(
+                    0,
+                    f"rank {v.odd_rank} is on node {odd_node} (pid {there} there"
+                    + (f", Slurm step {self.job.id}.{step}" if step and self.job else "")
+                    + ")",
+                )
         down = [f"node {n.name}: {n.status}" for n in self.nodes if n.status != "up"]
         evidence = down + evidence
-        self.phase, self.verdict = phase, NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until,
-                                                      odd_node=odd_node)
+        self.phase, self.verdict = (
+            phase,
+            NodeVerdict(v.name, evidence, v.odd_rank, v.detail, v.since, v.until, odd_node=odd_node),
+        )
         self._stall_forensics()  # gathered once for all, on the merged state
         self._stack_look()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
@@ -698,8 +807,14 @@ class ClusterMonitor(MonitorBase):
             for n in self._parts():
                 share = None
                 if plan is not None:
-                    share = dataclasses.replace(plan, entries=[dict(e, pid=node_of(int(e["pid"]))[1]) for e in plan.entries
-                                                               if node_of(int(e["pid"]))[0] == n.number])
+                    share = dataclasses.replace(
+                        plan,
+                        entries=[
+                            dict(e, pid=node_of(int(e["pid"]))[1])
+                            for e in plan.entries
+                            if node_of(int(e["pid"]))[0] == n.number
+                        ],
+                    )
                 stack.enter_context(n.host.stopping_for(why, share))
             before, self.stopping = self.stopping, why
             try:
@@ -742,8 +857,11 @@ class ClusterMonitor(MonitorBase):
 
     async def _find_nodes(self) -> list[Node]:
         """The job's nodes, in the job's order (Slurm's word, through the carrier's link)."""
-        self._jobs_link = SlurmNodeLink(carrier_link(self.target, self.opts), self.target,
-                                        self.target.carrier().label if self.target.remote else "this machine")
+        self._jobs_link = SlurmNodeLink(
+            carrier_link(self.target, self.opts),
+            self.target,
+            self.target.carrier().label if self.target.remote else "this machine",
+        )
         await self._jobs_link.carrier.connect()
         self.job = job = await find_job(self._jobs_link, self.target.name or "")
         return [Node(i + 1, name, self.target.on_node(name)) for i, name in enumerate(job.nodes)]
@@ -761,8 +879,12 @@ class ClusterMonitor(MonitorBase):
 
     async def _open_node(self, n: Node, kept: bool) -> None:
         n.pids = await self._node_pids(n)
-        watch = WatchList(patterns=[], pids=n.pids.pids, logs=[self.layout.log] if self.layout and self.layout.log
-                          else [], ports=list(self.layout.ports) if self.layout else [])
+        watch = WatchList(
+            patterns=[],
+            pids=n.pids.pids,
+            logs=[self.layout.log] if self.layout and self.layout.log else [],
+            ports=list(self.layout.ports) if self.layout else [],
+        )
         opts = self.opts
         if opts.sim_state and "%n" in opts.sim_state:  # each node its own simulated GPUs (tests, demos)
             opts = dataclasses.replace(opts, sim_state=opts.sim_state.replace("%n", n.name))
@@ -782,8 +904,14 @@ class ClusterMonitor(MonitorBase):
         """The node's server's output file: a server of a job step, not the batch script's srun
         (whose output is the job's, shared by every node)."""
         st = n.host.state
-        servers = sorted(p.pid for p in st.procs.values() if p.alive and p.role == "server"
-                         and n.pids.steps.get(p.pid) != "batch" and n.pids.steps.get(p.ppid) != "batch")
+        servers = sorted(
+            p.pid
+            for p in st.procs.values()
+            if p.alive
+            and p.role == "server"
+            and n.pids.steps.get(p.pid) != "batch"
+            and n.pids.steps.get(p.ppid) != "batch"
+        )
         if not servers:
             return
         found = await n.host.session.request("stdout_of", pids=servers[:16])
@@ -815,10 +943,15 @@ class ClusterMonitor(MonitorBase):
         except CockpitError as exc:
             state = "ended" if "no such job" in str(exc) or "not RUNNING" in str(exc) else None
         if state == "RUNNING" or state is None:
-            return {"remaining": pids, "note": f"node {n.name}: its agent's link dropped and job {self.target.name} "
-                                               f"still runs: not verified"}
-        return {"term": pids, "remaining": [], "note": f"node {n.name}: job {self.target.name} ended with its steps, "
-                                                       f"Slurm ended what was left of it"}
+            return {
+                "remaining": pids,
+                "note": f"node {n.name}: its agent's link dropped and job {self.target.name} still runs: not verified",
+            }
+        return {
+            "term": pids,
+            "remaining": [],
+            "note": f"node {n.name}: job {self.target.name} ended with its steps, Slurm ended what was left of it",
+        }
 
     async def keep(self, retry_first: bool = False) -> None:
         attempt = 0
@@ -845,8 +978,7 @@ class ClusterMonitor(MonitorBase):
         for task in (self._forensics_task, self._look_task):
             if task is not None and not task.done():
                 task.cancel()
-        await asyncio.gather(*(n.monitor.close() for n in self.nodes if n.monitor is not None),
-                             return_exceptions=True)
+        await asyncio.gather(*(n.monitor.close() for n in self.nodes if n.monitor is not None), return_exceptions=True)
         if self._jobs_link is not None:
             await self._jobs_link.carrier.close()
 
@@ -870,10 +1002,23 @@ class ClusterMonitor(MonitorBase):
         nodes = []
         for n in self.nodes:
             procs = [p for p in self.state.procs.values() if getattr(p, "node", None) == n.name]
-            nodes.append({"name": n.name, "status": n.status, "pids": n.pids.pids,
-                          "ranks": sorted(p.rank for p in procs if p.rank is not None and p.alive),
-                          "gpus": sorted(label for label in self.state.gpu_labels.values()
-                                         if label.startswith(n.name + ":"))})
-        return {"job": None if self.job is None else {"id": self.job.id, "state": self.job.state,
-                                                      "nodes": self.job.nodes, "batch_host": self.job.batch_host},
-                "nodes": nodes}
+            nodes.append(
+                {
+                    "name": n.name,
+                    "status": n.status,
+                    "pids": n.pids.pids,
+                    "ranks": sorted(p.rank for p in procs if p.rank is not None and p.alive),
+                    "gpus": sorted(label for label in self.state.gpu_labels.values() if label.startswith(n.name + ":")),
+                }
+            )
+        return {
+            "job": None
+            if self.job is None
+            else {
+                "id": self.job.id,
+                "state": self.job.state,
+                "nodes": self.job.nodes,
+                "batch_host": self.job.batch_host,
+            },
+            "nodes": nodes,
+        }

@@ -47,11 +47,13 @@ def _simulated(title: str) -> bool:
 
 def prepare_host(layout: Layout, state: str) -> None:
     sim = layout.sim
-    fakenvml.write_host(state, gpus=sim.gpus if sim else 8, model=sim.model if sim else "rtx-pro-6000",
-                        seed=sim.seed if sim else 1)
+    fakenvml.write_host(
+        state, gpus=sim.gpus if sim else 8, model=sim.model if sim else "rtx-pro-6000", seed=sim.seed if sim else 1
+    )
 
 
 # ----------------------------------------------------------------------------- state folders
+
 
 def demo_base() -> Path:
     """Where the demos' folders live: the user's runtime folder (tmpfs, private), else ~/.cache."""
@@ -151,10 +153,14 @@ def _port_free(port: int) -> bool:
 
 # ----------------------------------------------------------------------------- runs
 
+
 def runs_of(layout: Layout, state: str, host: str = "demo") -> list[dict[str, Any]]:
     """The ledger's runs launched into this demo's folder, oldest first."""
-    return [r for r in read_ledger(layout) if r.get("host") == host and r.get("pgid")
-            and (r.get("env") or {}).get("COCKPIT_SIM_STATE") == state]
+    return [
+        r
+        for r in read_ledger(layout)
+        if r.get("host") == host and r.get("pgid") and (r.get("env") or {}).get("COCKPIT_SIM_STATE") == state
+    ]
 
 
 async def start_demo(monitor: Monitor) -> Run:
@@ -232,11 +238,26 @@ def need_live_state(base: Path | None = None) -> str:
     """The running demo another command (snapshot, kill, launch ...) attaches to."""
     states = live_states(base)
     if not states:
-        raise CockpitError("no demo is running: start one with `cockpit demo` (or ./scripts/demo), "
-                           "then use this command from another terminal")
+        raise CockpitError(
+            "no demo is running: start one with `cockpit demo` (or ./scripts/demo), "
+            "then use this command from another terminal"
+        )
     return states[0]
 
 
-__all__ = ["prepare_host", "demo_base", "new_state", "live_states", "stale_states", "remove_state",
-           "with_free_port", "save_layout", "layout_of", "runs_of", "start_demo", "stop_demo", "stop_demo_runs",
-           "need_live_state"]
+__all__ = [
+    "prepare_host",
+    "demo_base",
+    "new_state",
+    "live_states",
+    "stale_states",
+    "remove_state",
+    "with_free_port",
+    "save_layout",
+    "layout_of",
+    "runs_of",
+    "start_demo",
+    "stop_demo",
+    "stop_demo_runs",
+    "need_live_state",
+]

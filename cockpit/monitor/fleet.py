@@ -92,7 +92,9 @@ def parse_fleet(text: str, path: str = "<fleet>") -> Fleet:
             raise ld.fail(node, str(exc)) from None
         host = FleetHost(**{**defaults, **fields, "name": fields.get("name") or fields["target"]})
         if host.name in seen:
-            raise ld.fail(node, f"host {host.name!r} is listed twice (first at line {seen[host.name]}): give it a name:")
+            raise ld.fail(
+                node, f"host {host.name!r} is listed twice (first at line {seen[host.name]}): give it a name:"
+            )
         seen[host.name] = node.start_mark.line + 1
         fleet.hosts.append(host)
     if not fleet.hosts:
@@ -117,6 +119,7 @@ def fleet_from_hosts(text: str, layout: str | None = None, python: str | None = 
 
 
 # ----------------------------------------------------------------------------- live hosts
+
 
 @dataclass
 class Row:
@@ -189,7 +192,9 @@ class Member:
         self.task: asyncio.Task[None] | None = None
         self.tried = asyncio.Event()  # set once the first connection has succeeded or failed
         self.up_at = time.monotonic()  # when the first connection came up (or failed): a look is timed from it
-        self._alerts: tuple[Verdict, int, float | None, int, list[str]] | None = None  # (the verdict, the sample, the count of GPUs they were read from, alerts)
+        self._alerts: tuple[Verdict, int, float | None, int, list[str]] | None = (
+            None  # (the verdict, the sample, the count of GPUs they were read from, alerts)
+        )
 
     def _demo_monitor(self) -> HostMonitor:
         """The running demo, watched as `cockpit snapshot demo` watches it: its simulated GPUs,
@@ -206,8 +211,15 @@ class Member:
         layout = demo.layout_of(state, layout)
         watch, follow = demo.follower(layout, state)
         opts = replace(self.opts, sim_state=state)
-        return HostMonitor(parse_target("demo"), opts, layout, history=FLEET_HISTORY, probe_every_s=PING_EVERY_S,
-                           on_connect=follow, watch=watch)
+        return HostMonitor(
+            parse_target("demo"),
+            opts,
+            layout,
+            history=FLEET_HISTORY,
+            probe_every_s=PING_EVERY_S,
+            on_connect=follow,
+            watch=watch,
+        )
 
     @property
     def session(self) -> Any:
@@ -269,8 +281,9 @@ class Member:
             kept.cancel()
         await self.monitor.close()
         self.demo_error = "the demo ended (its cockpit quit): waiting for a new one (`cockpit demo`)"
-        self.monitor = HostMonitor(parse_target("demo"), self.opts, self.layout or resolve_layout("demo"),
-                                   history=FLEET_HISTORY)
+        self.monitor = HostMonitor(
+            parse_target("demo"), self.opts, self.layout or resolve_layout("demo"), history=FLEET_HISTORY
+        )
         self.monitor.state.target = self.host.name
         self.monitor.forensics_on = False
 
@@ -278,10 +291,19 @@ class Member:
         s = self.state
         alerts = self._alerts_now() + s.agent.warnings[:1]
         link = s.link_state
-        return Row(name=self.host.name, link=link, error=self.session.link_error, rtt_ms=s.rtt_ms,
-                   age_s=s.age_s() if s.seq else None,
-                   gpus=[(g.util_pct, g.mem_used_mib, g.mem_total_mib) for g in sorted(s.gpus.values(), key=lambda g: g.index)],
-                   phase=str(self.phase) if s.seq else "-", verdict=str(self.verdict) if s.seq else "-", alerts=alerts)
+        return Row(
+            name=self.host.name,
+            link=link,
+            error=self.session.link_error,
+            rtt_ms=s.rtt_ms,
+            age_s=s.age_s() if s.seq else None,
+            gpus=[
+                (g.util_pct, g.mem_used_mib, g.mem_total_mib) for g in sorted(s.gpus.values(), key=lambda g: g.index)
+            ],
+            phase=str(self.phase) if s.seq else "-",
+            verdict=str(self.verdict) if s.seq else "-",
+            alerts=alerts,
+        )
 
     def _alerts_now(self) -> list[str]:
         """The row's alerts, read again only when the verdict (a new one with each judgement) or
@@ -302,11 +324,16 @@ class FleetMonitor:
         self.members: list[Member] = []
         for host in fleet.hosts:
             python = agent_python(parse_target(host.target), host.python or base.python)
-            opts = SessionOptions(python=python, python_named=bool(host.python) or base.python_named,
-                                  interval=fleet.interval or base.interval,
-                                  sim_state=host.sim or base.sim_state, ssh_config=base.ssh_config,
-                                  known_hosts=base.known_hosts, accept_new=base.accept_new,
-                                  trust_python=base.trust_python)
+            opts = SessionOptions(
+                python=python,
+                python_named=bool(host.python) or base.python_named,
+                interval=fleet.interval or base.interval,
+                sim_state=host.sim or base.sim_state,
+                ssh_config=base.ssh_config,
+                known_hosts=base.known_hosts,
+                accept_new=base.accept_new,
+                trust_python=base.trust_python,
+            )
             self.members.append(Member(host, opts))
         self._gate: asyncio.Semaphore | None = None
 
@@ -343,20 +370,25 @@ class FleetMonitor:
         hosts = []
         for m, row in zip(self.members, self.rows()):
             up = m.state.seq > 0
-            hosts.append({
-                "name": row.name,
-                "target": m.host.target,
-                "reachable": row.reachable,
-                "link": row.link,
-                "error": row.error,
-                "rtt_ms": row.rtt_ms,
-                "phase": row.phase if up else None,
-                "verdict": m.verdict.doc() if up else None,
-                "alerts": row.alerts,
-                "snapshot": snapshot_doc(m.state, log_lines=10, verdict=m.verdict, phase=m.phase) if up else None,
-            })
-        return {"schema": SCHEMA, "taken_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "hosts": hosts}
+            hosts.append(
+                {
+                    "name": row.name,
+                    "target": m.host.target,
+                    "reachable": row.reachable,
+                    "link": row.link,
+                    "error": row.error,
+                    "rtt_ms": row.rtt_ms,
+                    "phase": row.phase if up else None,
+                    "verdict": m.verdict.doc() if up else None,
+                    "alerts": row.alerts,
+                    "snapshot": snapshot_doc(m.state, log_lines=10, verdict=m.verdict, phase=m.phase) if up else None,
+                }
+            )
+        return {
+            "schema": SCHEMA,
+            "taken_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "hosts": hosts,
+        }
 
 
 async def take_fleet_snapshot(watch: FleetMonitor, timeout: float = 30.0) -> dict[str, Any]:

@@ -45,8 +45,9 @@ SHM_WATCH_S = 30.0  # how often the run's /dev/shm holdings are looked at while 
 
 def _run_key(rec: Mapping[str, Any]) -> tuple[object, ...]:
     """What tells one run's record from another's: its process group, else its tree's root."""
-    return ("pgid", str(rec["pgid"])) if rec.get("pgid") is not None else ("root", rec.get("root"),
-                                                                            rec.get("root_start"))
+    return (
+        ("pgid", str(rec["pgid"])) if rec.get("pgid") is not None else ("root", rec.get("root"), rec.get("root_start"))
+    )
 
 
 @dataclass
@@ -61,16 +62,23 @@ class Judged:
 
 
 class HostMonitor(MonitorBase):
-    def __init__(self, target: Target, opts: SessionOptions | None = None, layout: Layout | None = None,
-                 history: int = HISTORY_LEN, probe_every_s: float = PROBE_EVERY_S,
-                 on_connect: Callable[[HostMonitor], Awaitable[None]] | None = None,
-                 watch: WatchList | None = None):
+    def __init__(
+        self,
+        target: Target,
+        opts: SessionOptions | None = None,
+        layout: Layout | None = None,
+        history: int = HISTORY_LEN,
+        probe_every_s: float = PROBE_EVERY_S,
+        on_connect: Callable[[HostMonitor], Awaitable[None]] | None = None,
+        watch: WatchList | None = None,
+    ):
         self.layout = layout
         self.rules = rules_for(layout)
         self.target = target
         self.state = HostState(target.label, history=history, rules=self.rules)
-        self.session: HostSession = HostSession(target, opts, watch or WatchList.for_layout(layout),
-                                                state=self.state, on_frame=self._on_frame)
+        self.session: HostSession = HostSession(
+            target, opts, watch or WatchList.for_layout(layout), state=self.state, on_frame=self._on_frame
+        )
         self.watchdog = watchdog_for(layout)
         self.phase = Phase("no run")
         self.verdict = Verdict(VerdictName.WATCHING, [])
@@ -112,7 +120,9 @@ class HostMonitor(MonitorBase):
             log = self.state.logs.get(str(frame.get("path")))
             n = len(frame.get("lines") or [])
             if log is not None and n:
-                lines = [log.lines[i] for i in range(-min(n, len(log.lines)), 0)]  # the new ones: a deque's end is cheap
+                lines = [
+                    log.lines[i] for i in range(-min(n, len(log.lines)), 0)
+                ]  # the new ones: a deque's end is cheap
                 self._emit(MonitorEvent("log", path=log.path, lines=lines))
 
     # ------------------------------------------------------------------ judging
@@ -152,8 +162,9 @@ class HostMonitor(MonitorBase):
         for s in self.servers:
             j = self.judged.get(s.key)
             if j is None:
-                j = self.judged[s.key] = Judged(s, watchdog_for(None), Phase("starting"),
-                                                Verdict(VerdictName.WATCHING, []))
+                j = self.judged[s.key] = Judged(
+                    s, watchdog_for(None), Phase("starting"), Verdict(VerdictName.WATCHING, [])
+                )
             j.server = s
         for j in self.judged.values():
             s = j.server
@@ -164,16 +175,23 @@ class HostMonitor(MonitorBase):
             j.phase, j.verdict = j.watchdog.update(view, now, s.log)
         live = [j for j in self.runs_judged()]
         self.phase = Phase("no run", f"{count(len(live), 'server')} on the host, each its own run")
-        self.verdict = Verdict(VerdictName.NO_RUN, [
-            f"{count(len(live), 'server')} on this host, each its own run, judged alone (runs): none followed; "
-            "pick one (enter in the runs list) or name its layout with --layout"])
+        self.verdict = Verdict(
+            VerdictName.NO_RUN,
+            [
+                f"{count(len(live), 'server')} on this host, each its own run, judged alone (runs): none followed; "
+                "pick one (enter in the runs list) or name its layout with --layout"
+            ],
+        )
 
     def runs_judged(self) -> list[Judged]:
         """The servers judged alone that are still on the host (listed, or their processes still
         in the state)."""
         listed = {s.key for s in self.servers}
-        return [j for j in self.judged.values()
-                if j.server.key in listed or any(pid in self.state.procs for pid in j.server.pids)]
+        return [
+            j
+            for j in self.judged.values()
+            if j.server.key in listed or any(pid in self.state.procs for pid in j.server.pids)
+        ]
 
     def neighbours(self) -> list[Server]:
         """The host's other servers: every server listed that is not the run followed (none of its
@@ -187,8 +205,12 @@ class HostMonitor(MonitorBase):
 
     def decided(self) -> bool:
         if self.several:
-            return bool(self.state.seq) and self.session.watch_current() and bool(self.judged) and all(
-                j.verdict.name != VerdictName.WATCHING for j in self.runs_judged())
+            return (
+                bool(self.state.seq)
+                and self.session.watch_current()
+                and bool(self.judged)
+                and all(j.verdict.name != VerdictName.WATCHING for j in self.runs_judged())
+            )
         return super().decided()
 
     async def list_servers(self, force: bool = False) -> list[Server]:
@@ -223,36 +245,79 @@ class HostMonitor(MonitorBase):
         now on, its own tree alone watched; the others are its neighbours."""
         self.several = False
         self.judged = {}
-        rec: dict[str, Any] = {"root": server.root, "pid": server.root, "root_start": server.root_start,
-                               "uid": server.uid, "user": server.user, "host": self.target.label,
-                               "ports": sorted(server.own_ports)}
+        rec: dict[str, Any] = {
+            "root": server.root,
+            "pid": server.root,
+            "root_start": server.root_start,
+            "uid": server.uid,
+            "user": server.user,
+            "host": self.target.label,
+            "ports": sorted(server.own_ports),
+        }
         if server.log:
             rec["log"] = server.log
-        self.follow(Run(self.layout, rec, rule or f"picked by the operator: root pid {server.root} ({server.user}, "
-                                                  f"port {', '.join(map(str, server.ports)) or '?'})"), resumed=True)
+        self.follow(
+            Run(
+                self.layout,
+                rec,
+                rule
+                or f"picked by the operator: root pid {server.root} ({server.user}, "
+                f"port {', '.join(map(str, server.ports)) or '?'})",
+            ),
+            resumed=True,
+        )
 
     def runs_doc(self) -> dict[str, Any]:
         """The document's `runs` (each server judged alone, or the run followed) and `neighbours`
         (the host's other servers, never judged with the run): docs/snapshot-schema.md."""
         if self.several:
-            runs = [dict(j.server.doc(), phase={"name": j.phase.name, "detail": j.phase.detail},
-                         verdict=j.verdict.doc(), followed=False) for j in self.runs_judged()]
+            runs = [
+                dict(
+                    j.server.doc(),
+                    phase={"name": j.phase.name, "detail": j.phase.detail},
+                    verdict=j.verdict.doc(),
+                    followed=False,
+                )
+                for j in self.runs_judged()
+            ]
         elif self.run.record is not None and self.verdict.name != VerdictName.NO_RUN:
             rec = self.run.record
             watched = {pid for pid, p in self.state.procs.items() if p.alive}
             own = next((s for s in self.servers if set(s.pids) & watched), None)
-            entry = own.doc() if own is not None else {
-                "root": rec.get("root") or rec.get("pid"), "user": rec.get("user"), "uid": rec.get("uid"),
-                "ports": sorted({pt.port for pt in self.state.ports if pt.pid is not None}), "model": None,
-                "tp_size": None, "ranks": sorted(p.rank for p in self.state.ranks() if p.alive and p.rank is not None),
-                "pids": sorted(watched), "title": "", "since": None, "log": rec.get("log")}
-            runs = [dict(entry, phase={"name": self.phase.name, "detail": self.phase.detail},
-                         verdict=self.verdict.doc(), followed=True, run_id=self.run.run_id, rule=self.run.rule)]
+            entry = (
+                own.doc()
+                if own is not None
+                else {
+                    "root": rec.get("root") or rec.get("pid"),
+                    "user": rec.get("user"),
+                    "uid": rec.get("uid"),
+                    "ports": sorted({pt.port for pt in self.state.ports if pt.pid is not None}),
+                    "model": None,
+                    "tp_size": None,
+                    "ranks": sorted(p.rank for p in self.state.ranks() if p.alive and p.rank is not None),
+                    "pids": sorted(watched),
+                    "title": "",
+                    "since": None,
+                    "log": rec.get("log"),
+                }
+            )
+            runs = [
+                dict(
+                    entry,
+                    phase={"name": self.phase.name, "detail": self.phase.detail},
+                    verdict=self.verdict.doc(),
+                    followed=True,
+                    run_id=self.run.run_id,
+                    rule=self.run.rule,
+                )
+            ]
         else:
             runs = []
         listed = {r.get("root") for r in runs}  # a run's own tree is never also its neighbour
-        return {"runs": runs, "neighbours": [dict(s.doc(), phase=None, verdict=None) for s in self.neighbours()
-                                             if s.root not in listed]}
+        return {
+            "runs": runs,
+            "neighbours": [dict(s.doc(), phase=None, verdict=None) for s in self.neighbours() if s.root not in listed],
+        }
 
     def _local_time(self, at: float) -> float:
         """A host-clock time as local monotonic, through the latest sample's stamp."""
@@ -282,8 +347,13 @@ class HostMonitor(MonitorBase):
         ranks = self.state.ranks()
         if not ranks or any(p.alive and p.status != "Z" for p in ranks):
             return False
-        return any(any(pid in self.state.procs and same_process(self.state.procs[pid], started) for pid, started in named_processes(rec))
-                   for rec in self.state.acts_of("ended"))
+        return any(
+            any(
+                pid in self.state.procs and same_process(self.state.procs[pid], started)
+                for pid, started in named_processes(rec)
+            )
+            for rec in self.state.acts_of("ended")
+        )
 
     def kills(self) -> dict[int, OperatorKill]:
         return self.operator_kills
@@ -356,8 +426,12 @@ class HostMonitor(MonitorBase):
                 found = await self.find_run()
                 if found is not None:
                     self.follow(found, resumed=True)
-                    self.state.agent.warnings.insert(0, f"following {found.run_id} (launched earlier, still running)"
-                                                     if found.run_id else f"following the layout's run: {found.rule}")
+                    self.state.agent.warnings.insert(
+                        0,
+                        f"following {found.run_id} (launched earlier, still running)"
+                        if found.run_id
+                        else f"following the layout's run: {found.rule}",
+                    )
                 elif not self._given_tree and not self.layout.watch and not self._server_patterns:
                     # no run: no server on the host is judged as this one (a layout's own `watch:`
                     # patterns, or the caller's, name the operator's processes: those stay watched)
@@ -431,8 +505,9 @@ class HostMonitor(MonitorBase):
                     await self.session.ping()
                     for port in ports:
                         for path in endpoints:
-                            self.probes[(port, path)] = await self.session.request("http", port=port, path=path,
-                                                                                   timeout=5)
+                            self.probes[(port, path)] = await self.session.request(
+                                "http", port=port, path=path, timeout=5
+                            )
                     await self._scrape_metrics(ports)
                     await self.note_shm_held()
                     await self.list_servers()
@@ -467,8 +542,11 @@ class HostMonitor(MonitorBase):
         run = await self.find_run()
         if run is None or self.stopping or any(p.alive for p in self.state.procs.values()):
             return None
-        if self.following is not None and _run_key(self.following) == _run_key(run.record or {}) \
-                and self.run.run_id == run.run_id:
+        if (
+            self.following is not None
+            and _run_key(self.following) == _run_key(run.record or {})
+            and self.run.run_id == run.run_id
+        ):
             return None
         await self.adopt(run)
         return run
@@ -489,10 +567,15 @@ class HostMonitor(MonitorBase):
         if len(new) != 1 or any(p.alive and p.status != "Z" for p in self.state.procs.values()):
             return None
         server = new[0]
-        self.pick(server, f"the server on port {', '.join(map(str, sorted(server.own_ports)))} started again: "
-                          f"root pid {server.root} ({server.user})")
-        self.state.notes.append(f"a new run appeared on port {', '.join(map(str, rec['ports']))} (root pid "
-                                f"{server.root}), started elsewhere; following it and its log")
+        self.pick(
+            server,
+            f"the server on port {', '.join(map(str, sorted(server.own_ports)))} started again: "
+            f"root pid {server.root} ({server.user})",
+        )
+        self.state.notes.append(
+            f"a new run appeared on port {', '.join(map(str, rec['ports']))} (root pid "
+            f"{server.root}), started elsewhere; following it and its log"
+        )
         self.update()
         return self.run
 
@@ -502,8 +585,7 @@ class HostMonitor(MonitorBase):
         if self.layout is None:
             return None
         demo = self.session.opts.sim_state if self.target.kind == "demo" else None
-        return await find_live_run(self.session, self.layout, demo_state=demo or None,
-                                   elsewhere=not self._given_tree)
+        return await find_live_run(self.session, self.layout, demo_state=demo or None, elsewhere=not self._given_tree)
 
     async def adopt(self, run: Run) -> None:
         """Follow `run` from now on (the door: its process group and its own log, a new
@@ -513,8 +595,9 @@ class HostMonitor(MonitorBase):
         if run.rule is None:
             run = replace(run, rule=f"the layout's run in the ledger: {what}")
         self.follow(run)
-        self.state.notes.append(f"a new run appeared: {rec.get('run_id', what)} ({what}), started elsewhere; "
-                                f"following it and its log")
+        self.state.notes.append(
+            f"a new run appeared: {rec.get('run_id', what)} ({what}), started elsewhere; following it and its log"
+        )
         self.update()
 
     async def note_shm_held(self) -> None:

@@ -66,12 +66,12 @@ class ReplayMonitor(MonitorBase):
     async def watch_for(self, seconds: float) -> None:
         """A recorded moment does not move."""
 
-    async def stop(self, plan: KillPlan, why: str, wait: float | None = None,
-                   whole_run: bool = True) -> dict[str, Any]:
+    async def stop(self, plan: KillPlan, why: str, wait: float | None = None, whole_run: bool = True) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no host to act on: attach to the host itself")
 
-    async def plan_dump(self, root: int | None = None, verb: str = "dump", live_only: bool = False,
-                        run: Run | None = None) -> DumpPlan:
+    async def plan_dump(
+        self, root: int | None = None, verb: str = "dump", live_only: bool = False, run: Run | None = None
+    ) -> DumpPlan:
         raise CockpitError("a replayed snapshot has no ranks to dump: attach to the host itself")
 
     async def plan_stop(self, scope: Scope | None = None, allow_ambiguous: bool = False) -> KillPlan:
@@ -80,8 +80,9 @@ class ReplayMonitor(MonitorBase):
     async def shm_audit(self, folder: str = SHM_DEFAULT, uid: int | None = None) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no /dev/shm to read: attach to the host itself")
 
-    async def shm_clean(self, entries: list[Any], folder: str = SHM_DEFAULT, uid: int | None = None,
-                        other_dir: bool = False) -> dict[str, Any]:
+    async def shm_clean(
+        self, entries: list[Any], folder: str = SHM_DEFAULT, uid: int | None = None, other_dir: bool = False
+    ) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no /dev/shm to clean: attach to the host itself")
 
     async def _request(self, cmd: str, timeout: float, **args: Any) -> dict[str, Any]:
@@ -92,21 +93,28 @@ class ReplayMonitor(MonitorBase):
     async def run_versions(self) -> dict[str, Any]:
         raise CockpitError("a replayed snapshot has no run to ask for its versions: attach to the host itself")
 
-    async def pyspy_check(self, upload: bool = False, say: Callable[[str], None] | None = None,
-                          python: str | None = None) -> tuple[str | None, dict[str, Any]]:
+    async def pyspy_check(
+        self, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+    ) -> tuple[str | None, dict[str, Any]]:
         raise CockpitError("a replayed snapshot has no host to run py-spy on: attach to the host itself")
 
     def pyspy_missing(self, check: dict[str, Any]) -> PyspyMissing:
         raise CockpitError("a replayed snapshot has no host to run py-spy on: attach to the host itself")
 
-    async def flight_record(self, trigger: bool = True, root: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
+    async def flight_record(
+        self, trigger: bool = True, root: int | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        raise CockpitError(
+            "a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself"
+        )
 
     async def wait_samples(self, n: int = 1, timeout: float = 30.0) -> None:
         raise CockpitError("a replayed snapshot takes no new samples: attach to the host itself")
 
     async def flight_ranks(self, verb: str = "flightrec") -> tuple[list[int], list[str]]:
-        raise CockpitError("a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself")
+        raise CockpitError(
+            "a replayed snapshot has no ranks to ask for their flight recorder: attach to the host itself"
+        )
 
     def launch_python(self) -> str:
         raise CockpitError("a replayed snapshot has no host to launch on: attach to the host itself")

@@ -47,8 +47,13 @@ class Bundle:
     manifest: dict[str, Any] = field(default_factory=dict)
 
     def doc(self) -> dict[str, Any]:
-        return {"path": str(self.path), "run": self.run, "contents": self.contents, "missing": self.missing,
-                "bytes": self.path.stat().st_size}
+        return {
+            "path": str(self.path),
+            "run": self.run,
+            "contents": self.contents,
+            "missing": self.missing,
+            "bytes": self.path.stat().st_size,
+        }
 
 
 def bundle_dir(run: str) -> Path:
@@ -89,7 +94,9 @@ async def _stacks(monitor: Monitor, m: _Members, run: str, read_only: bool) -> N
     if not plan.ranks:
         return m.miss("stacks", "no live process of the run to dump")
     try:
-        result = await monitor.dump_stacks(plan, run, python=monitor.layout.python if monitor.layout is not None else None)
+        result = await monitor.dump_stacks(
+            plan, run, python=monitor.layout.python if monitor.layout is not None else None
+        )
     except CockpitError as exc:
         return m.miss("stacks", exc)
     for f in sorted(result.folder.iterdir()):
@@ -104,8 +111,11 @@ async def _ras(monitor: Monitor, m: _Members) -> dict[str, Any] | None:
     port = state.ras.port or ras.RAS_PORT
     live = {p.pid for p in state.live_procs()}
     if not any(pt.port == port and pt.listening and pt.pid in live for pt in state.ports):
-        m.miss("ras", f"no process of the run listens on NCCL's RAS port ({port}): not an NCCL job, NCCL older "
-                      f"than 2.24, or NCCL_RAS_ENABLE=0")
+        m.miss(
+            "ras",
+            f"no process of the run listens on NCCL's RAS port ({port}): not an NCCL job, NCCL older "
+            f"than 2.24, or NCCL_RAS_ENABLE=0",
+        )
         return None
     try:
         answer: dict[str, Any] = await monitor.ras()
@@ -118,8 +128,11 @@ async def _ras(monitor: Monitor, m: _Members) -> dict[str, Any] | None:
     ext = "json" if answer.get("format") == "json" else "txt"
     m.add(f"ras-status.{ext}", answer.get("text") or "", f"NCCL RAS VERBOSE STATUS ({answer.get('format')})")
     report = ras.parse(answer)
-    m.add_json("ras-parsed.json", {**report.doc(), "skews": [s.__dict__ for s in ras.skews(report)]},
-               "the RAS answer as the cockpit reads it")
+    m.add_json(
+        "ras-parsed.json",
+        {**report.doc(), "skews": [s.__dict__ for s in ras.skews(report)]},
+        "the RAS answer as the cockpit reads it",
+    )
     return answer
 
 
@@ -148,8 +161,11 @@ async def _flight(monitor: Monitor, m: _Members, read_only: bool) -> dict[str, A
         m.miss("flight recorder", exc)
         return None
     if not answer.get("armed"):
-        m.miss("flight recorder", "; ".join(flightrec.by_reason(answer.get("problems") or ["not armed"]))
-               + ": switch the forensics flag set on and relaunch")
+        m.miss(
+            "flight recorder",
+            "; ".join(flightrec.by_reason(answer.get("problems") or ["not armed"]))
+            + ": switch the forensics flag set on and relaunch",
+        )
         return None
     by_rank = {}
     for rank, d in sorted((answer.get("ranks") or {}).items()):
@@ -181,8 +197,10 @@ def _smi_and_xid(facts: dict[str, Any], m: _Members) -> None:
         m.miss("nvidia-smi -q", smi.get("error") or "no answer")
     xid = facts.get("xid") or {}
     if "text" in xid:
-        head = f"# Xid lines of the kernel log ({xid.get('source')}: {xid.get('lines_read')} lines read, " \
-               f"{xid.get('count')} Xid lines)\n"
+        head = (
+            f"# Xid lines of the kernel log ({xid.get('source')}: {xid.get('lines_read')} lines read, "
+            f"{xid.get('count')} Xid lines)\n"
+        )
         m.add("xid.txt", head + xid["text"] + ("\n" if xid["text"] else ""), "NVRM Xid lines of the kernel log")
     else:
         m.miss("xid", xid.get("error") or "no answer")
@@ -207,7 +225,9 @@ async def _facts(monitor: Monitor, m: _Members, read_only: bool = False) -> None
         return
     if read_only:
         for item in ("nvidia-smi -q", "xid"):
-            m.miss(item, "--read-only: nothing runs on the host but the agent (nvidia-smi, dmesg, journalctl are programs)")
+            m.miss(
+                item, "--read-only: nothing runs on the host but the agent (nvidia-smi, dmesg, journalctl are programs)"
+            )
     else:
         _smi_and_xid(facts, m)
     versions = (facts.get("versions") or {}).get("data") or {}
@@ -224,8 +244,12 @@ async def _metrics(monitor: Monitor, m: _Members) -> None:
     path = layout.metrics if layout else None
     ports = layout.ports if layout else []
     if not path or not ports:
-        return m.miss("metrics", "the layout names no metrics endpoint and port" if layout else
-                      "no layout: which port serves metrics is unknown (--layout)")
+        return m.miss(
+            "metrics",
+            "the layout names no metrics endpoint and port"
+            if layout
+            else "no layout: which port serves metrics is unknown (--layout)",
+        )
     scrapes = []
     for n in (1, 2):
         if n == 2:
@@ -236,8 +260,11 @@ async def _metrics(monitor: Monitor, m: _Members) -> None:
             return m.miss(f"metrics scrape {n}", exc)
         if answer.get("status") != 200:
             return m.miss(f"metrics scrape {n}", metrics.scrape_of(answer).error)
-        m.add(f"metrics-{n}.txt", f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} GET :{ports[0]}{path}\n" + answer["body"],
-              f"metrics scrape {n} of 2, {METRICS_GAP_S:.0f} s apart")
+        m.add(
+            f"metrics-{n}.txt",
+            f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} GET :{ports[0]}{path}\n" + answer["body"],
+            f"metrics scrape {n} of 2, {METRICS_GAP_S:.0f} s apart",
+        )
         scrapes.append(metrics.scrape_of(answer))
     view = metrics.MetricsView()
     for s in scrapes:
@@ -251,8 +278,13 @@ def _log_tail(monitor: Monitor, m: _Members) -> None:
         return m.miss("log tail", "no log is followed (name one in the layout: log:)")
     for n, (path, log) in enumerate(list(logs.items())[:2]):
         lines = list(log.lines)[-LOG_TAIL_LINES:]
-        m.add("log-tail.txt" if n == 0 else "log-tail-2.txt", f"# the last {count(len(lines), 'line')} of {path} (of {log.total} read)\n" +
-              "\n".join(line.text for line in lines) + "\n", f"the last lines of {path}")
+        m.add(
+            "log-tail.txt" if n == 0 else "log-tail-2.txt",
+            f"# the last {count(len(lines), 'line')} of {path} (of {log.total} read)\n"
+            + "\n".join(line.text for line in lines)
+            + "\n",
+            f"the last lines of {path}",
+        )
 
 
 def _write(folder: Path, members: _Members, manifest: dict[str, Any]) -> tuple[Path, list[str]]:
@@ -273,7 +305,9 @@ def _write(folder: Path, members: _Members, manifest: dict[str, Any]) -> tuple[P
         items["manifest.json"] = ("\n".join(mask_line(line) for line in text.split("\n")).encode(), "this list")
         for name, (data, _) in sorted(items.items(), key=lambda kv: (kv[0] != "manifest.json", kv[0])):
             if not _MEMBER.fullmatch(name):
-                raise CockpitError(f"bundle: refused a member named {name[:60]!r} (not built from numbers and fixed words)")
+                raise CockpitError(
+                    f"bundle: refused a member named {name[:60]!r} (not built from numbers and fixed words)"
+                )
             info = tarfile.TarInfo(f"{root}/{name}")
             info.size, info.mtime, info.mode = len(data), now, 0o600
             tar.addfile(info, io.BytesIO(data))
@@ -282,8 +316,9 @@ def _write(folder: Path, members: _Members, manifest: dict[str, Any]) -> tuple[P
     return path, names
 
 
-async def make_bundle(monitor: Monitor, read_only: bool = False,
-                      progress: Callable[[str], None] | None = None) -> Bundle:
+async def make_bundle(
+    monitor: Monitor, read_only: bool = False, progress: Callable[[str], None] | None = None
+) -> Bundle:
     """Collect everything at once (stacks, RAS, flight recorder, host facts, metrics), then the
     verdict as it stands after, and write the archive into the run's folder."""
     run = monitor.run.folder_name(monitor.target.label)
@@ -291,30 +326,44 @@ async def make_bundle(monitor: Monitor, read_only: bool = False,
     started = time.time()
     if progress:
         progress("collecting stacks, RAS, flight recorder, host facts and metrics")
-    results = await asyncio.gather(_stacks(monitor, m, run, read_only), _ras(monitor, m),
-                                   _flight(monitor, m, read_only), _facts(monitor, m, read_only), _metrics(monitor, m),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        _stacks(monitor, m, run, read_only),
+        _ras(monitor, m),
+        _flight(monitor, m, read_only),
+        _facts(monitor, m, read_only),
+        _metrics(monitor, m),
+        return_exceptions=True,
+    )
     for name, res in zip(("stacks", "ras", "flight recorder", "host facts", "metrics"), results):
         if isinstance(res, BaseException):
             m.miss(name, f"{type(res).__name__}: {res}")
     _log_tail(monitor, m)
     monitor.update()
     verdict = monitor.verdict
-    m.add_json("verdict.json", {"verdict": verdict.doc(), "phase": {"name": monitor.phase.name,
-                                                                    "detail": monitor.phase.detail}},
-               "the verdict and its evidence")
+    m.add_json(
+        "verdict.json",
+        {"verdict": verdict.doc(), "phase": {"name": monitor.phase.name, "detail": monitor.phase.detail}},
+        "the verdict and its evidence",
+    )
     m.add_json("snapshot.json", monitor_doc(monitor, log_lines=200), "the cockpit's JSON snapshot of the host")
-    m.add_json("gpu-health.json", gpu_health_doc(monitor.state),
-               "the GPUs' own word: Xid events with their meaning, lost GPUs, ECC, row remap, NVLink and PCIe replays")
+    m.add_json(
+        "gpu-health.json",
+        gpu_health_doc(monitor.state),
+        "the GPUs' own word: Xid events with their meaning, lost GPUs, ECC, row remap, NVLink and PCIe replays",
+    )
     found = getattr(monitor, "forensics", None)
     if found is not None:
         m.add_json("forensics.json", found.doc(), "the stall's own forensics, gathered when it was declared")
     manifest = {
         "schema": "gpu-cockpit.bundle/1",
-        "host": monitor.target.label, "hostname": monitor.state.agent.hostname, "run": run,
-        "layout": monitor.layout.name if monitor.layout else None, "cockpit": __version__,
+        "host": monitor.target.label,
+        "hostname": monitor.state.agent.hostname,
+        "run": run,
+        "layout": monitor.layout.name if monitor.layout else None,
+        "cockpit": __version__,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "seconds": round(time.time() - started, 1), "verdict": verdict.doc(),
+        "seconds": round(time.time() - started, 1),
+        "verdict": verdict.doc(),
         "members": [{"name": name, "bytes": len(data), "what": what} for name, (data, what) in sorted(m.files.items())],
         "not_collected": m.missing,
     }

@@ -53,6 +53,7 @@ WORKFLOWS: dict[str, Workflow] = {}  # the acts that the screen and the CLI carr
 def workflow(name: str) -> Callable[[Workflow], Workflow]:
     """Register `fn` as the act `name`'s whole workflow (plan, ask through the Asker, carry out):
     the screen's key and the CLI's command then run it and show its Outcome (None: declined)."""
+
     def register(fn: Workflow) -> Workflow:
         WORKFLOWS[name] = fn
         return fn
@@ -60,8 +61,9 @@ def workflow(name: str) -> Callable[[Workflow], Workflow]:
     return register
 
 
-async def stop(monitor: Monitor, asker: Asker, what: str, why: str, pid: int | None = None,
-               wait: float | None = None) -> dict[str, Any] | None:
+async def stop(
+    monitor: Monitor, asker: Asker, what: str, why: str, pid: int | None = None, wait: float | None = None
+) -> dict[str, Any] | None:
     """Kill the run, or process `pid` and what it started: planned, shown and asked, then the
     monitor's one stop workflow (SIGTERM, wait, SIGKILL, verified). None when declined; a
     CockpitError when nothing of it is alive."""
@@ -71,23 +73,28 @@ async def stop(monitor: Monitor, asker: Asker, what: str, why: str, pid: int | N
         if pid:
             raise CockpitError(f"no process {pid} on {label}")
         why_not = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
-        raise CockpitError(f"nothing to kill on {label}: no process of the run is alive"
-                           + (f" ({why_not})" if why_not else ""))
+        raise CockpitError(
+            f"nothing to kill on {label}: no process of the run is alive" + (f" ({why_not})" if why_not else "")
+        )
     if not await asker.confirm(what, plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?"):
         return None
     asker.under_way("SIGTERM sent, waiting")
     return await monitor.stop(plan, why, wait, whole_run=not pid)
 
 
-async def clean_shm(monitor: Monitor, audit: dict[str, Any], asker: Asker, other_dir: bool = False
-                    ) -> dict[str, Any] | None:
+async def clean_shm(
+    monitor: Monitor, audit: dict[str, Any], asker: Asker, other_dir: bool = False
+) -> dict[str, Any] | None:
     """Remove the audit's removable entries, each named and asked first, each checked again on the
     host before it goes. None when declined; with nothing removable, nothing is asked."""
     chosen = [listed(e) for e in audit["entries"] if e["removable"]]
     if not chosen:
         return {"removed": [], "skipped": [], "freed_bytes": 0}
-    if not await asker.confirm("clean shm", [f"  rm {visible(e['name'])}" for e in chosen],
-                               f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?"):
+    if not await asker.confirm(
+        "clean shm",
+        [f"  rm {visible(e['name'])}" for e in chosen],
+        f"remove {these(len(chosen), 'entry', 'entries')} of {audit['folder']}?",
+    ):
         return None
     asker.under_way(f"removing {count(len(chosen), 'entry', 'entries')} of {audit['folder']}")
     return await monitor.shm_clean(chosen, audit["folder"], other_dir=other_dir)
@@ -103,5 +110,6 @@ async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple
         raise CockpitError(f"no rank of the run to dump on {monitor.target.label}: no watched process of it is alive")
     upload = await asker.pyspy("dump the stacks")
     asker.under_way(f"py-spy on {count(len(plan.ranks), 'process', 'processes')}")
-    return plan, await monitor.dump_stacks(plan, upload=upload, say=asker.tell,
-                                           python=monitor.layout.python if monitor.layout is not None else None)
+    return plan, await monitor.dump_stacks(
+        plan, upload=upload, say=asker.tell, python=monitor.layout.python if monitor.layout is not None else None
+    )

@@ -37,9 +37,13 @@ def exit_status(outcomes: list[str]) -> int:
     return next((EXIT_STATUS.get(o, 1) for o in outcomes), 1)
 
 
-async def follow_to_outcome(monitor: Monitor, timeout: float, progress: Progress | None = None,
-                            settle: float = 0.0, interrupted: Callable[[], bool] | None = None
-                            ) -> tuple[str, list[str]]:
+async def follow_to_outcome(
+    monitor: Monitor,
+    timeout: float,
+    progress: Progress | None = None,
+    settle: float = 0.0,
+    interrupted: Callable[[], bool] | None = None,
+) -> tuple[str, list[str]]:
     """Follow the monitor's run until it is ready (and stays so for `settle` seconds: some hangs
     come with the first requests), stalls, crashes or times out; returns (outcome, evidence). The
     verdict is the monitor's own: the screen shows the same. `interrupted()` true (the operator's
@@ -49,8 +53,9 @@ async def follow_to_outcome(monitor: Monitor, timeout: float, progress: Progress
         return await _follow(monitor, timeout, progress, settle, interrupted)
 
 
-async def _follow(monitor: Monitor, timeout: float, progress: Progress | None, settle: float,
-                  interrupted: Callable[[], bool] | None) -> tuple[str, list[str]]:
+async def _follow(
+    monitor: Monitor, timeout: float, progress: Progress | None, settle: float, interrupted: Callable[[], bool] | None
+) -> tuple[str, list[str]]:
     deadline = time.monotonic() + timeout
     ready_at = None
     while True:
@@ -75,8 +80,9 @@ async def _follow(monitor: Monitor, timeout: float, progress: Progress | None, s
             return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
 
 
-async def stop_run(monitor: Monitor, plan: KillPlan, why: str,
-                   say: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+async def stop_run(
+    monitor: Monitor, plan: KillPlan, why: str, say: Callable[[str], None] | None = None
+) -> dict[str, Any] | None:
     """A relaunch's or an ablation's stop of the run on screen (monitor.stop, the one stop
     workflow), verified: an unverified stop raises, so nothing is launched beside it."""
     if not plan.entries:
@@ -90,8 +96,7 @@ async def stop_run(monitor: Monitor, plan: KillPlan, why: str,
     return report
 
 
-async def plan_relaunch(monitor: Monitor, clean_shm: bool = True
-                        ) -> tuple[KillPlan, kill.ShmForRun | None, list[str]]:
+async def plan_relaunch(monitor: Monitor, clean_shm: bool = True) -> tuple[KillPlan, kill.ShmForRun | None, list[str]]:
     """What a (re)launch will do before it starts the new run, for the operator to confirm: the
     kill plan of the current run (every pid, user, start time, command, and the rule that found
     it) and the shm entries the clean after it will remove: only files tied to the run, each
@@ -99,8 +104,11 @@ async def plan_relaunch(monitor: Monitor, clean_shm: bool = True
     (plan, the ShmForRun or None when shm is left alone, lines).
     Two runs found: AmbiguousRun (the operator chooses, e.g. `cockpit kill --pid ROOT` first)."""
     plan = await monitor.plan_stop()
-    lines = (["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
-             if plan.entries else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")])
+    lines = (
+        ["the current run is killed and verified gone:"] + ["  " + line for line in plan.describe()]
+        if plan.entries
+        else ["no current run to kill" + (f" ({'; '.join(plan.notes)})" if plan.notes else "")]
+    )
     lines += [f"  left alone: pid {f['root']}: {f['why']}" for f in plan.foreign if not plan.entries]
     found = None
     if clean_shm:
@@ -110,10 +118,18 @@ async def plan_relaunch(monitor: Monitor, clean_shm: bool = True
     return plan, found, lines
 
 
-async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm: bool = True,
-                      dump_on_stall: bool = True, progress: Progress | None = None, settle: float = 0.0,
-                      plan: KillPlan | None = None, shm: kill.ShmForRun | None = None,
-                      interrupted: Callable[[], bool] | None = None) -> dict[str, Any]:
+async def run_variant(
+    monitor: Monitor,
+    spec: RunSpec,
+    timeout: float,
+    clean_shm: bool = True,
+    dump_on_stall: bool = True,
+    progress: Progress | None = None,
+    settle: float = 0.0,
+    plan: KillPlan | None = None,
+    shm: kill.ShmForRun | None = None,
+    interrupted: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """One step of a bisection: end what runs, clean shm, launch, watch, dump on a stall, record.
 
     `plan` and `shm` (from plan_relaunch) are what the operator confirmed: exactly that is
@@ -135,8 +151,9 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
         for line in lines:
             say(line)
         refuse_unasked(plan, monitor.following)
-    killed = [{"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]}
-              for e in plan.entries]
+    killed = [
+        {"pid": e["pid"], "user": e.get("user"), "started": e.get("started"), "title": e["title"]} for e in plan.entries
+    ]
     removed: list[str] = []
     said = []
     with monitor.stopping_for("stopped for relaunch"):  # until the new run replaces the dead ranks
@@ -174,16 +191,31 @@ async def run_variant(monitor: Monitor, spec: RunSpec, timeout: float, clean_shm
                 evidence = evidence + [f"stacks: {line}" for line in result.report()]
             except CockpitError as exc:
                 evidence = evidence + [f"no stack dump: {exc}"]
-    row = {"event": "outcome", "run_id": run.run_id, "outcome": outcome,
-           "phase_times": monitor.watchdog.phase_times(), "evidence": evidence, "dumps": folder, "time": time.time(),
-           "killed_before": killed, "shm_removed": removed, "summary": ", ".join(said)}
+    row = {
+        "event": "outcome",
+        "run_id": run.run_id,
+        "outcome": outcome,
+        "phase_times": monitor.watchdog.phase_times(),
+        "evidence": evidence,
+        "dumps": folder,
+        "time": time.time(),
+        "killed_before": killed,
+        "shm_removed": removed,
+        "summary": ", ".join(said),
+    }
     append_ledger(layout, row)
     return {**(run.record or {}), **row, "flag_sets": list(spec.enabled)}
 
 
-async def ablate(monitor: Monitor, vary: list[str], timeout: float, progress: Progress | None = None,
-                 first_plan: KillPlan | None = None, first_shm: kill.ShmForRun | None = None,
-                 interrupted: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+async def ablate(
+    monitor: Monitor,
+    vary: list[str],
+    timeout: float,
+    progress: Progress | None = None,
+    first_plan: KillPlan | None = None,
+    first_shm: kill.ShmForRun | None = None,
+    interrupted: Callable[[], bool] | None = None,
+) -> list[dict[str, Any]]:
     """Each combination in turn. The first step carries out `first_plan`/`first_shm` when the
     operator confirmed them; each later step (and the final kill) says its plan before acting.
     `interrupted()` true ends the step under way and the ablation; its run is stopped as at the end."""
@@ -196,8 +228,9 @@ async def ablate(monitor: Monitor, vary: list[str], timeout: float, progress: Pr
         if progress:
             progress(None, f"launching with {','.join(spec.enabled) or 'no flag sets'}")
         plan, names = (first_plan, first_shm) if n == 0 else (None, None)
-        rows.append(await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names,
-                                      interrupted=interrupted))
+        rows.append(
+            await run_variant(monitor, spec, timeout, progress=progress, plan=plan, shm=names, interrupted=interrupted)
+        )
     stopped = interrupted is not None and interrupted()
     await end_own_run(monitor, f"stopped: the ablation is {'interrupted' if stopped else 'over'}", progress)
     return rows

@@ -96,8 +96,11 @@ def traces(dump: dict, rank: int) -> list[RankTrace]:
         except ValueError:
             name = str(pg_id)[:40]
         t = by_pg.setdefault(name, RankTrace(rank, name, None, None, None))
-        for key, attr in (("last_enqueued_collective", "last_enqueued"), ("last_started_collective", "last_started"),
-                          ("last_completed_collective", "last_completed")):
+        for key, attr in (
+            ("last_enqueued_collective", "last_enqueued"),
+            ("last_started_collective", "last_started"),
+            ("last_completed_collective", "last_completed"),
+        ):
             v = _seq(st.get(key))
             if v is not None:
                 setattr(t, attr, max(getattr(t, attr) or 0, v))
@@ -148,31 +151,48 @@ def compare(dumps: dict[int, dict]) -> dict:
         inside = [r for r in pending if started[r] >= top]  # known to have started it
         queued = [r for r in pending if started[r] < top]  # enqueued it; started unknown or not yet
         tracked = {r: t.starts_tracked for r, t in ranks.items()}
-        group = {"pg": pg, "collective": top, "op": name, "last_enqueued": enq, "last_started": started,
-                 "last_completed": done, "starts_tracked": tracked}
+        group = {
+            "pg": pg,
+            "collective": top,
+            "op": name,
+            "last_enqueued": enq,
+            "last_started": started,
+            "last_completed": done,
+            "starts_tracked": tracked,
+        }
         if behind:
             lows = sorted({enq[r] for r in behind})
-            lines.append(f"{_ranks(behind)} never called {name} #{top}{where} (last collective #{lows[0]}); "
-                         f"{_who_waits(inside, queued)}")
+            lines.append(
+                f"{_ranks(behind)} never called {name} #{top}{where} (last collective #{lows[0]}); "
+                f"{_who_waits(inside, queued)}"
+            )
             odd.update(behind)
         else:
             unstarted = [r for r in queued if tracked[r]]  # only where torch tracks starts
             if unstarted and len(unstarted) < len(ranks):
                 rest = sorted(set(ranks) - set(unstarted))
-                lines.append(f"{_ranks(unstarted)} never started {name} #{top}{where}; "
-                             f"{_ranks(rest)} {'are' if len(rest) != 1 else 'is'} in it")
+                lines.append(
+                    f"{_ranks(unstarted)} never started {name} #{top}{where}; "
+                    f"{_ranks(rest)} {'are' if len(rest) != 1 else 'is'} in it"
+                )
                 odd.update(unstarted)
             elif len(pending) == len(ranks) and not queued:
-                lines.append(f"every rank is inside {name} #{top}{where} (started, never completed): a hang inside "
-                             f"the collective itself; the flight recorder cannot name a rank")
+                lines.append(
+                    f"every rank is inside {name} #{top}{where} (started, never completed): a hang inside "
+                    f"the collective itself; the flight recorder cannot name a rank"
+                )
             elif len(pending) == len(ranks) and not unstarted:
-                lines.append(f"every rank enqueued {name} #{top}{where} and none completed it (starts not tracked: "
-                             f"TORCH_NCCL_ENABLE_TIMING unset): a hang in or before the collective on every rank; "
-                             f"the flight recorder cannot name a rank")
+                lines.append(
+                    f"every rank enqueued {name} #{top}{where} and none completed it (starts not tracked: "
+                    f"TORCH_NCCL_ENABLE_TIMING unset): a hang in or before the collective on every rank; "
+                    f"the flight recorder cannot name a rank"
+                )
         mismatch = {r: t.ops.get(top) for r, t in ranks.items() if top in t.ops}
         if len(set(mismatch.values())) > 1:
-            lines.append(f"collective #{top}{where} differs across ranks: "
-                         + ", ".join(f"rank {r} {_op(v)}" for r, v in sorted(mismatch.items())))
+            lines.append(
+                f"collective #{top}{where} differs across ranks: "
+                + ", ".join(f"rank {r} {_op(v)}" for r, v in sorted(mismatch.items()))
+            )
         groups.append(group)
     return {"groups": groups, "lines": lines, "odd_rank": min(odd) if len(odd) == 1 else None}
 
@@ -184,8 +204,9 @@ def by_reason(problems: list[str]) -> list[str]:
     for line in problems:
         m = re.match(r"pid (\d+): (.*)\Z", line, re.S)
         by.setdefault(m.group(2) if m else line, []).extend([m.group(1)] if m else [])
-    return [f"{'pids' if len(pids) > 1 else 'pid'} {', '.join(pids)}: {why}" if pids else why
-            for why, pids in by.items()]
+    return [
+        f"{'pids' if len(pids) > 1 else 'pid'} {', '.join(pids)}: {why}" if pids else why for why, pids in by.items()
+    ]
 
 
 def findings(result: dict) -> list[Finding]:
@@ -208,9 +229,11 @@ def describe(answer: dict, result: dict) -> list[str]:
         out.append(why if why.startswith("left alone") else f"not armed: {why}")
     for g in result.get("groups") or []:
         untracked = not all((g.get("starts_tracked") or {}).values())
-        out.append(f"process group {g['pg']}: last enqueued {g['last_enqueued']}, started "
-                   f"{'at least ' if untracked else ''}{g['last_started']}, completed {g['last_completed']}"
-                   f"{' (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)' if untracked else ''}")
+        out.append(
+            f"process group {g['pg']}: last enqueued {g['last_enqueued']}, started "
+            f"{'at least ' if untracked else ''}{g['last_started']}, completed {g['last_completed']}"
+            f"{' (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)' if untracked else ''}"
+        )
     dumps = [d for d in (answer.get("ranks") or {}).values() if not d.get("error")]
     if not dumps:
         out.append("no dumps collected: nothing to compare")

@@ -67,19 +67,33 @@ class PhaseRule:
     phase: str
 
 
-
 # The phases a launch goes through, in order. A post-mortem timeline only moves forward along it
 # (ranks print the same marks at different times); a new launch starts it again.
 PHASE_ORDER = [
-    "starting", "loading weights", "weights loaded", "compiling", "kv cache", "capturing cuda graphs",
-    "cuda graphs captured", "capturing draft cuda graphs", "draft cuda graphs captured", "engine initialized",
-    "port open", "warmup", "ready", "serving",
+    "starting",
+    "loading weights",
+    "weights loaded",
+    "compiling",
+    "kv cache",
+    "capturing cuda graphs",
+    "cuda graphs captured",
+    "capturing draft cuda graphs",
+    "draft cuda graphs captured",
+    "engine initialized",
+    "port open",
+    "warmup",
+    "ready",
+    "serving",
 ]
 
 # The capture stages: a later begin moves the phase back into capture (a draft-extend capture after the
 # draft capture ended, a stage run again), whatever the order (see LogTracker._mark).
-CAPTURE_PHASES = ("capturing cuda graphs", "cuda graphs captured", "capturing draft cuda graphs",
-                  "draft cuda graphs captured")
+CAPTURE_PHASES = (
+    "capturing cuda graphs",
+    "cuda graphs captured",
+    "capturing draft cuda graphs",
+    "draft cuda graphs captured",
+)
 
 # A new launch of the server (its arguments printed): a post-mortem starts over from here.
 LAUNCH = re.compile("|".join(rx for e in engines.logged() for rx in e.launch))
@@ -100,13 +114,17 @@ OUTER = [
     # a wrapper's own time and the program it ran: "[2025-09-25 20:03:20] [/bin/sh]: "
     re.compile(r"^\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*\] \[[^\]\s]{1,80}\]: ?"),
     # a log viewer's time and a bar, with no level after it: "2025-05-30 18:28:27.890 | "
-    re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ?\| ?"
-               r"(?! *(?:TRACE|DEBUG|INFO|SUCCESS|WARN|WARNING|ERROR|CRITICAL) *\|)"),
+    re.compile(
+        r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ?\| ?"
+        r"(?! *(?:TRACE|DEBUG|INFO|SUCCESS|WARN|WARNING|ERROR|CRITICAL) *\|)"
+    ),
     # a log shipper's own time and host before a ">>": "2025-11-04 10:07:58 host >> "
     re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*(?:Z|[+-]\d\d:?\d\d)? (?:[\w.@-]{1,80} )?>> ?"),
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,\d]*Z?\s"),  # docker logs --timestamps
     re.compile(r"^[\w.-]+\s+\| ?"),  # docker compose: "sglang-1  | "
-    re.compile(r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
+    re.compile(
+        r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.-]+\[\d+\]: "
+    ),  # journald: "Sep 22 23:46:42 host vllm[361991]: "
     # a Ray actor that runs SGLang ("(SGLangEngine pid=6680) ", slime, verl): Ray's prefix, not vLLM's;
     # SGLang's own "[.. DP1 TP3] " follows on a header line, its traceback lines carry Ray's alone
     re.compile(rf"^\(\w*(?i:{_BRACKET})\w* pid=\d+(?:, ip=[\w.:-]+)?\) ?"),
@@ -115,9 +133,11 @@ OUTER_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx in OUTER))  # one mat
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)")  # docker's; a wrapper's own time is not the line's
 # Python logging formats whose fields are separated by " | ": FastChat's "date | LEVEL | logger | msg",
 # loguru's default "date | LEVEL    | module:function:line - msg", and "date | LEVEL | msg"
-PIPE_FIELDS = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)[ T](?P<t>\d\d:\d\d:\d\d)(?:[.,]\d+)? ?\| ?"
-                         r"(?P<l>TRACE|DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL) *\| ?"
-                         r"(?:[\w.<>-]{1,120}:[\w.<>-]{1,120}:\d{1,6} - |[\w.<>-]{1,80} \| )?")
+PIPE_FIELDS = re.compile(
+    r"(?P<d>\d{4}-\d\d-\d\d)[ T](?P<t>\d\d:\d\d:\d\d)(?:[.,]\d+)? ?\| ?"
+    r"(?P<l>TRACE|DEBUG|INFO|SUCCESS|WARNING|WARN|ERROR|CRITICAL) *\| ?"
+    r"(?:[\w.<>-]{1,120}:[\w.<>-]{1,120}:\d{1,6} - |[\w.<>-]{1,80} \| )?"
+)
 PIPE_LEVELS = {"TRACE": "DEBUG", "SUCCESS": "INFO", "WARN": "WARNING"}
 # SGLang: "[2025-04-21 04:13:43 DP0 TP3] ", "[04-21 04:13:43 TP3] ", "[2025-04-21 04:13:43] ", 2024's "[04:40:55 TP0] "
 BRACKET_PREFIX = re.compile(r"\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
@@ -131,10 +151,13 @@ SITE_LEVEL = re.compile(
     r"(?:(?P<d1>\d{4}-\d\d-\d\d) (?P<t1>\d\d:\d\d:\d\d)(?:[.,]\d+)? (?P<l1>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d+ "
     r"\[[\w./<>-]+:\d+\]"
     r"|(?P<l2>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d)(?:[.,]\d+)? "
-    r"\[?[\w./<>-]+:\d+\]) ?")
+    r"\[?[\w./<>-]+:\d+\]) ?"
+)
 # SGLang 0.2 (2024): "[gpu_id=1] msg"
 GPU_ID_PREFIX = re.compile(r"\[gpu_id=(\d+)\] ?")
-LEVEL_PREFIX = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?")
+LEVEL_PREFIX = re.compile(
+    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?"
+)
 # torch c10: "[rank4]:[E421 04:13:43.426633564 ProcessGroupNCCL.cpp:607] ", "[rank0]:[E ProcessGroupNCCL.cpp:563] "
 TORCH_PREFIX = re.compile(r"(?:\[rank(\d+)\]:)?\[([EWIF])(?:(\d{1,2})(\d\d) (\d\d:\d\d:\d\d)[.\d]*)? [\w.]+:\d+\] ?")
 TORCH_RANK = re.compile(r"\[rank(\d+)\]:")
@@ -147,10 +170,14 @@ LEVEL_WORDS = ("DEBUG ", "INFO ", "WARNING ", "ERROR ", "CRITICAL ")  # LEVEL_PR
 # after it: no "[" (SGLang's, torch's, a rank's) nor "(" (a vLLM writer's) in the next 60
 # characters, and for SGLang's no level or digit (a vLLM or site level) right after it.
 NO_PREFIX_AHEAD = r"(?=[^\[(]{60}|[^\[(]*\Z)"
-BRACKET_COMMON = re.compile(r"(?>\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?)"
-                           r"(?!\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )" + NO_PREFIX_AHEAD)
-LEVEL_COMMON = re.compile(r"(?>(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
-                         r"\[?[\w./<>-]+:\d+\] ?)" + NO_PREFIX_AHEAD)
+BRACKET_COMMON = re.compile(
+    r"(?>\[((?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d)(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?)"
+    r"(?!\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )" + NO_PREFIX_AHEAD
+)
+LEVEL_COMMON = re.compile(
+    r"(?>(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+    r"\[?[\w./<>-]+:\d+\] ?)" + NO_PREFIX_AHEAD
+)
 NO_PREFIX = re.compile(r"(?=[^\[\](]{60}|[^\[\](]*\Z)")  # nor a level's "file:N]" in reach
 
 
@@ -219,8 +246,13 @@ def _outer_maybe(s: str) -> bool:
 
 
 def _level_near(s: str, start: int, end: int) -> bool:
-    return (s.find("INFO ", start, end) >= 0 or s.find("ERROR ", start, end) >= 0 or s.find("WARNING ", start, end) >= 0
-            or s.find("DEBUG ", start, end) >= 0 or s.find("CRITICAL ", start, end) >= 0)
+    return (
+        s.find("INFO ", start, end) >= 0
+        or s.find("ERROR ", start, end) >= 0
+        or s.find("WARNING ", start, end) >= 0
+        or s.find("DEBUG ", start, end) >= 0
+        or s.find("CRITICAL ", start, end) >= 0
+    )
 
 
 def parse(text: str) -> Parsed:
@@ -249,8 +281,8 @@ def _parse_common(text: str) -> Parsed | None:
         time, tags = m.group(1, 2)
         if tags:
             tags = tags.strip()
-            return _new(Parsed, (s[m.end():], time, tags, _rank_of_tags(tags), None, _BRACKET))
-        return _new(Parsed, (s[m.end():], time, None, None, None, _BRACKET))
+            return _new(Parsed, (s[m.end() :], time, tags, _rank_of_tags(tags), None, _BRACKET))
+        return _new(Parsed, (s[m.end() :], time, None, None, None, _BRACKET))
     if c == "(":
         m = WRITER_PREFIX.match(s, 0, PREFIX_WINDOW)
         if m is None:
@@ -261,13 +293,13 @@ def _parse_common(text: str) -> Parsed | None:
         rank = _rank_of_who(who)
         m = LEVEL_COMMON.match(s, pos)
         if m is not None:
-            return _new(Parsed, (s[m.end():], m.group(2), who, rank, m.group(1), _WRITER))
-        if s.startswith(LEVEL_WORDS, pos) or s[pos:pos + 1].isdigit() or NO_PREFIX.match(s, pos) is None:
+            return _new(Parsed, (s[m.end() :], m.group(2), who, rank, m.group(1), _WRITER))
+        if s.startswith(LEVEL_WORDS, pos) or s[pos : pos + 1].isdigit() or NO_PREFIX.match(s, pos) is None:
             return None
         return _new(Parsed, (s[pos:], None, who, rank, None, _WRITER if WRITER_NAMES.match(who) else None))
     m = LEVEL_COMMON.match(s)
     if m is not None:
-        return _new(Parsed, (s[m.end():], m.group(2), None, None, m.group(1), _WRITER))
+        return _new(Parsed, (s[m.end() :], m.group(2), None, None, m.group(1), _WRITER))
     if c.isalpha():
         if s.startswith(LEVEL_WORDS) or s[3:4] == " ":
             return None  # a level the general parse reads, journald's prefix
@@ -291,12 +323,12 @@ def parse_general(text: str) -> Parsed:
                 iso = ISO_TIME.match(s)
                 if iso:
                     time = f"{iso.group(1)} {iso.group(2)}"
-                s = s[m.end():]
+                s = s[m.end() :]
     outer_level = None
     m = PIPE_FIELDS.match(s) if s[:1].isdigit() else None
     if m:
         time, outer_level = f"{m.group('d')} {m.group('t')}", PIPE_LEVELS.get(m.group("l"), m.group("l"))
-        s = s[m.end():]
+        s = s[m.end() :]
     who = rank = level = engine = None
     pos = 0
     c = s[:1]
@@ -310,8 +342,11 @@ def parse_general(text: str) -> Parsed:
         if tags:
             tags = tags.strip()
             who, rank = tags, _rank_of_tags(tags)
-    m = _find_match(WRITER_PREFIX, s, "(", pos, pos + 60, pos + PREFIX_WINDOW) \
-        if s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0 else None
+    m = (
+        _find_match(WRITER_PREFIX, s, "(", pos, pos + 60, pos + PREFIX_WINDOW)
+        if s.find(" pid=", pos, pos + PREFIX_WINDOW) >= 0
+        else None
+    )
     if m:
         # vLLM's own processes name the engine; any other "(Name pid=N)" is a Ray actor's prefix
         who, engine, pos = m.group(1), (_WRITER if WRITER_NAMES.match(m.group(1)) else engine), m.end()
@@ -332,7 +367,7 @@ def parse_general(text: str) -> Parsed:
         m = LEVEL_PREFIX.search(s, pos, pos + 60)
     if m:
         level, time, engine, pos = m.group(1), m.group(2), engine or _WRITER, m.end()
-    elif leveled or s[pos:pos + 1].isdigit():
+    elif leveled or s[pos : pos + 1].isdigit():
         m = SITE_LEVEL.match(s, pos)
         if m:
             level = m.group("l1") or m.group("l2")
@@ -363,10 +398,18 @@ def parse_general(text: str) -> Parsed:
 # The causes a failure can name, and how much of a root cause each is: a post-mortem names the
 # first failure of the lowest tier (an OOM on rank 3 before the NCCL errors it caused on the others).
 CAUSE_TIER = {
-    "oom": 0, "cuda-error": 0, "killed": 0, "segfault": 0, "aborted": 0, "fatal-signal": 0,
-    "nccl-error": 1, "watchdog-timeout": 1, "exception": 1,
+    "oom": 0,
+    "cuda-error": 0,
+    "killed": 0,
+    "segfault": 0,
+    "aborted": 0,
+    "fatal-signal": 0,
+    "nccl-error": 1,
+    "watchdog-timeout": 1,
+    "exception": 1,
     "nccl-timeout": 2,
-    "terminated": 3, "died": 3,
+    "terminated": 3,
+    "died": 3,
 }
 
 
@@ -374,20 +417,61 @@ def _hot(m: str) -> bool:
     """Whether a message holds a word that every failure, cause, stall tell, error or warning rule
     needs (one of them is in each of their matches: tests/read/test_logrules.py checks it on every line
     of the corpus): a line without one skips all those rules. `in` tests, cheaper than any regex."""
-    return ("rror" in m or "RROR" in m or "xcept" in m or "ail" in m or "emory" in m or "died" in m or "dead" in m
-            or "atchdog" in m or "SIG" in m or "ault" in m or "bort" in m or "illed" in m or "已杀死" in m
-            or "oom-kill" in m or "Exit code" in m or "ermina" in m or "atal" in m or "timed out" in m or "WARN" in m
-            or "CRITICAL" in m or "Traceback" in m or "FAILED" in m or "igquit" in m or "assert" in m
-            or "isaligned" in m or "CUBLAS" in m or "kernel image" in m or "stored in KV" in m or "placement" in m
-            or "NCCL" in m or "nccl" in m)
+    return (
+        "rror" in m
+        or "RROR" in m
+        or "xcept" in m
+        or "ail" in m
+        or "emory" in m
+        or "died" in m
+        or "dead" in m
+        or "atchdog" in m
+        or "SIG" in m
+        or "ault" in m
+        or "bort" in m
+        or "illed" in m
+        or "已杀死" in m
+        or "oom-kill" in m
+        or "Exit code" in m
+        or "ermina" in m
+        or "atal" in m
+        or "timed out" in m
+        or "WARN" in m
+        or "CRITICAL" in m
+        or "Traceback" in m
+        or "FAILED" in m
+        or "igquit" in m
+        or "assert" in m
+        or "isaligned" in m
+        or "CUBLAS" in m
+        or "kernel image" in m
+        or "stored in KV" in m
+        or "placement" in m
+        or "NCCL" in m
+        or "nccl" in m
+    )
 
 
 def _fail_words(m: str) -> bool:
     """Whether a message holds a word every failure rule (FAILURES) and stall tell (STALLS) needs: the
     gate for a line at INFO or DEBUG level, where no other of `_hot`'s families applies."""
-    return ("xcept" in m or "rror" in m or "ail" in m or "died" in m or "dead" in m or "atchdog" in m
-            or "Exit code" in m or "igquit" in m or "atal" in m or "timed out" in m or "ermina" in m or "ault" in m
-            or "NCCL" in m or "emory" in m or "placement" in m)
+    return (
+        "xcept" in m
+        or "rror" in m
+        or "ail" in m
+        or "died" in m
+        or "dead" in m
+        or "atchdog" in m
+        or "Exit code" in m
+        or "igquit" in m
+        or "atal" in m
+        or "timed out" in m
+        or "ermina" in m
+        or "ault" in m
+        or "NCCL" in m
+        or "emory" in m
+        or "placement" in m
+    )
 
 
 # What the CUDA driver and runtime say of an error (cuGetErrorString's and cudaGetErrorString's table, by
@@ -395,8 +479,10 @@ def _fail_words(m: str) -> bool:
 # failure '...'` and the C check macros wrap. A wrapper names a CUDA error whatever follows it; a string of
 # four words or more that is not also common English (CUDA_GENERIC) names one on its own, wrapped or not.
 CUDA_ERRORS = [
-    ("CUDA_ERROR_INVALID_VALUE", "invalid argument"), ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
-    ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"), ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
+    ("CUDA_ERROR_INVALID_VALUE", "invalid argument"),
+    ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"),
+    ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
     ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
     ("CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"),
     ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
@@ -406,9 +492,11 @@ CUDA_ERRORS = [
     ("CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"),
     ("CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"),
     ("CUDA_ERROR_UNMAP_FAILED", "unmapping of buffer object failed"),
-    ("CUDA_ERROR_ARRAY_IS_MAPPED", "array is mapped"), ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
+    ("CUDA_ERROR_ARRAY_IS_MAPPED", "array is mapped"),
+    ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
     ("CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"),
-    ("CUDA_ERROR_ALREADY_ACQUIRED", "resource already acquired"), ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
+    ("CUDA_ERROR_ALREADY_ACQUIRED", "resource already acquired"),
+    ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
     ("CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"),
     ("CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"),
     ("CUDA_ERROR_CONTEXT_ALREADY_IN_USE", "exclusive-thread device already in use by a different thread"),
@@ -425,7 +513,8 @@ CUDA_ERRORS = [
     ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
     ("CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
     ("CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"),
-    ("CUDA_ERROR_NOT_FOUND", "named symbol not found"), ("CUDA_ERROR_NOT_READY", "device not ready"),
+    ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
+    ("CUDA_ERROR_NOT_READY", "device not ready"),
     ("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"),
     ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"),
     ("CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"),
@@ -441,9 +530,11 @@ CUDA_ERRORS = [
     ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"),
     ("CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"),
     ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "operation not supported on global/shared address space"),
-    ("CUDA_ERROR_INVALID_PC", "invalid program counter"), ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
+    ("CUDA_ERROR_INVALID_PC", "invalid program counter"),
+    ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
     ("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"),
-    ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"), ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
+    ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
     ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
     ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"),
     ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"),
@@ -453,9 +544,13 @@ CUDA_ERRORS = [
     ("CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"),
     ("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"),
     ("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"),
-    ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"),
+    (
+        "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        "operation would make the legacy stream depend on a capturing blocking stream",
+    ),
     ("CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"),
-    ("CUDA_ERROR_TIMEOUT", "wait operation timed out"), ("CUDA_ERROR_UNKNOWN", "unknown error"),
+    ("CUDA_ERROR_TIMEOUT", "wait operation timed out"),
+    ("CUDA_ERROR_UNKNOWN", "unknown error"),
     # the runtime's own (cudaGetErrorString) where the driver has none
     ("cudaErrorInvalidDeviceFunction", "invalid device function"),
     ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"),
@@ -463,9 +558,16 @@ CUDA_ERRORS = [
     ("cudaErrorMissingConfiguration", "__global__ function call is not configured"),
 ]
 # four words or more, yet said by other programs too: a CUDA error only behind a wrapper
-CUDA_GENERIC = {"wait operation timed out", "system not yet initialized", "shared object symbol not found",
-                "named symbol not found", "shared object initialization failed", "file not found",
-                "peer access is already enabled", "PTX JIT compilation was disabled"}
+CUDA_GENERIC = {
+    "wait operation timed out",
+    "system not yet initialized",
+    "shared object symbol not found",
+    "named symbol not found",
+    "shared object initialization failed",
+    "file not found",
+    "peer access is already enabled",
+    "PTX JIT compilation was disabled",
+}
 # (and one that holds a word of `_hot`'s, the gate of the cause rules: the others come wrapped). Searched apart
 # from CAUSE_ANY, only in a message that holds one of `_cuda_words`'s (each phrase holds one).
 CUDA_OWN = [text for _, text in CUDA_ERRORS if len(text.split()) >= 4 and text not in CUDA_GENERIC and _hot(text)]
@@ -474,38 +576,61 @@ CUDA_OWN_RX = re.compile("|".join(re.escape(text) for text in CUDA_OWN))
 
 def _cuda_words(m: str) -> bool:
     """Whether a message holds a word of every CUDA_OWN phrase (tests/read/test_log_stops.py checks each)."""
-    return ("ncounter" in m or "kernel image" in m or "buffer object" in m or "PTX" in m or "NVLink" in m
-            or "nvlink" in m or "OS call" in m or "launch" in m or "memory r" in m or "capture" in m or "CUDA" in m)
+    return (
+        "ncounter" in m
+        or "kernel image" in m
+        or "buffer object" in m
+        or "PTX" in m
+        or "NVLink" in m
+        or "nvlink" in m
+        or "OS call" in m
+        or "launch" in m
+        or "memory r" in m
+        or "capture" in m
+        or "CUDA" in m
+    )
 
 
 # (cause, regex over the message): the first that matches names the cause of a line.
 CAUSES = [
-    ("oom", r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
-            r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory|Triton Error \[CUDA\]: out of memory"
-            r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
-            r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
-            r"|CUDA_ERROR_OUT_OF_MEMORY"
-            r"|Not enough memory\. Please try to increase --mem-fraction-static"
-            r"|No available memory for the cache blocks|larger than the available KV cache memory"
-            r"|larger than the maximum number of tokens that can be stored in KV cache"
-            r"|Free memory on device [^\n]{0,200}? is less than desired GPU memory utilization"),
+    (
+        "oom",
+        r"CUDA out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory"
+        r"|CUDA error \([^()\n]{1,300}:\d{1,6}\): out of memory|Triton Error \[CUDA\]: out of memory"
+        r"|(?:HIP|NPU|XPU) out of memory|memory allocation failed with OOM on device"
+        r"|Cuda (?:failure (?:2 )?|error [^\s']{0,300}:\d{1,6} )'out of memory'|cudaErrorMemoryAllocation"
+        r"|CUDA_ERROR_OUT_OF_MEMORY"
+        r"|Not enough memory\. Please try to increase --mem-fraction-static"
+        r"|No available memory for the cache blocks|larger than the available KV cache memory"
+        r"|larger than the maximum number of tokens that can be stored in KV cache"
+        r"|Free memory on device [^\n]{0,200}? is less than desired GPU memory utilization",
+    ),
     # torch's ProcessGroupNCCL (c10d) watchdog across 2.0-2.9: its timeout's own line, then (2.4-2.5) "Exception
     # (either an error or timeout) detected by watchdog at work: N", "Timeout at NCCL work: N", (2.6+)
     # "failure detected by watchdog at work sequence id: N", WorkNCCL::handleException's "Some NCCL operations
     # have failed or timed out", and the dump signal (2.4+) "from this local rank" or "from rank N"
-    ("nccl-timeout", r"Watchdog caught collective operation timeout"
-                     r"|detected by watchdog at work|Timeout at NCCL work: "
-                     r"|Some NCCL operations have failed or timed out"
-                     r"|Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank \d+) and we will"
-                     r" try our best to dump the debug info\. Last enqueued NCCL"),
-    ("nccl-error", r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
-                   r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted"),
+    (
+        "nccl-timeout",
+        r"Watchdog caught collective operation timeout"
+        r"|detected by watchdog at work|Timeout at NCCL work: "
+        r"|Some NCCL operations have failed or timed out"
+        r"|Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank \d+) and we will"
+        r" try our best to dump the debug info\. Last enqueued NCCL",
+    ),
+    (
+        "nccl-error",
+        r"NCCL [Ee]rror|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError"
+        r"|ncclInvalidUsage|DistBackendError|NCCL communicator was aborted",
+    ),
     # (HIP's are ROCm's twins of CUDA's: "HIP error: invalid device function", "hipErrorNoBinaryForGpu")
-    ("cuda-error", r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|cudaError[A-Z]\w+|CUDA_ERROR_[A-Z]\w+"
-                   r"|Triton Error \[CUDA\]|illegal memory access|device-side assert triggered"
-                   r"|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+|CUDA driver error|uncorrectable ECC error"
-                   r"|unspecified launch failure|misaligned address|no kernel image is available"
-                   r"|Cuda error |Cuda failure"),  # C/C++ check macros: custom all-reduce's, NCCL's
+    (
+        "cuda-error",
+        r"CUDA error[: ]|HIP error[: ]|hipError[A-Z]\w+|cudaError[A-Z]\w+|CUDA_ERROR_[A-Z]\w+"
+        r"|Triton Error \[CUDA\]|illegal memory access|device-side assert triggered"
+        r"|CUBLAS_STATUS_(?!SUCCESS)[A-Z_]+|CUDA driver error|uncorrectable ECC error"
+        r"|unspecified launch failure|misaligned address|no kernel image is available"
+        r"|Cuda error |Cuda failure",
+    ),  # C/C++ check macros: custom all-reduce's, NCCL's
     ("watchdog-timeout", r"Scheduler watchdog timeout|Watchdog timeout \(self\.watchdog_timeout="),
     ("segfault", r"Segmentation fault|SIGSEGV|Segfault encountered|Fatal Python error: Bus error|SIGBUS"),
     ("fatal-signal", r"Fatal Python error: (?:Floating point exception|Illegal instruction)|SIGFPE|SIGILL"),
@@ -517,11 +642,28 @@ CAUSE_RX = [(cause, re.compile(rx)) for cause, rx in CAUSES]
 # An exit code's cause: a negative code is the signal that ended the process (-9 SIGKILL, often the
 # kernel's OOM killer); 128+N is the same from a shell. SIGTERM, SIGQUIT, SIGINT, SIGHUP come from
 # another process ending this one (the parent, after another rank failed): a consequence.
-EXIT_CAUSE = {-9: "killed", 137: "killed", -11: "segfault", 139: "segfault", -6: "aborted", 134: "aborted",
-              -7: "segfault", 135: "segfault", -8: "fatal-signal", 136: "fatal-signal", -4: "fatal-signal",
-              132: "fatal-signal",
-              -15: "terminated", 143: "terminated", -3: "terminated", 131: "terminated", -2: "terminated",
-              130: "terminated", -1: "terminated", 129: "terminated"}
+EXIT_CAUSE = {
+    -9: "killed",
+    137: "killed",
+    -11: "segfault",
+    139: "segfault",
+    -6: "aborted",
+    134: "aborted",
+    -7: "segfault",
+    135: "segfault",
+    -8: "fatal-signal",
+    136: "fatal-signal",
+    -4: "fatal-signal",
+    132: "fatal-signal",
+    -15: "terminated",
+    143: "terminated",
+    -3: "terminated",
+    131: "terminated",
+    -2: "terminated",
+    130: "terminated",
+    -1: "terminated",
+    129: "terminated",
+}
 
 
 @dataclass(frozen=True)
@@ -548,16 +690,23 @@ FAILURES = [
     # watchdogHandler, WorkNCCL::handleException); the rank from their "[PG ID 2 PG GUID 3 Rank 3]" prefix
     # ("Exception (either an error or timeout) detected by watchdog at work: N", 2.6+'s "failure detected by
     # watchdog at work sequence id: N")
-    _f(r"detected by watchdog at work|Timeout at NCCL work: |Some NCCL operations have failed or timed out",
-       "nccl-timeout"),
+    _f(
+        r"detected by watchdog at work|Timeout at NCCL work: |Some NCCL operations have failed or timed out",
+        "nccl-timeout",
+    ),
     # the dump signal: this rank's own timeout, or rank N's ("from  rank 7": torch writes two spaces)
-    _f(r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+)) and we "
-       r"will try our best to dump the debug info\. Last enqueued NCCL", "nccl-timeout"),
+    _f(
+        r"Received a dump signal due to a collective timeout from (?:this local rank| {0,2}rank (?P<rank>\d+)) and we "
+        r"will try our best to dump the debug info\. Last enqueued NCCL",
+        "nccl-timeout",
+    ),
     # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck (a NCCL/CUDA call hangs); torch
     # terminates the process (the "watchdog got stuck" line is F, fatal)
-    _f(r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
-       r"|Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang",
-       "nccl-timeout"),
+    _f(
+        r"Heartbeat monitor timed out! Process will be terminated|ProcessGroupNCCL's watchdog got stuck for \d+ seconds"
+        r"|Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang",
+        "nccl-timeout",
+    ),
     _f(r"Process group watchdog thread terminated with exception"),
     _f(r"terminate called after throwing an instance of", "aborted", consequence=True),
     # Python's faulthandler / Py_FatalError: "Fatal Python error: Segmentation fault", "... Aborted",
@@ -573,8 +722,10 @@ FAILURES = [
     # ("[dev] include/alloc.h:103 NCCL WARN Cuda failure 'out of memory'"), the call then returns an error
     _f(r"CUDA error \([^()\n]{1,300}:\d{1,6}\): ", "cuda-error"),
     _f(r"^Failed: Cuda error [^\s']{1,300}:\d{1,6} '", "cuda-error"),
-    _f(r"NCCL WARN (?:Cuda failure|[^\n]{0,300}?(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Cc]losed|[Aa]bort|[Tt]imeout))",
-       "nccl-error"),
+    _f(
+        r"NCCL WARN (?:Cuda failure|[^\n]{0,300}?(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Cc]losed|[Aa]bort|[Tt]imeout))",
+        "nccl-error",
+    ),
 ]
 _NAMED_GROUP = re.compile(r"\?P<\w+>")
 FAILURE_ANY = re.compile("|".join("(?:" + _NAMED_GROUP.sub("", r.pattern.pattern) + ")" for r in FAILURES))
@@ -634,8 +785,10 @@ VICTIM = re.compile(r"ncclRemoteError|remote process exit|remote process exiting
 # "[Rank 3]", torch's "[PG 0 (default_pg) Rank 2]" and "[PG ID 2 PG GUID 3 Rank 4]": the PG part is bounded
 # and holds no "[", so the attempts from many "[PG " on one line never scan the same text twice
 NAMED_RANK = re.compile(r"\[(?:PG [^\]\[]{0,200}?)?Rank (\d+)\]|\bTP rank (\d+)\b|\[rank(\d+)\]")
-EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception|\w*ExceptionGroup)"
-                            r"(?::\s|:?$)")
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Failure)|Exception|\w*ExceptionGroup)"
+    r"(?::\s|:?$)"
+)
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
 # A traceback's frame (faulthandler's stack dumps write "line N in f", without the comma: no traceback)
@@ -643,39 +796,57 @@ TRACE_FRAME = re.compile(r'^\s*File "[^"]+", line \d+, in ')
 # A traceback's last line: the exception's (qualified) name, then its message
 FINAL_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::\s|:?$)")
 # Python joining two tracebacks of one chain: the traceback that follows belongs to the same error
-CHAINED = re.compile(r"^During handling of the above exception, another exception occurred|"
-                     r"^The above exception was the direct cause of the following exception")
+CHAINED = re.compile(
+    r"^During handling of the above exception, another exception occurred|"
+    r"^The above exception was the direct cause of the following exception"
+)
 # A traceback of one request, in a server that goes on: the web framework's own notice before it
 # (uvicorn, asyncio, aiohttp) or a frame of the HTTP stack or of an engine's request handlers in it.
-REQUEST_NOTICE = re.compile(r"Exception in ASGI application|Exception in callback |Error handling request"
-                            r"|Error in preprocessing prompt inputs")  # vLLM serving_chat.py: one request's template
-REQUEST_FRAME = re.compile(r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
-                           r"|/serving_\w+\.py$|/openai_api/adapter\.py$")
+REQUEST_NOTICE = re.compile(
+    r"Exception in ASGI application|Exception in callback |Error handling request"
+    r"|Error in preprocessing prompt inputs"
+)  # vLLM serving_chat.py: one request's template
+REQUEST_FRAME = re.compile(
+    r"/(?:uvicorn/(?:protocols|middleware)|starlette|fastapi|aiohttp)/"
+    r"|/serving_\w+\.py$|/openai_api/adapter\.py$"
+)
 # Another program's traceback in the server's log (a CI job's test client, a benchmark script): a frame of a test
 # harness or a client (unittest's, pytest's, SGLang's test utilities, vLLM's benchmarks, a test_*.py or bench_*.py
 # script) and none of the engine's serving code (SGLang's retry helper in sglang/srt/utils wraps every test, and
 # `vllm bench` comes in through vllm/entrypoints/cli)
-HARNESS_FRAME = re.compile("|".join([r"/(?:unittest|_pytest|pytest)/",
-                                      *(rx for e in engines.logged() for rx in e.harness_dirs),
-                                      r"/(?:test_|bench_|benchmark_)[^/]*\.py$"]))
+HARNESS_FRAME = re.compile(
+    "|".join(
+        [
+            r"/(?:unittest|_pytest|pytest)/",
+            *(rx for e in engines.logged() for rx in e.harness_dirs),
+            r"/(?:test_|bench_|benchmark_)[^/]*\.py$",
+        ]
+    )
+)
 ENGINE_FRAME = re.compile("|".join(rx for e in engines.logged() for rx in e.source_dirs))
 ENGINE_MARKS = tuple(e.source_mark for e in engines.logged() if e.source_mark)
 MAX_FOREIGN = 8  # another program's tracebacks said, the first ones; the rest counted
 # Exceptions that end a request or a shutdown, not a process: a client gone, a task cancelled, Ctrl+C
-BENIGN_EXCEPTION = re.compile(r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
-                              r"|SystemExit)\b")
+BENIGN_EXCEPTION = re.compile(
+    r"^(?:[\w.]*\.)?(?:CancelledError|BrokenPipeError|ConnectionResetError|KeyboardInterrupt"
+    r"|SystemExit)\b"
+)
 # Any HTTP access-log line (uvicorn's, aiohttp's): an HTTP server wrote this log
 ACCESS_LINE = re.compile(r'"(GET|POST|PUT|HEAD|DELETE|PATCH|OPTIONS) (/[^\s"]{0,2000}) HTTP/[\d.]+" (\d{3})')
 # An access-log line of a probe (the cockpit's own, a load balancer's, Kubernetes'): it proves the HTTP
 # server answers, not that a request is being worked on
-PROBE_PATH = re.compile(r'/(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info'
-                        r'|version|ready|live)/?(?:\?[^" ]{0,200})?$')
+PROBE_PATH = re.compile(
+    r"/(?:health\w*|ping|metrics|v1/models|get_model_info|get_server_info"
+    r'|version|ready|live)/?(?:\?[^" ]{0,200})?$'
+)
 # The engines' periodic stats lines (what they print, and when: docs/diagnosis.md#progress):
 # vLLM's loggers.py every VLLM_LOG_STATS_INTERVAL (10 s) while it has work or just had some,
 # SGLang's scheduler every decode_log_interval (40) decode steps and at each prefill batch.
 RATE = r"(\d+(?:\.\d*)?|\.\d+)"  # a number as float() reads it ("1.2.3" or "." is none: a hostile line's, no crash)
-INTERVAL_STATS = re.compile(rf"Avg prompt throughput: {RATE} tokens/s, Avg generation throughput: {RATE} tokens/s, "
-                        r"Running: (\d+) reqs")
+INTERVAL_STATS = re.compile(
+    rf"Avg prompt throughput: {RATE} tokens/s, Avg generation throughput: {RATE} tokens/s, "
+    r"Running: (\d+) reqs"
+)
 DECODE_STATS = re.compile(r"Decode batch[.,]? #running-req: (\d+),[^\n]{0,300}?gen throughput \(token/s\): " + RATE)
 PREFILL_STATS = re.compile(r"Prefill batch[.,]? #new-seq: \d+, #new-token: (\d+)(?:[^\n]{0,300}?#running-req: (\d+))?")
 # vLLM's offline LLM.generate finished every prompt: "Processed prompts: 100%|...| 4/4 [..."
@@ -720,7 +891,7 @@ def _unlisted(message: str) -> str:
             return ""
         m = LISTED_CAUSES.search(message)
         if m:
-            return message[:m.start()]
+            return message[: m.start()]
     return message
 
 
@@ -786,8 +957,10 @@ class LogRules:
         reference tests/read/test_log_fastpath.py compares `classify` with)."""
         self.engine = engine
         known = engines.get(engine)
-        self._tables = {e.name: [(re.compile(rx), phase) for rx, phase in e.phases]
-                        for e in ([known] if known is not None and known.phases else engines.logged())}
+        self._tables = {
+            e.name: [(re.compile(rx), phase) for rx, phase in e.phases]
+            for e in ([known] if known is not None and known.phases else engines.logged())
+        }
         self._learning = known is None or not known.phases
         self._fast = not general
         self.extra = [(r.pattern, r.phase) for r in extra or []]
@@ -871,8 +1044,18 @@ class LogRules:
         if hot and stop is None and "ermina" in msg:
             stop = stop_of(msg)
         if hot or (not shaped and not quiet and msg[-1:].isalpha()):
-            base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats,
-                        probe=probe, http=http, stop=stop)
+            base = dict(
+                text=text,
+                rank=rank,
+                time=time,
+                who=who,
+                message=msg,
+                level=level,
+                stats=stats,
+                probe=probe,
+                http=http,
+                stop=stop,
+            )
             failure = self._failure(msg, level, base, hot)
             if failure is not None:
                 return failure
@@ -887,14 +1070,45 @@ class LogRules:
         else:
             phase = self._engine_phase(msg) if self._phase_words(msg) else None
         if quiet or level is None and not hot:  # the common line: no error, no warning
-            return _new(LogLine, (text, "phase" if phase else None, rank, phase, None, None, None,
-                                  _shards(msg) if phase == "loading weights" else None, time, who, msg, False,
-                                  False, level, stats, probe, http, stop))
-        base = dict(text=text, rank=rank, time=time, who=who, message=msg, level=level, stats=stats, probe=probe,
-                    http=http, stop=stop)
+            return _new(
+                LogLine,
+                (
+                    text,
+                    "phase" if phase else None,
+                    rank,
+                    phase,
+                    None,
+                    None,
+                    None,
+                    _shards(msg) if phase == "loading weights" else None,
+                    time,
+                    who,
+                    msg,
+                    False,
+                    False,
+                    level,
+                    stats,
+                    probe,
+                    http,
+                    stop,
+                ),
+            )
+        base = dict(
+            text=text,
+            rank=rank,
+            time=time,
+            who=who,
+            message=msg,
+            level=level,
+            stats=stats,
+            probe=probe,
+            http=http,
+            stop=stop,
+        )
         shards = _shards(msg) if phase == "loading weights" else None
-        if level in ("ERROR", "CRITICAL") or (level is None and hot and (ERROR.search(msg)
-                                                                       or EXCEPTION_LINE.match(msg))):
+        if level in ("ERROR", "CRITICAL") or (
+            level is None and hot and (ERROR.search(msg) or EXCEPTION_LINE.match(msg))
+        ):
             return LogLine(kind="error", phase=phase, shards=shards, **base)
         if level == "WARNING" or (level is None and hot and WARNING.search(msg)):
             return LogLine(kind="warning", phase=phase, shards=shards, **base)
@@ -905,8 +1119,9 @@ class LogRules:
         """A stall tell or a failure line: from a message that holds a hot word, or one cut mid-word."""
         if not hot:
             cut = _cut_failure(msg)
-            return None if cut is None else LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence,
-                                                    **base)
+            return (
+                None if cut is None else LogLine(kind="failure", cause=cut.cause, consequence=cut.consequence, **base)
+            )
         for rx, cause in STALLS:
             if rx.search(msg):
                 return LogLine(kind="stall", cause=cause, **base)
@@ -920,8 +1135,14 @@ class LogRules:
             at, p = glued
             msg = told = told[at:]
             level = p.level or level
-            base = dict(base, message=msg, level=level, time=p.time or base["time"], who=p.who or base["who"],
-                        rank=p.rank if p.rank is not None else base["rank"])
+            base = dict(
+                base,
+                message=msg,
+                level=level,
+                time=p.time or base["time"],
+                who=p.who or base["who"],
+                rank=p.rank if p.rank is not None else base["rank"],
+            )
             header = FAILURE_ANY.search(told)
         elif frame:
             return None
@@ -936,14 +1157,26 @@ class LogRules:
                 # a line with an exit code is told by it (SGLang's adds "If exit code is -9 (SIGKILL), ...")
                 cause = (exit_cause(code) or rule.cause) if code is not None else (cause_of(told) or rule.cause)
                 consequence = cause == "terminated" or (rule.consequence and cause == rule.cause)
-                return LogLine(kind="failure", cause=cause, failed_rank=failed, exit_code=code,
-                               consequence=consequence, victim=bool(VICTIM.search(told)), **base)
+                return LogLine(
+                    kind="failure",
+                    cause=cause,
+                    failed_rank=failed,
+                    exit_code=code,
+                    consequence=consequence,
+                    victim=bool(VICTIM.search(told)),
+                    **base,
+                )
         if level not in ("WARNING", "INFO", "DEBUG"):
             cause = cause_of(told)
-            if cause and (EXCEPTION_LINE.match(told) or level in ("ERROR", "CRITICAL")
-                          or told.lstrip().startswith("what():") or cause in ("killed", "segfault", "aborted")):
-                return LogLine(kind="failure", cause=cause, failed_rank=_named_rank(told),
-                               victim=bool(VICTIM.search(told)), **base)
+            if cause and (
+                EXCEPTION_LINE.match(told)
+                or level in ("ERROR", "CRITICAL")
+                or told.lstrip().startswith("what():")
+                or cause in ("killed", "segfault", "aborted")
+            ):
+                return LogLine(
+                    kind="failure", cause=cause, failed_rank=_named_rank(told), victim=bool(VICTIM.search(told)), **base
+                )
         if msg[-1:].isalpha() and level not in ("INFO", "DEBUG"):
             cut = _cut_failure(msg)
             if cut is not None:
@@ -964,7 +1197,7 @@ def _glued(message: str, start: int) -> tuple[int, Parsed] | None:
     i = _next_open(message, lo, start)
     while i >= 0 and tries < GLUE_TRIES:
         tries += 1
-        chunk = message[i:start + 80]
+        chunk = message[i : start + 80]
         p = parse_general(chunk)
         at = i + len(chunk) - len(p.message)
         if at <= start and (p.who is not None or p.time is not None or p.rank is not None):
@@ -1212,8 +1445,11 @@ class LogTracker:
             self.last_time = time
         if rank is not None:
             self.ranks.add(rank)
-        if _holds_any(msg, LAUNCH_HEADS) and LAUNCH.search(msg) \
-                and (self._failures or self.stop or self.timeline and self.phase != "starting"):
+        if (
+            _holds_any(msg, LAUNCH_HEADS)
+            and LAUNCH.search(msg)
+            and (self._failures or self.stop or self.timeline and self.phase != "starting")
+        ):
             self._restart()
         if stop is not None and self.stop is None and not self._failures and kind != "failure":
             self.stop = (self.n, ll)  # the server was told to stop, and nothing had failed: what fails now is its end
@@ -1230,8 +1466,9 @@ class LogTracker:
                     self._trace.chained = True
         if kind == "warning" and cause_of(msg) == "oom":
             self._oom_warning = (self.n, rank, text)
-        if ("xception in" in msg or "rror " in msg and ("rror h" in msg or "rror in" in msg)) \
-                and REQUEST_NOTICE.search(msg):
+        if ("xception in" in msg or "rror " in msg and ("rror h" in msg or "rror in" in msg)) and REQUEST_NOTICE.search(
+            msg
+        ):
             self._notice_at = self.n
         if "Traceback" in msg or 'File "' in msg:
             self._read_trace(ll, msg, continues)
@@ -1250,8 +1487,13 @@ class LogTracker:
             self._stall(ll._replace(kind="stall", cause="requests-frozen"))
         elif continues and self._block is not None and EXCEPTION_LINE.match(msg):
             _cite(self._block, self.n, text)  # the traceback's own last word
-        elif continues and self._trace is not None and not self._trace.done and FINAL_LINE.match(msg) \
-                and level not in ("WARNING", "INFO", "DEBUG"):
+        elif (
+            continues
+            and self._trace is not None
+            and not self._trace.done
+            and FINAL_LINE.match(msg)
+            and level not in ("WARNING", "INFO", "DEBUG")
+        ):
             self._trace_failure(ll, msg)
         served = False
         if http is not None:
@@ -1330,8 +1572,16 @@ class LogTracker:
             _cite(trace.failure, self.n, ll.text)
             return
         rank = trace.rank if trace.rank is not None else ll.rank
-        f = Failure(self.n, ll.text, rank, "exception", False, ll.time or self.last_time,
-                    [(trace.line, trace.text), (self.n, ll.text)], provisional=True)
+        f = Failure(
+            self.n,
+            ll.text,
+            rank,
+            "exception",
+            False,
+            ll.time or self.last_time,
+            [(trace.line, trace.text), (self.n, ll.text)],
+            provisional=True,
+        )
         trace.failure = f
         self._keep(f)
         if rank is not None:
@@ -1380,17 +1630,31 @@ class LogTracker:
         if continues and self._block is not None and not ll.consequence:
             block = self._block
             _cite(block, self.n, ll.text)
-            if ll.cause != "exception" and (block.cause == "exception"
-                                            or CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1)):
+            if ll.cause != "exception" and (
+                block.cause == "exception" or CAUSE_TIER.get(ll.cause, 1) < CAUSE_TIER.get(block.cause, 1)
+            ):
                 block.cause = ll.cause  # the traceback's exception line names what the header did not
             if block.rank is None and not block.provisional:
                 block.rank = rank
             return
-        f = Failure(self.n, ll.text, rank, ll.cause or "exception", ll.consequence, ll.time, [(self.n, ll.text)],
-                    named=ll.failed_rank is not None)
+        f = Failure(
+            self.n,
+            ll.text,
+            rank,
+            ll.cause or "exception",
+            ll.consequence,
+            ll.time,
+            [(self.n, ll.text)],
+            named=ll.failed_rank is not None,
+        )
         warned = self._oom_warning
-        if f.cause == "exception" and not f.consequence and warned and self.n - warned[0] <= OOM_WARNING_LINES \
-                and warned[1] == rank:
+        if (
+            f.cause == "exception"
+            and not f.consequence
+            and warned
+            and self.n - warned[0] <= OOM_WARNING_LINES
+            and warned[1] == rank
+        ):
             # torch's caching allocator warned of an OOM on this rank just before: the exception is its OOM
             f.cause = "oom"
             f.evidence.insert(0, (warned[0], warned[2]))
@@ -1440,8 +1704,7 @@ class LogTracker:
         t = self._trace
         if t is None or t.done or t.request or t.line <= self.last_progress or t.harness and not t.engine:
             return None
-        return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)],
-                       provisional=True)
+        return Failure(t.line, t.text, t.rank, "exception", False, self.last_time, [(t.line, t.text)], provisional=True)
 
     def first_failure(self) -> Failure | None:
         """The failure to name: the first of the lowest tier (a root cause before its consequences); none
@@ -1455,15 +1718,30 @@ class LogTracker:
         best = min(self.failures, key=lambda f: (f.tier, f.line))
         together = self._together(best)
         if together:
-            return Failure(best.line, best.text, None, best.cause, best.consequence, best.time, best.evidence,
-                           together=together)
+            return Failure(
+                best.line, best.text, None, best.cause, best.consequence, best.time, best.evidence, together=together
+            )
         if best.rank is None:  # the root-cause line names no rank: the first death notice that names one
-            ranked = [f for f in self.failures if f.rank is not None and f.named and f.tier >= 3 or
-                      f.rank is not None and f.cause in ("killed", "died", "terminated")]
+            ranked = [
+                f
+                for f in self.failures
+                if f.rank is not None
+                and f.named
+                and f.tier >= 3
+                or f.rank is not None
+                and f.cause in ("killed", "died", "terminated")
+            ]
             if ranked:
                 other = min(ranked, key=lambda f: (f.tier, f.line))
-                best = Failure(best.line, best.text, other.rank, best.cause, best.consequence, best.time,
-                               best.evidence + [(other.line, other.text)])
+                best = Failure(
+                    best.line,
+                    best.text,
+                    other.rank,
+                    best.cause,
+                    best.consequence,
+                    best.time,
+                    best.evidence + [(other.line, other.text)],
+                )
         return best
 
     def _together(self, best: Failure) -> tuple[int, ...]:
@@ -1471,8 +1749,11 @@ class LogTracker:
         eight ranks hitting the NCCL watchdog at once have no first, whichever line was printed first."""
         if best.time is None or best.rank is None or best.consequence:
             return ()
-        ranks = {f.rank for f in self.failures if f.cause == best.cause and f.time == best.time
-                 and f.rank is not None and not f.consequence}
+        ranks = {
+            f.rank
+            for f in self.failures
+            if f.cause == best.cause and f.time == best.time and f.rank is not None and not f.consequence
+        }
         return tuple(sorted(ranks)) if len(ranks) > 1 else ()
 
     def all_ranks(self, ranks: tuple[int, ...]) -> bool:
@@ -1491,8 +1772,17 @@ class LogTracker:
         if not self.foreign:
             return []
         more = [f"and {self.foreign_more} more"] if self.foreign_more else []
-        return [Finding("log", [f"line {n}: another program's traceback (a test harness's or a client's), not the "
-                                f"server failing: {text.strip()[:160]}" for n, text in self.foreign] + more)]
+        return [
+            Finding(
+                "log",
+                [
+                    f"line {n}: another program's traceback (a test harness's or a client's), not the "
+                    f"server failing: {text.strip()[:160]}"
+                    for n, text in self.foreign
+                ]
+                + more,
+            )
+        ]
 
     def stopped(self) -> bool:
         """The server said it was stopped, no failure came before, and failures came after: its shutdown's."""

@@ -33,8 +33,9 @@ FAMILY_NAMES = ("generation_tokens", "prompt_tokens", "running", "waiting", "kv_
 
 def families() -> dict[str, tuple[str, ...]]:
     """family -> the names the engines give it, in the engines' table order (cockpit/engines/)."""
-    return {family: tuple(n for e in engines.ENGINES.values() for n in e.metrics.get(family, ()))
-            for family in FAMILY_NAMES}
+    return {
+        family: tuple(n for e in engines.ENGINES.values() for n in e.metrics.get(family, ())) for family in FAMILY_NAMES
+    }
 
 
 def wanted() -> list[str]:
@@ -79,7 +80,7 @@ def parse(text: str, notes: list[str] | None = None) -> tuple[list[Sample], int]
     bad = 0
     said = notes if notes is not None else []
     if len(text) > MAX_BODY:
-        text = text[:text.rfind("\n", 0, MAX_BODY) + 1]
+        text = text[: text.rfind("\n", 0, MAX_BODY) + 1]
         said.append(f"the metrics page is over {MAX_BODY >> 20} MiB: only its first {MAX_BODY >> 20} MiB were read")
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
@@ -90,8 +91,9 @@ def parse(text: str, notes: list[str] | None = None) -> tuple[list[Sample], int]
         if not line or line.startswith("#"):
             continue
         if len(out) >= MAX_SERIES:
-            said.append(f"the metrics page has more than {MAX_SERIES:,} series: only the first {MAX_SERIES:,} "
-                        f"were read")
+            said.append(
+                f"the metrics page has more than {MAX_SERIES:,} series: only the first {MAX_SERIES:,} were read"
+            )
             break
         m = _NAME.match(line)
         if not m:
@@ -169,11 +171,15 @@ def scrape_of(answer: dict, at: float | None = None) -> Scrape:
         hints = "; ".join(e.metrics_hint for e in engines.ENGINES.values() if e.metrics_hint)
         why = f"not found: metrics are off ({hints})" if status == 404 else f"HTTP {status}"
         return Scrape(at, status, error=why)
-    notes = [f"the metrics page was over {METRICS_SENT >> 20} MiB: the agent sent its first {METRICS_SENT >> 20} MiB"] \
-        if answer.get("truncated") else []
+    notes = (
+        [f"the metrics page was over {METRICS_SENT >> 20} MiB: the agent sent its first {METRICS_SENT >> 20} MiB"]
+        if answer.get("truncated")
+        else []
+    )
     samples, bad = parse(str(answer.get("body") or ""), notes)
-    return Scrape(at, status, {k: family_value(samples, names) for k, names in families().items()}, skipped=bad,
-                  notes=notes)
+    return Scrape(
+        at, status, {k: family_value(samples, names) for k, names in families().items()}, skipped=bad, notes=notes
+    )
 
 
 class MetricsView:
@@ -227,17 +233,27 @@ class MetricsView:
             last = self.scrapes[-1] if self.scrapes else None
             return {"error": last.error if last else None}
         kv = s.values.get("kv_usage")
-        return {"tokens_per_s": self.tokens_per_s(), "running": s.values.get("running"),
-                "waiting": s.values.get("waiting"), "kv_usage": kv, "generation_tokens": s.values.get("generation_tokens")}
+        return {
+            "tokens_per_s": self.tokens_per_s(),
+            "running": s.values.get("running"),
+            "waiting": s.values.get("waiting"),
+            "kv_usage": kv,
+            "generation_tokens": s.values.get("generation_tokens"),
+        }
 
     def doc(self, now: float | None = None) -> dict | None:
         if not self.scrapes:
             return None
         now = time.monotonic() if now is None else now
         last = self.scrapes[-1]
-        return {"endpoint": self.endpoint, **self.header(), "error": last.error, "notes": list(last.notes),
-                "frozen_s": round(self.frozen_for(now), 1) if self.frozen_since is not None else None,
-                "health": self.health.get("status") if self.health else None}
+        return {
+            "endpoint": self.endpoint,
+            **self.header(),
+            "error": last.error,
+            "notes": list(last.notes),
+            "frozen_s": round(self.frozen_for(now), 1) if self.frozen_since is not None else None,
+            "health": self.health.get("status") if self.health else None,
+        }
 
 
 def describe(view: MetricsView) -> str:
@@ -269,10 +285,13 @@ def findings(view: MetricsView, now: float, stall_s: float, back_s: float = 0.0)
     s = view.last_good()
     running = s.values.get("running") if s else None
     gen = s.values.get("generation_tokens") if s else None
-    lines = [f"{running:.0f} request{'s' if running != 1 else ''} running, generation tokens frozen at "
-             f"{gen:,.0f} for {held:.0f} s"]
+    lines = [
+        f"{running:.0f} request{'s' if running != 1 else ''} running, generation tokens frozen at "
+        f"{gen:,.0f} for {held:.0f} s"
+    ]
     health = view.health or {}
     if health.get("status") == 200:
-        lines.append("the port still answers /health (200) while its tokens are frozen: health alone does not "
-                     "prove progress")
+        lines.append(
+            "the port still answers /health (200) while its tokens are frozen: health alone does not prove progress"
+        )
     return [Finding("metrics", lines, stalled=True, since_s=held, frozen=True)]

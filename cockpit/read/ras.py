@@ -25,9 +25,11 @@ HISTORY = 64  # polls kept (every ~5 s: five minutes)
 FIELD_MAX = 200
 
 _ENGINES_OWN = " and ".join(f"{e.title}'s" for e in engines.ENGINES.values() if e.title)
-BLIND_SYMMETRIC = ("RAS shows no skew: a hang where every rank is inside the same collective looks like this, and "
-                   f"so does a collective outside NCCL (custom all-reduce, {_ENGINES_OWN} default for small "
-                   "TP messages, bypasses NCCL): RAS cannot name a rank here")
+BLIND_SYMMETRIC = (
+    "RAS shows no skew: a hang where every rank is inside the same collective looks like this, and "
+    f"so does a collective outside NCCL (custom all-reduce, {_ENGINES_OWN} default for small "
+    "TP messages, bypasses NCCL): RAS cannot name a rank here"
+)
 
 
 @dataclass
@@ -75,17 +77,43 @@ class RasReport:
 
     def doc(self) -> dict:
         return {
-            "format": self.format, "nccl_version": self.nccl_version, "error": self.error,
-            "dead_processes": self.dead_processes, "missing_processes": self.missing_processes,
+            "format": self.format,
+            "nccl_version": self.nccl_version,
+            "error": self.error,
+            "dead_processes": self.dead_processes,
+            "missing_processes": self.missing_processes,
             "timeouts": self.timeouts,
-            "communicators": [{
-                "hash": c.hash, "size": c.size, "status": c.status, "errors": c.errors,
-                "ranks": [{"rank": r.rank, "pid": r.pid, "host": r.host, "cuda_dev": r.cuda_dev,
-                           "counts": dict(r.counts), "async_error": r.async_error}
-                          for r in sorted(c.ranks.values(), key=lambda r: r.rank)],
-                "missing": [{"rank": m.rank, "pid": m.pid, "host": m.host, "cuda_dev": m.cuda_dev,
-                             "unresponsive": m.unresponsive, "dead": m.dead} for m in c.missing],
-            } for c in self.comms],
+            "communicators": [
+                {
+                    "hash": c.hash,
+                    "size": c.size,
+                    "status": c.status,
+                    "errors": c.errors,
+                    "ranks": [
+                        {
+                            "rank": r.rank,
+                            "pid": r.pid,
+                            "host": r.host,
+                            "cuda_dev": r.cuda_dev,
+                            "counts": dict(r.counts),
+                            "async_error": r.async_error,
+                        }
+                        for r in sorted(c.ranks.values(), key=lambda r: r.rank)
+                    ],
+                    "missing": [
+                        {
+                            "rank": m.rank,
+                            "pid": m.pid,
+                            "host": m.host,
+                            "cuda_dev": m.cuda_dev,
+                            "unresponsive": m.unresponsive,
+                            "dead": m.dead,
+                        }
+                        for m in c.missing
+                    ],
+                }
+                for c in self.comms
+            ],
         }
 
 
@@ -107,12 +135,15 @@ def _i(value) -> int | None:
 
 # ----------------------------------------------------------------------------- parsing
 
+
 def parse_json(text: str) -> RasReport:
     """NCCL 2.28's JSON report. Raises ValueError when it is not JSON or not shaped like one."""
     doc = json.loads(text[:MAX_TEXT])
     if not isinstance(doc, dict) or not isinstance(doc.get("communicators", []), list):
         raise ValueError("not a RAS report: no communicators list")
-    rep = RasReport("json", nccl_version=_s(doc.get("nccl_version"), 40), cuda_runtime=_i(doc.get("cuda_runtime_version")))
+    rep = RasReport(
+        "json", nccl_version=_s(doc.get("nccl_version"), 40), cuda_runtime=_i(doc.get("cuda_runtime_version"))
+    )
     ras = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
     rep.timeouts = _i(ras.get("timeouts_count")) or 0
     for c in doc.get("communicators") or []:
@@ -124,17 +155,30 @@ def parse_json(text: str) -> RasReport:
                 continue
             status = r.get("status") if isinstance(r.get("status"), dict) else {}
             counts = r.get("collective_counts") if isinstance(r.get("collective_counts"), dict) else {}
-            rank = RasRank(_i(r["rank"]), pid=_i(r.get("pid")), host=_s(r.get("host")), cuda_dev=_i(r.get("cuda_dev")),
-                           counts={_s(k, 40): _i(v) for k, v in list(counts.items())[:32] if _i(v) is not None},
-                           async_error=_i(status.get("async_error")) or 0, abort=bool(status.get("abort_flag")))
+            rank = RasRank(
+                _i(r["rank"]),
+                pid=_i(r.get("pid")),
+                host=_s(r.get("host")),
+                cuda_dev=_i(r.get("cuda_dev")),
+                counts={_s(k, 40): _i(v) for k, v in list(counts.items())[:32] if _i(v) is not None},
+                async_error=_i(status.get("async_error")) or 0,
+                abort=bool(status.get("abort_flag")),
+            )
             comm.ranks[rank.rank] = rank
         for m in (c.get("missing_ranks") or [])[:MAX_RANKS]:
             if not isinstance(m, dict) or _i(m.get("rank")) is None:
                 continue
             status = m.get("status") if isinstance(m.get("status"), dict) else {}
-            comm.missing.append(RasMissing(_i(m["rank"]), pid=_i(m.get("pid")), host=_s(m.get("host")),
-                                           cuda_dev=_i(m.get("cuda_dev")), unresponsive=bool(status.get("unresponsive")),
-                                           dead=bool(status.get("considered_dead"))))
+            comm.missing.append(
+                RasMissing(
+                    _i(m["rank"]),
+                    pid=_i(m.get("pid")),
+                    host=_s(m.get("host")),
+                    cuda_dev=_i(m.get("cuda_dev")),
+                    unresponsive=bool(status.get("unresponsive")),
+                    dead=bool(status.get("considered_dead")),
+                )
+            )
         rep.comms.append(comm)
     return rep
 
@@ -143,8 +187,10 @@ _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+([\d-]+)\s+(\d+)\s+(\d+)\s+([A-Z
 _COMM = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z_]+)")
 _OPS = re.compile(r"different (\w+) operation counts")
 _GROUP = re.compile(r"^\s+(\d+) ranks have (?:launched up to operation (\d+)|not launched any operations)")
-_RANK = re.compile(r"^\s+Rank (\d+)(?: has (?:launched up to operation (\d+)|not launched any operations|status (\w+)|reported (.+?)))?"
-                   r" -- (?:GPU (\S+) managed by process (\d+) on node (\S+)|\[process information not found\])")
+_RANK = re.compile(
+    r"^\s+Rank (\d+)(?: has (?:launched up to operation (\d+)|not launched any operations|status (\w+)|reported (.+?)))?"
+    r" -- (?:GPU (\S+) managed by process (\d+) on node (\S+)|\[process information not found\])"
+)
 _DEAD = re.compile(r"^\s+(\d+) job process(?:es are| is) considered dead")
 _MISSING = re.compile(r"^\s+Missing communicator data from (\d+) job process")
 _MISSING_RANKS = re.compile(r"^\s+Missing communicator data from (\d+) rank")
@@ -241,6 +287,7 @@ def parse(answer: dict) -> RasReport:
 
 # ----------------------------------------------------------------------------- judging
 
+
 @dataclass
 class Skew:
     comm: str
@@ -271,7 +318,9 @@ def skews(rep: RasReport) -> list[Skew]:
 
 def _total(rep: RasReport) -> tuple:
     """Every count of every rank: two reports with the same total saw no progress between them."""
-    return tuple(sorted((c.hash, r.rank, op, v) for c in rep.comms for r in c.ranks.values() for op, v in r.counts.items()))
+    return tuple(
+        sorted((c.hash, r.rank, op, v) for c in rep.comms for r in c.ranks.values() for op, v in r.counts.items())
+    )
 
 
 class RasView:
@@ -313,8 +362,13 @@ class RasView:
         if not self.reports:
             return None
         ts, rep = self.reports[-1]
-        return {**rep.doc(), "at": ts, "port": self.port, "still_s": round(self.still_for(ts), 1),
-                "skews": [{"communicator": s.comm, "op": s.op, "behind": s.behind, "ahead": s.ahead} for s in skews(rep)]}
+        return {
+            **rep.doc(),
+            "at": ts,
+            "port": self.port,
+            "still_s": round(self.still_for(ts), 1),
+            "skews": [{"communicator": s.comm, "op": s.op, "behind": s.behind, "ahead": s.ahead} for s in skews(rep)],
+        }
 
 
 def _count(n: int) -> str:
@@ -347,15 +401,38 @@ def findings(view: RasView, now_ts: float | None, stall_s: float, stalled: bool 
         for m in c.missing:
             how = "considered dead" if m.dead else "unresponsive" if m.unresponsive else "missing"
             who = f"pid {m.pid}, GPU {m.cuda_dev}" if m.pid is not None else "no process information"
-            out.append(Finding("RAS", [f"rank {m.rank} ({who}) is {how} in communicator {c.hash}"],
-                               odd_rank=m.rank, stalled=still >= stall_s, dead=m.dead))
+            out.append(
+                Finding(
+                    "RAS",
+                    [f"rank {m.rank} ({who}) is {how} in communicator {c.hash}"],
+                    odd_rank=m.rank,
+                    stalled=still >= stall_s,
+                    dead=m.dead,
+                )
+            )
         for r in c.ranks.values():
             if r.async_error:
-                out.append(Finding("RAS", [f"rank {r.rank} (pid {r.pid}) reports NCCL asynchronous error "
-                                           f"{r.async_error} in communicator {c.hash}"], odd_rank=r.rank))
+                out.append(
+                    Finding(
+                        "RAS",
+                        [
+                            f"rank {r.rank} (pid {r.pid}) reports NCCL asynchronous error "
+                            f"{r.async_error} in communicator {c.hash}"
+                        ],
+                        odd_rank=r.rank,
+                    )
+                )
     if rep.dead_processes and not any(m.dead for c in rep.comms for m in c.missing):
-        out.append(Finding("RAS", [f"{count(rep.dead_processes, 'job process', 'job processes')} "
-                                   f"considered dead (unreachable via the RAS network)"], dead=True))
+        out.append(
+            Finding(
+                "RAS",
+                [
+                    f"{count(rep.dead_processes, 'job process', 'job processes')} "
+                    f"considered dead (unreachable via the RAS network)"
+                ],
+                dead=True,
+            )
+        )
     for s in skews(rep):
         # A skew alone is normal (ranks are always a little apart); one that holds is a stall on its
         # own, and one the watchdog already calls a stall names the rank as soon as a second poll
@@ -369,13 +446,25 @@ def findings(view: RasView, now_ts: float | None, stall_s: float, stalled: bool 
             others = ", ".join(filter(None, [others, *(f"{n} other ranks {_count(v)}" for v, n in s.unlisted.items())]))
         how = f"no progress for {still:.0f} s" if still >= stall_s else f"unchanged over {still:.0f} s of polling"
         line = f"rank{'s' if len(behind) > 1 else ''} {rank_ranges(behind)} launched up to {s.op} {_count(low)}, {others}; {how}"
-        out.append(Finding("RAS", [line, "counts are launch counts: the rank behind never launched the "
-                                         "collective the others wait in"],
-                           odd_rank=behind[0] if len(behind) == 1 else None, stalled=still >= stall_s))
+        out.append(
+            Finding(
+                "RAS",
+                [line, "counts are launch counts: the rank behind never launched the collective the others wait in"],
+                odd_rank=behind[0] if len(behind) == 1 else None,
+                stalled=still >= stall_s,
+            )
+        )
     if stalled and not out and rep.comms and watched:
         if moving:
-            out.append(Finding("RAS", ["NCCL collective counts still move: the stall is outside NCCL's collectives "
-                                       "(custom all-reduce bypasses NCCL, or the ranks wait elsewhere)"]))
+            out.append(
+                Finding(
+                    "RAS",
+                    [
+                        "NCCL collective counts still move: the stall is outside NCCL's collectives "
+                        "(custom all-reduce bypasses NCCL, or the ranks wait elsewhere)"
+                    ],
+                )
+            )
         else:
             out.append(Finding("RAS", [f"no NCCL count moved in {still:.0f} s; {BLIND_SYMMETRIC}"]))
     return out

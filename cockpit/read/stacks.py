@@ -194,9 +194,17 @@ def group_stacks(dumps: dict[int, str]) -> list[Group]:
         major = groups[0]
         for g in groups[1:]:
             g.odd = True
-            g.diff = [line for line in difflib.unified_diff(
-                list(reversed(major.frames)), list(reversed(g.frames)),
-                f"ranks {rank_ranges(major.ranks)}", f"rank {rank_ranges(g.ranks)}", lineterm="", n=1)]
+            g.diff = [
+                line
+                for line in difflib.unified_diff(
+                    list(reversed(major.frames)),
+                    list(reversed(g.frames)),
+                    f"ranks {rank_ranges(major.ranks)}",
+                    f"rank {rank_ranges(g.ranks)}",
+                    lineterm="",
+                    n=1,
+                )
+            ]
     return groups
 
 
@@ -208,8 +216,10 @@ def describe_groups(groups: list[Group], full: bool = False) -> list[str]:
     for g in groups:
         shown = g.shown
         state = f" ({shown.state})" if shown and shown.state else ""
-        lines.append(f"{'ODD ONE OUT: ' if g.odd else ''}{_who(g.ranks)} ({len(g.ranks)}), "
-                     f"main thread{state}, Python frames innermost first:")
+        lines.append(
+            f"{'ODD ONE OUT: ' if g.odd else ''}{_who(g.ranks)} ({len(g.ranks)}), "
+            f"main thread{state}, Python frames innermost first:"
+        )
         frames = [str(f) for f in shown.python] if shown else []
         frames = frames or list(g.frames)
         limit = len(frames) if full else SHOWN_FRAMES
@@ -253,12 +263,18 @@ def exit_text(code: int | None) -> str:
 
 # torch.distributed's collectives and the engines' wrappers of them (vLLM's and SGLang's
 # tensor_model_parallel_all_reduce, pynccl's and custom all-reduce's methods), by function name
-COLLECTIVE = re.compile(r"(?:^|[_.])(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|"
-                        r"send|recv|isend|irecv|gather|scatter|reduce)(?:_|$)", re.I)
+COLLECTIVE = re.compile(
+    r"(?:^|[_.])(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|"
+    r"send|recv|isend|irecv|gather|scatter|reduce)(?:_|$)",
+    re.I,
+)
 # Waiting for peers that may still come (torch's rendezvous and its store, a node not yet up):
 # healthy for as long as the rendezvous timeout, never called from the stacks alone
-RENDEZVOUS = re.compile(r"rendezvous|store_based_barrier|init_process_group|(?:TCP|File|Prefix|Hash)Store|"
-                        r"wait_for_peers|wait_for_workers|wait_for_nodes", re.I)
+RENDEZVOUS = re.compile(
+    r"rendezvous|store_based_barrier|init_process_group|(?:TCP|File|Prefix|Hash)Store|"
+    r"wait_for_peers|wait_for_workers|wait_for_nodes",
+    re.I,
+)
 # The innermost Python frames of a thread that waits for something else to happen
 WAIT_FRAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a CUDA synchronize", re.compile(r"synchronize|cuda.*wait|event_wait|stream_wait", re.I)),
@@ -279,8 +295,9 @@ def wait_of(thread: Thread | None) -> tuple[str | None, str]:
     frames = thread.python if thread is not None else []
     if not frames:
         return None, "no Python frame"
-    where = f"{frames[0].name} ({frames[0].file.rsplit('/', 1)[-1]}" + \
-        (f":{frames[0].line})" if frames[0].line is not None else ")")
+    where = f"{frames[0].name} ({frames[0].file.rsplit('/', 1)[-1]}" + (
+        f":{frames[0].line})" if frames[0].line is not None else ")"
+    )
     if any(RENDEZVOUS.search(f.name) or RENDEZVOUS.search(f.file.rsplit("/", 1)[-1]) for f in frames):
         return "rendezvous", where
     if READING.search(frames[0].name):
@@ -299,14 +316,14 @@ def wait_of(thread: Thread | None) -> tuple[str | None, str]:
 def same_place(a: Thread | None, b: Thread | None) -> bool:
     """The same Python frames, line numbers included: the thread did not move between the dumps
     (or came back to exactly where it was, which a wait loop does)."""
-    return a is not None and b is not None and bool(a.python) and \
-        [str(f) for f in a.python] == [str(f) for f in b.python]
+    return (
+        a is not None and b is not None and bool(a.python) and [str(f) for f in a.python] == [str(f) for f in b.python]
+    )
 
 
 def _same_frames(a: Thread | None, b: Thread | None) -> bool:
     """The same functions, lines aside: a loop that spins in place reads at its lines in turn."""
-    return a is not None and b is not None and bool(a.python) and \
-        [f.key for f in a.python] == [f.key for f in b.python]
+    return a is not None and b is not None and bool(a.python) and [f.key for f in a.python] == [f.key for f in b.python]
 
 
 @dataclass
@@ -328,15 +345,26 @@ class StackLook:
 
     @property
     def still(self) -> bool:
-        return bool(self.waits) and not self.moved and not self.reading and not self.unread and all(
-            w is not None and w != "rendezvous" for w in self.waits.values())
+        return (
+            bool(self.waits)
+            and not self.moved
+            and not self.reading
+            and not self.unread
+            and all(w is not None and w != "rendezvous" for w in self.waits.values())
+        )
 
     @property
     def parked(self) -> bool:
         """No rank moved, and some wait in a collective: with the GPUs spinning, the ranks outside
         it (a rank looping where it should not) hold the others there."""
-        return bool(self.waits) and not self.moved and not self.reading and not self.unread and \
-            "rendezvous" not in self.waits.values() and any((w or "").startswith("a collective") for w in self.waits.values())
+        return (
+            bool(self.waits)
+            and not self.moved
+            and not self.reading
+            and not self.unread
+            and "rendezvous" not in self.waits.values()
+            and any((w or "").startswith("a collective") for w in self.waits.values())
+        )
 
     def evidence(self) -> list[str]:
         """What the look saw, in words for the verdict."""
@@ -346,27 +374,37 @@ class StackLook:
             for rank, w in sorted(self.waits.items()):
                 kinds.setdefault(str(w), []).append(rank)
             said = "; ".join(f"{_who(r)} in {k} at {self.where[r[0]]}" for k, r in kinds.items())
-            return [f"stacks unchanged across two dumps {self.gap_s:.0f} s apart, all in waits: {visible(said)}"] + \
-                [visible(s) for s in self.odd_said]
+            return [f"stacks unchanged across two dumps {self.gap_s:.0f} s apart, all in waits: {visible(said)}"] + [
+                visible(s) for s in self.odd_said
+            ]
         why = []
         if self.unread:
-            why.append(f"{len(self.unread)} of {n} ranks not read ({visible('; '.join(sorted(set(self.unread.values()))))})")
+            why.append(
+                f"{len(self.unread)} of {n} ranks not read ({visible('; '.join(sorted(set(self.unread.values()))))})"
+            )
         if self.moved:
             why.append(f"{_who(self.moved)} moved between two dumps {self.gap_s:.0f} s apart")
         if self.reading:
             why.append(f"{_who(self.reading)} reading")
         rdv = sorted(r for r, w in self.waits.items() if w == "rendezvous")
         if rdv:
-            why.append(f"{_who(rdv)} in a rendezvous at {visible(self.where[rdv[0]])}: waiting for peers that may "
-                       f"still come")
+            why.append(
+                f"{_who(rdv)} in a rendezvous at {visible(self.where[rdv[0]])}: waiting for peers that may still come"
+            )
         busy = sorted(r for r, w in self.waits.items() if w is None and r not in self.moved)
         if busy:
             why.append(f"{_who(busy)} not in a wait: {visible(self.where[busy[0]])}")
         return ["stacks: " + "; ".join(why)]
 
 
-def look_of(first: dict[int, str], second: dict[int, str], gap_s: float, at: float,
-            read_bytes: dict[int, int] | None = None, unread: dict[int, str] | None = None) -> StackLook:
+def look_of(
+    first: dict[int, str],
+    second: dict[int, str],
+    gap_s: float,
+    at: float,
+    read_bytes: dict[int, int] | None = None,
+    unread: dict[int, str] | None = None,
+) -> StackLook:
     """Two dumps of the same ranks (rank -> py-spy text) compared; `read_bytes`: bytes each rank
     read between them (its /proc io), a rank reading more than READ_MOVING bytes moves."""
     look = StackLook(at, gap_s, unread=dict(unread or {}))

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 # code -> (what it is, what to do next)
 XID: dict[int, tuple[str, str]] = {
-    13: ("graphics engine exception", "usually the application (an illegal access): restart it; on many apps, check the GPU"),
+    13: (
+        "graphics engine exception",
+        "usually the application (an illegal access): restart it; on many apps, check the GPU",
+    ),
     31: ("GPU memory page fault", "usually the application (a bad address): restart it, debug with compute-sanitizer"),
     43: ("GPU stopped processing (the app faulted)", "restart the application; the GPU is fine"),
     45: ("preemptive cleanup after earlier errors", "look for the Xid before it; the GPU is fine"),

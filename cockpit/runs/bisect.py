@@ -90,8 +90,13 @@ class Plan:
         (and what it launches), the host and both configurations. Not the confidence, budget or
         settle: a larger budget goes on where a smaller one stopped. The host's facts (versions)
         key each launch instead (cockpit/operate/bisect.py): an upgrade sets earlier ones aside."""
-        doc = {"layout": self.layout, "host": self.host, "failing": spec_doc(self.spec(self.names)),
-               "good": spec_doc(self.spec([])), "launches": self.launches}
+        doc = {
+            "layout": self.layout,
+            "host": self.host,
+            "failing": spec_doc(self.spec(self.names)),
+            "good": spec_doc(self.spec([])),
+            "launches": self.launches,
+        }
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def most(self) -> int:
@@ -100,14 +105,18 @@ class Plan:
 
     def describe(self) -> list[str]:
         fail, good = self.spec(self.names), self.spec([])
-        lines = [f"bisect over {len(self.deltas)}: " + ", ".join(d.describe() for d in self.deltas),
-                 f"  failing: {', '.join(fail.enabled) or 'no flag sets'}",
-                 f"  good:    {', '.join(good.enabled) or 'no flag sets'}"]
+        lines = [
+            f"bisect over {len(self.deltas)}: " + ", ".join(d.describe() for d in self.deltas),
+            f"  failing: {', '.join(fail.enabled) or 'no flag sets'}",
+            f"  good:    {', '.join(good.enabled) or 'no flag sets'}",
+        ]
         if self.held:
             lines.append(f"  on in every launch: {', '.join(self.held)}")
-        lines.append(f"  at most {count(self.most(), 'launch', 'launches')}"
-                     + (" (the budget)" if self.budget is not None else "")
-                     + f"; it ends when one answer is {self.confidence:.0%} likely (a flaky hang counted)")
+        lines.append(
+            f"  at most {count(self.most(), 'launch', 'launches')}"
+            + (" (the budget)" if self.budget is not None else "")
+            + f"; it ends when one answer is {self.confidence:.0%} likely (a flaky hang counted)"
+        )
         return lines
 
 
@@ -123,15 +132,24 @@ def spec_doc(spec: RunSpec) -> dict:
 
 def check_counts(confidence: float, budget: int | None) -> None:
     if not 0.5 <= confidence < 1:
-        raise CockpitError(f"--confidence {confidence}: a probability from 0.5 to below 1 (0.95: an answer "
-                           f"19 times more likely than not)")
+        raise CockpitError(
+            f"--confidence {confidence}: a probability from 0.5 to below 1 (0.95: an answer "
+            f"19 times more likely than not)"
+        )
     if budget is not None and budget < 1:
         raise CockpitError(f"--budget {budget}: at least 1 launch")
 
 
-def make_plan(layout, host: str, failing: list[str] | None = None, good: list[str] | None = None,
-              vary: list[str] | None = None, confidence: float = DEFAULT_CONFIDENCE, budget: int | None = None,
-              settle: float = 0.0) -> Plan:
+def make_plan(
+    layout,
+    host: str,
+    failing: list[str] | None = None,
+    good: list[str] | None = None,
+    vary: list[str] | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    budget: int | None = None,
+    settle: float = 0.0,
+) -> Plan:
     """The bisect between `failing` (flag sets; default the layout's enabled ones, plus the sets
     `vary` names) and `good` (default none). `vary` names the flag sets and parameters to search
     (`NAME` or `NAME=GOOD` for a parameter, whose good side is otherwise unset); without it, every
@@ -149,28 +167,35 @@ def make_plan(layout, host: str, failing: list[str] | None = None, good: list[st
         elif name in layout.params:
             vary_params[name] = value if sep else None
         else:
-            raise CockpitError(f"--vary {item!r}: not a flag set ({', '.join(sets) or 'none'}) nor a parameter "
-                               f"({', '.join(params) or 'none'}; NAME or NAME=GOOD_VALUE)")
+            raise CockpitError(
+                f"--vary {item!r}: not a flag set ({', '.join(sets) or 'none'}) nor a parameter "
+                f"({', '.join(params) or 'none'}; NAME or NAME=GOOD_VALUE)"
+            )
     check_counts(confidence, budget)
     fail_on = set(layout.enabled if failing is None else failing) | {s for s in vary_sets if s not in good_on}
     differ = [s for s in sets if (s in fail_on) != (s in good_on)]
     names = vary_sets if vary else differ
     for s in names:
         if s not in differ:
-            raise CockpitError(f"--vary {s}: {s} is {'on' if s in fail_on else 'off'} in both the failing and "
-                               f"the good configuration; name it in --good to search it")
+            raise CockpitError(
+                f"--vary {s}: {s} is {'on' if s in fail_on else 'off'} in both the failing and "
+                f"the good configuration; name it in --good to search it"
+            )
     for s in differ:
         if s not in names and s in good_on:  # a set only --vary searches; the others hold the failing side
-            raise CockpitError(f"--good {s}: {s} is off in the failing configuration and --vary does not name it: "
-                               f"add it to --vary")
+            raise CockpitError(
+                f"--good {s}: {s} is off in the failing configuration and --vary does not name it: add it to --vary"
+            )
     deltas = [Delta(s, "on" if s in fail_on else "off") for s in sets if s in names]
     for name, good_value in vary_params.items():
         if params.get(name) is None:
             raise CockpitError(f"--vary {name}: the layout gives {name} no value to bisect from")
         deltas.append(Delta(name, "param", params.pop(name), good_value))
     if not deltas:
-        raise CockpitError("nothing to bisect: the failing and the good configuration are the same "
-                           "(name the suspects with --vary, or a good configuration with --good)")
+        raise CockpitError(
+            "nothing to bisect: the failing and the good configuration are the same "
+            "(name the suspects with --vary, or a good configuration with --good)"
+        )
     held = [s for s in sets if s in fail_on and s not in names]
     launches = json.dumps([layout.command, layout.base_flags, layout.flag_sets], sort_keys=True, default=str)
     return Plan(layout.name, host, deltas, held, params, sets, confidence, budget, settle, launches)
@@ -199,7 +224,7 @@ class Model:
     def weight(self, hangs: int, passes: int) -> float:
         """The chance of `hangs` hangs and `passes` passes of launches holding the cause."""
         det = self.deterministic if passes == 0 else 0.0
-        return det + (1 - self.deterministic) * sum(r ** hangs * (1 - r) ** passes for r in self.rates) / len(self.rates)
+        return det + (1 - self.deterministic) * sum(r**hangs * (1 - r) ** passes for r in self.rates) / len(self.rates)
 
     def rate(self, hangs: int, passes: int) -> float:
         """The cause's hang rate as the launches holding it say (1 for a deterministic hang): the
@@ -246,7 +271,7 @@ def _prior(n: int, model: Model) -> dict:
     by_size: dict[int, int] = {}
     for m in sets:
         by_size[bin(m).count("1")] = by_size.get(bin(m).count("1"), 0) + 1
-    total = sum(model.size ** k for k in by_size)
+    total = sum(model.size**k for k in by_size)
     share = 1 - model.good_fails - model.not_reproduced
     prior: dict = {m: share * model.size ** bin(m).count("1") / total / by_size[bin(m).count("1")] for m in sets}
     prior[GOOD], prior[NONE] = model.good_fails, model.not_reproduced
@@ -272,7 +297,7 @@ def _posterior(n: int, launches: list[tuple[int, bool]], model: Model) -> tuple[
     weights, tallies = {}, {}
     for answer, prior in _prior(n, model).items():
         k, m, ef, ep = _tally(answer, launches)
-        weights[answer] = prior * model.weight(k, m) * model.noise ** ef * (1 - model.noise) ** ep
+        weights[answer] = prior * model.weight(k, m) * model.noise**ef * (1 - model.noise) ** ep
         tallies[answer] = (k, m)
     total = sum(weights.values()) or 1.0
     return {a: w / total for a, w in weights.items()}, tallies
@@ -310,8 +335,11 @@ def best_launch(n: int, launches: list[tuple[int, bool]], model: Model = MODEL) 
     post, tallies = _posterior(n, launches, model)
     live = [(a, p, model.rate(*tallies[a])) for a, p in post.items() if p > 1e-9]
     sets = _suspects(n)
-    pool = range(1 << n) if n <= ALL_SETS_UP_TO else sorted({0, (1 << n) - 1} | set(sets) |
-                                                            {((1 << n) - 1) & ~s for s in sets})
+    pool = (
+        range(1 << n)
+        if n <= ALL_SETS_UP_TO
+        else sorted({0, (1 << n) - 1} | set(sets) | {((1 << n) - 1) & ~s for s in sets})
+    )
     best, best_gain = (1 << n) - 1, -1.0
     for mask in sorted(pool, key=lambda m: (bin(m).count("1"), m)):
         p_hang = cond = 0.0
@@ -351,8 +379,12 @@ def advance(plan: Plan, outcomes: dict[frozenset, list[str]], launched: int, mod
     answer, p = now.best()
     said = [(describe_odds(plan, now, a), q) for a, q in now.answers[:3]]
     found = {GOOD: "good fails", NONE: "not reproduced"}.get(answer, "found") if isinstance(answer, str) else "found"
-    step = Step(answer=now.names_of(answer), probability=p, odds=said,
-                rate=now.rates.get(answer) if isinstance(answer, int) else None)
+    step = Step(
+        answer=now.names_of(answer),
+        probability=p,
+        odds=said,
+        rate=now.rates.get(answer) if isinstance(answer, int) else None,
+    )
     full = frozenset(names)
     tried = any(hung(o) is not None for o in outcomes.get(full, []))
     if p >= plan.confidence and tried:
@@ -379,9 +411,17 @@ def describe_odds(plan: Plan, now: Odds, answer) -> str:
     return describe_answer(plan, now.names_of(answer))
 
 
-FACT_KEYS = ("driver", "cuda_driver", "torch", *(p for e in engines.ENGINES.values() for p in e.packages),
-             "nvidia-nccl-cu12", "nvidia-nccl-cu13",
-             "flashinfer-python", "triton", "python")
+FACT_KEYS = (
+    "driver",
+    "cuda_driver",
+    "torch",
+    *(p for e in engines.ENGINES.values() for p in e.packages),
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "flashinfer-python",
+    "triton",
+    "python",
+)
 
 
 def bisect_facts(driver: str | None, versions: dict[str, Any]) -> dict[str, str]:
@@ -400,7 +440,9 @@ def facts_agree(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in a.keys() & b.keys())
 
 
-def split_steps(steps: list[dict[str, Any]], facts: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_steps(
+    steps: list[dict[str, Any]], facts: dict[str, str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The steps made under facts that agree with `facts` (evidence), and the others."""
     kept = [s for s in steps if facts_agree(s.get("facts") or {}, facts)]
     return kept, [s for s in steps if s not in kept]

@@ -18,13 +18,28 @@ from cockpit.runs.config import SIM_MODELS, Layout, LayoutError, Sim, Stall
 
 # key -> (kind, required)
 _TOP = {
-    "name": ("str", False), "engine": ("engine", False), "python": ("str", False), "trust_python": ("bool", False),
-    "command": ("strlist", True), "base_flags": ("strlist", False), "flag_sets": ("flagsets", False),
-    "enabled": ("strlist", False), "params": ("params", False), "env": ("env", False),
-    "workdir": ("str", False), "log_dir": ("str", False), "log": ("str", False), "ports": ("ports", False),
-    "endpoints": ("endpoints", False), "watch": ("strlist", False), "phases": ("phases", False),
-    "stall": ("stall", False), "kill_wait_s": ("nonneg", False), "auto_dump": ("bool", False),
-    "sim": ("sim", False), "metrics": ("metrics", False),
+    "name": ("str", False),
+    "engine": ("engine", False),
+    "python": ("str", False),
+    "trust_python": ("bool", False),
+    "command": ("strlist", True),
+    "base_flags": ("strlist", False),
+    "flag_sets": ("flagsets", False),
+    "enabled": ("strlist", False),
+    "params": ("params", False),
+    "env": ("env", False),
+    "workdir": ("str", False),
+    "log_dir": ("str", False),
+    "log": ("str", False),
+    "ports": ("ports", False),
+    "endpoints": ("endpoints", False),
+    "watch": ("strlist", False),
+    "phases": ("phases", False),
+    "stall": ("stall", False),
+    "kill_wait_s": ("nonneg", False),
+    "auto_dump": ("bool", False),
+    "sim": ("sim", False),
+    "metrics": ("metrics", False),
 }
 _EXAMPLE = engines.ENGINES[engines.DEFAULT].launchers[0]  # a server module, for the missing-command hint
 _STALL = {"idle_s": "nonneg", "spin_s": "nonneg", "slow_factor": "nonneg"}
@@ -98,8 +113,11 @@ class YamlLoader:
         for knode, vnode in node.value:
             key = self.string(knode, f"a key in {what}")
             if key in seen:
-                raise self.fail(knode, f"duplicate key {key!r} in {what} (first at line {seen[key].start_mark.line + 1}): "
-                                       f"give each a distinct name")
+                raise self.fail(
+                    knode,
+                    f"duplicate key {key!r} in {what} (first at line {seen[key].start_mark.line + 1}): "
+                    f"give each a distinct name",
+                )
             seen[key] = knode
             if known is not None and key not in known:
                 close = difflib.get_close_matches(key, list(known), n=1)
@@ -151,7 +169,9 @@ class YamlLoader:
             if value is False or value is None:
                 return ""
             if not isinstance(value, str) or not value.startswith("/"):
-                raise self.fail(node, f"metrics must be a path starting with / (e.g. /metrics) or false, got {node.value!r}")
+                raise self.fail(
+                    node, f"metrics must be a path starting with / (e.g. /metrics) or false, got {node.value!r}"
+                )
             return value
         if kind == "flagsets":
             return {key: self.strlist(v, f"flag set {key!r}") for key, _, v in self.mapping(node, what)}
@@ -184,7 +204,9 @@ class YamlLoader:
                 out.append(PhaseRule(rx, self.string(fields["phase"], "phase")))
             return out
         if kind == "stall":
-            return Stall(**{k: self.value(_STALL[k], v, f"stall.{k}") for k, _, v in self.mapping(node, "stall", _STALL)})
+            return Stall(
+                **{k: self.value(_STALL[k], v, f"stall.{k}") for k, _, v in self.mapping(node, "stall", _STALL)}
+            )
         if kind == "sim":
             return Sim(**{k: self.value(_SIM[k], v, f"sim.{k}") for k, _, v in self.mapping(node, "sim", _SIM)})
         raise AssertionError(kind)
@@ -235,8 +257,10 @@ def compose_yaml(text: str, path: str):
         what = (exc.context or "").replace("while parsing ", "").replace("while scanning ", "")
         if what in ("a flow sequence", "a flow mapping", "a quoted scalar") and opened < line:
             # a bracket or quote left open: PyYAML notices on a later line; said where it opened
-            raise LayoutError(f"{path}:{opened}: invalid YAML: {what} opened on this line is not closed "
-                              f"({exc.problem} on line {line})") from None
+            raise LayoutError(
+                f"{path}:{opened}: invalid YAML: {what} opened on this line is not closed "
+                f"({exc.problem} on line {line})"
+            ) from None
         hint = " (check this line's indentation)" if "block" in (exc.problem or "") else ""
         raise LayoutError(f"{path}:{line}: invalid YAML: {exc.problem or exc.context}{hint}") from None
     except yaml.YAMLError as exc:
@@ -255,5 +279,3 @@ def parse_layout(text: str, path: str = "<layout>") -> Layout:
         return YamlLoader(path).layout(root)
     except RecursionError:
         raise LayoutError(f"{path}:1: the layout is nested too deeply") from None
-
-

@@ -132,9 +132,20 @@ def note_verdict(run: Run, v) -> None:
     last = next((r.get("verdicts") or [None] for r in read_ledger(layout) if r.get("run_id") == run_id), [None])[-1]
     if last is not None and last["verdict"] == v.name.value:
         return
-    append_ledger(layout, {"event": "verdict", "run_id": run_id, "verdict": v.name.value, "at": time.time(),
-                           "since": v.since, "odd_rank": v.odd_rank, "detail": v.detail, "evidence": v.evidence[:4],
-                           "by": operator_id()})
+    append_ledger(
+        layout,
+        {
+            "event": "verdict",
+            "run_id": run_id,
+            "verdict": v.name.value,
+            "at": time.time(),
+            "since": v.since,
+            "odd_rank": v.odd_rank,
+            "detail": v.detail,
+            "evidence": v.evidence[:4],
+            "by": operator_id(),
+        },
+    )
 
 
 def typical_phase_seconds(layout: Layout) -> dict[str, float]:
@@ -167,7 +178,13 @@ def _clock(ts) -> str:
 
 
 def _span(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 def _spans(history: list[dict], end: float, live: bool) -> list[str]:
@@ -181,7 +198,9 @@ def _spans(history: list[dict], end: float, live: bool) -> list[str]:
     for n, h in enumerate(history):
         start, stop = starts[n], starts[n + 1] if n + 1 < len(starts) else end
         rank = f" (rank {h['odd_rank']})" if h.get("odd_rank") is not None else ""
-        took = _span(max(0.0, stop - start)) if isinstance(start, (int, float)) and isinstance(stop, (int, float)) else "?"
+        took = (
+            _span(max(0.0, stop - start)) if isinstance(start, (int, float)) and isinstance(stop, (int, float)) else "?"
+        )
         last = n + 1 == len(history) and live
         out.append(f"{_clock(start)} {h['verdict']}{rank} {'for ' + took + ' so far' if last else took}")
     return out
@@ -217,13 +236,17 @@ def _describe_run(r: dict, now: float) -> list[str]:
     live = ended is None and (not history or history[-1]["verdict"] not in ("no run", "stopped"))
     outcome = r.get("outcome", "?")
     if history and live and history[-1]["verdict"] != outcome:  # a run the ledger still sees live
-        outcome = f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
+        outcome = (
+            f"now {history[-1]['verdict']}" if outcome == "unknown" else f"{outcome}, now {history[-1]['verdict']}"
+        )
     lines.append(f"{r['run_id']:<28} {outcome:<24} {'' if ready is None else f'{ready:.0f}s':>7}  {sets} {params}")
     if history:
         lines.append("    " + ", then ".join(_spans(history, ended if ended is not None else now, live)))
     began = r.get("launched")
     if isinstance(began, (int, float)):
-        lines.append(f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else ""))
+        lines.append(
+            f"    launched {_clock(began)}" + (f", running for {_span(max(0.0, now - began))}" if live else "")
+        )
     stop = r.get("stop")
     if isinstance(stop, dict):
         lines.append(f"    stopped {_clock(stop.get('at'))} by {stop.get('by') or '?'}: {stop.get('why') or ''}")
@@ -242,8 +265,9 @@ def read_bisects(layout: Layout) -> list[dict]:
     for rec in _records(layout):
         if rec.get("event") not in BISECT_EVENTS or not isinstance(rec.get("bisect_id"), str):
             continue
-        b = found.setdefault(rec["bisect_id"], {"bisect_id": rec["bisect_id"], "plan": None, "steps": [],
-                                                "result": None, "runs": []})
+        b = found.setdefault(
+            rec["bisect_id"], {"bisect_id": rec["bisect_id"], "plan": None, "steps": [], "result": None, "runs": []}
+        )
         if rec["event"] == "bisect":
             b["plan"] = rec
         elif rec["event"] == "bisect-step":
@@ -268,8 +292,13 @@ def describe_bisect_line(b: dict) -> str:
     result, steps = b.get("result") or {}, b.get("steps") or []
     status, text, p = result.get("status") or "under way", result.get("answer_text"), result.get("probability")
     odds = f" ({p:.0%} likely)" if isinstance(p, (int, float)) and text else ""
-    answer = f" {text}{odds}" if status == "found" and text else \
-        f" (the likeliest so far: {text}{odds})" if status in ("budget exhausted", "interrupted") and text else ""
+    answer = (
+        f" {text}{odds}"
+        if status == "found" and text
+        else f" (the likeliest so far: {text}{odds})"
+        if status in ("budget exhausted", "interrupted") and text
+        else ""
+    )
     return f"{b['bisect_id']}: {status}{answer}, {len(steps)} launch{'es' if len(steps) != 1 else ''}"
 
 
@@ -290,11 +319,23 @@ def record_seen(followed: Run, verdict, phase, phase_times: dict) -> None:
     known = _ledger_record(followed) or run
     if known.get("outcome", "unknown") != "unknown":
         return
-    outcome = verdict.name.value if verdict.name in ALERTING else (
-        "ready" if phase.name in ("ready", "serving") else "stopped")
-    append_ledger(layout, {"event": "outcome", "run_id": run["run_id"], "outcome": outcome,
-                           "phase_times": phase_times, "evidence": verdict.evidence,
-                           "dumps": None, "time": time.time()})
+    outcome = (
+        verdict.name.value
+        if verdict.name in ALERTING
+        else ("ready" if phase.name in ("ready", "serving") else "stopped")
+    )
+    append_ledger(
+        layout,
+        {
+            "event": "outcome",
+            "run_id": run["run_id"],
+            "outcome": outcome,
+            "phase_times": phase_times,
+            "evidence": verdict.evidence,
+            "dumps": None,
+            "time": time.time(),
+        },
+    )
 
 
 def note_seen(run: Run, write: bool) -> Run:
@@ -320,9 +361,19 @@ def note_stop(followed: Run, plan, why: str) -> None:
     run, layout = followed.record, followed.layout
     if not run or not layout or not run.get("run_id") or not plan.entries:
         return
-    append_ledger(layout, {"event": "stop", "run_id": run["run_id"], "stop": {
-        "why": why, "by": operator_id(), "at": time.time(),
-        "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries]}})
+    append_ledger(
+        layout,
+        {
+            "event": "stop",
+            "run_id": run["run_id"],
+            "stop": {
+                "why": why,
+                "by": operator_id(),
+                "at": time.time(),
+                "processes": [[int(e["pid"]), e.get("started")] for e in plan.entries],
+            },
+        },
+    )
 
 
 def record_ended(run: Run, plan) -> None:
@@ -332,7 +383,9 @@ def record_ended(run: Run, plan) -> None:
         return
     for rec in run.launched():
         if rec.get("run_id") and int(rec.get("pgid", -1)) in set(plan.sessions):
-            append_ledger(run.layout, {"event": "ended", "run_id": rec["run_id"], "ended": time.time(), "how": "killed"})
+            append_ledger(
+                run.layout, {"event": "ended", "run_id": rec["run_id"], "ended": time.time(), "how": "killed"}
+            )
 
 
 def stall_window_of(path: str, default: float) -> float:

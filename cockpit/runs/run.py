@@ -45,8 +45,13 @@ class Scope:
         for g in list(self.pgids) + list(self.sids):
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
-        out: dict[str, Any] = {"launched": launched, "ports": self.ports, "command": self.command, "model": self.model,
-               "patterns": self.patterns}
+        out: dict[str, Any] = {
+            "launched": launched,
+            "ports": self.ports,
+            "command": self.command,
+            "model": self.model,
+            "patterns": self.patterns,
+        }
         if self.default_port is not None:
             out["default_port"] = self.default_port
         if self.layout:
@@ -65,7 +70,7 @@ def layout_model(layout: Layout | None) -> str | None:
             return str(flags[i + 1])
         for name in ("--model-path=", "--model="):
             if arg.startswith(name):
-                return str(arg[len(name):])
+                return str(arg[len(name) :])
     for name in ("model_path", "model"):
         value = layout.params.get(name)
         if isinstance(value, str) and value:
@@ -127,7 +132,12 @@ class Run:
                 launched.append({"pgid": int(g)})
         if layout is None and not launched and not watch.patterns and watch.pids:
             return Scope(pids=[int(p) for p in watch.pids])  # the one server on the host, followed: its own tree
-        return Scope(launched=launched, ports=list(layout.ports) if layout else [],
-                     command=list(layout.command) if layout else [], model=layout_model(layout),
-                     patterns=watch.patterns, default_port=layout_default_port(layout),
-                     layout=layout.name if layout else None)
+        return Scope(
+            launched=launched,
+            ports=list(layout.ports) if layout else [],
+            command=list(layout.command) if layout else [],
+            model=layout_model(layout),
+            patterns=watch.patterns,
+            default_port=layout_default_port(layout),
+            layout=layout.name if layout else None,
+        )

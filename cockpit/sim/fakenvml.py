@@ -34,10 +34,20 @@ nvmlEventTypeDoubleBitEccError = 0x2
 nvmlEventTypeXidCriticalError = 0x8
 
 MODELS = {
-    "rtx-pro-6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "mem_total_mib": 97887,
-                     "power_limit_w": 600.0, "idle_w": 38.0, "max_sm_mhz": 2617},
-    "h200": {"name": "NVIDIA H200", "mem_total_mib": 143771, "power_limit_w": 700.0, "idle_w": 76.0,
-             "max_sm_mhz": 1980},
+    "rtx-pro-6000": {
+        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "mem_total_mib": 97887,
+        "power_limit_w": 600.0,
+        "idle_w": 38.0,
+        "max_sm_mhz": 2617,
+    },
+    "h200": {
+        "name": "NVIDIA H200",
+        "mem_total_mib": 143771,
+        "power_limit_w": 700.0,
+        "idle_w": 76.0,
+        "max_sm_mhz": 1980,
+    },
 }
 
 # activity -> (utilization %, share of the power span above idle, SM clock share)
@@ -278,8 +288,12 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle):
 
 def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
     fault = _fault(handle)
-    return int(fault.get("ecc_aggregate" if counter_type == NVML_AGGREGATE_ECC else "ecc_uncorrected",
-                         fault.get("ecc_uncorrected", 0)))
+    return int(
+        fault.get(
+            "ecc_aggregate" if counter_type == NVML_AGGREGATE_ECC else "ecc_uncorrected",
+            fault.get("ecc_uncorrected", 0),
+        )
+    )
 
 
 def nvmlDeviceGetPciInfo(handle):
@@ -291,8 +305,12 @@ def nvmlDeviceGetPciInfo(handle):
 def nvmlDeviceGetRemappedRows(handle):
     """(corrected, uncorrected, pending, failure): Ampere and later remap rows, as these GPUs do."""
     f = _fault(handle)
-    return (int(f.get("remap_corrected", 0)), int(f.get("remap_uncorrected", 0)),
-            int(bool(f.get("remap_pending"))), int(bool(f.get("remap_failure"))))
+    return (
+        int(f.get("remap_corrected", 0)),
+        int(f.get("remap_uncorrected", 0)),
+        int(bool(f.get("remap_pending"))),
+        int(bool(f.get("remap_failure"))),
+    )
 
 
 def nvmlDeviceGetRetiredPagesPendingStatus(handle):
@@ -366,8 +384,13 @@ def nvmlEventSetWait_v2(eventset, timeout_ms):
             except (ValueError, KeyError, TypeError):
                 continue
             if eventset.handles.get(gpu, 0) & kind:
-                return _Obj(device=gpu, eventType=kind, eventData=int(ev.get("data", 0)),
-                            gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                return _Obj(
+                    device=gpu,
+                    eventType=kind,
+                    eventData=int(ev.get("data", 0)),
+                    gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                )
         left = deadline - time.monotonic()
         if left <= 0:
             raise NVMLError_Timeout("Timeout")
@@ -384,10 +407,7 @@ def nvmlDeviceGetFanSpeed(handle):
 
 def nvmlDeviceGetComputeRunningProcesses(handle):
     _fault(handle)
-    return [
-        _Obj(pid=int(p["pid"]), usedGpuMemory=int(p.get("used_mib", 0)) * 1048576)
-        for p in _users(handle)
-    ]
+    return [_Obj(pid=int(p["pid"]), usedGpuMemory=int(p.get("used_mib", 0)) * 1048576) for p in _users(handle)]
 
 
 # ----------------------------------------------------------------------------- registration

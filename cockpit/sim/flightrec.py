@@ -51,13 +51,24 @@ class SimFlightRecorder:
             return
         with self.lock:
             self.enqueued += 1
-            self.entries.append({
-                "record_id": self.enqueued, "pg_id": 0, "process_group": ["0", "default_pg"],
-                "collective_seq_id": self.enqueued, "p2p_seq_id": 0, "op_id": self.enqueued,
-                "profiling_name": op, "time_created_ns": time.time_ns(), "state": "scheduled",
-                "input_sizes": [[4096]], "output_sizes": [[4096]], "is_p2p": False, "retired": False,
-                "timeout_ms": 600000,
-            })
+            self.entries.append(
+                {
+                    "record_id": self.enqueued,
+                    "pg_id": 0,
+                    "process_group": ["0", "default_pg"],
+                    "collective_seq_id": self.enqueued,
+                    "p2p_seq_id": 0,
+                    "op_id": self.enqueued,
+                    "profiling_name": op,
+                    "time_created_ns": time.time_ns(),
+                    "state": "scheduled",
+                    "input_sizes": [[4096]],
+                    "output_sizes": [[4096]],
+                    "is_p2p": False,
+                    "retired": False,
+                    "timeout_ms": 600000,
+                }
+            )
 
     def complete(self) -> None:
         if not self.armed:
@@ -84,8 +95,13 @@ class SimFlightRecorder:
             doc = {
                 "version": "2.10",
                 "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(self.world)))}},
-                "pg_status": {"0": {"last_enqueued_collective": self.enqueued, "last_started_collective": -1,
-                                    "last_completed_collective": self.completed}},
+                "pg_status": {
+                    "0": {
+                        "last_enqueued_collective": self.enqueued,
+                        "last_started_collective": -1,
+                        "last_completed_collective": self.completed,
+                    }
+                },
                 "entries": [dict(e) for e in self.entries],
             }
         path = f"{self.out}{self.rank}"

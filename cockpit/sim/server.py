@@ -94,8 +94,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--nnodes", type=int, default=1, help="nodes the run spans; this one holds tp-size/nnodes ranks")
     p.add_argument("--node-rank", type=int, default=0, help="this node's place: its ranks are global (TP4, TP5...)")
-    p.add_argument("--sim-dist-dir", default=None,
-                   help="a folder the nodes share: a rank hung on one node stalls the collective on all")
+    p.add_argument(
+        "--sim-dist-dir",
+        default=None,
+        help="a folder the nodes share: a rank hung on one node stalls the collective on all",
+    )
     p.add_argument("--sim-hang-rank", type=int, default=None)
     p.add_argument("--sim-capture-hang-rank", type=int, default=None)
     p.add_argument("--sim-store-port", action="store_true")
@@ -113,8 +116,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-slow-disk-s", type=float, default=0.0, metavar="S")
     p.add_argument("--sim-leak-shm", action="store_true")
     p.add_argument("--sim-orphans", action="store_true")
-    p.add_argument("--sim-traffic", type=float, default=0.0, metavar="REQ_S",
-                   help="send this many completion requests a second to itself once ready")
+    p.add_argument(
+        "--sim-traffic",
+        type=float,
+        default=0.0,
+        metavar="REQ_S",
+        help="send this many completion requests a second to itself once ready",
+    )
     p.add_argument("--sim-speed", type=float, default=1.0, help="time runs this many times faster")
     p.add_argument("--sim-seed", type=int, default=1)
     p.add_argument("--sim-state", default=os.environ.get("COCKPIT_SIM_STATE"), help="the simulated NVML's folder")
@@ -199,7 +207,9 @@ class Rank:
         self.log("Init torch distributed begin.")
         self.publish(600, "load")
         if self.args.sim_leak_shm:
-            self.held.append(make_shm(self.args.sim_shm_dir, f"nccl-{rand_tag(self.args, self.rank)}", 4 << 20, hold=True))
+            self.held.append(
+                make_shm(self.args.sim_shm_dir, f"nccl-{rand_tag(self.args, self.rank)}", 4 << 20, hold=True)
+            )
         self.clock.sleep(0.4)
         if self.args.sim_late_node_s:
             rendezvous_wait_for_nodes(self)
@@ -224,17 +234,23 @@ class Rank:
                 el = (time.monotonic() - start) * self.clock.speed
                 rate = shard / el if el else 0.0
                 left = (SHARDS - shard) / rate if rate else 0.0
-                self.log.raw(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {shard}/{SHARDS} "
-                             f"[{fmt_mmss(el)}<{fmt_mmss(left)}, {rate:.2f}it/s]")
+                self.log.raw(
+                    f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {shard}/{SHARDS} "
+                    f"[{fmt_mmss(el)}<{fmt_mmss(left)}, {rate:.2f}it/s]"
+                )
         if args.speculative_draft_model_path or args.speculative_algorithm:
             self.publish(self.used_mib + DRAFT_GB * 1024)
         kind = "DeepseekV3ForCausalLM"
         if args.engine == "sglang":
-            self.log(f"Load weight end. type={kind}, dtype=torch.bfloat16, avail mem={self.avail()} GB, "
-                     f"mem usage={self.gb(self.used_mib - 600)} GB.")
+            self.log(
+                f"Load weight end. type={kind}, dtype=torch.bfloat16, avail mem={self.avail()} GB, "
+                f"mem usage={self.gb(self.used_mib - 600)} GB."
+            )
         else:
-            self.log(f"Model loading took {self.gb(self.used_mib - 600)} GiB and {time.monotonic() - start:.2f} seconds",
-                     where="gpu_model_runner.py:2010")
+            self.log(
+                f"Model loading took {self.gb(self.used_mib - 600)} GiB and {time.monotonic() - start:.2f} seconds",
+                where="gpu_model_runner.py:2010",
+            )
 
     def allocate_kv_cache(self) -> None:
         target = self.total_mib * self.args.mem_fraction
@@ -243,7 +259,9 @@ class Rank:
         self.publish(self.used_mib + kv_mib)
         tokens = int(kv_mib * 18.7)
         if self.args.engine == "sglang":
-            self.log(f"KV Cache is allocated. #tokens: {tokens}, K size: {self.gb(kv_mib / 2)} GB, V size: {self.gb(kv_mib / 2)} GB")
+            self.log(
+                f"KV Cache is allocated. #tokens: {tokens}, K size: {self.gb(kv_mib / 2)} GB, V size: {self.gb(kv_mib / 2)} GB"
+            )
         else:
             self.log(f"GPU KV cache size: {tokens:,} tokens", where="kv_cache_utils.py:868")
 
@@ -262,16 +280,22 @@ class Rank:
             for _bs in range(8):
                 self.all_reduce()
                 self.clock.sleep(0.1)
-            self.log(f"Capture cuda graph end. Time elapsed: {time.monotonic() - start:.2f} s. mem usage=0.09 GB. "
-                     f"avail mem={self.avail()} GB.")
+            self.log(
+                f"Capture cuda graph end. Time elapsed: {time.monotonic() - start:.2f} s. mem usage=0.09 GB. "
+                f"avail mem={self.avail()} GB."
+            )
         else:
             for step in range(1, 36):
                 self.all_reduce()
                 self.clock.sleep(0.025)
                 if self.rank == 0 and step % 7 == 0:
-                    self.log.raw(f"Capturing CUDA graphs (decode, FULL): {step * 100 // 35}%|{'#' * (step // 4)}| {step}/35")
-            self.log(f"Graph capturing finished in {int(time.monotonic() - start)} secs, took 0.52 GiB",
-                     where="gpu_model_runner.py:2650")
+                    self.log.raw(
+                        f"Capturing CUDA graphs (decode, FULL): {step * 100 // 35}%|{'#' * (step // 4)}| {step}/35"
+                    )
+            self.log(
+                f"Graph capturing finished in {int(time.monotonic() - start)} secs, took 0.52 GiB",
+                where="gpu_model_runner.py:2650",
+            )
         if self.args.speculative_algorithm:
             self.capture_draft_cuda_graph()
 
@@ -356,16 +380,20 @@ class Rank:
 # checked equal by tests/engines/test_engines.py.
 TITLES = {"sglang": "sglang::", "vllm": "VLLM::"}  # the ranks' process-title prefixes
 METRICS = {  # engine -> (name, type, help, the value it reports) as the engine exports them
-    "sglang": (("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
-               ("generation_tokens_total", "counter", "Number of generation tokens processed.", "generated"),
-               ("num_running_reqs", "gauge", "The number of running requests.", "running"),
-               ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", "waiting"),
-               ("token_usage", "gauge", "The token usage.", "kv")),
-    "vllm": (("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
-             ("generation_tokens_total", "counter", "Number of generation tokens processed.", "generated"),
-             ("num_requests_running", "gauge", "Number of requests in model execution batches.", "running"),
-             ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "waiting"),
-             ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv")),
+    "sglang": (
+        ("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+        ("generation_tokens_total", "counter", "Number of generation tokens processed.", "generated"),
+        ("num_running_reqs", "gauge", "The number of running requests.", "running"),
+        ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", "waiting"),
+        ("token_usage", "gauge", "The token usage.", "kv"),
+    ),
+    "vllm": (
+        ("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+        ("generation_tokens_total", "counter", "Number of generation tokens processed.", "generated"),
+        ("num_requests_running", "gauge", "Number of requests in model execution batches.", "running"),
+        ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "waiting"),
+        ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv"),
+    ),
 }
 
 
@@ -482,7 +510,11 @@ def watch_spin(rank: Rank) -> None:
     def loop():
         while True:
             time.sleep(0.1)
-            if (rank.shared["spinning"].value or peer_hung(rank.args)) and rank.activity != "spin" and rank.rank != rank.args.sim_hang_rank:
+            if (
+                (rank.shared["spinning"].value or peer_hung(rank.args))
+                and rank.activity != "spin"
+                and rank.rank != rank.args.sim_hang_rank
+            ):
                 rank.publish(activity="spin")
 
     threading.Thread(target=loop, daemon=True, name="nccl-watchdog").start()
@@ -609,20 +641,31 @@ class Server:
         else:
             lab = f'{{engine="0",model_name="{model}"}}'
         pre = self.args.engine
-        values = {"prompt": self.prompt_tokens, "generated": gen, "running": self.running, "waiting": 0,
-                  "kv": round(kv, 4)}
+        values = {
+            "prompt": self.prompt_tokens,
+            "generated": gen,
+            "running": self.running,
+            "waiting": 0,
+            "kv": round(kv, 4),
+        }
         out = []
         for name, kind, help_, what in METRICS[pre]:
             value = values[what]
-            out += [f"# HELP {pre}:{name} {help_}", f"# TYPE {pre}:{name} {kind}", f"{pre}:{name}{lab} {float(value)!r}"]
+            out += [
+                f"# HELP {pre}:{name} {help_}",
+                f"# TYPE {pre}:{name} {kind}",
+                f"{pre}:{name}{lab} {float(value)!r}",
+            ]
         return "\n".join(out) + "\n"
 
     def start(self) -> int:
         args = self.args
         self.gpu_faults()
-        self.log(f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, "
-                 f"mem_fraction_static={args.mem_fraction}, host='{args.host}', port={args.port}, "
-                 f"speculative_algorithm={args.speculative_algorithm!r}, disable_cuda_graph={args.disable_cuda_graph})")
+        self.log(
+            f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, "
+            f"mem_fraction_static={args.mem_fraction}, host='{args.host}', port={args.port}, "
+            f"speculative_algorithm={args.speculative_algorithm!r}, disable_cuda_graph={args.disable_cuda_graph})"
+        )
         if args.sim_leak_shm:
             make_shm(args.sim_shm_dir, f"sgl_shm_tokenizer_{os.getpid()}_{rand_tag(args, 'tok')}", 1 << 20, hold=False)
             make_shm(args.sim_shm_dir, f"psm_{rand_tag(args, 'psm')}", 1 << 16, hold=False)
@@ -631,12 +674,17 @@ class Server:
         ready = self.ctx.Queue()
         if args.engine == "sglang":
             for r in range(args.first_rank, args.first_rank + args.local_tp):
-                self.children.append(self.ctx.Process(target=run_scheduler_process, args=(args, r, self.shared, ready),
-                                                      name=f"scheduler_TP{r}"))
+                self.children.append(
+                    self.ctx.Process(
+                        target=run_scheduler_process, args=(args, r, self.shared, ready), name=f"scheduler_TP{r}"
+                    )
+                )
             self.children.append(self.ctx.Process(target=run_detokenizer_process, args=(args,), name="detokenizer"))
             expect = args.local_tp
         else:
-            self.children.append(self.ctx.Process(target=run_engine_core, args=(args, self.shared, ready), name="EngineCore"))
+            self.children.append(
+                self.ctx.Process(target=run_engine_core, args=(args, self.shared, ready), name="EngineCore")
+            )
             expect = 1
         for c in self.children:
             c.start()
@@ -656,28 +704,42 @@ class Server:
         state = self.args.sim_state
         if not state:
             return
-        gpus = {r: self.args.base_gpu_id + r - self.args.first_rank
-                for r in range(self.args.first_rank, self.args.first_rank + self.args.local_tp)}
+        gpus = {
+            r: self.args.base_gpu_id + r - self.args.first_rank
+            for r in range(self.args.first_rank, self.args.first_rank + self.args.local_tp)
+        }
         for gpu in gpus.values():
             try:
                 os.unlink(os.path.join(state, "faults", f"{gpu}.json"))
             except FileNotFoundError:
                 pass
         if self.args.sim_remap_rank in gpus:
-            fakenvml.fault(state, gpus[self.args.sim_remap_rank], remap_pending=True, remap_uncorrected=1,
-                           ecc_uncorrected=1, ecc_aggregate=1)
+            fakenvml.fault(
+                state,
+                gpus[self.args.sim_remap_rank],
+                remap_pending=True,
+                remap_uncorrected=1,
+                ecc_uncorrected=1,
+                ecc_aggregate=1,
+            )
         if self.args.sim_slowdown_rank in gpus:
             fakenvml.fault(state, gpus[self.args.sim_slowdown_rank], throttle=fakenvml.nvmlClocksEventReasonHwSlowdown)
 
     def child_died(self, child) -> int:
         rank = child.name.rsplit("TP", 1)[-1] if "TP" in child.name else child.name
         if self.args.engine == "sglang":
-            self.log(f"Rank {rank} scheduler died during initialization (exit code: {child.exitcode}). "
-                     f"If your system has limited memory, try --mem-fraction-static.")
+            self.log(
+                f"Rank {rank} scheduler died during initialization (exit code: {child.exitcode}). "
+                f"If your system has limited memory, try --mem-fraction-static."
+            )
             self.log("Received sigquit from a child process. It usually means the child failed.")
         else:
-            self.log(f"Engine core initialization failed. See root cause above. Failed core proc(s): "
-                     f"{{'EngineCore': {child.exitcode}}}", level="ERROR", where="core_client.py:741")
+            self.log(
+                f"Engine core initialization failed. See root cause above. Failed core proc(s): "
+                f"{{'EngineCore': {child.exitcode}}}",
+                level="ERROR",
+                where="core_client.py:741",
+            )
         self.stop_children()
         return 1
 
@@ -716,8 +778,10 @@ class Server:
             gen = self.shared["generated"].value
             if gen != last and args.engine == "sglang":
                 rate = (gen - last) * self.clock.speed
-                self.log(f"Decode batch. #running-req: 1, #token: {gen}, token usage: 0.01, "
-                         f"gen throughput (token/s): {rate:.2f}, #queue-req: 0")
+                self.log(
+                    f"Decode batch. #running-req: 1, #token: {gen}, token usage: 0.01, "
+                    f"gen throughput (token/s): {rate:.2f}, #queue-req: 0"
+                )
             last = gen
 
     def traffic(self) -> None:
@@ -765,12 +829,22 @@ def make_handler(server: Server):
             if path in ("/health", "/health_generate", "/ping"):
                 self.reply(200 if server.ready else 503, "" if server.ready else "starting", "text/plain")
             elif path == "/v1/models":
-                self.reply(200, {"object": "list", "data": [{"id": args.model_path, "object": "model", "owned_by": args.engine}]})
+                self.reply(
+                    200,
+                    {"object": "list", "data": [{"id": args.model_path, "object": "model", "owned_by": args.engine}]},
+                )
             elif path in ("/get_server_info", "/get_model_info"):
-                self.reply(200, {"model_path": args.model_path, "tp_size": args.tp_size,
-                                 "mem_fraction_static": args.mem_fraction,
-                                 "speculative_algorithm": args.speculative_algorithm,
-                                 "disable_cuda_graph": args.disable_cuda_graph, "version": "sim"})
+                self.reply(
+                    200,
+                    {
+                        "model_path": args.model_path,
+                        "tp_size": args.tp_size,
+                        "mem_fraction_static": args.mem_fraction,
+                        "speculative_algorithm": args.speculative_algorithm,
+                        "disable_cuda_graph": args.disable_cuda_graph,
+                        "version": "sim",
+                    },
+                )
             elif path == "/metrics" and (args.enable_metrics or args.engine == "vllm"):
                 self.reply(200, server.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
             else:
@@ -787,13 +861,22 @@ def make_handler(server: Server):
             want = int(req.get("max_tokens") or req.get("sampling_params", {}).get("max_new_tokens") or 16)
             server.prompt_tokens += len(str(req.get("prompt", ""))) // 4 + 1
             got = server.generate(want, timeout=60)
-            self.reply(200, {"object": "text_completion", "model": args.model_path,
-                             "choices": [{"index": 0, "text": " tok" * got, "finish_reason": "length"}],
-                             "usage": {"completion_tokens": got}})
+            self.reply(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": args.model_path,
+                    "choices": [{"index": 0, "text": " tok" * got, "finish_reason": "length"}],
+                    "usage": {"completion_tokens": got},
+                },
+            )
 
         def log_message(self, fmt, *a):
             if self.path.startswith("/v1/completions"):
-                os.write(1, f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path} HTTP/1.1" {a[1]} OK\n'.encode())
+                os.write(
+                    1,
+                    f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path} HTTP/1.1" {a[1]} OK\n'.encode(),
+                )
 
     return Handler
 

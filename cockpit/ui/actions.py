@@ -133,14 +133,16 @@ class ActionRunner:
         if offer is None or UPLOADS.get(label) is False:
             raise refusal
         if label not in UPLOADS:
-            lines = [f"looked for: {'; '.join(check.get('looked') or [])}",
-                     f"copied: {offer['path']} (py-spy {offer['version']}, {offer['size']} bytes, "
-                     f"sha256 {offer['sha256']})",
-                     f"to: {label}:{offer['dest']} (mode 700), where every later dump, bundle and stall's "
-                     f"forensics on {label} finds it",
-                     f"asked once for {label} while this cockpit runs"]
-            UPLOADS[label] = await self.ask(ConfirmScreen(f"py-spy is not on {label}", lines,
-                                                          f"Upload py-spy, then {then}?"))
+            lines = [
+                f"looked for: {'; '.join(check.get('looked') or [])}",
+                f"copied: {offer['path']} (py-spy {offer['version']}, {offer['size']} bytes, sha256 {offer['sha256']})",
+                f"to: {label}:{offer['dest']} (mode 700), where every later dump, bundle and stall's "
+                f"forensics on {label} finds it",
+                f"asked once for {label} while this cockpit runs",
+            ]
+            UPLOADS[label] = await self.ask(
+                ConfirmScreen(f"py-spy is not on {label}", lines, f"Upload py-spy, then {then}?")
+            )
             if not UPLOADS[label]:
                 raise refusal
         self.progress = f"uploading py-spy to {label}:{offer['dest']}"
@@ -195,10 +197,22 @@ class ActionRunner:
             audit = await self.monitor.shm_audit()
             removable = [e for e in audit["entries"] if e["removable"]]
             keys = {"c": f"clean {len(removable)} removable"} if removable else {}
-            none = {} if removable else {"c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
-                                              f"(the list says why each is kept)"}
-            choice = await self.ask(ReportScreen(f"{audit['folder']} on {self.screen.state.agent.hostname}",
-                                                 describe_shm(audit, others=False), keys, none))
+            none = (
+                {}
+                if removable
+                else {
+                    "c": f"nothing to remove: no entry of {audit['folder']} is safe to remove "
+                    f"(the list says why each is kept)"
+                }
+            )
+            choice = await self.ask(
+                ReportScreen(
+                    f"{audit['folder']} on {self.screen.state.agent.hostname}",
+                    describe_shm(audit, others=False),
+                    keys,
+                    none,
+                )
+            )
             if choice != "c":
                 return
             done = await perform.clean_shm(self.monitor, audit, self)
@@ -216,9 +230,13 @@ class ActionRunner:
             ranks = plan.ranks
             groups = len(result.groups)
             odd = next((g for g in result.groups if g.odd), None)
-            self.done("stack dump", f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
-                      + (f", odd one out: rank {','.join(map(str, odd.ranks))}" if odd else "") + f", {result.folder}",
-                      report=result.report() + [f"raw dumps: {result.folder}"])
+            self.done(
+                "stack dump",
+                f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
+                + (f", odd one out: rank {','.join(map(str, odd.ranks))}" if odd else "")
+                + f", {result.folder}",
+                report=result.report() + [f"raw dumps: {result.folder}"],
+            )
             title = f"stacks of {count(len(ranks), 'rank')}"
             keys = {"n": "native frames"} if result.groups else {}
             tail = [f"raw dumps: {result.folder}"]
@@ -227,8 +245,9 @@ class ActionRunner:
                 await self.ask(ReportScreen(f"{title}, every frame", result.report(full=True) + tail))
 
     def _launch_dialog(self, **kw) -> RelaunchScreen:
-        return RelaunchScreen(self.layout, self._current_spec(), self.monitor.launch_python(), self.monitor.sim_flags(),
-                              **kw)
+        return RelaunchScreen(
+            self.layout, self._current_spec(), self.monitor.launch_python(), self.monitor.sim_flags(), **kw
+        )
 
     def _current_spec(self) -> RunSpec:
         if self.spec is None:
@@ -243,43 +262,71 @@ class ActionRunner:
             if spec is None:
                 return
             plan, names, lines = await plan_relaunch(self.monitor)  # what is killed and removed
-            steps = (["Kill this"] if plan.entries else []) + (["clean shm"] if names and names.remove else []) + ["launch"]
+            steps = (
+                (["Kill this"] if plan.entries else []) + (["clean shm"] if names and names.remove else []) + ["launch"]
+            )
             question = (", ".join(steps[:-1]) + " and " + steps[-1] if len(steps) > 1 else steps[0]).capitalize()
             if not await self.ask(ConfirmScreen("relaunch", lines, question + "?")):
                 return
             self.spec = spec
             sets = ",".join(spec.enabled) or "no flag sets"
             self.progress = f"stopping the current run, then launching with {sets}"
-            row = await run_variant(self.monitor, spec, timeout=24 * 3600.0, progress=self._progress,
-                                    plan=plan, shm=names)
+            row = await run_variant(
+                self.monitor, spec, timeout=24 * 3600.0, progress=self._progress, plan=plan, shm=names
+            )
             good = row["outcome"] == "ready"
-            report = lines + [row["summary"], f"{row['run_id']}: {row['outcome']}"] + \
-                [f"  {line}" for line in row["evidence"]] + [f"log: {row['log']}"]
-            self.done(f"relaunch with {sets}", f"{row['summary']}; {row['run_id']} {row['outcome']}"
-                      + (f": {row['evidence'][0]}" if row["evidence"] else ""), good=good, report=report)
+            report = (
+                lines
+                + [row["summary"], f"{row['run_id']}: {row['outcome']}"]
+                + [f"  {line}" for line in row["evidence"]]
+                + [f"log: {row['log']}"]
+            )
+            self.done(
+                f"relaunch with {sets}",
+                f"{row['summary']}; {row['run_id']} {row['outcome']}"
+                + (f": {row['evidence'][0]}" if row["evidence"] else ""),
+                good=good,
+                report=report,
+            )
             self.notify(f"{row['run_id']}: {row['outcome']}", severity="information" if good else "error")
 
     async def ablate(self) -> None:
         async with self.exclusive("ablation") as go:
             if not go:
                 return
-            choice = await self.ask(self._launch_dialog(title="ablate: the chosen flag sets are switched on and off",
-                                                        note=RelaunchScreen.ABLATE))
+            choice = await self.ask(
+                self._launch_dialog(
+                    title="ablate: the chosen flag sets are switched on and off", note=RelaunchScreen.ABLATE
+                )
+            )
             if choice is None or not choice.enabled:
                 return
             vary = choice.enabled
             specs = combinations(self.layout, vary)
             plan, names, lines = await plan_relaunch(self.monitor)
-            ok = await self.ask(ConfirmScreen(
-                "ablation", lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
-                f"Run these {len(specs)} launches in turn (each kills the one before)?"))
+            ok = await self.ask(
+                ConfirmScreen(
+                    "ablation",
+                    lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
+                    f"Run these {len(specs)} launches in turn (each kills the one before)?",
+                )
+            )
             if not ok:
                 return
-            rows = await ablate(self.monitor, vary, timeout=self.layout.stall.idle_s * 10 + 600,
-                                progress=self._progress, first_plan=plan, first_shm=names)
+            rows = await ablate(
+                self.monitor,
+                vary,
+                timeout=self.layout.stall.idle_s * 10 + 600,
+                progress=self._progress,
+                first_plan=plan,
+                first_shm=names,
+            )
             table = describe_ablation(rows, vary)
-            self.done("ablation", ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows),
-                      report=table)
+            self.done(
+                "ablation",
+                ", ".join(f"{','.join(r['flag_sets']) or 'none'} {r['outcome']}" for r in rows),
+                report=table,
+            )
             await self.ask(ReportScreen("ablation", table))
 
     async def bisect(self) -> None:
@@ -289,10 +336,16 @@ class ActionRunner:
         again while it runs stops it cleanly: the current launch is stopped and verified gone, the
         ledger keeps what was learnt."""
         if self.busy == "bisect":
-            if not self.stop_bisect and await self.ask(ConfirmScreen(
-                    "stop the bisection", ["the current launch is stopped and verified gone; every outcome so far "
-                                           "stays in the ledger, and the same bisect started again resumes there"],
-                    "Stop the bisection?")):
+            if not self.stop_bisect and await self.ask(
+                ConfirmScreen(
+                    "stop the bisection",
+                    [
+                        "the current launch is stopped and verified gone; every outcome so far "
+                        "stays in the ledger, and the same bisect started again resumes there"
+                    ],
+                    "Stop the bisection?",
+                )
+            ):
                 self.stop_bisect = True
                 self.screen.dirty = True
             return
@@ -302,8 +355,9 @@ class ActionRunner:
             sides = await self._bisect_sides()
             if sides is None:
                 return
-            plan = make_plan(self.layout, self.monitor.target.label, failing=sides[0], good=sides[1],
-                             settle=DEFAULT_SETTLE_S)
+            plan = make_plan(
+                self.layout, self.monitor.target.label, failing=sides[0], good=sides[1], settle=DEFAULT_SETTLE_S
+            )
             ready = await prepare(self.monitor, plan)
             relaunch, names, lines = await plan_relaunch(self.monitor) if ready.launches else (None, None, [])
             question = "Run the bisection (each launch kills the one before)?" if ready.launches else "Show its answer?"
@@ -320,34 +374,60 @@ class ActionRunner:
                 stopping = "stopping (B asked), " if self.stop_bisect else ""
                 self.progress = f"{stopping}{step[0]}: {self.progress}" if step[0] else self.progress
 
-            doc = await bisect(self.monitor, plan, timeout=self.layout.stall.idle_s * 10 + 600, progress=progress,
-                               first_plan=relaunch, first_shm=names, interrupted=lambda: self.stop_bisect,
-                               on_step=on_step)
+            doc = await bisect(
+                self.monitor,
+                plan,
+                timeout=self.layout.stall.idle_s * 10 + 600,
+                progress=progress,
+                first_plan=relaunch,
+                first_shm=names,
+                interrupted=lambda: self.stop_bisect,
+                on_step=on_step,
+            )
             report = describe_bisect(doc)
-            self.done("bisect", report[0].split(": ", 1)[1] + f", {count(doc['launches'], 'launch', 'launches')}",
-                      good=doc["status"] == "found",
-                      report=report)
+            self.done(
+                "bisect",
+                report[0].split(": ", 1)[1] + f", {count(doc['launches'], 'launch', 'launches')}",
+                good=doc["status"] == "found",
+                report=report,
+            )
             await self.ask(ReportScreen("bisect", report))
 
     async def _bisect_sides(self) -> tuple[list[str], list[str]] | None:
         """The failing and the good configuration: those the ledger and the run on screen name
         (cockpit/operate/bisect.py, `configurations`), else the operator's choice of them."""
         record = self.monitor.run.record if self.monitor.run is not None else None
-        current = list(record["flag_sets"]) if record and record.get("flag_sets") is not None else \
-            self._current_spec().enabled
+        current = (
+            list(record["flag_sets"])
+            if record and record.get("flag_sets") is not None
+            else self._current_spec().enabled
+        )
         verdict, phase = self.monitor.verdict, self.monitor.phase
-        health = "failing" if verdict.name.value in FAILING else \
-            "good" if phase.name in ("ready", "serving") and verdict.name.value == "ok" else "unknown"
+        health = (
+            "failing"
+            if verdict.name.value in FAILING
+            else "good"
+            if phase.name in ("ready", "serving") and verdict.name.value == "ok"
+            else "unknown"
+        )
         failing, good = configurations(read_ledger(self.layout), current, health)
         if failing is not None and good is not None and set(failing) != set(good):
             return failing, good
-        why = ("no failing run in the ledger of " + self.layout.name + ": choose the failing configuration"
-               if failing is None else
-               "no run of " + self.layout.name + " came up yet: choose the good configuration"
-               if good is None else
-               "the failing and the good run had the same flag sets: choose the suspects")
-        return await self.ask(BisectScreen(self.layout, failing if failing is not None else current,
-                                           good if good is not None and good != failing else [], why))
+        why = (
+            "no failing run in the ledger of " + self.layout.name + ": choose the failing configuration"
+            if failing is None
+            else "no run of " + self.layout.name + " came up yet: choose the good configuration"
+            if good is None
+            else "the failing and the good run had the same flag sets: choose the suspects"
+        )
+        return await self.ask(
+            BisectScreen(
+                self.layout,
+                failing if failing is not None else current,
+                good if good is not None and good != failing else [],
+                why,
+            )
+        )
 
     async def bundle(self) -> None:
         async with self.exclusive("hang bundle") as go:
@@ -369,13 +449,20 @@ class ActionRunner:
                 answer, result = await self.monitor.flight_record()
                 lines = flightrec.describe(answer, result)
                 odd = result.get("odd_rank")
-                self.done("flight recorder", f"{count(len(answer.get('ranks') or {}), 'rank')} read"
-                          + (f", rank {odd} never joined" if odd is not None else "")
-                          + ("" if answer.get("armed") else ", not armed"), good=bool(answer.get("armed")),
-                          report=lines)
+                self.done(
+                    "flight recorder",
+                    f"{count(len(answer.get('ranks') or {}), 'rank')} read"
+                    + (f", rank {odd} never joined" if odd is not None else "")
+                    + ("" if answer.get("armed") else ", not armed"),
+                    good=bool(answer.get("armed")),
+                    report=lines,
+                )
                 await self.ask(ReportScreen("flight recorder", lines))
 
     def ledger(self) -> None:
-        self.screen.app.push_screen(ReportScreen(f"runs of {self.layout.name}",
-                                                 describe_ledger(read_ledger(self.layout),
-                                                                 bisects=read_bisects(self.layout))))
+        self.screen.app.push_screen(
+            ReportScreen(
+                f"runs of {self.layout.name}",
+                describe_ledger(read_ledger(self.layout), bisects=read_bisects(self.layout)),
+            )
+        )

@@ -69,8 +69,15 @@ def save_text(app: App, path: str | None) -> str:
     from rich.console import Console
 
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), record=True, color_system=None,
-                      legacy_windows=False, safe_box=False)
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        record=True,
+        color_system=None,
+        legacy_windows=False,
+        safe_box=False,
+    )
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     text = console.export_text()
     if path:

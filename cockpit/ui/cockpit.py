@@ -59,9 +59,15 @@ class CockpitScreen(Screen):
     BINDINGS = bindings(COCKPIT)
     ALLOW_IN_MAXIMIZED_VIEW = "#status, FittedFooter"
 
-    def __init__(self, monitor: Monitor | None = None, state: HostState | None = None,
-                 layout: Layout | None = None, read_only: bool = False, owns_monitor: bool = True,
-                 ask_host_keys: bool = False):
+    def __init__(
+        self,
+        monitor: Monitor | None = None,
+        state: HostState | None = None,
+        layout: Layout | None = None,
+        read_only: bool = False,
+        owns_monitor: bool = True,
+        ask_host_keys: bool = False,
+    ):
         """`monitor` watches a host (or a run spanning nodes); without one, `state` is a recorded
         moment, watched through a ReplayMonitor. `ask_host_keys`: an operator is at this screen,
         so a host key no known_hosts file lists is asked about as ssh asks (headless, refused)."""
@@ -184,9 +190,12 @@ class CockpitScreen(Screen):
                         raise
                     title, lines = exc.question()
                     if not await self.app.push_screen_wait(
-                            ConfirmScreen(title, lines, "Are you sure you want to continue connecting?")):
-                        self.declined = f"the host key of {exc.label} ({exc.key_type} {exc.fingerprint}) was not " \
-                                        f"recorded; nothing done"
+                        ConfirmScreen(title, lines, "Are you sure you want to continue connecting?")
+                    ):
+                        self.declined = (
+                            f"the host key of {exc.label} ({exc.key_type} {exc.fingerprint}) was not "
+                            f"recorded; nothing done"
+                        )
                         self.app.exit()
                         return
                     say(self, exc.record(), timeout=TOAST_S)  # then connect again: the next hop's key may be new
@@ -281,8 +290,11 @@ class CockpitScreen(Screen):
         servers = getattr(self.monitor, "servers", [])
         server = next((s for s in servers if s.root == event.root), None)
         if pick is None or server is None or self.monitor.layout is not None:
-            say(self, "the layout says which server is the run: its neighbours are listed, never followed",
-                timeout=TOAST_S)
+            say(
+                self,
+                "the layout says which server is the run: its neighbours are listed, never followed",
+                timeout=TOAST_S,
+            )
             return
         if self.monitor.following is not None and self.monitor.following.get("root") == event.root:
             return
@@ -326,7 +338,9 @@ class CockpitScreen(Screen):
             agent = self.state.agent
             why = next((w for w in agent.warnings if "no GPU" in w or "no NVIDIA driver" in w), None)
             where = agent.hostname if agent.hostname != "?" else self.state.target
-            return f"no GPUs on {where}: " + (why.split(" (")[0] if why else "the agent found neither NVML nor nvidia-smi")
+            return f"no GPUs on {where}: " + (
+                why.split(" (")[0] if why else "the agent found neither NVML nor nvidia-smi"
+            )
         return f"connecting to {self.state.target}…"
 
     def _status(self) -> None:
@@ -350,8 +364,11 @@ class CockpitScreen(Screen):
         (a live link, not --read-only, a launch command where it needs one)."""
         act = ACT.get(action)
         if act is not None:
-            return act.allowed(self.link is not None and self.state.link_state == "up", self.read_only,
-                               self.profile is not None and bool(self.profile.command))
+            return act.allowed(
+                self.link is not None and self.state.link_state == "up",
+                self.read_only,
+                self.profile is not None and bool(self.profile.command),
+            )
         if action == "ledger":
             return self.profile is not None
         if action == "report":
@@ -380,13 +397,17 @@ class CockpitScreen(Screen):
         """The verdict with every line of its evidence, wrapped: what the header can only begin
         (without a connection, the whole reason)."""
         if self.error:
-            self.app.push_screen(ReportScreen(f"cannot connect to {self.state.target}",
-                                              [self.error, "q quits (exit status 2)"]))
+            self.app.push_screen(
+                ReportScreen(f"cannot connect to {self.state.target}", [self.error, "q quits (exit status 2)"])
+            )
             return
         v = self.verdict
         lines = [f"phase: {self.phase}"]
-        lines += [f"{key}: {value}" for key, value in (("detail", v.detail), ("since", v.doc()["since"]),
-                                                       ("decided by", v.doc()["until"])) if value]
+        lines += [
+            f"{key}: {value}"
+            for key, value in (("detail", v.detail), ("since", v.doc()["since"]), ("decided by", v.doc()["until"]))
+            if value
+        ]
         lines += [f"▸ {line}" for line in v.evidence] or ["no evidence beyond the verdict itself"]
         self.app.push_screen(ReportScreen(f"why: {v}", lines))
 

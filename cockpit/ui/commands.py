@@ -38,32 +38,56 @@ def act_key(act: Act) -> Key:
 
 
 COCKPIT = (
-    Key("question_mark", "help", "Help", "this help", "Help: every key, verdict, phase and colour",
-        key_display="?"),
+    Key("question_mark", "help", "Help", "this help", "Help: every key, verdict, phase and colour", key_display="?"),
     Key("q", "app.quit", "Quit", "quit (a demo ends every run it launched; on a real host the run keeps running)"),
     Key("escape", "back", "Fleet", "back to the fleet (a host's cockpit opened from it)", "Back to the fleet"),
-    Key("e", "evidence", "Why", "the verdict's whole evidence, every line wrapped (the header shows the first "
-        "as it fits)", "Why: the verdict's whole evidence"),
+    Key(
+        "e",
+        "evidence",
+        "Why",
+        "the verdict's whole evidence, every line wrapped (the header shows the first as it fits)",
+        "Why: the verdict's whole evidence",
+    ),
     act_key(ACT["relaunch"]),
     act_key(ACT["dump"]),
     act_key(ACT["kill_run"]),
     act_key(ACT["shm"]),
     act_key(ACT["bundle"]),
     act_key(ACT["flightrec"]),
-    Key("L", "ledger", "Runs", "the ledger of this layout's runs: what the cockpit saw of each one",
-        "Ledger: the runs of this layout"),
-    Key("v", "report", "Report", "the last action's full report again (its one-line summary stays in the header)",
-        "Report: the last action's full report"),
+    Key(
+        "L",
+        "ledger",
+        "Runs",
+        "the ledger of this layout's runs: what the cockpit saw of each one",
+        "Ledger: the runs of this layout",
+    ),
+    Key(
+        "v",
+        "report",
+        "Report",
+        "the last action's full report again (its one-line summary stays in the header)",
+        "Report: the last action's full report",
+    ),
     Key("z", "zoom", "Zoom", "zoom the focused pane to the full screen and back (or esc)", "Zoom the focused pane"),
     Key("slash", "search", "Find", "search the log (empty search clears it)", "Search the log", key_display="/"),
-    Key("t", "rank_filter", "Rank", "show one rank's log lines (cycles TP0…TPn, then all)",
-        "Rank: show one rank's log lines"),
+    Key(
+        "t",
+        "rank_filter",
+        "Rank",
+        "show one rank's log lines (cycles TP0…TPn, then all)",
+        "Rank: show one rank's log lines",
+    ),
     Key("f", "follow", "Follow", "follow the log on / off", "Follow the log on / off"),
     act_key(ACT["kill_one"]),
     act_key(ACT["ablate"]),
     act_key(ACT["bisect"]),
-    Key("colon", "app.command_palette", "Commands",
-        "command palette: every action here by name (type kill, dump, shm, ...)", show=False),
+    Key(
+        "colon",
+        "app.command_palette",
+        "Commands",
+        "command palette: every action here by name (type kill, dump, shm, ...)",
+        show=False,
+    ),
     Key("tab", "app.focus_next", "Next pane", "move to the next pane: GPUs, ranks, ports, log", show=False),
     Key("shift+tab", "app.focus_previous", "Prev pane", "move to the previous pane", show=False),
 )
@@ -71,24 +95,38 @@ COCKPIT += tuple(act_key(a) for a in ACTS if a.name not in {k.action for k in CO
 
 FLEET = (
     Key("q", "app.quit", "Quit", "quit"),
-    Key("enter", "open", "Open host", "open the host's cockpit (on the fleet's own connection); "
-        "[b]escape[/b] there comes back"),
+    Key(
+        "enter",
+        "open",
+        "Open host",
+        "open the host's cockpit (on the fleet's own connection); [b]escape[/b] there comes back",
+    ),
     Key("o", "sort", "Sort", "sort: problems first, name, utilization, memory, link"),
     Key("slash", "filter", "Filter", "filter by any text of a row (empty clears it)", key_display="/"),
     Key("question_mark", "help", "Help", "this help", key_display="?"),
-    Key("colon", "app.command_palette", "Commands", "command palette: a host's actions once it is open",
-        show=False),
+    Key("colon", "app.command_palette", "Commands", "command palette: a host's actions once it is open", show=False),
 )
 
 RANK_TABLE = (
     Key("enter", "toggle_collapse", "Collapse", "collapse or expand a process subtree (rank tree)", show=False),
-    Key("o", "sort", "Sort", "sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)",
-        show=False),
+    Key(
+        "o",
+        "sort",
+        "Sort",
+        "sort the rank table: tree, gpu mem, cpu%, rank, pid (or click a column's title)",
+        show=False,
+    ),
 )
 
 RUNS_TABLE = (
-    Key("enter", "pick_run", "Follow", "follow the selected server as the run (no layout: every server on the "
-        "host is a run of its own, each judged alone; the others stay listed as its neighbours)", show=False),
+    Key(
+        "enter",
+        "pick_run",
+        "Follow",
+        "follow the selected server as the run (no layout: every server on the "
+        "host is a run of its own, each judged alone; the others stay listed as its neighbours)",
+        show=False,
+    ),
 )
 
 

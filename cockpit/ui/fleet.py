@@ -44,6 +44,8 @@ def fleet_help() -> str:
     width = max(len(Text.from_markup(keys).plain) for keys, _ in rows) + 2
     lines = [f"  {keys}{' ' * (width - len(Text.from_markup(keys).plain))}{what}" for keys, what in rows]
     return "[b]gpu-cockpit fleet[/b] — keys\n\n" + "\n".join(lines) + "\n" + FLEET_ABOUT
+
+
 REDRAW_S = 0.5
 HEAP_SETTLE_S = 15.0
 PROBLEMS = tuple(v.value for v in ALERTING)
@@ -70,8 +72,13 @@ def mini_bars(values: list[float | None]) -> list[Segment]:
 
 NA_STYLE = Style(color="grey35")
 LEVEL = {name: Style(color=name) for name in ("green", "yellow", "red", "grey50")}
-RED, BOLD_RED, GREEN, YELLOW, DIM = (Style(color="red"), Style(color="red", bold=True), Style(color="green"),
-                                     Style(color="yellow"), Style(color="grey50"))
+RED, BOLD_RED, GREEN, YELLOW, DIM = (
+    Style(color="red"),
+    Style(color="red", bold=True),
+    Style(color="green"),
+    Style(color="yellow"),
+    Style(color="grey50"),
+)
 HEADER = Style(bold=True)
 CURSOR_BLURRED = Style(bgcolor="grey23")
 CURSOR = Style(bgcolor="#264f78")  # a background, not reverse: the bars keep their colours
@@ -120,9 +127,12 @@ class FleetTable(ScrollView, can_focus=True):
     whole table twice a second was, later, most of the fleet's CPU."""
 
     BINDINGS = [
-        Binding("up", "move(-1)", show=False), Binding("down", "move(1)", show=False),
-        Binding("pageup", "move(-10)", show=False), Binding("pagedown", "move(10)", show=False),
-        Binding("home", "move(-100000)", show=False), Binding("end", "move(100000)", show=False),
+        Binding("up", "move(-1)", show=False),
+        Binding("down", "move(1)", show=False),
+        Binding("pageup", "move(-10)", show=False),
+        Binding("pagedown", "move(10)", show=False),
+        Binding("home", "move(-100000)", show=False),
+        Binding("end", "move(100000)", show=False),
     ]
 
     class Selected(Message):
@@ -160,8 +170,16 @@ class FleetTable(ScrollView, can_focus=True):
     @staticmethod
     def _sig(row: Row) -> tuple:
         """What a row shows: its cells are built again only when this changed."""
-        return (row.name, row.link, row.error, None if row.rtt_ms is None else round(row.rtt_ms), tuple(row.gpus),
-                row.phase, row.verdict, tuple(row.alerts))
+        return (
+            row.name,
+            row.link,
+            row.error,
+            None if row.rtt_ms is None else round(row.rtt_ms),
+            tuple(row.gpus),
+            row.phase,
+            row.verdict,
+            tuple(row.alerts),
+        )
 
     def _row_cells(self, row: Row) -> list[list[Segment]]:
         sig = self._sig(row)
@@ -220,8 +238,9 @@ class FleetTable(ScrollView, can_focus=True):
         strip = self._line(self._row_cells(row), width)
         if index == self.cursor:
             over = CURSOR if self.has_focus else CURSOR_BLURRED  # laid over each cell's own style
-            strip = Strip([Segment(seg.text, (seg.style or Style()) + over, seg.control) for seg in strip],
-                          strip.cell_length)
+            strip = Strip(
+                [Segment(seg.text, (seg.style or Style()) + over, seg.control) for seg in strip], strip.cell_length
+            )
         self._strips[row.name] = (sig, (width, self._widths), strip)
         return strip
 
@@ -289,15 +308,21 @@ class FleetScreen(Screen):
         gpus = sum(len(r.gpus) for r in rows)
         if self.filter:
             needle = self.filter.lower()
-            rows = [r for r in rows
-                    if needle in visible(" ".join([r.name, r.link, r.phase, r.verdict, *r.alerts])).lower()]
+            rows = [
+                r for r in rows if needle in visible(" ".join([r.name, r.link, r.phase, r.verdict, *r.alerts])).lower()
+            ]
         rows.sort(key=SORTS[self.sort])
         self.shown = rows
         self.table.show(rows)
         n = len(self.watch.members)
-        parts = [Text.assemble(("fleet", "bold"), f" {count(n, 'host')}"), Text(f"{up} up", "green"),
-                 Text(f"{n - up} not up", "bold red" if up < n else ""),
-                 Text(f"{gpus} GPUs"), Text(f"{bad} in trouble", "bold red" if bad else ""), Text(f"sort: {self.sort}")]
+        parts = [
+            Text.assemble(("fleet", "bold"), f" {count(n, 'host')}"),
+            Text(f"{up} up", "green"),
+            Text(f"{n - up} not up", "bold red" if up < n else ""),
+            Text(f"{gpus} GPUs"),
+            Text(f"{bad} in trouble", "bold red" if bad else ""),
+            Text(f"sort: {self.sort}"),
+        ]
         if self.filter:
             parts.append(Text(f"filter: {visible(self.filter)} ({len(rows)} shown)"))  # typed, maybe pasted: text
         status = Text("  │  ").join(parts)
@@ -329,7 +354,9 @@ class FleetScreen(Screen):
         member = next((m for m in self.watch.members if m.host.name == name), None)
         if member is None:
             return
-        member.monitor.forensics_on = not self.read_only and bool(member.monitor.layout and member.monitor.layout.auto_dump)
+        member.monitor.forensics_on = not self.read_only and bool(
+            member.monitor.layout and member.monitor.layout.auto_dump
+        )
         self.app.push_screen(CockpitScreen(monitor=member.monitor, owns_monitor=False, read_only=self.read_only))
 
 

@@ -55,7 +55,9 @@ class GpuPane(Widget):
     other lines are neither built nor compared."""
 
     def __init__(self, index: int, **kw):
-        super().__init__(classes="gpu", **kw)  # no id: a rebuild mounts new panes while the old ones are still being removed
+        super().__init__(
+            classes="gpu", **kw
+        )  # no id: a rebuild mounts new panes while the old ones are still being removed
         self.index = index
         self.state: HostState | None = None
         self.border_title = f"GPU{index}"
@@ -71,7 +73,10 @@ class GpuPane(Widget):
         if gpu is not None:
             name = (gpu.name or "").replace("NVIDIA ", "").replace(" Blackwell Server Edition", "")
             label = getattr(gpu, "label", None) or f"GPU{self.index}"  # node:index across nodes
-            titles = (f"{label} {name}", "LOST" if gpu.lost else " ".join((gpu.hw_slowdown or gpu.throttle_reasons)[:1]))
+            titles = (
+                f"{label} {name}",
+                "LOST" if gpu.lost else " ".join((gpu.hw_slowdown or gpu.throttle_reasons)[:1]),
+            )
             if titles != self._titles:  # setting a title repaints the pane, changed or not
                 self._titles = titles
                 self.border_title = as_text(titles[0])  # the board's name and a node's name: host text
@@ -140,9 +145,11 @@ class GpuPane(Widget):
             return [(("waiting",), lambda: Text("waiting for data", style="grey50"))]
         compact = self.has_class("compact")
         flags = state.gpu_flags(gpu.index)
-        specs = [(("util", gpu.util_pct, width), lambda: self._util(gpu, width)),
-                 (("mem", gpu.mem_used_mib, gpu.mem_total_mib, width), lambda: self._mem(gpu, width)),
-                 (("pwr", gpu.power_w, gpu.power_limit_w, width), lambda: self._power(gpu, width))]
+        specs = [
+            (("util", gpu.util_pct, width), lambda: self._util(gpu, width)),
+            (("mem", gpu.mem_used_mib, gpu.mem_total_mib, width), lambda: self._mem(gpu, width)),
+            (("pwr", gpu.power_w, gpu.power_limit_w, width), lambda: self._power(gpu, width)),
+        ]
         if not compact:
             if flags:
                 specs.insert(1, (("word", *flags), lambda: self._word(flags)))  # the GPU's own word before its history
@@ -199,8 +206,10 @@ class GpuPane(Widget):
 
     @staticmethod
     def _ranks(procs: tuple, room: int) -> list[Text]:
-        rows = [Text(f"{visible(who):<4} {pid:<7} {gib(mib)}", style="bold" if known else "grey62")
-                for pid, mib, (who, known) in procs]
+        rows = [
+            Text(f"{visible(who):<4} {pid:<7} {gib(mib)}", style="bold" if known else "grey62")
+            for pid, mib, (who, known) in procs
+        ]
         if not rows:
             return [Text("no processes", style="grey42")]
         if len(rows) > room:
@@ -244,7 +253,7 @@ class GpuList(Static):
         rows = []
         for r in range(0, len(cells), cols):
             row = Text()
-            for n, cell in enumerate(cells[r:r + cols]):
+            for n, cell in enumerate(cells[r : r + cols]):
                 if n:
                     row.append(" " * gap)
                 cell.truncate(width, pad=True)
@@ -266,8 +275,12 @@ class GpuList(Static):
             ranks.append(f"TP{proc.rank}" if proc and proc.rank is not None else "pid")
         who = ",".join(ranks[:2]) + (f"+{len(ranks) - 2}" if len(ranks) > 2 else "") if ranks else "-"
         pw, tw = (9, 5) if wide else (5, 4)
-        tail = Text(f" {num(gpu.util_pct, '%'):>4} ") + Text(f"{mem:>7}", style="magenta") + \
-            Text(f" {power:>{pw}} {temp:>{tw}} ") + Text(who, style="bold" if ranks else "grey42")
+        tail = (
+            Text(f" {num(gpu.util_pct, '%'):>4} ")
+            + Text(f"{mem:>7}", style="magenta")
+            + Text(f" {power:>{pw}} {temp:>{tw}} ")
+            + Text(who, style="bold" if ranks else "grey42")
+        )
         flags = state.gpu_flags(index)
         if flags:
             tail.append(" " + flags[0] + ("+" if len(flags) > 1 else ""), style="bold red")

@@ -15,8 +15,15 @@ from cockpit.judge.verdict import REQUESTS_FROZEN, VerdictName
 from cockpit.read.metrics import describe as describe_metrics
 from cockpit.ui.screens import ReportScreen
 
-VERDICT_STYLE = {"ok": "green", "crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
-                 "slow": "yellow", "stopping": "yellow", "stopped": "yellow"}
+VERDICT_STYLE = {
+    "ok": "green",
+    "crashed": "bold red",
+    "stalled-idle": "bold red",
+    "stalled-spinning": "bold red",
+    "slow": "yellow",
+    "stopping": "yellow",
+    "stopped": "yellow",
+}
 FULL = (120, 35)  # below this (columns or rows) the GPUs are a line each, as nvitop's compact view
 
 
@@ -30,8 +37,12 @@ def hint(screen: Screen) -> str | None:
         return None
     if not screen.monitor.live:
         return "no run in this snapshot"
-    if screen.profile is not None and screen.profile.command and screen.check_action("relaunch", ()) \
-            and shows(screen, "relaunch"):
+    if (
+        screen.profile is not None
+        and screen.profile.command
+        and screen.check_action("relaunch", ())
+        and shows(screen, "relaunch")
+    ):
         earlier = ", L for earlier runs" if shows(screen, "ledger") else ""
         return f"no run: press r to launch {screen.profile.name}'s command (flag sets as toggles){earlier}"
     if screen.profile is not None:
@@ -52,11 +63,16 @@ def header_text(screen: Screen) -> Text:
     sep = Text("  │  " if screen.size.width >= FULL[0] else " │ ", style="grey50")
     v = screen.verdict
     said = str(v) + (f": {v.detail}" if v.detail == REQUESTS_FROZEN else "")  # a launch's stop shows in its phase
-    verdict = Text("unknown: no connection", style="bold red") if screen.error else \
-        as_text(said, VERDICT_STYLE.get(v.name, "default"))
-    head = [Text("verdict ") + verdict,
-            Text("phase ") + as_text(str(screen.phase), "bold cyan"),
-            as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text())]
+    verdict = (
+        Text("unknown: no connection", style="bold red")
+        if screen.error
+        else as_text(said, VERDICT_STYLE.get(v.name, "default"))
+    )
+    head = [
+        Text("verdict ") + verdict,
+        Text("phase ") + as_text(str(screen.phase), "bold cyan"),
+        as_text(s.target, "bold") + (as_text(f" ({a.hostname})") if a.hostname not in ("?", s.target) else Text()),
+    ]
     link = s.link_state
     style = "green" if link == "up" else "bold red" if link.startswith(("lost", "down", "failed")) else "yellow"
     rtt = f" {s.rtt_ms:.0f}ms" if s.rtt_ms is not None and link == "up" else ""
@@ -90,7 +106,7 @@ def header_text(screen: Screen) -> Text:
         room = max(10, screen.size.width - 4)
         if any(len(line) > room for line in shown) and shows(screen, "evidence"):
             more = f"  e: all {len(evidence)}"
-            first = shown[0] if len(shown[0]) <= room - len(more) else shown[0][:room - len(more) - 1] + "…"
+            first = shown[0] if len(shown[0]) <= room - len(more) else shown[0][: room - len(more) - 1] + "…"
             lines.append(Text("▸ ", style=red) + as_text(first, red) + Text(more, style="bold"))
         else:
             lines.append(Text("▸ ", style=red) + as_text(shown[0], red))
@@ -103,7 +119,7 @@ def header_text(screen: Screen) -> Text:
         room = max(10, screen.size.width - 2)
         if last is screen.actions.outcome and len(last.plain) > room and shows(screen, "report"):
             more = "  v: all"
-            last = last[:room - len(more) - 1] + Text("…") + Text(more, style="bold")
+            last = last[: room - len(more) - 1] + Text("…") + Text(more, style="bold")
         lines.append(last)
     for line in lines:
         line.no_wrap = True

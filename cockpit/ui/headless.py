@@ -15,8 +15,9 @@ from cockpit.common.hosttext import visible
 from cockpit.ui.app import CockpitApp, save_text
 
 
-async def render(app: CockpitApp, size: tuple[int, int], wait: float | None, svg: str | None, text: str | None,
-                 timeout: float = 60.0) -> str:
+async def render(
+    app: CockpitApp, size: tuple[int, int], wait: float | None, svg: str | None, text: str | None, timeout: float = 60.0
+) -> str:
     """Run the app at `size`, wait for its first sample, then for the monitor's one-shot look to
     decide (`wait` None: as `snapshot --json` does) or `wait` seconds, and save what it shows."""
     async with app.run_test(size=size) as pilot:

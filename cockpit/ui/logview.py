@@ -18,9 +18,14 @@ from cockpit.host.state import LOG_LINES
 from cockpit.read.logrules import LogLine
 
 MAX_WIDTH = 400
-STYLE_OBJ = {"failure": Style(bold=True, color="bright_red"), "error": Style(bold=True, color="red"),
-             "warning": Style(color="yellow"), "stall": Style(bold=True, color="yellow"), "phase": Style(color="cyan"),
-             None: Style()}
+STYLE_OBJ = {
+    "failure": Style(bold=True, color="bright_red"),
+    "error": Style(bold=True, color="red"),
+    "warning": Style(color="yellow"),
+    "stall": Style(bold=True, color="yellow"),
+    "phase": Style(color="cyan"),
+    None: Style(),
+}
 MARK = Style(bold=True, color="cyan")
 REVERSE = Style(reverse=True)
 
@@ -82,8 +87,10 @@ class LogView(ScrollView, can_focus=True):
     def empty_reason(self) -> str | None:
         """Why a filtered log shows nothing: said in the pane, not left blank."""
         if self.search and self.rank is not None:
-            return visible(f"no line of rank {self.rank} matches “{self.search}”: / then enter on an empty search "
-                           f"clears it, t shows the next rank")
+            return visible(
+                f"no line of rank {self.rank} matches “{self.search}”: / then enter on an empty search "
+                f"clears it, t shows the next rank"
+            )
         if self.search:
             return visible(f"no line matches “{self.search}”: / then enter on an empty search clears it")
         if self.rank is not None:
@@ -115,7 +122,7 @@ class LogView(ScrollView, can_focus=True):
                 hit = lower.find(term, start)
                 if hit < 0:
                     break
-                segments += [Segment(line[start:hit], style), Segment(line[hit:hit + len(term)], style + REVERSE)]
+                segments += [Segment(line[start:hit], style), Segment(line[hit : hit + len(term)], style + REVERSE)]
                 start = hit + len(term)
             segments.append(Segment(line[start:], style))
         else:
@@ -139,4 +146,3 @@ class LogView(ScrollView, can_focus=True):
             parts.append(f"/{self.search}")
         parts.append("follow" if self.auto_scroll else "paused")
         self.border_subtitle = as_text("  ".join(parts))  # the log's path and the search: text, never markup
-

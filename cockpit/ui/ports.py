@@ -52,7 +52,9 @@ class PortsTable(LiveTable):
             if self.configured and p.port not in self.configured:
                 continue
             codes = [str(res.get("status") or "—") for (port, _), res in sorted(self.probes.items()) if port == p.port]
-            parts.append(f":{p.port} {'listen' if p.listening else 'closed'}" + (f" http {','.join(codes)}" if codes else ""))
+            parts.append(
+                f":{p.port} {'listen' if p.listening else 'closed'}" + (f" http {','.join(codes)}" if codes else "")
+            )
         return " · ".join(parts)
 
     def set_narrow(self, narrow: bool) -> None:

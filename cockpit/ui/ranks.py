@@ -13,21 +13,33 @@ from cockpit.ui.commands import RANK_TABLE, bindings
 from cockpit.ui.fmt import NA, gib, mib
 from cockpit.ui.table import LiveTable
 
-COLUMNS = [("process", 30), ("pid", 7), ("role", 11), ("rank", 4), ("st", 2), ("cpu%", 5), ("rss", 6),
-           ("thr", 4), ("gpu", 3), ("gpu mem", 7)]
+COLUMNS = [
+    ("process", 30),
+    ("pid", 7),
+    ("role", 11),
+    ("rank", 4),
+    ("st", 2),
+    ("cpu%", 5),
+    ("rss", 6),
+    ("thr", 4),
+    ("gpu", 3),
+    ("gpu mem", 7),
+]
 NARROW = [("process", 20), ("pid", 7), ("rank", 4), ("st", 2), ("cpu%", 5), ("gpu", 3), ("gpu mem", 7)]
 # What `o` cycles through: (column, the key of a Proc, largest first?)
-SORTS = {"tree": None,
-         "gpu mem": (lambda p: p.gpu_mem_mib or 0, True),
-         "cpu%": (lambda p: p.cpu_pct if p.alive else -1, True),
-         "rank": (lambda p: (p.rank is None, p.rank or 0), False),
-         "pid": (lambda p: p.pid, False),
-         "rss": (lambda p: p.rss_mib or 0, True),
-         "thr": (lambda p: p.threads or 0, True),
-         "st": (lambda p: p.status, False),
-         "role": (lambda p: p.role or "~", False),
-         "process": (lambda p: p.title, False),
-         "gpu": (lambda p: (not p.gpus, p.gpus), False)}
+SORTS = {
+    "tree": None,
+    "gpu mem": (lambda p: p.gpu_mem_mib or 0, True),
+    "cpu%": (lambda p: p.cpu_pct if p.alive else -1, True),
+    "rank": (lambda p: (p.rank is None, p.rank or 0), False),
+    "pid": (lambda p: p.pid, False),
+    "rss": (lambda p: p.rss_mib or 0, True),
+    "thr": (lambda p: p.threads or 0, True),
+    "st": (lambda p: p.status, False),
+    "role": (lambda p: p.role or "~", False),
+    "process": (lambda p: p.title, False),
+    "gpu": (lambda p: (not p.gpus, p.gpus), False),
+}
 CYCLE = ["tree", "gpu mem", "cpu%", "rank", "pid"]
 STATUS_STYLE = {"R": "green", "S": "default", "D": "yellow", "Z": "bold red", "T": "yellow", "X": "bold red"}
 
@@ -131,7 +143,7 @@ class RankTable(LiveTable):
         room = max(4, width - len(exit_text)) if width else 0  # a dead rank's exit code is never cut off
         if room and len(title) > room:  # cut in the middle: the end names the rank (…_TP3) or the port
             keep = min(8, room // 3)
-            title = title[:room - keep - 1] + "…" + title[-keep:]
+            title = title[: room - keep - 1] + "…" + title[-keep:]
         if not p.alive:
             name = Text(title, style="strike grey62") + Text(exit_text, style="bold red")
         else:

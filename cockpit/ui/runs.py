@@ -16,8 +16,16 @@ from cockpit.ui.commands import RUNS_TABLE, bindings
 from cockpit.ui.table import LiveTable
 
 COLUMNS = [("user", 8), ("ports", 11), ("model", 18), ("TP", 3), ("phase", 14), ("verdict", 16), ("since", 8)]
-VERDICT_STYLE = {"crashed": "bold red", "stalled-idle": "bold red", "stalled-spinning": "bold red",
-                 "slow": "yellow", "ok": "green", "watching": "grey70", "stopped": "grey50", "stopping": "yellow"}
+VERDICT_STYLE = {
+    "crashed": "bold red",
+    "stalled-idle": "bold red",
+    "stalled-spinning": "bold red",
+    "slow": "yellow",
+    "ok": "green",
+    "watching": "grey70",
+    "stopped": "grey50",
+    "stopping": "yellow",
+}
 
 
 def _since(iso: str | None) -> str:
@@ -48,9 +56,20 @@ def run_rows(doc: dict[str, Any]) -> list[tuple[str, list]]:
             phase = (entry.get("phase") or {}).get("name", "")
         else:
             cell, phase = Text("neighbour", style="grey50"), ""
-        rows.append((str(entry.get("root")), [str(entry.get("user") or "?"),
-                                              ",".join(str(p) for p in entry.get("ports") or []) or "—", model,
-                                              str(entry.get("tp_size") or ""), phase, cell, _since(entry.get("since"))]))
+        rows.append(
+            (
+                str(entry.get("root")),
+                [
+                    str(entry.get("user") or "?"),
+                    ",".join(str(p) for p in entry.get("ports") or []) or "—",
+                    model,
+                    str(entry.get("tp_size") or ""),
+                    phase,
+                    cell,
+                    _since(entry.get("since")),
+                ],
+            )
+        )
     return rows
 
 

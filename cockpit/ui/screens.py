@@ -44,7 +44,7 @@ class Hanging:
             first, *rest = text.wrap(console, width, overflow="fold") or [Text("")]
             yield first
             if rest:
-                tail = Text(line[len(first.plain):].lstrip(" "), style=self.style)
+                tail = Text(line[len(first.plain) :].lstrip(" "), style=self.style)
                 for piece in tail.wrap(console, width - indent, overflow="fold"):
                     yield Text(" " * indent) + piece
 
@@ -84,12 +84,19 @@ class ReportScreen(ModalScreen[str | None]):
     """A report; an offered key (`c` to clean, with the shm audit; `n` for every frame, with the
     stacks) dismisses with its name; the report's body says what it does."""
 
-    BINDINGS = [Binding("escape,q,enter", "close", "Close", key_display="esc"),
-                Binding("c", "choose('c')", "Clean what is safe"),  # each shown only when offered
-                Binding("n", "choose('n')", "Native frames")]
+    BINDINGS = [
+        Binding("escape,q,enter", "close", "Close", key_display="esc"),
+        Binding("c", "choose('c')", "Clean what is safe"),  # each shown only when offered
+        Binding("n", "choose('n')", "Native frames"),
+    ]
 
-    def __init__(self, title: str, lines: list[str], keys: dict[str, str] | None = None,
-                 unavailable: dict[str, str] | None = None):
+    def __init__(
+        self,
+        title: str,
+        lines: list[str],
+        keys: dict[str, str] | None = None,
+        unavailable: dict[str, str] | None = None,
+    ):
         super().__init__()
         self.title_text, self.lines, self.keys = title, lines, keys or {}
         self.unavailable = unavailable or {}  # a key that says why it does nothing here, when pressed
@@ -99,7 +106,9 @@ class ReportScreen(ModalScreen[str | None]):
             yield Static(as_text(self.title_text, "bold"))
             with VerticalScroll(classes="dialog-body"):
                 yield Static(body(self.lines))
-            yield Static(id="said").set_styles("display: none;")  # why a pressed key does nothing here (a notification would hide under the dialog)
+            yield Static(id="said").set_styles(
+                "display: none;"
+            )  # why a pressed key does nothing here (a notification would hide under the dialog)
         yield Footer()
 
     def check_action(self, action: str, parameters) -> bool | None:
@@ -137,7 +146,7 @@ def arg_items(argv: list[str]) -> list[str]:
     items, i = [], 0
     while i < len(argv):
         if _is_flag(argv[i]) and i + 1 < len(argv) and not _is_flag(argv[i + 1]) and "=" not in argv[i]:
-            items.append(shlex.join(argv[i:i + 2]))
+            items.append(shlex.join(argv[i : i + 2]))
             i += 2
         else:
             items.append(shlex.quote(argv[i]))
@@ -163,8 +172,11 @@ def arg_diff(old: list[str], new: list[str]) -> tuple[list[tuple[str, bool]], li
 def flag_prompt(layout, name: str, on: bool) -> Text:
     """A flag set as a toggle reads it: [on] / [off] (not by colour alone), its name, its flags."""
     flags = visible(" ".join(layout.flag_sets[name]))
-    return Text.assemble(("[on]  " if on else "[off] ", "bold" if on else "grey62"),
-                         (visible(name), "bold" if on else ""), (f"  {flags}", "grey50"))
+    return Text.assemble(
+        ("[on]  " if on else "[off] ", "bold" if on else "grey62"),
+        (visible(name), "bold" if on else ""),
+        (f"  {flags}", "grey50"),
+    )
 
 
 class RelaunchScreen(ModalScreen["RunSpec | None"]):
@@ -172,18 +184,21 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
     fields, and the exact command line that will run, with what differs from the current run
     marked: a diff of argument lists, a flag with its value."""
 
-    BINDINGS = [Binding("ctrl+r", "launch", "Launch"),
-                Binding("space", "toggle", "Toggle flag set"),
-                Binding("tab", "focus_next", "Next field", show=False),
-                Binding("escape", "cancel", "Cancel", key_display="esc")]
+    BINDINGS = [
+        Binding("ctrl+r", "launch", "Launch"),
+        Binding("space", "toggle", "Toggle flag set"),
+        Binding("tab", "focus_next", "Next field", show=False),
+        Binding("escape", "cancel", "Cancel", key_display="esc"),
+    ]
 
     RELAUNCH = "ctrl+r: the current run is killed and verified gone, /dev/shm cleaned, then this runs"
-    ABLATE = ("ctrl+r: the flag sets switched on here are varied, every on/off combination of them launched in "
-              "turn (the current run stopped first, each launch killing the one before); the list is shown "
-              "to confirm first")
+    ABLATE = (
+        "ctrl+r: the flag sets switched on here are varied, every on/off combination of them launched in "
+        "turn (the current run stopped first, each launch killing the one before); the list is shown "
+        "to confirm first"
+    )
 
-    def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch",
-                 note: str = RELAUNCH):
+    def __init__(self, layout, current, python: str, extra: list[str], title: str = "relaunch", note: str = RELAUNCH):
         super().__init__()
         self.profile, self.current, self.python, self.extra, self.title_text = layout, current, python, extra, title
         self.note = note
@@ -193,10 +208,18 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
 
         with Vertical(classes="dialog"):
             yield Static(as_text(f"{self.title_text}: {self.profile.name}", "bold"))
-            yield Static("flag sets (space switches the highlighted one on or off, tab goes to the fields):",
-                         classes="field-label")
-            yield SelectionList(*[(self._prompt(name, name in self.current.enabled), name, name in self.current.enabled)
-                                  for name in self.profile.flag_sets], id="sets", compact=True)
+            yield Static(
+                "flag sets (space switches the highlighted one on or off, tab goes to the fields):",
+                classes="field-label",
+            )
+            yield SelectionList(
+                *[
+                    (self._prompt(name, name in self.current.enabled), name, name in self.current.enabled)
+                    for name in self.profile.flag_sets
+                ],
+                id="sets",
+                compact=True,
+            )
             for name, value in self.profile.params.items():
                 with Horizontal(classes="field"):
                     yield Label(as_text(f"{name} ({param_flag(name)}):"), classes="field-label")
@@ -229,7 +252,9 @@ class RelaunchScreen(ModalScreen["RunSpec | None"]):
         grid = Table.grid(padding=(0, 1, 0, 0))  # a wrapped command hangs under its first argument
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(ratio=1)
-        grid.add_row("command:", Text(" ").join(as_text(item, "bold green" if changed else "") for item, changed in shown))
+        grid.add_row(
+            "command:", Text(" ").join(as_text(item, "bold green" if changed else "") for item, changed in shown)
+        )
         added = [item for item, changed in shown if changed]
         for label, items, style in (("added:", added, "bold green"), ("removed:", removed, "red")):
             if items:
@@ -271,10 +296,12 @@ class BisectScreen(ModalScreen["tuple[list[str], list[str]] | None"]):
     as the relaunch screen's [on]/[off] toggles, the suspects (the flag sets that differ) said as
     they change; ctrl+r takes them, never with nothing to search (it says what to switch)."""
 
-    BINDINGS = [Binding("ctrl+r", "bisect", "Bisect"),
-                Binding("space", "toggle", "Toggle flag set"),
-                Binding("tab", "focus_next", "Other side", show=False),
-                Binding("escape", "cancel", "Cancel", key_display="esc")]
+    BINDINGS = [
+        Binding("ctrl+r", "bisect", "Bisect"),
+        Binding("space", "toggle", "Toggle flag set"),
+        Binding("tab", "focus_next", "Other side", show=False),
+        Binding("escape", "cancel", "Cancel", key_display="esc"),
+    ]
 
     def __init__(self, layout, failing: list[str], good: list[str], why: str):
         super().__init__()
@@ -296,12 +323,20 @@ class BisectScreen(ModalScreen["tuple[list[str], list[str]] | None"]):
             yield Static(as_text("space: on/off · tab: the other side · ctrl+r: bisect", "grey62"))
             yield Static(id="suspects")
             with Horizontal(classes="sides"):
-                for side, on, label in (("failing", self.failing, "the failing configuration"),
-                                        ("good", self.good, "the good configuration")):
+                for side, on, label in (
+                    ("failing", self.failing, "the failing configuration"),
+                    ("good", self.good, "the good configuration"),
+                ):
                     with Vertical(classes="side"):
                         yield Static(as_text(label, "bold"), classes="field-label")
-                        yield SelectionList(*[(flag_prompt(self.profile, name, name in on), name, name in on)
-                                              for name in self.profile.flag_sets], id=side, compact=True)
+                        yield SelectionList(
+                            *[
+                                (flag_prompt(self.profile, name, name in on), name, name in on)
+                                for name in self.profile.flag_sets
+                            ],
+                            id=side,
+                            compact=True,
+                        )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -320,9 +355,14 @@ class BisectScreen(ModalScreen["tuple[list[str], list[str]] | None"]):
 
     def _show(self, refused: bool = False) -> None:
         said = self.suspects()
-        text = (as_text("suspects: " + ", ".join(said), "bold") if said else
-                as_text("the same configuration on both sides: switch a suspect on in the failing one (or off in "
-                        "the good one)", "bold red" if refused else "yellow"))
+        text = (
+            as_text("suspects: " + ", ".join(said), "bold")
+            if said
+            else as_text(
+                "the same configuration on both sides: switch a suspect on in the failing one (or off in the good one)",
+                "bold red" if refused else "yellow",
+            )
+        )
         self.query_one("#suspects", Static).update(text)
 
     def on_selection_list_selected_changed(self, event) -> None:
@@ -352,31 +392,56 @@ VERDICT_HELP = [
     ("[green]ok[/green]", "the run is alive and moving (or ready and serving)"),
     ("watching", "processes are there; not enough seen yet to judge"),
     ("no run", "nothing of a run is watched on this host"),
-    ("[bold red]stalled-idle[/bold red]", "every rank alive, CPU and GPU idle with the model resident, port closed, "
-                                          "log silent for the layout's idle_s: a deadlock before serving"),
-    ("[bold red]stalled-spinning[/bold red]", "GPUs pinned at 100 % utilization at idle power (a kernel polling a "
-                                              "flag: a collective that never completes), log silent; the odd rank "
-                                              "is named"),
+    (
+        "[bold red]stalled-idle[/bold red]",
+        "every rank alive, CPU and GPU idle with the model resident, port closed, "
+        "log silent for the layout's idle_s: a deadlock before serving",
+    ),
+    (
+        "[bold red]stalled-spinning[/bold red]",
+        "GPUs pinned at 100 % utilization at idle power (a kernel polling a "
+        "flag: a collective that never completes), log silent; the odd rank "
+        "is named",
+    ),
     ("[bold red]crashed[/bold red]", "a rank died or the log tells a failure; the first failing rank is named"),
     ("[yellow]slow[/yellow]", "a phase has taken slow_factor times what earlier runs took"),
     ("[yellow]stopping[/yellow]", "the operator's own kill or relaunch is under way: not a crash"),
-    ("stopped", "ranks the operator killed are gone (and those of the run that went down after them): "
-                "not a crash; a run killed whole and verified gone reads no run"),
-    ("[bold red]unknown: no connection[/bold red]", "the cockpit could not connect to the host (the header's "
-                                                    "next lines say why); q exits with status 2"),
+    (
+        "stopped",
+        "ranks the operator killed are gone (and those of the run that went down after them): "
+        "not a crash; a run killed whole and verified gone reads no run",
+    ),
+    (
+        "[bold red]unknown: no connection[/bold red]",
+        "the cockpit could not connect to the host (the header's next lines say why); q exits with status 2",
+    ),
 ]
 
 COLOUR_HELP = [
-    ("bars", "[green]green[/green] below 60 %, [yellow]yellow[/yellow] from 60 %, [red]red[/red] from 90 %; "
-             "memory [magenta]magenta[/magenta], power [cyan]cyan[/cyan]"),
-    ("log", "[bold bright_red]failure[/bold bright_red], [bold red]error[/bold red], [yellow]warning[/yellow], "
-            "[cyan]▶ phase[/cyan] (marked once, where it starts)"),
-    ("ranks", "state [green]R[/green] running, S sleeping, [yellow]D[/yellow] disk wait, [bold red]Z[/bold red] "
-              "zombie; a dead rank is struck through with its exit code"),
-    ("ports", "[bold green]listen[/bold green] / [grey50]closed[/grey50], http status [green]2xx[/green] / "
-              "[red]error[/red]"),
-    ("link", "[green]up[/green], [yellow]connecting[/yellow], [bold red]lost / down / failed[/bold red] "
-             "(the panes dim: the data is old)"),
+    (
+        "bars",
+        "[green]green[/green] below 60 %, [yellow]yellow[/yellow] from 60 %, [red]red[/red] from 90 %; "
+        "memory [magenta]magenta[/magenta], power [cyan]cyan[/cyan]",
+    ),
+    (
+        "log",
+        "[bold bright_red]failure[/bold bright_red], [bold red]error[/bold red], [yellow]warning[/yellow], "
+        "[cyan]▶ phase[/cyan] (marked once, where it starts)",
+    ),
+    (
+        "ranks",
+        "state [green]R[/green] running, S sleeping, [yellow]D[/yellow] disk wait, [bold red]Z[/bold red] "
+        "zombie; a dead rank is struck through with its exit code",
+    ),
+    (
+        "ports",
+        "[bold green]listen[/bold green] / [grey50]closed[/grey50], http status [green]2xx[/green] / [red]error[/red]",
+    ),
+    (
+        "link",
+        "[green]up[/green], [yellow]connecting[/yellow], [bold red]lost / down / failed[/bold red] "
+        "(the panes dim: the data is old)",
+    ),
 ]
 
 
@@ -407,24 +472,35 @@ def help_renderable(commands=COCKPIT + RANK_TABLE + RUNS_TABLE):
         para("[b]gpu-cockpit[/b] — keys, verdicts, phases and colours ([b]↑ ↓[/b] scroll, [b]esc[/b] closes)\n"),
         para("[b]Keys[/b]  (the footer shows the most used first, as many as the width allows)"),
         _table(key_rows(commands)),
-        para("\n[b]The header[/b] is always on screen: host, phase, verdict, link, the age of the data; then the "
-             "verdict's first evidence (or what to do when there is nothing to show); then what lasts: the "
-             "action under way, the last action's outcome, or why the link is down.\n"),
+        para(
+            "\n[b]The header[/b] is always on screen: host, phase, verdict, link, the age of the data; then the "
+            "verdict's first evidence (or what to do when there is nothing to show); then what lasts: the "
+            "action under way, the last action's outcome, or why the link is down.\n"
+        ),
         para("[b]Verdicts[/b]"),
         _table(VERDICT_HELP),
         para("\n[b]Phases[/b] (read from the log, in launch order)"),
-        _table([("", "starting · loading weights N/M · weights loaded · kv cache · capturing cuda graphs · "
-                     "cuda graphs captured · capturing draft cuda graphs · draft cuda graphs captured · port open · "
-                     "ready · serving; an engine may add compiling and engine initialized. crashed / exited: every rank "
-                     "gone.")], indent=0),
+        _table(
+            [
+                (
+                    "",
+                    "starting · loading weights N/M · weights loaded · kv cache · capturing cuda graphs · "
+                    "cuda graphs captured · capturing draft cuda graphs · draft cuda graphs captured · port open · "
+                    "ready · serving; an engine may add compiling and engine initialized. crashed / exited: every rank "
+                    "gone.",
+                )
+            ],
+            indent=0,
+        ),
         para("\n[b]Colours[/b]"),
         _table(COLOUR_HELP),
         para("  Every colour has a word beside it: nothing is said by colour alone.\n"),
-        para("[b]Sizes[/b]: from 120x35 a pane per GPU (utilization history, memory, power against its limit, "
-             "temperature, SM clock, ranks); below, a line per GPU (two to a line on a short screen), as "
-             "nvitop's compact view. Fields a GPU does not report show as n/a, never 0."),
+        para(
+            "[b]Sizes[/b]: from 120x35 a pane per GPU (utilization history, memory, power against its limit, "
+            "temperature, SM clock, ranks); below, a line per GPU (two to a line on a short screen), as "
+            "nvitop's compact view. Fields a GPU does not report show as n/a, never 0."
+        ),
     )
-
 
 
 class HelpScreen(ModalScreen):

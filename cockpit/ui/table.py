@@ -14,8 +14,13 @@ from cockpit.common.hosttext import visible
 
 def _same(a, b) -> bool:
     if isinstance(a, Text) or isinstance(b, Text):
-        return isinstance(a, Text) and isinstance(b, Text) and a.plain == b.plain and a.style == b.style \
+        return (
+            isinstance(a, Text)
+            and isinstance(b, Text)
+            and a.plain == b.plain
+            and a.style == b.style
             and a.spans == b.spans
+        )
     return a == b
 
 
@@ -60,8 +65,12 @@ class LiveTable(DataTable):
         pass). Sized to a few screens of this table instead (textual is pinned; unknown names
         are skipped)."""
         rows = max(64, 4 * nrows)
-        for name, size in (("_row_render_cache", rows), ("_row_renderable_cache", rows), ("_line_cache", rows),
-                           ("_cell_render_cache", rows * max(1, len(self._visible_columns)))):
+        for name, size in (
+            ("_row_render_cache", rows),
+            ("_row_renderable_cache", rows),
+            ("_line_cache", rows),
+            ("_cell_render_cache", rows * max(1, len(self._visible_columns))),
+        ):
             cache = getattr(self, name, None)
             if cache is not None and hasattr(cache, "maxsize") and cache.maxsize != size:
                 cache.maxsize = size

@@ -117,8 +117,15 @@ def test_shm_in_the_real_dev_shm_with_our_own_names(tmp_path):
     tag = f"psm_gpu-cockpit-test-{os.getpid()}"  # an inference run's name (psm_): a clean may remove it
     held, free = Path(f"/dev/shm/{tag}-held"), Path(f"/dev/shm/{tag}-free")
     free.write_bytes(b"x" * 8192)
-    holder = subprocess.Popen([sys.executable, "-c", f"import time;f=open('{held}','wb');f.write(b'y'*4096);f.flush();"
-                               "print('ok',flush=True);time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time;f=open('{held}','wb');f.write(b'y'*4096);f.flush();print('ok',flush=True);time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ok"
         res = run_cli("shm", "local", "--json")
@@ -127,6 +134,7 @@ def test_shm_in_the_real_dev_shm_with_our_own_names(tmp_path):
         assert by[held.name]["held_by"] == [holder.pid] and not by[held.name]["removable"]
         assert by[free.name]["removable"] and by[free.name]["bytes"] >= 8192
         from cockpit.agent import shm as agent_shm
+
         done = agent_shm.shm_clean("/dev/shm", [held.name, free.name])
         assert done["removed"] == [free.name] and held.exists() and not free.exists()
         assert done["freed_bytes"] >= 8192
@@ -179,9 +187,13 @@ def start_server_by_hand(sim_state, tmp_path, tp: int) -> tuple[subprocess.Popen
     """A simulated server started outside the cockpit, as an operator would, and ready."""
     port = free_port()
     log = tmp_path / "run.log"
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", str(tp), "--port", str(port),
-                             "--sim-speed", "4"], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cockpit.sim.server", "--tp-size", str(tp), "--port", str(port), "--sim-speed", "4"],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)),
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 40
     while "ready to roll" not in log.read_text():
         assert time.monotonic() < deadline and proc.poll() is None
@@ -193,16 +205,27 @@ def test_cli_kill_over_ssh_finds_the_run_by_the_port_it_owns(sim_state, tmp_path
     proc, port = start_server_by_hand(sim_state, tmp_path, 4)
     try:
         layout = tmp_path / "l.yaml"
-        layout.write_text(f"command: [-m, cockpit.sim.server]\nwatch: ['*--port {port}*']\nports: [{port}]\n"
-                          f"kill_wait_s: 3\n")
-        common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),
-                  *sshd.cli_args()]
+        layout.write_text(
+            f"command: [-m, cockpit.sim.server]\nwatch: ['*--port {port}*']\nports: [{port}]\nkill_wait_s: 3\n"
+        )
+        common = [
+            "cockpit-test",
+            "--python",
+            sys.executable,
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            *sshd.cli_args(),
+        ]
         no = run_cli("kill", *common)
         assert no.returncode == 1 and "--yes" in no.stderr and proc.poll() is None  # no answer: declined
         res = run_cli("kill", *common, "--yes", "--json")
         assert res.returncode == 0, res.stderr
         report = json.loads(res.stdout)  # stdout is the one JSON document
-        assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 6  # launcher, 4 ranks, detok., tracker
+        assert (
+            report["verified"] and len(report["term"]) + len(report["vanished"]) >= 6
+        )  # launcher, 4 ranks, detok., tracker
         assert "the run: owns port" in res.stderr  # the rule that found it, printed with the plan under --yes
         assert proc.wait(5) is not None
     finally:
@@ -226,11 +249,23 @@ def test_dump_over_ssh_finds_the_pyspy_beside_the_layouts_interpreter(sim_state,
     proc, port = start_server_by_hand(sim_state, tmp_path, 2)
     try:
         layout = tmp_path / "l.yaml"
-        layout.write_text(f"command: [-m, cockpit.sim.server]\npython: {sys.executable}\nports: [{port}]\n"
-                          f"watch: ['*--port {port}*']\n")
-        res = run_cli("dump", "cockpit-test", "--python", bare_interpreter(tmp_path), "--sim", str(sim_state),
-                      "--layout", str(layout), *sshd.cli_args(), "--json",
-                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        layout.write_text(
+            f"command: [-m, cockpit.sim.server]\npython: {sys.executable}\nports: [{port}]\n"
+            f"watch: ['*--port {port}*']\n"
+        )
+        res = run_cli(
+            "dump",
+            "cockpit-test",
+            "--python",
+            bare_interpreter(tmp_path),
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            *sshd.cli_args(),
+            "--json",
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert doc["pyspy"] == str(Path(sys.executable).parent / "py-spy") and "uploading" not in res.stderr
@@ -250,8 +285,16 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
         layout = tmp_path / "l.yaml"
         # the run is found as the kill finds it (its port): another sim server on this host is not dumped
         layout.write_text(f"command: [-m, cockpit.sim.server]\nports: [{port}]\nwatch: ['*--port {port}*']\n")
-        common = ["cockpit-test", "--python", python, "--sim", str(sim_state), "--layout", str(layout),
-                  *sshd.cli_args()]
+        common = [
+            "cockpit-test",
+            "--python",
+            python,
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            *sshd.cli_args(),
+        ]
         env = {"XDG_STATE_HOME": str(tmp_path / "state")}
         if not existed:
             missing = run_cli("dump", *common, env=env)
@@ -263,8 +306,10 @@ def test_dump_over_ssh_uploads_pyspy_when_the_host_has_none(sim_state, tmp_path,
         doc = json.loads(res.stdout)
         assert uploaded.exists() and doc["failed"] == {} and doc["dead"] == []
         ours = dumps.pyspy_info(dumps.local_pyspy())
-        said = f"uploading py-spy {ours['version']} ({ours['path']}, {ours['size']} bytes, sha256 {ours['sha256']}) " \
-               f"to cockpit-test:{sshd.home}/.cache/gpu-cockpit/py-spy"
+        said = (
+            f"uploading py-spy {ours['version']} ({ours['path']}, {ours['size']} bytes, sha256 {ours['sha256']}) "
+            f"to cockpit-test:{sshd.home}/.cache/gpu-cockpit/py-spy"
+        )
         assert said in res.stderr.splitlines()  # said before it is sent
         assert doc["pyspy"] == str(uploaded) and doc["pyspy_version"] == ours["version"]
         again = run_cli("dump", *common, "--full", env=env)  # the uploaded one is found again, every frame shown
@@ -290,8 +335,12 @@ def test_dump_parser_folds_the_native_tail_of_recorded_pyspy_output():
     """Real `py-spy dump --native` output: SGLang's scheduler on Ascend (from an SGLang issue) and
     the simulated ranks (recorded here). Python frames are told from native ones by their file."""
     threads = stacks.parse_dump(recorded("sglang-30453-tp0-native.txt"))
-    assert [t.name for t in threads] == ["MainThread", "Thread-1 (_read_thread)", "Thread-2",
-                                         "Thread-3 (_watchdog_thread)"]
+    assert [t.name for t in threads] == [
+        "MainThread",
+        "Thread-1 (_read_thread)",
+        "Thread-2",
+        "Thread-3 (_watchdog_thread)",
+    ]
     main = stacks.main_thread(threads)
     assert main.tid == "163685" and main.state == "idle" and len(main.frames) == 42
     assert len(main.python) == 16 and len(main.native_tail) == 25
@@ -303,19 +352,29 @@ def test_dump_parser_folds_the_native_tail_of_recorded_pyspy_output():
     assert len(templated) > 900 and stacks.short_symbol(templated) == "c10::impl::wrap_kernel_functor_unboxed_<>::call"
     watchdog = threads[3]
     assert stacks.fold_native(watchdog.native_tail) == "time_sleep <- libc (2 frames)"
-    assert [f.name for f in watchdog.python] == ["_watchdog_once", "_watchdog_thread", "run", "_bootstrap_inner",
-                                                 "_bootstrap"]
+    assert [f.name for f in watchdog.python] == [
+        "_watchdog_once",
+        "_watchdog_thread",
+        "run",
+        "_bootstrap_inner",
+        "_bootstrap",
+    ]
 
     sim = stacks.main_thread(stacks.parse_dump(recorded("sim-run-a-tp0.txt")))
     tail = sim.native_tail
-    assert [str(f) for f in tail[2:]] == ["_multiprocessing_SemLock_acquire_impl (semaphore.c:357)",
-                                          "_multiprocessing_SemLock_acquire (semaphore.c.h:127)"]
+    assert [str(f) for f in tail[2:]] == [
+        "_multiprocessing_SemLock_acquire_impl (semaphore.c:357)",
+        "_multiprocessing_SemLock_acquire (semaphore.c.h:127)",
+    ]
     assert all(f.native for f in tail) and tail[0].address  # C source with debug lines is native too
     assert stacks.fold_native(tail) == "_multiprocessing_SemLock_acquire_impl <- libc (4 frames)"
     assert sim.frames[-1].native and sim.frames[-1].name.startswith("0x")  # the libc frame under <module>
     spinning = stacks.main_thread(stacks.parse_dump(recorded("sim-run-a-tp1.txt")))
     assert spinning.state == "active+gil" and spinning.native_tail == []  # on the CPU in Python: nothing to fold
-    assert stacks.library("libcuda.so.595.71.05") == "libcuda" and stacks.library("libpython3.11.so.1.0") == "libpython3.11"
+    assert (
+        stacks.library("libcuda.so.595.71.05") == "libcuda"
+        and stacks.library("libpython3.11.so.1.0") == "libpython3.11"
+    )
 
 
 def test_dump_folds_a_real_cuda_wait_recorded_on_h200s():
@@ -328,8 +387,11 @@ def test_dump_folds_a_real_cuda_wait_recorded_on_h200s():
     groups = stacks.group_stacks({0: r0, 1: r1})
     assert [g.ranks for g in groups] == [[0], [1]] and not any(g.odd for g in groups)
     lines = stacks.describe_groups(groups)
-    assert lines[:3] == ["rank 0 (1), main thread (active), Python frames innermost first:",
-                         "    synchronize (torch/cuda/__init__.py:1162)", "    decode_loop (tp_job.py:41)"]
+    assert lines[:3] == [
+        "rank 0 (1), main thread (active), Python frames innermost first:",
+        "    synchronize (torch/cuda/__init__.py:1162)",
+        "    decode_loop (tp_job.py:41)",
+    ]
     assert "  native: cudaDeviceSynchronize <- libcuda (13 frames)" in lines
     assert "  native: clock_nanosleep (libc, 1 frame)" in lines
     assert not any("libcuda.so.580" in line for line in lines)
@@ -358,12 +420,16 @@ def test_dump_groups_ranks_by_python_frames_whatever_their_native_addresses():
     py = "    wait (threading.py:320)\n    all_reduce (x.py:10)\n"
     futex = 'Thread 1 (idle): "MainThread"\n    0x7f00000001 (libc.so.6)\n    pthread_cond_wait (libc.so.6)\n' + py
     futex2 = 'Thread 2 (idle): "MainThread"\n    0x7f00000777 (libc.so.6)\n    pthread_cond_wait (libc.so.6)\n' + py
-    cuda = ('Thread 3 (idle): "MainThread"\n    0x7f00000002 (libcuda.so.580.126.20)\n'
-            '    cuStreamSynchronize (libcuda.so.580.126.20)\n    cudaStreamSynchronize (libcudart.so.12)\n' + py)
+    cuda = (
+        'Thread 3 (idle): "MainThread"\n    0x7f00000002 (libcuda.so.580.126.20)\n'
+        "    cuStreamSynchronize (libcuda.so.580.126.20)\n    cudaStreamSynchronize (libcudart.so.12)\n" + py
+    )
     groups = stacks.group_stacks({0: futex, 1: cuda, 2: futex2})
     assert [g.ranks for g in groups] == [[0, 1, 2]]
-    assert groups[0].natives() == [("pthread_cond_wait (libc, 2 frames)", [0, 2]),
-                                   ("cudaStreamSynchronize <- libcuda (3 frames)", [1])]
+    assert groups[0].natives() == [
+        ("pthread_cond_wait (libc, 2 frames)", [0, 2]),
+        ("cudaStreamSynchronize <- libcuda (3 frames)", [1]),
+    ]
     lines = stacks.describe_groups(groups)
     assert "  native: pthread_cond_wait (libc, 2 frames) [ranks 0,2]" in lines
     assert "  native: cudaStreamSynchronize <- libcuda (3 frames) [rank 1]" in lines
@@ -373,18 +439,26 @@ def test_dump_targets_keep_dead_ranks_and_describe_them():
     from cockpit.host.state import HostState, Proc
 
     state = HostState()
-    rows = [Proc(pid=10, rank=0), Proc(pid=11, rank=1, status="Z"), Proc(pid=12, rank=2, alive=False, status="X",
-                                                                         exit_code=-6, gone_at=5.0),
-            Proc(pid=13, rank=3, alive=False, status="X", gone_at=1.0), Proc(pid=14, rank=3),
-            Proc(pid=15, rank=None)]
+    rows = [
+        Proc(pid=10, rank=0),
+        Proc(pid=11, rank=1, status="Z"),
+        Proc(pid=12, rank=2, alive=False, status="X", exit_code=-6, gone_at=5.0),
+        Proc(pid=13, rank=3, alive=False, status="X", gone_at=1.0),
+        Proc(pid=14, rank=3),
+        Proc(pid=15, rank=None),
+    ]
     state.procs = {p.pid: p for p in rows}
     assert dumps.dump_targets(state) == [(0, 10), (1, 11), (2, 12), (3, 14)]  # rank 3's live process wins
     assert dumps.DeadRank(2, 12, "gone", -6).describe() == "rank 2: dead (exit code -6, SIGABRT), no stack"
-    assert dumps.DeadRank(1, 11, "Z", 1).describe() == \
-        "rank 1: dead (exit code 1; a zombie its parent has not reaped), no stack"
+    assert (
+        dumps.DeadRank(1, 11, "Z", 1).describe()
+        == "rank 1: dead (exit code 1; a zombie its parent has not reaped), no stack"
+    )
     assert dumps.DeadRank(4, 16, "gone").describe() == "rank 4: dead (exit code unknown), no stack"
-    assert dumps.DeadRank(None, 17, "gone", -9, during=True).describe() == \
-        "pid 17: died during the dump (exit code -9, SIGKILL), no stack"
+    assert (
+        dumps.DeadRank(None, 17, "gone", -9, during=True).describe()
+        == "pid 17: died during the dump (exit code -9, SIGKILL), no stack"
+    )
 
 
 def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(tmp_path):
@@ -394,10 +468,12 @@ def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(t
 
     calls = tmp_path / "calls"
     fake = tmp_path / "py-spy"  # records each call; kills its target, then fails the way py-spy does on the dead
-    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'py-spy 9.9.9'; exit 0; fi\n"
-                    f"echo \"$*\" >> {calls}\nkill -9 \"$3\"; sleep 0.2\n"
-                    "echo 'Error: Failed to get process executable name. Check that the process is running.' >&2\n"
-                    "exit 1\n")
+    fake.write_text(
+        f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'py-spy 9.9.9'; exit 0; fi\n"
+        f'echo "$*" >> {calls}\nkill -9 "$3"; sleep 0.2\n'
+        "echo 'Error: Failed to get process executable name. Check that the process is running.' >&2\n"
+        "exit 1\n"
+    )
     fake.chmod(0o755)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     zombie, reaped, dying = (subprocess.Popen(sleeper) for _ in range(3))
@@ -413,8 +489,10 @@ def test_dump_agent_answers_zombie_and_gone_pids_as_dead_without_running_pyspy(t
         d = out["dumps"]
         assert out["check"]["pyspy"] == str(fake) and out["check"]["version"] == "9.9.9"
         assert {k: (v["ok"], v["dead"], v["status"], v["exit_code"]) for k, v in d.items()} == {
-            str(zombie.pid): (False, True, "Z", -15), str(reaped.pid): (False, True, "gone", None),
-            str(dying.pid): (False, True, "Z", -9)}
+            str(zombie.pid): (False, True, "Z", -15),
+            str(reaped.pid): (False, True, "gone", None),
+            str(dying.pid): (False, True, "Z", -9),
+        }
         assert d[str(zombie.pid)]["errors"] == [] and d[str(reaped.pid)]["errors"] == []
         said = "Error: Failed to get process executable name. Check that the process is running."
         assert d[str(dying.pid)]["errors"] == [said]
@@ -441,8 +519,9 @@ while True:
 LONE_RANK = "import time, setproctitle; setproctitle.setproctitle('sglang::scheduler_TP2'); time.sleep(600)"
 
 
-async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits_own_pyspy(sim_state, tmp_path,
-                                                                                          monkeypatch):
+async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits_own_pyspy(
+    sim_state, tmp_path, monkeypatch
+):
     """Real ranks: 0 lives (dumped by real py-spy), 1 is killed and left a zombie by its parent,
     2 is killed and reaped (the agent launched it, so its exit code is known). A py-spy first on
     PATH is not the one used on local: the cockpit's own is."""
@@ -455,8 +534,11 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
     decoy.write_text(f"#!/bin/sh\ntouch {tmp_path}/decoy-ran\nexit 1\n")
     decoy.chmod(0o755)
     monkeypatch.setenv("PATH", f"{decoy.parent}:{os.environ['PATH']}")
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), WatchList(patterns=[]))
+    session = HostSession(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        WatchList(patterns=[]),
+    )
     await session.connect()
     runs = []
     try:
@@ -472,8 +554,11 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
         os.kill(pids[1], signal.SIGKILL)
         os.kill(pids[2], signal.SIGTERM)
         await wait_for(lambda: state.procs[pids[1]].status == "Z", 15, "rank 1 a zombie")
-        await wait_for(lambda: not state.procs[pids[2]].alive and state.procs[pids[2]].exit_code == -15, 15,
-                       "rank 2 gone, its exit code known")
+        await wait_for(
+            lambda: not state.procs[pids[2]].alive and state.procs[pids[2]].exit_code == -15,
+            15,
+            "rank 2 gone, its exit code known",
+        )
         targets = dumps.dump_targets(state)
         assert targets == [(0, pids[0]), (1, pids[1]), (2, pids[2])]
         result = await dumps.dump_ranks(session, targets, "dead-ranks")
@@ -483,12 +568,16 @@ async def test_dump_says_a_zombie_and_a_gone_rank_are_dead_and_uses_the_cockpits
         assert any("hold_the_line" in f for f in result.groups[0].frames)
         assert [fold for fold, _ in result.groups[0].natives()] == ["time_sleep <- libc (2 frames)"]
         report = result.report()
-        assert report[-2:] == ["rank 1: dead (exit code -9, SIGKILL; a zombie its parent has not reaped), no stack",
-                               "rank 2: dead (exit code -15, SIGTERM), no stack"]
+        assert report[-2:] == [
+            "rank 1: dead (exit code -9, SIGKILL; a zombie its parent has not reaped), no stack",
+            "rank 2: dead (exit code -15, SIGTERM), no stack",
+        ]
         assert not any("py-spy" in line or "Error" in line for line in report)
         doc = result.as_json()
-        assert doc["dead"] == [{"rank": 1, "pid": pids[1], "status": "Z", "exit_code": -9},
-                               {"rank": 2, "pid": pids[2], "status": "gone", "exit_code": -15}]
+        assert doc["dead"] == [
+            {"rank": 1, "pid": pids[1], "status": "Z", "exit_code": -9},
+            {"rank": 2, "pid": pids[2], "status": "gone", "exit_code": -15},
+        ]
         assert doc["failed"] == {} and [g["ranks"] for g in doc["groups"]] == [[0]]
         assert (result.folder / f"rank1-pid{pids[1]}.txt").read_text().startswith("rank 1: dead (exit code -9")
         assert "hold_the_line" in (result.folder / f"rank0-pid{pids[0]}.txt").read_text()

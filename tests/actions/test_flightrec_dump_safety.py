@@ -43,18 +43,34 @@ def as_nobody():
 def start_rank(rank: int, folder: Path, stem: str = "pipe_rank_", user: int | None = None) -> subprocess.Popen:
     """A fake torch rank (tests/fake_fr_rank.py: its launcher keeps the environment, the rank
     retitles itself sglang::scheduler_TP<rank> and holds <stem><rank>.pipe open)."""
-    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DUMP_ON_TIMEOUT="1",
-               TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(folder / stem), TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(folder / "trace_"))
+    env = dict(
+        os.environ,
+        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
+        TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(folder / stem),
+        TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(folder / "trace_"),
+    )
     if user == NOBODY:  # this venv is root's: another user's rank is a titled process of its own, armed alike
         os.mkfifo(folder / f"{stem}{rank}.pipe", 0o666)
         os.chown(folder / f"{stem}{rank}.pipe", NOBODY, NOBODY)
         script = f"exec 3<>{folder}/{stem}{rank}.pipe; echo ready; exec -a sglang::scheduler_TP{rank} cat"
-        p = subprocess.Popen(["bash", "-c", f"bash -c '{script}'; true"], stdout=subprocess.PIPE, text=True, env=env,
-                             stdin=subprocess.PIPE,
-                             start_new_session=True, preexec_fn=as_nobody)
+        p = subprocess.Popen(
+            ["bash", "-c", f"bash -c '{script}'; true"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=as_nobody,
+        )
     else:
-        p = subprocess.Popen([sys.executable, str(FAKE), str(rank), str(DATA / f"constructed-rank{rank}.pickle")],
-                             stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, str(FAKE), str(rank), str(DATA / f"constructed-rank{rank}.pickle")],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -93,12 +109,23 @@ def test_another_users_environment_never_chooses_a_fifo_root_writes_into(shared)
         readers.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # root reads it: a write would land
     (folder / "secret_0").write_bytes((DATA / "constructed-rank0.pickle").read_bytes())  # root's, 0600
     (folder / "secret_0").chmod(0o600)
-    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(folder / "attack-ctl"),
-               TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(folder / "secret_"))
-    code = ("import os, sys, time; p = sys.argv[1] + '1.pipe'; os.mkfifo(p, 0o666); print('ok', flush=True); "
-            "time.sleep(60)")  # nobody's own FIFO, which it does not hold open
-    attacker = subprocess.Popen(["/usr/bin/python3", "-c", code, str(folder / "attack-ctl")], stdout=subprocess.PIPE,
-                                text=True, env=env, preexec_fn=as_nobody)
+    env = dict(
+        os.environ,
+        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(folder / "attack-ctl"),
+        TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(folder / "secret_"),
+    )
+    code = (
+        "import os, sys, time; p = sys.argv[1] + '1.pipe'; os.mkfifo(p, 0o666); print('ok', flush=True); "
+        "time.sleep(60)"
+    )  # nobody's own FIFO, which it does not hold open
+    attacker = subprocess.Popen(
+        ["/usr/bin/python3", "-c", code, str(folder / "attack-ctl")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=as_nobody,
+    )
     try:
         assert attacker.stdout.readline().strip() == "ok"
         out = fr_dump([attacker.pid], trigger=True, wait_s=1)
@@ -110,7 +137,9 @@ def test_another_users_environment_never_chooses_a_fifo_root_writes_into(shared)
                 pass  # nothing was written (a writer still open)
         text = "; ".join(out["problems"])
         assert "no dump pipe" in text and "not held open by the rank" in text
-        assert "owned by root" in (out["ranks"].get("0") or {}).get("error", "")  # root's file under its prefix: not read
+        assert "owned by root" in (out["ranks"].get("0") or {}).get(
+            "error", ""
+        )  # root's file under its prefix: not read
         assert "entries" not in (out["ranks"].get("0") or {})
     finally:
         attacker.kill()
@@ -139,8 +168,9 @@ def test_no_dumps_are_said_as_none_not_as_every_rank_agreeing():
 
 
 async def watched(patterns: list[str]) -> HostSession:
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25),
-                          WatchList(patterns=patterns))
+    session = HostSession(
+        parse_target("local"), SessionOptions(python=sys.executable, interval=0.25), WatchList(patterns=patterns)
+    )
     await session.connect()
     await session.wait_samples(3)
     return session

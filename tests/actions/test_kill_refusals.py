@@ -37,8 +37,12 @@ def program():
     started: list[subprocess.Popen] = []
 
     def start(user: int | None = None) -> subprocess.Popen:
-        p = subprocess.Popen(["bash", "-c", f"exec -a {name} sleep 600"], start_new_session=True, cwd="/",
-                             preexec_fn=as_nobody if user == NOBODY else None)
+        p = subprocess.Popen(
+            ["bash", "-c", f"exec -a {name} sleep 600"],
+            start_new_session=True,
+            cwd="/",
+            preexec_fn=as_nobody if user == NOBODY else None,
+        )
         started.append(p)
         return p
 
@@ -69,11 +73,16 @@ async def test_two_runs_of_one_layout_are_named_never_merged_and_nothing_is_sign
     scope = Scope(command=[name])
     with pytest.raises(actions.AmbiguousRun) as err:
         await actions.plan_kill(session, scope)
-    assert str(err.value) == ("2 runs found on local, not merged: choose one: `cockpit kill local --pid ROOT` (in the "
-                              "cockpit: select its root process and press k)")
+    assert str(err.value) == (
+        "2 runs found on local, not merged: choose one: `cockpit kill local --pid ROOT` (in the "
+        "cockpit: select its root process and press k)"
+    )
     lines = err.value.lines  # each run named on a line of its own
-    assert len(lines) == 2 and lines[0].startswith(f"[1] pid {min(a.pid, b.pid)} (") and \
-        lines[1].startswith(f"[2] pid {max(a.pid, b.pid)} ("), lines
+    assert (
+        len(lines) == 2
+        and lines[0].startswith(f"[1] pid {min(a.pid, b.pid)} (")
+        and lines[1].startswith(f"[2] pid {max(a.pid, b.pid)} (")
+    ), lines
     assert sorted(c["root"] for c in err.value.candidates) == sorted([a.pid, b.pid])
     plan = await actions.plan_kill(session, scope, allow_ambiguous=True)  # the screen lists them to choose from
     assert plan.entries == [] and len(plan.candidates) == 2
@@ -81,8 +90,10 @@ async def test_two_runs_of_one_layout_are_named_never_merged_and_nothing_is_sign
         with pytest.raises(actions.AmbiguousRun) as err:
             await actions.member_plan(session, layout_of(name), verb=verb)
         assert str(err.value) == f"2 runs found on local, not merged: choose one: `cockpit {verb} local --pid ROOT`"
-        assert [line.split(" (")[0] for line in err.value.lines] == [f"[1] pid {min(a.pid, b.pid)}",
-                                                                     f"[2] pid {max(a.pid, b.pid)}"]
+        assert [line.split(" (")[0] for line in err.value.lines] == [
+            f"[1] pid {min(a.pid, b.pid)}",
+            f"[2] pid {max(a.pid, b.pid)}",
+        ]
     assert not gone(a.pid) and not gone(b.pid)
     chosen = await actions.member_plan(session, layout_of(name), root=a.pid)  # --pid ROOT chooses
     assert [e["pid"] for e in chosen.entries] == [a.pid]
@@ -92,8 +103,10 @@ async def test_no_run_found_says_why_and_how_to_name_one(program, session):
     name, _ = program
     with pytest.raises(CockpitError) as err:
         await actions.member_plan(session, layout_of(name), verb="dump")
-    assert str(err.value) == (f"dump: no run found on local, and processes that are not the run's are never touched (no "
-                              f"process runs {name}); name one with `cockpit dump local --pid ROOT`")
+    assert str(err.value) == (
+        f"dump: no run found on local, and processes that are not the run's are never touched (no "
+        f"process runs {name}); name one with `cockpit dump local --pid ROOT`"
+    )
 
 
 async def test_another_users_run_is_left_alone_and_named(program, session):
@@ -107,7 +120,9 @@ async def test_another_users_run_is_left_alone_and_named(program, session):
         await actions.member_plan(session, layout_of(name), verb="flightrec")
     said = str(err.value)
     assert said.startswith("flightrec: no run found on local, and processes that are not the run's are never touched (")
-    assert f"pid {theirs.pid} (nobody) left alone: runs as nobody, not as root: another user's processes are never in " \
-        "a run (name it with --pid to act on it anyway)" in said, said
+    assert (
+        f"pid {theirs.pid} (nobody) left alone: runs as nobody, not as root: another user's processes are never in "
+        "a run (name it with --pid to act on it anyway)" in said
+    ), said
     assert said.endswith("; name one with `cockpit flightrec local --pid ROOT`")
     assert not gone(theirs.pid)

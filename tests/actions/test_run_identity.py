@@ -43,8 +43,18 @@ NOBODY = 65534
 
 
 def sim_argv(port: int | None, model: str) -> list[str]:
-    return [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", *([] if port is None else ["--port", str(port)]),
-            "--sim-speed", "4", "--model-path", model]
+    return [
+        sys.executable,
+        "-m",
+        "cockpit.sim.server",
+        "--tp-size",
+        "2",
+        *([] if port is None else ["--port", str(port)]),
+        "--sim-speed",
+        "4",
+        "--model-path",
+        model,
+    ]
 
 
 def wait_listening(port: int, timeout: float = 60) -> None:
@@ -71,25 +81,43 @@ def test_a_shared_tmux_server_and_its_other_sessions_are_never_the_run(sim_state
         subprocess.run(["tmux", "-L", sock, "new", "-d", "-s", "colleague", "sleep", "600"], env=env, check=True)
         subprocess.run(["tmux", "-L", sock, "new", "-d", "-s", "shell", "bash"], env=env, check=True)
         wait_listening(port)
-        tmux = int(subprocess.run(["tmux", "-L", sock, "display", "-p", "#{pid}"], capture_output=True, text=True,
-                                  check=True).stdout)
+        tmux = int(
+            subprocess.run(
+                ["tmux", "-L", sock, "display", "-p", "#{pid}"], capture_output=True, text=True, check=True
+            ).stdout
+        )
         assert "cockpit.sim.server" in " ".join(agent_procs._read_cmdline(tmux))  # the trap: tmux's argv names it
-        panes = subprocess.run(["tmux", "-L", sock, "list-panes", "-a", "-F", "#{session_name} #{pane_pid}"],
-                               capture_output=True, text=True, check=True).stdout.split("\n")
+        panes = subprocess.run(
+            ["tmux", "-L", sock, "list-panes", "-a", "-F", "#{session_name} #{pane_pid}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         pane = {line.split()[0]: int(line.split()[1]) for line in panes if line.strip()}
         server, bystanders = pane["sgl"], [tmux, pane["colleague"], pane["shell"]]
         command = ["-m", "cockpit.sim.server"]
-        for how in ({"ports": [port], "command": command, "model": model},  # owns port N
-                    {"command": command, "model": model, "ports": [port], "default_port": 30000},
-                    {"command": command, "model": model},  # command matches
-                    {}):  # no layout: title matches (other servers of this machine may be found too)
+        for how in (
+            {"ports": [port], "command": command, "model": model},  # owns port N
+            {"command": command, "model": model, "ports": [port], "default_port": 30000},
+            {"command": command, "model": model},  # command matches
+            {},
+        ):  # no layout: title matches (other servers of this machine may be found too)
             found = agent_kill.find_runs(**how)
             members = {e["pid"] for run in found["runs"] for e in run["members"]}
             assert not members & set(bystanders), (how, found)
             assert server in [run["root"] for run in found["runs"]], (how, found)
         layout = layout_file(tmp_path, f"tmux{port}", port, ["--model-path", model])
-        res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes", "--json",
-                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        res = run_cli(
+            "kill",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            "--yes",
+            "--json",
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 0, res.stderr
         assert f"the run: owns port {port}" in res.stderr and json_tail(res.stdout)["verified"]
         assert gone(server) and alive_pids(bystanders)
@@ -107,19 +135,33 @@ def test_a_setsid_bash_wrapper_and_the_job_it_also_started_are_not_the_run(sim_s
     wrapper = subprocess.Popen(["setsid", "bash", "-c", script], env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)))
     try:
         wait_ready(log, wrapper)
-        kids = {agent_procs._read_cmdline(p)[0].rsplit("/", 1)[-1]: p for p in
-                map(int, Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split())}
+        kids = {
+            agent_procs._read_cmdline(p)[0].rsplit("/", 1)[-1]: p
+            for p in map(int, Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split())
+        }
         assert agent_procs._proc_stat(wrapper.pid)["sid"] == wrapper.pid  # setsid exec'd bash: it leads its session
         server, job = next(p for n, p in kids.items() if n.startswith("python")), kids["sleep"]
-        for how in ({"ports": [port], "command": ["-m", "cockpit.sim.server"], "model": model},
-                    {"command": ["-m", "cockpit.sim.server"], "model": model}, {}):
+        for how in (
+            {"ports": [port], "command": ["-m", "cockpit.sim.server"], "model": model},
+            {"command": ["-m", "cockpit.sim.server"], "model": model},
+            {},
+        ):
             found = agent_kill.find_runs(**how)
             roots = [run["root"] for run in found["runs"]]
             members = {e["pid"] for run in found["runs"] for e in run["members"]}
             assert server in roots and wrapper.pid not in roots and not {wrapper.pid, job} & members, (how, found)
         layout = layout_file(tmp_path, f"wrap{port}", port, ["--model-path", model])
-        res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes", "--json",
-                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        res = run_cli(
+            "kill",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            "--yes",
+            "--json",
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 0 and json_tail(res.stdout)["verified"], res.stderr
         assert gone(server) and alive_pids([wrapper.pid, job])
     finally:
@@ -137,20 +179,35 @@ def test_a_same_model_server_on_the_engines_default_port_is_not_the_layouts(sim_
             probe.bind((host, 30000))
         except OSError as e:
             cannot_run(f"port 30000 on {host} is taken here ({e.strerror}): the colleague's server needs it")
-    theirs = subprocess.Popen(sim_argv(None, model) + ["--host", host], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                              env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
+    theirs = subprocess.Popen(
+        sim_argv(None, model) + ["--host", host],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)),
+        start_new_session=True,
+    )
     try:
         wait_ready(log, theirs)
         assert 30000 in agent_kill._listens(theirs.pid)
         procs = session_procs(theirs.pid)
         port = free_port()
-        found = agent_kill.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
+        found = agent_kill.find_runs(
+            ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000
+        )
         assert found["runs"] == [] and f"no process listens on port {port}" in found["notes"], found
         found = agent_kill.find_runs(command=["-m", "cockpit.sim.server"], model=model)  # no ports named: it is one
         assert [r["root"] for r in found["runs"]] == [theirs.pid]
         layout = layout_file(tmp_path, f"dflt{port}", port, ["--model-path", model])
-        res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes",
-                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        res = run_cli(
+            "kill",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            "--yes",
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 2 and "nothing to kill" in res.stderr, res.stdout + res.stderr
         assert all_alive(procs)
     finally:
@@ -166,13 +223,18 @@ def test_a_server_in_another_network_namespace_is_not_on_the_layouts_port(sim_st
     probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         cannot_run(f"cannot make a network namespace here: unshare -n: {probe.stderr.strip()}")
-    proc = subprocess.Popen(["unshare", "-n", "sh", "-c", script], env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["unshare", "-n", "sh", "-c", script],
+        env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)),
+        start_new_session=True,
+    )
     try:
         wait_ready(log, proc, timeout=60)
         procs = session_procs(proc.pid)
         assert port not in agent_ports.listening_ports() and port in agent_kill._listens(proc.pid)
-        found = agent_kill.find_runs(ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000)
+        found = agent_kill.find_runs(
+            ports=[port], command=["-m", "cockpit.sim.server"], model=model, default_port=30000
+        )
         assert found["runs"] == [], found
         assert f"no process listens on port {port}" in found["notes"]
         assert any("another network namespace" in n and str(proc.pid) in n for n in found["notes"]), found["notes"]
@@ -206,14 +268,29 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
     seen = agent_kill._now_ticks()
     port = free_port()
     layout = layout_file(tmp_path, f"reuse{port}", port)
-    _ledger(layout, tmp_path, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]},
-            {"event": "started", "run_id": "r1", "pid": ours.pid, "pgid": ours.pid, "start": start,
-             "boot": agent_procs._boot_time(), "uid": os.geteuid()}, {"event": "seen", "run_id": "r1", "seen_ticks": seen})
+    _ledger(
+        layout,
+        tmp_path,
+        {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]},
+        {
+            "event": "started",
+            "run_id": "r1",
+            "pid": ours.pid,
+            "pgid": ours.pid,
+            "start": start,
+            "boot": agent_procs._boot_time(),
+            "uid": os.geteuid(),
+        },
+        {"event": "seen", "run_id": "r1", "seen_ticks": seen},
+    )
     os.killpg(ours.pid, signal.SIGKILL)
     ours.wait()
     time.sleep(0.1)
-    setsid_then_exit = [sys.executable, "-c", f"import os,subprocess; os.setsid(); "
-                        f"subprocess.Popen(['bash', '-c', {TITLED!r}]); os._exit(0)"]
+    setsid_then_exit = [
+        sys.executable,
+        "-c",
+        f"import os,subprocess; os.setsid(); subprocess.Popen(['bash', '-c', {TITLED!r}]); os._exit(0)",
+    ]
     imposter = _take_pid(ours.pid, setsid_then_exit, new_session=False)
     imposter.wait()
     try:
@@ -226,8 +303,18 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
         res = run_cli("kill", *target, "--yes", env={"XDG_STATE_HOME": str(tmp_path / "state")})
         assert res.returncode == 2 and "nothing to kill" in res.stderr, res.stdout + res.stderr
         assert all_alive(theirs)
-        found = agent_kill.find_runs(launched=[{"pgid": ours.pid, "start": start, "boot": agent_procs._boot_time(),
-                                           "uid": os.geteuid(), "run_id": "r1", "seen_ticks": seen}])
+        found = agent_kill.find_runs(
+            launched=[
+                {
+                    "pgid": ours.pid,
+                    "start": start,
+                    "boot": agent_procs._boot_time(),
+                    "uid": os.geteuid(),
+                    "run_id": "r1",
+                    "seen_ticks": seen,
+                }
+            ]
+        )
         assert found["runs"] == [] and any("may have been reused" in n for n in found["notes"]), found
     finally:
         for pid in session_procs(ours.pid):
@@ -235,16 +322,28 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
 
     for proof in ("seen", "marker"):  # the leader killed alone: its rank is found by either proof
         run_id = f"r-{proof}"
-        leader = subprocess.Popen(["bash", "-c", f"bash -c {shlex.quote(TITLED)} & wait"], start_new_session=True,
-                                  env=dict(os.environ, GPU_COCKPIT_RUN=run_id) if proof == "marker" else None)
+        leader = subprocess.Popen(
+            ["bash", "-c", f"bash -c {shlex.quote(TITLED)} & wait"],
+            start_new_session=True,
+            env=dict(os.environ, GPU_COCKPIT_RUN=run_id) if proof == "marker" else None,
+        )
         deadline = time.monotonic() + 10
         while len(session_procs(leader.pid)) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         rank = next(p for p in session_procs(leader.pid) if p != leader.pid)
-        recs = [{"event": "launch", "run_id": run_id, "host": "local", "argv": ["x"]},
-                {"event": "started", "run_id": run_id, "pid": leader.pid, "pgid": leader.pid,
-                 "start": agent_procs._start_ticks(leader.pid), "boot": agent_procs._boot_time(), "uid": os.geteuid()}]
+        recs = [
+            {"event": "launch", "run_id": run_id, "host": "local", "argv": ["x"]},
+            {
+                "event": "started",
+                "run_id": run_id,
+                "pid": leader.pid,
+                "pgid": leader.pid,
+                "start": agent_procs._start_ticks(leader.pid),
+                "boot": agent_procs._boot_time(),
+                "uid": os.geteuid(),
+            },
+        ]
         if proof == "seen":
             recs.append({"event": "seen", "run_id": run_id, "seen_ticks": agent_kill._now_ticks()})
         _ledger(layout, tmp_path, *recs)
@@ -252,8 +351,19 @@ def test_a_reused_process_group_whose_leader_is_gone_is_not_the_run(sim_state, t
         leader.kill()
         leader.wait()
         try:
-            res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes", "--json",
-                          "--wait", "1", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+            res = run_cli(
+                "kill",
+                "local",
+                "--sim",
+                str(sim_state),
+                "--layout",
+                str(layout),
+                "--yes",
+                "--json",
+                "--wait",
+                "1",
+                env={"XDG_STATE_HOME": str(tmp_path / "state")},
+            )
             assert res.returncode == 0, res.stdout + res.stderr
             assert f"process group {leader.pid}, its leader gone" in res.stderr and gone(rank)
         finally:
@@ -268,12 +378,31 @@ def test_a_run_recorded_as_ended_is_never_resumed(sim_state, tmp_path):
     try:
         port = free_port()
         layout = layout_file(tmp_path, f"ended{port}", port)
-        _ledger(layout, tmp_path, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]},
-                {"event": "started", "run_id": "r1", "pid": proc.pid, "pgid": proc.pid,
-                 "start": agent_procs._start_ticks(proc.pid), "boot": agent_procs._boot_time(), "uid": os.geteuid()},
-                {"event": "ended", "run_id": "r1", "ended": time.time(), "how": "killed"})
-        res = run_cli("kill", "local", "--sim", str(sim_state), "--layout", str(layout), "--yes",
-                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        _ledger(
+            layout,
+            tmp_path,
+            {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]},
+            {
+                "event": "started",
+                "run_id": "r1",
+                "pid": proc.pid,
+                "pgid": proc.pid,
+                "start": agent_procs._start_ticks(proc.pid),
+                "boot": agent_procs._boot_time(),
+                "uid": os.geteuid(),
+            },
+            {"event": "ended", "run_id": "r1", "ended": time.time(), "how": "killed"},
+        )
+        res = run_cli(
+            "kill",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            "--yes",
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 2 and "nothing to kill" in res.stderr and proc.poll() is None, res.stderr
     finally:
         proc.kill()
@@ -284,9 +413,11 @@ def test_a_child_spawned_by_a_sigterm_handler_is_found_and_the_kill_not_verified
     """The planned process's SIGTERM handler starts `sleep 600` and exits: the sleep, reparented,
     is born into the process group and session the planned process led. It is reported (not
     signalled: it was not confirmed) and the kill is not verified."""
-    code = ("import signal, subprocess, sys, os, time\n"
-            "def bye(*_):\n    subprocess.Popen(['sleep', '600'])\n    os._exit(0)\n"
-            "signal.signal(signal.SIGTERM, bye)\nprint('ok', flush=True)\ntime.sleep(600)\n")
+    code = (
+        "import signal, subprocess, sys, os, time\n"
+        "def bye(*_):\n    subprocess.Popen(['sleep', '600'])\n    os._exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('ok', flush=True)\ntime.sleep(600)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "ok"
@@ -310,8 +441,9 @@ async def test_an_ablation_step_kills_unasked_only_the_run_it_launched(sim_state
 
     port = free_port()
     theirs = start_by_hand(sim_state, tmp_path, port)
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
-                          WatchList(patterns=[]))
+    session = HostSession(
+        parse_target("local"), SessionOptions(python=sys.executable, interval=0.5), WatchList(patterns=[])
+    )
     await session.connect()
     try:
         procs = session_procs(theirs.pid)
@@ -321,8 +453,9 @@ async def test_an_ablation_step_kills_unasked_only_the_run_it_launched(sim_state
         with pytest.raises(CockpitError, match="not the one this ablation launched.*nothing was killed"):
             launch.refuse_unasked(found, launched)
         assert all_alive(procs)
-        ours = await actions.plan_kill(session, runmod.Scope(launched=[{k: launched[k] for k in runmod.LAUNCHED_KEYS
-                                                                         if k in launched}]))
+        ours = await actions.plan_kill(
+            session, runmod.Scope(launched=[{k: launched[k] for k in runmod.LAUNCHED_KEYS if k in launched}])
+        )
         assert ours.rule.startswith("launched by this cockpit (ledger)")
         launch.refuse_unasked(ours, launched)  # its own run: no question
         report = await actions.kill(session, ours, wait_s=1.0)

@@ -12,21 +12,18 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import cannot_run, free_port, run_cli
-from simhost import gone, wait_for
+from conftest import free_port, run_cli
+from simhost import end_session, gone, sleeper, wait_for
 
 from cockpit.actions import kill as actions
 from cockpit.agent import (
-    kill,
     kill as agent_kill,
     logs as agent_logs,
     procs as agent_procs,
-    procs as procs_mod,
     protocol as agent_protocol,
     shm as agent_shm,
 )
@@ -68,8 +65,18 @@ def start_by_hand(sim_state, tmp_path: Path, port: int, *extra: str, with_sleep:
     its own session. `with_sleep`: a wrapper shell starts it and an unrelated `sleep` in one
     process group (what the old scope swept in)."""
     log = tmp_path / f"by-hand-{port}.log"
-    argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(port), "--sim-speed", "4",
-            *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "cockpit.sim.server",
+        "--tp-size",
+        "2",
+        "--port",
+        str(port),
+        "--sim-speed",
+        "4",
+        *extra,
+    ]
     env = dict(os.environ, COCKPIT_SIM_STATE=str(sim_state))
     if with_sleep:
         cmd = ["bash", "-c", f"{shlex.join(argv)} > {shlex.quote(str(log))} 2>&1 & sleep 600 & wait"]
@@ -80,19 +87,18 @@ def start_by_hand(sim_state, tmp_path: Path, port: int, *extra: str, with_sleep:
     return proc
 
 
-def end_session(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
-
-
 def layout_file(tmp_path: Path, name: str, port: int | None, extra_flags=(), env=None, ports=True) -> Path:
     flags = ["--tp-size", "2", *([] if port is None else ["--port", str(port)]), *extra_flags]
-    lines = [f"name: {name}", "engine: sglang", "command: [-m, cockpit.sim.server]",
-             f"base_flags: {json.dumps(flags)}", f"log_dir: {tmp_path}/runs", "kill_wait_s: 2",
-             "stall: {idle_s: 30, spin_s: 30}", "sim: {speed: 4, seed: 1}"]
+    lines = [
+        f"name: {name}",
+        "engine: sglang",
+        "command: [-m, cockpit.sim.server]",
+        f"base_flags: {json.dumps(flags)}",
+        f"log_dir: {tmp_path}/runs",
+        "kill_wait_s: 2",
+        "stall: {idle_s: 30, spin_s: 30}",
+        "sim: {speed: 4, seed: 1}",
+    ]
     if port is not None and ports:
         lines.append(f"ports: [{port}]")
     if env:
@@ -104,7 +110,7 @@ def layout_file(tmp_path: Path, name: str, port: int | None, extra_flags=(), env
 
 
 def json_tail(text: str):
-    return json.loads(text[text.index("{"):])
+    return json.loads(text[text.index("{") :])
 
 
 # ----------------------------------------------------------------------------- two servers side by side
@@ -128,7 +134,9 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert not any(str(pid) in first.stdout.split("then launched")[0] for pid in their_procs)
         assert all_alive(their_procs)
 
-        second = run_cli("launch", *target, "--yes", "--no-clean-shm", "--timeout", "90", env=env, timeout=150)  # relaunch
+        second = run_cli(
+            "launch", *target, "--yes", "--no-clean-shm", "--timeout", "90", env=env, timeout=150
+        )  # relaunch
         assert second.returncode == 0, second.stderr[-2000:]
         plan_text = second.stdout.split("then launched")[0]
         assert "the run: launched by this cockpit (ledger)" in plan_text
@@ -137,6 +145,7 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
 
         from cockpit.runs import ledger as runs
         from cockpit.runs.layoutfile import parse_layout
+
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             ours = runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1]
@@ -151,7 +160,9 @@ def test_launch_and_kill_ours_beside_a_colleagues_server_leave_theirs_alive(sim_
         assert json.loads(killed.stdout)["summary"].startswith("stopped ")
         assert all(gone(pid) for pid in our_procs) and session_procs(int(ours["pgid"])) == {}
         assert all_alive(their_procs)
-        with pytest.MonkeyPatch.context() as mp:  # killed whole and verified: recorded as ended, never resumed from its record
+        with (
+            pytest.MonkeyPatch.context() as mp
+        ):  # killed whole and verified: recorded as ended, never resumed from its record
             mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             assert runs.read_ledger(parse_layout(layout.read_text(), str(layout)))[-1].get("how") == "killed"
     finally:
@@ -190,167 +201,6 @@ def test_two_runs_of_one_layout_are_listed_never_merged(sim_state, tmp_path):
         end_session(b)
 
 
-# ----------------------------------------------------------------------------- reused pids
-
-
-def sleeper() -> subprocess.Popen:
-    return subprocess.Popen(["sleep", "600"], start_new_session=True)
-
-
-def test_a_pid_that_no_longer_matches_its_planned_start_is_skipped_and_reported():
-    """The plan's start time for the pid is another process's (what a reused pid looks like):
-    it is not signalled, in either pass, and the report says why."""
-    proc = sleeper()
-    try:
-        plan = agent_kill.run_plan(pids=[proc.pid])["plan"]
-        assert [e["pid"] for e in plan] == [proc.pid] and plan[0]["uid"] == os.geteuid()
-        plan[0]["start"] -= 7  # planned for an earlier process that had this pid
-        report = agent_kill.kill_run(plan, wait_s=1.0)
-        assert report["term"] == [] and report["killed"] == [] and report["remaining"] == []
-        assert report["skipped"][0]["pid"] == proc.pid and "pid reused" in report["skipped"][0]["why"]
-        assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_the_sigkill_pass_checks_the_start_time_again(monkeypatch):
-    """A process that ignores SIGTERM, whose pid looks reused by the time SIGKILL would go:
-    the SIGKILL is not sent (the old code re-read the start time and killed whatever it found)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                             "print('ok', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stdout.readline().strip() == "ok"
-        plan = agent_kill.run_plan(pids=[proc.pid])["plan"]
-        real = agent_procs._proc_stat
-        reused = threading.Event()
-
-        def stat(pid):
-            row = real(pid)
-            if row is not None and pid == proc.pid and reused.is_set():
-                row["_start"] += 1  # from now on the pid reads as another process
-            return row
-
-        for owner in (kill, procs_mod):  # the kill's own reads and those of the helpers it calls
-            monkeypatch.setattr(owner, "_proc_stat", stat)
-        threading.Timer(0.5, reused.set).start()
-        report = agent_kill.kill_run(plan, wait_s=1.5)
-        assert report["term"] == [proc.pid] and report["killed"] == []
-        assert "pid reused" in report["skipped"][0]["why"]
-        assert proc.poll() is None  # SIGTERM ignored, SIGKILL never sent
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def _take_pid(pid: int, argv: tuple[str, ...] = ("sleep", "600"), new_session: bool = True,
-              tries: int = 500) -> subprocess.Popen:
-    """A new process running argv that gets exactly this (free) pid, through ns_last_pid (root
-    only: else it cannot run here). It starts at least one clock tick after the pid's earlier
-    process did: start times are counted in ticks (10 ms), and a pid reused within the same tick as
-    the first start is not distinguishable. Another process of this busy machine may take the pid
-    first: tried again, and a race lost every time fails the test as what it is."""
-    time.sleep(0.05)
-    deadline = time.monotonic() + 60
-    for _ in range(tries):
-        try:
-            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
-                fh.write(str(pid - 1))
-        except OSError as e:
-            cannot_run(f"cannot steer pid allocation here: /proc/sys/kernel/ns_last_pid: {e.strerror}")
-        p = subprocess.Popen(list(argv), start_new_session=new_session)
-        if p.pid == pid:
-            return p
-        p.kill()
-        p.wait()
-        while not gone(pid) and time.monotonic() < deadline:  # taken meanwhile: free again when that one ends
-            time.sleep(0.05)
-    held = "" if gone(pid) else f" (it is held now by {Path(f'/proc/{pid}/comm').read_text().strip()!r})"
-    pytest.fail(f"pid {pid}: other processes of this machine took it first, {tries} tries in a row{held}")
-
-
-def test_a_really_reused_pid_is_not_signalled():
-    """The real thing: the planned process exits, a new process gets its pid, then the plan is
-    carried out. The newcomer lives; the report names the pid as reused."""
-    old = sleeper()
-    plan = agent_kill.run_plan(pids=[old.pid])["plan"]
-    old.kill()
-    old.wait()
-    new = _take_pid(old.pid)
-    try:
-        report = agent_kill.kill_run(plan, wait_s=1.0)
-        assert report["term"] == [] and "pid reused" in report["skipped"][0]["why"]
-        assert new.poll() is None
-    finally:
-        new.kill()
-        new.wait()
-
-
-def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch):
-    """The narrowest window: the start time matches, then (before the signal goes) the process
-    exits and a new one takes its pid. The signal goes through the pidfd opened before the check,
-    which still names the exited process: the newcomer gets nothing."""
-    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
-        cannot_run("no pidfd on this Python/kernel: the check and the signal are then separate system calls")
-    old = sleeper()
-    plan = agent_kill.run_plan(pids=[old.pid])["plan"]
-    real = agent_kill._still
-    taken: dict = {}
-
-    def still(entry, protected):
-        why = real(entry, protected)
-        if why is None and "new" not in taken:
-            old.kill()
-            old.wait()
-            taken["new"] = _take_pid(old.pid)
-        return why
-
-    monkeypatch.setattr(kill, "_still", still)
-    report = agent_kill.kill_run(plan, wait_s=0.5)
-    new = taken["new"]
-    try:
-        assert report["term"] == [] and report["vanished"] == [old.pid]
-        assert new.poll() is None
-    finally:
-        new.kill()
-        new.wait()
-
-
-def test_the_agent_and_its_ancestors_are_never_planned_nor_signalled():
-    me = os.getpid()  # the agent's functions run in this process here: it is "the agent"
-    found = agent_kill.run_plan(pids=[me])
-    assert found["plan"] == [] and "never signalled" in found["rule"]
-    entry = {"pid": me, "start": agent_procs._start_ticks(me), "uid": os.geteuid()}
-    report = agent_kill.kill_run([entry, dict(entry, pid=os.getppid(), start=agent_procs._start_ticks(os.getppid()))], wait_s=0)
-    assert report["term"] == [] and all("never signalled" in s["why"] for s in report["skipped"])
-
-
-def test_a_process_that_appears_after_the_plan_is_reported_not_signalled(tmp_path):
-    trigger = tmp_path / "go"
-    parent = subprocess.Popen([sys.executable, "-c", f"import os,subprocess,time\n"
-                               f"while not os.path.exists({str(trigger)!r}): time.sleep(0.05)\n"
-                               f"subprocess.Popen(['sleep', '600'], start_new_session=False)\ntime.sleep(600)"],
-                              start_new_session=True)
-    child = None
-    try:
-        plan = agent_kill.run_plan(pids=[parent.pid])["plan"]
-        assert [e["pid"] for e in plan] == [parent.pid]
-        trigger.write_text("")
-        deadline = time.monotonic() + 10
-        while child is None:
-            assert time.monotonic() < deadline
-            kids = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
-            child = int(kids[0]) if kids else None
-            time.sleep(0.05)
-        report = agent_kill.kill_run(plan, wait_s=2.0, sessions=[parent.pid])
-        assert report["term"] == [parent.pid]
-        assert [n["pid"] for n in report["newcomers"]] == [child] and "not signalled" in report["newcomers"][0]["why"]
-        assert child in report["remaining"] and not gone(child)  # honest: the run is not fully gone
-    finally:
-        end_session(parent)
-
-
 def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
     """The ledger names process group P; P is now another process (its start time differs):
     not the run, nothing is killed. With the recorded start time right, it is the run."""
@@ -361,21 +211,42 @@ def test_resume_does_not_trust_a_reused_process_group(tmp_path, sim_state):
         env = {"XDG_STATE_HOME": str(tmp_path / "state")}
         from cockpit.runs import ledger as runs
         from cockpit.runs.layoutfile import parse_layout
+
         lay = parse_layout(layout.read_text(), str(layout))
         start = agent_procs._start_ticks(proc.pid)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             runs.append_ledger(lay, {"event": "launch", "run_id": "r1", "host": "local", "argv": ["x"]})
-            runs.append_ledger(lay, {"event": "started", "run_id": "r1", "pid": proc.pid, "pgid": proc.pid,
-                                     "start": start - 50, "boot": agent_procs._boot_time(), "uid": os.geteuid()})
+            runs.append_ledger(
+                lay,
+                {
+                    "event": "started",
+                    "run_id": "r1",
+                    "pid": proc.pid,
+                    "pgid": proc.pid,
+                    "start": start - 50,
+                    "boot": agent_procs._boot_time(),
+                    "uid": os.geteuid(),
+                },
+            )
         target = ["local", "--sim", str(sim_state), "--layout", str(layout)]
         res = run_cli("kill", *target, "--yes", env=env)
         assert res.returncode == 2 and "nothing to kill" in res.stderr and proc.poll() is None, res.stderr
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
             runs.append_ledger(lay, {"event": "launch", "run_id": "r2", "host": "local", "argv": ["x"]})
-            runs.append_ledger(lay, {"event": "started", "run_id": "r2", "pid": proc.pid, "pgid": proc.pid,
-                                     "start": start, "boot": agent_procs._boot_time(), "uid": os.geteuid()})
+            runs.append_ledger(
+                lay,
+                {
+                    "event": "started",
+                    "run_id": "r2",
+                    "pid": proc.pid,
+                    "pgid": proc.pid,
+                    "start": start,
+                    "boot": agent_procs._boot_time(),
+                    "uid": os.geteuid(),
+                },
+            )
         res = run_cli("kill", *target, "--yes", "--wait", "1", env=env)
         assert res.returncode == 0, res.stderr
         assert "the run: launched by this cockpit (ledger): process group %d" % proc.pid in res.stdout
@@ -394,8 +265,14 @@ def test_shm_clean_keeps_other_users_files_and_other_names(tmp_path):
     shm.mkdir()
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     dead = next(p for p in range(pid_max - 1, 1, -1) if not Path(f"/proc/{p}").exists())
-    files = {"nccl-ours1": None, "nccl-theirs": NOBODY, "dataset.bin": None, "psm_held": None,
-             f"sgl_shm_tokenizer_{os.getpid()}_ab": None, f"torch_{dead}_1_2": None}
+    files = {
+        "nccl-ours1": None,
+        "nccl-theirs": NOBODY,
+        "dataset.bin": None,
+        "psm_held": None,
+        f"sgl_shm_tokenizer_{os.getpid()}_ab": None,
+        f"torch_{dead}_1_2": None,
+    }
     for name, uid in files.items():
         (shm / name).write_bytes(b"x" * 4096)
         if uid is not None:
@@ -404,8 +281,15 @@ def test_shm_clean_keeps_other_users_files_and_other_names(tmp_path):
     with open(bad, "wb") as fh:
         fh.write(b"y" * 4096)
     os.symlink("/etc/passwd", shm / "nccl-link")
-    holder = subprocess.Popen([sys.executable, "-c", f"f=open({str(shm / 'psm_held')!r},'rb'); print('ok', flush=True); "
-                               "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"f=open({str(shm / 'psm_held')!r},'rb'); print('ok', flush=True); import time; time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ok"
         audit = run_cli("shm", "local", "--dir", str(shm), "--json")
@@ -417,8 +301,9 @@ def test_shm_clean_keeps_other_users_files_and_other_names(tmp_path):
         assert why["psm_held"] == f"held by pid {holder.pid}"
         assert "creator pid" in why[f"sgl_shm_tokenizer_{os.getpid()}_ab"]
         assert "symlink" in why["nccl-link"]
-        assert sorted(n for n, e in by.items() if e["removable"]) == sorted(["nccl-ours1", f"torch_{dead}_1_2",
-                                                                             "nccl-\udcff\udcfe"])
+        assert sorted(n for n, e in by.items() if e["removable"]) == sorted(
+            ["nccl-ours1", f"torch_{dead}_1_2", "nccl-\udcff\udcfe"]
+        )
         refused = run_cli("shm", "local", "--dir", str(shm), "--clean", "--yes")
         assert refused.returncode == 2 and "--yes-other-dir" in refused.stderr and (shm / "nccl-ours1").exists()
 
@@ -426,8 +311,9 @@ def test_shm_clean_keeps_other_users_files_and_other_names(tmp_path):
         assert res.returncode == 0, res.stderr
         assert "removed 3 entries" in res.stdout and "removed nccl-\\xff\\xfe" in res.stdout
         left = sorted(os.listdir(shm))
-        assert left == sorted(["nccl-theirs", "dataset.bin", "psm_held", f"sgl_shm_tokenizer_{os.getpid()}_ab",
-                               "nccl-link"])
+        assert left == sorted(
+            ["nccl-theirs", "dataset.bin", "psm_held", f"sgl_shm_tokenizer_{os.getpid()}_ab", "nccl-link"]
+        )
         assert Path("/etc/passwd").exists()
     finally:
         holder.kill()
@@ -457,9 +343,13 @@ def test_another_users_file_in_the_real_dev_shm_is_kept():
 def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
     port = free_port()
     secrets = ["sk-test-SECRET-1", "pw-SECRET-2", "ghp_SECRET3", "hf_SECRET4"]
-    layout = layout_file(tmp_path, f"secret{port}", port, ["--api-key", secrets[0]],
-                         env={"DATABASE_URL": f"postgres://app:{secrets[1]}@db/x", "GITHUB_PAT": secrets[2],
-                              "HF_TOKEN": secrets[3]})
+    layout = layout_file(
+        tmp_path,
+        f"secret{port}",
+        port,
+        ["--api-key", secrets[0]],
+        env={"DATABASE_URL": f"postgres://app:{secrets[1]}@db/x", "GITHUB_PAT": secrets[2], "HF_TOKEN": secrets[3]},
+    )
     target = ["local", "--sim", str(sim_state), "--layout", str(layout)]
     env = {"XDG_STATE_HOME": str(tmp_path / "state")}
     ours = Path(f"/dev/shm/psm_gpu-cockpit-test-{os.getpid()}-leak")  # left by an earlier run of ours
@@ -475,8 +365,13 @@ def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
         # user's file is neither listed nor removed by it. No run was there: a file of ours left
         # from before cannot be tied to a run, so it is said as left, not removed (`cockpit shm
         # --clean` removes it when asked).
-        assert any(said in res.stdout for said in ("of /dev/shm: removed, each checked again first",
-                                                   "nothing of the run's to remove from /dev/shm"))
+        assert any(
+            said in res.stdout
+            for said in (
+                "of /dev/shm: removed, each checked again first",
+                "nothing of the run's to remove from /dev/shm",
+            )
+        )
         assert theirs.name not in res.stdout and theirs.name not in res.stderr and theirs.exists()
         assert ours.name not in res.stdout  # not tied to a run: counted by its reason, not listed
         said = next(line for line in res.stdout.splitlines() if "cannot tell whose it is" in line)
@@ -493,8 +388,15 @@ def test_secrets_in_argv_and_env_are_never_stored_or_shown(sim_state, tmp_path):
         assert oct(log.stat().st_mode & 0o777) == "0o600" and oct(ledger.stat().st_mode & 0o777) == "0o600"
         killed = run_cli("kill", *target, "--yes", "--json", env=env)
         assert killed.returncode == 0, killed.stderr
-        for text in (res.stdout, res.stderr, snap.stdout, ledger.read_text(), listed.stdout, killed.stdout,
-                     killed.stderr):
+        for text in (
+            res.stdout,
+            res.stderr,
+            snap.stdout,
+            ledger.read_text(),
+            listed.stdout,
+            killed.stdout,
+            killed.stderr,
+        ):
             for secret in secrets:
                 assert secret not in text
     finally:
@@ -521,8 +423,9 @@ def test_the_run_log_is_created_0600_and_never_through_a_symlink(tmp_path):
         agent_logs.open_log(str(theirs))
 
     async def through_the_agent():
-        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
-                              WatchList(patterns=[]))
+        session = HostSession(
+            parse_target("local"), SessionOptions(python=sys.executable, interval=0.5), WatchList(patterns=[])
+        )
         await session.connect()
         try:
             await session.request("launch", argv=["sleep", "1"], log=str(shared / "run.log"))
@@ -551,14 +454,18 @@ async def test_a_process_chain_1000_deep_with_non_utf8_names(tmp_path):
         found = agent_kill.run_plan(patterns=[f"*{script}*"])
         assert len(found["candidates"]) == 1 and found["root"] == chain.pid and len(found["plan"]) == depth + 1
 
-        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
-                              WatchList(patterns=[], pids=[chain.pid]))
+        session = HostSession(
+            parse_target("local"),
+            SessionOptions(python=sys.executable, interval=0.5),
+            WatchList(patterns=[], pids=[chain.pid]),
+        )
         await session.connect()
         try:
             await wait_for(lambda: len(session.state.procs) >= depth + 1, 60, "every process watched")
             tree = session.state.tree()
             assert len(tree) == depth + 1 and max(d for d, _ in tree) == depth
             from cockpit.host.snapshot import snapshot_doc
+
             json.dumps(snapshot_doc(session.state))
             plan = await actions.plan_kill(session, runmod.process_scope(chain.pid))
             assert len(plan.entries) == depth + 1

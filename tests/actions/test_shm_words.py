@@ -30,8 +30,10 @@ def test_the_runs_entries_are_listed_and_the_rest_counted(tmp_path):
     assert sorted(found.names) == sorted(ours) and found.others == 150
     lines = actions.describe_shm_for_run(found, str(tmp_path))
     text = "\n".join(lines)
-    assert lines[0] == f"then the run's 3 entries of {tmp_path}: removed, each checked again first (one the run's " \
-                       f"own exit removed first is said so):"
+    assert (
+        lines[0] == f"then the run's 3 entries of {tmp_path}: removed, each checked again first (one the run's "
+        f"own exit removed first is said so):"
+    )
     assert all(f"rm {name}" in text for name in ours)
     assert not any(name in text for name in untied + theirs)  # counted, never listed
     assert f"  left (200 entries, not tied to this run): {actions.UNTIED}" in lines
@@ -47,6 +49,8 @@ def test_the_runs_entries_are_listed_and_the_rest_counted(tmp_path):
         (tmp_path / name).unlink()
     done = agent_shm.shm_clean(str(tmp_path), found.remove, other_dir=True)
     assert done["removed"] == [] and all(s["gone"] for s in done["skipped"])
-    assert actions.summarize_clean(done, len(found.left), by_exit=True) == \
-        "removed 0 /dev/shm entries, 3 already removed by the run's own exit, left 200 (not tied to this run)"
+    assert (
+        actions.summarize_clean(done, len(found.left), by_exit=True)
+        == "removed 0 /dev/shm entries, 3 already removed by the run's own exit, left 200 (not tied to this run)"
+    )
     assert f"already removed by the run's own exit {ours[0]}" in actions.describe_clean(done, by_exit=True)

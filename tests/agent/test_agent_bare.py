@@ -112,7 +112,8 @@ with open(sys.argv[1], "a") as log:
 
 
 def test_the_agent_on_a_bare_venv_reports_processes_ports_cpu_memory_and_a_log_and_writes_nothing(
-        bare_python, tmp_path, monkeypatch):
+    bare_python, tmp_path, monkeypatch
+):
     cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
     cwd.mkdir(), tmp.mkdir()
     log = tmp_path / "run.log"
@@ -125,6 +126,7 @@ def test_the_agent_on_a_bare_venv_reports_processes_ports_cpu_memory_and_a_log_a
             if log.exists() and log.read_text():
                 break
             import time
+
             time.sleep(0.05)
         port = int(log.read_text().split()[-1])
         opts = SessionOptions(python=str(bare_python), python_named=True)
@@ -249,14 +251,16 @@ def fake_libnvml(tmp_path_factory):
         cannot_run("no C compiler (apt-get install gcc)")
     where = tmp_path_factory.mktemp("libnvml")
     (where / "nvml.c").write_text(FAKE_NVML)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(where / "libnvidia-ml.so.1"), str(where / "nvml.c")],
-                   check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(where / "libnvidia-ml.so.1"), str(where / "nvml.c")], check=True
+    )
     return where
 
 
 @pytest.mark.parametrize("which", ["bare venv", "python 3.8"])
-def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python_3_8(which, bare_python, fake_libnvml,
-                                                                                     monkeypatch):
+def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python_3_8(
+    which, bare_python, fake_libnvml, monkeypatch
+):
     python = bare_python if which == "bare venv" else _interpreter("3.8")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_libnvml))
 
@@ -278,11 +282,20 @@ def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python
     assert which == "bare venv" or state.agent.python.startswith("3.8.")
     assert (state.agent.gpu_source, state.agent.nvml, state.agent.driver) == ("nvml-ctypes", "nvml-ctypes", "999.1.2")
     g0, g1 = state.gpus[0], state.gpus[1]
-    assert (g0.name, g0.uuid, g1.uuid, g0.mem_total_mib, g0.power_limit_w) == ("NVIDIA H200", "GPU-a", "GPU-b", 153600,
-                                                                                700.0)
+    assert (g0.name, g0.uuid, g1.uuid, g0.mem_total_mib, g0.power_limit_w) == (
+        "NVIDIA H200",
+        "GPU-a",
+        "GPU-b",
+        153600,
+        700.0,
+    )
     assert (g1.util_pct, g1.mem_used_mib, g1.temp_c, g1.power_w, g1.sm_clock_mhz) == (41, 2000, 51, 123.5, 1980)
     assert g1.throttle == 4 and g1.ecc_uncorrected is None  # the pre-535 name; ECC not supported: absent
-    assert sorted(tuple(p) for p in g1.processes) == [(100, 256), (101, 512), (102, None)]  # no rights to its memory: None
+    assert sorted(tuple(p) for p in g1.processes) == [
+        (100, 256),
+        (101, 512),
+        (102, None),
+    ]  # no rights to its memory: None
     assert list(g0.processes) == []
     assert facts["versions"]["data"]["cuda_driver"] == "13.0"
     # the slow clock's health fields and the event set, through the same library
@@ -296,8 +309,9 @@ def test_the_agent_samples_gpus_through_ctypes_nvml_on_a_bare_venv_and_on_python
 def _interpreter(version: str) -> str:
     """A real Python of that version (on PATH, else pyenv's), or the test is skipped."""
     home = Path(pwd.getpwuid(os.getuid()).pw_dir)  # the user's own (tests run with a sealed HOME): only read
-    found = next(iter(sorted(home.glob(f".pyenv/versions/{version}.*/bin/python{version}"))), None) or \
-        shutil.which("python" + version)
+    found = next(iter(sorted(home.glob(f".pyenv/versions/{version}.*/bin/python{version}"))), None) or shutil.which(
+        "python" + version
+    )
     if found and "/shims/" in str(found):
         found = None  # pyenv's shim runs only the versions selected
     if not found:
@@ -327,8 +341,10 @@ def test_without_a_named_interpreter_another_python_is_found_when_python3_is_too
     os.symlink(_interpreter("3.8"), tmp_path / "python3.11")
     python, warnings = _connect(tmp_path, monkeypatch, SessionOptions())
     assert python == "python3.11"
-    assert warnings[0].startswith("python3 cannot run the agent here (Python 3.7 is too old, need >= 3.8): using "
-                                  "python3.11; name one with --python")
+    assert warnings[0].startswith(
+        "python3 cannot run the agent here (Python 3.7 is too old, need >= 3.8): using "
+        "python3.11; name one with --python"
+    )
 
 
 def test_with_no_usable_interpreter_every_one_tried_is_said_with_how_to_name_one(tmp_path, monkeypatch):

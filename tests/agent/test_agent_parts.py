@@ -143,8 +143,11 @@ def test_a_kernel_refusing_the_old_request_gets_one_dump_per_family_and_a_timeou
         monkeypatch.setattr(agent_ports, "_dump", refusing)
         diag = agent_ports._Diag()
         assert srv.getsockname()[1] in diag.listeners()
-        assert not diag.compat and kinds == [agent_ports.TCPDIAG_GETSOCK, agent_ports.SOCK_DIAG_BY_FAMILY,
-                                             agent_ports.SOCK_DIAG_BY_FAMILY]
+        assert not diag.compat and kinds == [
+            agent_ports.TCPDIAG_GETSOCK,
+            agent_ports.SOCK_DIAG_BY_FAMILY,
+            agent_ports.SOCK_DIAG_BY_FAMILY,
+        ]
 
         def timing_out(*_a):
             raise TimeoutError("timed out")
@@ -209,8 +212,7 @@ def test_a_gpus_process_list_is_asked_again_only_when_something_moved(sim_state,
     monkeypatch.setenv("COCKPIT_SIM_STATE", str(sim_state))
     asked = []
     real = fakenvml.nvmlDeviceGetComputeRunningProcesses
-    monkeypatch.setattr(fakenvml, "nvmlDeviceGetComputeRunningProcesses",
-                        lambda h: (asked.append(h), real(h))[1])
+    monkeypatch.setattr(fakenvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: (asked.append(h), real(h))[1])
     clock = [1000.0]
     monkeypatch.setattr(agent_gpus.time, "monotonic", lambda: clock[0])
     a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -245,6 +247,7 @@ def test_process_sampler_watches_titled_trees_and_their_children(ranks, sim_stat
     procs = agent_procs.Procs(psutil)
     procs.configure(patterns=["sglang::*"])
     import time
+
     rows, gone = procs.sample(time.monotonic())
     row = next(r for r in rows if r["pid"] == p.pid)
     assert row["name"].startswith("sglang::") and row["cmdline"] == ["sglang::scheduler_TP5"]
@@ -287,6 +290,7 @@ def test_without_pynvml_one_long_lived_nvidia_smi_per_query(tmp_path, monkeypatc
         assert gpus.source == "nvidia-smi" and gpus.driver == "580.159.04"
         assert any("trying nvidia-smi" in w for w in warnings)  # no pynvml, or (here) no driver's library
         import time
+
         deadline = time.monotonic() + 30  # the streams' first rows, however loaded the machine
         while len(rows := gpus.sample(False)) < 2 or not rows[0].get("processes"):
             assert time.monotonic() < deadline, rows
@@ -338,8 +342,11 @@ def test_the_runs_own_package_folders_are_found_behind_a_virtualenvs_symlink():
     import sysconfig
     import time
 
-    proc = subprocess.Popen([sys.executable, "-c", "import psutil, time; print('up', flush=True); time.sleep(30)"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import psutil, time; print('up', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "up"
         time.sleep(0.1)
@@ -358,9 +365,17 @@ def test_a_new_child_of_a_watched_process_is_adopted_on_the_next_tick(sim_state)
     import sys
     import time
 
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess,sys,time\nsys.stdin.readline()\n"
-                               "subprocess.Popen(['sleep','60'])\nprint('started',flush=True)\ntime.sleep(60)"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess,sys,time\nsys.stdin.readline()\n"
+            "subprocess.Popen(['sleep','60'])\nprint('started',flush=True)\ntime.sleep(60)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     procs = agent_procs.Procs(psutil)
     try:
         procs.configure(patterns=[], pids=[parent.pid])
@@ -429,8 +444,10 @@ def test_a_scan_reads_afresh_only_new_young_and_maybe_reused_pids(monkeypatch):
 
     if not agent_procs._HAVE_PROC:
         cannot_run("needs /proc")
-    code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
-            "print('retitled', flush=True)\nsys.stdin.readline()")
+    code = (
+        "import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
+        "print('retitled', flush=True)\nsys.stdin.readline()"
+    )
     old = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     reads: list[int] = []
     real_read = agent_procs._read_proc
@@ -489,14 +506,19 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
 
     if not agent_procs._HAVE_PROC:
         cannot_run("needs /proc")
-    code = ("import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
-            "print('retitled', flush=True)\nsys.stdin.readline()")
+    code = (
+        "import sys\nsys.stdin.readline()\nopen('/proc/self/comm', 'w').write('sglang::late')\n"
+        "print('retitled', flush=True)\nsys.stdin.readline()"
+    )
     young = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     born = other = child = None
     ours = {1, os.getpid(), young.pid}  # the table the scans see: other processes come and go on a shared machine
     real_listdir = os.listdir
-    monkeypatch.setattr(os, "listdir", lambda path=".": [n for n in real_listdir(path)
-                                                         if path != "/proc" or not n.isdigit() or int(n) in ours])
+    monkeypatch.setattr(
+        os,
+        "listdir",
+        lambda path=".": [n for n in real_listdir(path) if path != "/proc" or not n.isdigit() or int(n) in ours],
+    )
     walks = []
     procs = agent_procs.Procs(psutil)
     real_table = procs._table
@@ -519,10 +541,18 @@ def test_a_quick_scan_walks_no_row_while_the_table_stands_and_sees_each_change(m
         procs.scan(quick=True)  # young: read afresh, its new title seen now
         assert walks == [1, 1] and young.pid in procs.watched
 
-        born = subprocess.Popen([sys.executable, "-c", "import subprocess,sys\nopen('/proc/self/comm', 'w').write('sglang::born')\n"
-                                 "print('up', flush=True)\nsys.stdin.readline()\n"
-                                 "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\nsys.stdin.readline()"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        born = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import subprocess,sys\nopen('/proc/self/comm', 'w').write('sglang::born')\n"
+                "print('up', flush=True)\nsys.stdin.readline()\n"
+                "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\nsys.stdin.readline()",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert born.stdout.readline().strip() == "up"
         ours.add(born.pid)
         cursor[0] = max(cursor[0] + 1, born.pid)

@@ -2,6 +2,7 @@
 NVML's events, the first sample's CPU window and one clock tick, the listeners read each tick only
 while awaited, still processes read every few seconds, sample deltas and full samples, rows it
 could not read."""
+
 import os
 import socket
 
@@ -18,29 +19,46 @@ from cockpit.agent import (
 from cockpit.sim import fakenvml
 
 
-@pytest.mark.parametrize("line, want", [
-    # the shapes NVIDIA's docs and users' reports show, with and without the kernel's own prefix
-    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", ("0000:3b:00", 79, 1234)),
-    ("[ 8123.45] NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to "
-     "activate.", ("0000:10:1c", 63, 1896)),
-    ("Nov 22 18:29:55 hostname kernel: [  966.503025] NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, "
-     "intr 10000000", ("0000:01:00", 31, None)),
-    ("NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000005 intr 00008000", ("0000:01:00", 32, None)),
-    ("NVRM: Xid (PCI:0000:C1:00): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No",
-     ("0000:c1:00", 94, None)),
-    ("NVRM: Xid (PCI:00000000:9A:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-     ("0000:9a:00", 154, None)),
-    ("NVRM: GPU at PCI:0000:01:00: GPU-bc0fa0b9-cac2-f507-b715-9bebdb69c71e", None),
-    ("nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link 51 egress non-posted PRIV error", None),
-])
+@pytest.mark.parametrize(
+    "line, want",
+    [
+        # the shapes NVIDIA's docs and users' reports show, with and without the kernel's own prefix
+        (
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.",
+            ("0000:3b:00", 79, 1234),
+        ),
+        (
+            "[ 8123.45] NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to "
+            "activate.",
+            ("0000:10:1c", 63, 1896),
+        ),
+        (
+            "Nov 22 18:29:55 hostname kernel: [  966.503025] NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, "
+            "intr 10000000",
+            ("0000:01:00", 31, None),
+        ),
+        ("NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000005 intr 00008000", ("0000:01:00", 32, None)),
+        (
+            "NVRM: Xid (PCI:0000:C1:00): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No",
+            ("0000:c1:00", 94, None),
+        ),
+        (
+            "NVRM: Xid (PCI:00000000:9A:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+            ("0000:9a:00", 154, None),
+        ),
+        ("NVRM: GPU at PCI:0000:01:00: GPU-bc0fa0b9-cac2-f507-b715-9bebdb69c71e", None),
+        ("nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link 51 egress non-posted PRIV error", None),
+    ],
+)
 def test_kernel_log_xid_lines_parse_to_bus_code_and_pid(line, want):
     assert agent_xid.parse_xid(line) == want
 
 
 def test_nvml_bus_ids_and_kmsg_records_meet_the_kernel_lines():
     assert agent_xid.bus_key("00000000:3B:00.0") == agent_xid.bus_key(b"00000000:3b:00.0") == "0000:3b:00"
-    since, msg = agent_xid.kmsg_record("3,1047,8123450000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=9, name=x, GPU has "
-                                       "fallen off the bus.\n SUBSYSTEM=pci")
+    since, msg = agent_xid.kmsg_record(
+        "3,1047,8123450000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=9, name=x, GPU has fallen off the bus.\n SUBSYSTEM=pci"
+    )
     assert since == 8123.45 and agent_xid.parse_xid(msg) == ("0000:3b:00", 79, 9)
 
 
@@ -72,6 +90,7 @@ def test_the_simulated_nvml_reports_events_a_lost_gpu_and_health_through_the_sam
         fakenvml.xid(str(tmp_path), 1, 79)
         fakenvml.fault(str(tmp_path), 1, lost=True)
         import time
+
         time.sleep(0.3)
         rows = {r["index"]: r for r in sampler.sample(True)}
         assert rows[1]["lost"] is True and rows[1]["util_pct"] is None
@@ -93,7 +112,13 @@ def test_a_gpu_lost_before_the_agent_starts_is_said_lost_and_the_others_still_wa
     sampler = agent_gpus.NvmlGpus(fakenvml)
     try:
         assert sampler.kind == "pynvml" and sampler.lost == [False, True, False]
-        assert sampler.static()[1] == {"index": 1, "uuid": None, "name": None, "mem_total_mib": None, "power_limit_w": None}
+        assert sampler.static()[1] == {
+            "index": 1,
+            "uuid": None,
+            "name": None,
+            "mem_total_mib": None,
+            "power_limit_w": None,
+        }
         rows = {r["index"]: r for r in sampler.sample(True)}
         assert rows[1]["lost"] is True and rows[0]["util_pct"] is not None and rows[2]["mem_total_mib"] == 143771
     finally:
@@ -119,7 +144,9 @@ def test_the_first_sample_measures_cpu_from_the_agents_start():
             procs.configure(patterns=[], pids=[busy.pid])
         first = {r["pid"]: r for r in primed.sample(time.monotonic(), force_scan=True)[0]}
         unprimed = {r["pid"]: r for r in cold.sample(time.monotonic(), force_scan=True)[0]}
-        assert first[busy.pid]["cpu_pct"] > 0, first[busy.pid]  # a core's worth on a quiet machine, less on a loaded one
+        assert first[busy.pid]["cpu_pct"] > 0, first[
+            busy.pid
+        ]  # a core's worth on a quiet machine, less on a loaded one
         assert unprimed[busy.pid]["cpu_pct"] == 0.0
         time.sleep(1.0)
         primed.sample(time.monotonic())
@@ -141,8 +168,11 @@ def test_a_short_windows_row_says_what_one_clock_tick_reads_as():
     import sys
     import time
 
-    idle = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(60)"],
-                            stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         assert idle.stdout.readline().strip() == "ok"  # asleep from here on
@@ -239,8 +269,15 @@ def test_a_still_process_is_read_every_few_seconds_its_exit_at_the_next_tick_its
     import time
 
     idle = subprocess.Popen(["sleep", "60"])
-    waker = subprocess.Popen([sys.executable, "-c", "import sys,time\nprint(flush=True)\nsys.stdin.readline()\n"
-                              "t=time.time()\nwhile time.time()-t<30: pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    waker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time\nprint(flush=True)\nsys.stdin.readline()\nt=time.time()\nwhile time.time()-t<30: pass",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     waker.stdout.readline()  # up, and about to wait on its stdin
     procs = agent_procs.Procs()
     procs.configure(patterns=[], pids=[idle.pid, waker.pid])
@@ -301,8 +338,9 @@ def test_a_sample_carries_only_the_processes_that_moved_and_names_those_that_lef
         which = which or agent
         capfd.readouterr()
         which.tick()
-        [frame] = [json.loads(line) for line in capfd.readouterr().out.splitlines()
-                   if json.loads(line)["t"] == "sample"]
+        [frame] = [
+            json.loads(line) for line in capfd.readouterr().out.splitlines() if json.loads(line)["t"] == "sample"
+        ]
         seq[0] += 1
         state.apply(dict(frame, seq=seq[0]))
         return {r["pid"]: r for r in frame["procs"]}, frame.get("gone", []), frame.get("full", False)
@@ -372,9 +410,15 @@ def test_out_of_descriptors_a_live_process_is_never_reported_gone(tmp_path):
         "p._fds.clear()\n"  # forgotten (left open): each stat is to be opened again, and none can be
         "rows, gone = p.sample(time.monotonic() + 1)\n"
         "print(len(gone), len(p.watched), len(p.unread))\n"
-        "for k in kids: k.kill()\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         cwd=str(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+        "for k in kids: k.kill()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+    )
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()
     rows, gone, fds = map(int, first.split())
@@ -392,8 +436,9 @@ def test_a_rows_clock_tick_is_sent_with_it_and_its_end_is_said():
     st = HostState("t")
     base = {"pid": 7, "ppid": 1, "name": "x", "status": "S", "cmdline": ["x"]}
     try:
-        for i, row in enumerate(({**base, "cpu_pct": 20.0, "cpu_tick": 20.0}, {**base, "cpu_pct": 20.0},
-                                 {**base, "cpu_pct": 0.0})):
+        for i, row in enumerate(
+            ({**base, "cpu_pct": 20.0, "cpu_tick": 20.0}, {**base, "cpu_pct": 20.0}, {**base, "cpu_pct": 0.0})
+        ):
             sent = agent._moved([row])
             st.apply({"t": "sample", "seq": i + 1, "procs": sent})
             if i == 0:

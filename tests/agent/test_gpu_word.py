@@ -28,7 +28,9 @@ async def screen_and_doc(state, verdict, phase):
 
 
 async def test_an_xid_79_on_rank_3s_gpu_before_it_dies_is_the_crash_named(sim_state, tmp_path):
-    async with SimRun(sim_state, tmp_path, free_port(), ["--tp-size", "4", "--sim-xid-rank", "3", "--sim-xid", "79"]) as run:
+    async with SimRun(
+        sim_state, tmp_path, free_port(), ["--tp-size", "4", "--sim-xid-rank", "3", "--sim-xid", "79"]
+    ) as run:
         st = run.session.state
         assert st.agent.xid_source == "nvml" and st.agent.health_ms is not None
         dog = Watchdog(idle_s=600, spin_s=600)
@@ -66,8 +68,9 @@ async def test_a_lost_gpu_without_an_event_is_named_as_its_ranks_death(sim_state
 
 
 async def test_a_pending_row_remap_is_evidence_and_an_alert_not_a_crash(sim_state, tmp_path):
-    async with SimRun(sim_state, tmp_path, free_port(), ["--tp-size", "4", "--sim-remap-rank", "1",
-                                                         "--sim-traffic", "2"]) as run:
+    async with SimRun(
+        sim_state, tmp_path, free_port(), ["--tp-size", "4", "--sim-remap-rank", "1", "--sim-traffic", "2"]
+    ) as run:
         st = run.session.state
         dog = Watchdog(idle_s=600, spin_s=600)
         await wait_for(lambda: "ready to roll" in run.log_text(), 60, "ready")
@@ -84,8 +87,9 @@ async def test_a_pending_row_remap_is_evidence_and_an_alert_not_a_crash(sim_stat
 
 
 async def test_a_hardware_slowdown_on_one_gpu_reads_slow_naming_gpu_and_rank(sim_state, tmp_path):
-    async with SimRun(sim_state, tmp_path, free_port(), ["--tp-size", "4", "--sim-slowdown-rank", "2",
-                                                         "--sim-traffic", "2"]) as run:
+    async with SimRun(
+        sim_state, tmp_path, free_port(), ["--tp-size", "4", "--sim-slowdown-rank", "2", "--sim-traffic", "2"]
+    ) as run:
         st = run.session.state
         dog = Watchdog(idle_s=600, spin_s=600)
         await wait_for(lambda: "ready to roll" in run.log_text(), 60, "ready")

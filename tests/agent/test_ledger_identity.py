@@ -20,8 +20,14 @@ TITLED = "exec -a sglang::scheduler_TP0 sleep 600"  # a rank's title, as SGLang 
 
 
 def session_of(sid: int) -> list[int]:
-    return sorted(int(n) for n in os.listdir("/proc") if n.isdigit()
-                  and (row := agent_procs._proc_stat(int(n))) is not None and row["sid"] == sid and row["status"] != "Z")
+    return sorted(
+        int(n)
+        for n in os.listdir("/proc")
+        if n.isdigit()
+        and (row := agent_procs._proc_stat(int(n))) is not None
+        and row["sid"] == sid
+        and row["status"] != "Z"
+    )
 
 
 @pytest.fixture
@@ -31,7 +37,9 @@ def run():
 
     def start(marker: str | None = None) -> tuple[subprocess.Popen, int]:
         env = dict(os.environ, **{agent_kill.LAUNCH_MARKER: marker}) if marker else None
-        leader = subprocess.Popen(["bash", "-c", f"bash -c {shlex.quote(TITLED)} & wait"], start_new_session=True, env=env)
+        leader = subprocess.Popen(
+            ["bash", "-c", f"bash -c {shlex.quote(TITLED)} & wait"], start_new_session=True, env=env
+        )
         started.append(leader)
         deadline = time.monotonic() + 30
         while len(session_of(leader.pid)) < 2:
@@ -49,8 +57,13 @@ def run():
 
 
 def record(leader: subprocess.Popen, **changed) -> dict:
-    rec = {"run_id": "r1", "pgid": leader.pid, "start": agent_procs._start_ticks(leader.pid),
-           "boot": agent_procs._boot_time(), "uid": os.geteuid()}
+    rec = {
+        "run_id": "r1",
+        "pgid": leader.pid,
+        "start": agent_procs._start_ticks(leader.pid),
+        "boot": agent_procs._boot_time(),
+        "uid": os.geteuid(),
+    }
     rec.update(changed)
     return {k: v for k, v in rec.items() if v is not None}
 
@@ -63,7 +76,9 @@ def test_the_recorded_leader_alive_is_the_run_with_what_it_started(run):
     leader, rank = run()
     got = found(record(leader))
     assert got["rule"] == "ledger" and len(got["runs"]) == 1, got
-    assert got["runs"][0]["rule"].startswith(f"launched by this cockpit (ledger): process group {leader.pid}, leader started ")
+    assert got["runs"][0]["rule"].startswith(
+        f"launched by this cockpit (ledger): process group {leader.pid}, leader started "
+    )
     assert {e["pid"] for e in got["runs"][0]["members"]} == {leader.pid, rank}
 
 
@@ -72,7 +87,8 @@ def test_a_record_without_its_leaders_start_time_is_trusted_only_by_the_agent_th
     rec = record(leader, start=None)
     got = found(rec)
     assert got["runs"] == [] and got["notes"] == [
-        f"process group {leader.pid}: its leader's start time was not recorded, so it is not trusted as the run"]
+        f"process group {leader.pid}: its leader's start time was not recorded, so it is not trusted as the run"
+    ]
     known = {leader.pid: agent_procs._start_ticks(leader.pid)}  # the agent's own launches
     assert [r["root"] for r in found(rec, known=known)["runs"]] == [leader.pid]
 
@@ -80,7 +96,9 @@ def test_a_record_without_its_leaders_start_time_is_trusted_only_by_the_agent_th
 def test_a_record_from_before_the_host_rebooted_is_not_the_run(run):
     leader, _ = run()
     got = found(record(leader, boot=agent_procs._boot_time() - 3600))
-    assert got["runs"] == [] and got["notes"] == [f"process group {leader.pid} was recorded before the host rebooted: not the run"]
+    assert got["runs"] == [] and got["notes"] == [
+        f"process group {leader.pid} was recorded before the host rebooted: not the run"
+    ]
 
 
 def test_a_leader_pid_that_is_now_another_process_is_not_the_run(run):
@@ -109,8 +127,13 @@ def test_a_leader_gone_leaves_its_rank_the_run_only_on_proof(run, proof):
         assert got["notes"][0] == (
             f"process group {leader.pid}: its leader is gone and none of the 1 processes now in it was started while the "
             f"run's leader was seen alive or carries the run's launch marker ({agent_kill.LAUNCH_MARKER}): pid "
-            f"{leader.pid} may have been reused, so they are not the run (name one with --pid to act on it anyway)")
+            f"{leader.pid} may have been reused, so they are not the run (name one with --pid to act on it anyway)"
+        )
     else:
         assert [(r["root"], r["rule"]) for r in got["runs"]] == [
-            (rank, f"launched by this cockpit (ledger): process group {leader.pid}, its leader gone, 1 processes of it left")]
+            (
+                rank,
+                f"launched by this cockpit (ledger): process group {leader.pid}, its leader gone, 1 processes of it left",
+            )
+        ]
         assert got["runs"][0]["sessions"] == [leader.pid]

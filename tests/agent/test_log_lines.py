@@ -31,8 +31,9 @@ class Writer:
     """A real process appending to a real file, one command at a time."""
 
     def __init__(self, path):
-        self.proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     def __call__(self, cmd: str) -> None:
         self.proc.stdin.write(cmd + "\n")
@@ -74,7 +75,9 @@ def test_a_long_line_split_across_polls_and_one_within_a_poll_are_capped_the_sam
     tail = agent_logs.LogTail(str(path))
     tail.poll()
     with open(path, "ab") as fh:
-        fh.write(b"a" * 70000 + b"\r\nshort\n" + "é".encode() * 40000 + b"\n")  # 150 KB: three polls; the \r is skipped too
+        fh.write(
+            b"a" * 70000 + b"\r\nshort\n" + "é".encode() * 40000 + b"\n"
+        )  # 150 KB: three polls; the \r is skipped too
     lines = []
     for _ in range(5):
         lines += tail.poll()[1]
@@ -89,9 +92,11 @@ def test_a_real_agent_sends_a_capped_line_and_goes_on(tmp_path, sim_state):
     path.write_bytes(b"")
 
     async def run():
-        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.3,
-                                                                    sim_state=str(sim_state)),
-                              WatchList(patterns=[], logs=[str(path)]))
+        session = HostSession(
+            parse_target("local"),
+            SessionOptions(python=sys.executable, interval=0.3, sim_state=str(sim_state)),
+            WatchList(patterns=[], logs=[str(path)]),
+        )
         await session.connect()
         write = Writer(path)
         try:

@@ -22,10 +22,20 @@ def test_a_listener_whose_descriptors_cannot_be_read_is_told_by_its_sockets_uid(
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); from cockpit.agent.ports import Ports; "
-                f"p = Ports(); p.configure([{port}]); print(json.dumps(p.sample([])))")
-        res = subprocess.run([PY, "-I", "-c", code], user=NOBODY, group=NOBODY, extra_groups=[],
-                             capture_output=True, text=True, cwd="/", timeout=60)
+        code = (
+            f"import json, sys; sys.path.insert(0, {ROOT!r}); from cockpit.agent.ports import Ports; "
+            f"p = Ports(); p.configure([{port}]); print(json.dumps(p.sample([])))"
+        )
+        res = subprocess.run(
+            [PY, "-I", "-c", code],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=60,
+        )
     assert res.returncode == 0, res.stderr
     row = next(r for r in json.loads(res.stdout) if r["port"] == port)
     assert row["listening"] and row.get("holder") is None, row  # nobody reads none of root's descriptors

@@ -41,8 +41,9 @@ def test_versions_are_read_from_metadata_files_and_nothing_of_another_users_runs
     for name in ("csv.py", "sitecustomize.py", "json.py"):
         (site / name).write_text(payload)
     (site / "torch-9.9.9.dist-info").mkdir()
-    (site / "torch-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n\n"
-                                                             "Version: 0 (the body is not read)\n")
+    (site / "torch-9.9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n\nVersion: 0 (the body is not read)\n"
+    )
     secret = shared / "root-only"
     secret.write_text("Version: root-secret\n")
     secret.chmod(0o600)
@@ -54,10 +55,17 @@ def test_versions_are_read_from_metadata_files_and_nothing_of_another_users_runs
     chown_tree(shared / "venv", evil)
     os.chown(site / "sglang-1.0.dist-info" / "METADATA", other, other)
     os.chmod(shared, 0o777)
-    code = ("import mmap, sys, time\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)\n"
-            "print('ok', flush=True)\ntime.sleep(120)\n")
-    proc = subprocess.Popen([PY, "-S", "-c", code, str(site / "blob.so")], stdout=subprocess.PIPE, text=True,
-                            preexec_fn=as_user(evil), cwd="/")
+    code = (
+        "import mmap, sys, time\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)\n"
+        "print('ok', flush=True)\ntime.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [PY, "-S", "-c", code, str(site / "blob.so")],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=as_user(evil),
+        cwd="/",
+    )
     try:
         assert proc.stdout.readline().strip() == "ok"
         facts = agent_facts.host_facts(["versions"], [proc.pid])
@@ -93,8 +101,9 @@ def test_a_log_its_owner_swaps_for_a_symlink_a_fifo_or_anothers_file_is_refused_
     owner, other = users
     os.chown(shared, owner, owner)
     log = shared / "run.log"
-    proc = subprocess.Popen(["sh", "-c", f"exec >>{log} 2>&1; echo line-one; exec sleep 120"],
-                            preexec_fn=as_user(owner), cwd="/")
+    proc = subprocess.Popen(
+        ["sh", "-c", f"exec >>{log} 2>&1; echo line-one; exec sleep 120"], preexec_fn=as_user(owner), cwd="/"
+    )
     secret = tmp_path / "root-only.txt"
     secret.write_text("ROOT SECRET\n")
     secret.chmod(0o600)
@@ -112,8 +121,7 @@ def test_a_log_its_owner_swaps_for_a_symlink_a_fifo_or_anothers_file_is_refused_
         assert event == "opened" and lines == ["line-one"]
 
         said = []
-        for swap, why in (("symlink", "is a symbolic link"), ("fifo", "not a regular file"),
-                          ("other", "owned by")):
+        for swap, why in (("symlink", "is a symbolic link"), ("fifo", "not a regular file"), ("other", "owned by")):
             log.unlink()
             if swap == "symlink":
                 log.symlink_to(secret)
@@ -186,8 +194,12 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     rank = start_rank(0, tmp_path)
 
     async def go():
-        monitor = HostMonitor(parse_target("local"), SessionOptions(python=str(wrapper), interval=0.25), None,
-                              watch=WatchList(patterns=[f"sglang::*_gck{os.getpid()}"]))
+        monitor = HostMonitor(
+            parse_target("local"),
+            SessionOptions(python=str(wrapper), interval=0.25),
+            None,
+            watch=WatchList(patterns=[f"sglang::*_gck{os.getpid()}"]),
+        )
         session = monitor.session
         await session.connect()
         try:
@@ -209,15 +221,23 @@ def test_a_hostile_hosts_rank_keys_never_name_archive_members(tmp_path, monkeypa
     path, names = bundle._write(tmp_path, m, {"members": []})
     with tarfile.open(path) as tar:
         members = tar.getnames()
-    assert members == names and all(n.startswith(path.name.removesuffix(".tar.gz") + "/") and ".." not in n
-                                    for n in members)
+    assert members == names and all(
+        n.startswith(path.name.removesuffix(".tar.gz") + "/") and ".." not in n for n in members
+    )
     assert not Path("/tmp", tag + ".pickle").exists()
 
 
 # ----------------------------------------------------------------------------- 1 and 4: the bundle, for real
 
-SECRETS = ["sk-live0123456789abcdefXYZ", "hf_abcdefghijklmnopqrstuvwx", "s3cretPassw0rd", "tok-7788-plain",
-           "hunter2hunter2", "ghp_abcdefghijklmnopqrstuvwxyz0123", "Zm9vOmJhcg-bearer-token"]
+SECRETS = [
+    "sk-live0123456789abcdefXYZ",
+    "hf_abcdefghijklmnopqrstuvwx",
+    "s3cretPassw0rd",
+    "tok-7788-plain",
+    "hunter2hunter2",
+    "ghp_abcdefghijklmnopqrstuvwxyz0123",
+    "Zm9vOmJhcg-bearer-token",
+]
 SECRET_LOG = [
     "[2026-01-01 00:00:00] server_args=ServerArgs(model_path='/models/llama', tokenizer_path='/models/llama', "
     f"api_key='{SECRETS[0]}', hf_token='{SECRETS[1]}', num_key_value_heads=8, port=30000, tp_size=2)",
@@ -253,13 +273,28 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
     os.chmod(shared, 0o777)
     log = tmp_path / "server.log"
     log.write_text("\n".join(SECRET_LOG) + "\n")
-    code = ("import mmap, sys, time\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)\n"
-            "print('ok', flush=True)\ntime.sleep(120)\n")
-    lookalike = subprocess.Popen(["bash", "-c", 'exec -a "python3 -m sglang.launch_server" "$0" -S -c "$1" "$2"',
-                                  PY, code, str(site / "blob.so")], stdout=subprocess.PIPE, text=True,
-                                 preexec_fn=as_user(evil), cwd="/")
-    ours = subprocess.Popen(["bash", "-c", f'exec -a "python3 -m sglang.launch_server --api-key {SECRETS[0]}" sleep 120'],
-                            start_new_session=True)
+    code = (
+        "import mmap, sys, time\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)\n"
+        "print('ok', flush=True)\ntime.sleep(120)\n"
+    )
+    lookalike = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            'exec -a "python3 -m sglang.launch_server" "$0" -S -c "$1" "$2"',
+            PY,
+            code,
+            str(site / "blob.so"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=as_user(evil),
+        cwd="/",
+    )
+    ours = subprocess.Popen(
+        ["bash", "-c", f'exec -a "python3 -m sglang.launch_server --api-key {SECRETS[0]}" sleep 120'],
+        start_new_session=True,
+    )
     layout = tmp_path / "l.yaml"
     layout.write_text(f"name: sec\nengine: sglang\ncommand: [-m, sglang.launch_server]\nlog: {log}\n")
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path / "rt")}
@@ -273,16 +308,18 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
         res = run_cli("bundle", "local", "--layout", str(layout), "--read-only", "--json", env=env, timeout=240)
         assert res.returncode == 0, res.stderr
         assert not mark.exists(), f"another user's csv.py ran as uid {mark.read_text()}"
-        path = json.loads(res.stdout[res.stdout.index("{"):])["path"]
+        path = json.loads(res.stdout[res.stdout.index("{") :])["path"]
         with tarfile.open(path) as tar:
-            texts = {m.name: tar.extractfile(m).read().decode("utf-8", "replace") for m in tar.getmembers() if m.isfile()}
+            texts = {
+                m.name: tar.extractfile(m).read().decode("utf-8", "replace") for m in tar.getmembers() if m.isfile()
+            }
         everything = "\n".join(texts.values())
         assert "ready to roll" in everything
         for secret in SECRETS:
             assert secret not in everything, (secret, [n for n, t in texts.items() if secret in t])
         versions = json.loads(next(t for n, t in texts.items() if n.endswith("/versions.json")))
         assert "6.6.6" not in json.dumps(versions) and str(shared) not in json.dumps(versions)
-        missing = {x["item"]: x["why"] for x in json.loads(res.stdout[res.stdout.index("{"):])["missing"]}
+        missing = {x["item"]: x["why"] for x in json.loads(res.stdout[res.stdout.index("{") :])["missing"]}
         assert missing["nvidia-smi -q"].startswith("--read-only: nothing runs on the host but the agent")
     finally:
         end(lookalike)
@@ -291,6 +328,7 @@ def test_the_bundle_runs_nothing_of_another_users_lookalike_and_stores_no_secret
 
 
 # ----------------------------------------------------------------------------- 7: shm holders unreadable
+
 
 def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld(users, shared):
     """The agent runs as a throwaway user (the system python, the agent's table of modules written
@@ -309,19 +347,30 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
     os.chmod(shared, 0o755)
     (shared / "agent.bin").write_bytes(agent_source())  # the bytes that travel to a host
     os.chmod(shared / "agent.bin", 0o644)
-    code = ("import mmap, sys, time\nf = open(sys.argv[1], 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\nf.close()\n"
-            "print('ok', flush=True)\ntime.sleep(120)\n")
-    holder = subprocess.Popen([PY, "-S", "-c", code, str(victim)], stdout=subprocess.PIPE, text=True,
-                              preexec_fn=as_user(holder_user), cwd="/")
-    run = ("import json, marshal, sys\na = marshal.loads(open(sys.argv[1], 'rb').read())\ng = {}\n"
-           "exec(compile(a['modules']['memimport'], 'memimport.py', 'exec'), g)\n"
-           "sys.meta_path.insert(0, g['TableImporter'](a['modules'], {}))\nfrom cockpit_agent import shm as agent_shm\n"
-           "audit = agent_shm.shm_audit(sys.argv[2])\nclean = agent_shm.shm_clean(sys.argv[2], ['psm_gck_victim'], other_dir=True)\n"
-           "print(json.dumps({'audit': audit, 'clean': clean}))\n")
+    code = (
+        "import mmap, sys, time\nf = open(sys.argv[1], 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\nf.close()\n"
+        "print('ok', flush=True)\ntime.sleep(120)\n"
+    )
+    holder = subprocess.Popen(
+        [PY, "-S", "-c", code, str(victim)], stdout=subprocess.PIPE, text=True, preexec_fn=as_user(holder_user), cwd="/"
+    )
+    run = (
+        "import json, marshal, sys\na = marshal.loads(open(sys.argv[1], 'rb').read())\ng = {}\n"
+        "exec(compile(a['modules']['memimport'], 'memimport.py', 'exec'), g)\n"
+        "sys.meta_path.insert(0, g['TableImporter'](a['modules'], {}))\nfrom cockpit_agent import shm as agent_shm\n"
+        "audit = agent_shm.shm_audit(sys.argv[2])\nclean = agent_shm.shm_clean(sys.argv[2], ['psm_gck_victim'], other_dir=True)\n"
+        "print(json.dumps({'audit': audit, 'clean': clean}))\n"
+    )
     try:
         assert holder.stdout.readline().strip() == "ok"
-        out = subprocess.run([PY, "-S", "-c", run, str(shared / "agent.bin"), str(folder)], capture_output=True, text=True,
-                             preexec_fn=as_user(agent_user), cwd="/", timeout=120)
+        out = subprocess.run(
+            [PY, "-S", "-c", run, str(shared / "agent.bin"), str(folder)],
+            capture_output=True,
+            text=True,
+            preexec_fn=as_user(agent_user),
+            cwd="/",
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         entry = next(e for e in doc["audit"]["entries"] if e["name"] == victim.name)
@@ -336,6 +385,7 @@ def test_a_non_root_agent_that_cannot_read_the_holders_never_calls_a_file_unheld
 
 
 # ----------------------------------------------------------------------------- 8: serve
+
 
 def test_serve_takes_only_loopback_hosts_and_never_logs_its_token(tmp_path):
     """A real `cockpit serve`: Host `127.evil.example` (a DNS-rebound name that starts like a
@@ -375,6 +425,7 @@ def test_serve_takes_only_loopback_hosts_and_never_logs_its_token(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 9: the link and its frames
+
 
 def test_a_python_wrapper_that_does_not_exec_never_hangs_a_snapshot(tmp_path):
     """`--python` names a shell script that runs python as a child (no exec) and waits: the
@@ -455,7 +506,9 @@ def test_a_host_sending_nan_wrong_types_and_a_costly_frame_keeps_its_link_and_js
     log.write_text("[2026-01-01 00:00:00] Load weight begin.\n")
     layout = tmp_path / "l.yaml"
     layout.write_text(f"name: frames\nengine: sglang\ncommand: [-m, sglang.launch_server]\nlog: {log}\n")
-    res = run_cli("snapshot", "local", "--python", str(wrapper), "--layout", str(layout), "--json", "--wait", "0", timeout=120)
+    res = run_cli(
+        "snapshot", "local", "--python", str(wrapper), "--layout", str(layout), "--json", "--wait", "0", timeout=120
+    )
     assert res.returncode == 0, res.stderr
 
     def refuse(name):

@@ -64,7 +64,8 @@ def started(tmp_path: Path) -> list[dict]:
 
 
 def test_a_launch_from_another_users_folder_never_imports_from_it_and_their_workdir_is_refused(
-        users, shared, sim_host, tmp_path):  # noqa: F811
+    users, shared, sim_host, tmp_path
+):  # noqa: F811
     """Another user's folder holds cockpit/__init__.py: `python -m cockpit...` started there runs
     it as root (the control). `cockpit launch` started there runs the server in `/`, the planted
     file never runs; a layout whose workdir is that folder is refused in one line naming
@@ -80,8 +81,21 @@ def test_a_launch_from_another_users_folder_never_imports_from_it_and_their_work
     subprocess.run([sys.executable, "-c", "import cockpit"], cwd=home, capture_output=True)
     assert "__init__ ran as 0" in mark.read_text()  # the attack is real
     mark.unlink()
-    res = cockpit("launch", "local", "--layout", str(layout), "--sim", str(sim), "--yes", "--timeout", "120",
-                  "--interval", "0.25", cwd=str(home), timeout=240)
+    res = cockpit(
+        "launch",
+        "local",
+        "--layout",
+        str(layout),
+        "--sim",
+        str(sim),
+        "--yes",
+        "--timeout",
+        "120",
+        "--interval",
+        "0.25",
+        cwd=str(home),
+        timeout=240,
+    )
     assert res.returncode == 0 and ": ready" in res.stdout, res.stderr[-2000:]
     assert not mark.exists(), mark.read_text()
     run = started(tmp_path)[-1]
@@ -90,8 +104,9 @@ def test_a_launch_from_another_users_folder_never_imports_from_it_and_their_work
 
     theirs = tmp_path / "theirs.yaml"
     theirs.write_text(layout.read_text().replace("name: fast", "name: theirs") + f"workdir: {home}\n")
-    res = cockpit("launch", "local", "--layout", str(theirs), "--sim", str(sim), "--yes", "--timeout", "60",
-                  cwd="/", timeout=240)
+    res = cockpit(
+        "launch", "local", "--layout", str(theirs), "--sim", str(sim), "--yes", "--timeout", "60", cwd="/", timeout=240
+    )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"{home} (mode drwxr-xr-x, owner uid {evil}" in res.stderr and "--trust-python" in res.stderr, res.stderr
     assert "nothing was launched" in res.stderr
@@ -106,7 +121,8 @@ def venv(where: Path) -> Path:
 
 
 def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_another_user_never_run_as_root(
-        users, shared, sim_host, tmp_path):  # noqa: F811
+    users, shared, sim_host, tmp_path
+):  # noqa: F811
     """A root-owned venv; in turn: a root-owned .pth (what `pip install -e` of a user's checkout
     writes) naming that user's folder, which holds sitecustomize.py and pynvml.py; a root-owned
     editable finder mapping a package to their folder; their .pth in the venv; PYTHONPATH naming
@@ -137,18 +153,34 @@ def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_ano
     finder = site / "__editable___mypkg_0_1_finder.py"
     cases = [
         ("pth", lambda: None, str(proj)),
-        ("finder", lambda: ((site / "_user_proj.pth").unlink(),
-                            finder.write_text(f"MAPPING: dict[str, str] = {{'mypkg': '{proj}/mypkg'}}\n"
-                                              f"NAMESPACES: dict[str, list[str]] = {{}}\n")), str(proj)),
-        ("their pth", lambda: (finder.unlink(), (site / "theirs.pth").write_text("import os\n"),
-                               os.chown(site / "theirs.pth", evil, evil)), str(site / "theirs.pth")),
+        (
+            "finder",
+            lambda: (
+                (site / "_user_proj.pth").unlink(),
+                finder.write_text(
+                    f"MAPPING: dict[str, str] = {{'mypkg': '{proj}/mypkg'}}\nNAMESPACES: dict[str, list[str]] = {{}}\n"
+                ),
+            ),
+            str(proj),
+        ),
+        (
+            "their pth",
+            lambda: (
+                finder.unlink(),
+                (site / "theirs.pth").write_text("import os\n"),
+                os.chown(site / "theirs.pth", evil, evil),
+            ),
+            str(site / "theirs.pth"),
+        ),
     ]
     for what, arrange, named in cases:
         arrange()
         res = launch(server)
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, (what, res.stderr)
-        assert f"{python} is not run as root: {named} (mode" in res.stderr and "--trust-python" in res.stderr, \
-            (what, res.stderr)
+        assert f"{python} is not run as root: {named} (mode" in res.stderr and "--trust-python" in res.stderr, (
+            what,
+            res.stderr,
+        )
         assert not mark.exists(), (what, mark.read_text())
     (site / "theirs.pth").unlink()
     res = launch(server + f"env: {{PYTHONPATH: {proj}}}\n")
@@ -165,8 +197,7 @@ def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_ano
     assert mark.exists() or not Path("/etc/debian_version").exists()  # Debian's Python: the attack is real
     if mark.exists():  # the agent's own start is refused
         mark.unlink()
-        res = cockpit("snapshot", "local", "--python", str(python), "--sim", str(sim), "--json", "--wait", "0",
-                      cwd="/")
+        res = cockpit("snapshot", "local", "--python", str(python), "--sim", str(sim), "--json", "--wait", "0", cwd="/")
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert f"{python} is not run as root: {local} (mode" in res.stderr, res.stderr
         assert not mark.exists(), mark.read_text()
@@ -174,8 +205,9 @@ def test_what_a_pth_names_sitecustomize_pythonpath_and_an_editable_finder_of_ano
 
     (site / "_user_proj.pth").write_text(f"{proj}\n")  # the agent: -S, so no .pth runs and what one names is no path
     ours = shared / "ours"
-    (site / "pynvml.py").write_text(f"open({str(ours)!r}, 'a').write('site-packages read\\n')\n"
-                                    "raise ImportError('not a real NVML')\n")  # root's own: the agent imports it
+    (site / "pynvml.py").write_text(
+        f"open({str(ours)!r}, 'a').write('site-packages read\\n')\nraise ImportError('not a real NVML')\n"
+    )  # root's own: the agent imports it
     res = cockpit("snapshot", "local", "--python", str(python), "--sim", str(sim), "--json", "--wait", "0", cwd="/")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
@@ -191,11 +223,16 @@ def test_the_check_lists_every_site_folder_site_adds_debians_usr_local_included(
     """What the check walks, asked of the system's interpreter itself: the folders `site` would
     add (on Debian /usr/local/lib/python3.X/dist-packages first), each .pth there and what it
     names, the sitecustomize it would import; with -S the site folders alone."""
-    probe = subprocess.run([PY, "-I", "-S", "-c", "import site,sys;print(repr(site.getsitepackages()))"],
-                           capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [PY, "-I", "-S", "-c", "import site,sys;print(repr(site.getsitepackages()))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     sites = eval(probe.stdout)  # noqa: S307  (the repr of a list of str)
-    listed = subprocess.run([PY, "-I", "-S", "-", "-m", "x"], input=PROBE, capture_output=True, text=True,
-                            cwd=tmp_path, check=True)
+    listed = subprocess.run(
+        [PY, "-I", "-S", "-", "-m", "x"], input=PROBE, capture_output=True, text=True, cwd=tmp_path, check=True
+    )
     got, above = (part.split("\n") for part in listed.stdout.split("\n-\n"))  # what it imports from; the folders above
     for folder in sites:  # one not there yet: where it would be made
         assert folder in (got if os.path.exists(folder) else above), (folder, got, above)
@@ -260,8 +297,13 @@ class Drip:
 
 def counts(pid: int) -> tuple[int, int]:
     """The process's threads and open file descriptors."""
-    threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if line.startswith("Threads:")))
+    threads = int(
+        next(
+            line.split()[1]
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("Threads:")
+        )
+    )
     return threads, len(os.listdir(f"/proc/{pid}/fd"))
 
 
@@ -280,8 +322,9 @@ def test_a_slow_drip_peer_on_a_probed_port_costs_the_agent_nothing_that_grows():
     drip = Drip()
 
     async def main():
-        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5),
-                              WatchList(patterns=[]))
+        session = HostSession(
+            parse_target("local"), SessionOptions(python=sys.executable, interval=0.5), WatchList(patterns=[])
+        )
         await session.connect()
         pid = session.state.agent.pid
         seen, busy = [counts(pid)], 0
@@ -371,12 +414,15 @@ def test_the_ledger_is_opened_as_the_hosts_record_is(users, shared, tmp_path, mo
 
 # ----------------------------------------------------------------------------- 5: signals and a closed output
 
-SLOW = FAST.replace("speed: 4", "speed: 0.5") + """\
+SLOW = (
+    FAST.replace("speed: 4", "speed: 0.5")
+    + """\
 flag_sets:
   eagle3: [--speculative-algorithm, EAGLE3, --speculative-num-steps, "3"]
   no_cuda_graph: [--disable-cuda-graph]
 enabled: [eagle3, no_cuda_graph]
 """
+)
 
 
 def ledger_records(tmp_path: Path) -> list[dict]:
@@ -399,10 +445,17 @@ def gone(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("command, how", [
-    ("launch", signal.SIGINT), ("launch", signal.SIGTERM), ("launch", signal.SIGHUP), ("launch", "closed stdout"),
-    ("ablate", signal.SIGTERM), ("bisect", "closed stdout"),
-])
+@pytest.mark.parametrize(
+    "command, how",
+    [
+        ("launch", signal.SIGINT),
+        ("launch", signal.SIGTERM),
+        ("launch", signal.SIGHUP),
+        ("launch", "closed stdout"),
+        ("ablate", signal.SIGTERM),
+        ("bisect", "closed stdout"),
+    ],
+)
 def test_a_signal_or_a_closed_output_during_a_workflow_stops_its_run_as_ctrl_c_does(command, how, sim_host, tmp_path):
     """`cockpit launch|ablate|bisect ...` as a real process: once its run is started, SIGINT,
     SIGTERM, SIGHUP (a closed terminal), or its stdout's reader gone (`| head -1`, or `| tail`
@@ -411,14 +464,36 @@ def test_a_signal_or_a_closed_output_during_a_workflow_stops_its_run_as_ctrl_c_d
     sim, layout = sim_host
     layout.write_text(SLOW.format(port=free_port(), logs=tmp_path / "logs"))
     extra = {"launch": [], "ablate": ["--vary", "no_cuda_graph"], "bisect": ["--vary", "eagle3,no_cuda_graph"]}[command]
-    proc = subprocess.Popen([sys.executable, "-I", "-m", "cockpit", command, "local", "--layout", str(layout),
-                             "--sim", str(sim), "--yes", "--timeout", "300", "--interval", "0.25", *extra],
-                            cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "cockpit",
+            command,
+            "local",
+            "--layout",
+            str(layout),
+            "--sim",
+            str(sim),
+            "--yes",
+            "--timeout",
+            "300",
+            "--interval",
+            "0.25",
+            *extra,
+        ],
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         for _ in range(1200):  # a bound for a stuck test, not a speed claim
             if started(tmp_path) or proc.poll() is not None:
                 break
             import time
+
             time.sleep(0.1)
         assert started(tmp_path), proc.communicate(timeout=60)
         run = started(tmp_path)[0]
@@ -455,9 +530,13 @@ def test_the_page_cockpit_serve_hands_the_browser_loads_nothing_from_another_hos
 
     port = free_port()
     log = tmp_path / "serve.log"
-    server = subprocess.Popen([sys.executable, "-m", "cockpit", "serve", "local", "--python", "/bin/false",
-                               "--port", str(port)], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True, cwd="/")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "cockpit", "serve", "local", "--python", "/bin/false", "--port", str(port)],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd="/",
+    )
     try:
         wait_port(port, 60)
         url = None

@@ -22,13 +22,16 @@ PLANTED = ("bisect", "json", "random", "selectors", "subprocess", "threading", "
 def plant(folder: Path, mark: Path, names=PLANTED) -> None:
     """Modules named like the standard library's that write `mark` when imported."""
     for name in names:
-        (folder / f"{name}.py").write_text(f"import os\nopen({str(mark)!r}, 'a').write('{name} ran as %d\\n' % os.getuid())\n")
+        (folder / f"{name}.py").write_text(
+            f"import os\nopen({str(mark)!r}, 'a').write('{name} ran as %d\\n' % os.getuid())\n"
+        )
 
 
 def cockpit(*args: str, cwd: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """The cockpit as an installed entry point runs it: isolated itself, started in `cwd`."""
-    return subprocess.run([sys.executable, "-I", "-m", "cockpit", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "cockpit", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ----------------------------------------------------------------------------- 1: isolated Pythons
@@ -48,8 +51,9 @@ def test_modules_planted_in_the_folder_the_agent_starts_from_never_run(users, sh
     assert control.returncode == 0 and "bisect ran as 0" in mark.read_text()  # the attack is real
     mark.unlink()
     for python in (None, PY):
-        res = cockpit("snapshot", "local", "--json", "--wait", "0", *(["--python", python] if python else []),
-                      cwd=str(home))
+        res = cockpit(
+            "snapshot", "local", "--json", "--wait", "0", *(["--python", python] if python else []), cwd=str(home)
+        )
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["agent"]["executable"] == (python or sys.executable)
         assert not mark.exists(), mark.read_text()
@@ -81,8 +85,9 @@ def test_a_cockpit_package_planted_where_serve_starts_never_runs_as_its_browser_
     finally:
         os.chdir(here)
     assert shell.startswith("cd / && exec ") and f"--layout {layout}" in shell and f"--known-hosts {home}/kh" in shell
-    res = subprocess.run(["/bin/sh", "-c", shell], cwd=home, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        ["/bin/sh", "-c", shell], cwd=home, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
     assert "Traceback" not in res.stderr and res.returncode == 2, res.stderr  # our cockpit's one-line refusal
     assert not mark.exists(), mark.read_text()
 
@@ -92,7 +97,7 @@ def test_a_cockpit_package_planted_where_serve_starts_never_runs_as_its_browser_
 
 def _wrapper(path: Path, mark: Path) -> Path:
     """An interpreter that another user could have swapped: it leaves a mark, then runs Python."""
-    path.write_text(f"#!/bin/sh\necho ran >> {mark}\nexec {PY} \"$@\"\n")
+    path.write_text(f'#!/bin/sh\necho ran >> {mark}\nexec {PY} "$@"\n')
     path.chmod(0o755)
     return path
 
@@ -160,8 +165,9 @@ def test_over_ssh_as_root_the_check_runs_on_the_host(users, shared, sshd):  # no
     theirs.mkdir()
     python = _wrapper(theirs / "python3", mark)
     chown_tree(theirs, evil)
-    res = cockpit("snapshot", "cockpit-test", "--python", str(python), "--json", "--wait", "0", *sshd.cli_args(),
-                  cwd="/")
+    res = cockpit(
+        "snapshot", "cockpit-test", "--python", str(python), "--json", "--wait", "0", *sshd.cli_args(), cwd="/"
+    )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"cockpit-test: {python} is not run as root: {python} (mode -rwxr-xr-x, owner uid {evil}" in res.stderr
     assert not mark.exists()
@@ -223,10 +229,11 @@ def test_a_reconnect_that_runs_out_of_file_descriptors_is_tried_again_and_says_w
 
 # ----------------------------------------------------------------------------- 3: a hostile metrics page
 
+
 def hostile_line(size: int) -> str:
     """One metrics line of `size` characters, nearly all of it short labels."""
     labels = "".join(f'l{i}="x",' for i in range(size // 8))
-    labels = labels[:labels.rfind(",", 0, size - 40) + 1]
+    labels = labels[: labels.rfind(",", 0, size - 40) + 1]
     return "sglang:num_running_reqs{" + labels + 'z="y"} 3\n'
 
 
@@ -264,7 +271,9 @@ def test_a_local_user_serving_a_hostile_metrics_page_is_read_in_one_bounded_pass
     answer_doc = web.http_body(srv.getsockname()[1], "/metrics", timeout=60)
     t.join(60)
     srv.close()
-    assert answer_doc["status"] == 200 and answer_doc["truncated"] and (8 << 20) - 100 < len(answer_doc["body"]) < 8 << 20
+    assert (
+        answer_doc["status"] == 200 and answer_doc["truncated"] and (8 << 20) - 100 < len(answer_doc["body"]) < 8 << 20
+    )
     scrape = metrics.scrape_of(answer_doc)
     assert scrape.values["running"] == 3.0, scrape
     assert any("agent sent its first 8 MiB" in n for n in scrape.notes), scrape.notes
@@ -281,6 +290,7 @@ def test_a_local_user_serving_a_hostile_metrics_page_is_read_in_one_bounded_pass
 
 # ----------------------------------------------------------------------------- 5: a forged Xid
 
+
 def test_an_xid_forged_by_a_user_in_the_kernel_log_is_not_the_gpus_word():
     """Crafted /dev/kmsg records: the driver's own (kernel facility, its prefix first) is an
     Xid; the same text written by a user (LOG_USER, as the kernel marks every write to
@@ -289,12 +299,14 @@ def test_an_xid_forged_by_a_user_in_the_kernel_log_is_not_the_gpus_word():
 
     line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=init, GPU has fallen off the bus."
     assert xid.kmsg_xid(f"4,1047,8123450000,-;{line}\n SUBSYSTEM=pci") == (8123.45, ("0000:3b:00", 79, 1))
-    for forged in (f"12,1048,8123460000,-;{line}",  # <12>: LOG_USER, warning: what a user's write carries
-                   f"14,1049,8123470000,-;{line}",
-                   f"30,1050,8123480000,-;{line}",  # LOG_DAEMON
-                   f"x,1051,8123490000,-;{line}",
-                   f"6,1052,8123500000,-;audit: comm=\"{line}\"",  # the kernel echoing a user's text
-                   f"6,1053,8123510000,-;usb 1-1: Product: {line}"):
+    for forged in (
+        f"12,1048,8123460000,-;{line}",  # <12>: LOG_USER, warning: what a user's write carries
+        f"14,1049,8123470000,-;{line}",
+        f"30,1050,8123480000,-;{line}",  # LOG_DAEMON
+        f"x,1051,8123490000,-;{line}",
+        f'6,1052,8123500000,-;audit: comm="{line}"',  # the kernel echoing a user's text
+        f"6,1053,8123510000,-;usb 1-1: Product: {line}",
+    ):
         assert xid.kmsg_xid(forged) is None, forged
     assert xid.parse_xid(f"[  966.503025] {line}") == ("0000:3b:00", 79, 1)
     assert xid.parse_xid(f"Nov 22 18:29:55 gpu7 kernel: [  966.503025] {line}") == ("0000:3b:00", 79, 1)
@@ -304,18 +316,21 @@ def test_an_xid_forged_by_a_user_in_the_kernel_log_is_not_the_gpus_word():
 
 # ----------------------------------------------------------------------------- 7: a URL's password
 
+
 def test_a_url_password_holding_slashes_and_ats_is_masked_whole_in_linear_time():
     """`user:` then anything up to the URL's last `@` is the password: masked whole, in values,
     argv and log lines; a URL with no credentials is left alone; a megabyte of `://a:` runs
     through (each URL's end and last `@` found once)."""
     from cockpit.common import secrets
 
-    for url, want in (("postgres://app:pa/ss@w@rd@db:5432/x", "postgres://app:***@db:5432/x"),
-                      ("s3://AKIA:se/cr@et@bucket/key?token=abc", "s3://AKIA:***@bucket/key?token=***"),
-                      ("redis://:p/w@cache:6379", "redis://:***@cache:6379"),
-                      ("https://tok@en@github.com/org", "https://***@github.com/org"),
-                      ("https://host/users/alice@example.com", "https://host/users/alice@example.com"),
-                      ("http://127.0.0.1:30000/health", "http://127.0.0.1:30000/health")):
+    for url, want in (
+        ("postgres://app:pa/ss@w@rd@db:5432/x", "postgres://app:***@db:5432/x"),
+        ("s3://AKIA:se/cr@et@bucket/key?token=abc", "s3://AKIA:***@bucket/key?token=***"),
+        ("redis://:p/w@cache:6379", "redis://:***@cache:6379"),
+        ("https://tok@en@github.com/org", "https://***@github.com/org"),
+        ("https://host/users/alice@example.com", "https://host/users/alice@example.com"),
+        ("http://127.0.0.1:30000/health", "http://127.0.0.1:30000/health"),
+    ):
         assert secrets.mask_url(url) == want, url
         assert secrets.mask_line(f"connecting to {url} now") == f"connecting to {want} now"
         assert secrets.mask_argv(["--db", url]) == ["--db", want]
@@ -371,9 +386,24 @@ def test_half_open_connections_under_a_low_fd_limit_never_starve_a_scrape_and_a_
     def low_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "exporter", "--hosts", "local", "--python", str(wrapper),
-                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=low_limit, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit",
+            "exporter",
+            "--hosts",
+            "local",
+            "--python",
+            str(wrapper),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=low_limit,
+        text=True,
+    )
     held: list[socket.socket] = []
     try:
         assert "metrics on" in proc.stdout.readline()
@@ -400,6 +430,7 @@ def test_half_open_connections_under_a_low_fd_limit_never_starve_a_scrape_and_a_
 
 
 # ----------------------------------------------------------------------------- 8: links above a path
+
 
 def test_a_symlinked_folder_above_a_log_is_refused_by_every_open(users, shared):  # noqa: F811
     """Another user's folder holds `logs`, a symbolic link to a root-only folder: the log tail,
@@ -488,9 +519,25 @@ def test_a_frame_of_millions_of_short_strings_is_skipped_said_and_the_link_kept(
     wrapper.chmod(0o755)
     measured = tmp_path / "measured.py"
     measured.write_text(MEASURED)
-    res = subprocess.run([sys.executable, str(measured), sys.executable, "-m", "cockpit", "snapshot", "local",
-                          "--python", str(wrapper), "--json", "--wait", "1"], capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(measured),
+            sys.executable,
+            "-m",
+            "cockpit",
+            "snapshot",
+            "local",
+            "--python",
+            str(wrapper),
+            "--json",
+            "--wait",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     doc = json.loads(res.stdout)
     peak_mib = int(res.stderr.rsplit("MAXRSS_KIB", 1)[1].split()[0]) / 1024

@@ -28,15 +28,18 @@ def holder(path: str, *, namespace_bind: str | None = None, fd_only: bool = Fals
     """A live process that maps `path` (or only holds it open) and waits. `namespace_bind`: it
     runs in a mount namespace of its own where /dev/shm is bind-mounted there, and maps the
     file through that path."""
-    code = (f"import mmap, os, sys, time\n"
-            f"f = open(sys.argv[1], 'r+b')\n"
-            f"m = None if {fd_only!r} else mmap.mmap(f.fileno(), 4096)\n"
-            f"{'' if fd_only else 'f.close()'}\n"
-            f"print('ok', flush=True)\n"
-            f"time.sleep(120)\n")
+    code = (
+        f"import mmap, os, sys, time\n"
+        f"f = open(sys.argv[1], 'r+b')\n"
+        f"m = None if {fd_only!r} else mmap.mmap(f.fileno(), 4096)\n"
+        f"{'' if fd_only else 'f.close()'}\n"
+        f"print('ok', flush=True)\n"
+        f"time.sleep(120)\n"
+    )
     if namespace_bind:
-        script = (f"mkdir -p {namespace_bind} && mount --bind /dev/shm {namespace_bind} && "
-                  f"exec {sys.executable} -c \"$0\" \"$1\"")
+        script = (
+            f'mkdir -p {namespace_bind} && mount --bind /dev/shm {namespace_bind} && exec {sys.executable} -c "$0" "$1"'
+        )
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, code, path]
     else:
         argv = [sys.executable, "-c", code, path]
@@ -171,8 +174,9 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
     that it never held is left (a creation time proves nothing on a shared machine), said as
     "cannot tell whose it is"; with no run found, nothing is removed."""
     colleague_files = [SHM / f"psm_colleague_queue-{TAG}", SHM / f"nccl-colLive-{TAG}"]
-    colleague = subprocess.Popen([sys.executable, "-c", COLLEAGUE_CODE, *map(str, colleague_files)],
-                                 stdout=subprocess.PIPE, text=True)
+    colleague = subprocess.Popen(
+        [sys.executable, "-c", COLLEAGUE_CODE, *map(str, colleague_files)], stdout=subprocess.PIPE, text=True
+    )
     assert colleague.stdout.readline().strip() == "ok"
     older = make(f"nccl-{TAG}-older")
     time.sleep(1.2)  # the run starts after these were made (start times are in whole ticks, the boot time in seconds)
@@ -184,8 +188,9 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
         assert [e["pid"] for e in entries] == [run.pid]
         audit = agent_shm.shm_audit()  # before the kill, as plan_relaunch takes it
 
-        found = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "launched by this cockpit "
-                                                            "(ledger): process group 1"))
+        found = actions.shm_for_run(
+            audit, actions.KillPlan(runmod.Scope(), entries, "launched by this cockpit (ledger): process group 1")
+        )
         why = {e["name"]: e["why"] for e in found.remove}
         assert sorted(why) == sorted(p.name for p in ours[:2])
         assert why[ours[0].name] == f"held by the run's pid {run.pid}"
@@ -194,8 +199,11 @@ def test_a_clean_after_a_kill_removes_only_files_tied_to_the_run():
         for path in colleague_files + [older, ours[2]]:  # made after the run started, never held by it: not its
             assert "cannot tell whose it is" in left[path.name]
         made = next(e for e in audit["entries"] if e["name"] == ours[2].name)
-        seen = actions.shm_for_run(audit, actions.KillPlan(runmod.Scope(), entries, "owns port 30000"),
-                                   {(made["dev"], made["ino"]): time.time()})  # the monitor saw the run hold it
+        seen = actions.shm_for_run(
+            audit,
+            actions.KillPlan(runmod.Scope(), entries, "owns port 30000"),
+            {(made["dev"], made["ino"]): time.time()},
+        )  # the monitor saw the run hold it
         assert {e["name"]: e["why"] for e in seen.remove}[ours[2].name].startswith("held by the run while it lived")
         lines = "\n".join(actions.describe_shm_for_run(found, "/dev/shm"))
         assert colleague_files[0].name not in lines  # not the run's: counted, never listed

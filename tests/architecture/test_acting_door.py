@@ -25,8 +25,11 @@ def test_nothing_above_the_monitor_finds_or_dumps_ranks_itself():
 
 
 def test_the_ranks_of_a_dump_are_found_in_one_place():
-    finders = [u for u in _uses(("actions", "monitor"), re.compile(r"\bdump_targets\s*\(|\bof_run\s*\("))
-               if not u.startswith("cockpit/actions/kill.py")]
+    finders = [
+        u
+        for u in _uses(("actions", "monitor"), re.compile(r"\bdump_targets\s*\(|\bof_run\s*\("))
+        if not u.startswith("cockpit/actions/kill.py")
+    ]
     assert [u.split(":")[0] for u in finders] == ["cockpit/actions/dumps.py"] * len(finders) and finders, finders
     plans = _uses(("actions", "monitor"), re.compile(r"\bplan_dump\s*\("))
     assert {u.split(":")[0] for u in plans} >= {"cockpit/actions/dumps.py", "cockpit/monitor/base.py"}, plans
@@ -36,6 +39,9 @@ def test_the_screen_and_the_workflows_act_through_the_monitor_alone():
     """cockpit/ui/ and cockpit/operate/ take no session: each act is a monitor's verb, the header
     reads the monitor's LinkView (the CLI's remaining uses are listed in docs/ARCHITECTURE.md's
     acting path)."""
-    uses = [u for u in _uses(("ui", "operate"), re.compile(r"\.session\b"))
-            if not u.split(": ", 1)[1].startswith(("from ", "import "))]
+    uses = [
+        u
+        for u in _uses(("ui", "operate"), re.compile(r"\.session\b"))
+        if not u.split(": ", 1)[1].startswith(("from ", "import "))
+    ]
     assert uses == []

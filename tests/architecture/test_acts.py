@@ -27,15 +27,20 @@ def test_the_screens_keys_and_the_clis_commands_are_the_tables():
 def _toy_run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
     """`code` in a fresh interpreter that loaded the toy act first, as a plug-in is loaded before
     the screen and the CLI."""
-    return subprocess.run([sys.executable, "-c", _toy_prelude() + code], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-c", _toy_prelude() + code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_a_toy_act_is_a_command_of_the_cli(tmp_path):
     done = _toy_run("from cockpit.cli import main\nsys.exit(main(['--help']))", tmp_path)
     assert done.returncode == 0 and "the live run's package versions" in done.stdout, done.stderr
-    done = _toy_run("from cockpit.cli import main\nsys.exit(main(['versions', 'local', '--yes', '--json']))",
-                    tmp_path)
+    done = _toy_run("from cockpit.cli import main\nsys.exit(main(['versions', 'local', '--yes', '--json']))", tmp_path)
     assert done.returncode == 0, done.stderr
     assert "ask local for the run's versions" in done.stderr and "asked local" in done.stderr  # the plan, then told
     assert isinstance(json.loads(done.stdout)["versions"], dict)
@@ -81,14 +86,22 @@ def test_a_toy_act_is_a_key_of_the_screen(tmp_path):
     """Bound to its key, not offered without a live link (the table's rule), and carried out by the
     screen's generic runner when called: a recorded moment refuses it in words, in its report."""
     fixture = ROOT / "tests" / "fixtures" / "demo-serving.json"
-    done = subprocess.run([sys.executable, "-c", _toy_prelude() + TOY_SCREEN, str(fixture)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-c", _toy_prelude() + TOY_SCREEN, str(fixture)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr
     assert "asked: ask local for the run's versions" in done.stdout, done.stdout  # its plan, asked first
     assert "versions: failed" in done.stdout and "a replayed snapshot has no run to ask" in done.stdout, done.stdout
 
 
 def _toy_prelude() -> str:
-    return (f"import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('toy_act', {str(TOY)!r})\n"
-            f"spec.loader.exec_module(importlib.util.module_from_spec(spec))\n")
+    return (
+        f"import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('toy_act', {str(TOY)!r})\n"
+        f"spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+    )

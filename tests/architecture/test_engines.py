@@ -33,12 +33,18 @@ def _spelled(path: Path, names: re.Pattern) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docs.add((first.lineno, first.col_offset))
     kinds = {tokenize.NAME, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
-    return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(src).readline)
-            if tok.type in kinds and tok.start not in docs and names.search(tok.string)]
+    return [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+        if tok.type in kinds and tok.start not in docs and names.search(tok.string)
+    ]
 
 
 def test_the_engine_names_are_spelled_only_by_the_engines_and_their_table():
@@ -91,8 +97,7 @@ def test_a_toy_engine_plugs_in_by_one_module(monkeypatch, tmp_path):
     rules = LogRules(layout.engine, layout.phases)
     assert rules.detected == "toy"
     lines = ["[toy] TOY booting 2 ranks", "TOY weights 1/4", "some chatter", "TOY listening on :7777", "TOY ready"]
-    assert [rules.classify(text).phase for text in lines] == ["starting", "loading weights", None, "port open",
-                                                             "ready"]
+    assert [rules.classify(text).phase for text in lines] == ["starting", "loading weights", None, "port open", "ready"]
     assert LogRules("sglang").classify("TOY ready").phase is None  # another engine's rules know none of it
 
     assert {"toy_tokens_out_total", "toy_busy"} <= set(metrics.wanted())

@@ -31,8 +31,9 @@ def _layers() -> list[str]:
 def test_every_module_lives_in_a_layer():
     graph = grimp.build_graph("cockpit")
     named = _layers()
-    homeless = sorted(m for m in graph.modules
-                      if m != "cockpit" and not any(m == n or m.startswith(n + ".") for n in named))
+    homeless = sorted(
+        m for m in graph.modules if m != "cockpit" and not any(m == n or m.startswith(n + ".") for n in named)
+    )
     assert homeless == [], f"modules outside every layer of pyproject.toml: {homeless}"
 
 
@@ -96,8 +97,9 @@ def test_nothing_below_the_monitor_takes_a_monitor():
 
 def test_no_test_file_is_over_600_lines():
     """A test file a newcomer can read: what grows past this is split by what it tests."""
-    long = {p.name: n for p in sorted((ROOT / "tests").rglob("test_*.py"))
-            if (n := len(p.read_text().splitlines())) > 600}
+    long = {
+        p.name: n for p in sorted((ROOT / "tests").rglob("test_*.py")) if (n := len(p.read_text().splitlines())) > 600
+    }
     assert long == {}, long
 
 
@@ -108,5 +110,6 @@ def test_the_architecture_drawing_is_the_codes():
     spec = importlib.util.spec_from_file_location("floors", ROOT / "scripts" / "floors.py")
     floors = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(floors)
-    assert floors.written() == floors.drawing(), "docs/ARCHITECTURE.md's drawing is stale: run " \
-                                                 "`.venv/bin/python scripts/floors.py --write`"
+    assert floors.written() == floors.drawing(), (
+        "docs/ARCHITECTURE.md's drawing is stale: run `.venv/bin/python scripts/floors.py --write`"
+    )

@@ -44,7 +44,7 @@ def test_a_second_test_gets_other_folders(sealed):
     assert not Path(acts.acts_path()).exists() and sorted(p.name for p in sealed.iterdir()) == sorted(SEALED.values())
 
 
-PROBE = '''\
+PROBE = """\
 import time
 import pytest
 from conftest import cannot_run, need
@@ -65,25 +65,33 @@ def test_hangs():
 
 def test_runs():
     pass
-'''
+"""
 
 
 def _probe(tmp_path: Path, ci: bool) -> subprocess.CompletedProcess:
     """The suite's conftest and the settings of pyproject.toml over a probe file, in a pytest of its own."""
     (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
     (tmp_path / "test_probe.py").write_text(PROBE)
-    (tmp_path / "pytest.ini").write_text(textwrap.dedent("""\
+    (tmp_path / "pytest.ini").write_text(
+        textwrap.dedent("""\
         [pytest]
         addopts = -ra -p no:cacheprovider
         timeout = 300
         timeout_method = signal
-        """))
+        """)
+    )
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = str(TESTS)  # the helpers the conftest loads (fixtures_shared, simhost)
     if ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "test_probe.py"], cwd=tmp_path, capture_output=True,
-                          text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "test_probe.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_under_ci_a_check_that_cannot_run_fails_with_its_reason_and_a_hang_fails_alone(tmp_path):
@@ -92,8 +100,10 @@ def test_under_ci_a_check_that_cannot_run_fails_with_its_reason_and_a_hang_fails
     summary = res.stdout.strip().splitlines()[-1]
     assert summary.startswith("3 failed, 1 passed, 1 error in "), res.stdout
     assert "skipped under CI=true, which must run every test: Skipped: marked away" in res.stdout
-    assert "cannot run under CI: no-such-tool-gck not installed: apt-get install no-such-package (scripts/test does)" \
+    assert (
+        "cannot run under CI: no-such-tool-gck not installed: apt-get install no-such-package (scripts/test does)"
         in res.stdout
+    )
     assert "cannot run under CI: no network namespace here" in res.stdout
     assert "FAILED test_probe.py::test_hangs - Failed: Timeout (>1.0s) from pytest-timeout" in res.stdout
 

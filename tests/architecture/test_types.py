@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_monitor_run_and_workflow_modules_type_check_strictly():
-    done = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -29,9 +30,25 @@ def test_a_kind_that_drifts_from_the_protocol_fails_the_check(tmp_path):
         "    async def stop(self, plan: KillPlan) -> dict[str, Any]:  # type: ignore[override]\n"
         "        return {}\n\n\n"
         "def kind(m: Drifted) -> Monitor:\n"
-        "    return m\n")
-    done = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", "--strict", "--follow-imports=silent",
-                           "--ignore-missing-imports", "--allow-untyped-calls", str(drifted)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1 and 'expected "Monitor"' in done.stdout and "def stop(self, plan: KillPlan)" \
-        in done.stdout, done.stdout
+        "    return m\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-error-summary",
+            "--strict",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--allow-untyped-calls",
+            str(drifted),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (
+        done.returncode == 1 and 'expected "Monitor"' in done.stdout and "def stop(self, plan: KillPlan)" in done.stdout
+    ), done.stdout

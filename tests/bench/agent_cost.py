@@ -37,14 +37,17 @@ from cockpit.agent import gpus as agent_gpus, ports as agent_ports, procs as age
 
 def spawn_tree(n: int) -> list[subprocess.Popen]:
     """n real processes titled like TP ranks under one parent: the watched tree."""
-    script = ("import setproctitle,sys,time,subprocess\n"
-              "setproctitle.setproctitle('sglang::scheduler_TP0')\n"
-              "kids=[subprocess.Popen([sys.executable,'-c','import time,setproctitle;"
-              "setproctitle.setproctitle(\"sglang::worker\");time.sleep(3600)']) for _ in range(int(sys.argv[1]))]\n"
-              "time.sleep(3600)\n")
+    script = (
+        "import setproctitle,sys,time,subprocess\n"
+        "setproctitle.setproctitle('sglang::scheduler_TP0')\n"
+        "kids=[subprocess.Popen([sys.executable,'-c','import time,setproctitle;"
+        'setproctitle.setproctitle("sglang::worker");time.sleep(3600)\']) for _ in range(int(sys.argv[1]))]\n'
+        "time.sleep(3600)\n"
+    )
     try:
         import psutil
         import setproctitle  # noqa: F401
+
         kids = [subprocess.Popen([sys.executable, "-c", script, str(n - 1)], start_new_session=True)]
         deadline = time.monotonic() + 30  # the whole tree up before anything is measured
         while time.monotonic() < deadline and len(psutil.Process(kids[0].pid).children()) < n - 1:
@@ -66,8 +69,9 @@ def kill_tree(kids: list[subprocess.Popen]) -> None:
 
 def nvml_floor(nvml, handles, reps: int) -> float:
     """Seconds per GPU for exactly the calls one sample makes, each timed alone."""
-    reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    reasons = (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     calls = [
         lambda h: nvml.nvmlDeviceGetUtilizationRates(h),
         lambda h: nvml.nvmlDeviceGetMemoryInfo(h),
@@ -171,8 +175,12 @@ async def live_cost(seconds: float, sim_state: str | None, tree: int, profile: s
     await session.close()
     kill_tree(kids)
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    return {"seconds": round(wall, 1), "agent_cpu_pct_of_core": round(100 * cpu / wall, 3),
-            "wire_bytes_per_s": round(nbytes / wall), "watched_processes": watched}
+    return {
+        "seconds": round(wall, 1),
+        "agent_cpu_pct_of_core": round(100 * cpu / wall, 3),
+        "wire_bytes_per_s": round(nbytes / wall),
+        "watched_processes": watched,
+    }
 
 
 def phases(seconds: float, warmup: float, tree: int) -> dict:
@@ -191,6 +199,7 @@ def phases(seconds: float, warmup: float, tree: int) -> dict:
                 return fn(*a, **k)
             finally:
                 spent[name] = spent.get(name, 0) + time.thread_time_ns() - t
+
         return wrapper
 
     def threads() -> dict[str, int]:
@@ -238,17 +247,25 @@ def phases(seconds: float, warmup: float, tree: int) -> dict:
         os.dup2(saved, 1)
         kill_tree(kids)
     per = {k: round(v / 1000 / ticks, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
-    per["other (tick minus the steps)"] = round(per["tick, whole"] - sum(v for k, v in per.items()
-                                                                      if k != "tick, whole" and not k.startswith(" ")), 1)
+    per["other (tick minus the steps)"] = round(
+        per["tick, whole"] - sum(v for k, v in per.items() if k != "tick, whole" and not k.startswith(" ")), 1
+    )
     by_thread = {k: round((ns - n0.get(k, 0)) / 1000 / wall, 1) for k, ns in n1.items() if ns - n0.get(k, 0) > 0}
-    return {"seconds": round(wall, 1), "ticks": ticks, "watched_processes": watched, "gpus": len(agent.gpus.sample(False)),
-            "us_per_tick_thread_cpu": per, "us_per_second_by_thread_schedstat": by_thread,
-            "note": "the main thread also runs this benchmark's loop (sleep, the clock)"}
+    return {
+        "seconds": round(wall, 1),
+        "ticks": ticks,
+        "watched_processes": watched,
+        "gpus": len(agent.gpus.sample(False)),
+        "us_per_tick_thread_cpu": per,
+        "us_per_second_by_thread_schedstat": by_thread,
+        "note": "the main thread also runs this benchmark's loop (sleep, the clock)",
+    }
 
 
 def agent_at(rev: str) -> bytes:
     """The agent of `rev` as today's bootstrap runs it: its modules in today's table (with today's
     importer, which reads that table), or, before the split, its one agent.py."""
+
     def git(*argv: str) -> bytes:
         return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, check=True).stdout
 
@@ -257,8 +274,13 @@ def agent_at(rev: str) -> bytes:
         return git("show", f"{rev}:cockpit/agent/agent.py")
     from benchlib import pack_old_agent
 
-    return pack_old_agent({name.rsplit("/", 1)[1][:-3]: git("show", f"{rev}:{name}") for name in names
-                           if name.endswith(".py") and not name.endswith(("/__init__.py", "/agent.py"))})
+    return pack_old_agent(
+        {
+            name.rsplit("/", 1)[1][:-3]: git("show", f"{rev}:{name}")
+            for name in names
+            if name.endswith(".py") and not name.endswith(("/__init__.py", "/agent.py"))
+        }
+    )
 
 
 def main() -> None:

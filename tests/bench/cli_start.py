@@ -53,8 +53,11 @@ def main() -> None:
     trees = {"this tree": ROOT}
     if args.compare:
         trees[args.compare] = tmp / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[args.compare]), args.compare],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[args.compare]), args.compare],
+            check=True,
+            capture_output=True,
+        )
     cases = [("python -c pass", ROOT, [py, "-c", "pass"])]
     for tree, path in trees.items():
         # `python -m` from the tree's folder: its cockpit first on sys.path
@@ -64,19 +67,34 @@ def main() -> None:
         for n in range(args.runs + 1):
             for name, cwd, argv in cases:
                 t = time.perf_counter()
-                subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 if n:
                     walls[name].append((time.perf_counter() - t) * 1000)
     finally:
         if args.compare:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees[args.compare])],
-                           capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees[args.compare])], capture_output=True
+            )
         shutil.rmtree(tmp, ignore_errors=True)
-    report({"host": os.uname().nodename, "python": sys.version.split()[0], "runs": args.runs,
+    report(
+        {
+            "host": os.uname().nodename,
+            "python": sys.version.split()[0],
+            "runs": args.runs,
             "load_average": os.getloadavg()[0],
-            "median_ms (p90)": {k: f"{statistics.median(v):.1f} ({sorted(v)[int(0.9 * (len(v) - 1))]:.1f})"
-                                for k, v in walls.items()}}, args.json)
+            "median_ms (p90)": {
+                k: f"{statistics.median(v):.1f} ({sorted(v)[int(0.9 * (len(v) - 1))]:.1f})" for k, v in walls.items()
+            },
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

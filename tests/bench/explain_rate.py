@@ -83,8 +83,11 @@ def healthy(n: int, engine: str) -> list[str]:
     for i in itertools.count():
         if len(out) >= n:
             break
-        out.append(serve[i % len(serve)].format(a=i % 60, b=i % 250, p=30000 + i % 30000, m=(i // 60) % 60,
-                                                s=i % 60, t=100 + i % 900, g=200 + i % 800))
+        out.append(
+            serve[i % len(serve)].format(
+                a=i % 60, b=i % 250, p=30000 + i % 30000, m=(i // 60) % 60, s=i % 60, t=100 + i % 900, g=200 + i % 800
+            )
+        )
     return out[:n]
 
 
@@ -111,11 +114,18 @@ def rate(lines: list[str], tmp: Path, name: str, runs: int) -> dict:
         cpus.append(time.process_time() - c0)
     best, median = min(walls), sorted(walls)[len(walls) // 2]
     cpu_best, cpu_median = min(cpus), sorted(cpus)[len(cpus) // 2]
-    return {"lines": doc["lines"], "seconds_best": round(best, 3), "seconds_median": round(median, 3),
-            "lines_per_s": round(doc["lines"] / best), "lines_per_s_median": round(doc["lines"] / median),
-            "lines_per_cpu_s": round(doc["lines"] / cpu_best),
-            "lines_per_cpu_s_median": round(doc["lines"] / cpu_median),
-            "runs": runs, "verdict": doc["verdict"]["name"], "mib": round(path.stat().st_size / 2**20, 1)}
+    return {
+        "lines": doc["lines"],
+        "seconds_best": round(best, 3),
+        "seconds_median": round(median, 3),
+        "lines_per_s": round(doc["lines"] / best),
+        "lines_per_s_median": round(doc["lines"] / median),
+        "lines_per_cpu_s": round(doc["lines"] / cpu_best),
+        "lines_per_cpu_s_median": round(doc["lines"] / cpu_median),
+        "runs": runs,
+        "verdict": doc["verdict"]["name"],
+        "mib": round(path.stat().st_size / 2**20, 1),
+    }
 
 
 def hostile() -> dict:
@@ -129,8 +139,13 @@ def hostile() -> dict:
         tracker.feed(line)
         worst[name] = round((time.perf_counter() - t0) * 1000, 2)
     slowest = max(worst, key=worst.get)
-    return {"lines": len(worst), "slowest": slowest, "slowest_ms": worst[slowest],
-            "median_ms": sorted(worst.values())[len(worst) // 2], "each_ms": worst}
+    return {
+        "lines": len(worst),
+        "slowest": slowest,
+        "slowest_ms": worst[slowest],
+        "median_ms": sorted(worst.values())[len(worst) // 2],
+        "each_ms": worst,
+    }
 
 
 def main() -> None:
@@ -142,12 +157,19 @@ def main() -> None:
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.lines:
-            for name, lines in (("healthy_vllm", healthy(n, "vllm")), ("healthy_sglang", healthy(n, "sglang")),
-                                ("failures", failures(n))):
+            for name, lines in (
+                ("healthy_vllm", healthy(n, "vllm")),
+                ("healthy_sglang", healthy(n, "sglang")),
+                ("failures", failures(n)),
+            ):
                 r = result[f"{name}_{n}"] = rate(lines, Path(tmp), name, args.runs)
-                print(f"{name:>15} {n:>8} lines: {r['lines_per_s']:>8} lines/s best, {r['lines_per_s_median']:>8} "
-                      f"median ({r['seconds_best']} s, {r['seconds_median']} s); per CPU second "
-                      f"{r['lines_per_cpu_s']} best, {r['lines_per_cpu_s_median']} median", file=sys.stderr, flush=True)
+                print(
+                    f"{name:>15} {n:>8} lines: {r['lines_per_s']:>8} lines/s best, {r['lines_per_s_median']:>8} "
+                    f"median ({r['seconds_best']} s, {r['seconds_median']} s); per CPU second "
+                    f"{r['lines_per_cpu_s']} best, {r['lines_per_cpu_s_median']} median",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 del lines
     result["hostile"] = hostile()
     report(result, args.json)

@@ -36,8 +36,11 @@ def rss_mib_of(pid: int) -> float:
 
 
 # what Prometheus 2.42 sends: OpenMetrics preferred, gzip
-HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "Accept-Encoding": "gzip"}
+HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
 
 
 def scrape(url: str) -> tuple[float, str, int]:
@@ -57,13 +60,33 @@ def run(n: int, seconds: float, every: float) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="cockpit-exporter-"))
     procs, ssh_config, known_hosts = start_hosts(tmp, n)
     fleet = tmp / "fleet.yaml"
-    fleet.write_text("interval: 1\nhosts:\n" + "".join(
-        f"  - {{target: host{i:02d}, python: {sys.executable}, sim: {tmp / f'sim{i}'}}}\n" for i in range(1, n + 1)))
+    fleet.write_text(
+        "interval: 1\nhosts:\n"
+        + "".join(
+            f"  - {{target: host{i:02d}, python: {sys.executable}, sim: {tmp / f'sim{i}'}}}\n" for i in range(1, n + 1)
+        )
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    exp = subprocess.Popen([sys.executable, "-m", "cockpit", "exporter", str(fleet), "--listen", f"127.0.0.1:{port}",
-                            "--ssh-config", str(ssh_config), "--known-hosts", str(known_hosts)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    exp = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit",
+            "exporter",
+            str(fleet),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--ssh-config",
+            str(ssh_config),
+            "--known-hosts",
+            str(known_hosts),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert "metrics on" in (exp.stdout.readline() or ""), "the exporter did not start"
         t_start = time.monotonic()
@@ -98,14 +121,23 @@ def run(n: int, seconds: float, every: float) -> dict:
         for p in procs:
             p.wait(10)
     return {
-        "hosts": n, "gpus": 8 * n, "hosts_up": up, "seconds_until_all_up": round(all_up_s, 1),
-        "window_s": round(wall, 1), "scrape_every_s": every, "scrapes": len(ms),
+        "hosts": n,
+        "gpus": 8 * n,
+        "hosts_up": up,
+        "seconds_until_all_up": round(all_up_s, 1),
+        "window_s": round(wall, 1),
+        "scrape_every_s": every,
+        "scrapes": len(ms),
         "exporter_cpu_pct_of_core": round(100 * cpu / wall, 1),
         "simulated_hosts_cpu_pct_of_core": round(100 * hosts / wall, 1),
-        "scrape_ms_median": pct(ms, 0.5), "scrape_ms_p99": pct(ms, 0.99), "scrape_ms_max": pct(ms, 1.0),
+        "scrape_ms_median": pct(ms, 0.5),
+        "scrape_ms_p99": pct(ms, 0.99),
+        "scrape_ms_max": pct(ms, 1.0),
         "series_per_scrape": max(series) if series else None,
-        "bytes_per_scrape": max(sizes)[0] if sizes else None, "gzip_bytes_per_scrape": max(sizes)[1] if sizes else None,
-        "exporter_rss_mib_start": round(rss_start, 1), "exporter_rss_mib_end": round(rss_end, 1),
+        "bytes_per_scrape": max(sizes)[0] if sizes else None,
+        "gzip_bytes_per_scrape": max(sizes)[1] if sizes else None,
+        "exporter_rss_mib_start": round(rss_start, 1),
+        "exporter_rss_mib_end": round(rss_end, 1),
     }
 
 

@@ -65,22 +65,27 @@ async def main():
 asyncio.run(main())
 """
 
-SIM_QUERY = ("import os,sys;os.environ['COCKPIT_SIM_STATE']=sys.argv[1];import importlib.util as u;"
-             "s=u.spec_from_file_location('pynvml',sys.argv[2]);m=u.module_from_spec(s);s.loader.exec_module(m);"
-             "m.nvmlInit();print('index, memory.used, memory.total, power.draw, utilization.gpu');"
-             "[print(i,m.nvmlDeviceGetMemoryInfo(i).used>>20,m.nvmlDeviceGetMemoryInfo(i).total>>20,"
-             "m.nvmlDeviceGetPowerUsage(i)/1000,m.nvmlDeviceGetUtilizationRates(i).gpu,sep=', ') "
-             "for i in range(m.nvmlDeviceGetCount())]")
+SIM_QUERY = (
+    "import os,sys;os.environ['COCKPIT_SIM_STATE']=sys.argv[1];import importlib.util as u;"
+    "s=u.spec_from_file_location('pynvml',sys.argv[2]);m=u.module_from_spec(s);s.loader.exec_module(m);"
+    "m.nvmlInit();print('index, memory.used, memory.total, power.draw, utilization.gpu');"
+    "[print(i,m.nvmlDeviceGetMemoryInfo(i).used>>20,m.nvmlDeviceGetMemoryInfo(i).total>>20,"
+    "m.nvmlDeviceGetPowerUsage(i)/1000,m.nvmlDeviceGetUtilizationRates(i).gpu,sep=', ') "
+    "for i in range(m.nvmlDeviceGetCount())]"
+)
 
 
 def phases(marks: list[dict]) -> dict:
     """Each step's own time (median over runs), from the marks the cockpit process took."""
-    order = [("interpreter", "interpreter start, asyncio imported"), ("imports", "imports (asyncssh and cryptography among them)"),
-             ("ssh connected (key exchange, auth)", "TCP, key exchange, authentication"),
-             ("agent channel open", "the agent's channel opened (the remote command started)"),
-             ("hello built", "the remote python started, the agent's source sent, compiled and run, its hello built"),
-             ("hello", "the hello back to the cockpit"),
-             ("sample", "config, then the first sample (a full process scan)")]
+    order = [
+        ("interpreter", "interpreter start, asyncio imported"),
+        ("imports", "imports (asyncssh and cryptography among them)"),
+        ("ssh connected (key exchange, auth)", "TCP, key exchange, authentication"),
+        ("agent channel open", "the agent's channel opened (the remote command started)"),
+        ("hello built", "the remote python started, the agent's source sent, compiled and run, its hello built"),
+        ("hello", "the hello back to the cockpit"),
+        ("sample", "config, then the first sample (a full process scan)"),
+    ]
     out, prev = {}, None
     for key, name in order:
         out[name] = round(statistics.median([(m[key] - (m[prev] if prev else 0)) * 1000 for m in marks]), 1)
@@ -91,9 +96,12 @@ def phases(marks: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--no-bytecode", action="store_true",
-                    help="the cockpit compiles its modules from source on each start (PYTHONDONTWRITEBYTECODE=1); "
-                         "default: bytecode cached, as an installed package has it")
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="the cockpit compiles its modules from source on each start (PYTHONDONTWRITEBYTECODE=1); "
+        "default: bytecode cached, as an installed package has it",
+    )
     ap.add_argument("--compare", metavar="REV", help="also REV's cockpit (a git worktree), interleaved in the same run")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -105,8 +113,13 @@ def main() -> None:
     if not real:
         sim = str(root / "sim")
         fakenvml.write_host(sim, gpus=8)
-    env = dict(os.environ, CFG=str(sshd.client_config), KH=str(sshd.known_hosts), SIM=sim or "",
-               PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    env = dict(
+        os.environ,
+        CFG=str(sshd.client_config),
+        KH=str(sshd.known_hosts),
+        SIM=sim or "",
+        PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+    )
     if args.no_bytecode:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     else:
@@ -114,16 +127,18 @@ def main() -> None:
         env["PYTHONPYCACHEPREFIX"] = str(root / "pyc")
     ssh = ["ssh", "-F", str(sshd.client_config), "cockpit-test"]
     if real:
-        remote = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,power.draw,utilization.gpu",
-                  "--format=csv"]
+        remote = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,power.draw,utilization.gpu", "--format=csv"]
     else:
         remote = [sys.executable, "-c", f'"{SIM_QUERY}"', sim, str(ROOT / "cockpit/sim/fakenvml.py")]
     a, b, marks = [], [], []
     old_b, old_marks, worktree = [], [], None
     if args.compare:
         worktree = root / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
+            check=True,
+            capture_output=True,
+        )
     try:
         for i in range(args.runs + 1):  # the first of each is not counted: caches filled, files read once
             t = time.perf_counter()
@@ -131,16 +146,18 @@ def main() -> None:
             a.append(time.perf_counter() - t)
             assert out.returncode == 0 and "memory" in out.stdout, out.stderr
             if worktree is not None:
-                e = dict(env, T0=repr(time.time()), PYTHONPATH=str(worktree) + env["PYTHONPATH"][len(str(ROOT)):])
-                out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=e,
-                                     cwd=str(worktree))
+                e = dict(env, T0=repr(time.time()), PYTHONPATH=str(worktree) + env["PYTHONPATH"][len(str(ROOT)) :])
+                out = subprocess.run(
+                    [sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=e, cwd=str(worktree)
+                )
                 assert out.returncode == 0, out.stderr
                 if i:
                     old_marks.append(json.loads(out.stdout.strip()))
                     old_b.append(old_marks[-1]["sample"])
             env["T0"] = repr(time.time())
-            out = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=env,
-                                 cwd=str(ROOT))
+            out = subprocess.run(
+                [sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=env, cwd=str(ROOT)
+            )
             assert out.returncode == 0, out.stderr
             if i == 0:
                 a.pop()
@@ -149,7 +166,9 @@ def main() -> None:
             b.append(marks[-1]["sample"])
     finally:
         if worktree is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True
+            )
         sshd.stop()
         shutil.rmtree(root, ignore_errors=True)
     res = {
@@ -160,9 +179,15 @@ def main() -> None:
         "ratio": round(statistics.median(b) / statistics.median(a), 2),
         "cockpit_phases_ms_median": phases(marks),
         "ssh_query_ms": [round(x * 1000) for x in a],
-        **({f"{args.compare}: cockpit_first_frame_ms_median": round(statistics.median(old_b) * 1000, 1),
-            f"{args.compare}: ratio": round(statistics.median(old_b) / statistics.median(a), 2),
-            f"{args.compare}: cockpit_phases_ms_median": phases(old_marks)} if args.compare else {}),
+        **(
+            {
+                f"{args.compare}: cockpit_first_frame_ms_median": round(statistics.median(old_b) * 1000, 1),
+                f"{args.compare}: ratio": round(statistics.median(old_b) / statistics.median(a), 2),
+                f"{args.compare}: cockpit_phases_ms_median": phases(old_marks),
+            }
+            if args.compare
+            else {}
+        ),
         "cockpit_first_frame_ms": [round(x * 1000) for x in b],
     }
     print(json.dumps(res, indent=1))

@@ -46,8 +46,6 @@ from cockpit.ui.fleet import HEAP_SETTLE_S, SORTS, FleetApp
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
-
-
 def start_hosts(tmp: Path, n: int) -> tuple[list[subprocess.Popen], Path, Path]:
     """n sshd processes sharing one host key and one authorized client key; an ssh config with
     aliases host01..hostNN and a known_hosts naming each port."""
@@ -61,15 +59,22 @@ def start_hosts(tmp: Path, n: int) -> tuple[list[subprocess.Popen], Path, Path]:
     for i in range(1, n + 1):
         port = free_port()
         cfg = tmp / f"sshd{i}.conf"
-        cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp}/host_key\n"
-                       f"AuthorizedKeysFile {tmp}/authorized_keys\nPasswordAuthentication no\n"
-                       f"KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\n"
-                       f"StrictModes no\nPidFile {tmp}/sshd{i}.pid\nLogLevel ERROR\n")
+        cfg.write_text(
+            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp}/host_key\n"
+            f"AuthorizedKeysFile {tmp}/authorized_keys\nPasswordAuthentication no\n"
+            f"KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\n"
+            f"StrictModes no\nPidFile {tmp}/sshd{i}.pid\nLogLevel ERROR\n"
+        )
         # niced: the hosts are other machines in the real case, here they only share the cores
-        procs.append(subprocess.Popen(["nice", "-n", "10", SSHD, "-D", "-e", "-f", str(cfg)],
-                                      stderr=open(tmp / f"sshd{i}.log", "wb")))
-        config.append(f"Host host{i:02d}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n"
-                      f"  IdentityFile {tmp}/client_key\n  IdentitiesOnly yes\n")
+        procs.append(
+            subprocess.Popen(
+                ["nice", "-n", "10", SSHD, "-D", "-e", "-f", str(cfg)], stderr=open(tmp / f"sshd{i}.log", "wb")
+            )
+        )
+        config.append(
+            f"Host host{i:02d}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n"
+            f"  IdentityFile {tmp}/client_key\n  IdentitiesOnly yes\n"
+        )
         known.append(f"[127.0.0.1]:{port} {host_pub}\n")
         fakenvml.write_host(str(tmp / f"sim{i}"), gpus=8, model="h200", seed=i)
     (tmp / "ssh_config").write_text("".join(config))
@@ -99,10 +104,6 @@ def tree_cpu_s(roots: list[int]) -> float:
             total += int(stats[pid][11]) + int(stats[pid][12])
             stack.extend(kids.get(pid, []))
     return total / tick
-
-
-
-
 
 
 class GcPauses:
@@ -145,8 +146,13 @@ async def run(n: int, seconds: float) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="cockpit-fleet-"))
     settles = Settles()
     procs, ssh_config, known_hosts = start_hosts(tmp, n)
-    fleet = Fleet(hosts=[FleetHost(target=f"host{i:02d}", name=f"host{i:02d}", python=sys.executable,
-                                   sim=str(tmp / f"sim{i}")) for i in range(1, n + 1)], interval=1.0)
+    fleet = Fleet(
+        hosts=[
+            FleetHost(target=f"host{i:02d}", name=f"host{i:02d}", python=sys.executable, sim=str(tmp / f"sim{i}"))
+            for i in range(1, n + 1)
+        ],
+        interval=1.0,
+    )
     watch = FleetMonitor(fleet, SessionOptions(ssh_config=str(ssh_config), known_hosts=str(known_hosts)))
     app = FleetApp(watch)
     redraw_ms: list[float] = []
@@ -213,22 +219,35 @@ async def run(n: int, seconds: float) -> dict:
             p.wait(10)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     return {
-        "hosts": n, "gpus": 8 * n, "hosts_up": up, "seconds_until_all_up": round(all_up_s, 1),
-        "window_s": round(wall, 1), "samples_received_total": samples,
+        "hosts": n,
+        "gpus": 8 * n,
+        "hosts_up": up,
+        "seconds_until_all_up": round(all_up_s, 1),
+        "window_s": round(wall, 1),
+        "samples_received_total": samples,
         "cockpit_cpu_pct_of_core": round(100 * cpu / wall, 1),
         "screen_reads_cpu_pct_of_core": round(100 * reads_cpu / wall, 1),
         "cockpit_cpu_pct_of_core_less_screen_reads": round(100 * (cpu - reads_cpu) / wall, 1),
         "simulated_hosts_cpu_pct_of_core": round(100 * (hosts1 - hosts0) / wall, 1),
-        "redraw_ms_median": pct(redraw_ms, 0.5), "redraw_ms_p99": pct(redraw_ms, 0.99),
-        "key_to_screen_ms_median": pct(keys, 0.5), "key_to_screen_ms_p90": pct(keys, 0.9),
-        "key_to_screen_ms_max": pct(keys, 1.0), "keys_missed": missed,
+        "redraw_ms_median": pct(redraw_ms, 0.5),
+        "redraw_ms_p99": pct(redraw_ms, 0.99),
+        "key_to_screen_ms_median": pct(keys, 0.5),
+        "key_to_screen_ms_p90": pct(keys, 0.9),
+        "key_to_screen_ms_max": pct(keys, 1.0),
+        "keys_missed": missed,
         "heap_settles_before_window": len(settles.at) - len(settles.since(t0)),
         "heap_settles_in_window_ms": settles.since(t0),
-        "gc_frozen_objects": frozen, "gc_frozen_objects_end": frozen_end, "gc_tracked_objects_end": live_objects, "gc_passes": len(pauses.ms), "gc_pause_ms_max": pct(pauses.ms, 1.0),
+        "gc_frozen_objects": frozen,
+        "gc_frozen_objects_end": frozen_end,
+        "gc_tracked_objects_end": live_objects,
+        "gc_passes": len(pauses.ms),
+        "gc_pause_ms_max": pct(pauses.ms, 1.0),
         "gc_full_passes": pauses.gen.count(2),
-        "gc_pause_ms_max_by_generation": {g: pct([m for m, k in zip(pauses.ms, pauses.gen) if k == g], 1.0)
-                                          for g in (0, 1, 2)},
-        "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(rss_mib(), 1),
+        "gc_pause_ms_max_by_generation": {
+            g: pct([m for m, k in zip(pauses.ms, pauses.gen) if k == g], 1.0) for g in (0, 1, 2)
+        },
+        "rss_mib_start": round(rss_start, 1),
+        "rss_mib_end": round(rss_mib(), 1),
     }
 
 
@@ -250,15 +269,19 @@ def compare(rev: str, hosts: int, seconds: float) -> dict:
     """REV's cockpit, then this tree's, each measured by this script in a fresh process."""
     tmp = Path(tempfile.mkdtemp(prefix="cockpit-fleet-compare-"))
     before = tmp / "before"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), rev], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), rev], check=True, capture_output=True
+    )
     out = {}
     try:
         for tag, tree in ((rev, before), ("now", ROOT)):
             dest = tmp / f"{tag.replace('/', '_')}.json"
-            subprocess.run([sys.executable, __file__, "--hosts", str(hosts), "--seconds", str(seconds),
-                            "--json", str(dest)], env={**os.environ, "FLEET_SCALE_TREE": str(tree)}, check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, __file__, "--hosts", str(hosts), "--seconds", str(seconds), "--json", str(dest)],
+                env={**os.environ, "FLEET_SCALE_TREE": str(tree)},
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             out[tag] = json.loads(dest.read_text())
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], capture_output=True)

@@ -40,8 +40,12 @@ def main() -> None:
     args = ap.parse_args()
     old = None
     if args.against:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.against}:cockpit/read/metrics.py"],
-                             capture_output=True, text=True, check=True).stdout
+        src = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{args.against}:cockpit/read/metrics.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         old = sys.modules["old_metrics"] = types.ModuleType("old_metrics")
         exec(compile(src, "old_metrics.py", "exec"), old.__dict__)
     sizes = sorted(set(args.mib) | ({0.125, 0.25, 0.5} if old else set()))

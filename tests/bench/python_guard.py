@@ -38,8 +38,10 @@ def main() -> None:
         checked.append(once(guarded(plain)))
         server.append(once(["/bin/sh", "-c", CHECK, args.python, "-c", "pass"]))
     d, c, s = (statistics.median(x) * 1000 for x in (direct, checked, server))
-    print(f"{args.python}: the agent's start direct {d:.1f} ms, through the check {c:.1f} ms (+{c - d:.1f} ms); "
-          f"a server's check alone {s:.1f} ms; median of {args.n}")
+    print(
+        f"{args.python}: the agent's start direct {d:.1f} ms, through the check {c:.1f} ms (+{c - d:.1f} ms); "
+        f"a server's check alone {s:.1f} ms; median of {args.n}"
+    )
 
 
 if __name__ == "__main__":

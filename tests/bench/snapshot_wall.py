@@ -78,17 +78,24 @@ def timed(argv: list[str], env: dict, check: str | None = None) -> float:
 
 def stats(xs: list[float]) -> dict:
     xs = sorted(xs)
-    return {"median_ms": round(statistics.median(xs) * 1000, 1), "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1000, 1),
-            "min_ms": round(xs[0] * 1000, 1), "runs": len(xs)}
+    return {
+        "median_ms": round(statistics.median(xs) * 1000, 1),
+        "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1000, 1),
+        "min_ms": round(xs[0] * 1000, 1),
+        "runs": len(xs),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--compare", metavar="REV", help="also time REV's cockpit (a git worktree), interleaved")
-    ap.add_argument("--no-bytecode", action="store_true",
-                    help="compile every module from source on each start (PYTHONDONTWRITEBYTECODE=1, as on the "
-                         "dev machine's shell); default: bytecode cached, as an installed package has it")
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="compile every module from source on each start (PYTHONDONTWRITEBYTECODE=1, as on the "
+        "dev machine's shell); default: bytecode cached, as an installed package has it",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from cockpit.sim import fakenvml
@@ -108,21 +115,37 @@ def main() -> None:
         "python -c pass": ([py, "-c", "pass"], env, None),
         'python -c "import psutil"': ([py, "-c", "import psutil"], env, None),
         "cockpit snapshot local --json": ([py, "-m", "cockpit", "snapshot", "local", "--json"], env, '"schema"'),
-        "cockpit snapshot local --sim DIR --json (8 GPUs)":
-            ([py, "-m", "cockpit", "snapshot", "local", "--sim", sim, "--json"], env, '"schema"'),
+        "cockpit snapshot local --sim DIR --json (8 GPUs)": (
+            [py, "-m", "cockpit", "snapshot", "local", "--sim", sim, "--json"],
+            env,
+            '"schema"',
+        ),
     }
     if shutil.which("nvidia-smi"):
-        cases["nvidia-smi --query-gpu=... --format=csv"] = (["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv"], env, None)
+        cases["nvidia-smi --query-gpu=... --format=csv"] = (
+            ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv"],
+            env,
+            None,
+        )
     worktree = None
     if args.compare:
         worktree = tmp / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
+            check=True,
+            capture_output=True,
+        )
         old_env = dict(env, PYTHONPATH=str(worktree) + rest)
         cases[f"{args.compare}: cockpit snapshot local --json"] = (
-            [py, "-m", "cockpit", "snapshot", "local", "--json"], old_env, '"schema"')
+            [py, "-m", "cockpit", "snapshot", "local", "--json"],
+            old_env,
+            '"schema"',
+        )
         cases[f"{args.compare}: cockpit snapshot local --sim DIR --json (8 GPUs)"] = (
-            [py, "-m", "cockpit", "snapshot", "local", "--sim", sim, "--json"], old_env, '"schema"')
+            [py, "-m", "cockpit", "snapshot", "local", "--sim", sim, "--json"],
+            old_env,
+            '"schema"',
+        )
     walls: dict[str, list[float]] = {k: [] for k in cases}
     marks: list[dict] = []
     try:
@@ -132,19 +155,31 @@ def main() -> None:
             for name, (argv, e, check) in cases.items():
                 walls[name].append(timed(argv, e, check))
             e = dict(env, T0=repr(time.time()))
-            out = subprocess.run([py, "-c", MARKED, "snapshot", "local", "--sim", sim, "--json"],
-                                 capture_output=True, text=True, env=e, cwd=str(ROOT))
+            out = subprocess.run(
+                [py, "-c", MARKED, "snapshot", "local", "--sim", sim, "--json"],
+                capture_output=True,
+                text=True,
+                env=e,
+                cwd=str(ROOT),
+            )
             marks.append(json.loads(out.stderr.strip().splitlines()[-1]))
             marks[-1]["exit"] = round((time.time() - float(e["T0"])) * 1000, 1)
     finally:
         if worktree is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True
+            )
         shutil.rmtree(tmp, ignore_errors=True)
     order = ["interpreter", "import_cli", "connect", "hello", "sample1", "document", "exit"]
-    names = {"interpreter": "interpreter start", "import_cli": "import cockpit.cli",
-             "connect": "imports on the path and the monitor built", "hello": "the agent started, up to its hello",
-             "sample1": "the first sample (CPU % from the agent's start)",
-             "document": "the document judged and printed", "exit": "the interpreter's exit"}
+    names = {
+        "interpreter": "interpreter start",
+        "import_cli": "import cockpit.cli",
+        "connect": "imports on the path and the monitor built",
+        "hello": "the agent started, up to its hello",
+        "sample1": "the first sample (CPU % from the agent's start)",
+        "document": "the document judged and printed",
+        "exit": "the interpreter's exit",
+    }
     phases = {}
     prev = None
     for k in order:
@@ -152,12 +187,18 @@ def main() -> None:
         if vals:
             phases[names[k]] = round(statistics.median(vals), 1)
         prev = k
-    res = {"host": os.uname().nodename, "python": sys.version.split()[0], "runs": args.runs,
-           "bytecode": "compiled on each start" if args.no_bytecode else "cached",
-           "wall": {k: stats(v) for k, v in walls.items()}, "phases_ms_median (simulated 8 GPUs)": phases}
+    res = {
+        "host": os.uname().nodename,
+        "python": sys.version.split()[0],
+        "runs": args.runs,
+        "bytecode": "compiled on each start" if args.no_bytecode else "cached",
+        "wall": {k: stats(v) for k, v in walls.items()},
+        "phases_ms_median (simulated 8 GPUs)": phases,
+    }
     base = statistics.median(walls['python -c "import psutil"'])
-    res["ratio_to_import_psutil (medians)"] = {k: round(statistics.median(v) / base, 2) for k, v in walls.items()
-                                               if k.startswith("cockpit")}
+    res["ratio_to_import_psutil (medians)"] = {
+        k: round(statistics.median(v) / base, 2) for k, v in walls.items() if k.startswith("cockpit")
+    }
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -41,13 +41,13 @@ def flood(path: Path, rate: int, stop: threading.Event) -> None:
         while not stop.is_set():
             due = int((time.monotonic() - start) * rate)
             while n < due:
-                fh.write(f"[2026-11-30 10:00:00 TP{n % 8}] Decode batch. #running-req: 12, #token: {n}, "
-                         f"token usage: 0.41, gen throughput (token/s): 2210.5, #queue-req: 0\n")
+                fh.write(
+                    f"[2026-11-30 10:00:00 TP{n % 8}] Decode batch. #running-req: 12, #token: {n}, "
+                    f"token usage: 0.41, gen throughput (token/s): 2210.5, #queue-req: 0\n"
+                )
                 n += 1
             fh.flush()
             time.sleep(0.01)
-
-
 
 
 async def run(rate: int, seconds: float) -> dict:
@@ -59,8 +59,12 @@ async def run(rate: int, seconds: float) -> dict:
     kids = spawn_tree(40)
     for i, kid in enumerate(kids):
         fakenvml.register(str(tmp), kid.pid, i % 8, 70000, "busy")
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, sim_state=str(tmp)), layout,
-                          watch=WatchList(patterns=["sglang::*"], logs=[str(log)]))
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, sim_state=str(tmp)),
+        layout,
+        watch=WatchList(patterns=["sglang::*"], logs=[str(log)]),
+    )
     app = CockpitApp(monitor=monitor)
     frame_ms: list[float] = []
     original = app.cockpit.refresh_panes
@@ -123,15 +127,22 @@ async def run(rate: int, seconds: float) -> dict:
     kill_tree(kids)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
 
-
     return {
-        "rate_lines_s": rate, "seconds": round(wall, 1), "frames": len(frame_ms),
-        "frame_ms_median": pct(frame_ms, 0.5), "frame_ms_p99": pct(frame_ms, 0.99),
-        "log_append_ms_median": pct(view_ms, 0.5), "log_append_ms_p99": pct(view_ms, 0.99),
-        "key_to_screen_ms_median": pct(keys, 0.5), "key_to_screen_ms_max": pct(keys, 1.0),
+        "rate_lines_s": rate,
+        "seconds": round(wall, 1),
+        "frames": len(frame_ms),
+        "frame_ms_median": pct(frame_ms, 0.5),
+        "frame_ms_p99": pct(frame_ms, 0.99),
+        "log_append_ms_median": pct(view_ms, 0.5),
+        "log_append_ms_p99": pct(view_ms, 0.99),
+        "key_to_screen_ms_median": pct(keys, 0.5),
+        "key_to_screen_ms_max": pct(keys, 1.0),
         "cockpit_cpu_pct_of_core": round(100 * cpu / wall, 1),
-        "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(rss_end, 1),
-        "log_lines_held": lines_seen, "keys_missed": missed, "rss_mib_every_30s": rss_trace,
+        "rss_mib_start": round(rss_start, 1),
+        "rss_mib_end": round(rss_end, 1),
+        "log_lines_held": lines_seen,
+        "keys_missed": missed,
+        "rss_mib_every_30s": rss_trace,
     }
 
 

@@ -72,14 +72,16 @@ def measure(tree: Path, mode: str, seconds: float, warmup: float, tmp: Path, tag
         sim = tmp / f"sim-{tag}"
         fakenvml.write_host(str(sim), gpus=8)
         quiet = tmp / "quiet.yaml"  # watches nothing: not this machine's other processes (a running demo's)
-        quiet.write_text('name: quiet\ncommand: [-c, "pass"]\nwatch: ["gpu-cockpit-bench-matches-nothing"]\n'
-                         'metrics: false\n')
+        quiet.write_text(
+            'name: quiet\ncommand: [-c, "pass"]\nwatch: ["gpu-cockpit-bench-matches-nothing"]\nmetrics: false\n'
+        )
         cmd = f"{env} {py} -m cockpit open local --sim {sim} --layout {quiet} --interval 1"
     else:
         cmd = f"{env} {py} -m cockpit demo --interval 1"
     session = f"cockpit-cpu-{os.getpid()}-{tag}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50", "-c", str(tree), cmd],
-                   check=True)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50", "-c", str(tree), cmd], check=True
+    )
     try:
         pid = ui_pid(session)
         time.sleep(warmup)
@@ -93,8 +95,12 @@ def measure(tree: Path, mode: str, seconds: float, warmup: float, tmp: Path, tag
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], capture_output=True)
         time.sleep(1.5)
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-    return {"cpu_pct_of_core": round(100 * (c1 - c0) / TCK / (t1 - t0), 2), "seconds": round(t1 - t0, 1),
-            "rss_mib": round(rss, 1), "screen_has_gpus": "GPU7" in screen}
+    return {
+        "cpu_pct_of_core": round(100 * (c1 - c0) / TCK / (t1 - t0), 2),
+        "seconds": round(t1 - t0, 1),
+        "rss_mib": round(rss, 1),
+        "screen_has_gpus": "GPU7" in screen,
+    }
 
 
 def main() -> None:
@@ -113,13 +119,18 @@ def main() -> None:
     try:
         if args.compare:
             worktree = tmp / "before"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.compare],
+                check=True,
+                capture_output=True,
+            )
             res[args.compare] = measure(worktree, args.mode, args.seconds, args.warmup, tmp, "before")
         res["now"] = measure(ROOT, args.mode, args.seconds, args.warmup, tmp, "now")
     finally:
         if worktree is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True
+            )
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(res, indent=1))
     if args.json:

@@ -16,26 +16,32 @@ from cockpit.runs.layoutfile import parse_layout
 GOOD = "command: [-m, sglang.launch_server]\n"
 
 
-@pytest.mark.parametrize("text, line, expect", [
-    ("command: [-m, x\n", 1, "invalid YAML: a flow sequence opened on this line is not closed"),
-    ("name: x\ncommand: [-m, x\nports: [1]\n", 2, "a flow sequence opened on this line is not closed "
-                                                 "(expected ',' or ']', but got ':' on line 3)"),
-    ('name: "x\ncommand: [-m, x]\n', 1, "a quoted scalar opened on this line is not closed"),
-    ("command: [-m, x]\n ports: [1]\n", 2, "check this line's indentation"),
-    (GOOD + "flag_set:\n  a: [--x]\n", 2, "did you mean 'flag_sets'?"),
-    (GOOD + "ports: 8000\n", 2, "ports must be a list"),
-    ("base_flags: [--x]\n", 1, "missing command"),
-    (GOOD + "flag_sets:\n  eagle3: [--a]\n  eagle3: [--b]\n", 4, "duplicate key 'eagle3'"),
-    (GOOD + "flag_sets:\n  eagle3: --speculative-algorithm EAGLE3\n", 3, "flag set 'eagle3' must be a list"),
-    (GOOD + "phases:\n  - {pattern: '([', phase: x}\n", 3, "bad regex"),
-    (GOOD + "stall: {idle_s: -5}\n", 2, "stall.idle_s must be >= 0"),
-    (GOOD + "ports: [99999]\n", 2, "between 1 and 65535"),
-    (GOOD + "engine: tensorrt\n", 2, "engine must be one of"),
-    (GOOD + "enabled: [eagle3]\n", 2, "not a flag set"),
-    (GOOD + "stall: {idle_s: soon}\n", 2, "must be a number"),
-    ("", 1, "the layout is empty"),
-    ("- just\n- a list\n", 1, "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, line, expect",
+    [
+        ("command: [-m, x\n", 1, "invalid YAML: a flow sequence opened on this line is not closed"),
+        (
+            "name: x\ncommand: [-m, x\nports: [1]\n",
+            2,
+            "a flow sequence opened on this line is not closed (expected ',' or ']', but got ':' on line 3)",
+        ),
+        ('name: "x\ncommand: [-m, x]\n', 1, "a quoted scalar opened on this line is not closed"),
+        ("command: [-m, x]\n ports: [1]\n", 2, "check this line's indentation"),
+        (GOOD + "flag_set:\n  a: [--x]\n", 2, "did you mean 'flag_sets'?"),
+        (GOOD + "ports: 8000\n", 2, "ports must be a list"),
+        ("base_flags: [--x]\n", 1, "missing command"),
+        (GOOD + "flag_sets:\n  eagle3: [--a]\n  eagle3: [--b]\n", 4, "duplicate key 'eagle3'"),
+        (GOOD + "flag_sets:\n  eagle3: --speculative-algorithm EAGLE3\n", 3, "flag set 'eagle3' must be a list"),
+        (GOOD + "phases:\n  - {pattern: '([', phase: x}\n", 3, "bad regex"),
+        (GOOD + "stall: {idle_s: -5}\n", 2, "stall.idle_s must be >= 0"),
+        (GOOD + "ports: [99999]\n", 2, "between 1 and 65535"),
+        (GOOD + "engine: tensorrt\n", 2, "engine must be one of"),
+        (GOOD + "enabled: [eagle3]\n", 2, "not a flag set"),
+        (GOOD + "stall: {idle_s: soon}\n", 2, "must be a number"),
+        ("", 1, "the layout is empty"),
+        ("- just\n- a list\n", 1, "must be a mapping"),
+    ],
+)
 def test_layout_errors_name_file_line_and_fix(text, line, expect):
     with pytest.raises(LayoutError) as err:
         parse_layout(text, "bad.yaml")
@@ -67,9 +73,13 @@ def test_frame_decoder_never_raises(data):
 
 @pytest.mark.timeout(120)  # a pattern that backtracks or a loop that never ends fails here, not the suite
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=4),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_layout_and_fleet_loaders_only_ever_raise_one_line_errors(value):
     for parse in (parse_layout, parse_fleet):
         try:
@@ -103,8 +113,16 @@ watch: []
 kill_wait_s: 2
 """)
     env = {"XDG_STATE_HOME": str(tmp_path / "state")}
-    common = ["cockpit-test", "--python", sys.executable, "--sim", str(sim_state), "--layout", str(layout),
-              *sshd.cli_args()]
+    common = [
+        "cockpit-test",
+        "--python",
+        sys.executable,
+        "--sim",
+        str(sim_state),
+        "--layout",
+        str(layout),
+        *sshd.cli_args(),
+    ]
     res = run_cli("launch", *common, "--yes", "--timeout", "40", env=env, timeout=120)
     try:
         assert res.returncode == 0, res.stderr

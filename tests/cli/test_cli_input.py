@@ -23,11 +23,17 @@ def one_line(result) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["--svg", "/nonexistent/dir/x.svg"], "--svg /nonexistent/dir/x.svg: the folder /nonexistent/dir does not exist"),
-    (["--text", "/nonexistent/x.txt"], "--text /nonexistent/x.txt: the folder /nonexistent does not exist"),
-    (["--svg", "/tmp"], "--svg /tmp: is a folder"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (
+            ["--svg", "/nonexistent/dir/x.svg"],
+            "--svg /nonexistent/dir/x.svg: the folder /nonexistent/dir does not exist",
+        ),
+        (["--text", "/nonexistent/x.txt"], "--text /nonexistent/x.txt: the folder /nonexistent does not exist"),
+        (["--svg", "/tmp"], "--svg /tmp: is a folder"),
+    ],
+)
 def test_an_output_path_that_cannot_be_written_is_one_line(args, expect):
     result = run_cli("snapshot", "--replay", REPLAY, *args)
     assert result.returncode == 2
@@ -54,24 +60,30 @@ def test_text_to_stdout_ends_with_a_newline():
     assert result.returncode == 0 and result.stdout.endswith("\n") and not result.stdout.endswith("\n\n\n")
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["snapshot", "demo", "--json", "--wait", "-5"], "cockpit snapshot: --wait -5: must be at least 0 seconds"),
-    (["snapshot", "demo", "--json", "--interval", "0"], "cockpit snapshot: --interval 0: must be more than 0"),
-    (["snapshot", "demo", "--json", "--interval", "-1"], "cockpit snapshot: --interval -1: must be more than 0"),
-    (["kill", "demo", "--wait", "-1"], "--wait -1: must be at least 0"),
-    (["launch", "demo", "--on", "eagle3", "--off", "eagle3"], "a flag set cannot be both on and off"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["snapshot", "demo", "--json", "--wait", "-5"], "cockpit snapshot: --wait -5: must be at least 0 seconds"),
+        (["snapshot", "demo", "--json", "--interval", "0"], "cockpit snapshot: --interval 0: must be more than 0"),
+        (["snapshot", "demo", "--json", "--interval", "-1"], "cockpit snapshot: --interval -1: must be more than 0"),
+        (["kill", "demo", "--wait", "-1"], "--wait -1: must be at least 0"),
+        (["launch", "demo", "--on", "eagle3", "--off", "eagle3"], "a flag set cannot be both on and off"),
+    ],
+)
 def test_bad_values_are_refused_in_one_line(args, expect):
     result = run_cli(*args)
     assert result.returncode == 2
     assert expect in one_line(result)
 
 
-@pytest.mark.parametrize("args, usage", [
-    (["runs", "--layout", "demo", "--bogus"], "usage: cockpit runs"),
-    (["explain", "x.log", "--bogus"], "usage: cockpit explain"),
-    (["kill", "demo", "--no-such-flag"], "usage: cockpit kill"),
-])
+@pytest.mark.parametrize(
+    "args, usage",
+    [
+        (["runs", "--layout", "demo", "--bogus"], "usage: cockpit runs"),
+        (["explain", "x.log", "--bogus"], "usage: cockpit explain"),
+        (["kill", "demo", "--no-such-flag"], "usage: cockpit kill"),
+    ],
+)
 def test_a_subcommand_error_shows_that_subcommands_usage(args, usage):
     result = run_cli(*args)
     assert result.returncode == 2
@@ -80,8 +92,10 @@ def test_a_subcommand_error_shows_that_subcommands_usage(args, usage):
 
 
 def test_options_the_readme_promises_are_taken(tmp_path):
-    assert run_cli("runs", "--layout", "demo", "--read-only", "--json",
-                   env={"XDG_STATE_HOME": str(tmp_path)}).returncode == 0
+    assert (
+        run_cli("runs", "--layout", "demo", "--read-only", "--json", env={"XDG_STATE_HOME": str(tmp_path)}).returncode
+        == 0
+    )
     log = tmp_path / "x.log"
     log.write_text("")
     result = run_cli("explain", str(log), "--read-only")
@@ -108,13 +122,16 @@ def test_serve_without_its_extra_names_the_command_for_a_checkout(tmp_path):
     blocker = tmp_path / "textual_serve"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from cockpit.cli import main; "
-            f"sys.exit(main(['serve', 'demo']))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from cockpit.cli import main; "
+        f"sys.exit(main(['serve', 'demo']))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     line = one_line(result)
-    assert "serve" in line and (".venv/bin/pip install -e '.[serve]'" in line
-                                or "pip install 'gpu-cockpit[serve]'" in line)
+    assert "serve" in line and (
+        ".venv/bin/pip install -e '.[serve]'" in line or "pip install 'gpu-cockpit[serve]'" in line
+    )
 
 
 def test_the_readme_names_exactly_the_commands_that_take_json_and_read_only():
@@ -128,8 +145,9 @@ def test_the_readme_names_exactly_the_commands_that_take_json_and_read_only():
     readme = " ".join(Path(__file__).parents[2].joinpath("README.md").read_text().split())
     assert "Every command takes `--read-only`" in readme
     assert all("--read-only" in opts for opts in takes.values())
-    said = re.search(r"`--json` \(JSON instead of a plain table\) is taken by (.*?); the screens \((.*?)\) have none",
-                     readme)
+    said = re.search(
+        r"`--json` \(JSON instead of a plain table\) is taken by (.*?); the screens \((.*?)\) have none", readme
+    )
     assert said, "the README's sentence on --json"
     with_json = set(re.findall(r"`(\w+)`", said.group(1)))
     screens = set(re.findall(r"`(\w+)`", said.group(2)))
@@ -223,12 +241,20 @@ def test_a_mistyped_command_is_named_with_the_one_meant():
 def _imported_by(tmp_path, *argv: str, under: tuple[str, ...] = ("cockpit.cli",)) -> tuple[int, list[str], str]:
     """`cockpit ARGV` in a fresh interpreter: its exit status, the modules it imported of the
     packages `under` (cockpit/cli/), and its stdout."""
-    code = ("import sys\nfrom cockpit.cli import main\n"
-            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as exc:\n    rc = exc.code\n"
-            "sys.stdout.flush()\n"
-            f"print(rc, *sorted(m for m in sys.modules if m.startswith({under!r})), file=sys.stderr)\n")
-    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, XDG_STATE_HOME=str(tmp_path)), stdin=subprocess.DEVNULL)
+    code = (
+        "import sys\nfrom cockpit.cli import main\n"
+        "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as exc:\n    rc = exc.code\n"
+        "sys.stdout.flush()\n"
+        f"print(rc, *sorted(m for m in sys.modules if m.startswith({under!r})), file=sys.stderr)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, XDG_STATE_HOME=str(tmp_path)),
+        stdin=subprocess.DEVNULL,
+    )
     rc, *modules = res.stderr.strip().splitlines()[-1].split()
     return int(rc), modules, res.stdout
 
@@ -244,8 +270,9 @@ def test_a_command_imports_its_family_module_alone_and_the_top_help_none(tmp_pat
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"]) and out.startswith("gpu-cockpit ")
     # `serve` builds no monitor (each browser session runs its own cockpit): its family imports
     # neither the monitors nor the exporter; refused here before anything is served
-    rc, modules, _ = _imported_by(tmp_path, "serve", "--port", "0",
-                                  under=("cockpit.cli", "cockpit.monitor", "cockpit.exporter"))
+    rc, modules, _ = _imported_by(
+        tmp_path, "serve", "--port", "0", under=("cockpit.cli", "cockpit.monitor", "cockpit.exporter")
+    )
     assert (rc, modules) == (2, ["cockpit.cli", "cockpit.cli.base", "cockpit.cli.serve"])
     rc, modules, out = _imported_by(tmp_path, "--help")
     assert (rc, modules) == (0, ["cockpit.cli", "cockpit.cli.base"])
@@ -263,8 +290,9 @@ def test_each_command_is_registered_by_the_family_that_names_it_and_no_other():
 
     for module in pkgutil.iter_modules(cockpit.cli.__path__):
         importlib.import_module(f"cockpit.cli.{module.name}")
-    assert {name: cmd.handler.__module__ for name, cmd in REGISTERED.items()} == \
-        {name: f"cockpit.cli.{family}" for name, (family, _help) in COMMANDS.items()}
+    assert {name: cmd.handler.__module__ for name, cmd in REGISTERED.items()} == {
+        name: f"cockpit.cli.{family}" for name, (family, _help) in COMMANDS.items()
+    }
 
 
 def test_a_family_that_cannot_be_imported_is_one_line_not_a_traceback(tmp_path):
@@ -273,14 +301,22 @@ def test_a_family_that_cannot_be_imported_is_one_line_not_a_traceback(tmp_path):
     blocker = tmp_path / "textual"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from cockpit.cli import main; "
-            f"sys.exit(main(sys.argv[1:]))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from cockpit.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
-    broken = subprocess.run([sys.executable, "-c", code, "open", "local"], capture_output=True, text=True,
-                            timeout=60, env=env)
+    broken = subprocess.run(
+        [sys.executable, "-c", code, "open", "local"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert broken.returncode == 1 and broken.stdout == ""
-    assert broken.stderr == ("cockpit: internal error: ImportError: blocked for the test "
-                             "(rerun with COCKPIT_DEBUG=1 for the traceback)\n")
-    other = subprocess.run([sys.executable, "-c", code, "runs", "--layout", "demo", "--json"], capture_output=True,
-                           text=True, timeout=60, env=env)
+    assert broken.stderr == (
+        "cockpit: internal error: ImportError: blocked for the test (rerun with COCKPIT_DEBUG=1 for the traceback)\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, "runs", "--layout", "demo", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert (other.returncode, other.stdout) == (0, "[]\n"), other.stderr

@@ -24,8 +24,13 @@ def fake_run(tmp_path):
     run = subprocess.Popen([sys.executable, str(server)], start_new_session=True)
     layout = tmp_path / "fake.yaml"
     layout.write_text(f"command: [{server}]\n")
-    env = dict(os.environ, HOME=str(tmp_path / "home"), XDG_STATE_HOME=str(tmp_path / "state"),
-               XDG_CACHE_HOME=str(tmp_path / "cache"), XDG_RUNTIME_DIR=str(tmp_path))
+    env = dict(
+        os.environ,
+        HOME=str(tmp_path / "home"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        XDG_RUNTIME_DIR=str(tmp_path),
+    )
     yield run, layout, env
     if run.poll() is None:
         os.killpg(run.pid, signal.SIGKILL)
@@ -33,16 +38,26 @@ def fake_run(tmp_path):
 
 
 def cockpit(env: dict, *args: str, stdin: str | None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cockpit", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120, env=env, stdin=subprocess.DEVNULL if stdin is None else None)
+    return subprocess.run(
+        [sys.executable, "-m", "cockpit", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+    )
 
 
-@pytest.mark.parametrize("command, nothing", [
-    (["launch"], "nothing was launched"),
-    (["ablate", "--vary", "forensics"], "nothing was launched"),
-    (["bisect", "--vary", "forensics"], "nothing was launched"),
-    (["kill"], "nothing was signalled"),
-])
+@pytest.mark.parametrize(
+    "command, nothing",
+    [
+        (["launch"], "nothing was launched"),
+        (["ablate", "--vary", "forensics"], "nothing was launched"),
+        (["bisect", "--vary", "forensics"], "nothing was launched"),
+        (["kill"], "nothing was signalled"),
+    ],
+)
 @pytest.mark.parametrize("stdin", ["n\n", None], ids=["n-through-a-pipe", "stdin-ended"])
 def test_a_plan_declined_without_a_terminal_exits_1_and_does_nothing(fake_run, command, nothing, stdin):
     run, layout, env = fake_run
@@ -62,8 +77,13 @@ def test_a_pipe_left_open_and_silent_is_no_answer(fake_run, tmp_path):
 
     run, layout, env = fake_run
     err = tmp_path / "stderr"
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "kill", "local", "--layout", str(layout)],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=open(err, "w"), env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cockpit", "kill", "local", "--layout", str(layout)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=open(err, "w"),
+        env=env,
+    )
     try:
         assert proc.wait(timeout=PIPE_ANSWER_S + 110) == 1  # a bound for a hung command, not a speed claim
     finally:
@@ -101,15 +121,20 @@ def test_the_readme_table_names_commands_that_exist_and_the_codes_the_code_retur
 
     readme = (REPO / "README.md").read_text()
     table = readme.split("| command | exit status |", 1)[1].split("\n\n", 1)[0]
-    rows = {cmd: text for cmds, text in re.findall(r"^\| (.*?) \| (.*?) \|$", table, re.M) if cmds != "---"
-            for cmd in re.findall(r"`(\w+)`", cmds)}
+    rows = {
+        cmd: text
+        for cmds, text in re.findall(r"^\| (.*?) \| (.*?) \|$", table, re.M)
+        if cmds != "---"
+        for cmd in re.findall(r"`(\w+)`", cmds)
+    }
     assert set(rows) <= set(COMMANDS) and {"kill", "flightrec", "launch", "ablate", "explain"} <= set(rows)
     for outcome, code in (("stalled-idle", 4), ("crashed", 5), ("timeout", 6), ("ready", 0)):
         assert exit_status([outcome]) == code and f"{code} " in rows["launch"]
     joined = " ".join(readme.split())
     assert "Exit status, every command: 0 done; 1 declined at the prompt, nothing done; 2 bad input" in joined
-    assert set(EXIT.values()) <= {int(n) for n in re.findall(r"(\d+) [a-z(]", joined.split(
-        "Exit status of `cockpit bisect`:")[1].split(".")[0])}
+    assert set(EXIT.values()) <= {
+        int(n) for n in re.findall(r"(\d+) [a-z(]", joined.split("Exit status of `cockpit bisect`:")[1].split(".")[0])
+    }
 
 
 def test_flightrec_on_a_run_without_the_recorder_armed_exits_3(fake_run):

@@ -72,11 +72,19 @@ def test_two_runs_to_choose_from_are_listed_one_per_line(tmp_path):
     layout = tmp_path / "two.yaml"
     layout.write_text(f"command: [{server}]\n")
     try:
-        res = run_cli("kill", "local", "--layout", str(layout), "--yes",
-                      env={"HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")})
+        res = run_cli(
+            "kill",
+            "local",
+            "--layout",
+            str(layout),
+            "--yes",
+            env={"HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 2, res.stderr
         first, *listed = res.stderr.rstrip("\n").splitlines()
-        assert first.startswith("cockpit: 2 runs found on local, not merged: choose one: `cockpit kill local --pid ROOT`")
+        assert first.startswith(
+            "cockpit: 2 runs found on local, not merged: choose one: `cockpit kill local --pid ROOT`"
+        )
         assert len(listed) == 2 and all(line.startswith(f"  [{n}] pid ") for n, line in enumerate(listed, 1))
         assert {str(r.pid) for r in runs} == {line.split()[2] for line in listed}
         assert all(len(line) < 300 for line in listed) and all(r.poll() is None for r in runs)

@@ -32,9 +32,14 @@ def test_every_cockpit_command_of_the_walk_through_is_reachable_as_written():
 
 def test_the_activation_the_readme_names_puts_the_checkouts_cockpit_on_path(tmp_path):
     """In a fresh shell (a PATH without the venv), the README's line, then `cockpit`."""
-    out = subprocess.run(["bash", "-c", f"{ACTIVATE} && command -v cockpit && cockpit --version"], cwd=REPO,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", "-c", f"{ACTIVATE} && command -v cockpit && cockpit --version"],
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     where, version = out.stdout.splitlines()
     assert Path(where) == REPO / ".venv" / "bin" / "cockpit" and version.startswith("gpu-cockpit ")

@@ -78,11 +78,30 @@ def test_the_cli_prints_host_text_visibly_in_kill_plans_shm_listings_and_stacks(
 
     evil = "\x1b]52;c;ZXZpbA==\x07\x1b[2J"
     plan = KillPlan(None, [{"pid": 1, "pgid": 1, "sid": 1, "status": "S", "title": "python " + evil}])
-    shm = describe_shm({"folder": "/dev/shm", "free_bytes": 1, "total_bytes": 2, "entries": [
-        {"name": "psm_" + evil, "kind": "file", "bytes": 0, "size": 0, "age_s": 1.0, "owner": "r\x1bt",
-         "held_by": [], "creator": None, "creator_alive": None, "removable": True}]})
-    stacks = describe_groups([Group(ranks=[0, 1], frames=("wait (x.py:1)" + evil,), odd=False,
-                                    diff=["--- a", "+++ b", "-" + evil])])
+    shm = describe_shm(
+        {
+            "folder": "/dev/shm",
+            "free_bytes": 1,
+            "total_bytes": 2,
+            "entries": [
+                {
+                    "name": "psm_" + evil,
+                    "kind": "file",
+                    "bytes": 0,
+                    "size": 0,
+                    "age_s": 1.0,
+                    "owner": "r\x1bt",
+                    "held_by": [],
+                    "creator": None,
+                    "creator_alive": None,
+                    "removable": True,
+                }
+            ],
+        }
+    )
+    stacks = describe_groups(
+        [Group(ranks=[0, 1], frames=("wait (x.py:1)" + evil,), odd=False, diff=["--- a", "+++ b", "-" + evil])]
+    )
     text = "\n".join(plan.describe() + shm + stacks)
     assert "\x1b" not in text and "\x07" not in text
     assert "^[]52;c;ZXZpbA==^G^[[2J" in text and "r^[t" in text

@@ -19,9 +19,16 @@ from cockpit.read import logrules
 
 LINE = 64 << 10
 UNBOUNDED = 4000
-CATEGORY_CHAR = {"CATEGORY_DIGIT": "0", "CATEGORY_WORD": "a", "CATEGORY_SPACE": " ", "CATEGORY_NOT_DIGIT": "a",
-                 "CATEGORY_NOT_WORD": " ", "CATEGORY_NOT_SPACE": "a", "CATEGORY_LINEBREAK": "\n",
-                 "CATEGORY_NOT_LINEBREAK": "a"}
+CATEGORY_CHAR = {
+    "CATEGORY_DIGIT": "0",
+    "CATEGORY_WORD": "a",
+    "CATEGORY_SPACE": " ",
+    "CATEGORY_NOT_DIGIT": "a",
+    "CATEGORY_NOT_WORD": " ",
+    "CATEGORY_NOT_SPACE": "a",
+    "CATEGORY_LINEBREAK": "\n",
+    "CATEGORY_NOT_LINEBREAK": "a",
+}
 
 
 def _in(items) -> str:

@@ -42,10 +42,12 @@ CAPTURE = os.environ.get("COCKPIT_EXPORTER_CAPTURE")  # a folder: keep Prometheu
 
 # ----------------------------------------------------------------------------- the rules
 
+
 def test_the_shipped_rules_pass_promtool_check_and_their_unit_tests():
     promtool = need("promtool", package="prometheus")
-    check = subprocess.run([promtool, "check", "rules", str(exporter.RULES)], capture_output=True, text=True,
-                           timeout=60)
+    check = subprocess.run(
+        [promtool, "check", "rules", str(exporter.RULES)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
     test = subprocess.run([promtool, "test", "rules", str(RULES_TEST)], capture_output=True, text=True, timeout=60)
     assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
@@ -71,8 +73,9 @@ def judged(member, verdict: Verdict, gpus: int = 2) -> None:
     s = member.state
     s.seq, s.link_state, s.sample_ts, s.received_at = 3, "up", time.time(), time.monotonic()
     for i in range(gpus):
-        s.gpus[i] = Gpu(index=i, util_pct=97, mem_used_mib=1024, mem_total_mib=81920, temp_c=61, power_w=310.5,
-                        ecc_uncorrected=0)
+        s.gpus[i] = Gpu(
+            index=i, util_pct=97, mem_used_mib=1024, mem_total_mib=81920, temp_c=61, power_w=310.5, ecc_uncorrected=0
+        )
     member.monitor.verdict = verdict
 
 
@@ -86,8 +89,16 @@ def exposition(exp: exporter.Exporter) -> str:
 
 def test_host_text_in_labels_is_masked_bounded_and_escaped():
     watch = fleet_of(HOSTILE, "gpu-b")
-    judged(watch.members[0], Verdict(VerdictName.STALLED_SPINNING, ["x"], odd_rank=3,
-                                     detail="launch stopped at 'loading weights'", since=time.time() - 42))
+    judged(
+        watch.members[0],
+        Verdict(
+            VerdictName.STALLED_SPINNING,
+            ["x"],
+            odd_rank=3,
+            detail="launch stopped at 'loading weights'",
+            since=time.time() - 42,
+        ),
+    )
     judged(watch.members[1], Verdict(VerdictName.OK, ["tokens moving"]))
     text = exposition(exporter.Exporter(watch))
     assert "hunter2" not in text and "\x1b" not in text and "\u202e" not in text
@@ -105,8 +116,7 @@ def test_host_text_in_labels_is_masked_bounded_and_escaped():
     current = {s.labels["host"]: s.labels["state"] for s in families["gpu_cockpit_verdict"].samples if s.value == 1}
     assert current == {want: "stalled-spinning", "gpu-b": "ok"}
     assert len(families["gpu_cockpit_verdict"].samples) == 2 * len(exporter.VERDICTS)
-    stall = {s.labels["state"] for s in families["gpu_cockpit_stall_evidence"].samples
-             if s.value == 1}
+    stall = {s.labels["state"] for s in families["gpu_cockpit_stall_evidence"].samples if s.value == 1}
     assert stall == {"launch_stopped"}
     odd = {s.labels["host"]: (s.labels["rank"], s.value) for s in families["gpu_cockpit_odd_rank_info"].samples}
     assert odd == {want: ("3", 1.0)}
@@ -137,7 +147,9 @@ def test_identifiers_are_labels_of_info_series_and_counts_are_counters():
     now = s.sample_ts
     s.xid = [XidEvent(1, now - 900, 31), XidEvent(1, now - 60, 79), XidEvent(1, now - 30, 48), XidEvent(1, now - 5, 79)]
     for n in range(3):  # a run started by hand: ranks in process group 4242, no ledger record
-        s.procs[100 + n] = Proc(pid=100 + n, ppid=1, cmdline=[f"sglang::scheduler_TP{n}"], status="S", rank=n, pgid=4242)
+        s.procs[100 + n] = Proc(
+            pid=100 + n, ppid=1, cmdline=[f"sglang::scheduler_TP{n}"], status="S", rank=n, pgid=4242
+        )
     b.state.metrics.add(Scrape(time.monotonic() - 2, 200, {"generation_tokens": 1000.0, "running": 2.0}))
     b.state.metrics.add(Scrape(time.monotonic(), 200, {"generation_tokens": 1600.0, "running": 2.0}))
     text = exposition(exporter.Exporter(watch))
@@ -148,26 +160,38 @@ def test_identifiers_are_labels_of_info_series_and_counts_are_counters():
     assert count == {"1": 3.0}
     assert "gpu_cockpit_gpu_xid_recent{" not in text and "gpu_cockpit_odd_rank{" not in text
     assert families["gpu_cockpit_gpu_ecc_uncorrected_errors"].type == "counter"
-    ecc = {(x.labels["host"], x.labels["gpu"]): x.value for x in families["gpu_cockpit_gpu_ecc_uncorrected_errors"].samples
-           if x.name.endswith("_total")}
+    ecc = {
+        (x.labels["host"], x.labels["gpu"]): x.value
+        for x in families["gpu_cockpit_gpu_ecc_uncorrected_errors"].samples
+        if x.name.endswith("_total")
+    }
     assert ecc[("gpu-a", "1")] == 2.0 and ecc[("gpu-a", "0")] == 0.0
     tokens = families["gpu_cockpit_generation_tokens"]
-    assert tokens.type == "counter" and [(x.name, x.value) for x in tokens.samples
-                                         if x.name.endswith("_total")] == [("gpu_cockpit_generation_tokens_total", 1600.0)]
+    assert tokens.type == "counter" and [(x.name, x.value) for x in tokens.samples if x.name.endswith("_total")] == [
+        ("gpu_cockpit_generation_tokens_total", 1600.0)
+    ]
     rate = families["gpu_cockpit_tokens_per_second"].samples
     assert [x.labels["host"] for x in rate] == ["gpu-b"] and 250 < rate[0].value < 350
     runs = {x.labels["host"]: x.labels["run"] for x in families["gpu_cockpit_run_info"].samples}
     assert runs == {"gpu-a": "pgid:4242"}  # gpu-b has no run: no series, never run=""
-    lint = subprocess.run([need("promtool", package="prometheus"), "check", "metrics"], input=text, capture_output=True, text=True,
-                          timeout=30)
+    lint = subprocess.run(
+        [need("promtool", package="prometheus"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
 
 
 def test_link_states_and_stall_kinds_are_a_fixed_set():
-    assert [exporter.link_kind(t) for t in ("up", "waiting", "connecting", "down, retrying (3)",
-                                           "lost, retrying (1)")] == ["up", "connecting", "connecting", "down", "lost"]
-    kinds = [exporter.stall_kind(Verdict(VerdictName.STALLED_IDLE, [], detail=d))
-             for d in ("requests frozen", "serving stopped", "launch stopped at 'kv cache'", None)]
+    assert [
+        exporter.link_kind(t) for t in ("up", "waiting", "connecting", "down, retrying (3)", "lost, retrying (1)")
+    ] == ["up", "connecting", "connecting", "down", "lost"]
+    kinds = [
+        exporter.stall_kind(Verdict(VerdictName.STALLED_IDLE, [], detail=d))
+        for d in ("requests frozen", "serving stopped", "launch stopped at 'kv cache'", None)
+    ]
     assert kinds == ["requests_frozen", "serving_stopped", "launch_stopped", "other"]
     assert exporter.stall_kind(Verdict(VerdictName.OK, [])) is None
 
@@ -231,8 +255,16 @@ async def test_on_change_runs_the_argv_with_the_change_in_its_environment(tmp_pa
     exp = exporter.Exporter(watch, hook)
     exp.watch()
     since = time.time() - 75
-    judged(m, Verdict(VerdictName.STALLED_IDLE, ["all 8 ranks alive, CPU < 5 %", "log silent for 75 s"], odd_rank=5,
-                      detail="requests frozen", since=since))
+    judged(
+        m,
+        Verdict(
+            VerdictName.STALLED_IDLE,
+            ["all 8 ranks alive, CPU < 5 %", "log silent for 75 s"],
+            odd_rank=5,
+            detail="requests frozen",
+            since=since,
+        ),
+    )
     exp.verdict_changed(m, Verdict(VerdictName.OK, []))  # what the monitor's listener hands on
     [env] = await wait_for(lambda: runs_written(prefix), 20, "the hook's run")
     assert env["GPU_COCKPIT_HOST"] == "gpu-a" and env["GPU_COCKPIT_TARGET"] == "local"
@@ -289,6 +321,7 @@ def _processes_of(text: str) -> list[int]:
 
 # ----------------------------------------------------------------------------- a real Prometheus
 
+
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return json.loads(resp.read())
@@ -313,8 +346,13 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
     demo.save_layout(state, layout)
     demo.prepare_host(layout, state)
     # a monitor of the demo's own (following no run): it launches the run and stops it at the end
-    monitor = HostMonitor(parse_target("demo"), SessionOptions(python=sys.executable, interval=0.25, sim_state=state),
-                          layout, watch=WatchList(patterns=[]), on_connect=_no_run)
+    monitor = HostMonitor(
+        parse_target("demo"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=state),
+        layout,
+        watch=WatchList(patterns=[]),
+        on_connect=_no_run,
+    )
     await monitor.session.connect()
     procs: list[subprocess.Popen] = []
     try:
@@ -326,21 +364,50 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
         eport, pport = free_port(), free_port()
         prefix = tmp_path / "hook-env"
         e_log = open(tmp_path / "exporter.log", "w")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "cockpit", "exporter", "--hosts", "demo", "--layout", str(path), "--interval", "0.5",
-             "--listen", f"127.0.0.1:{eport}", "--on-change", f"{hook_script(tmp_path)} {prefix}"],
-            stdout=e_log, stderr=subprocess.STDOUT, cwd=ROOT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cockpit",
+                    "exporter",
+                    "--hosts",
+                    "demo",
+                    "--layout",
+                    str(path),
+                    "--interval",
+                    "0.5",
+                    "--listen",
+                    f"127.0.0.1:{eport}",
+                    "--on-change",
+                    f"{hook_script(tmp_path)} {prefix}",
+                ],
+                stdout=e_log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        )
         (tmp_path / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"rule_files: [{rules}]\n"
             "scrape_configs:\n"
             "  - job_name: gpu-cockpit\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{eport}']}}]\n")
+            f"    static_configs: [{{targets: ['127.0.0.1:{eport}']}}]\n"
+        )
         p_log = open(tmp_path / "prometheus.log", "w")
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{pport}", "--log.level=warn"],
-            stdout=p_log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{pport}",
+                    "--log.level=warn",
+                ],
+                stdout=p_log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         api = f"http://127.0.0.1:{pport}/api/v1"
 
         def firing() -> dict | None:
@@ -371,14 +438,19 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
         assert sum(a["labels"]["alertname"] == "GpuCockpitRunStalled" for a in alerts["data"]["alerts"]) == 1
         assert seen_states & {"stalled-idle", "stalled-spinning"}, seen_states
         query = _get(f"{api}/query?query=" + urllib.parse.quote('ALERTS{alertstate="firing"}'))
-        assert any(r["metric"]["alertname"] == "GpuCockpitRunStalled" and r["metric"]["host"] == "demo"
-                   for r in query["data"]["result"]), query
+        assert any(
+            r["metric"]["alertname"] == "GpuCockpitRunStalled" and r["metric"]["host"] == "demo"
+            for r in query["data"]["result"]
+        ), query
         with urllib.request.urlopen(f"http://127.0.0.1:{eport}/metrics", timeout=5) as resp:
             metrics = resp.read().decode()
         assert re.search(r'gpu_cockpit_stall_evidence\{host="demo",state="launch_stopped"\} 1\.0', metrics), metrics
         # the hook was told of the stall, with the change in its environment
-        runs = await wait_for(lambda: [r for r in runs_written(prefix) if r.get("GPU_COCKPIT_VERDICT", "")
-                                         .startswith("stalled-")], 30, "the hook's run for the stall")
+        runs = await wait_for(
+            lambda: [r for r in runs_written(prefix) if r.get("GPU_COCKPIT_VERDICT", "").startswith("stalled-")],
+            30,
+            "the hook's run for the stall",
+        )
         env = runs[0]
         assert env["GPU_COCKPIT_HOST"] == "demo" and env["GPU_COCKPIT_PREVIOUS"] in exporter.VERDICTS
         assert env["GPU_COCKPIT_DETAIL"] == "launch stopped at 'capturing draft cuda graphs'"
@@ -397,6 +469,7 @@ async def test_a_real_prometheus_fires_the_stall_alert_of_a_stalling_host(tmp_pa
             with urllib.request.urlopen(f"http://127.0.0.1:{eport}/metrics", timeout=5) as resp:
                 text = resp.read().decode()
             return 'gpu_cockpit_link{host="demo",state="down"} 1.0' in text
+
         await wait_for(link_down, 60, "the ended demo's link said down")
         # SIGTERM ends the exporter cleanly
         procs[0].send_signal(signal.SIGTERM)
@@ -436,12 +509,16 @@ async def test_a_tp2_servers_ranks_are_its_own_beside_the_hosts_other_servers(si
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     ports = [free_port() for _ in range(3)]
-    servers = [start_by_hand(sim_state, tmp_path, port, "--base-gpu-id", str(2 * n), "--sim-shm-dir", str(tmp_path))
-               for n, port in enumerate(ports)]
+    servers = [
+        start_by_hand(sim_state, tmp_path, port, "--base-gpu-id", str(2 * n), "--sim-shm-dir", str(tmp_path))
+        for n, port in enumerate(ports)
+    ]
     opts = SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state))
     layout = load_layout(str(layout_file(tmp_path, "a", ports[0])))
-    monitors = [HostMonitor(parse_target("local"), opts, layout, watch=WatchList.for_layout(layout), probe_every_s=0.25),
-                HostMonitor(parse_target("local"), opts, probe_every_s=0.25)]
+    monitors = [
+        HostMonitor(parse_target("local"), opts, layout, watch=WatchList.for_layout(layout), probe_every_s=0.25),
+        HostMonitor(parse_target("local"), opts, probe_every_s=0.25),
+    ]
     watch = fleet_of("gpu-a", "gpu-b")
     for member, monitor in zip(watch.members, monitors):
         member.monitor = monitor
@@ -450,31 +527,50 @@ async def test_a_tp2_servers_ranks_are_its_own_beside_the_hosts_other_servers(si
     def series(name: str) -> dict:
         families = {f.name: f for f in text_string_to_metric_families(exposition(exp))}
         return {s.labels["host"]: s.value for s in families[name].samples}
+
     kept = []
     try:
         for monitor in monitors:
             await monitor.open(kept=True)
             kept.append(asyncio.create_task(monitor.keep()))
         a, plain = monitors
-        await wait_for(lambda: a.phase.name in ("ready", "serving") and len(a.state.ranks()) == 2, 90,
-                       "the layout's server followed", lambda: (a.phase, a.verdict, a.state.ranks()))
+        await wait_for(
+            lambda: a.phase.name in ("ready", "serving") and len(a.state.ranks()) == 2,
+            90,
+            "the layout's server followed",
+            lambda: (a.phase, a.verdict, a.state.ranks()),
+        )
         assert plain.several and plain.following is None
-        await wait_for(lambda: {j.server.root for j in plain.runs_judged() if j.phase.name in ("ready", "serving")}
-                       >= {servers[0].pid, servers[2].pid}, 90, "each server judged up",
-                       lambda: [(j.server.root, j.phase, j.verdict) for j in plain.runs_judged()])
+        await wait_for(
+            lambda: (
+                {j.server.root for j in plain.runs_judged() if j.phase.name in ("ready", "serving")}
+                >= {servers[0].pid, servers[2].pid}
+            ),
+            90,
+            "each server judged up",
+            lambda: [(j.server.root, j.phase, j.verdict) for j in plain.runs_judged()],
+        )
         end_session(servers[1])  # a neighbour stops: nothing of it is the run's
         await a.session.wait_samples(8)
         a.update()
         plain.update()
         assert series("gpu_cockpit_ranks") == {"gpu-a": 2.0, "gpu-b": 0.0}
         assert series("gpu_cockpit_dead_ranks") == {"gpu-a": 0.0, "gpu-b": 0.0}
-        verdicts = {s.labels["host"]: s.labels["state"] for f in text_string_to_metric_families(exposition(exp))
-                    if f.name == "gpu_cockpit_verdict" for s in f.samples if s.value == 1}
+        verdicts = {
+            s.labels["host"]: s.labels["state"]
+            for f in text_string_to_metric_families(exposition(exp))
+            if f.name == "gpu_cockpit_verdict"
+            for s in f.samples
+            if s.value == 1
+        }
         assert verdicts["gpu-a"] not in ("crashed", "stopped", "no run") and verdicts["gpu-b"] == "no run", verdicts
         families = {f.name: f for f in text_string_to_metric_families(exposition(exp))}
         ranks = {(x.labels["host"], x.labels["run"]): x.value for x in families["gpu_cockpit_server_ranks"].samples}
-        each = {(x.labels["host"], x.labels["run"]): x.labels["state"]
-                for x in families["gpu_cockpit_server_verdict"].samples if x.value == 1}
+        each = {
+            (x.labels["host"], x.labels["run"]): x.labels["state"]
+            for x in families["gpu_cockpit_server_verdict"].samples
+            if x.value == 1
+        }
         own = [f"root:{servers[n].pid}" for n in (0, 2)]
         assert ranks[("gpu-a", own[0])] == 2.0 and [k for k in ranks if k[0] == "gpu-a"] == [("gpu-a", own[0])]
         for rid in own:  # no layout: each server its own run, its own ranks and verdict

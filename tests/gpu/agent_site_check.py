@@ -25,8 +25,13 @@ def main() -> int:
     bad = 0
     for python in args.python:
         has = subprocess.run([python, "-I", "-c", "import pynvml"], capture_output=True).returncode == 0
-        res = subprocess.run([sys.executable, "-m", "cockpit", "snapshot", "local", "--python", python, "--json",
-                              "--wait", "0"], capture_output=True, text=True, cwd="/", timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "cockpit", "snapshot", "local", "--python", python, "--json", "--wait", "0"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=120,
+        )
         if res.returncode != 0:
             print(f"{python}: snapshot failed: {res.stderr.strip()[-500:]}")
             bad += 1

@@ -71,8 +71,14 @@ def sched_delta_s(a: dict[int, int] | None, b: dict[int, int] | None) -> float |
     return sum(ns - a.get(tid, 0) for tid, ns in b.items()) / 1e9
 
 
-async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: str | None = None,
-                       watch: dict[str, int] | None = None, ras_every: float | None = None) -> dict:
+async def side_by_side(
+    seconds: float,
+    tree: int,
+    before: bytes | None,
+    bare: str | None = None,
+    watch: dict[str, int] | None = None,
+    ras_every: float | None = None,
+) -> dict:
     import psutil
 
     import cockpit.agent as shipped
@@ -83,8 +89,9 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
     monitors: dict[str, object] = {label: psutil.Process(pid) for label, pid in (watch or {}).items()}
     smi = None
     if shutil.which("nvidia-smi"):
-        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-l", "1"],
-                               stdout=subprocess.DEVNULL)
+        smi = subprocess.Popen(
+            ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-l", "1"], stdout=subprocess.DEVNULL
+        )
         monitors["nvidia-smi --query-gpu=... --format=csv -l 1"] = psutil.Process(smi.pid)
     sessions = []
     try:
@@ -111,7 +118,9 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
             await slow.connect()
             said = await slow.request("ras_config", every_s=ras_every)
             sessions.append(slow)
-            monitors[f"gpu-cockpit agent, NCCL RAS polled every {said['every_s']:g} s"] = psutil.Process(slow.state.agent.pid)
+            monitors[f"gpu-cockpit agent, NCCL RAS polled every {said['every_s']:g} s"] = psutil.Process(
+                slow.state.agent.pid
+            )
         new = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=1.0))
         await new.connect()
         sessions.append(new)
@@ -138,8 +147,15 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
     pct = {k: (None if c0[k] is None or c1[k] is None else round(100 * (c1[k] - c0[k]) / wall, 3)) for k in monitors}
     ns = {k: sched_delta_s(n0[k], n1[k]) for k in monitors}
     pct_ns = {k: (None if v is None else round(100 * v / wall, 4)) for k, v in ns.items()}
-    out = {"seconds": round(wall, 1), "watched_processes": watched, "gpus": gpus, "nvml": nvml,
-           "sources": sources, "cpu_pct_of_core": pct, "cpu_pct_of_core_schedstat": pct_ns}
+    out = {
+        "seconds": round(wall, 1),
+        "watched_processes": watched,
+        "gpus": gpus,
+        "nvml": nvml,
+        "sources": sources,
+        "cpu_pct_of_core": pct,
+        "cpu_pct_of_core_schedstat": pct_ns,
+    }
     smi_ns = pct_ns.get("nvidia-smi --query-gpu=... --format=csv -l 1")
     if smi_ns:
         out["to_smi_ratio_schedstat"] = {k: round(v / smi_ns, 2) for k, v in pct_ns.items() if v is not None}
@@ -156,7 +172,9 @@ async def side_by_side(seconds: float, tree: int, before: bytes | None, bare: st
 
 def one_shots(runs: int) -> dict:
     env = dict(os.environ)
-    cases = {"python3 -m cockpit snapshot local --json": [sys.executable, "-m", "cockpit", "snapshot", "local", "--json"]}
+    cases = {
+        "python3 -m cockpit snapshot local --json": [sys.executable, "-m", "cockpit", "snapshot", "local", "--json"]
+    }
     if shutil.which("nvidia-smi"):
         cases["nvidia-smi --query-gpu=... --format=csv"] = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv"]
     walls: dict[str, list[float]] = {k: [] for k in cases}
@@ -169,8 +187,14 @@ def one_shots(runs: int) -> dict:
                 return {"error": f"{name}: rc={out.returncode}: {out.stderr[-800:]}"}
             if i:
                 walls[name].append(wall)
-    res = {k: {"median_ms": round(statistics.median(v) * 1000, 1), "p90_ms": round(sorted(v)[int(0.9 * (len(v) - 1))] * 1000, 1),
-               "runs": len(v)} for k, v in walls.items()}
+    res = {
+        k: {
+            "median_ms": round(statistics.median(v) * 1000, 1),
+            "p90_ms": round(sorted(v)[int(0.9 * (len(v) - 1))] * 1000, 1),
+            "runs": len(v),
+        }
+        for k, v in walls.items()
+    }
     if len(walls) == 2:
         a, b = (statistics.median(v) for v in walls.values())
         res["snapshot_to_smi_ratio"] = round(a / b, 1)
@@ -182,13 +206,25 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--tree", type=int, default=50)
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--before", help="an older agent to run beside the current one: its agent.py, or the zip "
-                                     "of its modules (either may be gzipped)")
+    ap.add_argument(
+        "--before",
+        help="an older agent to run beside the current one: its agent.py, or the zip "
+        "of its modules (either may be gzipped)",
+    )
     ap.add_argument("--bare", metavar="PYTHON", help="also the agent on this interpreter (one without pynvml)")
-    ap.add_argument("--watch", action="append", default=[], metavar="LABEL=PID",
-                    help="also measure this process in the same window (nvitop, say)")
-    ap.add_argument("--ras-every", type=float, metavar="S",
-                    help="also the current agent told to poll NCCL's RAS every S seconds (ras_config)")
+    ap.add_argument(
+        "--watch",
+        action="append",
+        default=[],
+        metavar="LABEL=PID",
+        help="also measure this process in the same window (nvitop, say)",
+    )
+    ap.add_argument(
+        "--ras-every",
+        type=float,
+        metavar="S",
+        help="also the current agent told to poll NCCL's RAS every S seconds (ras_config)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     watch = {w.rsplit("=", 1)[0]: int(w.rsplit("=", 1)[1]) for w in args.watch}
@@ -206,11 +242,15 @@ def main() -> None:
             from benchlib import pack_old_agent
 
             with zipfile.ZipFile(io.BytesIO(before)) as zf:
-                before = pack_old_agent({n.rsplit("/", 1)[1][:-3]: zf.read(n) for n in zf.namelist()
-                                         if n.endswith(".py") and not n.endswith("/__init__.py")})
+                before = pack_old_agent(
+                    {
+                        n.rsplit("/", 1)[1][:-3]: zf.read(n)
+                        for n in zf.namelist()
+                        if n.endswith(".py") and not n.endswith("/__init__.py")
+                    }
+                )
     res = {"host": os.uname().nodename, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
-    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before, args.bare, watch,
-                                                      args.ras_every))
+    res["side_by_side"] = asyncio.run(side_by_side(args.seconds, args.tree, before, args.bare, watch, args.ras_every))
     if args.runs:
         res["one_shot"] = one_shots(args.runs)
     print(json.dumps(res, indent=1))

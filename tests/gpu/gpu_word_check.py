@@ -49,14 +49,20 @@ def calls(n):
                 "ecc_uncorrected_volatile": answer(n, n.nvmlDeviceGetTotalEccErrors, h, 1, 0),
                 "ecc_uncorrected_aggregate": answer(n, n.nvmlDeviceGetTotalEccErrors, h, 1, 1),
                 "pcie_replay": answer(n, n.nvmlDeviceGetPcieReplayCounter, h),
-                "clock_event_reasons": answer(n, getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                                              or n.nvmlDeviceGetCurrentClocksThrottleReasons, h),
+                "clock_event_reasons": answer(
+                    n,
+                    getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                    or n.nvmlDeviceGetCurrentClocksThrottleReasons,
+                    h,
+                ),
                 "supported_event_types": answer(n, n.nvmlDeviceGetSupportedEventTypes, h),
                 "nvlink_state": [answer(n, n.nvmlDeviceGetNvLinkState, h, link) for link in range(18)],
             }
             active = [link for link, s in enumerate(row["nvlink_state"]) if s == 1]
-            row["nvlink_errors_link0"] = {name: answer(n, n.nvmlDeviceGetNvLinkErrorCounter, h, active[0] if active else 0, code)
-                                          for name, code in (("replay", 0), ("recovery", 1), ("crc_flit", 2))}
+            row["nvlink_errors_link0"] = {
+                name: answer(n, n.nvmlDeviceGetNvLinkErrorCounter, h, active[0] if active else 0, code)
+                for name, code in (("replay", 0), ("recovery", 1), ("crc_flit", 2))
+            }
             started = time.perf_counter()
             s = n.nvmlEventSetCreate()
             try:
@@ -95,12 +101,21 @@ def sampler(n):
             fast.append((time.perf_counter() - t0) * 1000)
         rounds.sort()
         fast.sort()
-        return {"gpus": len(g.handles), "health_first_ms": g.health_first_ms, "health_ms": g.health_ms,
-                "health_round_ms_median": round(rounds[len(rounds) // 2], 3), "health_round_ms_max": round(rounds[-1], 3),
-                "sample_ms_median_without_slow": round(fast[len(fast) // 2], 3),
-                "active_links": g._links, "unsupported": [sorted(u) for u in g.unsupported],
-                "health": g.health, "lost": g.lost, "xid_source": g.xid.source, "xid_why": g.xid.why,
-                "events": g.xid.events()}
+        return {
+            "gpus": len(g.handles),
+            "health_first_ms": g.health_first_ms,
+            "health_ms": g.health_ms,
+            "health_round_ms_median": round(rounds[len(rounds) // 2], 3),
+            "health_round_ms_max": round(rounds[-1], 3),
+            "sample_ms_median_without_slow": round(fast[len(fast) // 2], 3),
+            "active_links": g._links,
+            "unsupported": [sorted(u) for u in g.unsupported],
+            "health": g.health,
+            "lost": g.lost,
+            "xid_source": g.xid.source,
+            "xid_why": g.xid.why,
+            "events": g.xid.events(),
+        }
     finally:
         g.close()
 
@@ -144,12 +159,34 @@ def through_the_agent():
             await session.close()
 
     st = asyncio.run(look())
-    return {"xid_source": st.agent.xid_source, "health_ms": st.agent.health_ms, "nvml": st.agent.nvml,
-            "gpus": [{k: getattr(g, k) for k in ("index", "lost", "ecc_uncorrected", "ecc_aggregate", "remap_corrected",
-                                                 "remap_uncorrected", "remap_pending", "remap_failure", "retired_pending",
-                                                 "nvlink_replay", "nvlink_recovery", "nvlink_crc", "pcie_replay",
-                                                 "throttle")} for g in st.gpus.values()],
-            "xid": [vars(e) for e in st.xid]}
+    return {
+        "xid_source": st.agent.xid_source,
+        "health_ms": st.agent.health_ms,
+        "nvml": st.agent.nvml,
+        "gpus": [
+            {
+                k: getattr(g, k)
+                for k in (
+                    "index",
+                    "lost",
+                    "ecc_uncorrected",
+                    "ecc_aggregate",
+                    "remap_corrected",
+                    "remap_uncorrected",
+                    "remap_pending",
+                    "remap_failure",
+                    "retired_pending",
+                    "nvlink_replay",
+                    "nvlink_recovery",
+                    "nvlink_crc",
+                    "pcie_replay",
+                    "throttle",
+                )
+            }
+            for g in st.gpus.values()
+        ],
+        "xid": [vars(e) for e in st.xid],
+    }
 
 
 def main():

@@ -37,9 +37,14 @@ async def svg(state, verdict, path):
 def row(state):
     ranks = {p.rank: p for p in state.ranks() if p.alive}
     g = state.gpus
-    return " | ".join(f"TP{r}: cpu {p.cpu_pct:5.1f}% st {p.status}" for r, p in sorted(ranks.items())) + " || " + \
-        " | ".join(f"GPU{i}: util {x.util_pct}% {x.power_w}W/{x.power_limit_w}W mem {x.mem_used_mib}MiB"
-                   for i, x in sorted(g.items()))
+    return (
+        " | ".join(f"TP{r}: cpu {p.cpu_pct:5.1f}% st {p.status}" for r, p in sorted(ranks.items()))
+        + " || "
+        + " | ".join(
+            f"GPU{i}: util {x.util_pct}% {x.power_w}W/{x.power_limit_w}W mem {x.mem_used_mib}MiB"
+            for i, x in sorted(g.items())
+        )
+    )
 
 
 async def main():
@@ -50,10 +55,16 @@ async def main():
     ap.add_argument("--no-kill", action="store_true", help="leave the kill to `cockpit kill`")
     args = ap.parse_args()
     out = Path(args.out)
-    layout = parse_layout(f"command: [tests/gpu/tp_job.py]\nengine: sglang\nlog: {args.log}\n"
-                          f"stall: {{idle_s: 15, spin_s: 15}}\nkill_wait_s: 10\n", "tp.yaml")
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable),
-                          WatchList(patterns=["sglang::*", "*tp_job.py*"], logs=[args.log]))
+    layout = parse_layout(
+        f"command: [tests/gpu/tp_job.py]\nengine: sglang\nlog: {args.log}\n"
+        f"stall: {{idle_s: 15, spin_s: 15}}\nkill_wait_s: 10\n",
+        "tp.yaml",
+    )
+    session = HostSession(
+        parse_target("local"),
+        SessionOptions(python=sys.executable),
+        WatchList(patterns=["sglang::*", "*tp_job.py*"], logs=[args.log]),
+    )
     await session.connect()
     dog = Watchdog(layout.stall.idle_s, layout.stall.spin_s)
     start = time.monotonic()
@@ -78,7 +89,9 @@ async def main():
     print("\n".join(stacks.describe_groups(result.groups)))
     for r, e in result.failed.items():
         print(f"rank {r}: no dump: {e}")
-    (out / "dumps.txt").write_text("".join(f"===== {f.name}\n{f.read_text()}\n" for f in sorted(result.folder.iterdir())))
+    (out / "dumps.txt").write_text(
+        "".join(f"===== {f.name}\n{f.read_text()}\n" for f in sorted(result.folder.iterdir()))
+    )
     if args.no_kill:
         await session.close()
         return

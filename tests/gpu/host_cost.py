@@ -49,8 +49,9 @@ def main():
     py = sys.executable
     procs = {}
     started = []
-    started.append(subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-l", "1"],
-                                    stdout=subprocess.DEVNULL))
+    started.append(
+        subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-l", "1"], stdout=subprocess.DEVNULL)
+    )
     procs["nvidia-smi --query-gpu -l 1"] = psutil.Process(started[-1].pid)
     started.append(subprocess.Popen(["nvidia-smi", "-l", "1"], stdout=subprocess.DEVNULL))
     procs["nvidia-smi -l 1"] = psutil.Process(started[-1].pid)
@@ -58,7 +59,9 @@ def main():
     if shutil.which("nvitop") or True:
         tmux("nvitop", f"env PYTHONPATH={env['PYTHONPATH']} {py} -m nvitop --interval 1")
     tmux("gpustat", f"env PYTHONPATH={env['PYTHONPATH']} {py} -m gpustat -i 1")
-    procs["gpu-cockpit agent"] = find(lambda n, c: "cockpit-agent" in c or (" -c import os,sys" in c and "--interval" in c))
+    procs["gpu-cockpit agent"] = find(
+        lambda n, c: "cockpit-agent" in c or (" -c import os,sys" in c and "--interval" in c)
+    )
     procs["gpu-cockpit UI (Textual)"] = find(lambda n, c: "-m cockpit local" in c and "env " not in c)
     procs["nvitop 1.7.2 --interval 1"] = find(lambda n, c: "-m nvitop" in c and "env " not in c)
     procs["gpustat 1.1.1 -i 1"] = find(lambda n, c: "-m gpustat" in c and "env " not in c)

@@ -20,17 +20,28 @@ from cockpit.agent import nvml as shim  # noqa: E402
 CALLS = [
     ("name", lambda n, h: n.nvmlDeviceGetName(h)),
     ("uuid", lambda n, h: n.nvmlDeviceGetUUID(h)),
-    ("mem_v2", lambda n, h: (lambda m: {"total": m.total, "used": m.used})(n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2))),
+    (
+        "mem_v2",
+        lambda n, h: (lambda m: {"total": m.total, "used": m.used})(
+            n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+        ),
+    ),
     ("mem_v1", lambda n, h: (lambda m: {"total": m.total, "used": m.used})(n.nvmlDeviceGetMemoryInfo(h))),
     ("power_limit_mw", lambda n, h: n.nvmlDeviceGetEnforcedPowerLimit(h)),
     ("util", lambda n, h: (lambda u: {"gpu": u.gpu, "memory": u.memory})(n.nvmlDeviceGetUtilizationRates(h))),
     ("power_mw", lambda n, h: n.nvmlDeviceGetPowerUsage(h)),
     ("temp_c", lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
     ("sm_clock_mhz", lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
-    ("clock_event_reasons", lambda n, h: (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                                          or n.nvmlDeviceGetCurrentClocksThrottleReasons)(h)),
-    ("ecc_uncorrected_volatile", lambda n, h: n.nvmlDeviceGetTotalEccErrors(
-        h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
+    (
+        "clock_event_reasons",
+        lambda n, h: (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        )(h),
+    ),
+    (
+        "ecc_uncorrected_volatile",
+        lambda n, h: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+    ),
     ("compute_procs", lambda n, h: sorted([p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h))),
 ]
 
@@ -78,13 +89,39 @@ def through_the_agent(python):
 
     state, facts = asyncio.run(look())
     a = state.agent
-    return {"executable": a.executable, "python": a.python, "gpu_source": a.gpu_source, "nvml": a.nvml,
-            "procs_source": a.procs_source, "psutil": a.psutil, "driver": a.driver, "warnings": a.warnings,
-            "cuda_driver": (facts.get("versions") or {}).get("data", {}).get("cuda_driver"),
-            "gpus": [{k: getattr(g, k) for k in ("index", "name", "uuid", "util_pct", "mem_used_mib", "mem_total_mib",
-                                                 "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "throttle",
-                                                 "ecc_uncorrected", "processes")} for g in state.gpus.values()],
-            "watched_processes": len(state.procs)}
+    return {
+        "executable": a.executable,
+        "python": a.python,
+        "gpu_source": a.gpu_source,
+        "nvml": a.nvml,
+        "procs_source": a.procs_source,
+        "psutil": a.psutil,
+        "driver": a.driver,
+        "warnings": a.warnings,
+        "cuda_driver": (facts.get("versions") or {}).get("data", {}).get("cuda_driver"),
+        "gpus": [
+            {
+                k: getattr(g, k)
+                for k in (
+                    "index",
+                    "name",
+                    "uuid",
+                    "util_pct",
+                    "mem_used_mib",
+                    "mem_total_mib",
+                    "temp_c",
+                    "power_w",
+                    "power_limit_w",
+                    "sm_clock_mhz",
+                    "throttle",
+                    "ecc_uncorrected",
+                    "processes",
+                )
+            }
+            for g in state.gpus.values()
+        ],
+        "watched_processes": len(state.procs),
+    }
 
 
 def main():

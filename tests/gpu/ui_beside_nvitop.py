@@ -42,8 +42,9 @@ def pane_pid(session: str) -> int:
 
 
 def tmux(session: str, cmd: str) -> None:
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50", "-c", str(ROOT), cmd],
-                   check=True)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50", "-c", str(ROOT), cmd], check=True
+    )
 
 
 def main() -> None:
@@ -51,8 +52,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--label", default="window")
-    ap.add_argument("--top", default="-m nvitop --monitor full --interval 1",
-                    help="nvitop's arguments to this python (a dry run elsewhere may name another tool's command)")
+    ap.add_argument(
+        "--top",
+        default="-m nvitop --monitor full --interval 1",
+        help="nvitop's arguments to this python (a dry run elsewhere may name another tool's command)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     py = sys.executable
@@ -74,8 +78,10 @@ def main() -> None:
         t0, c0 = time.monotonic(), {k: cpu_ns(p) for k, p in pids.items() if p}
         time.sleep(args.seconds)
         t1, c1 = time.monotonic(), {k: cpu_ns(p) for k, p in pids.items() if p}
-        screens = {name: subprocess.run(["tmux", "capture-pane", "-p", "-t", s], capture_output=True, text=True).stdout
-                   for name, s in (("cockpit", ui_s), ("nvitop", top_s))}
+        screens = {
+            name: subprocess.run(["tmux", "capture-pane", "-p", "-t", s], capture_output=True, text=True).stdout
+            for name, s in (("cockpit", ui_s), ("nvitop", top_s))
+        }
     finally:
         subprocess.run(["tmux", "send-keys", "-t", ui_s, "q"], capture_output=True)
         subprocess.run(["tmux", "send-keys", "-t", top_s, "q"], capture_output=True)
@@ -83,9 +89,13 @@ def main() -> None:
         for s in (ui_s, top_s):
             subprocess.run(["tmux", "kill-session", "-t", s], capture_output=True)
     pct = {k: round(100 * (c1[k] - c0[k]) / 1e9 / (t1 - t0), 3) for k in c1}
-    res = {"label": args.label, "seconds": round(t1 - t0, 1), "cpu_pct_of_core": pct,
-           "ui_to_nvitop": round(pct["cockpit UI process"] / pct["nvitop"], 3) if pct.get("nvitop") else None,
-           "screens_at_end": screens}
+    res = {
+        "label": args.label,
+        "seconds": round(t1 - t0, 1),
+        "cpu_pct_of_core": pct,
+        "ui_to_nvitop": round(pct["cockpit UI process"] / pct["nvitop"], 3) if pct.get("nvitop") else None,
+        "screens_at_end": screens,
+    }
     print(json.dumps({k: v for k, v in res.items() if k != "screens_at_end"}, indent=1))
     print(screens["cockpit"])
     if args.json:

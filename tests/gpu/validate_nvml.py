@@ -19,8 +19,12 @@ from cockpit.link.target import parse_target  # noqa: E402
 
 
 def smi(query: str, fields: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
@@ -45,12 +49,23 @@ async def main() -> None:
             dp = abs(ours.power_w - float(g[3]))
             worst["mem_mib"] = max(worst["mem_mib"], dm)
             worst["power_w"] = max(worst["power_w"], round(dp, 1))
-            rows.append({"gpu": i, "agent_mem": ours.mem_used_mib, "smi_mem": int(g[1]),
-                         "agent_total": ours.mem_total_mib, "smi_total": int(g[2]),
-                         "agent_power": ours.power_w, "smi_power": float(g[3]),
-                         "agent_util": ours.util_pct, "smi_util": int(g[4])})
-    procs = [{"pid": p.pid, "title": p.title, "rank": p.rank, "gpus": p.gpus, "gpu_mem_mib": p.gpu_mem_mib}
-             for p in session.state.ranks()]
+            rows.append(
+                {
+                    "gpu": i,
+                    "agent_mem": ours.mem_used_mib,
+                    "smi_mem": int(g[1]),
+                    "agent_total": ours.mem_total_mib,
+                    "smi_total": int(g[2]),
+                    "agent_power": ours.power_w,
+                    "smi_power": float(g[3]),
+                    "agent_util": ours.util_pct,
+                    "smi_util": int(g[4]),
+                }
+            )
+    procs = [
+        {"pid": p.pid, "title": p.title, "rank": p.rank, "gpus": p.gpus, "gpu_mem_mib": p.gpu_mem_mib}
+        for p in session.state.ranks()
+    ]
     smi_apps = {int(a[1]): int(a[2]) for a in apps}
     doc = snapshot_doc(session.state)
     await session.close()
@@ -58,15 +73,20 @@ async def main() -> None:
     print("| gpu | mem used agent / nvidia-smi (MiB) | total agent / smi | power agent / smi (W) | util agent / smi |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['gpu']} | {r['agent_mem']} / {r['smi_mem']} | {r['agent_total']} / {r['smi_total']} | "
-              f"{r['agent_power']} / {r['smi_power']} | {r['agent_util']} / {r['smi_util']} |")
+        print(
+            f"| {r['gpu']} | {r['agent_mem']} / {r['smi_mem']} | {r['agent_total']} / {r['smi_total']} | "
+            f"{r['agent_power']} / {r['smi_power']} | {r['agent_util']} / {r['smi_util']} |"
+        )
     print(f"largest difference: memory {worst['mem_mib']} MiB, power {worst['power_w']} W")
     print("ranks as the agent lists them (pid, title, rank, gpus, GPU MiB) and nvidia-smi's MiB for that pid:")
     for p in procs:
-        print(f"  {p['pid']} {p['title']} rank {p['rank']} gpus {p['gpus']} {p['gpu_mem_mib']} MiB | smi {smi_apps.get(p['pid'])}")
+        print(
+            f"  {p['pid']} {p['title']} rank {p['rank']} gpus {p['gpus']} {p['gpu_mem_mib']} MiB | smi {smi_apps.get(p['pid'])}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "worst": worst, "procs": procs, "smi_apps": smi_apps,
-                                               "snapshot": doc}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"rows": rows, "worst": worst, "procs": procs, "smi_apps": smi_apps, "snapshot": doc}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -95,10 +95,12 @@ class Metrics(http.server.BaseHTTPRequestHandler):
             body, ctype = b"", "text/plain"
         elif self.path.startswith("/metrics"):
             g = self.tokens.value
-            body = (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} {RUNNING}\n"
-                    f"vllm:num_requests_waiting{{engine=\"0\"}} 0\nvllm:kv_cache_usage_perc{{engine=\"0\"}} 0.031\n"
-                    f"# TYPE vllm:generation_tokens_total counter\n"
-                    f"vllm:generation_tokens_total{{engine=\"0\"}} {float(g)}\n").encode()
+            body = (
+                f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {RUNNING}\n'
+                f'vllm:num_requests_waiting{{engine="0"}} 0\nvllm:kv_cache_usage_perc{{engine="0"}} 0.031\n'
+                f"# TYPE vllm:generation_tokens_total counter\n"
+                f'vllm:generation_tokens_total{{engine="0"}} {float(g)}\n'
+            ).encode()
             ctype = "text/plain; version=0.0.4"
         else:
             self.send_response(404)
@@ -112,8 +114,10 @@ class Metrics(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, fmt, *a):  # uvicorn's access line
         with open(self.server.log_path, "a") as log:
-            log.write(f'(APIServer pid={os.getpid()}) INFO:     {self.client_address[0]}:{self.client_address[1]} - '
-                      f'"{self.command} {self.path} HTTP/1.1" {a[1]} OK\n')
+            log.write(
+                f"(APIServer pid={os.getpid()}) INFO:     {self.client_address[0]}:{self.client_address[1]} - "
+                f'"{self.command} {self.path} HTTP/1.1" {a[1]} OK\n'
+            )
 
 
 def main():
@@ -136,19 +140,29 @@ def main():
     os.environ.setdefault("MASTER_PORT", "29533")
     log = open(args.log, "a")
     line(log, "APIServer", "vLLM API server version 0.10.1.1", where="api_server.py:1805")
-    line(log, "APIServer", f"non-default args: {{'model': '/models/tiny', 'port': {args.port}, "
-                           f"'tensor_parallel_size': 2}}", where="utils.py:326")
+    line(
+        log,
+        "APIServer",
+        f"non-default args: {{'model': '/models/tiny', 'port': {args.port}, 'tensor_parallel_size': 2}}",
+        where="utils.py:326",
+    )
     import torch.distributed as dist
 
-    _store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, is_master=True,
-                          wait_for_workers=False)  # the rendezvous, held here from the start
+    _store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, is_master=True, wait_for_workers=False
+    )  # the rendezvous, held here from the start
     ctx = mp.get_context("spawn")
     tokens, ready = ctx.Value("q", 0), ctx.Event()
     procs = [ctx.Process(target=worker, args=(r, 2, args, tokens, ready), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     ready.wait()
-    line(log, "EngineCore_0", "init engine (profile, create kv cache, warmup model) took 3.10 seconds", where="core.py:210")
+    line(
+        log,
+        "EngineCore_0",
+        "init engine (profile, create kv cache, warmup model) took 3.10 seconds",
+        where="core.py:210",
+    )
     Metrics.tokens = tokens
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Metrics)
     server.log_path = args.log
@@ -162,9 +176,13 @@ def main():
         now, g = time.time(), tokens.value
         rate = (g - last_g) / (now - last_t)
         if rate or last_rate:  # vLLM's loggers.py: both zero goes to debug ("avoid log noise")
-            line(log, "APIServer", f"Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
-                                   f"{rate:.1f} tokens/s, Running: {RUNNING} reqs, Waiting: 0 reqs, GPU KV cache "
-                                   f"usage: 3.1%, Prefix cache hit rate: 0.0%")
+            line(
+                log,
+                "APIServer",
+                f"Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+                f"{rate:.1f} tokens/s, Running: {RUNNING} reqs, Waiting: 0 reqs, GPU KV cache "
+                f"usage: 3.1%, Prefix cache hit rate: 0.0%",
+            )
         last_g, last_rate, last_t = g, rate, now
     return 1
 

@@ -8,14 +8,34 @@ from cockpit.read.logrules import line_rank
 def host(ranks, gpus, log=()):
     """ranks: [(rank, cpu_pct)], gpus: [(util, power_w, mem_used_mib)] with rank i on GPU i."""
     st = HostState("t")
-    st.apply({"t": "hello", "gpus": [{"index": i, "mem_total_mib": 143771, "power_limit_w": 700.0}
-                                     for i in range(len(gpus))]})
-    st.apply({"t": "sample", "seq": 1, "gpus": [
-        {"index": i, "util_pct": u, "power_w": p, "mem_used_mib": m, "processes": [[100 + i, m - 8]]}
-        for i, (u, p, m) in enumerate(gpus)],
-        "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "cmdline": [f"sglang::scheduler_TP{r}"],
-                   "status": "R" if cpu > 50 else "S", "cpu_pct": cpu} for r, cpu in ranks],
-        "ports": [{"port": 8000, "listening": False, "pid": None}]})
+    st.apply(
+        {
+            "t": "hello",
+            "gpus": [{"index": i, "mem_total_mib": 143771, "power_limit_w": 700.0} for i in range(len(gpus))],
+        }
+    )
+    st.apply(
+        {
+            "t": "sample",
+            "seq": 1,
+            "gpus": [
+                {"index": i, "util_pct": u, "power_w": p, "mem_used_mib": m, "processes": [[100 + i, m - 8]]}
+                for i, (u, p, m) in enumerate(gpus)
+            ],
+            "procs": [
+                {
+                    "pid": 100 + r,
+                    "ppid": 1,
+                    "name": f"sglang::scheduler_TP{r}",
+                    "cmdline": [f"sglang::scheduler_TP{r}"],
+                    "status": "R" if cpu > 50 else "S",
+                    "cpu_pct": cpu,
+                }
+                for r, cpu in ranks
+            ],
+            "ports": [{"port": 8000, "listening": False, "pid": None}],
+        }
+    )
     st.apply({"t": "log", "path": "/l", "lines": list(log)})
     return st
 
@@ -57,11 +77,27 @@ def test_a_first_look_at_an_old_hang_reads_one_clock_tick_of_a_short_window_as_i
 
     def first_look(cpu):
         st = host([(r, 0.0) for r in range(8)], [(0, 45.0, 78000)] * 8, lines)
-        st.apply({"t": "sample", "seq": 2, "gpus": [
-            {"index": r, "util_pct": 0, "power_w": 45.0, "mem_used_mib": 78000, "processes": [[100 + r, 77000]]}
-            for r in range(8)], "procs": [
-            {"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": cpu(r),
-             "cpu_tick": 20.0} for r in range(8)]})
+        st.apply(
+            {
+                "t": "sample",
+                "seq": 2,
+                "gpus": [
+                    {"index": r, "util_pct": 0, "power_w": 45.0, "mem_used_mib": 78000, "processes": [[100 + r, 77000]]}
+                    for r in range(8)
+                ],
+                "procs": [
+                    {
+                        "pid": 100 + r,
+                        "ppid": 1,
+                        "name": f"sglang::scheduler_TP{r}",
+                        "status": "S",
+                        "cpu_pct": cpu(r),
+                        "cpu_tick": 20.0,
+                    }
+                    for r in range(8)
+                ],
+            }
+        )
         for p in st.procs.values():
             p.started = 400.0
         st.sample_ts, st.logs["/l"].written_at = 1000.0, 700.0  # silent for 300 s
@@ -76,9 +112,11 @@ def test_a_first_look_at_an_old_hang_reads_one_clock_tick_of_a_short_window_as_i
 def test_a_run_hung_before_its_weights_is_stalled_with_only_its_cuda_context_on_the_gpus():
     """vLLM issues #8058, #50430: TP workers stop after `backend=nccl` / `vLLM is using nccl==...`,
     each GPU holding ~0.5 GiB (its CUDA context), CPU and GPU idle: stalled, not watching forever."""
-    lines = ["(Worker pid=359277) INFO 07-30 12:25:05 [parallel_state.py:1615] world_size=2 rank=0 local_rank=0 "
-             "distributed_init_method=tcp://127.0.0.1:33015 backend=nccl",
-             "(Worker pid=359277) INFO 07-30 12:25:10 [pynccl.py:113] vLLM is using nccl==2.28"]
+    lines = [
+        "(Worker pid=359277) INFO 07-30 12:25:05 [parallel_state.py:1615] world_size=2 rank=0 local_rank=0 "
+        "distributed_init_method=tcp://127.0.0.1:33015 backend=nccl",
+        "(Worker pid=359277) INFO 07-30 12:25:10 [pynccl.py:113] vLLM is using nccl==2.28",
+    ]
     st = host([(0, 0.0), (1, 0.0)], [(0, 70.0, 520), (0, 70.0, 518)], lines)
     _, early = settle(Watchdog(idle_s=120), st, 200)
     assert early.name == "watching"  # no model resident: weaker evidence, twice the window
@@ -126,9 +164,14 @@ def test_a_dead_rank_is_crashed_with_its_exit_code():
 
 
 def test_phases_and_line_ranks():
-    st = host([(0, 1.0)], [(0, 45.0, 30000)],
-              ["[2026-11-30 10:00:00 TP0] Load weight begin. avail mem=94 GB",
-               "Loading safetensors checkpoint shards:  45% Completed | 29/64 [00:15<00:19, 1.80it/s]"])
+    st = host(
+        [(0, 1.0)],
+        [(0, 45.0, 30000)],
+        [
+            "[2026-11-30 10:00:00 TP0] Load weight begin. avail mem=94 GB",
+            "Loading safetensors checkpoint shards:  45% Completed | 29/64 [00:15<00:19, 1.80it/s]",
+        ],
+    )
     assert str(phase_of(st, "/l")) == "loading weights 29/64 shards"
     assert line_rank("[2026-11-30 10:00:00 TP3] x") == 3
     assert line_rank("(Worker_TP2 pid=130) INFO x") == 2 and line_rank("[2026-11-30 10:00:00] x") is None
@@ -140,10 +183,17 @@ def test_phases_read_together_in_one_late_sample_each_keep_their_own_time():
     st = host([(0, 1.0)], [(0, 45.0, 30000)])
     dog = Watchdog()
     dog.begin(st, started=10.0)
-    st.apply({"t": "log", "path": "/l", "lines": [
-        "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB",
-        "[2026-11-30 10:00:02 TP0] KV Cache is allocated. #tokens: 1000, K size: 1 GB, V size: 1 GB",
-        "[2026-11-30 10:00:04 TP0] Capture cuda graph begin. This can take up to several minutes."]})
+    st.apply(
+        {
+            "t": "log",
+            "path": "/l",
+            "lines": [
+                "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB",
+                "[2026-11-30 10:00:02 TP0] KV Cache is allocated. #tokens: 1000, K size: 1 GB, V size: 1 GB",
+                "[2026-11-30 10:00:04 TP0] Capture cuda graph begin. This can take up to several minutes.",
+            ],
+        }
+    )
     phase, _ = dog.update(st, 14.0, "/l")
     assert phase.name == "capturing cuda graphs"
     assert dog.phase_times() == {"loading weights": 1.0, "kv cache": 2.0, "capturing cuda graphs": 4.0}
@@ -156,10 +206,15 @@ def test_phases_read_together_in_one_late_sample_each_keep_their_own_time():
 def test_a_first_sight_of_a_run_under_way_keeps_only_its_current_phase():
     """A cockpit opened on a serving run reads the log's tail of phases at once: they are history,
     written before its clock started, never phase times of 0 s (the ledger's typical times)."""
-    st = host([(0, 1.0)], [(0, 45.0, 30000)], [
-        "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB",
-        "[2026-11-30 10:00:02 TP0] KV Cache is allocated. #tokens: 1000, K size: 1 GB, V size: 1 GB",
-        "[2026-11-30 10:09:04 TP0] The server is fired up and ready to roll!"])
+    st = host(
+        [(0, 1.0)],
+        [(0, 45.0, 30000)],
+        [
+            "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=94 GB",
+            "[2026-11-30 10:00:02 TP0] KV Cache is allocated. #tokens: 1000, K size: 1 GB, V size: 1 GB",
+            "[2026-11-30 10:09:04 TP0] The server is fired up and ready to roll!",
+        ],
+    )
     dog = Watchdog()
     dog.update(st, 100.0, "/l")
     assert dog.phase_times() == {"ready": 0.0}
@@ -182,7 +237,10 @@ def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
     dog = Watchdog(slow_factor=3.0, earlier={"loading weights": 30.0})
     dog.update(st, 0.0, "/l")
     early = dog.update(st, 80.0, "/l")[1]  # 80 s < 3 x 30 s: not slow; a silent log is no evidence of progress
-    assert early.name == "watching" and early.evidence[0] == "no sign of progress: log silent for 80 s, and no stall pattern yet"
+    assert (
+        early.name == "watching"
+        and early.evidence[0] == "no sign of progress: log silent for 80 s, and no stall pattern yet"
+    )
     phase, verdict = dog.update(st, 95.0, "/l")
     assert verdict.name == "slow" and "took 30 s" in verdict.evidence[0] and phase.name == "loading weights"
 
@@ -190,16 +248,32 @@ def test_a_phase_several_times_slower_than_earlier_runs_is_slow():
 def test_a_traceback_with_no_header_is_a_crash_only_when_the_processes_say_so():
     """An uncaught exception ends its process; a traceback from a process that went on (every rank alive)
     is evidence, not a crash. `cockpit explain` has no processes: it judges the lines alone."""
-    lines = ["[2026-11-30 10:00:00 TP0] Load weight begin. avail mem=94 GB",
-             "Traceback (most recent call last):",
-             '  File "/x/sglang/srt/utils.py", line 12, in f',
-             "ValueError: boom"]
+    lines = [
+        "[2026-11-30 10:00:00 TP0] Load weight begin. avail mem=94 GB",
+        "Traceback (most recent call last):",
+        '  File "/x/sglang/srt/utils.py", line 12, in f',
+        "ValueError: boom",
+    ]
     st = host([(0, 10.0), (1, 10.0)], [(0, 45.0, 30000)] * 2, lines)
     _, verdict = settle(Watchdog(), st, 1)
     assert verdict.name == "ok"
-    st.apply({"t": "sample", "seq": 2, "gone": [101], "procs": [
-        {"pid": 100, "ppid": 1, "name": "sglang::scheduler_TP0", "cmdline": ["sglang::scheduler_TP0"], "status": "S",
-         "cpu_pct": 0.0}]})
+    st.apply(
+        {
+            "t": "sample",
+            "seq": 2,
+            "gone": [101],
+            "procs": [
+                {
+                    "pid": 100,
+                    "ppid": 1,
+                    "name": "sglang::scheduler_TP0",
+                    "cmdline": ["sglang::scheduler_TP0"],
+                    "status": "S",
+                    "cpu_pct": 0.0,
+                }
+            ],
+        }
+    )
     _, verdict = settle(Watchdog(), st, 2)
     assert verdict.name == "crashed" and any("ValueError: boom" in e for e in verdict.evidence)
 
@@ -227,9 +301,11 @@ def test_busy_gpus_drawing_power_are_evidence_of_progress():
     assert v.name == "ok" and v.evidence[0].startswith("GPUs computing: 2 at 76 % or more, up to 626 W")
 
 
-VLLM_STATS = ("(APIServer pid=1) INFO 12-01 10:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 "
-              "tokens/s, Avg generation throughput: {g} tokens/s, Running: {n} reqs, Waiting: 0 reqs, "
-              "GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%")
+VLLM_STATS = (
+    "(APIServer pid=1) INFO 12-01 10:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 "
+    "tokens/s, Avg generation throughput: {g} tokens/s, Running: {n} reqs, Waiting: 0 reqs, "
+    "GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%"
+)
 
 
 def test_stats_lines_at_zero_throughput_with_requests_running_are_a_stall_since_the_first():
@@ -243,14 +319,15 @@ def test_stats_lines_at_zero_throughput_with_requests_running_are_a_stall_since_
     dog = Watchdog(spin_s=15, idle_s=20, ports=[8000])
     _, v = dog.update(st, 0.0, "/l")
     assert v.name == "stalled-idle" and v.detail == "requests frozen", v
-    assert v.evidence[0].startswith("the engine's stats say 8 requests running at 0 tokens/s since 12-01 10:00:10 (32 s)")
+    assert v.evidence[0].startswith(
+        "the engine's stats say 8 requests running at 0 tokens/s since 12-01 10:00:10 (32 s)"
+    )
     assert v.since == 1000.0 - 42  # from the last work seen (the 10:00:00 line), not the first zero line
     assert "health alone does not prove progress" in v.evidence[-1]
 
 
 def test_a_ready_server_with_nothing_in_flight_is_ok_and_idle():
-    lines = ["[x TP0] The server is fired up and ready to roll!",
-             VLLM_STATS.format(s=0, g="0.0", n=0)]
+    lines = ["[x TP0] The server is fired up and ready to roll!", VLLM_STATS.format(s=0, g="0.0", n=0)]
     st = host([(0, 0.0)], [(0, 80.0, 90000)], lines)
     st.ports = [type(st.ports[0])(8000, True, 100)]
     _, v = settle(Watchdog(spin_s=15, idle_s=20, ports=[8000]), st, 300)
@@ -260,8 +337,9 @@ def test_a_ready_server_with_nothing_in_flight_is_ok_and_idle():
 def test_probe_access_lines_are_no_progress():
     """The cockpit's own /health probes write access lines into vLLM's log every few seconds:
     they prove the HTTP server answers, not that the run moves."""
-    lines = ["[x TP0] Capture cuda graph begin."] + \
-        [f'INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK' for n in range(5)]
+    lines = ["[x TP0] Capture cuda graph begin."] + [
+        f'INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK' for n in range(5)
+    ]
     st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 90000), (0, 80.0, 90000)], lines)
     dog = Watchdog(spin_s=15, idle_s=20)
     dog.update(st, 0.0, "/l")
@@ -280,8 +358,9 @@ def test_a_frozen_stats_line_under_fresh_probe_lines_dates_from_its_own_clock():
     import calendar
 
     stamp = calendar.timegm((2026, 12, 1, 10, 0, 10))
-    lines = [VLLM_STATS.format(s=0, g="512.3", n=8), VLLM_STATS.format(s=10, g="0.0", n=8)] + \
-        [f'(APIServer pid=1) INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK' for n in range(30)]
+    lines = [VLLM_STATS.format(s=0, g="512.3", n=8), VLLM_STATS.format(s=10, g="0.0", n=8)] + [
+        f'(APIServer pid=1) INFO:     127.0.0.1:5{n:04d} - "GET /health HTTP/1.1" 200 OK' for n in range(30)
+    ]
     st = host([(0, 0.0), (1, 0.0)], [(0, 80.0, 9866), (0, 80.0, 9866)], lines)
     st.ports = [type(st.ports[0])(8000, True, 100)]
     st.agent.utc_offset = 3600  # the host's local time is UTC+1: the line's 10:00:10 is 09:00:10 UTC
@@ -303,17 +382,36 @@ def test_a_frozen_stats_line_under_fresh_probe_lines_dates_from_its_own_clock():
 
 def _xid_host(xid=(), gpu_extra=None, dead=(), ts=1_000_000.0):
     st = host([(r, 30.0) for r in range(4)], [(90, 500.0, 80000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1"])
-    st.apply({"t": "sample", "seq": 2, "ts": ts, "gpus": [dict({"index": i}, **(gpu_extra or {}).get(i, {})) for i in range(4)],
-              "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
-                        for r in range(4) if r not in dead],
-              "gone": [100 + r for r in dead], "xid": [list(x) for x in xid]})
+    st.apply(
+        {
+            "t": "sample",
+            "seq": 2,
+            "ts": ts,
+            "gpus": [dict({"index": i}, **(gpu_extra or {}).get(i, {})) for i in range(4)],
+            "procs": [
+                {"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
+                for r in range(4)
+                if r not in dead
+            ],
+            "gone": [100 + r for r in dead],
+            "xid": [list(x) for x in xid],
+        }
+    )
     return st
 
 
 def _more(st, seq, gpus):
-    st.apply({"t": "sample", "seq": seq, "gpus": gpus,
-              "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
-                        for r in range(4)]})
+    st.apply(
+        {
+            "t": "sample",
+            "seq": seq,
+            "gpus": gpus,
+            "procs": [
+                {"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S", "cpu_pct": 30.0}
+                for r in range(4)
+            ],
+        }
+    )
 
 
 def test_a_rank_dead_after_an_xid_on_its_gpu_is_crashed_naming_the_xid():
@@ -368,16 +466,25 @@ def test_growing_nvlink_replays_read_slow_and_stopped_ones_do_not():
 def test_xid_events_survive_a_reconnected_agent_and_bad_rows_are_dropped():
     st = _xid_host(xid=[(3, 999_990.0, 79, None)])
     st.apply({"t": "sample", "seq": 3, "xid": []})  # a new agent after a reconnect: it heard nothing yet
-    st.apply({"t": "sample", "seq": 4, "xid": [[1, 999_995.0, 13, 77], ["x", 1, 2, 3], [1, 999_995.2, 13, 77],
-                                             [3, 999_990.4, 79, None]]})  # the kernel log read again by the new agent
+    st.apply(
+        {
+            "t": "sample",
+            "seq": 4,
+            "xid": [[1, 999_995.0, 13, 77], ["x", 1, 2, 3], [1, 999_995.2, 13, 77], [3, 999_990.4, 79, None]],
+        }
+    )  # the kernel log read again by the new agent
     assert [(e.gpu, e.code, e.pid) for e in st.xid] == [(3, 79, None), (1, 13, 77)] and st.dropped["xid"] == 1
 
 
 def test_ranks_that_hit_the_watchdog_in_the_same_second_are_said_together():
     """All eight ranks' NCCL watchdog timeouts in one second: the live verdict names no first of them."""
-    line = ("[rank{r}]:[E223 11:14:34.99{r}762039 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
-            "operation timeout: WorkNCCL(SeqNum=91885, OpType=ALLREDUCE) ran for 600037 milliseconds before timing out.")
-    st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, [line.format(r=r) for r in (4, 0, 1, 2, 3, 5, 6, 7)])
+    line = (
+        "[rank{r}]:[E223 11:14:34.99{r}762039 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=91885, OpType=ALLREDUCE) ran for 600037 milliseconds before timing out."
+    )
+    st = host(
+        [(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8, [line.format(r=r) for r in (4, 0, 1, 2, 3, 5, 6, 7)]
+    )
     _, verdict = settle(Watchdog(), st, 1)
     assert verdict.name == "crashed" and verdict.odd_rank is None
     assert verdict.evidence[0] == "all 8 ranks together: nccl-timeout"
@@ -386,16 +493,36 @@ def test_ranks_that_hit_the_watchdog_in_the_same_second_are_said_together():
 def test_ranks_gone_after_a_stop_the_log_tells_are_stopped_not_crashed():
     """SGLang's tokenizer manager says it received the operator's SIGTERM (its sigterm_handler's words); the
     scheduler's error and the ranks going after it are its shutdown's. A failure before the stop is a crash."""
-    stop = ("[2026-12-01 10:00:00] SIGTERM received. signum=<Signals.SIGTERM: 15> frame=None. Draining requests and "
-            "shutting down...")
+    stop = (
+        "[2026-12-01 10:00:00] SIGTERM received. signum=<Signals.SIGTERM: 15> frame=None. Draining requests and "
+        "shutting down..."
+    )
     err = "[2026-12-01 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):"
-    st = host([(r, 10.0) for r in range(4)], [(0, 45.0, 30000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1", stop, err])
-    st.apply({"t": "sample", "seq": 2, "gpus": [{"index": i} for i in range(4)], "procs": [],
-              "gone": [100 + r for r in range(4)]})
+    st = host(
+        [(r, 10.0) for r in range(4)], [(0, 45.0, 30000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1", stop, err]
+    )
+    st.apply(
+        {
+            "t": "sample",
+            "seq": 2,
+            "gpus": [{"index": i} for i in range(4)],
+            "procs": [],
+            "gone": [100 + r for r in range(4)],
+        }
+    )
     phase, verdict = Watchdog().update(st, 1.0, "/l")
     assert verdict.name == "stopped" and verdict.odd_rank is None, verdict
     assert "SIGTERM" in verdict.evidence[0] and phase.name != "crashed"
-    st2 = host([(r, 10.0) for r in range(4)], [(0, 45.0, 30000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1", err, stop])
-    st2.apply({"t": "sample", "seq": 2, "gpus": [{"index": i} for i in range(4)], "procs": [],
-               "gone": [100 + r for r in range(4)]})
+    st2 = host(
+        [(r, 10.0) for r in range(4)], [(0, 45.0, 30000)] * 4, ["[2026 TP0] Decode batch. #running-req: 1", err, stop]
+    )
+    st2.apply(
+        {
+            "t": "sample",
+            "seq": 2,
+            "gpus": [{"index": i} for i in range(4)],
+            "procs": [],
+            "gone": [100 + r for r in range(4)],
+        }
+    )
     assert Watchdog().update(st2, 1.0, "/l")[1].name == "crashed"

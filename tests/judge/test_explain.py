@@ -28,8 +28,10 @@ def header(path: Path) -> tuple[str, dict[str, str], list[str]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     assert lines[0].startswith("# source: https://github.com/"), f"{path.name}: first line must name its source"
     assert lines[1].startswith("# expect: "), f"{path.name}: second line must say what to expect"
-    expect = dict(item.split("=", 1) for item in shlex.split(lines[1][len("# expect: "):]))
-    assert {"engine", "phase", "verdict", "rank"} <= expect.keys(), f"{path.name}: expect needs engine, phase, verdict, rank"
+    expect = dict(item.split("=", 1) for item in shlex.split(lines[1][len("# expect: ") :]))
+    assert {"engine", "phase", "verdict", "rank"} <= expect.keys(), (
+        f"{path.name}: expect needs engine, phase, verdict, rank"
+    )
     return lines[0], expect, lines[2:]
 
 
@@ -58,8 +60,13 @@ def test_real_log(path):
     _, expect, lines = header(path)
     result = explain(lines)
     verdict = result["verdict"]
-    got = {"engine": none(result["engine"]), "phase": none(result["phase"]), "verdict": verdict["name"],
-           "rank": none(verdict["rank"]), "cause": none(verdict["cause"])}
+    got = {
+        "engine": none(result["engine"]),
+        "phase": none(result["phase"]),
+        "verdict": verdict["name"],
+        "rank": none(verdict["rank"]),
+        "cause": none(verdict["cause"]),
+    }
     for key in ("engine", "phase", "verdict", "rank", "cause"):
         if key in expect:
             assert got[key] == expect[key], f"{path.name}: {key} {got[key]!r}, expected {expect[key]!r}"
@@ -90,18 +97,48 @@ def test_json_shape(capsys):
     path = CORPUS / "sglang-tp1-capture-graph-exception.log"
     assert cmd_explain(argparse.Namespace(log=str(path), engine="auto", json=True)) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"engine", "detected", "lines", "phase", "verdict", "ranks", "timeline", "failures", "last_time",
-                        "silent_s", "window_s", "findings"}
-    assert set(doc["verdict"]) == {"name", "rank", "cause", "line", "time", "evidence", "evidence_lines", "together",
-                                   "all_ranks"}
+    assert set(doc) == {
+        "engine",
+        "detected",
+        "lines",
+        "phase",
+        "verdict",
+        "ranks",
+        "timeline",
+        "failures",
+        "last_time",
+        "silent_s",
+        "window_s",
+        "findings",
+    }
+    assert set(doc["verdict"]) == {
+        "name",
+        "rank",
+        "cause",
+        "line",
+        "time",
+        "evidence",
+        "evidence_lines",
+        "together",
+        "all_ranks",
+    }
     assert doc["phase"] == "capturing cuda graphs" and doc["verdict"]["name"] == "crashed"
     # the header lines count as lines of the file: line numbers are the file's
-    assert [m["phase"] for m in doc["timeline"]] == ["loading weights", "weights loaded", "kv cache",
-                                                     "capturing cuda graphs"]
+    assert [m["phase"] for m in doc["timeline"]] == [
+        "loading weights",
+        "weights loaded",
+        "kv cache",
+        "capturing cuda graphs",
+    ]
     assert doc["timeline"][1] == {"phase": "weights loaded", "line": 5, "time": "2025-06-19 15:12:27"}
     assert doc["verdict"]["line"] == 11 and doc["verdict"]["time"] == "2025-06-19 15:12:27"
-    assert doc["failures"][0] == {"line": 11, "rank": None, "cause": "exception", "consequence": False,
-                                  "text": "[2025-06-19 15:12:27] Scheduler hit an exception: Traceback (most recent call last):"}
+    assert doc["failures"][0] == {
+        "line": 11,
+        "rank": None,
+        "cause": "exception",
+        "consequence": False,
+        "text": "[2025-06-19 15:12:27] Scheduler hit an exception: Traceback (most recent call last):",
+    }
     assert doc["last_time"] == "2025-06-19 15:12:27"
 
 
@@ -130,7 +167,11 @@ def test_a_gzipped_log(tmp_path):
     gz = tmp_path / "server.log.gz"
     gz.write_bytes(gzip.compress(src.read_bytes()))
     result = explain(read_log(str(gz)))
-    assert (result["verdict"]["name"], result["verdict"]["rank"], result["verdict"]["cause"]) == ("crashed", 0, "killed")
+    assert (result["verdict"]["name"], result["verdict"]["rank"], result["verdict"]["cause"]) == (
+        "crashed",
+        0,
+        "killed",
+    )
 
 
 def test_a_truncated_gzip_is_one_line_error(tmp_path):
@@ -149,8 +190,10 @@ def test_stdin(monkeypatch):
 
 def test_bytes_that_are_not_utf8_are_replaced(tmp_path):
     path = tmp_path / "latin1.log"
-    path.write_bytes(b"[2025-02-22 08:19:45 TP0] Load weight begin. caf\xe9\n"
-                     b"[2025-02-22 08:19:46 TP0] Scheduler hit an exception: \xff\xfe\n")
+    path.write_bytes(
+        b"[2025-02-22 08:19:45 TP0] Load weight begin. caf\xe9\n"
+        b"[2025-02-22 08:19:46 TP0] Scheduler hit an exception: \xff\xfe\n"
+    )
     lines = list(read_log(str(path)))
     assert lines[0].endswith("caf\ufffd")
     result = explain(lines)
@@ -160,8 +203,10 @@ def test_bytes_that_are_not_utf8_are_replaced(tmp_path):
 def test_crlf_line_ends(tmp_path):
     path = tmp_path / "crlf.log"
     path.write_bytes(b"[2025-02-22 08:19:45 TP0] Load weight begin.\r\n[2025-02-22 08:19:46 TP0] Load weight end.\r\n")
-    assert list(read_log(str(path))) == ["[2025-02-22 08:19:45 TP0] Load weight begin.",
-                                         "[2025-02-22 08:19:46 TP0] Load weight end."]
+    assert list(read_log(str(path))) == [
+        "[2025-02-22 08:19:45 TP0] Load weight begin.",
+        "[2025-02-22 08:19:46 TP0] Load weight end.",
+    ]
 
 
 def test_a_missing_file_is_one_line_naming_it_and_the_fix(tmp_path):
@@ -202,21 +247,27 @@ def test_a_log_silent_short_of_ready_is_stalled_if_it_is_the_live_log(tmp_path, 
     import time as _time
 
     log = tmp_path / "run.log"
-    log.write_text("[2026-12-01 10:00:00 TP0] Load weight begin. avail mem=94 GB\n"
-                   "[2026-12-01 10:00:30 TP0] Capture draft cuda graph begin. This can take up to several minutes.\n")
+    log.write_text(
+        "[2026-12-01 10:00:00 TP0] Load weight begin. avail mem=94 GB\n"
+        "[2026-12-01 10:00:30 TP0] Capture draft cuda graph begin. This can take up to several minutes.\n"
+    )
     old = _time.time() - 180
     os.utime(log, (old, old))
     rc, doc = _run(log, capsys)
     assert rc == 0 and doc["verdict"]["name"] == "stalled" and doc["verdict"]["cause"] == "silent"
     assert doc["phase"] == "capturing draft cuda graphs" and 179 <= doc["silent_s"] < 240
     rc, text = _run(log, capsys, json_out=False)
-    assert "verdict: stalled: silent for 3 min at 'capturing draft cuda graphs' (threshold 60 s), short of ready " \
-           "(if this is the live log)" in text
+    assert (
+        "verdict: stalled: silent for 3 min at 'capturing draft cuda graphs' (threshold 60 s), short of ready "
+        "(if this is the live log)" in text
+    )
     os.utime(log, None)  # written just now: a launch under way, no failure
     assert _run(log, capsys)[1]["verdict"]["name"] == "ok"
     ready = tmp_path / "ready.log"  # a server that came up and went quiet is not stalled by its silence
-    ready.write_text("[2026-12-01 10:00:00 TP0] Load weight begin.\n[2026-12-01 10:01:00] The server is fired up and "
-                     "ready to roll!\n")
+    ready.write_text(
+        "[2026-12-01 10:00:00 TP0] Load weight begin.\n[2026-12-01 10:01:00] The server is fired up and "
+        "ready to roll!\n"
+    )
     os.utime(ready, (old, old))
     assert _run(ready, capsys)[1]["verdict"]["name"] == "ok"
 
@@ -243,8 +294,9 @@ def test_a_large_file_shows_its_progress_on_a_terminal_only(tmp_path):
     log.write_text("[2026-12-01 10:00:00 TP0] Load weight begin.\n" + line * ((11 << 20) // len(line)))
     master, slave = os.openpty()
     try:
-        proc = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log)], stdout=subprocess.PIPE,
-                              stderr=slave, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "cockpit", "explain", str(log)], stdout=subprocess.PIPE, stderr=slave, timeout=600
+        )
         os.close(slave)
         seen = b""
         while True:

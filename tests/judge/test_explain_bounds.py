@@ -48,8 +48,14 @@ def test_a_200_mb_line_without_a_newline_from_a_sparse_file_and_a_pipe(tmp_path)
     base = baseline_kib()
     doc = explain_in_child(str(sparse))
     assert doc["lines"] == 2 and doc["maxrss_kib"] < base + 32 * 1024
-    feeder = subprocess.Popen([sys.executable, "-c", "import sys\nchunk = b'x' * (1 << 20)\n"
-                               "for _ in range(200):\n    sys.stdout.buffer.write(chunk)\n"], stdout=subprocess.PIPE)
+    feeder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(200):\n    sys.stdout.buffer.write(chunk)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         doc = explain_in_child("-", stdin=feeder.stdout)
     finally:

@@ -115,8 +115,10 @@ def test_ranks_still_in_waits_are_seen_so_by_two_non_blocking_dumps(waiters):
     assert said.startswith("stacks unchanged across two dumps 1 s apart, all in waits: rank 0 in a collective")
 
 
-@pytest.mark.parametrize("busy, why", [("read_shard", "reading"), ("compile_kernels", "not in a wait"),
-                                       ("rendezvous_wait_for_nodes", "in a rendezvous")])
+@pytest.mark.parametrize(
+    "busy, why",
+    [("read_shard", "reading"), ("compile_kernels", "not in a wait"), ("rendezvous_wait_for_nodes", "in a rendezvous")],
+)
 def test_a_rank_reading_computing_or_in_a_rendezvous_is_never_still(waiters, busy, why):
     """A weight load from a slow disk (its read bytes grow), a JIT on the CPU, a rendezvous waiting
     for a late node: healthy however quiet the log; the look says why it is no stall."""
@@ -131,21 +133,43 @@ def test_a_rank_reading_computing_or_in_a_rendezvous_is_never_still(waiters, bus
 
 def host(port_open=False, lines=("[2026 TP0] Capture draft cuda graph begin.",), ranks=4):
     st = HostState("t")
-    st.apply({"t": "hello", "gpus": [{"index": i, "mem_total_mib": 97887, "power_limit_w": 600.0} for i in range(ranks)]})
-    st.apply({"t": "sample", "seq": 1, "gpus": [
-        {"index": i, "util_pct": 0, "power_w": 40.0, "mem_used_mib": 80000, "processes": [[100 + i, 79000]]}
-        for i in range(ranks)],
-        "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "cmdline": [f"sglang::scheduler_TP{r}"],
-                   "status": "S", "cpu_pct": 0.0} for r in range(ranks)],
-        "ports": [{"port": 8000, "listening": port_open, "pid": 100 if port_open else None}]})
+    st.apply(
+        {"t": "hello", "gpus": [{"index": i, "mem_total_mib": 97887, "power_limit_w": 600.0} for i in range(ranks)]}
+    )
+    st.apply(
+        {
+            "t": "sample",
+            "seq": 1,
+            "gpus": [
+                {"index": i, "util_pct": 0, "power_w": 40.0, "mem_used_mib": 80000, "processes": [[100 + i, 79000]]}
+                for i in range(ranks)
+            ],
+            "procs": [
+                {
+                    "pid": 100 + r,
+                    "ppid": 1,
+                    "name": f"sglang::scheduler_TP{r}",
+                    "cmdline": [f"sglang::scheduler_TP{r}"],
+                    "status": "S",
+                    "cpu_pct": 0.0,
+                }
+                for r in range(ranks)
+            ],
+            "ports": [{"port": 8000, "listening": port_open, "pid": 100 if port_open else None}],
+        }
+    )
     st.apply({"t": "log", "path": "/l", "lines": list(lines)})
     st.logs["/l"].last_line_at = 0.0
     return st
 
 
 def still(at: float, ranks=4, odd=None) -> StackLook:
-    look = StackLook(at, 4.0, {r: "a collective (Rank.all_reduce)" for r in range(ranks)},
-                     {r: "Condition.wait (synchronize.py:268)" for r in range(ranks)})
+    look = StackLook(
+        at,
+        4.0,
+        {r: "a collective (Rank.all_reduce)" for r in range(ranks)},
+        {r: "Condition.wait (synchronize.py:268)" for r in range(ranks)},
+    )
     if odd is not None:
         look.waits[odd], look.where[odd] = "a sleep in a wait loop", "wait_for_graph_pool (server.py:265)"
         look.odd_rank, look.odd_said = odd, [f"rank {odd} not in Rank.all_reduce"]
@@ -186,6 +210,7 @@ def test_spinning_gpus_and_a_look_where_no_rank_moved_is_stalled_spinning_in_sec
     """Ranks 0-2's GPUs poll a flag at 100 % and low power, rank 3's is idle, the log silent: a
     look where no rank moved and the others wait in the collective is stalled-spinning, rank 3
     named, long before the 60 s spin window; a look where rank 3 moved calls nothing."""
+
     def spinning() -> HostState:
         st = host()
         for i in range(3):
@@ -261,8 +286,13 @@ def access(path: str, status: int, method: str = "GET") -> str:
 def test_access_lines_that_make_no_token_are_not_work():
     """A hung server's front end answers 404s, probes and model lists: never `the log shows work`.
     A completion answered is."""
-    for line in (access("/v1/completions/x", 404, "POST"), access("/v1/models", 200), access("/metrics", 200),
-                 access("/nothing", 404), access("/v1/completions", 400, "POST")):
+    for line in (
+        access("/v1/completions/x", 404, "POST"),
+        access("/v1/models", 200),
+        access("/metrics", 200),
+        access("/nothing", 404),
+        access("/v1/completions", 400, "POST"),
+    ):
         dog = Watchdog(ports=[8000])
         st = host(port_open=True)
         dog.update(st, 0.0, "/l")

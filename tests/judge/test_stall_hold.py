@@ -11,17 +11,36 @@ RANKS = 4
 
 def spinning_host():
     """Every GPU at 100 % drawing 120 W of 700 W (a collective polling), rank 2's CPU idle."""
-    return host([(0, 100.0), (1, 100.0), (2, 3.0), (3, 100.0)], [(100, 120.0, 9866)] * RANKS,
-                ["[x TP0] Decode batch. step 5000"])
+    return host(
+        [(0, 100.0), (1, 100.0), (2, 3.0), (3, 100.0)],
+        [(100, 120.0, 9866)] * RANKS,
+        ["[x TP0] Decode batch. step 5000"],
+    )
 
 
 def sample(st, util, power, cpu):
     """The next sample: every GPU at `util` % drawing `power` W, every rank's CPU at `cpu` %."""
-    st.apply({"t": "sample", "seq": st.seq + 1, "gpus": [
-        {"index": i, "util_pct": util, "power_w": power, "mem_used_mib": 9866, "processes": [[100 + i, 9858]]}
-        for i in range(RANKS)],
-        "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "cmdline": [f"sglang::scheduler_TP{r}"],
-                   "status": "R" if cpu > 50 else "S", "cpu_pct": cpu} for r in range(RANKS)]})
+    st.apply(
+        {
+            "t": "sample",
+            "seq": st.seq + 1,
+            "gpus": [
+                {"index": i, "util_pct": util, "power_w": power, "mem_used_mib": 9866, "processes": [[100 + i, 9858]]}
+                for i in range(RANKS)
+            ],
+            "procs": [
+                {
+                    "pid": 100 + r,
+                    "ppid": 1,
+                    "name": f"sglang::scheduler_TP{r}",
+                    "cmdline": [f"sglang::scheduler_TP{r}"],
+                    "status": "R" if cpu > 50 else "S",
+                    "cpu_pct": cpu,
+                }
+                for r in range(RANKS)
+            ],
+        }
+    )
 
 
 def test_every_gpu_polling_names_the_odd_rank_by_its_cpu():
@@ -29,11 +48,15 @@ def test_every_gpu_polling_names_the_odd_rank_by_its_cpu():
     assert (verdict.name, verdict.odd_rank) == ("stalled-spinning", 2)
     assert verdict.evidence[:2] == [
         "GPU of ranks 0,1,2,3 at 100 % utilization drawing 120 W of 700 W: a kernel polling, not computing (a "
-        "collective that never completes)", "rank 2 is the odd one out: CPU 3 % against 100 % for the others"]
+        "collective that never completes)",
+        "rank 2 is the odd one out: CPU 3 % against 100 % for the others",
+    ]
 
 
 def test_no_odd_rank_when_the_cpus_do_not_single_one_out():
-    st = host([(0, 100.0), (1, 100.0), (2, 3.0), (3, 3.0)], [(100, 120.0, 9866)] * RANKS, ["[x TP0] Decode batch. step 5000"])
+    st = host(
+        [(0, 100.0), (1, 100.0), (2, 3.0), (3, 3.0)], [(100, 120.0, 9866)] * RANKS, ["[x TP0] Decode batch. step 5000"]
+    )
     _, verdict = settle(Watchdog(spin_s=15), st, 16)
     assert (verdict.name, verdict.odd_rank) == ("stalled-spinning", None)
     assert not any("odd one out" in e for e in verdict.evidence), verdict.evidence
@@ -78,8 +101,16 @@ def test_a_run_whose_ranks_are_gone_is_not_held_stalled():
     st = spinning_host()
     dog = Watchdog(spin_s=15)
     settle(dog, st, 16)
-    st.apply({"t": "sample", "seq": st.seq + 1, "gone": [100 + r for r in range(RANKS)], "procs": [],
-              "gpus": [{"index": i, "util_pct": 0, "power_w": 45.0, "mem_used_mib": 0, "processes": []}
-                       for i in range(RANKS)]})
+    st.apply(
+        {
+            "t": "sample",
+            "seq": st.seq + 1,
+            "gone": [100 + r for r in range(RANKS)],
+            "procs": [],
+            "gpus": [
+                {"index": i, "util_pct": 0, "power_w": 45.0, "mem_used_mib": 0, "processes": []} for i in range(RANKS)
+            ],
+        }
+    )
     _, verdict = dog.update(st, 17.0, "/l")
     assert verdict.name == "crashed", verdict

@@ -16,10 +16,17 @@ from cockpit.ui.app import CockpitApp, save_text
 
 def cockpit_over(server: Sshd, sim_state, python: str = sys.executable) -> CockpitApp:
     """The cockpit on the simulated host behind this sshd, at a 0.5 s refresh."""
-    monitor = HostMonitor(parse_target("cockpit-test"),
-                          SessionOptions(python=python, interval=0.5, sim_state=str(sim_state),
-                                         ssh_config=str(server.client_config), known_hosts=str(server.known_hosts)),
-                          watch=WatchList(patterns=["sglang::*"]))
+    monitor = HostMonitor(
+        parse_target("cockpit-test"),
+        SessionOptions(
+            python=python,
+            interval=0.5,
+            sim_state=str(sim_state),
+            ssh_config=str(server.client_config),
+            known_hosts=str(server.known_hosts),
+        ),
+        watch=WatchList(patterns=["sglang::*"]),
+    )
     return CockpitApp(monitor=monitor)
 
 
@@ -40,7 +47,9 @@ async def test_link_loss_is_said_then_the_cockpit_reconnects_on_its_own(tmp_path
             await until(pilot, lambda: app.state.seq > 1 and rank.pid in app.state.procs, 20)
             first_agent = app.state.agent.pid
             kill_sshd_and_its_connections(server)
-            await until(pilot, lambda: app.state.link_state.startswith("lost"), 5.0)  # the connection reset: said at once
+            await until(
+                pilot, lambda: app.state.link_state.startswith("lost"), 5.0
+            )  # the connection reset: said at once
             await pilot.pause(0.3)
             text = save_text(app, None)
             assert "link lost, retrying (1)" in text
@@ -136,11 +145,17 @@ async def test_a_host_that_hangs_during_the_first_requests_is_not_waited_on(tmp_
             raise
 
     try:
-        monitor = HostMonitor(parse_target("cockpit-test"),
-                              SessionOptions(python=sys.executable, interval=0.5, sim_state=str(sim_state),
-                                             ssh_config=str(server.client_config),
-                                             known_hosts=str(server.known_hosts)),
-                              on_connect=hangs_then_asks)
+        monitor = HostMonitor(
+            parse_target("cockpit-test"),
+            SessionOptions(
+                python=sys.executable,
+                interval=0.5,
+                sim_state=str(sim_state),
+                ssh_config=str(server.client_config),
+                known_hosts=str(server.known_hosts),
+            ),
+            on_connect=hangs_then_asks,
+        )
         try:
             await monitor.open(kept=True)
             assert monitor.state.agent.pid in frozen
@@ -156,7 +171,8 @@ async def test_a_host_that_hangs_during_the_first_requests_is_not_waited_on(tmp_
 
 
 async def test_host_python_losing_its_packages_then_vanishing_between_connects_is_said_and_survived(
-        tmp_path, sim_state, ranks):
+    tmp_path, sim_state, ranks
+):
     """The agent is killed; before the cockpit reconnects, the host's interpreter loses its site
     packages (psutil, pynvml: the agent needs neither), then disappears, then comes back: the first
     retry succeeds, the second says why in one line, and the cockpit recovers."""
@@ -166,7 +182,7 @@ async def test_host_python_losing_its_packages_then_vanishing_between_connects_i
     def host_python(flags: str | None) -> None:
         python.unlink(missing_ok=True)
         if flags is not None:
-            python.write_text(f"#!/bin/sh\nexec {sys.executable} {flags} \"$@\"\n")
+            python.write_text(f'#!/bin/sh\nexec {sys.executable} {flags} "$@"\n')
             python.chmod(0o755)
 
     host_python("")
@@ -214,8 +230,19 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
 
     log = tmp_path / "server.log"
     port = free_port()
-    argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port), "--sim-speed", "4",
-            "--sim-shm-dir", str(tmp_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "cockpit.sim.server",
+        "--tp-size",
+        "4",
+        "--port",
+        str(port),
+        "--sim-speed",
+        "4",
+        "--sim-shm-dir",
+        str(tmp_path),
+    ]
     env = {**os.environ, "COCKPIT_SIM_STATE": str(sim_state)}
 
     def start_by_hand():
@@ -223,10 +250,12 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
 
     first = start_by_hand()
     layout = replace(resolve_layout("demo"), ports=[port], log=str(log), name=f"by-hand-{port}")
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), layout,
-                          watch=WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)],
-                                          ports=[port]))
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        layout,
+        watch=WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"], logs=[str(log)], ports=[port]),
+    )
     state = monitor.state
     second = None
     try:
@@ -242,11 +271,16 @@ async def test_a_server_restarted_outside_the_cockpit_is_a_new_run_not_a_crash(s
         live = {p.pid for p in state.ranks()}
         assert len(live) == 4 and not live & old  # the old ranks are dropped, not shown as dead ranks of this run
         assert all(p.pgid == second.pid for p in state.ranks())
-        assert "a new run appeared (process group %d): the previous run's 4 ranks are gone" % second.pid in \
-            state.notes[-1]
+        assert (
+            "a new run appeared (process group %d): the previous run's 4 ranks are gone" % second.pid in state.notes[-1]
+        )
         assert monitor.verdict.name != "crashed"
-        await wait_for(lambda: monitor.phase.name in ("ready", "serving"), 40, "the new run's phases followed",
-                       lambda: (monitor.phase, monitor.verdict, [(p.pid, p.rank, p.alive) for p in state.ranks()]))
+        await wait_for(
+            lambda: monitor.phase.name in ("ready", "serving"),
+            40,
+            "the new run's phases followed",
+            lambda: (monitor.phase, monitor.verdict, [(p.pid, p.rank, p.alive) for p in state.ranks()]),
+        )
     finally:
         kill_groups(proc.pid for proc in (first, second) if proc is not None)
         await monitor.close()
@@ -258,8 +292,11 @@ async def test_a_one_shot_session_waits_out_a_busy_host(sim_state):
     import asyncio
     import signal
 
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), WatchList(patterns=[]))
+    session = HostSession(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        WatchList(patterns=[]),
+    )
     await session.connect()
     try:
         await session.wait_samples(2)

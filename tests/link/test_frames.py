@@ -27,7 +27,7 @@ def test_line_reader_returns_whole_lines_whatever_the_chunks_and_skips_only_the_
         async def read(n):
             nonlocal pos
             k = min(n, rng.randint(1, 4000))
-            out = data[pos:pos + k]
+            out = data[pos : pos + k]
             pos += k
             return out
 
@@ -80,8 +80,11 @@ def test_a_5_mib_line_arrives_whole_and_an_over_long_one_is_said_through_the_loc
 
 
 def test_a_5_mib_line_arrives_whole_and_an_over_long_one_is_said_through_the_real_sshd(sshd):
-    asyncio.run(_through(SshLink(parse_target("cockpit-test"), ssh_config=str(sshd.client_config),
-                                 known_hosts=str(sshd.known_hosts))))
+    asyncio.run(
+        _through(
+            SshLink(parse_target("cockpit-test"), ssh_config=str(sshd.client_config), known_hosts=str(sshd.known_hosts))
+        )
+    )
 
 
 def test_max_frame_is_64_mib():
@@ -98,8 +101,12 @@ def test_a_real_agents_3_mib_answer_arrives_whole(where, sshd, tmp_path, sim_sta
         (folder / (f"{i:05d}-" + "n" * 200)).touch()
     if where == "ssh":
         target = parse_target("cockpit-test")
-        opts = SessionOptions(python=sys.executable, ssh_config=str(sshd.client_config),
-                              known_hosts=str(sshd.known_hosts), sim_state=str(sim_state))
+        opts = SessionOptions(
+            python=sys.executable,
+            ssh_config=str(sshd.client_config),
+            known_hosts=str(sshd.known_hosts),
+            sim_state=str(sim_state),
+        )
     else:
         target, opts = parse_target("local"), SessionOptions(python=sys.executable, sim_state=str(sim_state))
 

@@ -17,8 +17,14 @@ from cockpit.link.target import parse_target
 
 
 def config(sshd, path, *extra: str, alias: str = "kh") -> str:
-    lines = [f"Host {alias}", "    HostName 127.0.0.1", f"    Port {sshd.port}", f"    User {sshd.user}",
-             f"    IdentityFile {sshd.root}/client_key", "    IdentitiesOnly yes"]
+    lines = [
+        f"Host {alias}",
+        "    HostName 127.0.0.1",
+        f"    Port {sshd.port}",
+        f"    User {sshd.user}",
+        f"    IdentityFile {sshd.root}/client_key",
+        "    IdentitiesOnly yes",
+    ]
     lines += [f"    {x}" for x in extra]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -54,13 +60,16 @@ def keys(sshd, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
     real = asyncssh.read_public_key(str(sshd.root / "host_key.pub"))
     other = asyncssh.read_public_key(str(tmp_path / "other.pub"))
-    line = lambda key, host=f"[127.0.0.1]:{sshd.port}": f"{host} {' '.join(key.export_public_key('openssh').decode().split()[:2])}\n"
+    line = lambda key, host=f"[127.0.0.1]:{sshd.port}": (
+        f"{host} {' '.join(key.export_public_key('openssh').decode().split()[:2])}\n"
+    )
     return real, other, line
 
 
 @pytest.mark.parametrize("accept_new", [False, True])
 def test_a_changed_key_in_the_config_named_user_file_is_refused_with_both_fingerprints_and_the_line(
-        sshd, tmp_path, keys, accept_new):
+    sshd, tmp_path, keys, accept_new
+):
     real, other, line = keys
     known = tmp_path / "config_named_known_hosts"
     known.write_text("# comment\n" + line(other))
@@ -76,8 +85,9 @@ def test_a_changed_key_in_the_global_file_is_refused(sshd, tmp_path, keys, accep
     real, other, line = keys
     glob = tmp_path / "ssh_known_hosts"
     glob.write_text(line(other))
-    cfg = config(sshd, tmp_path / "cfg", f"UserKnownHostsFile {tmp_path / 'missing_user_file'}",
-                 f"GlobalKnownHostsFile {glob}")
+    cfg = config(
+        sshd, tmp_path / "cfg", f"UserKnownHostsFile {tmp_path / 'missing_user_file'}", f"GlobalKnownHostsFile {glob}"
+    )
     msg = refused(cfg, "HOST KEY CHANGED", accept_new=accept_new)
     assert f"{glob}:1" in msg and real.get_fingerprint() in msg and other.get_fingerprint() in msg
     assert not (tmp_path / "missing_user_file").exists()
@@ -111,8 +121,9 @@ def test_a_revoked_key_is_refused_even_when_also_listed_as_known(sshd, tmp_path,
 def test_accept_new_records_the_key_in_the_file_the_config_names(sshd, tmp_path, keys):
     real, other, line = keys
     named = tmp_path / "dir" / "named_known_hosts"
-    cfg = config(sshd, tmp_path / "cfg", f"UserKnownHostsFile {named} {tmp_path / 'second'}",
-                 "GlobalKnownHostsFile /dev/null")
+    cfg = config(
+        sshd, tmp_path / "cfg", f"UserKnownHostsFile {named} {tmp_path / 'second'}", "GlobalKnownHostsFile /dev/null"
+    )
     msg = refused(cfg, "unknown host key")
     assert real.get_fingerprint() in msg and f"record it in {named}" in msg and not named.exists()
     assert connect(cfg, accept_new=True) == []
@@ -124,10 +135,23 @@ def test_accept_new_records_the_key_in_the_file_the_config_names(sshd, tmp_path,
 def test_strict_host_key_checking_accept_new_in_the_config_records_and_yes_refuses(sshd, tmp_path, keys):
     real, other, line = keys
     named = tmp_path / "named"
-    refused(config(sshd, tmp_path / "cfg1", f"UserKnownHostsFile {named}", "StrictHostKeyChecking yes",
-                   "GlobalKnownHostsFile /dev/null"), "unknown host key")
-    cfg = config(sshd, tmp_path / "cfg2", f"UserKnownHostsFile {named}", "StrictHostKeyChecking accept-new",
-                 "GlobalKnownHostsFile /dev/null")
+    refused(
+        config(
+            sshd,
+            tmp_path / "cfg1",
+            f"UserKnownHostsFile {named}",
+            "StrictHostKeyChecking yes",
+            "GlobalKnownHostsFile /dev/null",
+        ),
+        "unknown host key",
+    )
+    cfg = config(
+        sshd,
+        tmp_path / "cfg2",
+        f"UserKnownHostsFile {named}",
+        "StrictHostKeyChecking accept-new",
+        "GlobalKnownHostsFile /dev/null",
+    )
     assert connect(cfg) == []
     assert named.read_text() == line(real)
     named.write_text(line(other))  # accept-new in the config still refuses a changed key
@@ -137,15 +161,20 @@ def test_strict_host_key_checking_accept_new_in_the_config_records_and_yes_refus
 def test_user_known_hosts_file_none_is_refused_unless_strict_checking_is_off(sshd, tmp_path, sim_state):
     msg = refused(config(sshd, tmp_path / "cfg1", "UserKnownHostsFile none"), "UserKnownHostsFile none")
     assert "refused" in msg and "StrictHostKeyChecking no" in msg
-    refused(config(sshd, tmp_path / "cfg2", "UserKnownHostsFile none", "StrictHostKeyChecking accept-new"),
-            "UserKnownHostsFile none", accept_new=True)
+    refused(
+        config(sshd, tmp_path / "cfg2", "UserKnownHostsFile none", "StrictHostKeyChecking accept-new"),
+        "UserKnownHostsFile none",
+        accept_new=True,
+    )
     off = config(sshd, tmp_path / "cfg3", "UserKnownHostsFile none", "StrictHostKeyChecking no")
-    assert connect(off) == ["host keys are NOT checked for kh: its ssh config says UserKnownHostsFile none "
-                            "and StrictHostKeyChecking no"]
+    assert connect(off) == [
+        "host keys are NOT checked for kh: its ssh config says UserKnownHostsFile none and StrictHostKeyChecking no"
+    ]
 
     async def session_says_so():
-        session = HostSession(parse_target("kh"), SessionOptions(python=sys.executable, ssh_config=off,
-                                                                 sim_state=str(sim_state)))
+        session = HostSession(
+            parse_target("kh"), SessionOptions(python=sys.executable, ssh_config=off, sim_state=str(sim_state))
+        )
         try:
             await session.connect()
             return list(session.state.agent.warnings), session.trust_warnings
@@ -161,12 +190,24 @@ def test_proxy_jump_hops_are_each_checked_and_named(sshd, tmp_path, keys):
     known = tmp_path / "known"
     cfg = tmp_path / "cfg"
     config(sshd, tmp_path / "jump", "HostKeyAlias jumpbox", alias="jump-test")
-    config(sshd, tmp_path / "target", "ProxyJump jump-test", f"UserKnownHostsFile {known}",
-           "GlobalKnownHostsFile /dev/null", alias="behind")
+    config(
+        sshd,
+        tmp_path / "target",
+        "ProxyJump jump-test",
+        f"UserKnownHostsFile {known}",
+        "GlobalKnownHostsFile /dev/null",
+        alias="behind",
+    )
     # the jump host's own section also names the file: every hop reads the same config
-    cfg.write_text((tmp_path / "jump").read_text().replace("HostKeyAlias jumpbox", f"HostKeyAlias jumpbox\n"
-                   f"    UserKnownHostsFile {known}\n    GlobalKnownHostsFile /dev/null") +
-                   (tmp_path / "target").read_text())
+    cfg.write_text(
+        (tmp_path / "jump")
+        .read_text()
+        .replace(
+            "HostKeyAlias jumpbox",
+            f"HostKeyAlias jumpbox\n    UserKnownHostsFile {known}\n    GlobalKnownHostsFile /dev/null",
+        )
+        + (tmp_path / "target").read_text()
+    )
     known.write_text(line(other, "jumpbox") + line(real))  # the target is known; the hop's key changed
     msg = refused(str(cfg), "HOST KEY CHANGED", host="behind")
     assert "ProxyJump hop jump-test" in msg and "(jumpbox)" in msg and f"{known}:1" in msg
@@ -199,11 +240,14 @@ def test_asyncssh_is_imported_without_a_liboqs_search_that_could_find_nothing():
 
     assert sshlib.liboqs_may_exist() or ctypes.util.find_library("oqs") is None
     assert ctypes.util.find_library.__module__ == "ctypes.util"
-    code = ("import cockpit.link.ssh, asyncssh.crypto.pq as pq, ctypes.util; "
-            "print(pq.sntrup_available, pq.mlkem_available, ctypes.util.find_library.__module__)")
+    code = (
+        "import cockpit.link.ssh, asyncssh.crypto.pq as pq, ctypes.util; "
+        "print(pq.sntrup_available, pq.mlkem_available, ctypes.util.find_library.__module__)"
+    )
     quick = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    plain = subprocess.run([sys.executable, "-c", "import asyncssh; " + code], capture_output=True, text=True,
-                           check=True).stdout
+    plain = subprocess.run(
+        [sys.executable, "-c", "import asyncssh; " + code], capture_output=True, text=True, check=True
+    ).stdout
     assert quick == plain and quick.split()[2] == "ctypes.util"
 
 

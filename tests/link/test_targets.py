@@ -38,6 +38,7 @@ stall: {idle_s: 600, spin_s: 6}
 
 # ----------------------------------------------------------------------------- plain parts
 
+
 def test_targets_of_containers_and_jobs_parse():
     t = parse_target("docker:vllm-1")
     assert (t.kind, t.name, t.remote, t.carrier().kind) == ("docker", "vllm-1", False, "local")
@@ -48,23 +49,29 @@ def test_targets_of_containers_and_jobs_parse():
     assert (t.kind, t.name, t.node, t.carrier().host) == ("slurm", "1234", None, "login")
     assert t.on_node("gpu7").label == "slurm:1234/gpu7@login"
     assert parse_target("slurm:1234/gpu7").node == "gpu7"
-    for bad, said in (("slurm:abc", "a Slurm job id is a number"), ("docker:", "container's name"),
-                      ("docker:a b", "container's name"), ("slurm:12@", "malformed target")):
+    for bad, said in (
+        ("slurm:abc", "a Slurm job id is a number"),
+        ("docker:", "container's name"),
+        ("docker:a b", "container's name"),
+        ("slurm:12@", "malformed target"),
+    ):
         with pytest.raises(CockpitError, match=said):
             parse_target(bad)
 
 
 def test_nvml_host_pids_become_the_containers_and_each_process_gets_its_host_pid():
-    frame = {"t": "sample", "gpus": [{"index": 0, "processes": [[40123, 900], [7, 5]]}],
-             "procs": [{"pid": 8}, {"pid": 9}]}
+    frame = {
+        "t": "sample",
+        "gpus": [{"index": 0, "processes": [[40123, 900], [7, 5]]}],
+        "procs": [{"pid": 8}, {"pid": 9}],
+    }
     translate_sample(frame, {8: 40123, 9: 40124})
     assert frame["gpus"][0]["processes"] == [[8, 900], [7, 5]]  # 7: already the container's, left as is
     assert [p.get("host_pid") for p in frame["procs"]] == [40123, 40124]
 
 
 def test_listpids_leaves_out_the_cockpits_own_steps_and_extern():
-    text = ("PID      JOBID    STEPID   LOCALID GLOBALID\n849 1 1 0 0\n818 1 batch 0 0\n900 1 extern 0 0\n"
-            "950 1 4 0 0\n")
+    text = "PID      JOBID    STEPID   LOCALID GLOBALID\n849 1 1 0 0\n818 1 batch 0 0\n900 1 extern 0 0\n950 1 4 0 0\n"
     got = parse_listpids(text, {"4"})
     assert got.steps == {849: "1", 818: "batch"}
     assert parse_scontrol_job("JobId=5 JobState=RUNNING NodeList=n[1-2] BatchHost=n1")["NodeList"] == "n[1-2]"
@@ -97,8 +104,7 @@ def start_job(slurm, tmp_path: Path, extra: str) -> str:  # noqa: F811
     (tmp_path / "dist").mkdir()
     script = tmp_path / "job.sh"
     script.write_text(JOB)
-    env = {"W": str(tmp_path), "PY": sys.executable, "PORT": str(free_port()), "EXTRA": extra,
-           "PYTHONPATH": str(REPO)}
+    env = {"W": str(tmp_path), "PY": sys.executable, "PORT": str(free_port()), "EXTRA": extra, "PYTHONPATH": str(REPO)}
     job = slurm.sbatch(script, env)
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
@@ -106,8 +112,10 @@ def start_job(slurm, tmp_path: Path, extra: str) -> str:  # noqa: F811
         if all(p.exists() and "fired up" in p.read_text() for p in logs):
             return job
         time.sleep(0.2)
-    raise AssertionError(f"the job's servers did not come up: {slurm.job_state(job)} "
-                         f"{[p.read_text()[-300:] for p in logs if p.exists()]}")
+    raise AssertionError(
+        f"the job's servers did not come up: {slurm.job_state(job)} "
+        f"{[p.read_text()[-300:] for p in logs if p.exists()]}"
+    )
 
 
 def cli(slurm, *args, timeout=90):  # noqa: F811
@@ -120,10 +128,25 @@ def neighbour_on_n1(tmp_path: Path, name: str) -> subprocess.Popen:
     folder = tmp_path / name
     folder.mkdir()
     log = folder / "server.log"
-    p = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(free_port()),
-                          "--sim-speed", "8", "--sim-shm-dir", str(folder)], stdout=open(log, "w"),
-                         stderr=subprocess.STDOUT, start_new_session=True,
-                         env={**os.environ, "COCKPIT_SIM_STATE": str(tmp_path / "n1"), "PYTHONPATH": str(REPO)})
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit.sim.server",
+            "--tp-size",
+            "2",
+            "--port",
+            str(free_port()),
+            "--sim-speed",
+            "8",
+            "--sim-shm-dir",
+            str(folder),
+        ],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "COCKPIT_SIM_STATE": str(tmp_path / "n1"), "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + 40
     while "fired up" not in log.read_text():
         assert time.monotonic() < deadline and p.poll() is None, log.read_text()[-300:]
@@ -143,8 +166,18 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         layout = tmp_path / "layout.yaml"
         layout.write_text(LAYOUT)
         t0 = time.monotonic()
-        res = cli(slurm, "snapshot", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--layout", str(layout), "--json",
-                  "--wait", "8")
+        res = cli(
+            slurm,
+            "snapshot",
+            f"slurm:{job}",
+            "--sim",
+            f"{tmp_path}/%n",
+            "--layout",
+            str(layout),
+            "--json",
+            "--wait",
+            "8",
+        )
         took = time.monotonic() - t0
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
@@ -165,8 +198,18 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
 
         ended = threading.Timer(3, os.killpg, (neighbour.pid, signal.SIGKILL))  # the neighbour ends mid-look
         ended.start()
-        res = cli(slurm, "snapshot", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--layout", str(layout), "--json",
-                  "--wait", "8")
+        res = cli(
+            slurm,
+            "snapshot",
+            f"slurm:{job}",
+            "--sim",
+            f"{tmp_path}/%n",
+            "--layout",
+            str(layout),
+            "--json",
+            "--wait",
+            "8",
+        )
         ended.join()
         assert neighbour.wait(10) == -signal.SIGKILL
         v = json.loads(res.stdout)["verdict"]
@@ -183,8 +226,9 @@ def test_a_job_on_two_nodes_is_one_run_its_hung_rank_named_with_its_node_and_kil
         while (run_procs(str(tmp_path)) or slurm.job_state(job) != "gone") and time.monotonic() < deadline:
             time.sleep(0.2)
         print(f"kill and the job's end in {time.monotonic() - t_kill:.1f} s")
-        assert [line for line in run_procs(str(tmp_path)) if str(tmp_path / "nb2") not in line] == [], \
+        assert [line for line in run_procs(str(tmp_path)) if str(tmp_path / "nb2") not in line] == [], (
             "something of the run is left on a node"
+        )
         assert slurm.job_state(job) == "gone"  # the batch script ended the job once its steps were gone
         assert neighbour.poll() is None, "the job's kill touched the server beside it"
     finally:
@@ -213,8 +257,11 @@ async def test_d_L_and_K_on_a_two_node_job_screen(slurm, tmp_path, monkeypatch):
         path = tmp_path / "layout.yaml"
         path.write_text(LAYOUT)
         layout = parse_layout(LAYOUT, str(path))
-        monitor = ClusterMonitor(parse_target(f"slurm:{job}"),
-                                 SessionOptions(python=sys.executable, interval=0.5, sim_state=f"{tmp_path}/%n"), layout)
+        monitor = ClusterMonitor(
+            parse_target(f"slurm:{job}"),
+            SessionOptions(python=sys.executable, interval=0.5, sim_state=f"{tmp_path}/%n"),
+            layout,
+        )
         app = CockpitApp(monitor=monitor)
         async with app.run_test(size=(160, 50)) as pilot:
             await until(pilot, lambda: len([p for p in app.state.ranks() if p.alive]) == 4, 60)
@@ -265,6 +312,7 @@ def test_slurm_errors_are_one_line_naming_the_job_and_the_fix(slurm):  # noqa: F
 
 # ----------------------------------------------------------------------------- Docker and Podman
 
+
 def site_packages() -> str:
     """psutil and setproctitle for the container's python3 (the host's /usr, bound in): this test
     run's own site-packages, bound read-only, so the host's system Python is left as it is."""
@@ -283,12 +331,36 @@ def test_a_server_inside_a_container_is_watched_through_exec_and_killed(containe
     sim = tmp_path / "sim"
     fakenvml.write_host(str(sim), gpus=2, model="rtx-pro-6000", seed=5)
     port, name = free_port(), f"eng-{os.getpid()}"
-    server = (f"python3 -u -m cockpit.sim.server --tp-size 2 --port {port} --sim-speed 4 --sim-shm-dir /tmp "
-              f"> /tmp/server.log 2>&1")
-    engine.cli("run", "-d", "--name", name, "--network", "host", "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro",
-                  "-v", f"{REPO}:/srv/cockpit:ro", "-v", f"{site}:/srv/site:ro", "-v", f"{sim}:{sim}",
-                  "-e", "PYTHONPATH=/srv/cockpit:/srv/site",
-                  "-e", f"COCKPIT_SIM_STATE={sim}", "cockpit-base", "/bin/sh", "-c", server)
+    server = (
+        f"python3 -u -m cockpit.sim.server --tp-size 2 --port {port} --sim-speed 4 --sim-shm-dir /tmp "
+        f"> /tmp/server.log 2>&1"
+    )
+    engine.cli(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "-v",
+        "/usr:/usr:ro",
+        "-v",
+        "/etc:/etc:ro",
+        "-v",
+        f"{REPO}:/srv/cockpit:ro",
+        "-v",
+        f"{site}:/srv/site:ro",
+        "-v",
+        f"{sim}:{sim}",
+        "-e",
+        "PYTHONPATH=/srv/cockpit:/srv/site",
+        "-e",
+        f"COCKPIT_SIM_STATE={sim}",
+        "cockpit-base",
+        "/bin/sh",
+        "-c",
+        server,
+    )
     env = {**engine.env, "PYTHONPATH": str(REPO)}
     try:
         deadline = time.monotonic() + 30
@@ -312,8 +384,11 @@ def test_a_server_inside_a_container_is_watched_through_exec_and_killed(containe
         assert "verified" in res.stdout
         # the agent went down with the container: the engine is asked what is left (actions/kill.py, verify_gone)
         # Podman says `stopped` until conmon's cleanup has run, then `exited`, as below
-        assert re.search(rf"container {name} (exited|stopped) \(exit code 0\): it went down with its main process, so "
-                         rf"nothing of it is left", res.stdout), res.stdout
+        assert re.search(
+            rf"container {name} (exited|stopped) \(exit code 0\): it went down with its main process, so "
+            rf"nothing of it is left",
+            res.stdout,
+        ), res.stdout
         assert not Path(f"/proc/{host}").exists()
         deadline = time.monotonic() + 20  # Podman says `stopped` until conmon's cleanup has run, then `exited`
         while (state := engine.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()) != "exited":

@@ -58,12 +58,31 @@ def started_elsewhere(tmp_path, sim_state):
 
     def start(mode: str, crash: int) -> Path:
         log = tmp_path / "server.log"
-        env = {**os.environ, "FAKE_MODE": mode, "FAKE_CRASH": str(crash), "FAKE_CHILD": CHILD,
-               "COCKPIT_SIM_STATE": str(sim_state),
-               "PYTHONPATH": os.pathsep.join([str(tmp_path / "engine"), os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path / "model"), "--tp-size", "4"],
-            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        env = {
+            **os.environ,
+            "FAKE_MODE": mode,
+            "FAKE_CRASH": str(crash),
+            "FAKE_CHILD": CHILD,
+            "COCKPIT_SIM_STATE": str(sim_state),
+            "PYTHONPATH": os.pathsep.join([str(tmp_path / "engine"), os.environ.get("PYTHONPATH", "")]),
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sglang.launch_server",
+                    "--model-path",
+                    str(tmp_path / "model"),
+                    "--tp-size",
+                    "4",
+                ],
+                stdout=open(log, "w"),
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        )
         return log
 
     yield start
@@ -80,8 +99,18 @@ def look(tmp_path, sim_state, wait: float, stall: str = "") -> dict:
     ours (this machine runs other tests' ranks too), not the log."""
     layout = tmp_path / "ours.yaml"
     layout.write_text(f"command: [-m, sglang.launch_server]\nwatch: ['*sglang.launch_server*{tmp_path}*']\n{stall}")
-    res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(layout), "--json",
-                  "--wait", str(wait), timeout=120)
+    res = run_cli(
+        "snapshot",
+        "local",
+        "--sim",
+        str(sim_state),
+        "--layout",
+        str(layout),
+        "--json",
+        "--wait",
+        str(wait),
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -139,12 +168,17 @@ def test_the_sample_a_first_look_judges_measures_cpu_over_a_window_that_tells(tm
     from cockpit.monitor.host import HostMonitor
 
     out = open(tmp_path / "busy.log", "w")
-    busy = subprocess.Popen([sys.executable, "-c", "print('hello', flush=True)\nwhile True: pass"], stdout=out,
-                            stderr=out)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "print('hello', flush=True)\nwhile True: pass"], stdout=out, stderr=out
+    )
 
     async def look():
-        monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable), None,
-                              watch=WatchList(patterns=[], pids=[busy.pid]))
+        monitor = HostMonitor(
+            parse_target("local"),
+            SessionOptions(python=sys.executable),
+            None,
+            watch=WatchList(patterns=[], pids=[busy.pid]),
+        )
         async with monitor.attached():
             assert list(monitor.state.logs) == [str(tmp_path / "busy.log")]  # the watch changed after connecting
             p = monitor.state.procs[busy.pid]

@@ -46,12 +46,19 @@ async def test_every_first_look_at_a_demo_stalled_for_a_minute_says_stalled(demo
             assert res.returncode == 0, res.stderr
             looks[name] = json.loads(res.stdout)
         for name, doc in looks.items():
-            assert doc["verdict"]["name"] in STALLED, (name, doc["verdict"], doc["phase"], len(doc["processes"]),
-                                                       doc["log"]["path"], doc["agent"]["warnings"])
+            assert doc["verdict"]["name"] in STALLED, (
+                name,
+                doc["verdict"],
+                doc["phase"],
+                len(doc["processes"]),
+                doc["log"]["path"],
+                doc["agent"]["warnings"],
+            )
             judged(doc["verdict"], silent_since)
         assert looks["default"]["looked_s"] < 10  # history decides at once: no stall window waited out
-        text = run_cli("snapshot", "demo", "--layout", str(path), "--text", "-", "--size", "100x30", "--no-forensics",
-                       timeout=120)
+        text = run_cli(
+            "snapshot", "demo", "--layout", str(path), "--text", "-", "--size", "100x30", "--no-forensics", timeout=120
+        )
         assert text.returncode == 0 and "verdict stalled-idle" in text.stdout.splitlines()[0], text.stdout[:300]
         svg = tmp_path / "late.svg"
         res = run_cli("snapshot", "demo", "--layout", str(path), "--svg", str(svg), "--no-forensics", timeout=120)

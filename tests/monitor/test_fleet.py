@@ -57,10 +57,14 @@ def fleet_hosts(sshd, tmp_path, sim_state, ranks):
     `fleet-down` (a closed port) and `fleet-slow` (a port that never answers)."""
     title = f"sglang::scheduler_TP0_fleet{free_port()}"  # this test's rank alone: its layout watches this title
     ranks.spawn(title, gpu=2, mib=7000)
-    (tmp_path / "a.yaml").write_text(f"name: fleet-a\nengine: sglang\ncommand: [-m, no.such.server]\nwatch: ['{title}']\n")
+    (tmp_path / "a.yaml").write_text(
+        f"name: fleet-a\nengine: sglang\ncommand: [-m, no.such.server]\nwatch: ['{title}']\n"
+    )
     hole = Blackhole()
     config = tmp_path / "ssh_config"
-    config.write_text(sshd.client_config.read_text() + textwrap.dedent(f"""\
+    config.write_text(
+        sshd.client_config.read_text()
+        + textwrap.dedent(f"""\
         Host fleet-down
             HostName 127.0.0.1
             Port {free_port()}
@@ -69,9 +73,11 @@ def fleet_hosts(sshd, tmp_path, sim_state, ranks):
             HostName 127.0.0.1
             Port {hole.port}
             User {sshd.user}
-        """))
+        """)
+    )
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(textwrap.dedent(f"""\
+    fleet.write_text(
+        textwrap.dedent(f"""\
         defaults:
           python: {sys.executable}
           sim: {sim_state}
@@ -81,7 +87,8 @@ def fleet_hosts(sshd, tmp_path, sim_state, ranks):
           - target: cockpit-test
             name: gpu-a
             layout: {tmp_path / "a.yaml"}
-        """))
+        """)
+    )
     yield fleet, config, sshd
     hole.close()
 
@@ -91,8 +98,10 @@ async def test_a_fleet_snapshot_is_not_delayed_by_a_down_or_hung_host(fleet_host
     process's own clock, with the live host judged, the down host's error and the hung host still
     in its handshake."""
     fleet, config, sshd = fleet_hosts
-    watch = FleetMonitor(fleet_monitor.load_fleet(str(fleet)),
-                         SessionOptions(python=sys.executable, ssh_config=str(config), known_hosts=str(sshd.known_hosts)))
+    watch = FleetMonitor(
+        fleet_monitor.load_fleet(str(fleet)),
+        SessionOptions(python=sys.executable, ssh_config=str(config), known_hosts=str(sshd.known_hosts)),
+    )
     start = time.monotonic()
     doc = await fleet_monitor.take_fleet_snapshot(watch, timeout=6)
     took = time.monotonic() - start
@@ -115,9 +124,22 @@ async def test_a_fleet_snapshot_is_not_delayed_by_a_down_or_hung_host(fleet_host
 
 def test_hosts_on_the_command_line_make_the_same_fleet(fleet_hosts, sim_state):
     _, config, sshd = fleet_hosts
-    out = run_cli("snapshot", "--hosts", "cockpit-test,fleet-down", "--json", "--timeout", "10",
-                  "--python", sys.executable, "--sim", str(sim_state), "--ssh-config", str(config),
-                  "--known-hosts", str(sshd.known_hosts))
+    out = run_cli(
+        "snapshot",
+        "--hosts",
+        "cockpit-test,fleet-down",
+        "--json",
+        "--timeout",
+        "10",
+        "--python",
+        sys.executable,
+        "--sim",
+        str(sim_state),
+        "--ssh-config",
+        str(config),
+        "--known-hosts",
+        str(sshd.known_hosts),
+    )
     assert out.returncode == 0, out.stderr
     hosts = json.loads(out.stdout)["hosts"]
     assert [h["name"] for h in hosts] == ["cockpit-test", "fleet-down"]
@@ -150,12 +172,12 @@ def test_fleet_file_errors_name_file_line_and_fix(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-
-
 async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts):
     fleet, config, sshd = fleet_hosts
-    watch = FleetMonitor(parse_fleet(fleet.read_text(), str(fleet)),
-                       SessionOptions(ssh_config=str(config), known_hosts=str(sshd.known_hosts)))
+    watch = FleetMonitor(
+        parse_fleet(fleet.read_text(), str(fleet)),
+        SessionOptions(ssh_config=str(config), known_hosts=str(sshd.known_hosts)),
+    )
     app = FleetApp(watch)
     async with app.run_test(size=(160, 40)) as pilot:
         screen = app.screen
@@ -183,9 +205,13 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
             # never below its least width; on a wide one the phase and the verdict are whole
             for name, text in (("phase", shown.phase), ("verdict", shown.verdict)):
                 start = head.index(f" {name} ") + 1
-                cell = row[start:head.index(f" {COLUMNS[COLUMNS.index(name) + 1]} ") + 1]
-                assert len(cell) >= fleet_ui.LEAST[name] and cell == text[:len(cell) - 1].ljust(len(cell)), \
-                    (size, name, text, row)
+                cell = row[start : head.index(f" {COLUMNS[COLUMNS.index(name) + 1]} ") + 1]
+                assert len(cell) >= fleet_ui.LEAST[name] and cell == text[: len(cell) - 1].ljust(len(cell)), (
+                    size,
+                    name,
+                    text,
+                    row,
+                )
                 assert size[0] < 160 or cell.rstrip() == text, (size, name, text, row)
         await pilot.resize_terminal(160, 40)
         await pilot.press("question_mark")
@@ -203,7 +229,9 @@ async def test_fleet_screen_sorts_filters_and_opens_a_hosts_cockpit(fleet_hosts)
         cockpit = app.screen
         assert cockpit.monitor is a.monitor  # the fleet's own monitor and connection, not a second one
         assert cockpit.verdict is a.verdict
-        await until(pilot, lambda: "GPU2" in save_text(app, None) and "sglang::scheduler_TP0" in save_text(app, None), 10)
+        await until(
+            pilot, lambda: "GPU2" in save_text(app, None) and "sglang::scheduler_TP0" in save_text(app, None), 10
+        )
         await until(pilot, lambda: "esc Fleet" in save_text(app, None), 3)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen, 3)
@@ -243,8 +271,19 @@ class StillFleet:
 
     def __init__(self, n: int):
         self.members = [None] * n
-        self.row_list = [Row(name=f"host{i:02d}", link="up", error=None, rtt_ms=1.0, age_s=0.1,
-                             gpus=[(0, 0, 98304)] * 8, phase="serving", verdict="ok") for i in range(n)]
+        self.row_list = [
+            Row(
+                name=f"host{i:02d}",
+                link="up",
+                error=None,
+                rtt_ms=1.0,
+                age_s=0.1,
+                gpus=[(0, 0, 98304)] * 8,
+                phase="serving",
+                verdict="ok",
+            )
+            for i in range(n)
+        ]
 
     def start(self):
         pass

@@ -61,7 +61,7 @@ def test_a_long_record_starts_again_from_its_tail_and_a_reader_misses_no_record(
         seen += [r["id"] for r in reader.poll() or []]
     assert os.path.getsize(path) <= 4096 + 256
     assert len(set(seen)) == 200  # each read once at least: a start again re-reads the tail it kept (ids tell)
-    assert "r199" in open(path).read() and "r0\"" not in open(path).read()
+    assert "r199" in open(path).read() and 'r0"' not in open(path).read()
 
 
 def test_a_planted_symlink_or_a_folder_others_can_write_is_refused(tmp_path):
@@ -100,24 +100,35 @@ def by_hand(tmp_path, sim_state, *flags: str, stall: str = ""):
 
     port = free_port()
     log = tmp_path / "server.log"
-    server = subprocess.Popen(SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    server = subprocess.Popen(
+        SERVER + ["--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)},
+    )
     layout = tmp_path / "ours.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{stall}")
+    layout.write_text(
+        f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
+        f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{stall}"
+    )
     return server, layout, load_layout(str(layout)), port
 
 
 def watching(lay, sim_state) -> HostMonitor:
     """A monitor of the local host as a screen keeps one, sampling every 0.25 s."""
-    return HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                             sim_state=str(sim_state)),
-                       layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    return HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        layout=lay,
+        watch=WatchList.for_layout(lay),
+        probe_every_s=0.25,
+    )
 
 
 async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no_run_everywhere(
-        sim_state, tmp_path, monkeypatch):
+    sim_state, tmp_path, monkeypatch
+):
     """A server started by hand, followed by two monitors (a screen's and the exporter's: no
     launch, no ledger run), is stopped with `cockpit kill` from another process: both read the
     deaths as the operator's (`stopped`, then `no run`), never `crashed`."""
@@ -127,10 +138,27 @@ async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no
     seen: list[list[str]] = [[], [], []]
     kept = []
     eport = free_port()
-    exporter = subprocess.Popen([sys.executable, "-m", "cockpit", "exporter", "--hosts", "local", "--layout",
-                                 str(layout), "--sim", str(sim_state), "--interval", "0.5",
-                                 "--listen", f"127.0.0.1:{eport}"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit",
+            "exporter",
+            "--hosts",
+            "local",
+            "--layout",
+            str(layout),
+            "--sim",
+            str(sim_state),
+            "--interval",
+            "0.5",
+            "--listen",
+            f"127.0.0.1:{eport}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+    )
 
     def scraped() -> str | None:
         """The exporter's verdict now (each new one noted in seen[2])."""
@@ -149,11 +177,24 @@ async def test_a_followed_run_killed_from_another_terminal_reads_stopped_then_no
             m.subscribe(lambda e, n=n, m=m: seen[n].append(m.verdict.name.value) if e.kind == "verdict" else None)
             await m.open(kept=True)
             kept.append(asyncio.create_task(m.keep()))
-        await wait_for(lambda: all(m.phase.name in ("ready", "serving") and len(m.state.ranks()) == 2
-                                   for m in monitors), 90, "both monitors see the run up")
+        await wait_for(
+            lambda: all(m.phase.name in ("ready", "serving") and len(m.state.ranks()) == 2 for m in monitors),
+            90,
+            "both monitors see the run up",
+        )
         await wait_for(lambda: scraped() == "ok", 90, "the exporter reads the run ok")
-        killer = asyncio.create_task(asyncio.to_thread(run_cli, "kill", "local", "--layout", str(layout), "--yes",
-                                                       timeout=120, env={"XDG_STATE_HOME": str(tmp_path / "state")}))
+        killer = asyncio.create_task(
+            asyncio.to_thread(
+                run_cli,
+                "kill",
+                "local",
+                "--layout",
+                str(layout),
+                "--yes",
+                timeout=120,
+                env={"XDG_STATE_HOME": str(tmp_path / "state")},
+            )
+        )
         while not killer.done():
             await asyncio.to_thread(scraped)
             await asyncio.sleep(0.2)
@@ -181,8 +222,9 @@ async def test_a_strangers_listener_on_a_stalled_runs_port_never_clears_the_stal
     """The run hung capturing its draft CUDA graphs (port never open); another job binds the
     layout's port. The stall holds on every sample, and the evidence names the stranger."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    server, _, lay, port = by_hand(tmp_path, sim_state, "--speculative-algorithm", "EAGLE3",
-                                   stall="stall: {idle_s: 4, spin_s: 4}\n")
+    server, _, lay, port = by_hand(
+        tmp_path, sim_state, "--speculative-algorithm", "EAGLE3", stall="stall: {idle_s: 4, spin_s: 4}\n"
+    )
     monitor = watching(lay, sim_state)
     stranger = None
     kept = None
@@ -190,18 +232,29 @@ async def test_a_strangers_listener_on_a_stalled_runs_port_never_clears_the_stal
         await monitor.open(kept=True)
         kept = asyncio.create_task(monitor.keep())
         await wait_for(lambda: monitor.verdict.name.value == "stalled-idle", 90, "the capture hang declared")
-        stranger = subprocess.Popen([sys.executable, "-I", "-c",
-                                     f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); "
-                                     f"s.listen(); time.sleep(600)"], start_new_session=True)
-        await wait_for(lambda: any(pt.port == port and pt.listening for pt in monitor.state.ports), 20,
-                       "the stranger's listener seen")
+        stranger = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); time.sleep(600)",
+            ],
+            start_new_session=True,
+        )
+        await wait_for(
+            lambda: any(pt.port == port and pt.listening for pt in monitor.state.ports),
+            20,
+            "the stranger's listener seen",
+        )
         said = []
         for _ in range(16):
             await monitor.session.wait_samples(1)
             said.append(monitor.verdict.name.value)
         assert set(said) == {"stalled-idle"}, said
-        assert any(f"port {port} held by pid {stranger.pid}" in e and "not the run" in e and monitor.state.ports
-                   for e in monitor.verdict.evidence), (monitor.verdict.evidence, monitor.state.ports)
+        assert any(
+            f"port {port} held by pid {stranger.pid}" in e and "not the run" in e and monitor.state.ports
+            for e in monitor.verdict.evidence
+        ), (monitor.verdict.evidence, monitor.state.ports)
     finally:
         if kept is not None:
             kept.cancel()
@@ -278,8 +331,14 @@ kill_wait_s: 2
         acts = state / "host" / "acts.jsonl"
         before = (ledger.read_bytes(), acts.read_bytes())
         master, slave = os.openpty()
-        asker = subprocess.Popen([sys.executable, "-m", "cockpit", "kill", *common], stdin=slave, stdout=slave,
-                                 stderr=slave, env=env, start_new_session=True)
+        asker = subprocess.Popen(
+            [sys.executable, "-m", "cockpit", "kill", *common],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+        )
         os.close(slave)
         said = b""
         deadline = time.monotonic() + 60
@@ -293,7 +352,7 @@ kill_wait_s: 2
         assert asker.wait(30) == 130
         os.close(master)
         after = (ledger.read_bytes(), acts.read_bytes())
-        assert after == before, [a[len(b):] for a, b in zip(after, before)]
+        assert after == before, [a[len(b) :] for a, b in zip(after, before)]
         check = run_cli("snapshot", *common, "--json", "--wait", "0", env=env, timeout=120)
         assert json.loads(check.stdout)["verdict"]["name"] != "no run"  # the run lives
     finally:
@@ -324,14 +383,16 @@ def test_one_shm_rule_in_the_same_words_and_a_clean_counts_what_really_went(tmp_
 
 
 async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name_the_rank(
-        sim_state, tmp_path, monkeypatch):
+    sim_state, tmp_path, monkeypatch
+):
     """Two screens watch a launch that hangs while capturing CUDA graphs (rank 1 outside the
     collective): one claims the stall's forensics on the host and gathers them, the other waits
     for them (py-spy twice on one rank answers nothing); both name rank 1, and the host's record
     holds one result."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    server, _, lay, _ = by_hand(tmp_path, sim_state, "--sim-capture-hang-rank", "1",
-                                stall="stall: {idle_s: 4, spin_s: 4}\n")
+    server, _, lay, _ = by_hand(
+        tmp_path, sim_state, "--sim-capture-hang-rank", "1", stall="stall: {idle_s: 4, spin_s: 4}\n"
+    )
     monitors = [watching(lay, sim_state) for _ in range(2)]
     kept = []
     try:
@@ -339,9 +400,12 @@ async def test_two_cockpits_on_one_stall_gather_its_forensics_once_and_both_name
             m.forensics_on = True
             await m.open(kept=True)
             kept.append(asyncio.create_task(m.keep()))
-        await wait_for(lambda: all(m.forensics is not None and m.forensics.folder and m.verdict.odd_rank == 1
-                                   for m in monitors), 120, "both read the forensics and name rank 1",
-                       lambda: [(m.verdict.name.value, m.verdict.evidence[-2:], m.forensics) for m in monitors])
+        await wait_for(
+            lambda: all(m.forensics is not None and m.forensics.folder and m.verdict.odd_rank == 1 for m in monitors),
+            120,
+            "both read the forensics and name rank 1",
+            lambda: [(m.verdict.name.value, m.verdict.evidence[-2:], m.forensics) for m in monitors],
+        )
         await monitors[0].session.wait_samples(2)  # the result's record, read back from the host
         done = [r for r in monitors[0].state.acts.values() if r["act"] == "forensics" and r["state"] == "done"]
         assert len(done) == 1, done
@@ -360,9 +424,13 @@ def test_a_plain_look_answers_in_seconds_whatever_it_finds(sim_state, tmp_path):
     at a glance (its layout's run, found by its command): the look says so, and how to watch
     longer, instead of waiting out a stall window."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-I", "-m", "http.server", "--bind", "127.0.0.1", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-I", "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     script = tmp_path / f"detok{port}.py"  # the bare layout's command: its run, found by the command rule
     script.write_text("import time\ntime.sleep(600)\n")  # not retitled: its command line stays its command
     sleeper = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
@@ -379,8 +447,9 @@ def test_a_plain_look_answers_in_seconds_whatever_it_finds(sim_state, tmp_path):
             except OSError:
                 time.sleep(0.1)
         layout = tmp_path / "plain.yaml"
-        layout.write_text(f"engine: none\ncommand: [-m, http.server]\nports: [{port}]\n"
-                          f"watch: ['*http.server*{port}*']\n")
+        layout.write_text(
+            f"engine: none\ncommand: [-m, http.server]\nports: [{port}]\nwatch: ['*http.server*{port}*']\n"
+        )
         res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(layout), "--json", timeout=120)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)

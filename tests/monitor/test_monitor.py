@@ -40,10 +40,16 @@ def test_a_layouts_own_phases_mark_the_log_and_the_phase(tmp_path):
     layout = parse_layout(PHASED, "phased.yaml")
     assert [r.phase for r in layout.phases] == ["compiling drafter", "engine up"]
     state = HostState("t", rules=rules_for(layout))
-    state.apply({"t": "log", "path": "/l", "lines": [
-        "(EngineCore pid=9) INFO Loading safetensors checkpoint shards: 50% Completed | 1/2",
-        "(EngineCore pid=9) INFO Compiling the drafter, step 1",
-    ]})
+    state.apply(
+        {
+            "t": "log",
+            "path": "/l",
+            "lines": [
+                "(EngineCore pid=9) INFO Loading safetensors checkpoint shards: 50% Completed | 1/2",
+                "(EngineCore pid=9) INFO Compiling the drafter, step 1",
+            ],
+        }
+    )
     assert [line.phase for line in state.logs["/l"].lines] == ["loading weights", "compiling drafter"]
     assert str(phase_of(state, "/l")) == "compiling drafter"
     state.apply({"t": "log", "path": "/l", "lines": ["(EngineCore pid=9) INFO init engine (profile) took 20.1 s"]})
@@ -56,16 +62,19 @@ def test_a_layout_with_phases_opens_in_snapshot(tmp_path, sim_state):
     """The layout's own phase, read from its log by a headless snapshot; no rank of its run is up
     (nothing runs `-m my.server`): watching, and the snapshot says so."""
     log = tmp_path / "server.log"
-    log.write_text("(EngineCore pid=9) INFO Loading safetensors checkpoint shards: 50% Completed | 1/2\n"
-                   "(EngineCore pid=9) INFO Compiling the drafter, step 1\n")
+    log.write_text(
+        "(EngineCore pid=9) INFO Loading safetensors checkpoint shards: 50% Completed | 1/2\n"
+        "(EngineCore pid=9) INFO Compiling the drafter, step 1\n"
+    )
     path = tmp_path / "phased.yaml"
     path.write_text(PHASED + f"log: {log}\n")
     res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", str(path), "--json", "--wait", "0")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["phase"] == {"name": "compiling drafter", "detail": ""}, doc["phase"]
-    assert doc["verdict"]["name"] == "watching" and doc["verdict"]["evidence"][0] == "no rank of the run seen yet", \
-        doc["verdict"]
+    assert doc["verdict"]["name"] == "watching" and doc["verdict"]["evidence"][0] == "no rank of the run seen yet", doc[
+        "verdict"
+    ]
 
 
 def hang_layout(tmp_path, port: int) -> str:
@@ -84,10 +93,27 @@ stall: {{idle_s: 600, spin_s: 8}}
 
 def start_server(sim_state, tmp_path, port: int, *extra: str) -> subprocess.Popen:
     """A server started outside the cockpit, as an operator would have, before it looks."""
-    argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "8", "--port", str(port), "--sim-speed", "4",
-            "--sim-shm-dir", str(tmp_path), *extra]
-    return subprocess.Popen(argv, stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)}, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "cockpit.sim.server",
+        "--tp-size",
+        "8",
+        "--port",
+        str(port),
+        "--sim-speed",
+        "4",
+        "--sim-shm-dir",
+        str(tmp_path),
+        *extra,
+    ]
+    return subprocess.Popen(
+        argv,
+        stdout=open(tmp_path / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)},
+        start_new_session=True,
+    )
 
 
 def test_headless_snapshot_judges_a_hung_rank(sim_state, tmp_path):
@@ -96,8 +122,18 @@ def test_headless_snapshot_judges_a_hung_rank(sim_state, tmp_path):
     port = free_port()
     server = start_server(sim_state, tmp_path, port, "--sim-hang-rank", "3", "--sim-traffic", "2")
     try:
-        res = run_cli("snapshot", "local", "--sim", str(sim_state), "--layout", hang_layout(tmp_path, port),
-                      "--json", "--wait", "25", timeout=120)
+        res = run_cli(
+            "snapshot",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            hang_layout(tmp_path, port),
+            "--json",
+            "--wait",
+            "25",
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert doc["verdict"]["name"] == "stalled-spinning", doc["verdict"]
@@ -114,8 +150,10 @@ async def test_the_fleet_row_and_the_cockpit_opened_from_it_show_one_verdict(sim
     port = free_port()
     server = start_server(sim_state, tmp_path, port, "--sim-hang-rank", "3", "--sim-traffic", "2")
     layout = hang_layout(tmp_path, port)
-    fleet = FleetMonitor(Fleet(hosts=[FleetHost(target="local", name="box", layout=layout)], interval=0.25),
-                         SessionOptions(python=sys.executable, sim_state=str(sim_state)))
+    fleet = FleetMonitor(
+        Fleet(hosts=[FleetHost(target="local", name="box", layout=layout)], interval=0.25),
+        SessionOptions(python=sys.executable, sim_state=str(sim_state)),
+    )
     app = FleetApp(fleet)
     try:
         async with app.run_test(size=(160, 40)) as pilot:
@@ -136,11 +174,13 @@ async def test_the_fleet_row_and_the_cockpit_opened_from_it_show_one_verdict(sim
 
 def test_a_json_snapshot_never_imports_textual(sim_state):
     """The headless path scripts call every few seconds stays light: no UI library is loaded."""
-    code = ("import sys, io, contextlib\n"
-            "from cockpit import cli\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    rc = cli.main(['snapshot', 'local', '--sim', {str(sim_state)!r}, '--json'])\n"
-            "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh')))\n")
+    code = (
+        "import sys, io, contextlib\n"
+        "from cockpit import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['snapshot', 'local', '--sim', {str(sim_state)!r}, '--json'])\n"
+        "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh')))\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "0 []"
@@ -159,18 +199,31 @@ async def test_a_server_restarted_by_hand_into_another_log_is_followed_there(sim
     from cockpit.monitor.host import HostMonitor
 
     port = free_port()
-    argv = [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port), "--sim-speed", "4",
-            "--sim-shm-dir", str(tmp_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "cockpit.sim.server",
+        "--tp-size",
+        "4",
+        "--port",
+        str(port),
+        "--sim-speed",
+        "4",
+        "--sim-shm-dir",
+        str(tmp_path),
+    ]
     env = {**os.environ, "COCKPIT_SIM_STATE": str(sim_state)}
 
     def start_by_hand(log):
         return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     first, second = start_by_hand(tmp_path / "a.log"), None
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)),
-                          watch=WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"]),
-                          probe_every_s=0.25)
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        watch=WatchList(patterns=[f"*cockpit.sim.server*--sim-shm-dir {tmp_path}*"]),
+        probe_every_s=0.25,
+    )
     kept = None
     try:
         await wait_for(lambda: (tmp_path / "a.log").stat().st_size > 0, 20, "the first server's log")
@@ -183,8 +236,11 @@ async def test_a_server_restarted_by_hand_into_another_log_is_followed_there(sim
         await wait_for(lambda: monitor.verdict.name == "crashed", 10, "the kill seen")
         second = start_by_hand(tmp_path / "b.log")
         await wait_for(lambda: list(monitor.state.logs) == [str(tmp_path / "b.log")], 20, "b.log followed")
-        await wait_for(lambda: monitor.phase.name in ("ready", "serving") and monitor.verdict.name == "ok", 60,
-                       "the new run's phases, from b.log")
+        await wait_for(
+            lambda: monitor.phase.name in ("ready", "serving") and monitor.verdict.name == "ok",
+            60,
+            "the new run's phases, from b.log",
+        )
         assert all(p.pgid == second.pid for p in monitor.state.ranks())
     finally:
         if kept is not None:

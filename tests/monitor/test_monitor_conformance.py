@@ -70,32 +70,45 @@ class Watched:
         (tmp / "dist").mkdir()
         # one host's run is found by its port (another server of this machine's users is not it); a
         # job's run is the job's processes. A new run started elsewhere takes the same port.
-        watch = f"watch: ['*cockpit.sim.server*--sim-shm-dir {first}*']\nlog: {tmp}/server-n1.log\n" \
-            f"ports: [{self.ports[0]}]\n" if kind == "host" else ""
+        watch = (
+            f"watch: ['*cockpit.sim.server*--sim-shm-dir {first}*']\nlog: {tmp}/server-n1.log\n"
+            f"ports: [{self.ports[0]}]\n"
+            if kind == "host"
+            else ""
+        )
         self.path = tmp / "conformance.yaml"
         self.path.write_text(
             f"name: conformance\nengine: sglang\ncommand: [-m, cockpit.sim.server]\nlog_dir: {tmp}/runs\n"
             f"base_flags: [--tp-size, '2', --port, '{self.ports[0]}', --sim-speed, '4', --sim-shm-dir, "
-            f"'{tmp}/launched']\nstall: {{idle_s: 600, spin_s: {spin_s}}}\n" + watch)
+            f"'{tmp}/launched']\nstall: {{idle_s: 600, spin_s: {spin_s}}}\n" + watch
+        )
         (tmp / "launched").mkdir()
         self.layout = load_layout(str(self.path))
         nodes = ["n1"] if kind == "host" else ["n1", "n2"]
         for i, n in enumerate(nodes):
-            fakenvml.write_host(str(tmp / f"sim-{n}"), gpus=8 if kind == "host" else 2, model="rtx-pro-6000",
-                                seed=i + 1)
+            fakenvml.write_host(
+                str(tmp / f"sim-{n}"), gpus=8 if kind == "host" else 2, model="rtx-pro-6000", seed=i + 1
+            )
             spread = [] if kind == "host" else ["--nnodes", "2", "--node-rank", str(i), "--sim-dist-dir", f"{tmp}/dist"]
-            self.servers.append(subprocess.Popen(
-                SERVER + ["--tp-size", "4", "--port", str(self.ports[i]), "--sim-shm-dir", str(first), *spread, *flags],
-                stdout=open(tmp / f"server-{n}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "COCKPIT_SIM_STATE": str(tmp / f"sim-{n}")}))
+            self.servers.append(
+                subprocess.Popen(
+                    SERVER
+                    + ["--tp-size", "4", "--port", str(self.ports[i]), "--sim-shm-dir", str(first), *spread, *flags],
+                    stdout=open(tmp / f"server-{n}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env={**os.environ, "COCKPIT_SIM_STATE": str(tmp / f"sim-{n}")},
+                )
+            )
         self.sim = str(tmp / ("sim-n1" if kind == "host" else "sim-%n"))
 
     def monitor(self):
         """A monitor of this kind on the run, as another screen (another cockpit) opens one."""
         opts = SessionOptions(python=sys.executable, interval=0.25, sim_state=self.sim)
         if self.kind == "host":
-            m = HostMonitor(parse_target("local"), opts, self.layout, watch=WatchList.for_layout(self.layout),
-                            probe_every_s=0.25)
+            m = HostMonitor(
+                parse_target("local"), opts, self.layout, watch=WatchList.for_layout(self.layout), probe_every_s=0.25
+            )
         else:
             m = LocalCluster({f"n{i + 1}": s.pid for i, s in enumerate(self.servers)}, opts, self.layout)
         m.forensics_on = False
@@ -109,18 +122,27 @@ class Watched:
         for n in getattr(m, "nodes", []):  # each node's probes (a new run looked for) as often as the host's
             n.monitor.probe_every_s = 0.25
         self.tasks.append(asyncio.create_task(m.keep()))
-        await wait_for(lambda: len([p for p in m.state.ranks() if p.alive]) == 4 and m.phase.name in ("ready", "serving"),
-                       90, f"the {self.kind}'s run up", lambda: (m.phase, m.verdict, self.said()))
+        await wait_for(
+            lambda: len([p for p in m.state.ranks() if p.alive]) == 4 and m.phase.name in ("ready", "serving"),
+            90,
+            f"the {self.kind}'s run up",
+            lambda: (m.phase, m.verdict, self.said()),
+        )
         return m
 
     def said(self) -> str:
-        return " | ".join((self.tmp / f"server-{n}.log").read_text()[-300:] for n in ("n1", "n2")
-                          if (self.tmp / f"server-{n}.log").exists())
+        return " | ".join(
+            (self.tmp / f"server-{n}.log").read_text()[-300:]
+            for n in ("n1", "n2")
+            if (self.tmp / f"server-{n}.log").exists()
+        )
 
     def pids(self) -> list[int]:
         """The run's processes on this machine: each server and what it started."""
         out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-        return [int(line.split()[0]) for line in out.splitlines() if f"{self.tmp}/first" in line and "ps -eo" not in line]
+        return [
+            int(line.split()[0]) for line in out.splitlines() if f"{self.tmp}/first" in line and "ps -eo" not in line
+        ]
 
     async def close(self) -> None:
         for task in self.tasks:
@@ -181,8 +203,9 @@ async def test_a_run_stopped_by_another_cockpit_reads_stopped_then_no_run(kind, 
         plan = await kill.plan_kill(other.session, other.scope())
         report = await other.stop(plan, "stopped in another cockpit")
         assert report["verified"], report
-        await wait_for(lambda: watcher.verdict.name.value == "no run", 30, "no run on the watcher",
-                       lambda: (seen, watcher.verdict))
+        await wait_for(
+            lambda: watcher.verdict.name.value == "no run", 30, "no run on the watcher", lambda: (seen, watcher.verdict)
+        )
         assert "crashed" not in seen and "stopped" in seen, seen
         assert seen.index("stopped") < len(seen) - 1 and seen[-1] == "no run", seen
         assert watcher.following is None and w.pids() == []
@@ -196,19 +219,29 @@ async def test_a_new_run_started_elsewhere_is_followed_once_the_last_is_gone(kin
         for s in w.servers:
             s.wait()
         await wait_for(lambda: not any(p.alive for p in m.state.ranks()), 30, "the run's end seen")
-        elsewhere = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                      sim_state=str(tmp_path / "sim-n1")),
-                                WatchList(patterns=[]))
+        elsewhere = HostSession(
+            parse_target("local"),
+            SessionOptions(python=sys.executable, interval=0.25, sim_state=str(tmp_path / "sim-n1")),
+            WatchList(patterns=[]),
+        )
         await elsewhere.connect()
         run = None
         try:
             run = await launch(elsewhere, w.layout, RunSpec())  # another cockpit's launch of the layout
             after: list[str] = []
             m.subscribe(lambda e: after.append(m.verdict.name.value) if e.kind == "verdict" and m.following else None)
-            await wait_for(lambda: m.following is not None and m.following.get("run_id") == run.run_id, 60,
-                           "the new run followed", lambda: (m.verdict, list(m.state.notes)))
-            await wait_for(lambda: m.phase.name in ("ready", "serving") and m.verdict.name.value == "ok", 90,
-                           "the new run judged as itself", lambda: (m.phase, m.verdict))
+            await wait_for(
+                lambda: m.following is not None and m.following.get("run_id") == run.run_id,
+                60,
+                "the new run followed",
+                lambda: (m.verdict, list(m.state.notes)),
+            )
+            await wait_for(
+                lambda: m.phase.name in ("ready", "serving") and m.verdict.name.value == "ok",
+                90,
+                "the new run judged as itself",
+                lambda: (m.phase, m.verdict),
+            )
             assert "crashed" not in after, after
             pgid = int(run.record["pgid"])
             assert {node_pid(m, p.pgid) for p in m.state.ranks() if p.alive} == {pgid}
@@ -223,8 +256,12 @@ async def test_a_stall_gathers_every_ranks_stack_and_names_the_odd_rank(kind, tm
         m = w.monitor()
         m.forensics_on = True
         await w.open(m)
-        await wait_for(lambda: m.forensics is not None and (m.forensics.folder or m.forensics.error), 120,
-                       "the stall's forensics", lambda: (m.verdict, m.forensics))
+        await wait_for(
+            lambda: m.forensics is not None and (m.forensics.folder or m.forensics.error),
+            120,
+            "the stall's forensics",
+            lambda: (m.verdict, m.forensics),
+        )
         assert m.forensics.error is None and m.forensics.folder, m.forensics
         assert m.verdict.name.value == "stalled-spinning" and m.verdict.odd_rank == 3, m.verdict
         assert Path(m.forensics.folder).is_dir() and m.forensics.finding.odd_rank == 3, m.forensics
@@ -248,21 +285,32 @@ async def test_a_slurm_job_stopped_by_another_cockpit_reads_stopped_never_crashe
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     job = start_job(slurm, tmp_path, "--sim-traffic 2")
     seen: list[str] = []
-    monitor = ClusterMonitor(parse_target(f"slurm:{job}"), SessionOptions(python=sys.executable, interval=0.5,
-                                                                          sim_state=f"{tmp_path}/%n"),
-                             parse_layout(LAYOUT, str(tmp_path / "layout.yaml")))
+    monitor = ClusterMonitor(
+        parse_target(f"slurm:{job}"),
+        SessionOptions(python=sys.executable, interval=0.5, sim_state=f"{tmp_path}/%n"),
+        parse_layout(LAYOUT, str(tmp_path / "layout.yaml")),
+    )
     monitor.subscribe(lambda e: seen.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
     kept = None
     try:
         await monitor.open(kept=True)
         kept = asyncio.create_task(monitor.keep())
-        await wait_for(lambda: len([p for p in monitor.state.ranks() if p.alive]) == 4, 60, "both nodes' ranks",
-                       lambda: (monitor.verdict, [n.status for n in monitor.nodes]))
-        res = await asyncio.to_thread(cli, slurm, "kill", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--yes",
-                                      "--wait", "3")
+        await wait_for(
+            lambda: len([p for p in monitor.state.ranks() if p.alive]) == 4,
+            60,
+            "both nodes' ranks",
+            lambda: (monitor.verdict, [n.status for n in monitor.nodes]),
+        )
+        res = await asyncio.to_thread(
+            cli, slurm, "kill", f"slurm:{job}", "--sim", f"{tmp_path}/%n", "--yes", "--wait", "3"
+        )
         assert res.returncode == 0 and "verified" in res.stdout, res.stdout + res.stderr
-        await wait_for(lambda: monitor.verdict.name.value in ("stopped", "no run"), 30, "the stop read",
-                       lambda: (seen, monitor.verdict))
+        await wait_for(
+            lambda: monitor.verdict.name.value in ("stopped", "no run"),
+            30,
+            "the stop read",
+            lambda: (seen, monitor.verdict),
+        )
         assert "crashed" not in seen, seen
         stops = [r for r in monitor.state.acts_of("stop") if (r.get("why") or "").startswith("cockpit kill")]
         assert len(written(stops)) == 2, stops  # the stop written by each node's agent, on its host's record
@@ -290,8 +338,7 @@ async def test_the_clean_after_a_stop_removes_what_the_run_held_on_the_host_that
         monkeypatch.setattr(kill.shm_audit, "__defaults__", (str(folder), None))  # the run's shm folder
         await wait_for(lambda: len(list(folder.glob("nccl-*"))) == 4, 60, "every rank's nccl file", w.said)
         m = await w.open(w.monitor())
-        await wait_for(lambda: len(m.shm_held) == 4, 60, "the files the run holds remembered",
-                       lambda: m.shm_held)
+        await wait_for(lambda: len(m.shm_held) == 4, 60, "the files the run holds remembered", lambda: m.shm_held)
         held = dict(m.shm_held)
         plan = await kill.plan_kill(m.session, m.scope())
         assert (await m.stop(plan, "conformance test"))["verified"]
@@ -333,12 +380,30 @@ def test_a_nodes_part_stopped_whole_elsewhere_reads_stopped_then_no_run_never_cr
         node.host._on_frame({"t": "sample"})
 
     def record(act, pids):
-        return {"id": f"{act}-{pids[0]}", "at": time.time(), "act": act, "why": "cockpit kill", "by": "ops@elsewhere",
-                "processes": [[pid, None, None] for pid in pids]}
+        return {
+            "id": f"{act}-{pids[0]}",
+            "at": time.time(),
+            "act": act,
+            "why": "cockpit kill",
+            "by": "ops@elsewhere",
+            "processes": [[pid, None, None] for pid in pids],
+        }
 
     for node, ranks in ((n1, (0, 1)), (n2, (2, 3))):
-        sample(node, procs=[{"pid": 10 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "status": "S",
-                             "cmdline": [f"sglang::scheduler_TP{r}"], "cpu_pct": 1.0} for r in ranks])
+        sample(
+            node,
+            procs=[
+                {
+                    "pid": 10 + r,
+                    "ppid": 1,
+                    "name": f"sglang::scheduler_TP{r}",
+                    "status": "S",
+                    "cmdline": [f"sglang::scheduler_TP{r}"],
+                    "cpu_pct": 1.0,
+                }
+                for r in ranks
+            ],
+        )
     assert len([p for p in m.state.ranks() if p.alive]) == 4
     sample(n1, gone=[10, 11], acts=[record("stop", [10, 11])])
     assert m.verdict.name.value == "stopped", m.verdict

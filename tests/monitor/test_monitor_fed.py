@@ -33,8 +33,12 @@ class Fed:
         self.started = self.now - 500
         self.alive = set(range(RANKS))
         self.seq = 0
-        self.state.apply({"t": "hello", "gpus": [{"index": i, "mem_total_mib": 143771, "power_limit_w": 700.0}
-                                                 for i in range(RANKS)]})
+        self.state.apply(
+            {
+                "t": "hello",
+                "gpus": [{"index": i, "mem_total_mib": 143771, "power_limit_w": 700.0} for i in range(RANKS)],
+            }
+        )
         self.state.link_state = "up"
         self.sample()
 
@@ -43,16 +47,39 @@ class Fed:
         not `busy`, sleep with their GPUs idle); `acts`: the host's records that came with it."""
         self.seq += 1
         self.alive -= set(gone)
-        self.state.apply({"acts": list(acts),
-            "t": "sample", "seq": self.seq, "ts": self.host_clock(), "gone": [100 + r for r in gone],
-            "exits": [[100 + r, exit_code] for r in gone],
-            "gpus": [{"index": i, "util_pct": 80 if busy else 0, "power_w": 500.0 if busy else 45.0, "mem_used_mib": 9866,
-                      "processes": [[100 + i, 9858]] if i in self.alive else []} for i in range(RANKS)],
-            "procs": [{"pid": 100 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}",
-                       "cmdline": [f"sglang::scheduler_TP{r}"], "status": "R" if busy else "S",
-                       "cpu_pct": 90.0 if busy else 0.0, "started": self.started}
-                      for r in sorted(self.alive)],
-            "ports": []})
+        self.state.apply(
+            {
+                "acts": list(acts),
+                "t": "sample",
+                "seq": self.seq,
+                "ts": self.host_clock(),
+                "gone": [100 + r for r in gone],
+                "exits": [[100 + r, exit_code] for r in gone],
+                "gpus": [
+                    {
+                        "index": i,
+                        "util_pct": 80 if busy else 0,
+                        "power_w": 500.0 if busy else 45.0,
+                        "mem_used_mib": 9866,
+                        "processes": [[100 + i, 9858]] if i in self.alive else [],
+                    }
+                    for i in range(RANKS)
+                ],
+                "procs": [
+                    {
+                        "pid": 100 + r,
+                        "ppid": 1,
+                        "name": f"sglang::scheduler_TP{r}",
+                        "cmdline": [f"sglang::scheduler_TP{r}"],
+                        "status": "R" if busy else "S",
+                        "cpu_pct": 90.0 if busy else 0.0,
+                        "started": self.started,
+                    }
+                    for r in sorted(self.alive)
+                ],
+                "ports": [],
+            }
+        )
         self.monitor.session.samples += 1  # received, as the session's reader counts it: what is watched is sampled
         self.monitor.update()
         return self.monitor.phase.name, self.monitor.verdict
@@ -63,13 +90,20 @@ class Fed:
 
     def stop_record(self, *ranks: int, by: str = "root@other (pid 7)") -> dict:
         """The host's record of a stop, as `cockpit kill` in another terminal writes it (now: before the next sample)."""
-        return {"act": "stop", "id": f"s{self.seq}", "at": self.host_clock(),
-                "why": "cockpit kill: asked by the operator", "by": by,
-                "processes": [[100 + r, 0, self.started] for r in ranks]}
+        return {
+            "act": "stop",
+            "id": f"s{self.seq}",
+            "at": self.host_clock(),
+            "why": "cockpit kill: asked by the operator",
+            "by": by,
+            "processes": [[100 + r, 0, self.started] for r in ranks],
+        }
 
     def plan(self, *ranks: int) -> KillPlan:
-        return KillPlan(Scope(pids=[100 + r for r in ranks]),
-                        [{"pid": 100 + r, "started": self.started, "pgid": 100, "status": "R", "title": "x"} for r in ranks])
+        return KillPlan(
+            Scope(pids=[100 + r for r in ranks]),
+            [{"pid": 100 + r, "started": self.started, "pgid": 100, "status": "R", "title": "x"} for r in ranks],
+        )
 
 
 def test_a_stop_on_the_hosts_record_reads_as_the_operators_and_the_ranks_that_followed_too():
@@ -77,8 +111,12 @@ def test_a_stop_on_the_hosts_record_reads_as_the_operators_and_the_ranks_that_fo
     assert fed.monitor.verdict.name == VerdictName.OK
     _, verdict = fed.sample(gone=[1], acts=[fed.stop_record(1)])
     assert verdict.name == VerdictName.STOPPED, verdict
-    assert verdict.evidence[0].startswith("rank 1 stopped by the operator (cockpit kill: asked by the operator, by "
-                                          "root@other (pid 7), ") and len(verdict.evidence) == 1, verdict.evidence
+    assert (
+        verdict.evidence[0].startswith(
+            "rank 1 stopped by the operator (cockpit kill: asked by the operator, by root@other (pid 7), "
+        )
+        and len(verdict.evidence) == 1
+    ), verdict.evidence
     phase, verdict = fed.sample(gone=[0, 2, 3], exit_code=1)
     assert verdict.name == VerdictName.STOPPED, verdict
     assert verdict.evidence[1] == "3 more ranks of the run went down after it: 0, 2, 3", verdict.evidence
@@ -136,8 +174,12 @@ def test_a_plain_look_ends_within_plain_look_s_whatever_it_finds():
 def test_a_plain_look_ends_sooner_under_short_stall_windows_and_at_once_when_decided():
     from cockpit.runs.layoutfile import parse_layout
 
-    fed = Fed(parse_layout("name: short\nengine: sglang\ncommand: [-m, x]\nwatch: ['sglang::*']\n"
-                           "stall: {idle_s: 4, spin_s: 3}\n", "short.yaml"))
+    fed = Fed(
+        parse_layout(
+            "name: short\nengine: sglang\ncommand: [-m, x]\nwatch: ['sglang::*']\nstall: {idle_s: 4, spin_s: 3}\n",
+            "short.yaml",
+        )
+    )
     fed.sample(busy=False)
     assert fed.monitor.verdict.name == VerdictName.WATCHING
     limit = 4 + 2 * 0.5 + 1.0  # the longer window, and two samples of slack and a second

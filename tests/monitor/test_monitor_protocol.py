@@ -28,9 +28,11 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 def kinds() -> list[Monitor]:
     layout = resolve_layout("demo")
     doc = json.loads((FIXTURES / "demo-serving.json").read_text())
-    return [HostMonitor(parse_target("local"), SessionOptions(), layout),
-            ClusterMonitor(parse_target("slurm:12345"), SessionOptions(), layout),
-            ReplayMonitor(state_from_doc(doc), layout)]
+    return [
+        HostMonitor(parse_target("local"), SessionOptions(), layout),
+        ClusterMonitor(parse_target("slurm:12345"), SessionOptions(), layout),
+        ReplayMonitor(state_from_doc(doc), layout),
+    ]
 
 
 @pytest.mark.parametrize("monitor", kinds(), ids=lambda m: type(m).__name__)
@@ -78,14 +80,23 @@ async def test_a_replayed_snapshot_is_a_monitor_with_nothing_to_act_on():
         await monitor.stop(None, "test")
     from cockpit.runs.spec import RunSpec
 
-    acts = {"plan_stop": monitor.plan_stop(), "shm_audit": monitor.shm_audit(), "shm_clean": monitor.shm_clean([]),
-            "plan_dump": monitor.plan_dump(), "pyspy_check": monitor.pyspy_check(),
-            "flight_record": monitor.flight_record(), "host_facts": monitor.host_facts(["versions"], []),
-            "run_versions": monitor.run_versions(),
-            "check_launch": monitor.check_launch(RunSpec()), "launch": monitor.launch(RunSpec()),
-            "ras": monitor.ras(), "metrics_page": monitor.metrics_page(30000, "/metrics"),
-            "flight_ranks": monitor.flight_ranks(), "flight_dump_raw": monitor.flight_dump_raw([1], False),
-            "wait_samples": monitor.wait_samples()}
+    acts = {
+        "plan_stop": monitor.plan_stop(),
+        "shm_audit": monitor.shm_audit(),
+        "shm_clean": monitor.shm_clean([]),
+        "plan_dump": monitor.plan_dump(),
+        "pyspy_check": monitor.pyspy_check(),
+        "flight_record": monitor.flight_record(),
+        "host_facts": monitor.host_facts(["versions"], []),
+        "run_versions": monitor.run_versions(),
+        "check_launch": monitor.check_launch(RunSpec()),
+        "launch": monitor.launch(RunSpec()),
+        "ras": monitor.ras(),
+        "metrics_page": monitor.metrics_page(30000, "/metrics"),
+        "flight_ranks": monitor.flight_ranks(),
+        "flight_dump_raw": monitor.flight_dump_raw([1], False),
+        "wait_samples": monitor.wait_samples(),
+    }
     for act in acts.values():  # each refused in words, naming what to do instead
         with pytest.raises(CockpitError, match="a replayed snapshot .*: attach to the host itself"):
             await act
@@ -108,8 +119,17 @@ def test_a_job_stopped_whole_stays_no_run_while_its_nodes_still_send_samples():
     st = node.monitor.state
     st.link_state = "up"
     st.apply({"t": "hello", "gpus": [{"index": 0, "mem_total_mib": 80000}]})
-    ranks = [{"pid": 10 + r, "ppid": 1, "name": f"sglang::scheduler_TP{r}", "cmdline": [f"sglang::scheduler_TP{r}"],
-              "status": "S", "cpu_pct": 1.0} for r in range(2)]
+    ranks = [
+        {
+            "pid": 10 + r,
+            "ppid": 1,
+            "name": f"sglang::scheduler_TP{r}",
+            "cmdline": [f"sglang::scheduler_TP{r}"],
+            "status": "S",
+            "cpu_pct": 1.0,
+        }
+        for r in range(2)
+    ]
     st.apply({"t": "sample", "seq": 1, "procs": ranks, "gpus": [{"index": 0, "util_pct": 50}]})
     st.apply({"t": "log", "path": "/l", "lines": ["[2026 TP0] The server is fired up and ready to roll!"]})
     node.monitor.session.watch.logs = ["/l"]
@@ -123,9 +143,16 @@ def test_a_job_stopped_whole_stays_no_run_while_its_nodes_still_send_samples():
     monitor.state.rebuild(monitor.nodes)
     monitor.update()
     assert (monitor.phase.name, monitor.verdict.name.value) == ("no run", "no run"), monitor.verdict
-    st.apply({"t": "log", "path": "/l", "lines": [  # the teardown's own lines, read after the kill's end
-        "[2026 TP1] Rank 1 scheduler is dead. Please check if there are relevant logs.",
-        "srun: error: n1: task 0: Killed"]})
+    st.apply(
+        {
+            "t": "log",
+            "path": "/l",
+            "lines": [  # the teardown's own lines, read after the kill's end
+                "[2026 TP1] Rank 1 scheduler is dead. Please check if there are relevant logs.",
+                "srun: error: n1: task 0: Killed",
+            ],
+        }
+    )
     st.apply({"t": "sample", "seq": 4})
     monitor.state.rebuild(monitor.nodes)
     monitor.update()

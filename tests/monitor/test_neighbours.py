@@ -31,15 +31,33 @@ def three_servers(sim_state, tmp_path):
     out = []
     for n in range(3):
         port = free_port()
-        out.append((port, start_by_hand(sim_state, tmp_path, port, "--base-gpu-id", str(2 * n),
-                                        "--sim-shm-dir", str(tmp_path), "--model-path", f"/models/m{n}")))
+        out.append(
+            (
+                port,
+                start_by_hand(
+                    sim_state,
+                    tmp_path,
+                    port,
+                    "--base-gpu-id",
+                    str(2 * n),
+                    "--sim-shm-dir",
+                    str(tmp_path),
+                    "--model-path",
+                    f"/models/m{n}",
+                ),
+            )
+        )
     return out
 
 
 def watching(lay, sim_state) -> HostMonitor:
-    return HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                             sim_state=str(sim_state)),
-                       layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    return HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        layout=lay,
+        watch=WatchList.for_layout(lay),
+        probe_every_s=0.25,
+    )
 
 
 async def test_a_layouts_run_is_its_own_tree_and_after_its_kill_no_run(sim_state, tmp_path, monkeypatch):
@@ -56,8 +74,12 @@ async def test_a_layouts_run_is_its_own_tree_and_after_its_kill_no_run(sim_state
         own = session_procs(a.pid)
         await monitor.open(kept=True)
         kept = asyncio.create_task(monitor.keep())
-        await wait_for(lambda: monitor.phase.name in ("ready", "serving") and len(monitor.state.ranks()) == 2,
-                       90, "the monitor sees A up", lambda: (monitor.phase, monitor.verdict, monitor.state.ranks()))
+        await wait_for(
+            lambda: monitor.phase.name in ("ready", "serving") and len(monitor.state.ranks()) == 2,
+            90,
+            "the monitor sees A up",
+            lambda: (monitor.phase, monitor.verdict, monitor.state.ranks()),
+        )
         assert set(monitor.state.procs) <= set(own), "only A's processes are watched"
         before = monitor.verdict.name
         assert before not in (VerdictName.CRASHED, VerdictName.NO_RUN), monitor.verdict
@@ -67,19 +89,42 @@ async def test_a_layouts_run_is_its_own_tree_and_after_its_kill_no_run(sim_state
         assert monitor.phase.name in ("ready", "serving"), monitor.phase
         assert all(p.alive for p in monitor.state.ranks()) and len(monitor.state.ranks()) == 2
         theirs = session_procs(c.pid)
-        res = await asyncio.to_thread(run_cli, "kill", "local", "--sim", str(sim_state), "--layout", str(layout),
-                                      "--yes", "--json", timeout=120,
-                                      env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        res = await asyncio.to_thread(
+            run_cli,
+            "kill",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            "--yes",
+            "--json",
+            timeout=120,
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 0 and json_tail(res.stdout)["verified"], (res.stdout, res.stderr)
         assert all(gone(p) for p in own) and not any(gone(p) for p in theirs)
-        await wait_for(lambda: monitor.verdict.name == VerdictName.NO_RUN, 60, "no run",
-                       lambda: (monitor.phase, monitor.verdict))
+        await wait_for(
+            lambda: monitor.verdict.name == VerdictName.NO_RUN, 60, "no run", lambda: (monitor.phase, monitor.verdict)
+        )
         await monitor.session.wait_samples(12)
         assert monitor.verdict.name == VerdictName.NO_RUN and monitor.phase.name == "no run", monitor.verdict
         alive = [(p.pid, p.ppid, p.cmdline[-8:]) for p in monitor.state.procs.values() if p.alive and p.status != "Z"]
-        assert not alive, f"C is never followed as the run: {alive} {dict(monitor.following or {})} {port_a} {port_c} {a.pid} {c.pid}"
-        res = await asyncio.to_thread(run_cli, "snapshot", "local", "--sim", str(sim_state), "--layout", str(layout),
-                                      "--json", timeout=120, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        assert not alive, (
+            f"C is never followed as the run: {alive} {dict(monitor.following or {})} {port_a} {port_c} {a.pid} {c.pid}"
+        )
+        res = await asyncio.to_thread(
+            run_cli,
+            "snapshot",
+            "local",
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            "--json",
+            timeout=120,
+            env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        )
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert doc["verdict"]["name"] == "no run" and doc["phase"]["name"] == "no run", doc["verdict"]
@@ -101,22 +146,34 @@ async def test_no_layout_every_server_is_its_own_run_judged_alone(sim_state, tmp
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     servers = three_servers(sim_state, tmp_path)
     (port_a, a), (port_b, b), (port_c, c) = servers
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), probe_every_s=0.25)
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        probe_every_s=0.25,
+    )
     kept = None
 
     def judged(pid):
         return next((j for j in monitor.runs_judged() if j.server.root == pid), None)
 
     def said():
-        return [(j.server.root, j.server.ports, j.phase.name, str(j.verdict), j.verdict.evidence[:2])
-                for j in monitor.runs_judged()]
+        return [
+            (j.server.root, j.server.ports, j.phase.name, str(j.verdict), j.verdict.evidence[:2])
+            for j in monitor.runs_judged()
+        ]
+
     try:
         await monitor.open(kept=True)
         kept = asyncio.create_task(monitor.keep())
         assert monitor.several and monitor.following is None, "several servers: none followed"
-        await wait_for(lambda: all(judged(s.pid) is not None and judged(s.pid).phase.name in ("ready", "serving")
-                                   for s in (a, b, c)), 90, "each server judged up", said)
+        await wait_for(
+            lambda: all(
+                judged(s.pid) is not None and judged(s.pid).phase.name in ("ready", "serving") for s in (a, b, c)
+            ),
+            90,
+            "each server judged up",
+            said,
+        )
         rank = next(p for p in session_procs(b.pid) if "TP1" in " ".join(agent_procs._read_cmdline(p)))
         os.kill(rank, signal.SIGKILL)  # B: one rank gone, then its server ends the rest: a crash of B's alone
         await wait_for(lambda: judged(b.pid).verdict.name == VerdictName.CRASHED, 60, "B crashed", said)
@@ -125,8 +182,9 @@ async def test_no_layout_every_server_is_its_own_run_judged_alone(sim_state, tmp
             assert judged(s.pid).verdict.name not in (VerdictName.CRASHED, VerdictName.STOPPED), said()
             assert judged(s.pid).phase.name in ("ready", "serving"), said()
         assert monitor.verdict.name == VerdictName.NO_RUN and "each its own run" in monitor.verdict.evidence[0]
-        res = await asyncio.to_thread(run_cli, "snapshot", "local", "--sim", str(sim_state), "--json", "--wait", "3",
-                                      timeout=120)
+        res = await asyncio.to_thread(
+            run_cli, "snapshot", "local", "--sim", str(sim_state), "--json", "--wait", "3", timeout=120
+        )
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         runs = {r["root"]: r for r in doc["runs"]}
@@ -155,8 +213,11 @@ async def test_the_screen_lists_every_server_and_enter_follows_one(sim_state, tm
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     servers = three_servers(sim_state, tmp_path)
     (port_a, a), (port_b, b), (port_c, c) = servers
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), probe_every_s=0.25)
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        probe_every_s=0.25,
+    )
     app = CockpitApp(monitor=monitor)
     try:
         async with app.run_test(size=(200, 60)) as pilot:
@@ -165,20 +226,40 @@ async def test_the_screen_lists_every_server_and_enter_follows_one(sim_state, tm
 
             def listed() -> set[str]:
                 return set(table._keys)
-            await until(pilot, lambda: {str(a.pid), str(b.pid), str(c.pid)} <= listed() and all(
-                str(table.get_cell(str(s.pid), "ports")) == str(p) for p, s in servers), 90)
+
+            await until(
+                pilot,
+                lambda: (
+                    {str(a.pid), str(b.pid), str(c.pid)} <= listed()
+                    and all(str(table.get_cell(str(s.pid), "ports")) == str(p) for p, s in servers)
+                ),
+                90,
+            )
             assert not table.has_class("empty")
             table.focus()
             table.move_cursor(row=table._keys.index(str(b.pid)))
             await pilot.press("enter")
             own = set(session_procs(b.pid))
-            await until(pilot, lambda: monitor.following is not None and monitor.following.get("root") == b.pid
-                        and monitor.state.procs and set(p.pid for p in monitor.state.procs.values()
-                                                        if p.alive) <= own
-                        and len(monitor.state.ranks()) == 2, 60)
-            await until(pilot, lambda: str(table.get_cell(str(b.pid), "verdict")).startswith("▶")
-                        and str(table.get_cell(str(a.pid), "verdict")) == "neighbour"
-                        and str(table.get_cell(str(c.pid), "verdict")) == "neighbour", 60)
+            await until(
+                pilot,
+                lambda: (
+                    monitor.following is not None
+                    and monitor.following.get("root") == b.pid
+                    and monitor.state.procs
+                    and set(p.pid for p in monitor.state.procs.values() if p.alive) <= own
+                    and len(monitor.state.ranks()) == 2
+                ),
+                60,
+            )
+            await until(
+                pilot,
+                lambda: (
+                    str(table.get_cell(str(b.pid), "verdict")).startswith("▶")
+                    and str(table.get_cell(str(a.pid), "verdict")) == "neighbour"
+                    and str(table.get_cell(str(c.pid), "verdict")) == "neighbour"
+                ),
+                60,
+            )
             # B's log alone (a sample sent before the agent took the new watch may still carry another's)
             await until(pilot, lambda: list(monitor.state.logs) == [str(tmp_path / f"by-hand-{port_b}.log")], 30)
     finally:
@@ -209,14 +290,18 @@ def test_ranks_spawned_by_a_parent_no_pattern_names_are_one_server_rooted_there(
 
     script = tmp_path / "job.py"
     script.write_text(RANKS_OF_AN_UNTITLED_PARENT)
-    job = subprocess.Popen([sys.executable, str(script), "serve"], stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    job = subprocess.Popen(
+        [sys.executable, str(script), "serve"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert job.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 30
         while True:
-            found = [s for s in agent_kill.host_servers()["servers"]
-                     if any(m["pid"] in session_procs(job.pid) for m in s["members"])]
+            found = [
+                s
+                for s in agent_kill.host_servers()["servers"]
+                if any(m["pid"] in session_procs(job.pid) for m in s["members"])
+            ]
             titles = [m["title"] for s in found for m in s["members"]]
             if sum("VLLM::Worker_TP" in t for t in titles) == 2 or time.monotonic() > deadline:
                 break
@@ -241,8 +326,11 @@ async def test_a_simulated_host_lists_only_the_servers_started_into_it(sim_state
     (tmp_path / "theirs").mkdir()
     ours = start_by_hand(sim_state, tmp_path / "ours", free_port())
     theirs = start_by_hand(elsewhere, tmp_path / "theirs", free_port())
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)), WatchList(patterns=[]))
+    session = HostSession(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        WatchList(patterns=[]),
+    )
     try:
         roots = {s["root"] for s in agent_kill.host_servers()["servers"]}
         assert {ours.pid, theirs.pid} <= roots, roots

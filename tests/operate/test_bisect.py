@@ -53,15 +53,18 @@ def test_a_parameter_named_in_vary_is_searched_between_its_values():
     assert describe_answer(plan, step.answer) == "mem_fraction_static=0.85 (good: 0.7)"
 
 
-@pytest.mark.parametrize("enabled, kw, message", [
-    ("", {"vary": ["nope"]}, "not a flag set"),
-    ("", {"good": ["nope"]}, "no flag set 'nope'"),
-    ("attn", {"vary": ["attn"], "good": ["attn"]}, "attn is on in both"),
-    ("attn", {"vary": ["attn"], "good": ["eagle3"]}, "--good eagle3: eagle3 is off .* add it to --vary"),
-    ("attn", {"confidence": 2}, "a probability from 0.5"),
-    ("attn", {"budget": 0}, "at least 1 launch"),
-    ("", {}, "nothing to bisect"),
-])
+@pytest.mark.parametrize(
+    "enabled, kw, message",
+    [
+        ("", {"vary": ["nope"]}, "not a flag set"),
+        ("", {"good": ["nope"]}, "no flag set 'nope'"),
+        ("attn", {"vary": ["attn"], "good": ["attn"]}, "attn is on in both"),
+        ("attn", {"vary": ["attn"], "good": ["eagle3"]}, "--good eagle3: eagle3 is off .* add it to --vary"),
+        ("attn", {"confidence": 2}, "a probability from 0.5"),
+        ("attn", {"budget": 0}, "at least 1 launch"),
+        ("", {}, "nothing to bisect"),
+    ],
+)
 def test_bad_choices_are_one_line_naming_the_fix(enabled, kw, message):
     with pytest.raises(CockpitError, match=message):
         make_plan(layout_of(enabled), "h", **kw)
@@ -78,8 +81,16 @@ def test_the_ledger_groups_a_bisects_runs_under_its_line_and_keeps_its_records_a
     append_ledger(layout, {"event": "bisect", "bisect_id": "bisect-1", "identity": "x"})
     for run_id in ("r2", "r4"):
         append_ledger(layout, {"event": "bisect-step", "bisect_id": "bisect-1", "run": run_id, "outcome": "ready"})
-    append_ledger(layout, {"event": "bisect-result", "bisect_id": "bisect-1", "status": "found", "answer": ["eagle3"],
-                           "answer_text": "eagle3"})
+    append_ledger(
+        layout,
+        {
+            "event": "bisect-result",
+            "bisect_id": "bisect-1",
+            "status": "found",
+            "answer": ["eagle3"],
+            "answer_text": "eagle3",
+        },
+    )
     runs = read_ledger(layout)
     assert [r["run_id"] for r in runs] == ["r1", "r2", "r3", "r4"] and all(r["outcome"] == "ready" for r in runs)
     (group,) = read_bisects(layout)
@@ -88,9 +99,20 @@ def test_the_ledger_groups_a_bisects_runs_under_its_line_and_keeps_its_records_a
     starts = [line.split()[0] for line in lines[1:] if not line.startswith("    ")]
     assert starts == ["r1", "bisect-1:", "r2", "r4", "r3"]
     assert "bisect-1: found eagle3, 2 launches" in lines  # a result written before bisects kept their odds
-    append_ledger(layout, {"event": "bisect-result", "bisect_id": "bisect-1", "status": "found", "answer": ["eagle3"],
-                           "answer_text": "eagle3", "probability": 0.9712})
-    assert "bisect-1: found eagle3 (97% likely), 2 launches" in describe_ledger(runs, now=3.0, bisects=read_bisects(layout))
+    append_ledger(
+        layout,
+        {
+            "event": "bisect-result",
+            "bisect_id": "bisect-1",
+            "status": "found",
+            "answer": ["eagle3"],
+            "answer_text": "eagle3",
+            "probability": 0.9712,
+        },
+    )
+    assert "bisect-1: found eagle3 (97% likely), 2 launches" in describe_ledger(
+        runs, now=3.0, bisects=read_bisects(layout)
+    )
     assert describe_ledger(runs, now=3.0)[1].startswith("r1")  # without bisects: every run in its place
 
 
@@ -133,8 +155,21 @@ def running(port: int) -> str:
 
 
 def bisect_cli(target, env, *extra, timeout=400):
-    res = run_cli("bisect", *target, "--settle", "1", "--timeout", "60", "--interval", "0.25", "--yes", "--json", *extra, env=env,
-                  timeout=timeout)
+    res = run_cli(
+        "bisect",
+        *target,
+        "--settle",
+        "1",
+        "--timeout",
+        "60",
+        "--interval",
+        "0.25",
+        "--yes",
+        "--json",
+        *extra,
+        env=env,
+        timeout=timeout,
+    )
     doc = json.loads(res.stdout) if res.stdout.strip().startswith("{") else None
     return res, doc
 
@@ -144,13 +179,33 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host, m
     path, target = make("graphs, eagle3, allreduce, attn")
     layout = parse_layout(path.read_text(), str(path))
     said = open(path.parent / "bisect-stderr.txt", "w+")  # a file, not a pipe: a full pipe would block its progress
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "bisect", *target, "--settle", "1", "--timeout", "60",
-                             "--interval", "0.25", "--yes", "--json"], env=dict(os.environ, **env), stdout=subprocess.PIPE,
-                            stderr=said, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit",
+            "bisect",
+            *target,
+            "--settle",
+            "1",
+            "--timeout",
+            "60",
+            "--interval",
+            "0.25",
+            "--yes",
+            "--json",
+        ],
+        env=dict(os.environ, **env),
+        stdout=subprocess.PIPE,
+        stderr=said,
+        text=True,
+    )
     monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
     try:
         deadline = time.monotonic() + 200
-        while not (read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3):
+        while not (
+            read_bisects(layout) and len(read_bisects(layout)[0]["steps"]) >= 2 and len(read_ledger(layout)) >= 3
+        ):
             assert time.monotonic() < deadline and proc.poll() is None, said.read() if proc.poll() else ""
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)  # while the third candidate is under way
@@ -177,11 +232,11 @@ def test_one_of_four_hangs_found_alone_across_ctrl_c_and_a_resume(bisect_host, m
     for s in judged:
         known.setdefault(frozenset(s["applied"]), []).append(s["outcome"])
     _, rest, _ = drive(plan, lambda on: "eagle3" in on, known=known, launched=len(first["steps"]))
-    assert [frozenset(s["applied"]) for s in doc["steps"][doc["resumed"]:]] == rest
+    assert [frozenset(s["applied"]) for s in doc["steps"][doc["resumed"] :]] == rest
     for s in doc["steps"]:
         assert s["outcome"] in ("stalled-idle", "ready", "interrupted") and s["seconds"] > 0 and s["run"]
         assert ("eagle3" in s["candidate"]) == (s["outcome"] == "stalled-idle") or s["outcome"] == "interrupted"
-    assert doc["facts"].get("driver") and all(s["odds"] for s in doc["steps"][doc["resumed"]:])
+    assert doc["facts"].get("driver") and all(s["odds"] for s in doc["steps"][doc["resumed"] :])
     assert not running(port)
     table = run_cli("runs", "--layout", str(path), env=env).stdout
     assert f"{doc['bisect_id']}: found eagle3 ({doc['probability']:.0%} likely), {len(doc['steps'])} launches" in table
@@ -238,8 +293,9 @@ def test_a_flaky_hang_is_found_with_its_odds_on_the_simulated_host(bisect_host):
 
 def bisect_cli_text(target, env) -> str:
     """The plain report of the bisect the ledger already answers (nothing launched)."""
-    res = run_cli("bisect", *target, "--settle", "1", "--timeout", "60", "--interval", "0.25", "--yes", env=env,
-                  timeout=120)
+    res = run_cli(
+        "bisect", *target, "--settle", "1", "--timeout", "60", "--interval", "0.25", "--yes", env=env, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
 
@@ -277,8 +333,14 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
             plan = save_text(app, None)
             assert "bisect over 1: eagle3" in plan and "the run: launched by this cockpit" in plan
             await pilot.press("y")
-            await until(pilot, lambda: f"bisect: launch 1 of at most {most}, eagle3 (odds: eagle3" in
-                        " ".join(save_text(app, None).split()), 30)
+            await until(
+                pilot,
+                lambda: (
+                    f"bisect: launch 1 of at most {most}, eagle3 (odds: eagle3"
+                    in " ".join(save_text(app, None).split())
+                ),
+                30,
+            )
             await pilot.press("B")  # while it runs: stop it
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
             await until(pilot, lambda: "Stop the bisection?" in save_text(app, None), 10)
@@ -322,9 +384,21 @@ async def test_b_in_the_cockpit_shows_the_plan_runs_it_and_l_groups_its_runs(sim
 
 def bisect_doc(steps, status="found", answer=("eagle3",), p=0.97):
     text = ", ".join(answer)
-    return {"bisect_id": "bisect-x", "status": status, "answer": list(answer), "answer_text": text, "why": "",
-            "probability": p, "rate": 1.0, "odds": [[text, p]], "launches": len(steps), "launched_now": len(steps),
-            "resumed": 0, "set_aside": 0, "steps": steps}
+    return {
+        "bisect_id": "bisect-x",
+        "status": status,
+        "answer": list(answer),
+        "answer_text": text,
+        "why": "",
+        "probability": p,
+        "rate": 1.0,
+        "odds": [[text, p]],
+        "launches": len(steps),
+        "launched_now": len(steps),
+        "resumed": 0,
+        "set_aside": 0,
+        "steps": steps,
+    }
 
 
 def test_the_report_at_80_columns_never_splits_a_value_and_counts_in_words():
@@ -338,9 +412,16 @@ def test_the_report_at_80_columns_never_splits_a_value_and_counts_in_words():
     from cockpit.ui.screens import Hanging
 
     sets = ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b", "no_custom_all_reduce", "flaky"]
-    steps = [{"run": f"layout-with-a-long-name-20261205-0859{n:02d}-981", "candidate": ",".join(sets[:n + 1]),
-              "outcome": "stalled-spinning", "seconds": 1234.0, "odds": [["eagle3", 0.5 + n / 20]]}
-             for n in range(len(sets))]
+    steps = [
+        {
+            "run": f"layout-with-a-long-name-20261205-0859{n:02d}-981",
+            "candidate": ",".join(sets[: n + 1]),
+            "outcome": "stalled-spinning",
+            "seconds": 1234.0,
+            "odds": [["eagle3", 0.5 + n / 20]],
+        }
+        for n in range(len(sets))
+    ]
     lines = describe_bisect(bisect_doc(steps))
     console = Console(width=74, file=io.StringIO(), color_system=None, record=True)
     console.print(Hanging(lines))
@@ -357,24 +438,38 @@ def test_the_resumes_plan_says_nothing_is_launched_nor_killed_when_the_ledger_an
     from cockpit.runs.bisect import split_steps
 
     plan = make_plan(layout_of("graphs, eagle3"), "h")
-    steps = [{"applied": ["graphs", "eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
-             {"applied": ["graphs"], "outcome": "ready", "facts": {"driver": "550.54"}},
-             {"applied": ["eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
-             {"applied": [], "outcome": "ready", "facts": {"driver": "550.54"}},
-             {"applied": ["graphs"], "outcome": "stalled-idle"}]  # a ledger from before facts were kept
+    steps = [
+        {"applied": ["graphs", "eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
+        {"applied": ["graphs"], "outcome": "ready", "facts": {"driver": "550.54"}},
+        {"applied": ["eagle3"], "outcome": "stalled-idle", "facts": {"driver": "550.54"}},
+        {"applied": [], "outcome": "ready", "facts": {"driver": "550.54"}},
+        {"applied": ["graphs"], "outcome": "stalled-idle"},
+    ]  # a ledger from before facts were kept
     kept, aside = split_steps(steps, {"driver": "550.54", "torch": "2.8.0"})
     assert kept == steps and aside == []
     from cockpit.runs.bisect import known_outcomes
 
-    ready = Prepared(plan, {"driver": "550.54"}, {"bisect_id": "bisect-1", "steps": steps}, steps[:4], [],
-                     advance(plan, known_outcomes(plan, steps[:4]), 4))
+    ready = Prepared(
+        plan,
+        {"driver": "550.54"},
+        {"bisect_id": "bisect-1", "steps": steps},
+        steps[:4],
+        [],
+        advance(plan, known_outcomes(plan, steps[:4]), 4),
+    )
     text = "\n".join(ready.describe())
     assert not ready.launches and "nothing is launched nor stopped" in text and "killed" not in text
     assert "resumes bisect-1: 4 launches already in the ledger" in text
     # after a driver upgrade the same launches are set aside: the bisect starts over, and says why
     kept, aside = split_steps(steps, {"driver": "560.28"})
     assert kept == steps[4:] and aside == steps[:4]
-    again = Prepared(plan, {"driver": "560.28"}, {"bisect_id": "bisect-1", "steps": steps}, kept, aside,
-                     advance(plan, known_outcomes(plan, kept), len(kept)))
+    again = Prepared(
+        plan,
+        {"driver": "560.28"},
+        {"bisect_id": "bisect-1", "steps": steps},
+        kept,
+        aside,
+        advance(plan, known_outcomes(plan, kept), len(kept)),
+    )
     said = "\n".join(again.describe())
     assert again.launches and "4 launches of it set aside: made under other host facts (driver 550.54 → 560.28)" in said

@@ -45,8 +45,9 @@ def screen_host(sim_state, tmp_path, monkeypatch):
 
 
 async def healthy(pilot, app):
-    await until(pilot, lambda: app.cockpit.verdict.name.value == "ok" and app.cockpit.phase.name in ("ready", "serving"),
-                90)
+    await until(
+        pilot, lambda: app.cockpit.verdict.name.value == "ok" and app.cockpit.phase.name in ("ready", "serving"), 90
+    )
 
 
 def flat(app) -> str:
@@ -62,7 +63,7 @@ def dialog_text(app) -> str:
     rows = save_text(app, None).splitlines()
     top = next(i for i, row in enumerate(rows) if "╭" in row and "╮" in row and row.index("╮") - row.index("╭") > 40)
     left, right = rows[top].index("╭"), rows[top].index("╮")
-    return " ".join(" ".join(row[left + 1:right] for row in rows[top + 1:]).split())
+    return " ".join(" ".join(row[left + 1 : right] for row in rows[top + 1 :]).split())
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 50)])

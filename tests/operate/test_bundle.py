@@ -48,12 +48,19 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
         runs.append(run.record)
         monitor.follow(run)
 
-    monitor = HostMonitor(parse_target("demo"), SessionOptions(python=sys.executable, interval=0.5, sim_state=sim_state),
-                          layout, on_connect=on_connect)
+    monitor = HostMonitor(
+        parse_target("demo"),
+        SessionOptions(python=sys.executable, interval=0.5, sim_state=sim_state),
+        layout,
+        on_connect=on_connect,
+    )
     try:
         async with monitor.attached():
-            await wait_for(lambda: any("ready to roll" in log.text() for log in monitor.state.logs.values()), 60,
-                           "the demo run to serve")
+            await wait_for(
+                lambda: any("ready to roll" in log.text() for log in monitor.state.logs.values()),
+                60,
+                "the demo run to serve",
+            )
         res = run_cli("bundle", "demo", "--layout", str(layout_path), "--json", env=env, timeout=180)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
@@ -63,8 +70,18 @@ async def test_cockpit_bundle_demo_json_lists_every_ranks_stacks_log_metrics_and
         names = [n.split("/", 1)[1] for n in doc["contents"]]
         stacks = sorted(n for n in names if n.startswith("stacks/rank"))
         assert [n.split("-")[0] for n in stacks] == [f"stacks/rank{r}" for r in range(8)], stacks
-        for needed in ("manifest.json", "stacks/groups.txt", "log-tail.txt", "metrics-1.txt", "metrics-2.txt",
-                       "metrics-summary.json", "verdict.json", "snapshot.json", "versions.json", "gpu-health.json"):
+        for needed in (
+            "manifest.json",
+            "stacks/groups.txt",
+            "log-tail.txt",
+            "metrics-1.txt",
+            "metrics-2.txt",
+            "metrics-summary.json",
+            "verdict.json",
+            "snapshot.json",
+            "versions.json",
+            "gpu-health.json",
+        ):
             assert needed in names, (needed, names)
         with tarfile.open(path) as tar:
             members = tar.getnames()

@@ -64,8 +64,9 @@ def test_ssh_snapshot_agrees_with_local(tp8, sim_state, sshd):
 
 
 async def test_a_dead_rank_releases_its_memory_within_two_samples(tp8, sim_state):
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.3,
-                                                                 sim_state=str(sim_state)))
+    session = HostSession(
+        parse_target("local"), SessionOptions(python=sys.executable, interval=0.3, sim_state=str(sim_state))
+    )
     await session.connect()
     try:
         await session.wait_samples(2)
@@ -114,8 +115,19 @@ def fails(*args, expect: str):
 def test_unknown_host_key_is_refused_with_its_fingerprint_then_accepted_on_request(sshd, tmp_path, sim_state):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    args = ["snapshot", "cockpit-test", "--json", "--python", sys.executable, "--sim", str(sim_state),
-            "--ssh-config", str(sshd.client_config), "--known-hosts", str(empty)]
+    args = [
+        "snapshot",
+        "cockpit-test",
+        "--json",
+        "--python",
+        sys.executable,
+        "--sim",
+        str(sim_state),
+        "--ssh-config",
+        str(sshd.client_config),
+        "--known-hosts",
+        str(empty),
+    ]
     line = fails(*args, expect="unknown host key")
     assert "SHA256:" in line and "--accept-new" in line
     assert empty.read_text() == ""
@@ -129,27 +141,55 @@ def test_unknown_host_key_is_refused_with_its_fingerprint_then_accepted_on_reque
 def test_changed_host_key_is_refused_loudly_even_with_accept_new(sshd, tmp_path, sim_state):
     other = tmp_path / "other"
     import subprocess
+
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     known = tmp_path / "known_hosts"
     alg, blob = (tmp_path / "other.pub").read_text().split()[:2]
     known.write_text(f"[127.0.0.1]:{sshd.port} {alg} {blob}\n")
-    line = fails("snapshot", "cockpit-test", "--json", "--python", sys.executable, "--accept-new",
-                 "--ssh-config", str(sshd.client_config), "--known-hosts", str(known), expect="HOST KEY CHANGED")
+    line = fails(
+        "snapshot",
+        "cockpit-test",
+        "--json",
+        "--python",
+        sys.executable,
+        "--accept-new",
+        "--ssh-config",
+        str(sshd.client_config),
+        "--known-hosts",
+        str(known),
+        expect="HOST KEY CHANGED",
+    )
     assert f"{known}:1" in line and f"ssh-keygen -f {known} -R" in line
 
 
 def test_refused_auth_says_what_to_do(sshd, tmp_path):
     import subprocess
+
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
     cfg = tmp_path / "ssh_config"
     cfg.write_text(sshd.client_config.read_text().replace(f"{sshd.root}/client_key", str(tmp_path / "stranger")))
-    fails("snapshot", "cockpit-test", "--json", "--ssh-config", str(cfg), "--known-hosts", str(sshd.known_hosts),
-          expect="authentication refused")
+    fails(
+        "snapshot",
+        "cockpit-test",
+        "--json",
+        "--ssh-config",
+        str(cfg),
+        "--known-hosts",
+        str(sshd.known_hosts),
+        expect="authentication refused",
+    )
 
 
 def test_missing_python_on_the_host(sshd):
-    line = fails("snapshot", "cockpit-test", "--json", "--python", "/opt/no/python3", *sshd.cli_args(),
-                 expect="not found on cockpit-test")
+    line = fails(
+        "snapshot",
+        "cockpit-test",
+        "--json",
+        "--python",
+        "/opt/no/python3",
+        *sshd.cli_args(),
+        expect="not found on cockpit-test",
+    )
     assert "--python" in line
 
 
@@ -167,17 +207,21 @@ def test_host_python_without_any_package_runs_the_agent_over_ssh(sshd, tmp_path,
     assert rank.pid in [p["pid"] for p in doc["processes"]]
 
 
-@pytest.mark.parametrize("target, expect", [
-    ("user@", "malformed target"),
-    ("host:99999", "not in 1-65535"),
-    ("no-such-host.invalid", "cannot resolve"),
-])
+@pytest.mark.parametrize(
+    "target, expect",
+    [
+        ("user@", "malformed target"),
+        ("host:99999", "not in 1-65535"),
+        ("no-such-host.invalid", "cannot resolve"),
+    ],
+)
 def test_bad_targets(target, expect):
     fails("snapshot", target, "--json", expect=expect)
 
 
 def test_unreachable_port():
     from conftest import free_port
+
     fails("snapshot", f"root@127.0.0.1:{free_port()}", "--json", expect="connection refused")
 
 
@@ -220,8 +264,11 @@ def test_the_watch_is_current_only_after_a_sample_that_follows_the_agents_answer
     log.write_text("[2026-12-02 10:00:00] The server is fired up and ready to roll!\n")
 
     async def go():
-        session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.5,
-                                                                    sim_state=str(sim_state)), WatchList())
+        session = HostSession(
+            parse_target("local"),
+            SessionOptions(python=sys.executable, interval=0.5, sim_state=str(sim_state)),
+            WatchList(),
+        )
         await session.connect()
         try:
             await session.wait_samples(1)

@@ -86,32 +86,48 @@ def test_dumps_recorded_on_h200s_name_the_hung_rank():
     rank 0 is said to have enqueued it and to wait, not to be "in it", and never "ranks none"."""
     dumps = {r: dump_of(f"recorded-rank{r}.pickle") for r in (0, 1)}
     assert {r: (d["version"], d["entries_total"], d["comm_lib_version"]) for r, d in dumps.items()} == {
-        0: ("2.10", 2000, "2.28.9"), 1: ("2.10", 2000, "2.28.9")}
-    assert dumps[0]["pg_status"]["0"] == {"last_enqueued_collective": 78556, "last_started_collective": -1,
-                                          "last_completed_collective": 78555}
-    assert [(e["collective_seq_id"], e["state"]) for e in dumps[0]["entries"][-2:]] == [(78555, "completed"),
-                                                                                        (78556, "scheduled")]
+        0: ("2.10", 2000, "2.28.9"),
+        1: ("2.10", 2000, "2.28.9"),
+    }
+    assert dumps[0]["pg_status"]["0"] == {
+        "last_enqueued_collective": 78556,
+        "last_started_collective": -1,
+        "last_completed_collective": 78555,
+    }
+    assert [(e["collective_seq_id"], e["state"]) for e in dumps[0]["entries"][-2:]] == [
+        (78555, "completed"),
+        (78556, "scheduled"),
+    ]
     assert dumps[1]["entries"][-1]["collective_seq_id"] == 78555
     result = flightrec.compare(dumps)
     assert result["odd_rank"] == 1
-    assert result["lines"] == [("rank 1 never called all_reduce #78556 (last collective #78555); "
-                                "rank 0 enqueued it and waits")]
+    assert result["lines"] == [
+        ("rank 1 never called all_reduce #78556 (last collective #78555); rank 0 enqueued it and waits")
+    ]
     [g] = result["groups"]
     assert (g["collective"], g["op"], g["last_enqueued"], g["last_completed"]) == (
-        78556, "all_reduce", {0: 78556, 1: 78555}, {0: 78555, 1: 78555})
+        78556,
+        "all_reduce",
+        {0: 78556, 1: 78555},
+        {0: 78555, 1: 78555},
+    )
     assert g["starts_tracked"] == {0: False, 1: False}
     # what `cockpit flightrec` prints: started is a lower bound here, and said so
     answer = {"ranks": {str(r): {"entries_total": 2000, "file": f"/tmp/fr/trace_rank_{r}"} for r in (0, 1)}}
     assert flightrec.describe(answer, result)[2:] == [
-        ("process group 0: last enqueued {0: 78556, 1: 78555}, started at least {0: 78555, 1: 78555}, "
-         "completed {0: 78555, 1: 78555} (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)"),
-        "rank 1 never called all_reduce #78556 (last collective #78555); rank 0 enqueued it and waits"]
+        (
+            "process group 0: last enqueued {0: 78556, 1: 78555}, started at least {0: 78555, 1: 78555}, "
+            "completed {0: 78555, 1: 78555} (starts not tracked: TORCH_NCCL_ENABLE_TIMING unset)"
+        ),
+        "rank 1 never called all_reduce #78556 (last collective #78555); rank 0 enqueued it and waits",
+    ]
     # the same numbers as `cockpit flightrec --json` gave on the GPUs (tests/data/gpu-run5/flightrec.json),
     # whose line still had the old wording ("ranks none are in it")
     recorded = json.loads((DATA.parent / "gpu-run5" / "flightrec.json").read_text())["comparison"]
     [rg] = recorded["groups"]
     assert {k: {int(r): v for r, v in rg[k].items()} for k in ("last_enqueued", "last_started", "last_completed")} == {
-        k: g[k] for k in ("last_enqueued", "last_started", "last_completed")}
+        k: g[k] for k in ("last_enqueued", "last_started", "last_completed")
+    }
     assert recorded["lines"] == ["rank 1 never called all_reduce #78556 (last collective #78555); ranks none are in it"]
 
 
@@ -119,9 +135,13 @@ def test_without_start_tracking_a_symmetric_hang_names_no_rank_and_says_why():
     d0 = dump_of("recorded-rank0.pickle")
     result = flightrec.compare({0: d0, 1: d0})  # both ranks enqueued #78556, neither completed it
     assert result["odd_rank"] is None
-    assert result["lines"] == [("every rank enqueued all_reduce #78556 and none completed it (starts not tracked: "
-                                "TORCH_NCCL_ENABLE_TIMING unset): a hang in or before the collective on every rank; "
-                                "the flight recorder cannot name a rank")]
+    assert result["lines"] == [
+        (
+            "every rank enqueued all_reduce #78556 and none completed it (starts not tracked: "
+            "TORCH_NCCL_ENABLE_TIMING unset): a hang in or before the collective on every rank; "
+            "the flight recorder cannot name a rank"
+        )
+    ]
     # and a rank whose start is tracked beside one that only enqueued: each said as what it is
     started = dump_of("constructed-rank0.pickle")  # #42 started (timing on)
     queued = dump_of("constructed-rank0.pickle")
@@ -129,19 +149,33 @@ def test_without_start_tracking_a_symmetric_hang_names_no_rank_and_says_why():
     queued["pg_status"]["0"]["last_started_collective"] = 41
     behind = dump_of("constructed-rank1.pickle")
     result = flightrec.compare({0: started, 1: behind, 2: queued})
-    assert result["lines"] == [("rank 1 never called all_reduce #42 (last collective #41); rank 0 is in it, "
-                                "rank 2 enqueued it and waits")]
+    assert result["lines"] == [
+        ("rank 1 never called all_reduce #42 (last collective #41); rank 0 is in it, rank 2 enqueued it and waits")
+    ]
 
 
 @pytest.fixture
 def fake_ranks(tmp_path):
     procs = []
-    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DUMP_ON_TIMEOUT="1",
-               TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "pipe_rank_"),
-               TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "trace_rank_"))
+    env = dict(
+        os.environ,
+        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
+        TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "pipe_rank_"),
+        TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "trace_rank_"),
+    )
     for rank in (0, 1):
-        p = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "fake_fr_rank.py"), str(rank),
-                              str(DATA / f"constructed-rank{rank}.pickle")], stdout=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).parents[1] / "fake_fr_rank.py"),
+                str(rank),
+                str(DATA / f"constructed-rank{rank}.pickle"),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert p.stdout.readline().strip() == "ready"
         procs.append(p)
     yield procs
@@ -169,8 +203,11 @@ def test_the_agent_pokes_every_ranks_pipe_and_reads_the_dumps(fake_ranks, tmp_pa
 
 
 async def test_flight_recorder_through_a_session_and_unarmed_ranks(fake_ranks):
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25),
-                          WatchList(patterns=[], pids=[p.pid for p in fake_ranks]))
+    session = HostSession(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25),
+        WatchList(patterns=[], pids=[p.pid for p in fake_ranks]),
+    )
     await session.connect()
     try:
         pids = [kid for p in fake_ranks for kid in kids(p)]
@@ -205,13 +242,34 @@ def test_the_simulated_server_keeps_a_flight_recorder_that_names_its_hung_rank(s
 
     port = free_port()
     layout = tmp_path / "fr.yaml"
-    layout.write_text(f"name: fr\nengine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\n"
-                      f"log: {tmp_path}/server.log\nmetrics: false\n")
+    layout.write_text(
+        f"name: fr\nengine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\n"
+        f"log: {tmp_path}/server.log\nmetrics: false\n"
+    )
     env = {**os.environ, "COCKPIT_SIM_STATE": str(sim_state), **forensics_env(str(tmp_path / "run"))}
-    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "4", "--port", str(port),
-                               "--sim-speed", "4", "--sim-shm-dir", str(tmp_path), "--sim-hang-rank", "2",
-                               "--sim-traffic", "2"], stdout=open(tmp_path / "server.log", "w"),
-                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit.sim.server",
+            "--tp-size",
+            "4",
+            "--port",
+            str(port),
+            "--sim-speed",
+            "4",
+            "--sim-shm-dir",
+            str(tmp_path),
+            "--sim-hang-rank",
+            "2",
+            "--sim-traffic",
+            "2",
+        ],
+        stdout=open(tmp_path / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         pipes = [f"run.fr_pipe_rank_{r}.pipe" for r in range(4)]

@@ -22,17 +22,35 @@ ROOT = Path(__file__).parents[2]
 
 def test_explain_names_rank_1_crashed_of_a_cuda_error_in_the_real_log():
     """`cockpit explain tests/data/gpu-run5/tp-die.log --json`: the post-mortem without a host."""
-    out = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(RUN5 / "tp-die.log"), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "cockpit", "explain", str(RUN5 / "tp-die.log"), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert (doc["engine"], doc["detected"], doc["lines"], doc["phase"], doc["ranks"]) == ("sglang", True, 682,
-                                                                                          "serving", [0, 1])
+    assert (doc["engine"], doc["detected"], doc["lines"], doc["phase"], doc["ranks"]) == (
+        "sglang",
+        True,
+        682,
+        "serving",
+        [0, 1],
+    )
     v = doc["verdict"]
-    assert (v["name"], v["rank"], v["cause"], v["line"], v["time"]) == ("crashed", 1, "cuda-error", 670,
-                                                                        "2026-11-30 16:48:58")
-    assert v["evidence"] == ["[2026-11-30 16:48:58 TP1] Scheduler hit an exception: Traceback (most recent call last):",
-                             "torch.AcceleratorError: CUDA error: device-side assert triggered"]
+    assert (v["name"], v["rank"], v["cause"], v["line"], v["time"]) == (
+        "crashed",
+        1,
+        "cuda-error",
+        670,
+        "2026-11-30 16:48:58",
+    )
+    assert v["evidence"] == [
+        "[2026-11-30 16:48:58 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+        "torch.AcceleratorError: CUDA error: device-side assert triggered",
+    ]
 
 
 def test_the_real_hang_bundle_holds_what_its_manifest_lists():
@@ -40,10 +58,23 @@ def test_the_real_hang_bundle_holds_what_its_manifest_lists():
         files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
         top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
     assert top == {"bundle-20261130-164826"}  # one folder, no absolute or parent paths
-    assert set(files) == {"manifest.json", "flight-recorder/comparison.json", "flight-recorder/rank0.pickle",
-                          "flight-recorder/rank1.pickle", "log-tail.txt", "nvidia-smi-q.txt", "ras-parsed.json",
-                          "ras-status.json", "snapshot.json", "stacks/groups.txt", "stacks/rank0-pid667.txt",
-                          "stacks/rank1-pid668.txt", "verdict.json", "versions.json", "xid.txt"}
+    assert set(files) == {
+        "manifest.json",
+        "flight-recorder/comparison.json",
+        "flight-recorder/rank0.pickle",
+        "flight-recorder/rank1.pickle",
+        "log-tail.txt",
+        "nvidia-smi-q.txt",
+        "ras-parsed.json",
+        "ras-status.json",
+        "snapshot.json",
+        "stacks/groups.txt",
+        "stacks/rank0-pid667.txt",
+        "stacks/rank1-pid668.txt",
+        "verdict.json",
+        "versions.json",
+        "xid.txt",
+    }
     # `cockpit bundle --json` on the GPUs listed exactly these
     said = json.loads((RUN5 / "bundle.json").read_text())
     assert sorted(said["contents"]) == sorted(f"bundle-20261130-164826/{n}" for n in files)
@@ -51,7 +82,8 @@ def test_the_real_hang_bundle_holds_what_its_manifest_lists():
     manifest = json.loads(files["manifest.json"])
     assert (manifest["schema"], manifest["run"]) == ("gpu-cockpit.bundle/1", "tp")
     assert {m["name"]: m["bytes"] for m in manifest["members"]} == {
-        n: len(b) for n, b in files.items() if n != "manifest.json"}
+        n: len(b) for n, b in files.items() if n != "manifest.json"
+    }
     verdict = manifest["verdict"]
     assert (verdict["name"], verdict["odd_rank"]) == ("stalled-spinning", 1)
     assert json.loads(files["verdict.json"])["verdict"] == verdict
@@ -65,8 +97,10 @@ def test_the_real_hang_bundle_holds_what_its_manifest_lists():
     rep = ras.parse_json(files["ras-status.json"].decode())
     assert {r: x.counts["AllReduce"] for r, x in rep.comms[0].ranks.items()} == {0: 78556, 1: 78555}
     for rank in (0, 1):
-        assert files[f"flight-recorder/rank{rank}.pickle"] == (DATA / "flight-recorder" /
-                                                               f"recorded-rank{rank}.pickle").read_bytes()
+        assert (
+            files[f"flight-recorder/rank{rank}.pickle"]
+            == (DATA / "flight-recorder" / f"recorded-rank{rank}.pickle").read_bytes()
+        )
     dumps = {r: slim_fr_dump(read_fr_dump(files[f"flight-recorder/rank{r}.pickle"])) for r in (0, 1)}
     result = flightrec.compare(dumps)
     assert result["odd_rank"] == 1 and result["lines"][0].endswith("rank 0 enqueued it and waits")
@@ -77,5 +111,7 @@ def test_dump_with_a_dead_rank_reports_it_dead_not_as_a_pyspy_failure():
     doc = json.loads((RUN5 / "dump-die.json").read_text())
     assert doc["dead"] == [{"rank": 1, "pid": 1024, "status": "Z", "exit_code": 1}] and doc["failed"] == {}
     [group] = doc["groups"]
-    assert group["ranks"] == [0] and group["frames"][:2] == ["synchronize (torch/cuda/__init__.py)",
-                                                             "decode_loop (tp_job.py)"]
+    assert group["ranks"] == [0] and group["frames"][:2] == [
+        "synchronize (torch/cuda/__init__.py)",
+        "decode_loop (tp_job.py)",
+    ]

@@ -63,11 +63,21 @@ def corpus_lines() -> list[str]:
                 pass  # a malformed document kept as one on purpose
     for path in sorted((TESTS / "fixtures").glob("*.json")):
         lines += _strings(json.loads(path.read_text(encoding="utf-8")))
-    for name in ("read/test_logrules.py", "read/test_log_shapes.py", "read/test_log_stops.py", "agent/test_log_lines.py",
-                 "judge/test_explain.py", "judge/test_diagnose.py"):
+    for name in (
+        "read/test_logrules.py",
+        "read/test_log_shapes.py",
+        "read/test_log_stops.py",
+        "agent/test_log_lines.py",
+        "judge/test_explain.py",
+        "judge/test_diagnose.py",
+    ):
         tree = ast.parse((TESTS / name).read_text(encoding="utf-8"))
-        lines += [s for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  for s in node.value.splitlines()]
+        lines += [
+            s
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            for s in node.value.splitlines()
+        ]
     return lines
 
 
@@ -77,17 +87,42 @@ def bench_lines() -> list[str]:
 
 
 PREFIXES = [
-    "", "[2026-12-01 10:00:00 TP1] ", "[2026-12-01 10:00:00] ", "[12-01 10:00:00.123 DP0 TP3 EP3] ", "[10:00:00 PP1]",
-    "INFO 12-01 10:00:00 [x.py:1] ", "ERROR 12-01 10:00:00.5 [multiproc_executor.py:375] ",
-    "WARNING 12-01 10:00:00 x.py:1] ", "DEBUG 12-01 10:00:00 [a/b.py:12]",
+    "",
+    "[2026-12-01 10:00:00 TP1] ",
+    "[2026-12-01 10:00:00] ",
+    "[12-01 10:00:00.123 DP0 TP3 EP3] ",
+    "[10:00:00 PP1]",
+    "INFO 12-01 10:00:00 [x.py:1] ",
+    "ERROR 12-01 10:00:00.5 [multiproc_executor.py:375] ",
+    "WARNING 12-01 10:00:00 x.py:1] ",
+    "DEBUG 12-01 10:00:00 [a/b.py:12]",
     "(VllmWorker rank=1 pid=5) INFO 12-01 10:00:00 [x.py:1] ",
     "(Worker_PP1_TP2 pid=130) ERROR 12-01 10:00:00 [x.py:1] ",
-    "(APIServer pid=1) ", "(EngineCore_DP0 pid=2) ", "(RayWorkerWrapper pid=336, ip=10.0.0.1) ",
-    "(SGLangEngine pid=6680) ", "(VllmWorker TP1 pid=406)", "    ", "\t", " \u2502 ",
+    "(APIServer pid=1) ",
+    "(EngineCore_DP0 pid=2) ",
+    "(RayWorkerWrapper pid=336, ip=10.0.0.1) ",
+    "(SGLangEngine pid=6680) ",
+    "(VllmWorker TP1 pid=406)",
+    "    ",
+    "\t",
+    " \u2502 ",
 ]
-EDGE_CHARS = ["[", "(", "]", "|", "\u2502", " ", "0", "[rank1]:", "[E421 04:13:43.4 x.cpp:1] ",
-              "(VllmWorker TP1 pid=3) ",
-              "INFO 12-01 10:00:00 [x.py:1] ", "[12:00:00 TP2] ", " pid=", "[gpu_id=1] "]
+EDGE_CHARS = [
+    "[",
+    "(",
+    "]",
+    "|",
+    "\u2502",
+    " ",
+    "0",
+    "[rank1]:",
+    "[E421 04:13:43.4 x.cpp:1] ",
+    "(VllmWorker TP1 pid=3) ",
+    "INFO 12-01 10:00:00 [x.py:1] ",
+    "[12:00:00 TP2] ",
+    " pid=",
+    "[gpu_id=1] ",
+]
 
 
 def edge_lines() -> list[str]:
@@ -111,9 +146,24 @@ def mutated(lines: list[str], count: int) -> list[str]:
     """Seeded mutations of real lines, alone or behind a common prefix: a piece of one prefix shape
     or another put anywhere in their first 120 characters."""
     rng = random.Random(37)
-    pieces = EDGE_CHARS + ["\x1b[0m", "^M", "\r", "│ ", "svc-1  | ", "2025-05-30 18:28:27.890 | ", "\ufffd[1m",
-                           "已杀死", "INFO:     ", "Sep 22 23:46:42 host vllm[361991]: ", "Traceback", "]", ":", "-",
-                           "TP", "DP1 "]
+    pieces = EDGE_CHARS + [
+        "\x1b[0m",
+        "^M",
+        "\r",
+        "│ ",
+        "svc-1  | ",
+        "2025-05-30 18:28:27.890 | ",
+        "\ufffd[1m",
+        "已杀死",
+        "INFO:     ",
+        "Sep 22 23:46:42 host vllm[361991]: ",
+        "Traceback",
+        "]",
+        ":",
+        "-",
+        "TP",
+        "DP1 ",
+    ]
     short = [line for line in lines if len(line) < 400]
     out = []
     for _ in range(count):
@@ -184,8 +234,9 @@ def test_every_line_is_classified_and_tracked_as_with_the_general_parse(lines, e
             assert a == b, (name, line)
         assert fast.rules.detected == general.rules.detected
         assert [(m.phase, m.line) for m in fast.timeline] == [(m.phase, m.line) for m in general.timeline]
-        assert [(f.line, f.rank, f.cause) for f in fast.failures] == \
-            [(f.line, f.rank, f.cause) for f in general.failures]
+        assert [(f.line, f.rank, f.cause) for f in fast.failures] == [
+            (f.line, f.rank, f.cause) for f in general.failures
+        ]
     kinds = {LogRules(engine).classify(line).kind for line in lines["corpus"]}
     assert {"failure", "phase", "error", "warning", None} <= kinds  # every kind of line went through both
 

@@ -10,66 +10,185 @@ from cockpit.read.logrules import LogRules, LogTracker, PhaseRule, detect_engine
 # ----------------------------------------------------------------------------- prefixes
 
 
-@pytest.mark.parametrize("text, rank, who, time", [
-    ("[2025-04-21 04:13:43 TP3] Scheduler hit an exception: Traceback (most recent call last):",
-     3, "TP3", "2025-04-21 04:13:43"),
-    ("[2025-05-27 04:36:06 DP1 TP4] Scheduler hit an exception: Traceback (most recent call last):",
-     4, "DP1 TP4", "2025-05-27 04:36:06"),
-    ("[2026-05-08 15:56:27 DP5 TP5 EP5] Scheduler hit an exception: Traceback (most recent call last):",
-     5, "DP5 TP5 EP5", "2026-05-08 15:56:27"),
-    ("[2025-09-22 10:25:22 DP1 PP1] Capture cuda graph begin. This can take up to several minutes. avail mem=8.73 GB",
-     1, "DP1 PP1", "2025-09-22 10:25:22"),  # no TP tag: the PP rank names the process
-    ("[12-16 14:27:10] Exit code: -9", None, None, "12-16 14:27:10"),  # newer SGLang: no year
-    ("[04:40:55 TP0] Decode batch. #running-req: 2, #token: 4078, token usage: 0.00, gen throughput (token/s): 447.31, #queue-req: 0",
-     0, "TP0", "04:40:55"),  # SGLang 2024: time only
-    ("(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374] WorkerProc hit an exception: %s",
-     1, "VllmWorker rank=1", "03-25 21:13:53"),
-    ("(VllmWorker TP1 pid=406) INFO 04-21 04:13:43 [gpu_model_runner.py:1] Starting to load model",
-     1, "VllmWorker TP1", "04-21 04:13:43"),
-    ("(Worker_TP1 pid=56679) ERROR 08-14 02:42:27 [multiproc_executor.py:923] WorkerProc failed to start.",
-     1, "Worker_TP1", "08-14 02:42:27"),
-    ("(Worker_PP1_TP2 pid=130) INFO 08-14 02:42:27 [gpu_model_runner.py:1] Model loading took 1 GiB",
-     2, "Worker_PP1_TP2", "08-14 02:42:27"),
-    ("(EngineCore_DP0 pid=77352) INFO 10-22 09:43:49 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds.",
-     None, "EngineCore_DP0", "10-22 09:43:49"),  # the engine core is no rank
-    ("(APIServer pid=3646) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s",
-     None, "APIServer", "05-19 10:13:11"),
-    ("[rank2]:[E1001 16:06:04.537131842 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective operation timeout",
-     2, "rank2", "10-01 16:06:04"),
-    ("[rank3]:[E421 04:13:43.426633564 ProcessGroupGloo.cpp:143] Rank 3 successfully reached monitoredBarrier",
-     3, "rank3", "04-21 04:13:43"),  # torch writes the month unpadded
-    ("\x1b[1;36m(VllmWorker rank=5 pid=33503)\x1b[0;0m ERROR 03-06 06:49:30 [multiproc_executor.py:375] WorkerProc hit an exception: %s",
-     5, "VllmWorker rank=5", "03-06 06:49:30"),  # vLLM's cyan prefix on a terminal
-    ("sglang-1  | [2025-11-01 16:50:36 TP1] sglang is using nccl==2.27.3", 1, "TP1", "2025-11-01 16:50:36"),
-    ("2026-03-11T17:57:10.976518836Z (EngineCore_DP0 pid=469) ERROR 03-11 17:57:10 [multiproc_executor.py:783] WorkerProc failed to start.",
-     None, "EngineCore_DP0", "03-11 17:57:10"),  # docker logs --timestamps
-    ("(RayWorkerWrapper pid=4009) [rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout",
-     1, "RayWorkerWrapper", None),
-    ("sglang-0:100:1012 [1] NCCL INFO ncclCommInitRank comm 0x55c8b7ed9050 rank 1 nranks 16 cudaDev 1 - Init COMPLETE",
-     None, None, None),  # NCCL's [device] is no rank prefix
-    ("[2026-11-30 10:00:00 TP3] Load weight begin. avail mem=94.20 GB", 3, "TP3", "2026-11-30 10:00:00"),  # the simulator
-    ("(Worker_TP2 pid=130) INFO 11-30 10:00:00 [loader.py:1] Starting to load model", 2, "Worker_TP2", "11-30 10:00:00"),
-    # vLLM 0.10: the engine core's prefix in front of its worker's; the innermost writer wrote it
-    ("(EngineCore_0 pid=675221) (VllmWorker TP1 pid=675229) INFO 08-25 11:01:23 [default_loader.py:267] Loading weights "
-     "took 1.13 seconds", 1, "VllmWorker TP1", "08-25 11:01:23"),
-    ("[gpu_id=1] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, avail mem=15.95 GB",
-     1, "gpu_id=1", None),  # SGLang 0.2
-    ("[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited",
-     3, "rank3", None),  # torchrun's per-rank prefix
-    # a site's own formatter, NVIDIA NIM's
-    ("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution: CUDA error: an "
-     "illegal memory access was encountered^M", None, None, "2024-12-19 21:40:35"),
-    ("ERROR 2025-07-21 14:34:24.934 async_trtllm_engine_factory.py:62] Bfloat16 is only supported on GPUs with compute "
-     "capability of at least 8.0.", None, None, "2025-07-21 14:34:24"),
-    # vLLM's cyan prefix whose ESC bytes a copy turned into U+FFFD
-    ("\ufffd[36m(WorkerDict pid=129668)\ufffd[0m Fatal Python error: Floating point exception", None, "WorkerDict", None),
-    # a Ray actor running SGLang: Ray's prefix is an outer layer, SGLang's own names the writer
-    ("(SGLangEngine pid=6680) [2025-09-22 14:35:35 DP1 TP3] Scheduler hit an exception: Traceback (most recent call "
-     "last):", 3, "DP1 TP3", "2025-09-22 14:35:35"),
-    ('(SGLangEngine pid=6680)     scheduler.event_loop_overlap()', None, None, None),
-    # torch's F (fatal) level
-    ("[rank2]:[F1019 01:14:03.356851194 ProcessGroupNCCL.cpp:1224] [PG 3 Rank 2] msg", 2, "rank2", "10-19 01:14:03"),
-])
+@pytest.mark.parametrize(
+    "text, rank, who, time",
+    [
+        (
+            "[2025-04-21 04:13:43 TP3] Scheduler hit an exception: Traceback (most recent call last):",
+            3,
+            "TP3",
+            "2025-04-21 04:13:43",
+        ),
+        (
+            "[2025-05-27 04:36:06 DP1 TP4] Scheduler hit an exception: Traceback (most recent call last):",
+            4,
+            "DP1 TP4",
+            "2025-05-27 04:36:06",
+        ),
+        (
+            "[2026-05-08 15:56:27 DP5 TP5 EP5] Scheduler hit an exception: Traceback (most recent call last):",
+            5,
+            "DP5 TP5 EP5",
+            "2026-05-08 15:56:27",
+        ),
+        (
+            "[2025-09-22 10:25:22 DP1 PP1] Capture cuda graph begin. This can take up to several minutes. avail mem=8.73 GB",
+            1,
+            "DP1 PP1",
+            "2025-09-22 10:25:22",
+        ),  # no TP tag: the PP rank names the process
+        ("[12-16 14:27:10] Exit code: -9", None, None, "12-16 14:27:10"),  # newer SGLang: no year
+        (
+            "[04:40:55 TP0] Decode batch. #running-req: 2, #token: 4078, token usage: 0.00, gen throughput (token/s): 447.31, #queue-req: 0",
+            0,
+            "TP0",
+            "04:40:55",
+        ),  # SGLang 2024: time only
+        (
+            "(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374] WorkerProc hit an exception: %s",
+            1,
+            "VllmWorker rank=1",
+            "03-25 21:13:53",
+        ),
+        (
+            "(VllmWorker TP1 pid=406) INFO 04-21 04:13:43 [gpu_model_runner.py:1] Starting to load model",
+            1,
+            "VllmWorker TP1",
+            "04-21 04:13:43",
+        ),
+        (
+            "(Worker_TP1 pid=56679) ERROR 08-14 02:42:27 [multiproc_executor.py:923] WorkerProc failed to start.",
+            1,
+            "Worker_TP1",
+            "08-14 02:42:27",
+        ),
+        (
+            "(Worker_PP1_TP2 pid=130) INFO 08-14 02:42:27 [gpu_model_runner.py:1] Model loading took 1 GiB",
+            2,
+            "Worker_PP1_TP2",
+            "08-14 02:42:27",
+        ),
+        (
+            "(EngineCore_DP0 pid=77352) INFO 10-22 09:43:49 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds.",
+            None,
+            "EngineCore_DP0",
+            "10-22 09:43:49",
+        ),  # the engine core is no rank
+        (
+            "(APIServer pid=3646) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s",
+            None,
+            "APIServer",
+            "05-19 10:13:11",
+        ),
+        (
+            "[rank2]:[E1001 16:06:04.537131842 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective operation timeout",
+            2,
+            "rank2",
+            "10-01 16:06:04",
+        ),
+        (
+            "[rank3]:[E421 04:13:43.426633564 ProcessGroupGloo.cpp:143] Rank 3 successfully reached monitoredBarrier",
+            3,
+            "rank3",
+            "04-21 04:13:43",
+        ),  # torch writes the month unpadded
+        (
+            "\x1b[1;36m(VllmWorker rank=5 pid=33503)\x1b[0;0m ERROR 03-06 06:49:30 [multiproc_executor.py:375] WorkerProc hit an exception: %s",
+            5,
+            "VllmWorker rank=5",
+            "03-06 06:49:30",
+        ),  # vLLM's cyan prefix on a terminal
+        ("sglang-1  | [2025-11-01 16:50:36 TP1] sglang is using nccl==2.27.3", 1, "TP1", "2025-11-01 16:50:36"),
+        (
+            "2026-03-11T17:57:10.976518836Z (EngineCore_DP0 pid=469) ERROR 03-11 17:57:10 [multiproc_executor.py:783] WorkerProc failed to start.",
+            None,
+            "EngineCore_DP0",
+            "03-11 17:57:10",
+        ),  # docker logs --timestamps
+        (
+            "(RayWorkerWrapper pid=4009) [rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout",
+            1,
+            "RayWorkerWrapper",
+            None,
+        ),
+        (
+            "sglang-0:100:1012 [1] NCCL INFO ncclCommInitRank comm 0x55c8b7ed9050 rank 1 nranks 16 cudaDev 1 - Init COMPLETE",
+            None,
+            None,
+            None,
+        ),  # NCCL's [device] is no rank prefix
+        (
+            "[2026-11-30 10:00:00 TP3] Load weight begin. avail mem=94.20 GB",
+            3,
+            "TP3",
+            "2026-11-30 10:00:00",
+        ),  # the simulator
+        (
+            "(Worker_TP2 pid=130) INFO 11-30 10:00:00 [loader.py:1] Starting to load model",
+            2,
+            "Worker_TP2",
+            "11-30 10:00:00",
+        ),
+        # vLLM 0.10: the engine core's prefix in front of its worker's; the innermost writer wrote it
+        (
+            "(EngineCore_0 pid=675221) (VllmWorker TP1 pid=675229) INFO 08-25 11:01:23 [default_loader.py:267] Loading weights "
+            "took 1.13 seconds",
+            1,
+            "VllmWorker TP1",
+            "08-25 11:01:23",
+        ),
+        (
+            "[gpu_id=1] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, avail mem=15.95 GB",
+            1,
+            "gpu_id=1",
+            None,
+        ),  # SGLang 0.2
+        (
+            "[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited",
+            3,
+            "rank3",
+            None,
+        ),  # torchrun's per-rank prefix
+        # a site's own formatter, NVIDIA NIM's
+        (
+            "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution: CUDA error: an "
+            "illegal memory access was encountered^M",
+            None,
+            None,
+            "2024-12-19 21:40:35",
+        ),
+        (
+            "ERROR 2025-07-21 14:34:24.934 async_trtllm_engine_factory.py:62] Bfloat16 is only supported on GPUs with compute "
+            "capability of at least 8.0.",
+            None,
+            None,
+            "2025-07-21 14:34:24",
+        ),
+        # vLLM's cyan prefix whose ESC bytes a copy turned into U+FFFD
+        (
+            "\ufffd[36m(WorkerDict pid=129668)\ufffd[0m Fatal Python error: Floating point exception",
+            None,
+            "WorkerDict",
+            None,
+        ),
+        # a Ray actor running SGLang: Ray's prefix is an outer layer, SGLang's own names the writer
+        (
+            "(SGLangEngine pid=6680) [2025-09-22 14:35:35 DP1 TP3] Scheduler hit an exception: Traceback (most recent call "
+            "last):",
+            3,
+            "DP1 TP3",
+            "2025-09-22 14:35:35",
+        ),
+        ("(SGLangEngine pid=6680)     scheduler.event_loop_overlap()", None, None, None),
+        # torch's F (fatal) level
+        (
+            "[rank2]:[F1019 01:14:03.356851194 ProcessGroupNCCL.cpp:1224] [PG 3 Rank 2] msg",
+            2,
+            "rank2",
+            "10-19 01:14:03",
+        ),
+    ],
+)
 def test_prefixes_name_the_writer_its_rank_and_time(text, rank, who, time):
     p = parse(text)
     assert (p.rank, p.who, p.time) == (rank, who, time)
@@ -77,265 +196,159 @@ def test_prefixes_name_the_writer_its_rank_and_time(text, rank, who, time):
 
 
 def test_the_message_is_the_text_after_every_prefix():
-    assert parse("(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374]   File \"x.py\", line 1"
-                 ).message == '  File "x.py", line 1'  # a traceback frame keeps its indentation
+    assert (
+        parse(
+            '(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374]   File "x.py", line 1'
+        ).message
+        == '  File "x.py", line 1'
+    )  # a traceback frame keeps its indentation
     assert parse("[2025-04-21 04:13:43 TP3] Load weight end. type=X").message == "Load weight end. type=X"
-    assert parse("eap-llm-server-on-arc  | ERROR 11-08 11:01:29 [multiproc_executor.py:135] Worker proc "
-                 "VllmWorker-3 died unexpectedly, shutting down executor.").message.startswith("Worker proc VllmWorker-3")
+    assert parse(
+        "eap-llm-server-on-arc  | ERROR 11-08 11:01:29 [multiproc_executor.py:135] Worker proc "
+        "VllmWorker-3 died unexpectedly, shutting down executor."
+    ).message.startswith("Worker proc VllmWorker-3")
     assert parse("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: CUDA error: x   │").level == "ERROR"
-    assert parse("[rank3]:     return dist._verify_params_across_processes(process_group, tensors, logger)"
-                 ).message == "    return dist._verify_params_across_processes(process_group, tensors, logger)"
+    assert (
+        parse("[rank3]:     return dist._verify_params_across_processes(process_group, tensors, logger)").message
+        == "    return dist._verify_params_across_processes(process_group, tensors, logger)"
+    )
     site = parse("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution^M")
     assert (site.level, site.message) == ("ERROR", "RuntimeError: Error in model execution")
     nim = parse("ERROR 2025-07-21 14:34:24.934 async_trtllm_engine_factory.py:62] Bfloat16 is only supported")
     assert (nim.level, nim.message) == ("ERROR", "Bfloat16 is only supported")
 
 
-# ----------------------------------------------------------------------------- failures
-
-
-def one(text: str, engine: str = "auto"):
-    return LogRules(engine).classify(text)
-
-
-@pytest.mark.parametrize("text, cause, failed_rank, exit_code, consequence", [
-    # SGLang
-    ("[2025-04-21 04:13:43 TP3] Scheduler hit an exception: Traceback (most recent call last):", "exception", None, None, False),
-    ("Exception in run_tp_server:", "exception", None, None, False),
-    ("Exception in ControllerSingle:", "exception", None, None, False),
-    ("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 7 has a total capacity of 95.00",
-     "oom", None, None, False),
-    ("Exception: Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection cl",
-     "exception", None, None, False),
-    ("[2025-04-21 04:13:43] Received sigquit from a child process. It usually means the child failed.",
-     "exception", None, None, True),
-    ("[2025-02-09 21:23:00] Received sigquit from a child proces. It usually means the child failed.",
-     "exception", None, None, True),  # SGLang's older spelling
-    ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). If exit code is -9 (SIGKILL), a common "
-     "cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.", "terminated", 0, -3, True),  # not "killed"
-    ("RuntimeError: Rank 3 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), a common "
-     "cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.", "killed", 3, -9, False),
-    ("RuntimeError: Rank 0 scheduler died during initialization (exit code: 255). If exit code is -9 (SIGKILL), a common "
-     "cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.", "exception", 0, 255, False),
-    ("[12-16 14:27:08] Rank 0 scheduler is dead. Please check if there are relevant logs.", "exception", 0, None, False),
-    ("[12-16 14:27:10] Exit code: -9", "killed", None, -9, False),
-    ("[2025-02-21 10:00:00 TP0] Watchdog timeout (self.watchdog_timeout=300)", "watchdog-timeout", None, None, False),
-    ("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)", "nccl-error", None, None, False),
-    # vLLM
-    ("(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374] WorkerProc hit an exception: %s",
-     "exception", None, None, False),
-    ("(Worker_TP1 pid=56679) ERROR 08-14 02:42:27 [multiproc_executor.py:923] WorkerProc failed to start.",
-     "exception", None, None, False),
-    ("ERROR 07-07 15:19:51 [core.py:515] EngineCore failed to start.", "exception", None, None, False),
-    ("(VllmWorkerProcess pid=25847) ERROR 03-06 01:17:36 multiproc_worker_utils.py:240] Exception in worker "
-     "VllmWorkerProcess while processing method load_model.", "exception", None, None, False),
-    ("ERROR 11-08 11:01:29 [multiproc_executor.py:135] Worker proc VllmWorker-3 died unexpectedly, shutting down executor.",
-     "died", 3, None, True),
-    ("(EngineCore pid=12244) ERROR 07-15 21:01:01 [multiproc_executor.py:284] Worker proc VllmWorker-0 died unexpectedly "
-     "(exit code: -15), shutting down executo", "terminated", 0, -15, True),
-    ("  | ERROR 07-01 13:54:43 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1159 died, exit code: -6",
-     "aborted", None, -6, False),
-    ("ERROR 07-04 12:00:00 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 3283517 died, exit code: -15",
-     "terminated", None, -15, True),
-    ("(VllmWorker rank=5 pid=50999) ERROR 07-07 15:19:48 [multiproc_executor.py:492] torch.OutOfMemoryError: CUDA out of "
-     "memory. Tried to allocate 2.50 GiB. GPU 5 has a total capacity of 79.25 GiB of which 1.79 GiB is free.", "oom", None, None, False),
-    ("(EngineCore_DP0 pid=17374) ERROR 09-28 15:47:24 [core.py:718] ValueError: Free memory on device (3.22/4.0 GiB) on "
-     "startup is less than desired GPU memory utilization (0.9, 3.6 GiB). Decrease GPU memory utilization or reduce GPU "
-     "memory used by other processes.", "oom", None, None, False),
-    ("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: CUDA error: an illegal memory access was encountered      │",
-     "cuda-error", None, None, False),
-    ("(EngineCore pid=12244) ERROR 07-15 21:01:01 [core.py:1240] RuntimeError: Worker failed with error 'CUDA error: an "
-     "illegal memory access was encountered", "cuda-error", None, None, False),
-    ("(APIServer pid=1) ERROR 05-05 12:36:59 [serving.py:1173] vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
-     "encountered an issue. See stack trace (above) for the root cause.", "exception", None, None, True),
-    ("(APIServer pid=223598) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-     "exception", None, None, True),
-    ("ERROR 11-08 11:01:30 [core.py:502] EngineCore encountered a fatal error.", "exception", None, None, True),
-    ("CRITICAL 03-15 17:24:18 [multiproc_executor.py:48] MulitprocExecutor got fatal signal from worker processes, "
-     "shutting down. See stack trace above for root cause issue.", "exception", None, None, True),
-    ("RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)", "nccl-error", None, None, False),
-    # torch
-    ("[rank2]:[E1001 16:06:04.537131842 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective operation timeout: "
-     "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=128, NumelOut=128, Timeout(ms)=600000) ran for 600009 milliseconds "
-     "before timing out.", "nccl-timeout", 2, None, False),
-    ("[E ProcessGroupNCCL.cpp:458] [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=64088, "
-     "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 25625251 milliseconds before timing out.", "nccl-timeout", 7, None, False),
-    ("  | [rank0]:[E ProcessGroupNCCL.cpp:1414] [PG 2 Rank 0] Process group watchdog thread terminated with exception: "
-     "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=134217728, "
-     "NumelOut=134217728, Timeout(ms)=600000) ran for 600059 milliseconds before timing out.", "nccl-timeout", 0, None, False),
-    ("terminate called after throwing an instance of 'std::runtime_error'", "aborted", None, None, True),
-    ("  what():  NCCL Error 1: unhandled cuda error", "nccl-error", None, None, False),
-    # SGLang's warm-up request failed; it then kills its own process tree (http_server.py _wait_and_warmup)
-    ("[2026-01-10 13:23:27] Initialization failed. warmup error: Traceback (most recent call last):",
-     "exception", None, None, False),
-    # vLLM V1 0.7-0.9 (core.py run_engine_core), V0 workers (worker_base.py execute_method)
-    ("ERROR 03-20 08:20:15 [core.py:340] EngineCore hit an exception: Traceback (most recent call last):",
-     "exception", None, None, False),
-    ("(RayWorkerWrapper pid=4139, ip=128.1.219.180) ERROR 07-03 14:43:50 worker_base.py:148] Error executing method "
-     "init_device. This might cause deadlock in distributed execution.", "exception", None, None, False),
-    ("ERROR 03-18 08:32:47 [worker_base.py:620] Error executing method 'initialize_cache'. This might cause deadlock in "
-     "distributed execution.", "exception", None, None, False),
-    # vLLM V1's front end: its engine process is gone (a consequence: the cause is told elsewhere, if at all)
-    ("(APIServer pid=47974) ERROR 10-14 13:42:23 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, "
-     "shutting down client.", "died", None, None, True),
-    # V0's KV cache too small for the model's length: an OOM in all but name, as V1's wording
-    ("(VllmWorkerProcess pid=6499) ERROR 07-24 14:07:40 multiproc_worker_utils.py:226] ValueError: The model's max seq "
-     "len (131072) is larger than the maximum number of tokens that can be stored in KV cache (79392). Try increasing "
-     "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.", "oom", None, None, False),
-    # a native crash: vLLM's segfault handler, Python's faulthandler
-    ("!!!!!!! Segfault encountered !!!!!!!", "segfault", None, None, False),
-    ("Fatal Python error: Segmentation fault", "segfault", None, None, False),
-    ("Fatal Python error: Aborted", "aborted", None, None, False),
-    ("\ufffd[36m(WorkerDict pid=129668)\ufffd[0m Fatal Python error: Floating point exception", "fatal-signal", None, None,
-     False),
-    ("Fatal Python error: PyThreadState_Get: the function must be called with the GIL held", "aborted", None, None, False),
-    # NCCL's proxy: an InfiniBand completion failed, the communicator is broken
-    ("[Node-A]:[PID]:[Thread] [0] NCCL WARN NET/IB : Got completion from peer [PRIVATE_IP] with error 12, opcode 0, "
-     "len 0, vendor err 129 (Recv)", "nccl-error", None, None, False),
-    ("Killed", "killed", None, None, False),
-    # ROCm: HIP's runtime errors are the twins of CUDA's
-    ("ERROR 03-17 03:57:17 [engine.py:411] RuntimeError: HIP error: invalid device function", "cuda-error", None, None,
-     False),
-    ("RuntimeError: HIP error: hipErrorNoBinaryForGpu: Unable to find code object for all current devices!",
-     "cuda-error", None, None, False),
-    # torch's wording of an allocation the driver refused: an OOM, not a kernel fault
-    ("(EngineCore pid=74) ERROR 05-07 00:37:03 [core.py:1136] RuntimeError: CUDA driver error: out of memory", "oom",
-     None, None, False),
-    # ProcessGroupNCCL's heartbeat monitor: the watchdog itself is stuck; torch terminates the rank
-    ("[rank0]:[E1019 01:04:03.356947152 ProcessGroupNCCL.cpp:1413] [PG 3 Rank 0] Heartbeat monitor timed out! Process "
-     "will be terminated after dumping debug info. workMetaList_.size()=121", "nccl-timeout", 0, None, False),
-    ("[rank2]:[F1019 01:14:03.356851194 ProcessGroupNCCL.cpp:1224] [PG 3 Rank 2] [PG 3 Rank 2] ProcessGroupNCCL's "
-     "watchdog got stuck for 600 seconds without making progress in monitoring enqueued collectives.", "nccl-timeout",
-     2, None, False),
-    ("[rank6]:[F429 14:03:49.385461578 ProcessGroupNCCL.cpp:1554] [PG ID 0 PG GUID 0(default_pg) Rank 6] [PG ID 0 PG "
-     "GUID 0(default_pg) Rank 6] Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL "
-     "watchdog hang.", "nccl-timeout", 6, None, False),
-])
-def test_failures_name_their_cause_rank_and_exit_code(text, cause, failed_rank, exit_code, consequence):
-    ll = one(text)
-    assert ll.kind == "failure"
-    assert (ll.cause, ll.failed_rank, ll.exit_code, ll.consequence) == (cause, failed_rank, exit_code, consequence)
-
-
-@pytest.mark.parametrize("text", [
-    # a "failed" that is a warning
-    "[2025-11-01 16:50:36 TP1] Setup Custom allreduce failed with CUDART error: peer access is not supported between "
-    "these two devices. To silence this warning, specify --disable-custom-all-reduce explicitly.",
-    # an exception that mentions OOM only as a guess: an error, not an OOM
-    "ValueError: TP rank 1 could finish the model loading, but there are other ranks that didn't finish loading. It is "
-    "likely due to unexpected failures (e.g., OOM) or a slow node.",
-    # a traceback's source line that quotes a failure message
-    '    raise RuntimeError(f"NCCL error: {error_str}")',
-    "(APIServer pid=223598)     raise RuntimeError(\"Engine core initialization failed. \"",
-    # torch's advice lines around a CUDA error
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
-    # vLLM's advice about OOM during capture, at INFO
-    "INFO 07-17 23:41:30 model_runner.py:851] CUDA graphs can take additional 1~3 GiB memory per GPU. If you are running "
-    "out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode.",
-    "[rank8]:[W516 12:46:57.499514954 ProcessGroupNCCL.cpp:1826] [PG ID 0 PG GUID 0 Rank 8] Failed to check the "
-    "\"should dump\" flag on TCPStore, (maybe TCPStore server has shut down too early), with error: Connection reset by peer",
-])
-def test_lines_that_only_look_like_failures_are_not(text):
-    assert one(text).kind != "failure"
-
-
-def test_a_rank_that_reports_a_peers_exit_is_a_victim():
-    """torch's ncclRemoteError: the rank that prints it did not fail first; it names no failing rank."""
-    ll = one("[rank3]: torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/"
-             "c10d/ProcessGroupNCCL.cpp:3763, remote process exited or there was a network error, NCCL version 2.28.8")
-    assert (ll.kind, ll.cause, ll.rank, ll.victim) == ("failure", "nccl-error", 3, True)
-    t = track([ll.text, "[rank3]: ncclRemoteError: A call failed possibly due to a network error or a remote process "
-                        "exiting prematurely."], "auto")
-    assert (t.first_failure().rank, t.first_failure().cause) == (None, "nccl-error")
-    assert t.ranks == {3}
-
-
-def test_the_error_and_warning_kinds():
-    assert one("ValueError: TP rank 1 could finish the model loading, but there are other ranks th").kind == "error"
-    assert one("(Worker_TP0 pid=34322) WARNING 05-06 21:00:09 [op.py:241] Priority not set for op rms_norm, using native "
-               "implementation.").kind == "warning"
-    assert one("[rank3]:[W208 00:55:32.444220068 socket.cpp:487] [c10d] waitForInput: socket SocketImpl(fd=103) timed out "
-               "after 1800000ms").kind == "warning"
-    assert one("(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374]     self._dummy_run(num_tokens)"
-               ).kind == "error"
-
-
-@pytest.mark.parametrize("text", [
-    "(EngineCore_DP0 pid=77352) INFO 10-22 09:43:49 [shm_broadcast.py:466] No available shared memory broadcast block "
-    "found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work "
-    "(e.g. compilation).",
-    "DEBUG 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.",
-])
-def test_the_shm_broadcast_warning_is_a_stall_tell_not_a_crash(text):
-    ll = one(text)
-    assert (ll.kind, ll.cause) == ("stall", "shm-broadcast")
-
-
-@pytest.mark.parametrize("text", [
-    "INFO 04-01 02:46:20 ray_utils.py:214] Waiting for creating a placement group of specs for 30 seconds. specs=[{'GPU': "
-    "1.0}, {'GPU': 1.0}]. Check `ray status` to see if you have enough resources.",
-    "(EngineCore pid=84) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for creating a placement group of specs for 150 "
-    "seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}].",
-])
-def test_a_ray_placement_group_wait_is_a_stall_tell(text):
-    ll = one(text)
-    assert (ll.kind, ll.cause) == ("stall", "placement-group")
-
-
 # ----------------------------------------------------------------------------- phases
 
 
-@pytest.mark.parametrize("engine, text, phase", [
-    ("sglang", "[2025-02-22 08:19:45 TP26] Init torch distributed begin.", "starting"),
-    ("sglang", "[2025-02-22 08:19:45 TP26] Load weight begin. avail mem=78.38 GB", "loading weights"),
-    ("sglang", "[2025-02-22 08:21:43 TP26] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=37.21 GB",
-     "weights loaded"),
-    ("sglang", "[2025-06-19 15:12:27] KV Cache is allocated. #tokens: 132681, K size: 9.11 GB, V size: 9.11 GB", "kv cache"),
-    ("sglang", "[2024-10-22 06:31:49 TP0] Memory pool end. avail mem=8.38 GB", "kv cache"),
-    ("sglang", "[2025-06-19 15:12:27] Capture cuda graph begin. This can take up to several minutes. avail mem=2.85 GB",
-     "capturing cuda graphs"),
-    ("sglang", "Capturing batches (avail_mem=2.85 GB):   0%|          | 0/4 [00:00<?, ?it/s]", "capturing cuda graphs"),
-    ("sglang", "[2025-04-29 16:19:34 TP7] Capture cuda graph end. Time elapsed: 56.90 s. mem usage=6.22 GB. avail mem=5.61 GB.",
-     "cuda graphs captured"),
-    ("sglang", "[2026-05-08 15:55:20] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)", "port open"),
-    ("sglang", "[2026-05-08 15:55:20] The server is fired up and ready to roll!", "ready"),
-    ("sglang", "[2025-02-27 04:46:39 TP0] Decode batch. #running-req: 8, #token: 62531, token usage: 0.12, gen throughput "
-     "(token/s): 186.64, #queue-req: 0", "serving"),
-    ("sglang", "[2026-04-05 20:02:51] Prefill batch, #new-seq: 1, #new-token: 158, #cached-token: 0, token usage: 0.08",
-     "serving"),
-    ("sglang", "[2026-04-05 20:02:51] INFO:     127.0.0.1:40052 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK", "serving"),
-    ("vllm", "(VllmWorkerProcess pid=353) INFO 11-27 02:03:09 model_runner.py:1072] Starting to load model "
-     "/models/Meta-Llama-3.1-70B-Instruct...", "loading weights"),
-    ("vllm", "(Worker_TP0 pid=34322) INFO 05-06 20:59:57 [default_loader.py:384] Loading weights took 24.84 seconds",
-     "weights loaded"),
-    ("vllm", "(Worker_TP0 pid=34322) INFO 05-06 20:59:59 [gpu_model_runner.py:4879] Model loading took 12.66 GiB memory "
-     "and 31.657031 seconds", "weights loaded"),
-    ("vllm", "(VllmWorkerProcess pid=185224) INFO 03-02 17:57:18 [model_runner.py:1117] Loading model weights took "
-     "8.4050 GB and 81.775431 seconds", "weights loaded"),
-    ("vllm", "INFO 06-22 02:54:47 [monitor.py:34] torch.compile takes 18.40 s in total", "compiling"),
-    ("vllm", "(Worker_TP0 pid=34322) INFO 05-06 21:00:16 [backends.py:1128] Dynamo bytecode transform time: 3.54 s",
-     "compiling"),
-    ("vllm", "INFO 06-22 02:54:47 [kv_cache_utils.py:716] GPU KV cache size: 251,920 tokens", "kv cache"),
-    ("vllm", "INFO 07-18 12:26:29 distributed_gpu_executor.py:57] # GPU blocks: 464716, # CPU blocks: 16384", "kv cache"),
-    ("vllm", "Capturing CUDA graphs: 100%|██████████| 67/67 [00:14<00:00,  4.71it/s]", "capturing cuda graphs"),
-    ("vllm", "(VllmWorkerProcess pid=3311321) INFO 07-18 12:26:31 model_runner.py:1402] Capturing the model for CUDA "
-     "graphs. This may lead to unexpected consequences if the model is not static.", "capturing cuda graphs"),
-    ("vllm", "INFO 06-22 02:55:02 [gpu_model_runner.py:2196] Graph capturing finished in 14 secs, took 0.84 GiB",
-     "cuda graphs captured"),
-    ("vllm", "INFO 06-22 02:55:02 [core.py:172] init engine (profile, create kv cache, warmup model) took 44.51 seconds",
-     "engine initialized"),
-    ("vllm", "(APIServer pid=460954) INFO 12-18 06:01:05 [api_server.py:1945] Starting vLLM API server 0 on "
-     "http://0.0.0.0:8080", "port open"),
-    ("vllm", "INFO 03-27 23:19:15 api_server.py:958] Starting vLLM API server on http://0.0.0.0:8000", "port open"),
-    ("vllm", "INFO:     Application startup complete.", "ready"),
-    ("vllm", "(APIServer pid=3646) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
-     "Avg generation throughput: 1055.3 tokens/s, Running: 18 reqs, Waiting: 43 reqs, GPU KV cache usage: 95.9%", "serving"),
-    ("vllm", "INFO 03-18 09:04:46 [metrics.py:481] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.4 "
-     "tokens/s, Running: 2 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.6%, CPU KV cache usage: 0.0%.",
-     "serving"),
-    ("vllm", "INFO:     127.0.0.1:45354 - \"POST /v1/completions HTTP/1.1\" 200 OK", "serving"),
-])
+@pytest.mark.parametrize(
+    "engine, text, phase",
+    [
+        ("sglang", "[2025-02-22 08:19:45 TP26] Init torch distributed begin.", "starting"),
+        ("sglang", "[2025-02-22 08:19:45 TP26] Load weight begin. avail mem=78.38 GB", "loading weights"),
+        (
+            "sglang",
+            "[2025-02-22 08:21:43 TP26] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=37.21 GB",
+            "weights loaded",
+        ),
+        (
+            "sglang",
+            "[2025-06-19 15:12:27] KV Cache is allocated. #tokens: 132681, K size: 9.11 GB, V size: 9.11 GB",
+            "kv cache",
+        ),
+        ("sglang", "[2024-10-22 06:31:49 TP0] Memory pool end. avail mem=8.38 GB", "kv cache"),
+        (
+            "sglang",
+            "[2025-06-19 15:12:27] Capture cuda graph begin. This can take up to several minutes. avail mem=2.85 GB",
+            "capturing cuda graphs",
+        ),
+        (
+            "sglang",
+            "Capturing batches (avail_mem=2.85 GB):   0%|          | 0/4 [00:00<?, ?it/s]",
+            "capturing cuda graphs",
+        ),
+        (
+            "sglang",
+            "[2025-04-29 16:19:34 TP7] Capture cuda graph end. Time elapsed: 56.90 s. mem usage=6.22 GB. avail mem=5.61 GB.",
+            "cuda graphs captured",
+        ),
+        (
+            "sglang",
+            "[2026-05-08 15:55:20] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
+            "port open",
+        ),
+        ("sglang", "[2026-05-08 15:55:20] The server is fired up and ready to roll!", "ready"),
+        (
+            "sglang",
+            "[2025-02-27 04:46:39 TP0] Decode batch. #running-req: 8, #token: 62531, token usage: 0.12, gen throughput "
+            "(token/s): 186.64, #queue-req: 0",
+            "serving",
+        ),
+        (
+            "sglang",
+            "[2026-04-05 20:02:51] Prefill batch, #new-seq: 1, #new-token: 158, #cached-token: 0, token usage: 0.08",
+            "serving",
+        ),
+        (
+            "sglang",
+            '[2026-04-05 20:02:51] INFO:     127.0.0.1:40052 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            "serving",
+        ),
+        (
+            "vllm",
+            "(VllmWorkerProcess pid=353) INFO 11-27 02:03:09 model_runner.py:1072] Starting to load model "
+            "/models/Meta-Llama-3.1-70B-Instruct...",
+            "loading weights",
+        ),
+        (
+            "vllm",
+            "(Worker_TP0 pid=34322) INFO 05-06 20:59:57 [default_loader.py:384] Loading weights took 24.84 seconds",
+            "weights loaded",
+        ),
+        (
+            "vllm",
+            "(Worker_TP0 pid=34322) INFO 05-06 20:59:59 [gpu_model_runner.py:4879] Model loading took 12.66 GiB memory "
+            "and 31.657031 seconds",
+            "weights loaded",
+        ),
+        (
+            "vllm",
+            "(VllmWorkerProcess pid=185224) INFO 03-02 17:57:18 [model_runner.py:1117] Loading model weights took "
+            "8.4050 GB and 81.775431 seconds",
+            "weights loaded",
+        ),
+        ("vllm", "INFO 06-22 02:54:47 [monitor.py:34] torch.compile takes 18.40 s in total", "compiling"),
+        (
+            "vllm",
+            "(Worker_TP0 pid=34322) INFO 05-06 21:00:16 [backends.py:1128] Dynamo bytecode transform time: 3.54 s",
+            "compiling",
+        ),
+        ("vllm", "INFO 06-22 02:54:47 [kv_cache_utils.py:716] GPU KV cache size: 251,920 tokens", "kv cache"),
+        (
+            "vllm",
+            "INFO 07-18 12:26:29 distributed_gpu_executor.py:57] # GPU blocks: 464716, # CPU blocks: 16384",
+            "kv cache",
+        ),
+        ("vllm", "Capturing CUDA graphs: 100%|██████████| 67/67 [00:14<00:00,  4.71it/s]", "capturing cuda graphs"),
+        (
+            "vllm",
+            "(VllmWorkerProcess pid=3311321) INFO 07-18 12:26:31 model_runner.py:1402] Capturing the model for CUDA "
+            "graphs. This may lead to unexpected consequences if the model is not static.",
+            "capturing cuda graphs",
+        ),
+        (
+            "vllm",
+            "INFO 06-22 02:55:02 [gpu_model_runner.py:2196] Graph capturing finished in 14 secs, took 0.84 GiB",
+            "cuda graphs captured",
+        ),
+        (
+            "vllm",
+            "INFO 06-22 02:55:02 [core.py:172] init engine (profile, create kv cache, warmup model) took 44.51 seconds",
+            "engine initialized",
+        ),
+        (
+            "vllm",
+            "(APIServer pid=460954) INFO 12-18 06:01:05 [api_server.py:1945] Starting vLLM API server 0 on "
+            "http://0.0.0.0:8080",
+            "port open",
+        ),
+        ("vllm", "INFO 03-27 23:19:15 api_server.py:958] Starting vLLM API server on http://0.0.0.0:8000", "port open"),
+        ("vllm", "INFO:     Application startup complete.", "ready"),
+        (
+            "vllm",
+            "(APIServer pid=3646) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+            "Avg generation throughput: 1055.3 tokens/s, Running: 18 reqs, Waiting: 43 reqs, GPU KV cache usage: 95.9%",
+            "serving",
+        ),
+        (
+            "vllm",
+            "INFO 03-18 09:04:46 [metrics.py:481] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.4 "
+            "tokens/s, Running: 2 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.6%, CPU KV cache usage: 0.0%.",
+            "serving",
+        ),
+        ("vllm", 'INFO:     127.0.0.1:45354 - "POST /v1/completions HTTP/1.1" 200 OK', "serving"),
+    ],
+)
 def test_phases_the_engines_print(engine, text, phase):
     rules = LogRules(engine)
     assert rules.phase_of(text) == phase
@@ -343,13 +356,23 @@ def test_phases_the_engines_print(engine, text, phase):
 
 
 def test_a_health_check_is_no_serving_and_an_unrelated_kv_line_no_phase():
-    assert LogRules("sglang").phase_of("[2025-03-14 02:15:58] INFO:     10.25.28.11:47260 - \"GET /health HTTP/1.1\" 200 OK") is None
-    assert LogRules("vllm").phase_of("WARNING 06-22 02:54:47 [utils.py:101] Unable to detect current VLLM config. "
-                                     "Defaulting to NHD kv cache layout.") is None
+    assert (
+        LogRules("sglang").phase_of('[2025-03-14 02:15:58] INFO:     10.25.28.11:47260 - "GET /health HTTP/1.1" 200 OK')
+        is None
+    )
+    assert (
+        LogRules("vllm").phase_of(
+            "WARNING 06-22 02:54:47 [utils.py:101] Unable to detect current VLLM config. "
+            "Defaulting to NHD kv cache layout."
+        )
+        is None
+    )
 
 
 def test_shards_of_the_loading_bar():
-    ll = LogRules("vllm").classify("Loading safetensors checkpoint shards:  56% Completed | 5/9 [00:13<00:11,  2.87s/it]")
+    ll = LogRules("vllm").classify(
+        "Loading safetensors checkpoint shards:  56% Completed | 5/9 [00:13<00:11,  2.87s/it]"
+    )
     assert (ll.phase, ll.shards) == ("loading weights", (5, 9))
 
 
@@ -369,17 +392,33 @@ def test_engine_auto_decides_from_the_lines():
     # SGLang's port-open reading of uvicorn's line, not vLLM's "ready"
     assert rules.classify("[2026-05-08 15:55:20] INFO:     Application startup complete.").phase == "port open"
     vllm = LogRules("auto")
-    vllm.classify("(Worker_TP0 pid=34322) INFO 05-06 20:59:57 [default_loader.py:384] Loading weights took 24.84 seconds")
+    vllm.classify(
+        "(Worker_TP0 pid=34322) INFO 05-06 20:59:57 [default_loader.py:384] Loading weights took 24.84 seconds"
+    )
     assert vllm.detected == "vllm"
     assert vllm.classify("INFO:     Application startup complete.").phase == "ready"
 
 
 def test_detect_engine_from_a_block_of_lines():
-    assert detect_engine(["[2025-04-21 04:13:43 TP3] Scheduler hit an exception: Traceback (most recent call last):",
-                          '  File "/x/site-packages/vllm/utils.py", line 928, in _patched_set_stream']) == "sglang"
+    assert (
+        detect_engine(
+            [
+                "[2025-04-21 04:13:43 TP3] Scheduler hit an exception: Traceback (most recent call last):",
+                '  File "/x/site-packages/vllm/utils.py", line 928, in _patched_set_stream',
+            ]
+        )
+        == "sglang"
+    )
     assert detect_engine(["(EngineCore_DP0 pid=1) INFO 10-22 09:43:49 [core.py:1] x"]) == "vllm"
-    assert detect_engine(["[rank0]:[E1001 16:06:04.539355394 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
-                          "collective operation timeout"]) is None
+    assert (
+        detect_engine(
+            [
+                "[rank0]:[E1001 16:06:04.539355394 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
+                "collective operation timeout"
+            ]
+        )
+        is None
+    )
 
 
 # ----------------------------------------------------------------------------- a run read in order
@@ -423,58 +462,79 @@ def test_a_tracebacks_last_line_names_the_cause_of_its_header():
 
 
 def test_a_vllm_workers_traceback_stays_with_its_worker():
-    t = track([
-        "(VllmWorker rank=5 pid=33503) ERROR 03-06 06:49:30 [multiproc_executor.py:375] WorkerProc hit an exception: %s",
-        "(VllmWorker rank=5 pid=33503) ERROR 03-06 06:49:30 [multiproc_executor.py:375] Traceback (most recent call last):",
-        "(VllmWorker rank=2 pid=33500) INFO 03-06 06:49:30 [x.py:1] something else",
-        "(VllmWorker rank=5 pid=33503) ERROR 03-06 06:49:30 [multiproc_executor.py:375] RuntimeError: CUDA error: an "
-        "illegal memory access was encountered",
-    ], "vllm")
+    t = track(
+        [
+            "(VllmWorker rank=5 pid=33503) ERROR 03-06 06:49:30 [multiproc_executor.py:375] WorkerProc hit an exception: %s",
+            "(VllmWorker rank=5 pid=33503) ERROR 03-06 06:49:30 [multiproc_executor.py:375] Traceback (most recent call last):",
+            "(VllmWorker rank=2 pid=33500) INFO 03-06 06:49:30 [x.py:1] something else",
+            "(VllmWorker rank=5 pid=33503) ERROR 03-06 06:49:30 [multiproc_executor.py:375] RuntimeError: CUDA error: an "
+            "illegal memory access was encountered",
+        ],
+        "vllm",
+    )
     first = t.first_failure()
     assert (first.rank, first.cause) == (5, "cuda-error")
 
 
 def test_a_death_notice_names_the_rank_the_root_cause_line_does_not():
-    t = track([
-        "(EngineCore pid=12244) ERROR 07-15 21:01:01 [core.py:1240] RuntimeError: Worker failed with error 'CUDA error: "
-        "an illegal memory access was encountered",
-        "(EngineCore pid=12244) ERROR 07-15 21:01:01 [multiproc_executor.py:284] Worker proc VllmWorker-0 died "
-        "unexpectedly (exit code: -15), shutting down executo",
-    ], "vllm")
+    t = track(
+        [
+            "(EngineCore pid=12244) ERROR 07-15 21:01:01 [core.py:1240] RuntimeError: Worker failed with error 'CUDA error: "
+            "an illegal memory access was encountered",
+            "(EngineCore pid=12244) ERROR 07-15 21:01:01 [multiproc_executor.py:284] Worker proc VllmWorker-0 died "
+            "unexpectedly (exit code: -15), shutting down executo",
+        ],
+        "vllm",
+    )
     first = t.first_failure()
     assert (first.rank, first.cause) == (0, "cuda-error")
 
 
 def test_the_timeline_only_moves_forward_and_marks_sglangs_warmup():
-    t = track([
-        "[2025-02-22 08:19:45 TP0] Load weight begin. avail mem=78.38 GB",
-        "[2025-02-22 08:21:43 TP0] Load weight end. type=X",
-        "[2025-02-22 08:21:44 TP1] Load weight begin. avail mem=78.38 GB",  # a slower rank
-        "[2025-02-22 08:22:00] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
-        "[2025-02-22 08:22:01 TP0] Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0",
-        "[2025-02-22 08:22:02] The server is fired up and ready to roll!",
-        "[2025-02-22 08:23:00 TP0] Decode batch. #running-req: 1, #token: 64",
-    ])
+    t = track(
+        [
+            "[2025-02-22 08:19:45 TP0] Load weight begin. avail mem=78.38 GB",
+            "[2025-02-22 08:21:43 TP0] Load weight end. type=X",
+            "[2025-02-22 08:21:44 TP1] Load weight begin. avail mem=78.38 GB",  # a slower rank
+            "[2025-02-22 08:22:00] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
+            "[2025-02-22 08:22:01 TP0] Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0",
+            "[2025-02-22 08:22:02] The server is fired up and ready to roll!",
+            "[2025-02-22 08:23:00 TP0] Decode batch. #running-req: 1, #token: 64",
+        ]
+    )
     assert [(m.phase, m.line) for m in t.timeline] == [
-        ("loading weights", 1), ("weights loaded", 2), ("port open", 4), ("warmup", 5), ("ready", 6), ("serving", 7)]
+        ("loading weights", 1),
+        ("weights loaded", 2),
+        ("port open", 4),
+        ("warmup", 5),
+        ("ready", 6),
+        ("serving", 7),
+    ]
     assert t.timeline[0].time == "2025-02-22 08:19:45"
     assert t.ranks == {0, 1}
 
 
 def test_a_relaunch_starts_the_post_mortem_over():
-    t = track(OOM_RANK3_THEN_NCCL + [
-        "[2025-04-21 05:00:00] server_args=ServerArgs(model_path='/models/x', tp_size=8)",
-        "[2025-04-21 05:00:10 TP0] Load weight begin. avail mem=78.38 GB",
-    ])
+    t = track(
+        OOM_RANK3_THEN_NCCL
+        + [
+            "[2025-04-21 05:00:00] server_args=ServerArgs(model_path='/models/x', tp_size=8)",
+            "[2025-04-21 05:00:10 TP0] Load weight begin. avail mem=78.38 GB",
+        ]
+    )
     assert t.failures == [] and t.first_failure() is None
     assert [m.phase for m in t.timeline] == ["loading weights"]
 
 
 def test_stalled_only_when_nothing_moves_after_the_tell():
-    shm = ("(EngineCore_DP0 pid=77352) INFO 10-22 09:43:49 [shm_broadcast.py:466] No available shared memory broadcast "
-           "block found in 60 seconds.")
-    serving = ("(APIServer pid=1) INFO 10-22 09:44:49 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
-               "Avg generation throughput: 12.0 tokens/s")
+    shm = (
+        "(EngineCore_DP0 pid=77352) INFO 10-22 09:43:49 [shm_broadcast.py:466] No available shared memory broadcast "
+        "block found in 60 seconds."
+    )
+    serving = (
+        "(APIServer pid=1) INFO 10-22 09:44:49 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+        "Avg generation throughput: 12.0 tokens/s"
+    )
     assert track([serving, shm], "vllm").stalled()
     assert not track([shm, serving], "vllm").stalled()  # a slow compile, then it went on
     died = "ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, shutting down executor."
@@ -483,12 +543,14 @@ def test_stalled_only_when_nothing_moves_after_the_tell():
 
 def test_the_main_processs_next_line_ends_its_traceback():
     """SGLang with one rank names no writer: its traceback is the unprefixed lines, not the log's rest."""
-    t = track([
-        "[2025-06-19 15:12:27] Scheduler hit an exception: Traceback (most recent call last):",
-        '  File "/x/sglang/srt/managers/scheduler.py", line 2546, in run_scheduler_process',
-        "ValueError: boom",
-        "[2025-06-19 15:12:28] INFO:     127.0.0.1:40052 - \"POST /generate HTTP/1.1\" 200 OK",
-        "RuntimeError: CUDA error: an illegal memory access was encountered",
-    ])
+    t = track(
+        [
+            "[2025-06-19 15:12:27] Scheduler hit an exception: Traceback (most recent call last):",
+            '  File "/x/sglang/srt/managers/scheduler.py", line 2546, in run_scheduler_process',
+            "ValueError: boom",
+            '[2025-06-19 15:12:28] INFO:     127.0.0.1:40052 - "POST /generate HTTP/1.1" 200 OK',
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+        ]
+    )
     assert [(f.line, f.cause) for f in t.failures] == [(1, "exception"), (5, "cuda-error")]
     assert [n for n, _ in t.failures[0].evidence] == [1, 3]  # the ValueError is the first one's last word

@@ -60,11 +60,13 @@ def test_vllm_series_of_several_engines_add_up_and_timestamps_are_allowed():
 
 
 def test_per_tp_rank_series_count_once_and_escapes_and_hostile_lines():
-    text = ('sglang:generation_tokens_total{tp_rank="1",model_name="a\\"b"} 50\n'
-            'sglang:generation_tokens_total{tp_rank="0",model_name="a\\"b"} 50\n'
-            'sglang:num_running_reqs{model_name="[bold red]x[/]\\n",} NaN\n'
-            'sglang:num_queue_reqs{model_name="unterminated} 3\n'
-            '{} 5\nsglang:token_usage 0.5 1 2\nsglang:token_usage abc\n' + "x" * 100_000 + "{\n")
+    text = (
+        'sglang:generation_tokens_total{tp_rank="1",model_name="a\\"b"} 50\n'
+        'sglang:generation_tokens_total{tp_rank="0",model_name="a\\"b"} 50\n'
+        'sglang:num_running_reqs{model_name="[bold red]x[/]\\n",} NaN\n'
+        'sglang:num_queue_reqs{model_name="unterminated} 3\n'
+        "{} 5\nsglang:token_usage 0.5 1 2\nsglang:token_usage abc\n" + "x" * 100_000 + "{\n"
+    )
     samples, bad = metrics.parse(text)
     assert bad == 5
     assert metrics.family_value(samples, metrics.families()["generation_tokens"]) == 50.0  # tp rank 0's only
@@ -111,8 +113,9 @@ def test_metrics_off_is_said_and_asked_again_later_only():
 
 async def test_the_simulated_hang_freezes_tokens_while_requests_run(sim_state, tmp_path):
     port = free_port()
-    async with SimRun(sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4",
-                                                  "--enable-metrics"]) as run:
+    async with SimRun(
+        sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4", "--enable-metrics"]
+    ) as run:
         await wait_for(lambda: "ready to roll" in run.log_text(), 40, "ready")
         view = metrics.MetricsView()
         first = await run.session.request("metrics", port=port, want=metrics.wanted())

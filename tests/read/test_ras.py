@@ -41,6 +41,7 @@ def agent_answer(name: str, fmt: str, ts: float = 1000.0, **kw) -> dict:
 
 # ----------------------------------------------------------------------------- parsers
 
+
 def test_healthy_text_report_is_one_running_group_without_skew():
     rep = ras.parse(agent_answer("healthy.txt", "text"))
     assert rep.format == "text" and rep.error is None
@@ -53,7 +54,9 @@ def test_mismatch_text_report_names_each_rank_with_its_count_pid_and_gpu():
     [comm] = rep.comms
     assert (comm.hash, comm.status, comm.errors) == ("d787ccde145b7afa", "RUNNING", "MISMATCH")
     assert {r: (x.counts, x.pid, x.cuda_dev, x.host) for r, x in comm.ranks.items()} == {
-        0: ({"AllReduce": 42187}, 624, 0, "192.0.2.2"), 1: ({"AllReduce": 42186}, 625, 1, "192.0.2.2")}
+        0: ({"AllReduce": 42187}, 624, 0, "192.0.2.2"),
+        1: ({"AllReduce": 42186}, 625, 1, "192.0.2.2"),
+    }
     [skew] = ras.skews(rep)
     assert (skew.op, skew.behind, skew.ahead) == ("AllReduce", {1: 42186}, {0: 42187})
 
@@ -96,17 +99,22 @@ def test_malformed_json_falls_back_to_the_text_parser_and_says_so():
 
 # ----------------------------------------------------------------------------- run 5: H200s, NCCL 2.28.9
 
+
 def test_h200_hang_json_and_text_name_rank_1_behind():
     """Recorded 45 s after rank 1 stopped calling collectives: rank 1 launched up to AllReduce
     78,555, rank 0 up to 78,556 (the one it waits in), in both formats."""
-    for name, fmt, comm_hash in (("h200-hang.json.txt", "json", "0x10d16f9765b3101f"),
-                                 ("h200-hang.txt", "text", "10d16f9765b3101f")):
+    for name, fmt, comm_hash in (
+        ("h200-hang.json.txt", "json", "0x10d16f9765b3101f"),
+        ("h200-hang.txt", "text", "10d16f9765b3101f"),
+    ):
         rep = ras.parse(agent_answer(name, fmt))
         assert (rep.format, rep.nccl_version, rep.error) == (fmt, "2.28.9", None), name
         [comm] = rep.comms
         assert comm.hash == comm_hash
         assert {r: (x.counts["AllReduce"], x.pid, x.cuda_dev, x.host) for r, x in comm.ranks.items()} == {
-            0: (78556, 667, 0, "192.0.2.2"), 1: (78555, 668, 1, "192.0.2.2")}, name
+            0: (78556, 667, 0, "192.0.2.2"),
+            1: (78555, 668, 1, "192.0.2.2"),
+        }, name
         [skew] = ras.skews(rep)
         assert (skew.op, skew.behind, skew.ahead) == ("AllReduce", {1: 78555}, {0: 78556}), name
     assert (comm.status, comm.errors) == ("RUNNING", "MISMATCH")
@@ -117,8 +125,10 @@ def test_h200_healthy_answers_alone_call_no_skew_and_the_hang_is_named_once_coun
     calls the healthy job MISMATCH (37,327 vs 37,326) and its JSON shows 26,039 vs 26,037. One look
     is no finding; counts that moved are none; only counts that stopped name the rank. The polls
     follow run 5's clock: healthy at 16:46:53, the hang at 16:47:55, the snapshot 12 s later."""
-    for name, fmt, counts in (("h200-healthy.json.txt", "json", {0: 26039, 1: 26037}),
-                              ("h200-healthy.txt", "text", {0: 37327, 1: 37326})):
+    for name, fmt, counts in (
+        ("h200-healthy.json.txt", "json", {0: 26039, 1: 26037}),
+        ("h200-healthy.txt", "text", {0: 37327, 1: 37326}),
+    ):
         rep = ras.parse(agent_answer(name, fmt))
         assert {r: x.counts["AllReduce"] for r, x in rep.comms[0].ranks.items()} == counts
         assert [s.behind for s in ras.skews(rep)] == [{1: counts[1]}]  # a skew in one look...
@@ -168,8 +178,10 @@ def test_h200_dead_rank_text_fallback_names_rank_1_missing():
     1, pid 1024, GPU 1."""
     rep = ras.parse(agent_answer("h200-dead.txt", "text", json_error=H200_DEAD_JSON_ERROR))
     assert rep.format == "text" and rep.nccl_version == "2.28.9"
-    assert rep.error == ("RAS sent malformed JSON (Expecting ',' delimiter: line 44 column 11 (char 1089)): "
-                         "the text report was read instead")
+    assert rep.error == (
+        "RAS sent malformed JSON (Expecting ',' delimiter: line 44 column 11 (char 1089)): "
+        "the text report was read instead"
+    )
     assert rep.missing_processes == 1 and rep.dead_processes == 0
     [comm] = rep.comms
     assert (comm.hash, comm.status, comm.errors, comm.ranks) == ("591729a4ecb2e3fe", "RUNNING", "INCOMPLETE", {})
@@ -206,13 +218,15 @@ def test_the_agent_meets_nccl_2_28_9s_malformed_json_and_falls_back_to_the_text(
 def test_grouped_text_lines_of_a_larger_job():
     """NCCL groups ranks at the same count ("7 ranks have launched up to operation N") and lists
     the outlier with its own line: the parser keeps both."""
-    text = ("Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
-            "    #  in group  per comm  per node  per comm  in group\n"
-            "    0         1         1         8         8         8   RUNNING  MISMATCH\n\n"
-            "#0-0 (00000000000000aa) MISMATCH\n"
-            "  Communicator ranks have different AllReduce operation counts\n"
-            "  7 ranks have launched up to operation 1523\n"
-            "  Rank 1 has launched up to operation 1522 -- GPU 1 managed by process 901 on node h200-a\n")
+    text = (
+        "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
+        "    #  in group  per comm  per node  per comm  in group\n"
+        "    0         1         1         8         8         8   RUNNING  MISMATCH\n\n"
+        "#0-0 (00000000000000aa) MISMATCH\n"
+        "  Communicator ranks have different AllReduce operation counts\n"
+        "  7 ranks have launched up to operation 1523\n"
+        "  Rank 1 has launched up to operation 1522 -- GPU 1 managed by process 901 on node h200-a\n"
+    )
     view = ras.RasView()
     view.add({"ts": 0.0, "format": "text", "text": text})
     view.add({"ts": 40.0, "format": "text", "text": text})
@@ -223,16 +237,25 @@ def test_grouped_text_lines_of_a_larger_job():
 
 def test_hostile_text_is_bounded_and_stays_data():
     junk = "[bold red]x[/]" * 10_000
-    rep = ras.parse({"ts": 1.0, "format": "json", "text": '{"communicators": [{"hash": "%s", "ranks": '
-                     '[{"rank": 0, "host": "%s", "collective_counts": {"AllReduce": "nan"}}]}]}' % (junk, junk)})
+    rep = ras.parse(
+        {
+            "ts": 1.0,
+            "format": "json",
+            "text": '{"communicators": [{"hash": "%s", "ranks": '
+            '[{"rank": 0, "host": "%s", "collective_counts": {"AllReduce": "nan"}}]}]}' % (junk, junk),
+        }
+    )
     comm = rep.comms[0]
     assert len(comm.hash) <= 40 and len(comm.ranks[0].host) <= ras.FIELD_MAX
     assert comm.ranks[0].counts == {}  # a count that is not a number is dropped, not guessed
     assert ras.parse({"format": "json", "text": 12}).error == "the answer is not text"
-    assert ras.parse({"error": "cannot connect to 127.0.0.1:28028: Connection refused"}).error.startswith("cannot connect")
+    assert ras.parse({"error": "cannot connect to 127.0.0.1:28028: Connection refused"}).error.startswith(
+        "cannot connect"
+    )
 
 
 # ----------------------------------------------------------------------------- judging
+
 
 def test_a_rank_behind_with_no_count_moving_names_it_after_the_threshold_only():
     view = ras.RasView()
@@ -244,8 +267,9 @@ def test_a_rank_behind_with_no_count_moving_names_it_after_the_threshold_only():
     [f] = ras.findings(view, 1040.0, 30)
     assert f.odd_rank == 1 and f.stalled
     assert f.evidence[0] == "rank 1 launched up to AllReduce 42,186, rank 0 42,187; no progress for 40 s"
-    assert view.doc()["skews"] == [{"communicator": "0xd787ccde145b7afa", "op": "AllReduce", "behind": {1: 42186},
-                                    "ahead": {0: 42187}}]
+    assert view.doc()["skews"] == [
+        {"communicator": "0xd787ccde145b7afa", "op": "AllReduce", "behind": {1: 42186}, "ahead": {0: 42187}}
+    ]
 
 
 def test_counts_that_move_reset_the_clock_and_name_the_blind_spots():
@@ -297,13 +321,24 @@ def test_port_label():
 
 # ----------------------------------------------------------------------------- a real socket
 
+
 class FakeRas:
     def __init__(self, mode: str, json_file: str, text_file: str):
         self.port = free_port()
         env = dict(os.environ, NCCL_RAS_ADDR=f"127.0.0.1:{self.port}")
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "fake_ras.py"), str(self.port), mode,
-                                      str(DATA / json_file), str(DATA / text_file)], stdout=subprocess.PIPE, env=env,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).parents[1] / "fake_ras.py"),
+                str(self.port),
+                mode,
+                str(DATA / json_file),
+                str(DATA / text_file),
+            ],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         assert self.proc.stdout.readline().strip() == "ready"
 
     def close(self):
@@ -333,8 +368,9 @@ def fake_ras():
 
 
 async def watching(pid: int) -> HostSession:
-    session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25),
-                          WatchList(patterns=[], pids=[pid]))
+    session = HostSession(
+        parse_target("local"), SessionOptions(python=sys.executable, interval=0.25), WatchList(patterns=[], pids=[pid])
+    )
     await session.connect()
     await session.request("config", **session.watch.args())
     await session.request("ras_config", every_s=0.5, timeout=1.5)

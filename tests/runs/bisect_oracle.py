@@ -69,7 +69,7 @@ def _chunks(items: list, n: int) -> list[list]:
     out, at = [], 0
     for k in range(n):
         step = size + (1 if k < extra else 0)
-        out.append(items[at:at + step])
+        out.append(items[at : at + step])
         at += step
     return [c for c in out if c]
 
@@ -96,7 +96,7 @@ def ddmin_launches(names: list[str], fails) -> int:
                 c, n = chunk, 2
                 break
         else:
-            for chunk in (chunks if n > 2 else []):
+            for chunk in chunks if n > 2 else []:
                 rest = [x for x in c if x not in chunk]
                 if test(rest):
                     c, n = rest, max(n - 1, 2)

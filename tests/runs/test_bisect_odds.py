@@ -65,7 +65,10 @@ def test_a_deterministic_hang_takes_no_more_launches_than_ddmin_for_one_cause():
     """Every single cause among four and six flag sets in no more launches than ddmin took;
     every pair found as the pair (pairs weigh their odds over a few more launches, fewer in all:
     docs/BENCHMARKS.md)."""
-    for names in (["graphs", "eagle3", "allreduce", "attn"], ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b"]):
+    for names in (
+        ["graphs", "eagle3", "allreduce", "attn"],
+        ["graphs", "eagle3", "allreduce", "attn", "part_a", "part_b"],
+    ):
         plan = make_plan(layout_of(", ".join(names)), "h")
         ours = theirs = 0
         for size in (1, 2):
@@ -91,13 +94,17 @@ def test_the_readme_walk_through_on_the_demo_layout():
     assert f"{step.probability:.0%}" == "97%" and len(order) == 6  # as the README says
     assert plan.describe()[0] == "bisect over 2: eagle3, no_cuda_graph off"
     ui = make_plan(demo, "demo", failing=demo.enabled)
-    assert odds_text(ui, advance(ui, {frozenset(ui.names): ["stalled-idle"]}, 1)) == \
-        "eagle3 89%, the good configuration fails too 11%"  # the header's odds after the first launch
+    assert (
+        odds_text(ui, advance(ui, {frozenset(ui.names): ["stalled-idle"]}, 1))
+        == "eagle3 89%, the good configuration fails too 11%"
+    )  # the header's odds after the first launch
     step, order, _ = drive(ui, lambda on: "eagle3" in on)
     assert step.answer == ["eagle3"] and len(order) == ddmin_launches(ui.names, lambda a: "eagle3" in a) == 2
     assert f"{step.probability:.0%}" == "99%" and step.rate >= 0.95  # "it hangs every launch that holds it"
-    assert ui.describe()[0] == "bisect over 1: eagle3" and "at most 24 launches; it ends when one answer is 95% likely" \
-        in ui.describe()[-1]
+    assert (
+        ui.describe()[0] == "bisect over 1: eagle3"
+        and "at most 24 launches; it ends when one answer is 95% likely" in ui.describe()[-1]
+    )
 
 
 def test_not_reproduced_good_fails_and_the_budget_end_the_search():
@@ -124,8 +131,11 @@ def test_resuming_replays_what_is_known_and_launches_only_the_rest():
         step, rest, _ = drive(plan, fails, known=known, launched=cut)
         assert step.answer == ["attn"] and rest == whole[cut:]
     # a larger budget or another confidence goes on where a smaller one stopped: the same bisect
-    assert make_plan(layout_of("graphs, eagle3"), "h", budget=2, confidence=0.99).identity() == \
-        make_plan(layout_of("graphs, eagle3"), "h").identity() != make_plan(layout_of("graphs, eagle3"), "other").identity()
+    assert (
+        make_plan(layout_of("graphs, eagle3"), "h", budget=2, confidence=0.99).identity()
+        == make_plan(layout_of("graphs, eagle3"), "h").identity()
+        != make_plan(layout_of("graphs, eagle3"), "other").identity()
+    )
     edited = layout_of("graphs, eagle3")
     edited.flag_sets["eagle3"] = ["--speculative-algorithm", "EAGLE"]
     assert make_plan(edited, "h").identity() != make_plan(layout_of("graphs, eagle3"), "h").identity()
@@ -148,9 +158,14 @@ def test_launches_under_other_host_facts_are_not_the_same_evidence():
     assert facts_changed(old, {"driver": "560.28", "torch": "2.8.0"}) == "driver 550.54 → 560.28"
 
 
-@pytest.mark.parametrize("kw, message", [({"confidence": 1.0}, "--confidence 1.0: a probability from 0.5"),
-                                         ({"confidence": 0.3}, "--confidence 0.3"),
-                                         ({"budget": 0}, "at least 1 launch")])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"confidence": 1.0}, "--confidence 1.0: a probability from 0.5"),
+        ({"confidence": 0.3}, "--confidence 0.3"),
+        ({"budget": 0}, "at least 1 launch"),
+    ],
+)
 def test_bad_odds_and_budgets_are_one_line_naming_the_fix(kw, message):
     with pytest.raises(CockpitError, match=message):
         make_plan(layout_of("attn"), "h", **kw)

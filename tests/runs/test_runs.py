@@ -55,16 +55,24 @@ def test_command_lines_are_argument_lists_in_layout_order(tmp_path):
     assert argv[:3] == ["py", "-m", "cockpit.sim.server"]
     assert argv.index("--speculative-algorithm") < argv.index("--sim-crash-rank")  # layout order
     assert argv[-2:] == ["--mem-fraction-static", "0.8"]
-    assert [s.enabled for s in combinations(layout, ["eagle3", "hang"])] == [["eagle3", "hang"], ["eagle3"], ["hang"], []]
-    assert masked({"HF_TOKEN": "x", "API_KEY": "y", "NCCL_DEBUG": "INFO"}) == {"HF_TOKEN": "***", "API_KEY": "***",
-                                                                             "NCCL_DEBUG": "INFO"}
+    assert [s.enabled for s in combinations(layout, ["eagle3", "hang"])] == [
+        ["eagle3", "hang"],
+        ["eagle3"],
+        ["hang"],
+        [],
+    ]
+    assert masked({"HF_TOKEN": "x", "API_KEY": "y", "NCCL_DEBUG": "INFO"}) == {
+        "HF_TOKEN": "***",
+        "API_KEY": "***",
+        "NCCL_DEBUG": "INFO",
+    }
 
 
 def test_ablation_over_eagle3_shows_it_decides_the_outcome(sim_layout):
     path, target, env = sim_layout
     res = run_cli("ablate", *target, "--vary", "eagle3", "--timeout", "60", "--yes", "--json", env=env, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(res.stdout[res.stdout.index("["):])
+    rows = json.loads(res.stdout[res.stdout.index("[") :])
     assert [(r["flag_sets"], r["outcome"]) for r in rows] == [(["eagle3"], "stalled-idle"), ([], "ready")]
     stalled, ready = rows
     assert any("log silent" in e for e in stalled["evidence"]) and stalled["dumps"]
@@ -80,24 +88,29 @@ def test_ablation_over_eagle3_shows_it_decides_the_outcome(sim_layout):
     assert "stalled-idle" in table and "ready" in table
 
 
-@pytest.mark.parametrize("flag, outcome, evidence, status", [
-    ("hang", "stalled-spinning", "rank 3 is the odd one out", 4),
-    ("crash", "crashed", "rank 5 died (exit code -9)", 5),
-])
+@pytest.mark.parametrize(
+    "flag, outcome, evidence, status",
+    [
+        ("hang", "stalled-spinning", "rank 3 is the odd one out", 4),
+        ("crash", "crashed", "rank 5 died (exit code -9)", 5),
+    ],
+)
 def test_launch_reaches_the_verdict_with_its_evidence(sim_layout, flag, outcome, evidence, status):
     """The outcome, its evidence, and the exit status that says it (README "Exit status")."""
     path, target, env = sim_layout
-    res = run_cli("launch", *target, "--on", flag, "--timeout", "60", "--settle", "30", "--yes", env=env,
-                  timeout=180)
+    res = run_cli("launch", *target, "--on", flag, "--timeout", "60", "--settle", "30", "--yes", env=env, timeout=180)
     assert res.returncode == status, res.stderr[-2000:]
     assert f": {outcome}" in res.stdout and evidence in res.stdout, res.stdout
 
 
 def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout, monkeypatch):
     path, target, env = sim_layout
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit", "ablate", *target, "--vary", "eagle3", "--yes",
-                             "--timeout", "60"], env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cockpit", "ablate", *target, "--vary", "eagle3", "--yes", "--timeout", "60"],
+        env=dict(os.environ, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     layout = parse_layout(path.read_text(), str(path))
     monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
     deadline = time.monotonic() + 60
@@ -117,7 +130,7 @@ def test_killing_the_cockpit_mid_ablation_loses_no_ledger_row(sim_layout, monkey
     # the next start finds it again (the layout watches no titles: only the ledger knows it)
     res = run_cli("kill", *target, "--yes", "--json", env=env)
     assert res.returncode == 0, res.stderr
-    report = json.loads(res.stdout[res.stdout.index("{"):])
+    report = json.loads(res.stdout[res.stdout.index("{") :])
     assert report["verified"] and len(report["term"]) + len(report["vanished"]) >= 10  # a launcher may end some first
 
 
@@ -128,14 +141,17 @@ async def test_a_runs_log_follows_xdg_cache_home_as_the_xdg_spec_says(tmp_path, 
     from cockpit.link.target import parse_target
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for cache, expect in ((str(tmp_path / "cache"), tmp_path / "cache" / "gpu-cockpit" / "runs" / "x.log"),
-                          ("relative/cache", tmp_path / "home" / ".cache" / "gpu-cockpit" / "runs" / "x.log")):
+    for cache, expect in (
+        (str(tmp_path / "cache"), tmp_path / "cache" / "gpu-cockpit" / "runs" / "x.log"),
+        ("relative/cache", tmp_path / "home" / ".cache" / "gpu-cockpit" / "runs" / "x.log"),
+    ):
         monkeypatch.setenv("XDG_CACHE_HOME", cache)
         session = HostSession(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25))
         await session.connect()
         try:
-            run = await session.request("launch", argv=[sys.executable, "-c", "print('hi')"],
-                                        log="~/.cache/gpu-cockpit/runs/x.log")
+            run = await session.request(
+                "launch", argv=[sys.executable, "-c", "print('hi')"], log="~/.cache/gpu-cockpit/runs/x.log"
+            )
             assert run["log"] == str(expect)
         finally:
             await session.close()

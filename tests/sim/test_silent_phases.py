@@ -32,26 +32,69 @@ from cockpit.runs.layoutfile import load_layout
 from cockpit.sim import fakenvml
 
 
-def launch(tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5,
-           port: int | None = None) -> tuple[dict, list[dict]]:
+def launch(
+    tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5, port: int | None = None
+) -> tuple[dict, list[dict]]:
     """`cockpit launch local --layout L --sim DIR --yes --json` of a layout with no stall
     settings; returns its outcome row and the verdicts the ledger kept."""
     state = tmp_path / "sim"
     fakenvml.write_host(str(state), gpus=8, model="rtx-pro-6000", seed=5)
     port = port or free_port()
     layout = tmp_path / "first.yaml"
-    layout.write_text(json.dumps({
-        "name": "first", "engine": "sglang", "python": sys.executable, "command": ["-m", "cockpit.sim.server"],
-        "base_flags": ["--tp-size", "8", "--port", str(port), "--enable-metrics", "--sim-shm-dir", str(tmp_path),
-                       *flags], "log_dir": str(tmp_path / "runs"), "ports": [port]}))
+    layout.write_text(
+        json.dumps(
+            {
+                "name": "first",
+                "engine": "sglang",
+                "python": sys.executable,
+                "command": ["-m", "cockpit.sim.server"],
+                "base_flags": [
+                    "--tp-size",
+                    "8",
+                    "--port",
+                    str(port),
+                    "--enable-metrics",
+                    "--sim-shm-dir",
+                    str(tmp_path),
+                    *flags,
+                ],
+                "log_dir": str(tmp_path / "runs"),
+                "ports": [port],
+            }
+        )
+    )
     env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "home" / "state")}
     try:
-        out = subprocess.run([sys.executable, "-m", "cockpit", "launch", "local", "--layout", str(layout), "--sim",
-                              str(state), "--yes", "--json", "--timeout", str(timeout), "--settle", str(settle)],
-                             capture_output=True, text=True, env=env, timeout=timeout + 120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cockpit",
+                "launch",
+                "local",
+                "--layout",
+                str(layout),
+                "--sim",
+                str(state),
+                "--yes",
+                "--json",
+                "--timeout",
+                str(timeout),
+                "--settle",
+                str(settle),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout + 120,
+        )
     finally:
-        rows = [json.loads(line) for p in (tmp_path / "home").rglob("ledger/*.jsonl")
-                for line in p.read_text().splitlines() if line.strip()]
+        rows = [
+            json.loads(line)
+            for p in (tmp_path / "home").rglob("ledger/*.jsonl")
+            for line in p.read_text().splitlines()
+            if line.strip()
+        ]
         for pgid in {r["pgid"] for r in rows if isinstance(r.get("pgid"), int)}:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -61,18 +104,23 @@ def launch(tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5
     return json.loads(out.stdout), [r for r in rows if r.get("event") == "verdict"]
 
 
-@pytest.mark.parametrize("flags, phase", [
-    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"], "capturing draft cuda graphs"),
-    (["--sim-stall-at", "init"], "loading weights"),
-    (["--sim-stall-at", "serving", "--sim-traffic", "2"], "serving"),
-], ids=["seed", "init", "serving"])
+@pytest.mark.parametrize(
+    "flags, phase",
+    [
+        (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"], "capturing draft cuda graphs"),
+        (["--sim-stall-at", "init"], "loading weights"),
+        (["--sim-stall-at", "serving", "--sim-traffic", "2"], "serving"),
+    ],
+    ids=["seed", "init", "serving"],
+)
 def test_a_hang_is_called_stalled_on_the_stacks_evidence(tmp_path, flags, phase):
     """Every rank blocked in a collective, the log silent: stalled on the positive evidence of two
     dumps, whatever the phase (before the weights, the seed's own, with requests frozen)."""
     row, verdicts = launch(tmp_path, ["--sim-speed", "4", *flags], settle=60)  # the serving hang comes after ready
     assert row["outcome"] == "stalled-idle", row
-    assert row["evidence"][0].startswith("stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 in "
-                                         "a collective (Rank.all_reduce)"), row["evidence"]
+    assert row["evidence"][0].startswith(
+        "stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 in a collective (Rank.all_reduce)"
+    ), row["evidence"]
     assert not any(str(v["verdict"]).startswith("stalled") for v in verdicts[:-1])
     if phase == "serving":
         assert verdicts[-1]["detail"] == "requests frozen", verdicts[-1]
@@ -99,8 +147,9 @@ def test_a_strangers_404s_every_2_s_never_move_a_hung_server(tmp_path):
     who = threading.Thread(target=stranger, daemon=True)
     who.start()
     try:
-        row, verdicts = launch(tmp_path, ["--sim-speed", "4", "--sim-stall-at", "serving", "--sim-traffic", "2"],
-                               settle=60, port=port)
+        row, verdicts = launch(
+            tmp_path, ["--sim-speed", "4", "--sim-stall-at", "serving", "--sim-traffic", "2"], settle=60, port=port
+        )
     finally:
         stop.set()
         who.join(10)
@@ -122,18 +171,26 @@ def test_the_demos_launch_at_a_third_of_its_speed_is_never_stalled(tmp_path):
     """A slow host: the demo's server (its flags, EAGLE-3 off: the demo's hang is the seed's) at a
     third of its speed, its weight load and graph capture three times as long and as silent, then
     serving: ready, and no verdict on the way a stall."""
-    row, verdicts = launch(tmp_path, ["--model-path", "/shared/kimi-k2.5-int4", "--trust-remote-code",
-                                      "--sim-speed", "0.33", "--sim-traffic", "1"], timeout=120, settle=20)
+    row, verdicts = launch(
+        tmp_path,
+        ["--model-path", "/shared/kimi-k2.5-int4", "--trust-remote-code", "--sim-speed", "0.33", "--sim-traffic", "1"],
+        timeout=120,
+        settle=20,
+    )
     assert row["outcome"] == "ready", row
     assert verdicts and not any(str(v["verdict"]).startswith("stalled") for v in verdicts), verdicts
 
 
-@pytest.mark.parametrize("flags, said", [
-    (["--sim-jit-s", "20"], None),  # rank 0 busy on the CPU: the cheap signals are not silent, no look
-    (["--sim-late-node-s", "20"], "in a rendezvous"),
-    (["--sim-slow-disk-s", "20"], "reading"),
-    ([], None),  # the idle server
-], ids=["jit", "late-node", "slow-disk", "idle-server"])
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--sim-jit-s", "20"], None),  # rank 0 busy on the CPU: the cheap signals are not silent, no look
+        (["--sim-late-node-s", "20"], "in a rendezvous"),
+        (["--sim-slow-disk-s", "20"], "reading"),
+        ([], None),  # the idle server
+    ],
+    ids=["jit", "late-node", "slow-disk", "idle-server"],
+)
 async def test_a_healthy_phase_silent_in_the_log_is_never_stalled(tmp_path, sim_state, monkeypatch, flags, said):
     """A run started by hand, watched by a monitor as a screen keeps one, with a layout that says
     nothing about stalls: its phase runs 20 s silent in the log, then the server comes up and
@@ -174,25 +231,48 @@ def started_by_hand(tmp_path: Path, sim_state, flags: list[str], tp: int = 2, la
     naming its port and nothing about stalls."""
     port = free_port()
     log = tmp_path / "server.log"
-    server = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", str(tp), "--sim-speed", "4",
-                               "--port", str(port), "--sim-shm-dir", str(tmp_path), *flags],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cockpit.sim.server",
+            "--tp-size",
+            str(tp),
+            "--sim-speed",
+            "4",
+            "--port",
+            str(port),
+            "--sim-shm-dir",
+            str(tmp_path),
+            *flags,
+        ],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "COCKPIT_SIM_STATE": str(sim_state)},
+    )
     layout = tmp_path / "first.yaml"
-    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n"
-                      f"{layout_extra}")
+    layout.write_text(f"engine: sglang\ncommand: [-m, cockpit.sim.server]\nports: [{port}]\nlog: {log}\n{layout_extra}")
     return server, log, layout
 
 
 def by_hand(tmp_path: Path, sim_state, flags: list[str], layout_extra: str = ""):
     """A TP-2 server started by hand, and a monitor as a screen keeps one, its layout watching the
     server's processes."""
-    server, log, layout = started_by_hand(tmp_path, sim_state, flags, layout_extra=(
-        f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{layout_extra}"))
+    server, log, layout = started_by_hand(
+        tmp_path,
+        sim_state,
+        flags,
+        layout_extra=(f"watch: ['*cockpit.sim.server*--sim-shm-dir {tmp_path}*']\n{layout_extra}"),
+    )
     lay = load_layout(str(layout))
-    monitor = HostMonitor(parse_target("local"), SessionOptions(python=sys.executable, interval=0.25,
-                                                                sim_state=str(sim_state)),
-                          layout=lay, watch=WatchList.for_layout(lay), probe_every_s=0.25)
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(sim_state)),
+        layout=lay,
+        watch=WatchList.for_layout(lay),
+        probe_every_s=0.25,
+    )
     return server, log, monitor
 
 
@@ -204,8 +284,9 @@ async def test_with_forensics_off_no_stack_look_is_taken(tmp_path, sim_state, mo
     from cockpit.cli.attach import forensics_allowed
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    server, log, monitor = by_hand(tmp_path, sim_state, ["--sim-stall-at", "init"],
-                                   switch if switch.endswith("\n") else "")
+    server, log, monitor = by_hand(
+        tmp_path, sim_state, ["--sim-stall-at", "init"], switch if switch.endswith("\n") else ""
+    )
     args = argparse.Namespace(read_only=False, no_forensics=switch == "--no-forensics")
     monitor.forensics_on = forensics_allowed(args, monitor.layout)
     assert monitor.forensics_on is False
@@ -238,12 +319,29 @@ def test_a_cold_look_just_after_the_last_line_goes_on_until_a_stack_look_decides
         while not ("Init torch distributed ends" in log.read_text() and time.time() - log.stat().st_mtime >= 1.0):
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.1)
-        out = subprocess.run([sys.executable, "-m", "cockpit", "snapshot", "local", "--layout", str(layout), "--sim",
-                              str(state), "--json"], capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cockpit",
+                "snapshot",
+                "local",
+                "--layout",
+                str(layout),
+                "--sim",
+                str(state),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
     finally:
         kill_groups([server.pid])
     assert out.returncode == 0 and out.stdout.startswith("{"), out.stderr[-2000:]
     verdict = json.loads(out.stdout)["verdict"]
     assert verdict["name"] == "stalled-idle", verdict
-    assert verdict["evidence"][0].startswith("stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 "
-                                             "in a collective"), verdict["evidence"]
+    assert verdict["evidence"][0].startswith(
+        "stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 in a collective"
+    ), verdict["evidence"]

@@ -19,6 +19,7 @@ def generated(body: str) -> float:
     assert value is not None and bad == 0, body
     return value
 
+
 MIB_TOTAL = 97887
 
 
@@ -28,13 +29,21 @@ def ready(run):
 
 async def test_healthy_run_loads_opens_its_port_and_serves(sim_state, tmp_path):
     port = free_port()
-    async with SimRun(sim_state, tmp_path, port, ["--mem-fraction-static", "0.85", "--sim-traffic", "2", "--enable-metrics"]) as run:
+    async with SimRun(
+        sim_state, tmp_path, port, ["--mem-fraction-static", "0.85", "--sim-traffic", "2", "--enable-metrics"]
+    ) as run:
         health = await run.http("/health")
         assert health["status"] in (None, 503)  # the port is closed while loading
         await wait_for(lambda: ready(run), 40, "the ready line", run.said)
         log = run.log_text()
-        for phase in ("Load weight begin", "Loading safetensors checkpoint shards: 100% Completed | 64/64",
-                      "Load weight end", "KV Cache is allocated", "Capture cuda graph end", "Uvicorn running on"):
+        for phase in (
+            "Load weight begin",
+            "Loading safetensors checkpoint shards: 100% Completed | 64/64",
+            "Load weight end",
+            "KV Cache is allocated",
+            "Capture cuda graph end",
+            "Uvicorn running on",
+        ):
             assert phase in log, phase
         assert (await run.http("/health"))["status"] == 200
         models = await run.http("/v1/models")
@@ -59,12 +68,21 @@ async def test_healthy_run_loads_opens_its_port_and_serves(sim_state, tmp_path):
 
 async def test_eagle3_deadlocks_after_weight_load_with_the_port_closed(sim_state, tmp_path):
     port = free_port()
-    async with SimRun(sim_state, tmp_path, port, ["--speculative-algorithm", "EAGLE3",
-                                                  "--speculative-draft-model-path", "/d"]) as run:
-        await wait_for(lambda: run.log_text().count("Capture draft cuda graph begin") == 8, 40,
-                       "every rank's draft capture", run.said)
-        await wait_for(lambda: len(run.ranks()) == 8 and all(p.status == "S" and p.cpu_pct < 10 for p in run.ranks()),
-                       30, "every rank asleep in the draft's collective", lambda: run.ranks())
+    async with SimRun(
+        sim_state, tmp_path, port, ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"]
+    ) as run:
+        await wait_for(
+            lambda: run.log_text().count("Capture draft cuda graph begin") == 8,
+            40,
+            "every rank's draft capture",
+            run.said,
+        )
+        await wait_for(
+            lambda: len(run.ranks()) == 8 and all(p.status == "S" and p.cpu_pct < 10 for p in run.ranks()),
+            30,
+            "every rank asleep in the draft's collective",
+            lambda: run.ranks(),
+        )
         lines_before = len(run.log_text())
         await run.session.wait_samples(3)  # three of the agent's intervals (its own clock): nothing more is said
         st = run.session.state
@@ -79,7 +97,9 @@ async def test_eagle3_deadlocks_after_weight_load_with_the_port_closed(sim_state
 
 async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state, tmp_path):
     port = free_port()
-    async with SimRun(sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4", "--enable-metrics"]) as run:
+    async with SimRun(
+        sim_state, tmp_path, port, ["--sim-hang-rank", "3", "--sim-traffic", "4", "--enable-metrics"]
+    ) as run:
         await wait_for(lambda: ready(run), 40, "ready", run.said)
         st = run.session.state
 
@@ -88,8 +108,11 @@ async def test_hang_rank_spins_while_the_others_wait_and_tokens_freeze(sim_state
             return len(r) == 8 and r[3].cpu_pct > 50 and all(r[i].cpu_pct < 30 for i in r if i != 3)
 
         await wait_for(spinning, 30, "rank 3 to spin alone")
-        await wait_for(lambda: all(g.util_pct == (0 if i == 3 else 100) for i, g in st.gpus.items()), 10,
-                       "the waiting ranks' GPUs pinned, the odd rank's idle")
+        await wait_for(
+            lambda: all(g.util_pct == (0 if i == 3 else 100) for i, g in st.gpus.items()),
+            10,
+            "the waiting ranks' GPUs pinned, the odd rank's idle",
+        )
         for g in st.gpus.values():
             assert g.power_w < 0.2 * g.power_limit_w  # pinned utilization at idle power
         first = generated((await run.http("/metrics"))["body"])
@@ -154,7 +177,9 @@ async def test_vllm_shape_engine_core_owns_its_workers(sim_state, tmp_path):
         engine = next(p for p in st.live_procs() if p.role == "engine")
         workers = run.ranks()
         assert engine.title == "VLLM::EngineCore" and engine.ppid == run.run["pid"]
-        assert [(w.title, w.rank, w.ppid) for w in workers] == [(f"VLLM::Worker_TP{i}", i, engine.pid) for i in range(8)]
+        assert [(w.title, w.rank, w.ppid) for w in workers] == [
+            (f"VLLM::Worker_TP{i}", i, engine.pid) for i in range(8)
+        ]
         log = run.log_text()
         assert "(Worker_TP0 pid=" in log and "Model loading took" in log and "Starting vLLM API server" in log
         metrics = await run.http("/metrics")

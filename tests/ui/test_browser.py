@@ -59,8 +59,13 @@ def browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000",
-                "--disable-gpu"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1600,1000",
+        "--disable-gpu",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
     driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CAPTURE})
@@ -117,8 +122,12 @@ def start_serve(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
     """`cockpit serve` in a subprocess, and the URL it printed (with this start's token)."""
     port = free_port()
     log = tmp_path / "serve.log"
-    server = subprocess.Popen([sys.executable, "-m", "cockpit", "serve", *args, "--port", str(port)],
-                              stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "cockpit", "serve", *args, "--port", str(port)],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     wait_port(port, 20)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -139,17 +148,26 @@ def test_the_served_page_and_websocket_need_the_token_and_the_pages_own_origin(t
     async def probe():
         out = {}
         async with aiohttp.ClientSession() as http:
-            for name, path in (("bare", "/"), ("wrong", "/?token=" + token[:-1]), ("good", f"/?token={token}"),
-                               ("download", "/download/abc")):
+            for name, path in (
+                ("bare", "/"),
+                ("wrong", "/?token=" + token[:-1]),
+                ("good", f"/?token={token}"),
+                ("download", "/download/abc"),
+            ):
                 async with http.get(base + path) as r:
                     out[name] = (r.status, await r.text(), dict(r.headers))
-            async with http.get(f"{base}/?token={token}", headers={"Host": f"evil.example:{base.rsplit(':', 1)[1]}"}) as r:
+            async with http.get(
+                f"{base}/?token={token}", headers={"Host": f"evil.example:{base.rsplit(':', 1)[1]}"}
+            ) as r:
                 out["rebound"] = (r.status, await r.text(), {})
             ws = base.replace("http", "ws")
-            for name, path, headers in (("ws-bare", "/ws", own), ("ws-wrong", "/ws/nope", own),
-                                        ("ws-evil", f"/ws/{token}", {"Origin": "http://evil.example"}),
-                                        ("ws-no-origin", f"/ws/{token}", {}),
-                                        ("ws-good", f"/ws/{token}", own)):
+            for name, path, headers in (
+                ("ws-bare", "/ws", own),
+                ("ws-wrong", "/ws/nope", own),
+                ("ws-evil", f"/ws/{token}", {"Origin": "http://evil.example"}),
+                ("ws-no-origin", f"/ws/{token}", {}),
+                ("ws-good", f"/ws/{token}", own),
+            ):
                 try:
                     async with http.ws_connect(ws + path + "?width=80&height=24", headers=headers) as sock:
                         out[name] = 101
@@ -167,7 +185,9 @@ def test_the_served_page_and_websocket_need_the_token_and_the_pages_own_origin(t
     assert [got[k][0] for k in ("wrong", "download", "rebound")] == [403, 403, 403], got
     status, page, headers = got["good"]
     assert status == 200 and f"/ws/{token}" in page
-    assert headers["Referrer-Policy"] == "no-referrer" and "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+    assert (
+        headers["Referrer-Policy"] == "no-referrer" and "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+    )
     assert got["ws-bare"] == got["ws-wrong"] == got["ws-evil"] == got["ws-no-origin"] == 403
     assert got["ws-good"] == 101
     log = (tmp_path / "serve.log").read_text()

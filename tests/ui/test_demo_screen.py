@@ -96,9 +96,14 @@ async def test_a_demo_neither_shows_nor_judges_processes_it_did_not_start(demo_e
     import sys
 
     args, layout, pgids = demo_env
-    other = subprocess.Popen([sys.executable, "-c", "import setproctitle, time; "
-                              "setproctitle.setproctitle('sglang::scheduler_TP0'); time.sleep(60)"],
-                             start_new_session=True)
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import setproctitle, time; setproctitle.setproctitle('sglang::scheduler_TP0'); time.sleep(60)",
+        ],
+        start_new_session=True,
+    )
     pgids.append(other.pid)
     args.no_server = True
     app, layout, state = demo_app(args, layout)
@@ -186,8 +191,11 @@ def healthy_demo(demo_env, tmp_path):
     args, layout, pgids = demo_env
     path = Path(layout.path)
     healthy = tmp_path / "healthy.yaml"
-    healthy.write_text(path.read_text().replace("enabled: [eagle3]", "enabled: []")
-                       .replace('--sim-traffic, "2"]', '--sim-traffic, "2", --enable-metrics]'))
+    healthy.write_text(
+        path.read_text()
+        .replace("enabled: [eagle3]", "enabled: []")
+        .replace('--sim-traffic, "2"]', '--sim-traffic, "2", --enable-metrics]')
+    )
     args = build_parser().parse_args(["demo", "--layout", str(healthy), "--interval", "0.25"])
     return args, resolve_layout(str(healthy)), pgids
 
@@ -225,8 +233,21 @@ async def test_a_run_launched_from_another_terminal_is_followed_as_a_new_run(dem
         pgids.append(first["pgid"])
         await until(pilot, lambda: app.cockpit.phase.name not in ("no run", "starting"), 60)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cockpit", "launch", "demo", "--layout", layout.path, "--off", "eagle3", "--yes",
-            "--interval", "0.25", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "cockpit",
+            "launch",
+            "demo",
+            "--layout",
+            layout.path,
+            "--off",
+            "eagle3",
+            "--yes",
+            "--interval",
+            "0.25",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(proc.communicate(), 150)
         assert proc.returncode == 0, err.decode()[-2000:]
         assert ": ready" in out.decode()
@@ -234,8 +255,15 @@ async def test_a_run_launched_from_another_terminal_is_followed_as_a_new_run(dem
         pgids.append(new["pgid"])
         assert new["run_id"] != first["run_id"]
         monitor.subscribe(lambda e: verdicts.append(monitor.verdict.name.value) if e.kind == "verdict" else None)
-        await until(pilot, lambda: (monitor.following or {}).get("run_id") == new["run_id"]
-                    and app.cockpit.phase.name in ("ready", "serving") and monitor.verdict.name == "ok", 8)
+        await until(
+            pilot,
+            lambda: (
+                (monitor.following or {}).get("run_id") == new["run_id"]
+                and app.cockpit.phase.name in ("ready", "serving")
+                and monitor.verdict.name == "ok"
+            ),
+            8,
+        )
         ranks = [p for p in app.state.ranks() if p.alive]
         assert len(ranks) == 8 and {p.pgid for p in ranks} == {new["pgid"]}
         assert list(app.state.logs) == [new["log"]]
@@ -245,8 +273,17 @@ async def test_a_run_launched_from_another_terminal_is_followed_as_a_new_run(dem
         assert "crashed" not in text and "ranks gone" not in text, text
         assert "crashed" not in verdicts, verdicts
         snap = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cockpit", "snapshot", "demo", "--layout", layout.path, "--json",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "cockpit",
+            "snapshot",
+            "demo",
+            "--layout",
+            layout.path,
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         doc = json.loads((await asyncio.wait_for(snap.communicate(), 60))[0])
         assert doc["log"]["path"] == new["log"] and doc["verdict"]["name"] == monitor.verdict.name.value
         await pilot.press("q")
@@ -271,8 +308,13 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
         monitor = app.cockpit.monitor
         pgids.append(monitor.following["pgid"])
         await until(pilot, lambda: app.cockpit.phase.name == "serving" and monitor.verdict.name == "ok", 90)
-        monitor.subscribe(lambda e: (verdicts.append(monitor.verdict.name.value), phases.append(monitor.phase.name))
-                          if e.kind in ("verdict", "sample") else None)
+        monitor.subscribe(
+            lambda e: (
+                (verdicts.append(monitor.verdict.name.value), phases.append(monitor.phase.name))
+                if e.kind in ("verdict", "sample")
+                else None
+            )
+        )
         pid = next(p.pid for p in app.state.ranks() if p.rank == 3 and p.alive)
         app.cockpit.run_worker(app.cockpit.actions.kill(pid, f"kill pid {pid}"), group="action")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
@@ -295,11 +337,21 @@ async def test_the_operators_kills_read_as_theirs_and_a_killed_run_is_no_run(dem
             monitor.follow(await launch(monitor.session, layout, default_spec(layout)))
         pgids.append(monitor.following["pgid"])
         try:
-            await until(pilot, lambda: app.cockpit.phase.name == "serving"
-                        and "tok/s" in describe_metrics(app.state.metrics), 90)
+            await until(
+                pilot,
+                lambda: app.cockpit.phase.name == "serving" and "tok/s" in describe_metrics(app.state.metrics),
+                90,
+            )
         except AssertionError:
-            raise AssertionError((app.cockpit.phase, monitor.verdict, describe_metrics(app.state.metrics),
-                                  list(app.state.logs), save_text(app, None))) from None
+            raise AssertionError(
+                (
+                    app.cockpit.phase,
+                    monitor.verdict,
+                    describe_metrics(app.state.metrics),
+                    list(app.state.logs),
+                    save_text(app, None),
+                )
+            ) from None
         app.cockpit.action_kill_run()
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
         await pilot.press("y")
@@ -332,15 +384,31 @@ async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_t
         await until(pilot, lambda: monitor.verdict.name.value == "ok", 30)
         # the live run's history: `cockpit runs` reads its current verdict, since when, for how long
         listed = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cockpit", "runs", "--layout", layout.path,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "cockpit",
+            "runs",
+            "--layout",
+            layout.path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(listed.communicate(), 60)
         live = out.decode()
         assert f"{monitor.following['run_id']}" in live and "now ok" in live, (live, err)
         assert re.search(r"\d\d:\d\d:\d\d ok for \d+ s so far", live) and "running for" in live, live
         killer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cockpit", "kill", "demo", "--layout", layout.path, "--yes",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "cockpit",
+            "kill",
+            "demo",
+            "--layout",
+            layout.path,
+            "--yes",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(killer.communicate(), 90)
         assert killer.returncode == 0 and b"verified" in out, (out, err)
         await until(pilot, lambda: not any(p.alive for p in app.state.ranks()), 30)
@@ -352,7 +420,9 @@ async def test_a_kill_from_another_terminal_reads_stopped_on_the_screen_and_in_t
         assert run["stop"]["why"] == "cockpit kill: asked by the operator" and "@" in run["stop"]["by"]
         assert run["stop"]["processes"] and abs(run["stop"]["at"] - time.time()) < 120
         assert [h["verdict"] for h in run["verdicts"]][:1] == ["ok"] and run["verdicts"][-1]["verdict"] in (
-            "stopped", "no run"), run["verdicts"]  # each verdict of the run, in turn, with its time
+            "stopped",
+            "no run",
+        ), run["verdicts"]  # each verdict of the run, in turn, with its time
         history = "\n".join(describe_ledger([run]))
         assert "stopped" in history and "by " in history and "cockpit kill: asked by the operator" in history, history
         await pilot.press("q")

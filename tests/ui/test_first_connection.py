@@ -24,10 +24,21 @@ SIZES = [(80, 24), (160, 50)]
 
 def ssh_config(sshd, tmp_path, known) -> str:
     path = tmp_path / "ssh_config"
-    path.write_text("\n".join([
-        "Host newbox", "    HostName 127.0.0.1", f"    Port {sshd.port}", f"    User {sshd.user}",
-        f"    IdentityFile {sshd.root}/client_key", "    IdentitiesOnly yes", f"    UserKnownHostsFile {known}",
-        "    GlobalKnownHostsFile /dev/null"]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                "Host newbox",
+                "    HostName 127.0.0.1",
+                f"    Port {sshd.port}",
+                f"    User {sshd.user}",
+                f"    IdentityFile {sshd.root}/client_key",
+                "    IdentitiesOnly yes",
+                f"    UserKnownHostsFile {known}",
+                "    GlobalKnownHostsFile /dev/null",
+            ]
+        )
+        + "\n"
+    )
     return str(path)
 
 
@@ -43,20 +54,24 @@ def shown(app) -> str:
 def dialog_text(app) -> str:
     """The words inside the dialog's border, as the screen shows them."""
     region = app.screen.query_one(".dialog").region
-    rows = save_text(app, None).splitlines()[region.y + 1:region.y + region.height - 1]
-    return " ".join(" ".join(r[region.x + 1:region.x + region.width - 1] for r in rows).split())
+    rows = save_text(app, None).splitlines()[region.y + 1 : region.y + region.height - 1]
+    return " ".join(" ".join(r[region.x + 1 : region.x + region.width - 1] for r in rows).split())
 
 
 def dialog_drawn(app, kind) -> bool:
     """The screen is a `kind` dialog and it has been laid out (pushed is not yet drawn)."""
-    return isinstance(app.screen, kind) and bool(app.screen.query(".dialog")) and \
-        app.screen.query_one(".dialog").region.height > 0
+    return (
+        isinstance(app.screen, kind)
+        and bool(app.screen.query(".dialog"))
+        and app.screen.query_one(".dialog").region.height > 0
+    )
 
 
 def ssh_keygen_fingerprint(sshd) -> tuple[str, str]:
     """What `ssh-keygen -lf` says of the server's key: (SHA256:..., ED25519)."""
-    out = subprocess.run(["ssh-keygen", "-lf", str(sshd.root / "host_key.pub")], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        ["ssh-keygen", "-lf", str(sshd.root / "host_key.pub")], capture_output=True, text=True, check=True
+    ).stdout.split()
     return out[1], out[-1].strip("()")
 
 
@@ -142,16 +157,23 @@ def test_in_a_real_terminal_the_question_is_whole_and_no_exits_1(sshd, tmp_path,
     cfg = ssh_config(sshd, tmp_path, known)
     sock, rc = f"cockpit-test-{os.getpid()}-{size[0]}", tmp_path / "rc"
     script = tmp_path / "run.sh"
-    script.write_text(f"#!/bin/sh\n{sys.executable} -m cockpit newbox --ssh-config {cfg} --python {sys.executable}\n"
-                      f"echo $? > {rc}\nsleep 600\n")  # the screen is drawn on stderr: not redirected
+    script.write_text(
+        f"#!/bin/sh\n{sys.executable} -m cockpit newbox --ssh-config {cfg} --python {sys.executable}\n"
+        f"echo $? > {rc}\nsleep 600\n"
+    )  # the screen is drawn on stderr: not redirected
     script.chmod(0o700)
     env = dict(os.environ, HOME=str(tmp_path), TERM="xterm-256color")
-    subprocess.run([tmux, "-L", sock, "new-session", "-d", "-x", str(size[0]), "-y", str(size[1]), str(script)],
-                   env=env, check=True)
+    subprocess.run(
+        [tmux, "-L", sock, "new-session", "-d", "-x", str(size[0]), "-y", str(size[1]), str(script)],
+        env=env,
+        check=True,
+    )
     try:
+
         def screen() -> str:
-            return subprocess.run([tmux, "-L", sock, "capture-pane", "-p", "-J"], capture_output=True, text=True,
-                                  env=env).stdout
+            return subprocess.run(
+                [tmux, "-L", sock, "capture-pane", "-p", "-J"], capture_output=True, text=True, env=env
+            ).stdout
 
         fingerprint, kind = ssh_keygen_fingerprint(sshd)
         deadline = time.monotonic() + 90

@@ -27,10 +27,12 @@ TOKEN = f"hostile{os.getpid()}"
 # A rank with a hostile tail (rank 0), a rank whose role itself is hostile (`[/x]^[[2j`, rank 1,
 # the one that dies), the title as the issue gives it (no rank: a watched process) and a process
 # with no rank whose role is hostile (the GPU pane names it by its role). One on each GPU.
-TITLES = [f"sglang::scheduler_TP0_{TOKEN} {EVIL}",
-          f"sglang::[/x]\x1b[2J_{TOKEN}_TP1",
-          f"sglang::scheduler_TP0 {EVIL} {TOKEN}",
-          f"sglang::[/x]\x1b]52;c;aGFjaw==\x07 {TOKEN}"]
+TITLES = [
+    f"sglang::scheduler_TP0_{TOKEN} {EVIL}",
+    f"sglang::[/x]\x1b[2J_{TOKEN}_TP1",
+    f"sglang::scheduler_TP0 {EVIL} {TOKEN}",
+    f"sglang::[/x]\x1b]52;c;aGFjaw==\x07 {TOKEN}",
+]
 STRAY = f"hostile-stray {TOKEN} \x1b[2J [/x] [@click=app.quit]"  # a second run: K is ambiguous
 DYING = 1
 FAILURE = "[2026-01-01 00:00:09 TP1] Scheduler hit an exception: \x1b[2J [/x] boom \x1b]52;c;aGFjaw==\x07"
@@ -80,7 +82,7 @@ def clean(out: str | bytes, where: str) -> None:
         out = out.decode("utf-8", "surrogateescape")
     for bad in ("\x1b", "\r", "\x07", "\x9b"):
         at = out.find(bad)
-        assert at < 0, f"{where}: {bad!r} at {at}: {out[max(0, at - 80):at + 40]!r}"
+        assert at < 0, f"{where}: {bad!r} at {at}: {out[max(0, at - 80) : at + 40]!r}"
 
 
 class HostileRun:
@@ -89,12 +91,20 @@ class HostileRun:
     def __init__(self, tmp: Path, sim: Path):
         self.sim, self.log = sim, tmp / "run.log"
         self.log.write_text("".join(line + "\n" for line in LOG_LINES))
-        self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, TOKEN, str(sim), str(self.log), RANK, FAILURE,
-                                      *TITLES], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, TOKEN, str(sim), str(self.log), RANK, FAILURE, *TITLES],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.pids = [int(p) for p in self.proc.stdout.readline().split()]
         assert len(self.pids) == len(TITLES), self.pids
-        self.stray = subprocess.Popen([sys.executable, "-c", RANK, STRAY, "-1", str(sim), str(self.log), FAILURE],
-                                      stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.stray = subprocess.Popen(
+            [sys.executable, "-c", RANK, STRAY, "-1", str(sim), str(self.log), FAILURE],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         assert self.stray.stdout.readline().strip() == "ready"
         self.shm = Path("/dev/shm") / f"nccl-{TOKEN}-\x1b[2J\rHIDDEN[/x]"
         try:
@@ -160,18 +170,44 @@ def test_textual_markup_is_not_rich_markup_so_widgets_get_text_objects():
 
 def test_snapshot_text_and_svg_show_hostile_titles_and_log_lines_visibly(hostile, tmp_path):
     layout = tmp_path / "hostile.yaml"
-    layout.write_text(textwrap.dedent(f"""\
+    layout.write_text(
+        textwrap.dedent(f"""\
         name: hostile-layout
         engine: sglang
         command: [-m, nothing.to.run]
         log: {hostile.log}
         watch: ["*{TOKEN}*"]
-        """))
+        """)
+    )
     svg = tmp_path / "screen.svg"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
-    res = subprocess.run([sys.executable, "-m", "cockpit", "snapshot", "local", "--layout", str(layout), "--sim",
-                          str(hostile.sim), "--python", sys.executable, "--interval", "0.25", "--wait", "1.5",
-                          "--size", "220x50", "--text", "--svg", str(svg)], capture_output=True, env=env, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cockpit",
+            "snapshot",
+            "local",
+            "--layout",
+            str(layout),
+            "--sim",
+            str(hostile.sim),
+            "--python",
+            sys.executable,
+            "--interval",
+            "0.25",
+            "--wait",
+            "1.5",
+            "--size",
+            "220x50",
+            "--text",
+            "--svg",
+            str(svg),
+        ],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr.decode(errors="replace")
     out = res.stdout.decode()
     clean(res.stdout, "--text")
@@ -228,9 +264,11 @@ async def test_live_screen_notifications_and_dialogs_with_hostile_host_text(host
     from cockpit.ui.ranks import RankTable
     from cockpit.ui.screens import ConfirmScreen, RelaunchScreen, ReportScreen
 
-    monitor = HostMonitor(parse_target("local"),
-                          SessionOptions(python=sys.executable, interval=0.25, sim_state=str(hostile.sim)),
-                          watch=WatchList(patterns=[f"*{TOKEN}*"], logs=[str(hostile.log)]))
+    monitor = HostMonitor(
+        parse_target("local"),
+        SessionOptions(python=sys.executable, interval=0.25, sim_state=str(hostile.sim)),
+        watch=WatchList(patterns=[f"*{TOKEN}*"], logs=[str(hostile.log)]),
+    )
     app = CockpitApp(monitor=monitor)
     async with app.run_test(size=(220, 50), notifications=True) as pilot:
         state = app.state
@@ -312,9 +350,13 @@ async def test_live_screen_notifications_and_dialogs_with_hostile_host_text(host
             assert hostile.shm.exists()
 
         # The relaunch dialog: a layout's flag sets and the interpreter found on the host, as text.
-        layout = Layout(path="x.yaml", name="evil [/x] \x1b[2J", command=["-m", "srv\x1b]52;c;aGFjaw==\x07"],
-                        flag_sets={"eagle[/x]\x1b[2J": ["--x", "[@click=app.quit]\x1b[2J"]},
-                        enabled=["eagle[/x]\x1b[2J"])
+        layout = Layout(
+            path="x.yaml",
+            name="evil [/x] \x1b[2J",
+            command=["-m", "srv\x1b]52;c;aGFjaw==\x07"],
+            flag_sets={"eagle[/x]\x1b[2J": ["--x", "[@click=app.quit]\x1b[2J"]},
+            enabled=["eagle[/x]\x1b[2J"],
+        )
         app.push_screen(RelaunchScreen(layout, default_spec(layout), "/opt/py\rHIDDEN [/red]", []))
         await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 10)
         await until(pilot, lambda: "srv^[]52;c;aGFjaw==^G" in _screen(app)[0], 10)
@@ -337,12 +379,15 @@ async def test_fleet_screen_with_a_hostile_host_name_and_link_error(tmp_path):
     from cockpit.ui.cockpit import CockpitScreen
     from cockpit.ui.fleet import FleetApp, FleetScreen
 
-    fleet = parse_fleet(textwrap.dedent("""\
+    fleet = parse_fleet(
+        textwrap.dedent("""\
         hosts:
           - target: local
             name: "evil \\e[2J [/x] [@click=app.quit] \\e]52;c;aGFjaw==\\a \\rHIDDEN"
             python: "/nonexistent/py \\e[2J [/red]"
-        """), "fleet.yaml")
+        """),
+        "fleet.yaml",
+    )
     assert "\x1b" in fleet.hosts[0].name
     watch = FleetMonitor(fleet, SessionOptions())
     app = FleetApp(watch)
@@ -371,11 +416,14 @@ def test_the_plain_cli_shows_host_text_never_acts_on_it(tmp_path):
     """`cockpit explain` prints the log's own lines as evidence: no escape sequence, bell or carriage
     return of theirs reaches the terminal, in the text output as in the JSON; the line is still there."""
     log = tmp_path / "server.log"
-    log.write_bytes(b"[2026-11-30 10:00:01 TP1] Scheduler hit an exception: \x1b]52;c;aGFjaw==\x07 \x1b[2J [/x]\r boom\n"
-                    b"RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    log.write_bytes(
+        b"[2026-11-30 10:00:01 TP1] Scheduler hit an exception: \x1b]52;c;aGFjaw==\x07 \x1b[2J [/x]\r boom\n"
+        b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
     for extra in ([], ["--json"]):
-        res = subprocess.run([sys.executable, "-m", "cockpit", "explain", str(log), *extra], capture_output=True,
-                             timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "cockpit", "explain", str(log), *extra], capture_output=True, timeout=60
+        )
         assert res.returncode == 0, res.stderr
         assert b"\x1b" not in res.stdout and b"\r" not in res.stdout and b"\x07" not in res.stdout
         assert b"[/x]" in res.stdout and b"boom" in res.stdout  # the line is there, as text

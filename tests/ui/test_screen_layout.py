@@ -91,8 +91,13 @@ def test_the_relaunch_diff_is_a_diff_of_argument_lists_flag_with_value():
     assert "--speculative-algorithm EAGLE3" in removed
     assert [item for item, changed in shown if changed] == ["--disable-cuda-graph", "--mem-fraction-static 0.8"]
     assert "--mem-fraction-static 0.85" in removed
-    assert arg_items(["-m", "x", "--trust-remote-code", "--tp-size", "8", "--offset", "-3", "--name", "a b"]) == \
-        ["-m x", "--trust-remote-code", "--tp-size 8", "--offset -3", "--name 'a b'"]
+    assert arg_items(["-m", "x", "--trust-remote-code", "--tp-size", "8", "--offset", "-3", "--name", "a b"]) == [
+        "-m x",
+        "--trust-remote-code",
+        "--tp-size 8",
+        "--offset -3",
+        "--name 'a b'",
+    ]
 
 
 async def test_help_explains_every_verdict_and_scrolls_at_80x24():
@@ -131,9 +136,14 @@ async def test_a_notification_never_covers_a_dialog():
 
 async def test_the_header_says_a_stall_with_requests_in_flight_as_such():
     doc = json.loads((FIXTURES / "demo-serving.json").read_text())
-    doc["verdict"] = {"name": "stalled-idle", "odd_rank": 1, "detail": "requests frozen",
-                      "evidence": ["the engine's stats say 8 requests running at 0 tokens/s since 12-01 22:06:15 (48 s): "
-                                   "requests frozen"]}
+    doc["verdict"] = {
+        "name": "stalled-idle",
+        "odd_rank": 1,
+        "detail": "requests frozen",
+        "evidence": [
+            "the engine's stats say 8 requests running at 0 tokens/s since 12-01 22:06:15 (48 s): requests frozen"
+        ],
+    }
     app = CockpitApp(state=state_from_doc(doc), layout=resolve_layout("demo"))
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.3)
@@ -159,10 +169,10 @@ async def test_the_ablation_dialog_says_what_ctrl_r_does_there():
             lines = save_text(app, None).splitlines()
             first = next(i for i, line in enumerate(lines) if "command:" in line)
             label = lines[first].index("command:")
-            more = lines[first + 1:next(i for i in range(first + 1, len(lines)) if "ctrl+r:" in lines[i])]
+            more = lines[first + 1 : next(i for i in range(first + 1, len(lines)) if "ctrl+r:" in lines[i])]
             assert more, "the demo's command wraps at 100 columns"
             for line in more:
-                assert line[label:label + 8].strip() == "" or line[label:].startswith(("added:", "removed:")), line
+                assert line[label : label + 8].strip() == "" or line[label:].startswith(("added:", "removed:")), line
             text = " ".join(" ".join(lines).split())
             assert ("every on/off combination" in text) == (note is RelaunchScreen.ABLATE), text[-600:]
             assert ("then this runs" in text) == (note is RelaunchScreen.RELAUNCH)

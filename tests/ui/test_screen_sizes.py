@@ -37,7 +37,9 @@ def dialog_rows(app) -> list[str]:
     """The rows inside the dialog's border, as the screen shows them."""
     region = app.screen.query_one(".dialog").region
     lines = save_text(app, None).splitlines()
-    return [line[region.x + 1:region.x + region.width - 1] for line in lines[region.y + 1:region.y + region.height - 1]]
+    return [
+        line[region.x + 1 : region.x + region.width - 1] for line in lines[region.y + 1 : region.y + region.height - 1]
+    ]
 
 
 def words(text: str) -> list[str]:
@@ -45,9 +47,11 @@ def words(text: str) -> list[str]:
 
 
 def test_hanging_lines_wrap_at_whole_words_under_their_line():
-    lines = ["  30635 root     2026-12-02 02:33:28   30635 S   /usr/bin/python -m sglang.launch_server --tp-size 8",
-             "the run: launched by this cockpit (ledger): process group 30635, leader started 2026-12-02 02:33:28",
-             "short"]
+    lines = [
+        "  30635 root     2026-12-02 02:33:28   30635 S   /usr/bin/python -m sglang.launch_server --tp-size 8",
+        "the run: launched by this cockpit (ledger): process group 30635, leader started 2026-12-02 02:33:28",
+        "short",
+    ]
     for width in (30, 50, 72, 120):
         console = Console(width=width, color_system=None, record=True)
         console.print(Hanging(lines))
@@ -85,14 +89,14 @@ async def test_the_footer_drops_whole_entries_and_zoom_uses_the_width(size):
         shown = [c for c in COCKPIT if app.cockpit.footer.shows(c.action)]
         expected = " ".join(f"{key_name(c.key, c.key_display)} {c.label}" for c in shown).split()
         tokens = footer.split()
-        assert tokens[:len(expected)] == expected, (footer, expected)
-        assert set(tokens[len(expected):]) <= {"▏^p", "^p", "palette"}, footer  # nothing cut after the last entry
+        assert tokens[: len(expected)] == expected, (footer, expected)
+        assert set(tokens[len(expected) :]) <= {"▏^p", "^p", "palette"}, footer  # nothing cut after the last entry
         app.cockpit.ranks.focus()
         await pilot.press("z")
         await pilot.pause(0.3)
         box = app.cockpit.ranks.region
         assert box.width == size[0]  # the zoomed pane takes the whole width
-        rows = save_text(app, None).splitlines()[box.y:box.y + box.height]
+        rows = save_text(app, None).splitlines()[box.y : box.y + box.height]
         assert all(line[box.x + box.width - 1] in "│╮╯" for line in rows), rows  # the box keeps its right border
         longest = max((p.title for p in app.state.procs.values()), key=len)
         assert len(longest) > 30 and visible(longest)[:24] in "\n".join(rows)  # wider than the pane's 20 cells
@@ -100,11 +104,24 @@ async def test_the_footer_drops_whole_entries_and_zoom_uses_the_width(size):
 
 def test_fleet_columns_share_the_width_by_what_they_hold():
     def cells(phase: str, verdict: str, alerts: str) -> list[list[Segment]]:
-        return [[Segment("kimi-box")], [Segment("up")], [Segment("3")], [Segment("▁" * 8)], [Segment("▁" * 8)],
-                [Segment(phase)], [Segment(verdict)], [Segment(alerts)]]
+        return [
+            [Segment("kimi-box")],
+            [Segment("up")],
+            [Segment("3")],
+            [Segment("▁" * 8)],
+            [Segment("▁" * 8)],
+            [Segment(phase)],
+            [Segment(verdict)],
+            [Segment(alerts)],
+        ]
 
-    rows = [cells("capturing draft cuda graphs", "stalled-idle (rank 3)",
-                  "all 8 ranks alive, CPU < 5 %, GPU utilization < 5 % on all 8 GPUs")]
+    rows = [
+        cells(
+            "capturing draft cuda graphs",
+            "stalled-idle (rank 3)",
+            "all 8 ranks alive, CPU < 5 %, GPU utilization < 5 % on all 8 GPUs",
+        )
+    ]
     widths = fit_widths([cell_widths(r) for r in rows], 120)
     got = dict(zip(COLUMNS, widths))
     assert sum(widths) == 120
@@ -143,9 +160,14 @@ async def test_no_dialog_cuts_a_word_at_any_size(demo_env):
                     await pilot.press(key)
                     await until(pilot, lambda: isinstance(app.screen, (ConfirmScreen, ReportScreen)), 60)
                     dialog = app.screen
-                    await until(pilot, lambda dialog=dialog: visible(dialog.title_text) in " ".join(dialog_rows(app)), 10)
-                    known = set(words(" ".join(visible(line) for line in dialog.lines + [dialog.title_text]))) \
-                        | set(words(getattr(dialog, "question", ""))) | {"y", "yes", "·", "n", "no"}
+                    await until(
+                        pilot, lambda dialog=dialog: visible(dialog.title_text) in " ".join(dialog_rows(app)), 10
+                    )
+                    known = (
+                        set(words(" ".join(visible(line) for line in dialog.lines + [dialog.title_text])))
+                        | set(words(getattr(dialog, "question", "")))
+                        | {"y", "yes", "·", "n", "no"}
+                    )
                     seen = words(" ".join(dialog_rows(app)))
                     assert len(seen) > 20, (size, key, seen)  # the dialog is drawn, with its list
                     cut = [w for w in seen if w not in known and not re.fullmatch(r"[▁▂▃▄▅▆▇█]+", w)]

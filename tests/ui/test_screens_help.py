@@ -48,8 +48,9 @@ def test_every_binding_of_the_cockpit_is_in_the_help():
     for key in ("b", "F", "K", "?", ":", "ctrl+p", "enter", "o", "esc"):
         assert key in listed
     table = [*COCKPIT, *RANK_TABLE]
-    assert [(b.key, b.action, b.description, b.show) for b in bindings] == \
-        [(c.key, c.action, c.label, c.show) for c in table]  # the bindings are the table's
+    assert [(b.key, b.action, b.description, b.show) for b in bindings] == [
+        (c.key, c.action, c.label, c.show) for c in table
+    ]  # the bindings are the table's
     assert len({c.action for c in table}) == len(table)  # each action described once
 
 
@@ -63,7 +64,7 @@ def test_wrapped_help_lines_hang_under_their_description():
                 assert line[column - 1] == " " and line[column] != " ", line
             else:  # a continuation: under the description, never at column 1
                 assert line[column] != " ", line
-        verdicts = text[text.index("Verdicts"):].splitlines()[1:]
+        verdicts = text[text.index("Verdicts") :].splitlines()[1:]
         spinning = next(i for i, line in enumerate(verdicts) if "stalled-spinning" in line)
         start = verdicts[spinning].index("GPUs pinned")
         assert verdicts[spinning + 1][:start].strip() == "" and verdicts[spinning + 1][start] != " "
@@ -184,8 +185,9 @@ def test_the_fleet_screen_draws_its_keys_and_help_from_its_one_table():
     from cockpit.ui.commands import FLEET
     from cockpit.ui.fleet import FleetScreen, fleet_help
 
-    assert [(b.key, b.action, b.description) for b in FleetScreen.BINDINGS] == \
-        [(c.key, c.action, c.label) for c in FLEET]
+    assert [(b.key, b.action, b.description) for b in FleetScreen.BINDINGS] == [
+        (c.key, c.action, c.label) for c in FLEET
+    ]
     text = Text.from_markup(fleet_help()).plain
     for c in FLEET:
         assert key_name(c.key, c.key_display) in text and Text.from_markup(c.help).plain in text

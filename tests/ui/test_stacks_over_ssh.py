@@ -35,9 +35,13 @@ def remote(sim_state, tmp_path, sshd, monkeypatch):
     monkeypatch.setattr(dumps, "upload_dest", lambda session: str(dest))
     port = free_port()
     log = tmp_path / "run.log"
-    proc = subprocess.Popen([sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(port),
-                             "--sim-speed", "4"], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cockpit.sim.server", "--tp-size", "2", "--port", str(port), "--sim-speed", "4"],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, COCKPIT_SIM_STATE=str(sim_state)),
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while "ready to roll" not in log.read_text():
         assert time.monotonic() < deadline and proc.poll() is None
@@ -47,8 +51,19 @@ def remote(sim_state, tmp_path, sshd, monkeypatch):
     (bare / "python3").symlink_to(sys.executable)
     layout = tmp_path / "l.yaml"
     layout.write_text(f"command: [-m, cockpit.sim.server]\nports: [{port}]\nwatch: ['*--port {port}*']\n")
-    args = parse_args(["open", "cockpit-test", "--python", str(bare / "python3"), "--sim", str(sim_state),
-                       "--layout", str(layout), *sshd.cli_args()])
+    args = parse_args(
+        [
+            "open",
+            "cockpit-test",
+            "--python",
+            str(bare / "python3"),
+            "--sim",
+            str(sim_state),
+            "--layout",
+            str(layout),
+            *sshd.cli_args(),
+        ]
+    )
     try:
         yield (lambda: CockpitApp(monitor=build_monitor(args), ask_host_keys=True)), dest
     finally:
@@ -58,8 +73,8 @@ def remote(sim_state, tmp_path, sshd, monkeypatch):
 
 def dialog_text(app) -> str:
     region = app.screen.query_one(".dialog").region
-    rows = save_text(app, None).splitlines()[region.y + 1:region.y + region.height - 1]
-    return " ".join(" ".join(r[region.x + 1:region.x + region.width - 1] for r in rows).split())
+    rows = save_text(app, None).splitlines()[region.y + 1 : region.y + region.height - 1]
+    return " ".join(" ".join(r[region.x + 1 : region.x + region.width - 1] for r in rows).split())
 
 
 async def ready_to_dump(app, pilot) -> None:
@@ -77,7 +92,9 @@ async def test_d_offers_the_upload_once_and_yes_uploads_then_dumps(remote, size)
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 60)
         said = " ".join(app.screen.lines)
         assert app.screen.title_text == "py-spy is not on cockpit-test"
-        assert f"copied: {ours['path']} (py-spy {ours['version']}, {ours['size']} bytes, sha256 {ours['sha256']})" in said
+        assert (
+            f"copied: {ours['path']} (py-spy {ours['version']}, {ours['size']} bytes, sha256 {ours['sha256']})" in said
+        )
         assert f"to: cockpit-test:{dest} (mode 700)" in said and "asked once for cockpit-test" in said
         assert "Upload py-spy, then dump the stacks? y yes · n no" in dialog_text(app)
         assert not dest.exists()

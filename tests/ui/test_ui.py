@@ -32,8 +32,12 @@ async def test_live_screen_shows_gpus_ranks_ports_and_log_and_navigates(live_app
     app, port = live_app
     async with app.run_test(size=(160, 50)) as pilot:
         await until(pilot, lambda: any("ready to roll" in log.text() for log in app.state.logs.values()))
-        await until(pilot, lambda: any(k[1] == "/health" and v.get("status") == 200
-                                       for k, v in app.query_one(PortsTable).probes.items()))
+        await until(
+            pilot,
+            lambda: any(
+                k[1] == "/health" and v.get("status") == 200 for k, v in app.query_one(PortsTable).probes.items()
+            ),
+        )
         await pilot.pause(0.6)
         panes = list(app.query(GpuPane))
         assert [p.index for p in panes] == list(range(8))
@@ -138,7 +142,9 @@ async def test_the_stalls_whole_evidence_in_the_svg(size):
     rows: dict[float, list] = {}
     for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>', svg, re.S):
         rows.setdefault(float(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
-    shown = " ".join(" ".join("".join(s for _, s in sorted(v)).replace("\xa0", " ").split()) for _, v in sorted(rows.items()))
+    shown = " ".join(
+        " ".join("".join(s for _, s in sorted(v)).replace("\xa0", " ").split()) for _, v in sorted(rows.items())
+    )
     assert "why: stalled-idle" in shown
     for line in evidence:
         assert " ".join(line.split()) in shown, (size, line)
@@ -193,8 +199,11 @@ async def test_a_gpu_pane_builds_only_the_lines_whose_values_changed(monkeypatch
     built = []
     for name in ("_util", "_mem", "_power", "_misc"):
         real = getattr(GpuPane, name)
-        monkeypatch.setattr(GpuPane, name, lambda self, gpu, *a, _real=real, _name=name:
-                            built.append((self.index, _name)) or _real(self, gpu, *a))
+        monkeypatch.setattr(
+            GpuPane,
+            name,
+            lambda self, gpu, *a, _real=real, _name=name: built.append((self.index, _name)) or _real(self, gpu, *a),
+        )
     app = replay("serving")
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause()
@@ -216,8 +225,11 @@ def test_a_lines_segments_are_richs_own_for_a_line_of_a_shape_seen_before():
     spans) was seen before (a new power figure) or not."""
     console = Console()
     lines = [Text("pwr  ") + bar(w / 600, 24, "cyan") + Text(f" {w}/600W") for w in (63, 64, 64, 390)]
-    lines += [Text("no processes", style="grey42"), Text(" 31°C  SM 392MHz") + Text("  ECC 2", style="bold red"),
-              Text("")]
+    lines += [
+        Text("no processes", style="grey42"),
+        Text(" 31°C  SM 392MHz") + Text("  ECC 2", style="bold red"),
+        Text(""),
+    ]
     for line in lines:
         assert _segments(line, console) == list(line.render(console)), line
 
@@ -259,8 +271,17 @@ def test_snapshot_svg_is_identical_run_after_run(tmp_path):
     outs = []
     for n in (1, 2):
         out = tmp_path / f"{n}.svg"
-        res = run_cli("snapshot", "--replay", str(FIXTURES / "demo-serving.json"), "--layout", "demo",
-                      "--svg", str(out), "--size", "160x50")
+        res = run_cli(
+            "snapshot",
+            "--replay",
+            str(FIXTURES / "demo-serving.json"),
+            "--layout",
+            "demo",
+            "--svg",
+            str(out),
+            "--size",
+            "160x50",
+        )
         assert res.returncode == 0, res.stderr
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] and b"GPU7" in outs[0]
@@ -278,7 +299,8 @@ async def eagle_app(sim_state, tmp_path, monkeypatch):
     """The demo's story on a fast clock: EAGLE-3 on, then relaunched from the screen without it."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     port = free_port()
-    layout = parse_layout(f"""
+    layout = parse_layout(
+        f"""
 name: ui{port}
 engine: sglang
 command: [-m, cockpit.sim.server]
@@ -292,7 +314,9 @@ stall: {{idle_s: 3, spin_s: 3}}
 kill_wait_s: 2
 auto_dump: true
 sim: {{speed: 4, seed: 1}}
-""", "ui.yaml")
+""",
+        "ui.yaml",
+    )
     runs = []
 
     async def on_connect(monitor):

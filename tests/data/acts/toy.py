@@ -4,9 +4,19 @@ dangerous, so the confirm path is exercised), and reports them."""
 
 from cockpit.operate import acts, perform
 
-acts.register(acts.Act("versions", "V", "Versions", "the live run's package versions, as its ranks import them",
-                       "Versions: the run's packages", "versions", "act",
-                       "the live run's package versions, as its ranks import them", asks=True))
+acts.register(
+    acts.Act(
+        "versions",
+        "V",
+        "Versions",
+        "the live run's package versions, as its ranks import them",
+        "Versions: the run's packages",
+        "versions",
+        "act",
+        "the live run's package versions, as its ranks import them",
+        asks=True,
+    )
+)
 
 
 @perform.workflow("versions")
@@ -16,5 +26,4 @@ async def versions(monitor, asker):
     asker.under_way("asking")
     found = await monitor.run_versions()
     asker.tell(f"asked {monitor.target.label}")
-    return perform.Outcome(f"{len(found)} facts", [f"{k}: {v}" for k, v in sorted(found.items())],
-                           {"versions": found})
+    return perform.Outcome(f"{len(found)} facts", [f"{k}: {v}" for k, v in sorted(found.items())], {"versions": found})

@@ -28,16 +28,29 @@ T0 = 1764516932_000_000_000
 def entry(seq, state, rank):
     created = T0 + seq * 25_000_000
     return {
-        "frames": [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
-                   {"name": "decode_loop", "filename": "tests/gpu/tp_job.py", "line": 44}],
-        "record_id": seq - 1, "pg_id": 0, "process_group": ("0", "default_pg"),
-        "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq, "profiling_name": "nccl:all_reduce",
-        "time_created_ns": created, "duration_ms": None if state != "completed" else 0.41,
-        "input_sizes": [[1048576]], "input_dtypes": ["Float"], "output_sizes": [[1048576]], "output_dtypes": ["Float"],
+        "frames": [
+            {"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
+            {"name": "decode_loop", "filename": "tests/gpu/tp_job.py", "line": 44},
+        ],
+        "record_id": seq - 1,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": "nccl:all_reduce",
+        "time_created_ns": created,
+        "duration_ms": None if state != "completed" else 0.41,
+        "input_sizes": [[1048576]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[1048576]],
+        "output_dtypes": ["Float"],
         "state": state,
         "time_discovered_started_ns": None if state == "scheduled" else created + 10_000,
         "time_discovered_completed_ns": created + 500_000 if state == "completed" else None,
-        "retired": state == "completed", "timeout_ms": 600000, "is_p2p": False,
+        "retired": state == "completed",
+        "timeout_ms": 600000,
+        "is_p2p": False,
     }
 
 
@@ -49,11 +62,15 @@ def dump(rank, last):
         if e["duration_ms"] is None:
             del e["duration_ms"]  # torch writes the key only when it has a duration
     enq = 42 if rank == 0 else 41
-    return {"version": "2.10", "comm_lib_version": "2.28.9",
-            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
-            "pg_status": {"0": {"last_enqueued_collective": enq, "last_started_collective": enq,
-                                "last_completed_collective": 41}},
-            "entries": entries}
+    return {
+        "version": "2.10",
+        "comm_lib_version": "2.28.9",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "pg_status": {
+            "0": {"last_enqueued_collective": enq, "last_started_collective": enq, "last_completed_collective": 41}
+        },
+        "entries": entries,
+    }
 
 
 if __name__ == "__main__":
@@ -63,6 +80,7 @@ if __name__ == "__main__":
     (HERE / "constructed-intlist.pickle").write_bytes(
         b"\x80\x02}q\x00X\x07\x00\x00\x00entriesq\x01]q\x02}q\x03(X\x0b\x00\x00\x00input_sizesq\x04"
         b"ctorch.jit._pickle\nbuild_intlist\nq\x05]q\x06(K\x01K\x02e\x85q\x07Rq\x08X\x11\x00\x00\x00"
-        b"collective_seq_idq\tK\x07uas.")
+        b"collective_seq_idq\tK\x07uas."
+    )
     # a hostile file: unpickling it with pickle.load would run a shell command
     (HERE / "hostile.pickle").write_bytes(b"cos\nsystem\n(S'touch /tmp/cockpit-pwned'\ntR.")
