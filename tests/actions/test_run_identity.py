@@ -16,18 +16,9 @@ from pathlib import Path
 
 import pytest
 from conftest import cannot_run, free_port, run_cli
-from simhost import gone
-from test_safety import (
-    _take_pid,
-    all_alive,
-    end_session,
-    json_tail,
-    layout_file,
-    session_procs,
-    sleeper,
-    start_by_hand,
-    wait_ready,
-)
+from simhost import end_session, gone, sleeper
+from test_reused_pids import _take_pid
+from test_safety import all_alive, json_tail, layout_file, session_procs, start_by_hand, wait_ready
 
 from cockpit.actions import kill as actions, launch
 from cockpit.agent import kill as agent_kill, ports as agent_ports, procs as agent_procs

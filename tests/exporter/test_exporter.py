@@ -503,7 +503,8 @@ async def test_a_tp2_servers_ranks_are_its_own_beside_the_hosts_other_servers(si
     server is a run of its own in the per-run series: its own verdict, its own 2 ranks."""
     import asyncio
 
-    from test_safety import end_session, layout_file, start_by_hand
+    from simhost import end_session
+    from test_safety import layout_file, start_by_hand
 
     from cockpit.runs.layoutfile import load_layout
 

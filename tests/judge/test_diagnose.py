@@ -2,7 +2,7 @@
 
 from cockpit.host.state import HostState
 from cockpit.judge.diagnose import Watchdog, phase_of
-from cockpit.read.logrules import line_rank
+from cockpit.read.logrules import parse
 
 
 def host(ranks, gpus, log=()):
@@ -173,8 +173,8 @@ def test_phases_and_line_ranks():
         ],
     )
     assert str(phase_of(st, "/l")) == "loading weights 29/64 shards"
-    assert line_rank("[2026-11-30 10:00:00 TP3] x") == 3
-    assert line_rank("(Worker_TP2 pid=130) INFO x") == 2 and line_rank("[2026-11-30 10:00:00] x") is None
+    assert parse("[2026-11-30 10:00:00 TP3] x").rank == 3
+    assert parse("(Worker_TP2 pid=130) INFO x").rank == 2 and parse("[2026-11-30 10:00:00] x").rank is None
 
 
 def test_phases_read_together_in_one_late_sample_each_keep_their_own_time():

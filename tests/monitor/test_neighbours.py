@@ -14,8 +14,8 @@ import sys
 import time
 
 from conftest import free_port, run_cli
-from simhost import gone, kill_groups, until, wait_for
-from test_safety import end_session, json_tail, layout_file, session_procs, start_by_hand
+from simhost import end_session, gone, kill_groups, until, wait_for
+from test_safety import json_tail, layout_file, session_procs, start_by_hand
 
 from cockpit.agent import procs as agent_procs
 from cockpit.host.session import SessionOptions, WatchList

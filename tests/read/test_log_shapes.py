@@ -6,7 +6,8 @@ cut lines, access logs, ranks failing together), and the tracker linear in failu
 import re
 
 import pytest
-from test_logrules import one, track
+from test_log_failures import one
+from test_logrules import track
 
 from cockpit.read.logrules import LogRules, LogTracker, parse
 

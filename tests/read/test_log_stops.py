@@ -4,7 +4,8 @@ server's log (a finding), a failure header glued mid-line by interleaved writes,
 and CUDA's own error strings (issue 48). Each line quoted from a public source, named beside it."""
 
 import pytest
-from test_logrules import one, track
+from test_log_failures import one
+from test_logrules import track
 
 # vLLM V1's shutdown after the operator's SIGTERM (gpustack/gpustack#5740, as posted)
 VLLM_STOP = [
