@@ -5,6 +5,8 @@ verbs (`monitor.plan_dump`, `monitor.dump_stacks`)."""
 import re
 from pathlib import Path
 
+from cockpit.monitor.base import Monitor
+
 ROOT = Path(__file__).resolve().parents[2]
 ABOVE = ("ui", "cli", "operate")  # the floors above the monitor
 FINDING = re.compile(r"\b(member_plan|of_run|dump_targets|dump_ranks|rank_pids)\s*\(")
@@ -35,13 +37,11 @@ def test_the_ranks_of_a_dump_are_found_in_one_place():
     assert {u.split(":")[0] for u in plans} >= {"cockpit/actions/dumps.py", "cockpit/monitor/base.py"}, plans
 
 
-def test_the_screen_and_the_workflows_act_through_the_monitor_alone():
-    """cockpit/ui/ and cockpit/operate/ take no session: each act is a monitor's verb, the header
-    reads the monitor's LinkView (the CLI's remaining uses are listed in docs/ARCHITECTURE.md's
-    acting path)."""
+def test_nothing_above_the_monitor_takes_a_session():
+    """cockpit/ui/, cockpit/cli/ and cockpit/operate/ take no session: each act is a monitor's verb,
+    the header reads the monitor's LinkView, and the Monitor protocol has no session to take."""
+    assert "session" not in dir(Monitor)
     uses = [
-        u
-        for u in _uses(("ui", "operate"), re.compile(r"\.session\b"))
-        if not u.split(": ", 1)[1].startswith(("from ", "import "))
+        u for u in _uses(ABOVE, re.compile(r"\.session\b")) if not u.split(": ", 1)[1].startswith(("from ", "import "))
     ]
     assert uses == []
