@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from cockpit import engines
 from cockpit.actions import kill as actions
 from cockpit.cli.attach import attached
 from cockpit.cli.base import (
@@ -55,6 +56,9 @@ class ShmPrompt(Prompt):
         )
 
 
+ENGINE_SHM = ", ".join(e.shm_prefixes[0] for e in engines.ENGINES.values() if e.shm_prefixes)  # each engine's own
+
+
 @command(
     "kill",
     TARGET,
@@ -98,7 +102,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     arg(
         "--clean",
         action="store_true",
-        help="remove files named like an inference run's (nccl-, torch_, psm_, the engines', MPI...), "
+        help=f"remove files named like an inference run's (nccl-, torch_, psm_, {ENGINE_SHM}, MPI...), "
         "owned by the run's user, held by no process, whose creator is dead; the rest is kept, with why",
     ),
     YES,
