@@ -655,7 +655,16 @@ def _summary(c):
 
 
 def run_plan(
-    pids=(), launched=(), ports=(), command=(), model=None, patterns=None, known=None, default_port=None, seen=None
+    pids=(),
+    launched=(),
+    ports=(),
+    command=(),
+    model=None,
+    patterns=None,
+    known=None,
+    default_port=None,
+    seen=None,
+    starts=None,
 ):
     """What a kill will signal, for the operator to confirm: every pid with its start time, user
     and command, and the rule that found the run. Two runs found: no plan, both listed.
@@ -673,6 +682,13 @@ def run_plan(
                 continue
             row = table.rows.get(pid)
             if row is None:
+                continue
+            seen_start = (starts or {}).get(str(pid))
+            if seen_start is not None and row["_start"] != int(seen_start):
+                rules.append(
+                    "pid %d is another process than the one followed (it started at tick %s, that one at %s: "
+                    "its pid was reused): left alone" % (pid, row["_start"], seen_start)
+                )
                 continue
             for p in sorted(table.tree([pid], row["uid"], protected)):
                 if all(e["pid"] != p for e in entries):

@@ -422,8 +422,10 @@ class Agent:
         patterns=None,
         default_port=None,
         layout=None,
+        starts=None,
     ):
-        """The plan to confirm. `pids`: those processes and what they started. Otherwise the run
+        """The plan to confirm. `pids`: those processes and what they started (one whose start time
+        is not its `starts` entry is another process now: left alone). Otherwise the run
         found from the hints (find_runs); bare process groups count as launched runs only when
         this agent launched them (it knows their leaders' start times) or the host's record of
         acts holds their launch."""
@@ -432,7 +434,7 @@ class Agent:
         ]
         launched = self._launched(launched, layout)
         if pids:
-            return run_plan(pids=list(pids))
+            return run_plan(pids=list(pids), starts=starts)
         return run_plan(
             launched=launched,
             ports=ports,

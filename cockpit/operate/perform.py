@@ -67,12 +67,14 @@ async def stop(
     """Kill the run, or process `pid` and what it started: planned, shown and asked, then the
     monitor's one stop workflow (SIGTERM, wait, SIGKILL, verified). None when declined; a
     CockpitError when nothing of it is alive."""
-    plan = await monitor.plan_stop(process_scope(pid) if pid else monitor.scope())
+    scope = process_scope(pid) if pid else monitor.scope()
+    plan = await monitor.plan_stop(scope)
     if not plan.entries:
         label = monitor.target.label
         if pid:
             raise CockpitError(f"no process {pid} on {label}")
-        why_not = "; ".join(plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
+        said = [plan.rule] if scope.pids and plan.rule and plan.rule != "no such process" else []
+        why_not = "; ".join(said + plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
         raise CockpitError(
             f"nothing to kill on {label}: no process of the run is alive" + (f" ({why_not})" if why_not else "")
         )

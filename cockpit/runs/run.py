@@ -37,9 +37,12 @@ class Scope:
     patterns: list[str] | None = None
     default_port: int | None = None
     layout: str | None = None  # the layout's name: the host's record of launches holds its runs
+    starts: dict[int, int] = field(default_factory=dict)  # a pid's start (clock ticks since boot), as it was seen
 
     def args(self) -> dict[str, Any]:
         if self.pids:
+            if self.starts:  # a pid reused since it was seen is another process: the agent leaves it alone
+                return {"pids": self.pids, "starts": {str(p): t for p, t in self.starts.items()}}
             return {"pids": self.pids}
         launched: list[dict[str, Any]] = [dict(r) for r in self.launched]
         for g in list(self.pgids) + list(self.sids):
@@ -131,7 +134,9 @@ class Run:
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
         if layout is None and not launched and not watch.patterns and watch.pids:
-            return Scope(pids=[int(p) for p in watch.pids])  # the one server on the host, followed: its own tree
+            root, start = self.record.get("root"), self.record.get("root_start")
+            starts = {int(root): int(start)} if isinstance(root, int) and isinstance(start, int) else {}
+            return Scope(pids=[int(p) for p in watch.pids], starts=starts)  # the one server followed: its own tree
         return Scope(
             launched=launched,
             ports=list(layout.ports) if layout else [],

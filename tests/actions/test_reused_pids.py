@@ -23,6 +23,8 @@ from cockpit.agent import (
     procs as agent_procs,
     procs as procs_mod,
 )
+from cockpit.host.session import WatchList
+from cockpit.runs.run import Run
 
 NOBODY = 65534
 
@@ -126,6 +128,26 @@ def test_a_really_reused_pid_is_not_signalled():
     finally:
         new.kill()
         new.wait()
+
+
+def test_the_server_followed_is_planned_only_while_its_pid_is_the_process_seen():
+    """With no layout, the one server followed is killed as its own tree, by its root's pid: the
+    start the cockpit saw travels with it, and a pid reused since (another process now) is left
+    alone, said; the process seen is planned whole."""
+    proc = sleeper()
+    try:
+        start = agent_kill.run_plan(pids=[proc.pid])["plan"][0]["start"]
+        watch = WatchList(patterns=[], pids=[proc.pid])
+        seen = Run(None, {"root": proc.pid, "root_start": start}).scope(watch)
+        assert seen.args() == {"pids": [proc.pid], "starts": {str(proc.pid): start}}
+        planned = agent_kill.run_plan(**seen.args())
+        assert [e["pid"] for e in planned["plan"]] == [proc.pid]
+        reused = Run(None, {"root": proc.pid, "root_start": start - 100}).scope(watch)
+        refused = agent_kill.run_plan(**reused.args())
+        assert refused["plan"] == [] and "pid was reused" in refused["rule"] and str(proc.pid) in refused["rule"]
+        assert proc.poll() is None
+    finally:
+        end_session(proc)
 
 
 def test_a_pid_reused_between_the_check_and_the_signal_gets_nothing(monkeypatch):
