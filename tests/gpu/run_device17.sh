@@ -9,11 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/run17.txt") 2>&1
-date -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 XDG_STATE_HOME=/tmp/st17
-export MASTER_ADDR=127.0.0.1
-nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader
+source tests/gpu/device_env.sh
+export XDG_STATE_HOME=/tmp/st17
 JOB=$PWD/tests/gpu/vllm_job.py
 cat > /tmp/bisect17.yaml <<EOF
 name: bisect17

@@ -14,12 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/run18.txt") 2>&1
-date -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 XDG_STATE_HOME=/tmp/st18
-export MASTER_ADDR=127.0.0.1
-python3 -c "import sys, textual, torch, pynvml; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader
+source tests/gpu/device_env.sh
+export XDG_STATE_HOME=/tmp/st18
 JOB=$PWD/tests/gpu/vllm_job.py
 cat > /tmp/hang18.yaml <<EOF
 name: hang18

@@ -13,12 +13,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/run19.txt") 2>&1
-date -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-export MASTER_ADDR=127.0.0.1 MASTER_PORT=29519
-python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader
+source tests/gpu/device_env.sh
+export MASTER_PORT=29519
 cat > /tmp/hang19.yaml <<YAML
 name: hang19
 engine: vllm

@@ -10,11 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/neighbours.txt") 2>&1
-date -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 XDG_STATE_HOME=/tmp/stn
-export MASTER_ADDR=127.0.0.1
-nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader
+source tests/gpu/device_env.sh
+export XDG_STATE_HOME=/tmp/stn
 JOB=$PWD/tests/gpu/vllm_job.py
 for n in a b; do
   port=$([ $n = a ] && echo 8041 || echo 8042)
