@@ -868,7 +868,9 @@ class Watchdog:
             if dead:
                 ev.append(f"{len(dead)} of {len(ranks)} ranks gone after it: {', '.join(str(p.rank) for p in dead)}")
             return Verdict(VerdictName.STOPPED, ev)
-        rank = first.rank if first is not None and first.rank is not None else (dead[0].rank if dead else None)
+        rank = (
+            first.rank if first is not None and first.rank is not None else (_first_gone(dead).rank if dead else None)
+        )
         code = next((p.exit_code for p in dead if p.rank == rank and p.exit_code is not None), None)
         if code is None and first is not None:
             code = next((int(m) for m in re.findall(r"exit code:? (-?\d+)", first.text)), None)
@@ -1083,3 +1085,18 @@ def gpu_evidence(state: HostState) -> list[str]:
         if notes:
             out.append(f"GPU {g.index}: {', '.join(notes)}")
     return out[-6:]
+
+
+def _first_gone(dead):
+    """Of ranks that died with nothing in the log, the one that went first: the earliest seen gone
+    (one the agent has not yet reported gone, a zombie, after), then one that exited on its own
+    (an exit code, not a signal: the others were most likely taken down after it), then the lowest rank."""
+    return min(
+        dead,
+        key=lambda p: (
+            p.gone_at is None,
+            p.gone_at or 0.0,
+            not (p.exit_code is not None and p.exit_code > 0),
+            p.rank if p.rank is not None else 1 << 30,
+        ),
+    )

@@ -163,6 +163,20 @@ def test_a_dead_rank_is_crashed_with_its_exit_code():
     assert verdict.name == "crashed" and verdict.odd_rank == 5 and "exit code -9" in verdict.evidence[0]
 
 
+def test_with_nothing_in_the_log_the_rank_that_went_first_is_named():
+    """Ranks 0 and 5 dead, the log silent: rank 5 went a sample before rank 0 (which the server took
+    down after it), so rank 5 is named, not the lowest rank."""
+    st = host([(r, 10.0) for r in range(8)], [(0, 45.0, 30000)] * 8)
+    st.apply({"t": "sample", "seq": 2, "gone": [105]})
+    st.procs[105].exit_code = 1
+    st.apply({"t": "sample", "seq": 3, "gone": [100]})
+    st.procs[100].exit_code = -9
+    st.procs[105].gone_at, st.procs[100].gone_at = 10.0, 11.0
+    _, verdict = settle(Watchdog(), st, 1)
+    assert verdict.name == "crashed" and verdict.odd_rank == 5, verdict
+    assert verdict.evidence[0] == "rank 5 died (exit code 1)" and "2 of 8 ranks gone: 0, 5" in verdict.evidence[1]
+
+
 def test_phases_and_line_ranks():
     st = host(
         [(0, 1.0)],
