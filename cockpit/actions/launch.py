@@ -7,11 +7,8 @@ door (`Monitor.follow`); the workflows that drive a monitor are in cockpit/opera
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
-from cockpit.actions.kill import KillPlan
-from cockpit.common.errors import CockpitError
 from cockpit.common.secrets import mask_argv
 from cockpit.read.flightrec import forensics_env
 from cockpit.runs.config import Layout
@@ -218,26 +215,3 @@ async def launch(session, layout: Layout, spec: RunSpec) -> Run:
         },
     )
     return Run(layout, run, f"launched by this cockpit (ledger): process group {run['pgid']}")
-
-
-def refuse_unasked(plan: KillPlan, launched: Mapping[str, Any] | None) -> None:
-    """A kill nobody confirmed (an ablation's later steps, its final kill) may end only the run
-    the ablation launched itself: found by the ledger rule, in the process group it started. Any
-    other plan (a server found by its port or command, a colleague's) stops the ablation with the
-    plan shown, nothing signalled."""
-    if not plan.entries:
-        return
-    pgid = int(launched["pgid"]) if launched and launched.get("pgid") else None
-    own = (
-        pgid is not None
-        and plan.sessions == [pgid]
-        and (plan.rule or "").startswith("launched by this cockpit (ledger)")
-    )
-    if not own:
-        raise CockpitError(
-            f"the run found ({plan.rule}; root pid {plan.root}, {len(plan.entries)} processes) is not "
-            f"the one this ablation launched"
-            + (f" (process group {pgid})" if pgid is not None else "")
-            + ": nothing was killed; kill it yourself if it is yours (`cockpit kill`, which asks), "
-            "then start again"
-        )

@@ -7,12 +7,11 @@ call below takes plain values (cockpit/actions/launch.py: the launch itself, thr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
-from cockpit.actions.launch import refuse_unasked
 from cockpit.common.errors import CockpitError
 from cockpit.judge.verdict import Phase, Verdict, VerdictName
 from cockpit.monitor.base import Monitor
@@ -78,6 +77,29 @@ async def _follow(
                 return "ready", []
         elif now > deadline:
             return "timeout", [f"still '{phase}' after {timeout:.0f} s"]
+
+
+def refuse_unasked(plan: KillPlan, launched: Mapping[str, Any] | None) -> None:
+    """A kill nobody confirmed (an ablation's later steps, its final kill) may end only the run
+    the ablation launched itself: found by the ledger rule, in the process group it started. Any
+    other plan (a server found by its port or command, a colleague's) stops the ablation with the
+    plan shown, nothing signalled."""
+    if not plan.entries:
+        return
+    pgid = int(launched["pgid"]) if launched and launched.get("pgid") else None
+    own = (
+        pgid is not None
+        and plan.sessions == [pgid]
+        and (plan.rule or "").startswith("launched by this cockpit (ledger)")
+    )
+    if not own:
+        raise CockpitError(
+            f"the run found ({plan.rule}; root pid {plan.root}, {len(plan.entries)} processes) is not "
+            f"the one this ablation launched"
+            + (f" (process group {pgid})" if pgid is not None else "")
+            + ": nothing was killed; kill it yourself if it is yours (`cockpit kill`, which asks), "
+            "then start again"
+        )
 
 
 async def stop_run(

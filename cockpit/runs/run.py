@@ -134,7 +134,8 @@ class Run:
             if all(int(r.get("pgid", -1)) != int(g) for r in launched):
                 launched.append({"pgid": int(g)})
         if layout is None and not launched and not watch.patterns and watch.pids:
-            root, start = self.record.get("root"), self.record.get("root_start")
+            rec = self.record or {}
+            root, start = rec.get("root"), rec.get("root_start")
             starts = {int(root): int(start)} if isinstance(root, int) and isinstance(start, int) else {}
             return Scope(pids=[int(p) for p in watch.pids], starts=starts)  # the one server followed: its own tree
         return Scope(

@@ -20,11 +20,12 @@ from simhost import end_session, gone, sleeper
 from test_reused_pids import _take_pid
 from test_safety import all_alive, json_tail, layout_file, session_procs, start_by_hand, wait_ready
 
-from cockpit.actions import kill as actions, launch
+from cockpit.actions import kill as actions
 from cockpit.agent import kill as agent_kill, ports as agent_ports, procs as agent_procs
 from cockpit.common.errors import CockpitError
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.link.target import parse_target
+from cockpit.operate.relaunch import refuse_unasked
 from cockpit.runs import run as runmod
 
 NOBODY = 65534
@@ -442,13 +443,13 @@ async def test_an_ablation_step_kills_unasked_only_the_run_it_launched(sim_state
         found = await actions.plan_kill(session, runmod.Scope(ports=[port], command=["-m", "cockpit.sim.server"]))
         assert found.entries and found.rule == f"owns port {port}"
         with pytest.raises(CockpitError, match="not the one this ablation launched.*nothing was killed"):
-            launch.refuse_unasked(found, launched)
+            refuse_unasked(found, launched)
         assert all_alive(procs)
         ours = await actions.plan_kill(
             session, runmod.Scope(launched=[{k: launched[k] for k in runmod.LAUNCHED_KEYS if k in launched}])
         )
         assert ours.rule.startswith("launched by this cockpit (ledger)")
-        launch.refuse_unasked(ours, launched)  # its own run: no question
+        refuse_unasked(ours, launched)  # its own run: no question
         report = await actions.kill(session, ours, wait_s=1.0)
         assert report["verified"] and gone(launched["pid"]) and all_alive(procs)
     finally:
