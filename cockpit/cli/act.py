@@ -30,7 +30,7 @@ from cockpit.cli.base import (
 )
 from cockpit.common.errors import CockpitError
 from cockpit.operate import bundle, perform
-from cockpit.operate.acts import ACT
+from cockpit.operate.acts import ACT, ACTS
 from cockpit.read import flightrec
 
 
@@ -296,3 +296,9 @@ def _generic(name: str) -> None:
 for _name in perform.WORKFLOWS:  # the acts with nothing of their own here
     if ACT[_name].family == "act" and ACT[_name].command not in REGISTERED:
         _generic(_name)
+for _act in ACTS:  # a registered act that came without its workflow: its command says so, in one line
+    if _act.family == "act" and _act.command not in REGISTERED:
+
+        @command(_act.command, TARGET, common=False)
+        def _no_workflow(args: argparse.Namespace, name: str = _act.name) -> int:
+            raise CockpitError(f"the act {name!r} has no workflow (cockpit/operate/perform.py): nothing to run")

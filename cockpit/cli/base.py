@@ -161,6 +161,10 @@ class Prompt:
     async def confirm(self, title: str, lines: list[str], question: str) -> bool:
         return confirm(lines, question, getattr(self.args, "yes", False), getattr(self.args, "json", False))
 
+    def found(self, lines: list[str]) -> None:
+        for line in lines:
+            self.tell(line)
+
     def tell(self, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 

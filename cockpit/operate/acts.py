@@ -153,6 +153,7 @@ ACTS: tuple[Act, ...] = (
 )
 
 ACT = {a.name: a for a in ACTS}
+BUILT_IN = frozenset(ACT)  # carried out by the screen's and the CLI's own code; a registered act by its workflow
 
 
 def register(act: Act) -> None:
@@ -162,6 +163,8 @@ def register(act: Act) -> None:
     global ACTS
     if act.name in ACT or any(a.key == act.key for a in ACTS):
         raise ValueError(f"act {act.name!r} (key {act.key!r}): the name or the key is taken")
+    if act.family != "act":
+        raise ValueError(f"act {act.name!r}: a registered act's command is the act family's (family='act')")
     ACTS = ACTS + (act,)
     ACT[act.name] = act
 

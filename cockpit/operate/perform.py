@@ -24,14 +24,22 @@ class Asker(Protocol):
     async def confirm(self, title: str, lines: list[str], question: str) -> bool:
         """`lines` (what will be touched) shown, then `question` asked; False declines."""
 
+    def found(self, lines: list[str]) -> None:
+        """What the act found before it acts (the rule that found the run, ranks left alone)."""
+
     def tell(self, line: str) -> None:
-        """A line as the act goes (what it found, what it sends where)."""
+        """A line as the act goes (what it sends where, what it waits for)."""
 
     def under_way(self, text: str) -> None:
         """What is under way now (the screen's header; the terminal keeps quiet)."""
 
     async def pyspy(self, then: str) -> bool:
         """Whether this install's py-spy is to be sent where the host has none, before `then`."""
+
+
+class NothingToAct(CockpitError):
+    """Nothing of the run is there to act on: said, not a failure (the screen warns; the CLI's
+    one line and exit status are a CockpitError's)."""
 
 
 @dataclass
@@ -72,10 +80,10 @@ async def stop(
     if not plan.entries:
         label = monitor.target.label
         if pid:
-            raise CockpitError(f"no process {pid} on {label}")
+            raise NothingToAct(f"no process {pid} on {label}")
         said = [plan.rule] if scope.pids and plan.rule and plan.rule != "no such process" else []
         why_not = "; ".join(said + plan.notes + [f"pid {f['root']} left alone: {f['why']}" for f in plan.foreign])
-        raise CockpitError(
+        raise NothingToAct(
             f"nothing to kill on {label}: no process of the run is alive" + (f" ({why_not})" if why_not else "")
         )
     if not await asker.confirm(what, plan.describe(), f"kill {these(len(plan.entries), 'process', 'processes')}?"):
@@ -106,10 +114,9 @@ async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple
     """Every rank's stack: the run's ranks found as the kill finds them (never another's), said,
     py-spy made sure of, then dumped. A CockpitError when no rank of it is alive."""
     plan = await monitor.plan_dump(root, "dump")
-    for line in plan.describe():
-        asker.tell(visible(line))
+    asker.found([visible(line) for line in plan.describe()])
     if not plan.ranks:
-        raise CockpitError(f"no rank of the run to dump on {monitor.target.label}: no watched process of it is alive")
+        raise NothingToAct(f"no rank of the run to dump on {monitor.target.label}: no watched process of it is alive")
     upload = await asker.pyspy("dump the stacks")
     asker.under_way(f"py-spy on {count(len(plan.ranks), 'process', 'processes')}")
     return plan, await monitor.dump_stacks(

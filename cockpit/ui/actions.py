@@ -20,7 +20,7 @@ from cockpit.actions.kill import (
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count
 from cockpit.operate import bundle, perform
-from cockpit.operate.acts import ACT
+from cockpit.operate.acts import ACT, BUILT_IN
 from cockpit.operate.bisect import bisect, configurations, describe_bisect, prepare
 from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
 from cockpit.read import flightrec
@@ -47,6 +47,7 @@ class ActionRunner:
         self.outcome: Text | None = None
         self.report: tuple[str, list[str]] | None = None  # the last action's full report (`v`)
         self.stop_bisect = False  # the operator asked the bisect under way to stop
+        self.found_lines: list[str] = []  # what the act under way found before it acted (its report's head)
 
     @property
     def monitor(self):
@@ -83,6 +84,10 @@ class ActionRunner:
     async def confirm(self, title: str, lines: list[str], question: str) -> bool:
         return bool(await self.ask(ConfirmScreen(title, lines, question)))
 
+    def found(self, lines: list[str]) -> None:
+        """Kept for the act's report, not a notification each."""
+        self.found_lines = list(lines)
+
     def tell(self, line: str) -> None:
         self.notify(line)
 
@@ -103,8 +108,11 @@ class ActionRunner:
             return
         self.busy = name
         self.progress = ""  # not the last action's
+        self.found_lines = []
         try:
             yield True
+        except perform.NothingToAct as exc:
+            self.notify(str(exc), severity="warning")
         except CockpitError as exc:
             self.done(name, f"failed: {exc}", good=False, report=[f"{name} failed:", str(exc)])
             self.notify(f"{name} failed: v shows why", severity="error")
@@ -154,6 +162,9 @@ class ActionRunner:
         """The act `name` (cockpit/operate/acts.py): this runner's own workflow of that name (its
         dialogs), else the act's generic one (cockpit/operate/perform.py), its Outcome reported."""
         if name not in perform.WORKFLOWS:
+            if name not in BUILT_IN:
+                self.notify(f"the act {name!r} has no workflow (cockpit/operate/perform.py)", severity="error")
+                return
             await getattr(self, name)()
             return
         act = ACT[name]
@@ -235,12 +246,12 @@ class ActionRunner:
                 f"{count(len(ranks), 'rank')}, {count(groups, 'distinct stack')}"
                 + (f", odd one out: rank {','.join(map(str, odd.ranks))}" if odd else "")
                 + f", {result.folder}",
-                report=result.report() + [f"raw dumps: {result.folder}"],
+                report=self.found_lines + result.report() + [f"raw dumps: {result.folder}"],
             )
             title = f"stacks of {count(len(ranks), 'rank')}"
             keys = {"n": "native frames"} if result.groups else {}
             tail = [f"raw dumps: {result.folder}"]
-            choice = await self.ask(ReportScreen(title, result.report() + tail, keys))
+            choice = await self.ask(ReportScreen(title, self.found_lines + result.report() + tail, keys))
             if choice == "n":
                 await self.ask(ReportScreen(f"{title}, every frame", result.report(full=True) + tail))
 

@@ -457,4 +457,6 @@ def _act_action(name: str):
 
 
 for _act in ACTS:  # each act's key runs it: its own workflow on the ActionRunner, or the generic one
+    if hasattr(CockpitScreen, f"action_{_act.name}"):
+        raise ValueError(f"act {_act.name!r}: the screen has an action of that name already")
     setattr(CockpitScreen, f"action_{_act.name}", _act_action(_act.name))

@@ -91,7 +91,19 @@ COCKPIT = (
     Key("tab", "app.focus_next", "Next pane", "move to the next pane: GPUs, ranks, ports, log", show=False),
     Key("shift+tab", "app.focus_previous", "Prev pane", "move to the previous pane", show=False),
 )
-COCKPIT += tuple(act_key(a) for a in ACTS if a.name not in {k.action for k in COCKPIT})  # an act registered later
+
+
+def _registered(table: tuple[Key, ...]) -> tuple[Key, ...]:
+    """The acts registered beyond those placed above, each on a key and an action of its own."""
+    later = [a for a in ACTS if a.name not in {k.action for k in table}]
+    for a in later:
+        taken = next((k for k in table if a.key in k.key.split(",") or a.name == k.action), None)
+        if taken is not None:
+            raise ValueError(f"act {a.name!r}: key {a.key!r} or its name is the screen's {taken.action!r} already")
+    return tuple(act_key(a) for a in later)
+
+
+COCKPIT += _registered(COCKPIT)
 
 FLEET = (
     Key("q", "app.quit", "Quit", "quit"),

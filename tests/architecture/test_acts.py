@@ -105,3 +105,32 @@ def _toy_prelude() -> str:
         f"spec = importlib.util.spec_from_file_location('toy_act', {str(TOY)!r})\n"
         f"spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
     )
+
+
+def test_a_plugged_act_that_would_clash_or_has_no_workflow_is_refused_in_words(tmp_path):
+    """An act on a key of the screen's own (`v`, the report) is refused when the screen is built,
+    naming both; one whose command would not be the act family's is refused at once; one that came
+    without its workflow is a command that says so in one line (exit 2), never an internal error."""
+    act = "acts.Act('{name}', '{key}', 'X', 'x', 'X: x', '{name}', '{family}', 'x', asks=False)"
+
+    def run(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", "from cockpit.operate import acts\n" + code],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
+    done = run(f"acts.register({act.format(name='again', key='v', family='act')})\nimport cockpit.ui.cockpit")
+    assert done.returncode == 1 and "act 'again': key 'v' or its name is the screen's 'report' already" in done.stderr
+    done = run(f"acts.register({act.format(name='later', key='W', family='launch')})")
+    assert done.returncode == 1 and "a registered act's command is the act family's" in done.stderr
+    done = run(
+        f"acts.register({act.format(name='bare', key='W', family='act')})\n"
+        "import sys\nfrom cockpit.cli import main\nsys.exit(main(['bare', 'local']))"
+    )
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "cockpit: the act 'bare' has no workflow (cockpit/operate/perform.py): nothing to run"
+    ], done.stderr
