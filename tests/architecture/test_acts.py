@@ -24,17 +24,26 @@ def test_the_screens_keys_and_the_clis_commands_are_the_tables():
     assert all(callable(getattr(CockpitScreen, f"action_{a.name}")) for a in ACTS)
 
 
-def _toy_run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """`code` in a fresh interpreter that loaded the toy act first, as a plug-in is loaded before
-    the screen and the CLI."""
+def _python(code: str, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter, as a plug-in is loaded before the screen and the CLI."""
     return subprocess.run(
-        [sys.executable, "-c", _toy_prelude() + code],
+        [sys.executable, "-c", code, *argv],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
+
+
+def _toy_run(code: str, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`code` after the toy act was loaded."""
+    prelude = (
+        f"import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('toy_act', {str(TOY)!r})\n"
+        f"spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+    )
+    return _python(prelude + code, tmp_path, *argv)
 
 
 def test_a_toy_act_is_a_command_of_the_cli(tmp_path):
@@ -86,25 +95,10 @@ def test_a_toy_act_is_a_key_of_the_screen(tmp_path):
     """Bound to its key, not offered without a live link (the table's rule), and carried out by the
     screen's generic runner when called: a recorded moment refuses it in words, in its report."""
     fixture = ROOT / "tests" / "fixtures" / "demo-serving.json"
-    done = subprocess.run(
-        [sys.executable, "-c", _toy_prelude() + TOY_SCREEN, str(fixture)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _toy_run(TOY_SCREEN, tmp_path, str(fixture))
     assert done.returncode == 0, done.stderr
     assert "asked: ask local for the run's versions" in done.stdout, done.stdout  # its plan, asked first
     assert "versions: failed" in done.stdout and "a replayed snapshot has no run to ask" in done.stdout, done.stdout
-
-
-def _toy_prelude() -> str:
-    return (
-        f"import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('toy_act', {str(TOY)!r})\n"
-        f"spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-    )
 
 
 def test_a_plugged_act_that_would_clash_or_has_no_workflow_is_refused_in_words(tmp_path):
@@ -114,14 +108,7 @@ def test_a_plugged_act_that_would_clash_or_has_no_workflow_is_refused_in_words(t
     act = "acts.Act('{name}', '{key}', 'X', 'x', 'X: x', '{name}', '{family}', 'x', asks=False)"
 
     def run(code: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-c", "from cockpit.operate import acts\n" + code],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
+        return _python("from cockpit.operate import acts\n" + code, tmp_path)
 
     done = run(f"acts.register({act.format(name='again', key='v', family='act')})\nimport cockpit.ui.cockpit")
     assert done.returncode == 1 and "act 'again': key 'v' or its name is the screen's 'report' already" in done.stderr
