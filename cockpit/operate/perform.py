@@ -73,8 +73,8 @@ async def stop(
     monitor: Monitor, asker: Asker, what: str, why: str, pid: int | None = None, wait: float | None = None
 ) -> dict[str, Any] | None:
     """Kill the run, or process `pid` and what it started: planned, shown and asked, then the
-    monitor's one stop workflow (SIGTERM, wait, SIGKILL, verified). None when declined; a
-    CockpitError when nothing of it is alive."""
+    monitor's one stop workflow (SIGTERM, wait, SIGKILL, verified). None when declined;
+    NothingToAct when nothing of it is alive."""
     scope = process_scope(pid) if pid else monitor.scope()
     plan = await monitor.plan_stop(scope)
     if not plan.entries:
@@ -112,7 +112,7 @@ async def clean_shm(
 
 async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple[DumpPlan, DumpSet]:
     """Every rank's stack: the run's ranks found as the kill finds them (never another's), said,
-    py-spy made sure of, then dumped. A CockpitError when no rank of it is alive."""
+    py-spy made sure of, then dumped. NothingToAct when no rank of it is alive."""
     plan = await monitor.plan_dump(root, "dump")
     asker.found([visible(line) for line in plan.describe()])
     if not plan.ranks:
