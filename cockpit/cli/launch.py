@@ -9,18 +9,16 @@ import argparse
 import asyncio
 import os
 import select
-import shlex
 import signal
 import sys
 
 from cockpit.cli.attach import attached
-from cockpit.cli.base import JSON, TARGET, YES, arg, command, confirm, declined, json_text, run_async, say, writable
+from cockpit.cli.base import JSON, TARGET, YES, Prompt, arg, command, declined, json_text, run_async, say, writable
 from cockpit.common.errors import CockpitError
-from cockpit.common.hosttext import these
-from cockpit.common.secrets import mask_argv, mask_record
-from cockpit.operate import bisect, relaunch
+from cockpit.common.secrets import mask_record
+from cockpit.operate import bisect, perform, relaunch
 from cockpit.runs.bisect import DEFAULT_CONFIDENCE, DEFAULT_SETTLE_S, EXIT, check_counts, make_plan
-from cockpit.runs.spec import build_argv, combinations, default_spec
+from cockpit.runs.spec import default_spec
 
 
 class Interrupt:
@@ -134,13 +132,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            layout = monitor.layout
-            spec = _spec(args, layout)
-            argv = build_argv(layout, spec, monitor.launch_python()) + monitor.sim_flags()
-            plan, names, lines = await relaunch.plan_relaunch(monitor, clean_shm=not args.no_clean_shm)
-            if not confirm(
-                lines + ["then launched:", "  " + shlex.join(mask_argv(argv))], "launch?", args.yes, args.json
-            ):
+            spec = _spec(args, monitor.layout)
+            agreed = await perform.agree_launch(monitor, Prompt(args), spec, clean_shm=not args.no_clean_shm)
+            if agreed is None:
                 return None
             with Interrupt("launch") as stop:
                 row = await relaunch.run_variant(
@@ -150,8 +144,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
                     clean_shm=not args.no_clean_shm,
                     progress=stop.progress,
                     settle=args.settle,
-                    plan=plan,
-                    shm=names,
+                    plan=agreed.plan,
+                    shm=agreed.shm,
                     interrupted=stop,
                 )
                 if stop():
@@ -165,16 +159,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.json:
         stop.out(json_text(mask_record(row)), raw=True)  # secrets masked, as in the ledger
     else:
-        stop.out(
-            "\n".join(
-                [
-                    row["summary"],
-                    f"{row['run_id']}: {row['outcome']}",
-                    *(f"  {line}" for line in row["evidence"]),
-                    f"log: {row['log']}",
-                ]
-            )
-        )
+        stop.out("\n".join(relaunch.describe_launch(row)))
     return 130 if stop.why else relaunch.exit_status([row["outcome"]])
 
 
@@ -192,14 +177,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
     async def go():
         async with attached(args) as monitor:
-            specs = combinations(monitor.layout, vary)
-            plan, names, lines = await relaunch.plan_relaunch(monitor)
-            if not confirm(
-                lines + [f"  {','.join(s.enabled) or '(no flag sets)'}" for s in specs],
-                f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?",
-                args.yes,
-                args.json,
-            ):
+            agreed = await perform.agree_ablation(monitor, Prompt(args), vary)
+            if agreed is None:
                 return None
             with Interrupt("ablation") as stop:
                 return await relaunch.ablate(
@@ -207,8 +186,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
                     vary,
                     args.timeout,
                     progress=stop.progress,
-                    first_plan=plan,
-                    first_shm=names,
+                    first_plan=agreed.plan,
+                    first_shm=agreed.shm,
                     interrupted=stop,
                 ), stop
 
@@ -293,10 +272,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 budget=args.budget,
                 settle=DEFAULT_SETTLE_S if args.settle is None else args.settle,
             )
-            ready = await bisect.prepare(monitor, plan, args.fresh)
-            first, names, kill_lines = await relaunch.plan_relaunch(monitor) if ready.launches else (None, None, [])
-            question = "bisect (each launch kills the one before)?" if ready.launches else "show its answer?"
-            if not confirm(ready.describe() + kill_lines, question, args.yes, args.json):
+            agreed = await perform.agree_bisect(monitor, Prompt(args), plan, args.fresh)
+            if agreed is None:
                 return None
             with Interrupt("bisect (a second call resumes it)") as stop:
                 return await bisect.bisect(
@@ -304,8 +281,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                     plan,
                     args.timeout,
                     progress=stop.progress,
-                    first_plan=first,
-                    first_shm=names,
+                    first_plan=agreed.plan,
+                    first_shm=agreed.shm,
                     interrupted=stop,
                     fresh=args.fresh,
                 ), stop

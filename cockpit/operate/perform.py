@@ -2,20 +2,29 @@
 monitor's verbs, show exactly what will be touched and ask, carry it out, and hand back what the
 report needs. Where they differ they differ only in how they ask and tell: an `Asker` is the
 screen's dialogs and notifications (cockpit/ui/actions.py) or the terminal's prompt, --yes and
-stderr (cockpit/cli/act.py). The acts themselves are named in cockpit/operate/acts.py."""
+stderr (cockpit/cli/act.py). A launch, an ablation and a bisect are agreed here the same way (the
+stop and /dev/shm clean they begin with, and what they launch, shown and asked) and carried out
+by operate/relaunch.py and operate/bisect.py. The acts themselves are named in
+cockpit/operate/acts.py."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cockpit.actions.dumps import DumpPlan, DumpSet
-from cockpit.actions.kill import listed
+from cockpit.actions.kill import KillPlan, ShmForRun, listed
 from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import count, these, visible
+from cockpit.common.secrets import mask_argv
 from cockpit.monitor.base import Monitor
+from cockpit.operate.bisect import prepare
+from cockpit.operate.relaunch import plan_relaunch
+from cockpit.runs.bisect import Plan
 from cockpit.runs.run import process_scope
+from cockpit.runs.spec import RunSpec, build_argv, combinations
 
 
 class Asker(Protocol):
@@ -122,3 +131,69 @@ async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple
     return plan, await monitor.dump_stacks(
         plan, upload=upload, say=asker.tell, python=monitor.layout.python if monitor.layout is not None else None
     )
+
+
+@dataclass
+class Agreed:
+    """What the operator was shown and said yes to before launching: the run's stop (`plan`) and
+    its /dev/shm clean (`shm`, None when left alone), exactly what the first launch carries out,
+    and the lines that said it (the screen's report begins with them)."""
+
+    plan: KillPlan | None
+    shm: ShmForRun | None
+    lines: list[str]
+
+
+async def _agree(
+    monitor: Monitor,
+    asker: Asker,
+    title: str,
+    question: Callable[[KillPlan | None, ShmForRun | None], str],
+    before: list[str] | None = None,
+    then: list[str] | None = None,
+    clean_shm: bool = True,
+    launches: bool = True,
+) -> Agreed | None:
+    """The stop and clean a launch begins with, planned, shown between `before` and `then`, asked."""
+    plan, shm, lines = await plan_relaunch(monitor, clean_shm) if launches else (None, None, [])
+    if not await asker.confirm(title, (before or []) + lines + (then or []), question(plan, shm)):
+        return None
+    return Agreed(plan, shm, lines)
+
+
+def _then_launch(plan: KillPlan | None, shm: ShmForRun | None) -> str:
+    steps = [f"kill {these(len(plan.entries), 'process', 'processes')}"] if plan is not None and plan.entries else []
+    if shm is not None and shm.remove:
+        steps.append(f"remove {these(len(shm.remove), 'entry', 'entries')} of /dev/shm")
+    return ", ".join(steps) + " and launch?" if steps else "launch?"
+
+
+async def agree_launch(monitor: Monitor, asker: Asker, spec: RunSpec, clean_shm: bool = True) -> Agreed | None:
+    """A (re)launch of `spec`, which relaunch.run_variant carries out: the run's processes and
+    /dev/shm entries it ends and the command line it runs (secrets masked), asked as one. None
+    when declined."""
+    if monitor.layout is None:
+        raise CockpitError("a relaunch needs a layout: it names what is launched")
+    argv = build_argv(monitor.layout, spec, monitor.launch_python()) + monitor.sim_flags()
+    then = ["then launched:", "  " + shlex.join(mask_argv(argv))]
+    return await _agree(monitor, asker, "relaunch", _then_launch, then=then, clean_shm=clean_shm)
+
+
+async def agree_ablation(monitor: Monitor, asker: Asker, vary: list[str]) -> Agreed | None:
+    """An ablation over `vary` (relaunch.ablate carries it out): the first launch's stop and
+    clean, then each combination in the order launched. None when declined."""
+    if monitor.layout is None:
+        raise CockpitError("an ablation needs a layout: it names what is launched")
+    specs = combinations(monitor.layout, vary)
+    then = [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)]
+    question = f"run {these(len(specs), 'launch', 'launches')} one after another (each kills the one before)?"
+    return await _agree(monitor, asker, "ablation", lambda *_: question, then=then)
+
+
+async def agree_bisect(monitor: Monitor, asker: Asker, plan: Plan, fresh: bool = False) -> Agreed | None:
+    """A bisection (bisect.bisect carries it out): what it resumes and sets aside, its suspects and
+    launch budget, then the first launch's stop and clean; with nothing left to launch, only its
+    answer is offered. None when declined."""
+    ready = await prepare(monitor, plan, fresh)
+    question = "bisect (each launch kills the one before)?" if ready.launches else "show its answer?"
+    return await _agree(monitor, asker, "bisect", lambda *_: question, before=ready.describe(), launches=ready.launches)

@@ -229,6 +229,17 @@ async def run_variant(
     return {**(run.record or {}), **row, "flag_sets": list(spec.enabled)}
 
 
+def describe_launch(row: dict[str, Any]) -> list[str]:
+    """A launch's outcome (run_variant's row) in lines: its stop and clean, the outcome and its
+    evidence, where its log is."""
+    return [
+        row["summary"],
+        f"{row['run_id']}: {row['outcome']}",
+        *(f"  {line}" for line in row["evidence"]),
+        f"log: {row['log']}",
+    ]
+
+
 async def ablate(
     monitor: Monitor,
     vary: list[str],

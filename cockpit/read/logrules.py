@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cockpit import engines
 from cockpit.read.findings import Finding
@@ -948,6 +948,22 @@ def _leader(scores: dict[str, int]) -> str | None:
     return best
 
 
+def _fields(text, rank, time, who, message, level, stats, probe, http, stop) -> dict[str, Any]:
+    """The fields every LogLine of a weighed line shares, whatever its kind."""
+    return dict(
+        text=text,
+        rank=rank,
+        time=time,
+        who=who,
+        message=message,
+        level=level,
+        stats=stats,
+        probe=probe,
+        http=http,
+        stop=stop,
+    )
+
+
 class LogRules:
     """An engine's rules (plus a layout's own phases) for classifying its log lines. Engine "auto"
     (or any unknown name) decides from the lines themselves as they come (`detected`)."""
@@ -1044,18 +1060,7 @@ class LogRules:
         if hot and stop is None and "ermina" in msg:
             stop = stop_of(msg)
         if hot or (not shaped and not quiet and msg[-1:].isalpha()):
-            base = dict(
-                text=text,
-                rank=rank,
-                time=time,
-                who=who,
-                message=msg,
-                level=level,
-                stats=stats,
-                probe=probe,
-                http=http,
-                stop=stop,
-            )
+            base = _fields(text, rank, time, who, msg, level, stats, probe, http, stop)
             failure = self._failure(msg, level, base, hot)
             if failure is not None:
                 return failure
@@ -1093,18 +1098,7 @@ class LogRules:
                     stop,
                 ),
             )
-        base = dict(
-            text=text,
-            rank=rank,
-            time=time,
-            who=who,
-            message=msg,
-            level=level,
-            stats=stats,
-            probe=probe,
-            http=http,
-            stop=stop,
-        )
+        base = _fields(text, rank, time, who, msg, level, stats, probe, http, stop)
         shards = _shards(msg) if phase == "loading weights" else None
         if level in ("ERROR", "CRITICAL") or (
             level is None and hot and (ERROR.search(msg) or EXCEPTION_LINE.match(msg))

@@ -21,12 +21,12 @@ from cockpit.common.errors import CockpitError
 from cockpit.common.hosttext import as_text, count
 from cockpit.operate import bundle, perform
 from cockpit.operate.acts import ACT, BUILT_IN
-from cockpit.operate.bisect import bisect, configurations, describe_bisect, prepare
-from cockpit.operate.relaunch import ablate, describe_ablation, plan_relaunch, run_variant
+from cockpit.operate.bisect import bisect, configurations, describe_bisect
+from cockpit.operate.relaunch import ablate, describe_ablation, describe_launch, run_variant
 from cockpit.read import flightrec
 from cockpit.runs.bisect import DEFAULT_SETTLE_S, FAILING, make_plan
 from cockpit.runs.ledger import describe_ledger, read_bisects, read_ledger
-from cockpit.runs.spec import RunSpec, combinations, default_spec
+from cockpit.runs.spec import RunSpec, default_spec
 from cockpit.ui.fmt import say
 from cockpit.ui.screens import BisectScreen, ConfirmScreen, RelaunchScreen, ReportScreen
 
@@ -272,26 +272,17 @@ class ActionRunner:
             spec = await self.ask(self._launch_dialog())
             if spec is None:
                 return
-            plan, names, lines = await plan_relaunch(self.monitor)  # what is killed and removed
-            steps = (
-                (["Kill this"] if plan.entries else []) + (["clean shm"] if names and names.remove else []) + ["launch"]
-            )
-            question = (", ".join(steps[:-1]) + " and " + steps[-1] if len(steps) > 1 else steps[0]).capitalize()
-            if not await self.ask(ConfirmScreen("relaunch", lines, question + "?")):
+            agreed = await perform.agree_launch(self.monitor, self, spec)
+            if agreed is None:
                 return
             self.spec = spec
             sets = ",".join(spec.enabled) or "no flag sets"
             self.progress = f"stopping the current run, then launching with {sets}"
             row = await run_variant(
-                self.monitor, spec, timeout=24 * 3600.0, progress=self._progress, plan=plan, shm=names
+                self.monitor, spec, timeout=24 * 3600.0, progress=self._progress, plan=agreed.plan, shm=agreed.shm
             )
             good = row["outcome"] == "ready"
-            report = (
-                lines
-                + [row["summary"], f"{row['run_id']}: {row['outcome']}"]
-                + [f"  {line}" for line in row["evidence"]]
-                + [f"log: {row['log']}"]
-            )
+            report = agreed.lines + describe_launch(row)
             self.done(
                 f"relaunch with {sets}",
                 f"{row['summary']}; {row['run_id']} {row['outcome']}"
@@ -313,24 +304,16 @@ class ActionRunner:
             if choice is None or not choice.enabled:
                 return
             vary = choice.enabled
-            specs = combinations(self.layout, vary)
-            plan, names, lines = await plan_relaunch(self.monitor)
-            ok = await self.ask(
-                ConfirmScreen(
-                    "ablation",
-                    lines + [f"{n + 1}. {','.join(s.enabled) or '(no flag sets)'}" for n, s in enumerate(specs)],
-                    f"Run these {len(specs)} launches in turn (each kills the one before)?",
-                )
-            )
-            if not ok:
+            agreed = await perform.agree_ablation(self.monitor, self, vary)
+            if agreed is None:
                 return
             rows = await ablate(
                 self.monitor,
                 vary,
                 timeout=self.layout.stall.idle_s * 10 + 600,
                 progress=self._progress,
-                first_plan=plan,
-                first_shm=names,
+                first_plan=agreed.plan,
+                first_shm=agreed.shm,
             )
             table = describe_ablation(rows, vary)
             self.done(
@@ -369,10 +352,8 @@ class ActionRunner:
             plan = make_plan(
                 self.layout, self.monitor.target.label, failing=sides[0], good=sides[1], settle=DEFAULT_SETTLE_S
             )
-            ready = await prepare(self.monitor, plan)
-            relaunch, names, lines = await plan_relaunch(self.monitor) if ready.launches else (None, None, [])
-            question = "Run the bisection (each launch kills the one before)?" if ready.launches else "Show its answer?"
-            if not await self.ask(ConfirmScreen("bisect", ready.describe() + lines, question)):
+            agreed = await perform.agree_bisect(self.monitor, self, plan)
+            if agreed is None:
                 return
             self.stop_bisect = False
             step = [""]
@@ -390,8 +371,8 @@ class ActionRunner:
                 plan,
                 timeout=self.layout.stall.idle_s * 10 + 600,
                 progress=progress,
-                first_plan=relaunch,
-                first_shm=names,
+                first_plan=agreed.plan,
+                first_shm=agreed.shm,
                 interrupted=lambda: self.stop_bisect,
                 on_step=on_step,
             )

@@ -368,6 +368,10 @@ async def test_stall_then_relaunch_without_eagle3_then_kill_the_run(eagle_app):
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30)
         await until(pilot, lambda: "the run: launched by this cockpit" in save_text(app, None), 10)
         assert save_text(app, None).count("sglang::scheduler_TP") >= 8
+        # and the command line it runs, as `cockpit launch` shows it (one workflow: perform.agree_launch)
+        asked = app.screen.lines[app.screen.lines.index("then launched:") + 1]
+        assert "--tp-size 8" in asked and "--speculative-algorithm" not in asked, asked
+        assert re.match(r"kill these \d+ processes(, remove .* of /dev/shm)? and launch\?", app.screen.question)
         await pilot.press("y")
         await until(pilot, lambda: app.cockpit.busy is None and app.cockpit.phase.name in ("ready", "serving"), 90)
         rows = __import__("cockpit.runs.ledger", fromlist=["read_ledger"]).read_ledger(app.cockpit.profile)
