@@ -2,9 +2,9 @@
 monitor's verbs, show exactly what will be touched and ask, carry it out, and hand back what the
 report needs. Where they differ they differ only in how they ask and tell: an `Asker` is the
 screen's dialogs and notifications (cockpit/ui/actions.py) or the terminal's prompt, --yes and
-stderr (cockpit/cli/act.py). A launch, an ablation and a bisect are agreed here the same way (the
-stop and /dev/shm clean they begin with, and what they launch, shown and asked) and carried out
-by operate/relaunch.py and operate/bisect.py. The acts themselves are named in
+stderr (cockpit/cli/base.py's Prompt). A launch, an ablation and a bisect are agreed here the
+same way (the stop and /dev/shm clean they begin with, and what they launch, shown and asked)
+and carried out by operate/relaunch.py and operate/bisect.py. The acts themselves are named in
 cockpit/operate/acts.py."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple
 class Agreed:
     """What the operator was shown and said yes to before launching: the run's stop (`plan`) and
     its /dev/shm clean (`shm`, None when left alone), exactly what the first launch carries out,
-    and the lines that said it (the screen's report begins with them)."""
+    and the lines that described them (the screen's report begins with them)."""
 
     plan: KillPlan | None
     shm: ShmForRun | None
