@@ -107,15 +107,15 @@ def odd_rank(groups: list[Group]) -> Finding | None:
     return None
 
 
-async def gather(session, run, folder: str) -> Forensics:
+async def gather(session, run, folder: str, python: str | None = None) -> Forensics:
     """Every live rank's stack and, where armed, the flight recorder's comparison, for `run` (a
     Run) as the kill finds it (never another user's ranks); the odd rank from them. The dumps go
-    to the run's folder `folder`."""
+    to the run's folder `folder`; py-spy is looked for beside `python` (the layout's) first."""
     try:
         plan = await dumps.plan_dump(session, run, live_only=True)
         if not plan.ranks:
             return Forensics(error="no live rank of the run to dump")
-        stacks = await dumps.dump_ranks(session, plan.ranks, folder, deadline_s=DEADLINE_S)
+        stacks = await dumps.dump_ranks(session, plan.ranks, folder, deadline_s=DEADLINE_S, python=python)
     except CockpitError as exc:
         return Forensics(error=str(exc))
     found = odd_rank(stacks.groups)
@@ -132,15 +132,16 @@ async def gather(session, run, folder: str) -> Forensics:
 LOOK_DEADLINE_S = 8.0  # py-spy's deadline for one non-blocking dump of a rank
 
 
-async def look(session, run, gap_s: float) -> StackLook:
+async def look(session, run, gap_s: float, python: str | None = None) -> StackLook:
     """A stack look (read/stacks.py: StackLook): every live rank of `run` (as the kill finds it)
     dumped twice with py-spy --nonblocking, `gap_s` apart, never paused, with the bytes each read
     meanwhile; the odd rank from the second dump. Nothing is written: the stall's forensics, if it
-    is one, come after. A CockpitError when no rank can be dumped (no py-spy, no ptrace rights)."""
+    is one, come after. A CockpitError when no rank can be dumped (no py-spy, no ptrace rights).
+    py-spy is looked for beside `python` (the layout's interpreter) first, as a dump does."""
     ranks = (await dumps.plan_dump(session, run, live_only=True)).ranks
     if not ranks:
         raise CockpitError("no live rank of the run to look at")
-    pyspy, check = await dumps.ensure_pyspy(session)
+    pyspy, check = await dumps.ensure_pyspy(session, python=python)
     if not pyspy:
         raise CockpitError("py-spy is not installed on the host: the stall windows alone decide")
     if check.get("problems"):

@@ -220,7 +220,6 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             if args.upload_pyspy:
                 await monitor.pyspy_check(
                     upload=True,
-                    python=monitor.layout.python if monitor.layout else None,
                     say=lambda line: print(line, file=sys.stderr, flush=True),
                 )
             await monitor.look(args.wait)

@@ -354,6 +354,9 @@ class HostState:
         self.dropped: Counter = Counter()  # frame fields of the wrong type, dropped where applied: "gpus.util_pct"
         self.xid: list[XidEvent] = []  # the recent Xid events the agent heard, oldest first (at most XID_KEPT)
         self.acts: dict[str, dict] = {}  # the host's record of launches, stops and forensics, by id, oldest first
+        # pid -> exit status of each process the agent launched and saw end, seen as a process or not
+        # (a launch that fails at once ends before the first scan): a launch's own account of it
+        self.launch_exits: dict[int, int | None] = {}
 
     # ------------------------------------------------------------------ frames
 
@@ -553,6 +556,7 @@ class HostState:
             if not (isinstance(row, list) and len(row) == 2 and _is(row[0], "int") and _is(row[1], "int?")):
                 self.dropped["exits"] += 1
                 continue
+            self.launch_exits[row[0]] = row[1]
             if row[0] in self.procs:
                 self.procs[row[0]].exit_code = row[1]
         if "xid" in f:

@@ -184,7 +184,7 @@ class Monitor(Protocol):
     async def flight_dump_raw(self, pids: list[int], trigger: bool) -> dict[str, Any]: ...
     def link_describe(self) -> dict[str, Any] | None: ...
     async def pyspy_check(
-        self, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+        self, upload: bool = False, say: Callable[[str], None] | None = None
     ) -> tuple[str | None, dict[str, Any]]: ...
     def pyspy_missing(self, check: dict[str, Any]) -> dumps.PyspyMissing: ...
     async def flight_record(
@@ -197,7 +197,6 @@ class Monitor(Protocol):
         folder: str | None = None,
         upload: bool = False,
         say: Callable[[str], None] | None = None,
-        python: str | None = None,
         deadline_s: float = 20.0,
     ) -> dumps.DumpSet: ...
 
@@ -486,11 +485,16 @@ class MonitorBase:
         return await launch.launch(self.session, self._launch_layout(), spec)
 
     async def pyspy_check(
-        self, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+        self, upload: bool = False, say: Callable[[str], None] | None = None
     ) -> tuple[str | None, dict[str, Any]]:
         """py-spy on the host (the layout's interpreter's, the PATH's, an earlier upload; `upload`:
         this cockpit's sent where there is none): its path, or None, and the check."""
-        return await dumps.ensure_pyspy(self.session, upload, say, python)
+        return await dumps.ensure_pyspy(self.session, upload, say, self._run_python())
+
+    def _run_python(self) -> str | None:
+        """The layout's interpreter, whose own bin (a venv's) is where py-spy is looked for first:
+        by every dump, look and check of this monitor alike."""
+        return self.layout.python if self.layout is not None else None
 
     def pyspy_missing(self, check: dict[str, Any]) -> dumps.PyspyMissing:
         """No py-spy on the host, said with where it was looked for and what upload is offered."""
@@ -558,7 +562,6 @@ class MonitorBase:
         folder: str | None = None,
         upload: bool = False,
         say: Callable[[str], None] | None = None,
-        python: str | None = None,
         deadline_s: float = 20.0,
     ) -> dumps.DumpSet:
         """Carry out a dump plan: the ranks' stacks, kept in `folder` (the run's own by default)."""
@@ -569,7 +572,7 @@ class MonitorBase:
             upload=upload,
             deadline_s=deadline_s,
             say=say,
-            python=python,
+            python=self._run_python(),
         )
 
     def _stall_forensics(self) -> None:
@@ -619,7 +622,7 @@ class MonitorBase:
 
     async def _take_look(self, dog: Watchdog) -> None:
         try:
-            found = await forensics.look(self.session, self.run, LOOK_GAP_S)
+            found = await forensics.look(self.session, self.run, LOOK_GAP_S, self._run_python())
         except CockpitError as exc:
             self._looks_off = str(exc)
             self.state.notes.append(f"stack look: {exc}")
@@ -703,7 +706,7 @@ class MonitorBase:
         self.state.notes.append(
             "stalled: gathering every rank's stack once (auto_dump: false or --no-forensics turns it off)"
         )
-        found = await forensics.gather(self.session, self.run, run)
+        found = await forensics.gather(self.session, self.run, run, self._run_python())
         doc = found.doc()
         if self.layout is not None and self.run.run_id:  # in the ledger by the time anyone sees them
             append_ledger(self.layout, {"event": "forensics", "run_id": self.run.run_id, "forensics": doc})

@@ -17,7 +17,7 @@ from cockpit.actions import kill
 from cockpit.actions.kill import KillPlan
 from cockpit.actions.launch import find_live_run
 from cockpit.common.errors import CockpitError, LinkLost
-from cockpit.common.hosttext import count
+from cockpit.common.hosttext import count, visible
 from cockpit.host.servers import Server, servers_of, tree_pids, tree_view
 from cockpit.host.session import HostSession, SessionOptions, WatchList
 from cockpit.host.state import HISTORY_LEN, HostState
@@ -144,6 +144,8 @@ class HostMonitor(MonitorBase):
         self.watchdog.looks = self.forensics_on and self._looks_off is None
         self.watchdog.scrape_every_s = self.probe_every_s
         self.phase, self.verdict = self.watchdog.update(state, now if now is not None else time.monotonic())
+        if self.verdict.name == VerdictName.NO_RUN:
+            self.phase, self.verdict = self._failed_launch() or (self.phase, self.verdict)
         if self.verdict.name == VerdictName.CRASHED:
             self._stops_elsewhere()
         self.phase, self.verdict = self._operators(self.phase, self.verdict)
@@ -154,6 +156,24 @@ class HostMonitor(MonitorBase):
         self._stack_look()
         if self.verdict.name != before.name or self.verdict.odd_rank != before.odd_rank:
             self._emit(MonitorEvent("verdict", before=before))
+
+    def _failed_launch(self) -> tuple[Phase, Verdict] | None:
+        """The run this cockpit launched ended with a failure status before any process of it was
+        seen (a wrong interpreter, a module not found, a flag refused): a crash, said with its status
+        and the log's last lines, not `no run` until the launch's timeout. A leader that ended well
+        (a launcher that forks the server and returns) is left to what the host shows."""
+        rec = self.run.record
+        if rec is None or not isinstance(rec.get("pid"), int):
+            return None
+        pid = rec["pid"]
+        code = self.state.launch_exits.get(pid)
+        if code is None or code == 0 or self.state.live_procs():
+            return None
+        status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        log = self.state.logs.get(str(rec.get("log"))) if rec.get("log") else None
+        last = [visible(line.text) for line in list(log.lines)[-3:] if line.text.strip()] if log is not None else []
+        evidence = [f"the launched process (pid {pid}) ended with {status} before any process of the run was seen"]
+        return Phase("crashed"), Verdict(VerdictName.CRASHED, evidence + [f"log: {line}" for line in last])
 
     def _judge_each(self, now: float) -> None:
         """No layout, several servers: each server judged alone, on a view of its own tree (its

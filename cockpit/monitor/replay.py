@@ -94,7 +94,7 @@ class ReplayMonitor(MonitorBase):
         raise CockpitError("a replayed snapshot has no run to ask for its versions: attach to the host itself")
 
     async def pyspy_check(
-        self, upload: bool = False, say: Callable[[str], None] | None = None, python: str | None = None
+        self, upload: bool = False, say: Callable[[str], None] | None = None
     ) -> tuple[str | None, dict[str, Any]]:
         raise CockpitError("a replayed snapshot has no host to run py-spy on: attach to the host itself")
 

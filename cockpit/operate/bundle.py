@@ -94,9 +94,7 @@ async def _stacks(monitor: Monitor, m: _Members, run: str, read_only: bool) -> N
     if not plan.ranks:
         return m.miss("stacks", "no live process of the run to dump")
     try:
-        result = await monitor.dump_stacks(
-            plan, run, python=monitor.layout.python if monitor.layout is not None else None
-        )
+        result = await monitor.dump_stacks(plan, run)
     except CockpitError as exc:
         return m.miss("stacks", exc)
     for f in sorted(result.folder.iterdir()):

@@ -128,9 +128,7 @@ async def dump(monitor: Monitor, asker: Asker, root: int | None = None) -> tuple
         raise NothingToAct(f"no rank of the run to dump on {monitor.target.label}: no watched process of it is alive")
     upload = await asker.pyspy("dump the stacks")
     asker.under_way(f"py-spy on {count(len(plan.ranks), 'process', 'processes')}")
-    return plan, await monitor.dump_stacks(
-        plan, upload=upload, say=asker.tell, python=monitor.layout.python if monitor.layout is not None else None
-    )
+    return plan, await monitor.dump_stacks(plan, upload=upload, say=asker.tell)
 
 
 @dataclass

@@ -123,17 +123,12 @@ class ActionRunner:
     def _progress(self, phase, verdict) -> None:
         self.progress = f"{phase or ''} {verdict}".strip()
 
-    @property
-    def python(self) -> str | None:
-        """The layout's interpreter: py-spy is looked for beside it first."""
-        return self.layout.python if self.layout is not None else None
-
     async def ensure_pyspy(self, then: str) -> None:
         """py-spy on the host before `then` needs it: the layout's interpreter's own, the host's
         PATH, an earlier upload; where there is none, this cockpit's offered (what is copied where),
         asked once per host while this cockpit runs. PyspyMissing when none is there in the end."""
         label = self.monitor.target.label
-        path, check = await self.monitor.pyspy_check(python=self.python)
+        path, check = await self.monitor.pyspy_check()
         if path:
             return
         refusal = self.monitor.pyspy_missing(check)
@@ -154,7 +149,7 @@ class ActionRunner:
             if not UPLOADS[label]:
                 raise refusal
         self.progress = f"uploading py-spy to {label}:{offer['dest']}"
-        await self.monitor.pyspy_check(upload=True, say=self.notify, python=self.python)
+        await self.monitor.pyspy_check(upload=True, say=self.notify)
 
     # ------------------------------------------------------------------ workflows
 

@@ -142,3 +142,28 @@ def test_flightrec_on_a_run_without_the_recorder_armed_exits_3(fake_run):
     res = cockpit(env, "flightrec", "local", "--layout", str(layout), stdin=None)
     assert res.returncode == 3, res.stderr[-2000:]
     assert "no rank has the flight recorder armed" in res.stdout and run.poll() is None
+
+
+@pytest.mark.parametrize(
+    "command", [["-m", "no_such_module_of_this_test"], ["-c", "import os; os.kill(os.getpid(), 9)"]]
+)
+def test_a_launch_that_fails_at_once_is_a_crash_said_at_once_not_a_timeout(tmp_path, command):
+    """The launched process ends with a failure status before any process of the run is seen (a
+    module not found, killed at once): the launch's outcome is `crashed` (exit 5) with that status and
+    the log's last line, long before its --timeout, never `still 'no run'`."""
+    layout = tmp_path / "bad.yaml"
+    layout.write_text(
+        f"name: bad\npython: {sys.executable}\ncommand: {command!r}\nlog_dir: {tmp_path / 'runs'}\n".replace("'", '"')
+    )
+    env = dict(os.environ, HOME=str(tmp_path / "home"), XDG_STATE_HOME=str(tmp_path / "state"))
+    res = cockpit(env, "launch", "local", "--layout", str(layout), "--yes", "--timeout", "600", stdin=None)
+    assert res.returncode == 5, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    at = next((n for n, line in enumerate(lines) if re.match(r"bad-\S+: crashed$", line)), None)
+    assert at is not None, lines
+    said = lines[at - 1 :]
+    if command[0] == "-m":
+        assert said[2].strip().endswith("ended with exit status 1 before any process of the run was seen"), said
+        assert said[3].strip() == f"log: {sys.executable}: No module named no_such_module_of_this_test", said
+    else:
+        assert said[2].strip().endswith("ended with killed by signal 9 before any process of the run was seen"), said

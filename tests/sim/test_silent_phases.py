@@ -33,10 +33,16 @@ from cockpit.sim import fakenvml
 
 
 def launch(
-    tmp_path: Path, flags: list[str], timeout: int = 150, settle: int = 5, port: int | None = None
+    tmp_path: Path,
+    flags: list[str],
+    timeout: int = 150,
+    settle: int = 5,
+    port: int | None = None,
+    target: list[str] | None = None,
 ) -> tuple[dict, list[dict]]:
     """`cockpit launch local --layout L --sim DIR --yes --json` of a layout with no stall
-    settings; returns its outcome row and the verdicts the ledger kept."""
+    settings (`target`: another target and its options); returns its outcome row and the
+    verdicts the ledger kept."""
     state = tmp_path / "sim"
     fakenvml.write_host(str(state), gpus=8, model="rtx-pro-6000", seed=5)
     port = port or free_port()
@@ -71,7 +77,7 @@ def launch(
                 "-m",
                 "cockpit",
                 "launch",
-                "local",
+                *(target or ["local"]),
                 "--layout",
                 str(layout),
                 "--sim",
@@ -117,7 +123,7 @@ def test_a_hang_is_called_stalled_on_the_stacks_evidence(tmp_path, flags, phase)
     """Every rank blocked in a collective, the log silent: stalled on the positive evidence of two
     dumps, whatever the phase (before the weights, the seed's own, with requests frozen)."""
     row, verdicts = launch(tmp_path, ["--sim-speed", "4", *flags], settle=60)  # the serving hang comes after ready
-    assert row["outcome"] == "stalled-idle", row
+    assert row["outcome"] == "stalled-idle", json.dumps(row, indent=1)
     assert row["evidence"][0].startswith(
         "stacks unchanged across two dumps 4 s apart, all in waits: ranks 0-7 in a collective (Rank.all_reduce)"
     ), row["evidence"]
@@ -125,6 +131,23 @@ def test_a_hang_is_called_stalled_on_the_stacks_evidence(tmp_path, flags, phase)
     if phase == "serving":
         assert verdicts[-1]["detail"] == "requests frozen", verdicts[-1]
         assert any("generation tokens frozen" in e for e in row["evidence"]), row["evidence"]
+
+
+def test_over_ssh_the_stacks_are_looked_at_with_the_pyspy_beside_the_layouts_interpreter(tmp_path, sshd):
+    """Over ssh the cockpit's own py-spy is not used: the agent runs on an interpreter with no
+    py-spy beside it (this venv's, through a script in a folder of its own) and the session's PATH
+    has none; the layout's interpreter (the venv's) has one. The stall's stack look finds it there,
+    as `cockpit dump` does, and calls the hang on the stacks' evidence, not on the silent windows
+    (as a look with no py-spy must)."""
+    folder = tmp_path / "agent" / "bin"
+    folder.mkdir(parents=True)
+    agent = folder / "python3"
+    agent.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    agent.chmod(0o755)
+    target = ["cockpit-test", "--python", str(agent), *sshd.cli_args()]
+    row, _ = launch(tmp_path, ["--sim-speed", "4", "--sim-stall-at", "init"], target=target)
+    assert row["outcome"] == "stalled-idle", json.dumps(row, indent=1)
+    assert row["evidence"][0].startswith("stacks unchanged across two dumps 4 s apart"), row["evidence"]
 
 
 def test_a_strangers_404s_every_2_s_never_move_a_hung_server(tmp_path):
